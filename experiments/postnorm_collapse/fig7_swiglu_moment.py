@@ -1,0 +1,165 @@
+"""Figure 7 of the Post-Norm collapse paper: the pairwise SwiGLU moment m(rho).
+
+The paper (App C.4, Fig 7) evaluates ``m(rho) = E[SiLU(u) SiLU(v)]``,
+``(u, v) ~ N(0, sigma_W1^2 d [[1, rho], [rho, 1]])`` under the standard
+initialization (``sigma_W1^2 d = 1/3``) and reports: m is approximately linear and
+increasing on [0, 1], ``rho m(rho)`` is increasing, ``m(0) ~ 0.006``,
+``m(1) ~ 0.100``; hence ``Delta_FFN < 0`` and ``|Delta_FFN| <= xi m(1) ~ 0.011``
+(Thm 3.4 remark).
+
+We compute m by Gauss-Hermite quadrature (``rankjax.measure.theory.swiglu_moment``),
+check it against Monte Carlo, and plot
+
+  (a) m(rho) with Monte Carlo points,   (b) rho m(rho)   [the paper's Figure 7]
+  (c) Delta_attn(s = 1/9) and Delta_FFN(xi = 1/9) against t for n = 2048
+      [not in the paper's Fig 7: the comparison its Thm 3.4 remark makes in words].
+
+Run:  python experiments/postnorm_collapse/fig7_swiglu_moment.py --out runs/fig7
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rankjax.measure import theory as th
+
+SCALES: dict[str, dict[str, Any]] = {
+    # grid points on [0, 1], quadrature nodes per axis, Monte Carlo rho values and
+    # samples per value; n and widths of panel (c) are the paper's (Sec 4).
+    "quick": dict(grid=101, num_nodes=48, mc_rhos=6, mc_samples=200_000, n=2048),
+    "paper": dict(grid=1001, num_nodes=96, mc_rhos=11, mc_samples=4_000_000, n=2048),
+}
+
+
+def _monte_carlo(rho: np.ndarray, num: int, var_u: float, seed: int = 0):
+  """Direct Monte Carlo of m(rho), in chunks; returns (mean, standard error)."""
+  chunk = 200_000
+  sums = np.zeros(len(rho))
+  sq = np.zeros(len(rho))
+
+  @jax.jit
+  def moments(key, rho_R):
+    z1, z2 = jax.random.normal(key, (2, chunk))
+    u = jnp.sqrt(var_u) * z1
+    v = jnp.sqrt(var_u) * (rho_R[:, None] * z1 + jnp.sqrt(1 - rho_R[:, None] ** 2) * z2)
+    vals = jax.nn.silu(u) * jax.nn.silu(v)
+    return jnp.sum(vals, axis=1), jnp.sum(vals * vals, axis=1)
+
+  key = jax.random.PRNGKey(seed)
+  done = 0
+  while done < num:
+    key, sub = jax.random.split(key)
+    s1, s2 = moments(sub, jnp.asarray(rho, jnp.float32))
+    sums += np.asarray(s1, np.float64)
+    sq += np.asarray(s2, np.float64)
+    done += chunk
+  mean = sums / done
+  var = sq / done - mean**2
+  return mean, np.sqrt(var / done)
+
+
+def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
+  """Computes Figure 7's curves and checks, writes ``fig7.json`` and ``fig7.png``."""
+  cfg = SCALES[scale]
+  os.makedirs(out_dir, exist_ok=True)
+  start = time.time()
+  var_u = th.STANDARD_SWIGLU_VAR_U
+  with jax.enable_x64(True):
+    rho = np.linspace(0.0, 1.0, cfg["grid"])
+    m = np.asarray(th.swiglu_moment(rho, var_u, num_nodes=cfg["num_nodes"]))
+    m_ref = np.asarray(th.swiglu_moment(rho, var_u, num_nodes=2 * cfg["num_nodes"]))
+    m0, m1 = float(m[0]), float(m[-1])
+    chord = m0 + (m1 - m0) * rho
+    slope, intercept = np.polyfit(rho, m, 1)
+    resid = m - (slope * rho + intercept)
+    r2 = 1.0 - np.sum(resid**2) / np.sum((m - m.mean()) ** 2)
+    n = cfg["n"]
+    xi = float(th.swiglu_xi(512, 1536))
+    s = float(th.amount_of_attention_postnorm(512, th.folded_attention_variance(512)))
+    t = np.linspace(1.0 / n, 1.0, 400)
+    d_attn = np.asarray(th.delta_attn(s, t, n))
+    d_ffn = np.asarray(th.delta_ffn(xi, t, n, var_u, num_nodes=cfg["num_nodes"]))
+
+  mc_rho = np.linspace(0.0, 1.0, cfg["mc_rhos"])
+  mc_mean, mc_se = _monte_carlo(mc_rho, cfg["mc_samples"], var_u)
+  with jax.enable_x64(True):
+    gh_at_mc = np.asarray(th.swiglu_moment(mc_rho, var_u, num_nodes=cfg["num_nodes"]))
+  z = (mc_mean - gh_at_mc) / mc_se
+
+  result: dict[str, Any] = {
+      "figure": "postnorm_collapse Fig 7",
+      "scale": scale,
+      "settings": {**cfg, "var_u": var_u, "xi": xi, "s": s},
+      "paper": {"m0": 0.006, "m1": 0.100, "xi_m1": 0.011,
+                "claims": ["m increasing on [0,1]", "m approximately linear",
+                           "rho*m(rho) increasing on [0,1]"]},
+      "ours": {
+          "m0": m0, "m1": m1, "xi_m1": xi * m1,
+          "m_half": float(np.interp(0.5, rho, m)),
+          "m_increasing": bool(np.all(np.diff(m) > 0)),
+          "rho_m_increasing": bool(np.all(np.diff(rho * m) > 0)),
+          "linear_fit": {"slope": float(slope), "intercept": float(intercept),
+                         "r2": float(r2)},
+          "max_dev_from_chord_rel": float(np.max(np.abs(m - chord)) / (m1 - m0)),
+          "quadrature_change_when_nodes_doubled": float(np.max(np.abs(m - m_ref))),
+          "monte_carlo": {"rho": mc_rho.tolist(), "mean": mc_mean.tolist(),
+                          "se": mc_se.tolist(), "quadrature": gh_at_mc.tolist(),
+                          "max_abs_z": float(np.max(np.abs(z)))},
+          "n": n,
+          "max_delta_attn": float(d_attn.max()),
+          "t_at_max_delta_attn": float(t[np.argmax(d_attn)]),
+          "min_delta_ffn": float(d_ffn.min()),
+          "t_at_min_delta_ffn": float(t[np.argmin(d_ffn)]),
+          "delta_ffn_all_negative_on_open_interval": bool(np.all(d_ffn[1:-1] < 0)),
+      },
+      "curves": {"rho": rho[:: max(1, len(rho) // 101)].tolist(),
+                 "m": m[:: max(1, len(rho) // 101)].tolist()},
+      "seconds": None,
+  }
+
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(1, 3, figsize=(13, 3.8))
+  ax[0].plot(rho, m, label="Gauss-Hermite")
+  ax[0].errorbar(mc_rho, mc_mean, yerr=3 * mc_se, fmt="o", ms=3, label="Monte Carlo (±3 SE)")
+  ax[0].plot(rho, chord, ":", color="gray", label="chord m(0)→m(1)")
+  ax[0].set(xlabel=r"$\rho$", ylabel=r"$m(\rho)$",
+            title=r"(a) $m(\rho)$, $\sigma_{W_1}^2 d = 1/3$")
+  ax[0].legend(fontsize=8)
+  ax[1].plot(rho, rho * m)
+  ax[1].set(xlabel=r"$\rho$", ylabel=r"$\rho\, m(\rho)$", title=r"(b) $\rho\, m(\rho)$")
+  ax[2].plot(t, d_attn, label=r"$\Delta_{attn}(s=1/9)$ (Thm 3.2)")
+  ax[2].plot(t, d_ffn, label=r"$\Delta_{FFN}(\xi=1/9)$ (Thm 3.4)")
+  ax[2].axhline(0, color="gray", lw=0.5)
+  ax[2].set(xlabel=r"$t$", ylabel="one-step change",
+            title=f"(c) n={n} [extra, not in paper Fig 7]")
+  ax[2].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "fig7.png"), dpi=130)
+  plt.close(fig)
+
+  result["seconds"] = time.time() - start
+  with open(os.path.join(out_dir, "fig7.json"), "w") as f:
+    json.dump(result, f, indent=2)
+  return result
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="runs/postnorm_collapse/fig7")
+  parser.add_argument("--scale", choices=sorted(SCALES), default="quick")
+  args = parser.parse_args()
+  res = run(args.out, args.scale)
+  print(json.dumps(res["ours"], indent=2))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,473 @@
+"""Frozen dataclass configs with validation, JSON round trips and ``key=value`` overrides.
+
+Every model is configured by one of these. Bad input raises ``ValueError`` naming the
+field and, where the field takes one of a set of values, the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import types
+import typing
+from typing import Any, Mapping, Sequence, TypeVar
+
+NORM_POSITIONS = ("pre", "post", "output", "peri", "none")
+NORM_OPS = ("rms", "layer", "mean", "detached_rms", "none")
+MLP_ACTIVATIONS = ("relu", "gelu", "silu", "abs", "tanh", "swiglu")
+LM_NORM_POSITIONS = ("pre", "post", "peri")
+LM_NORM_OPS = ("rms", "layer")
+LM_FFNS = ("swiglu", "gelu")
+LM_INITS = ("paper_collapse", "gpt2")
+POS_EMBEDDINGS = ("learned", "none")
+DTYPES = ("float32", "float64", "bfloat16")
+
+C = TypeVar("C")
+
+
+def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
+  if value not in allowed:
+    raise ValueError(f"{name}={value!r} is not allowed; choose one of {list(allowed)}")
+
+
+def _positive(name: str, value: Any) -> None:
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+    raise ValueError(f"{name}={value!r} must be a positive number")
+
+
+def _positive_int(name: str, value: Any) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    raise ValueError(f"{name}={value!r} must be a positive integer")
+
+
+def _non_negative(name: str, value: Any) -> None:
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+    raise ValueError(f"{name}={value!r} must be a non-negative number")
+
+
+def _non_negative_int(name: str, value: Any) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    raise ValueError(f"{name}={value!r} must be an integer >= 0")
+
+
+def _rate(name: str, value: Any) -> None:
+  _non_negative(name, value)
+  if value >= 1:
+    raise ValueError(f"{name}={value!r} must lie in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPConfig:
+  """Residual MLP of "Transforming Rank" (its Eq. 17): ``h = R(h + beta * B(f(P(h))))``.
+
+  Attributes:
+    depth: number of blocks L.
+    width: model dimension d.
+    expansion: m/d, the width expansion of the two-matrix branch (M=2).
+    branch_matrices: M in {1, 2}. M=2: ``W_down sigma(W_up z)``; M=1: ``sigma(W z)``.
+    activation: relu, gelu, silu, abs, tanh, or the gated swiglu
+      (``silu(W_gate z) * W_up z``, one more matrix of the same shape as W_up).
+    norm_position: shorthand placing ``norm_op``: pre -> P, post -> R, output -> B,
+      peri -> P and B, none -> nowhere.
+    norm_op: rms, layer, mean (mean subtraction), detached_rms (x / sg(rms(x))), none.
+    p_norm, b_norm, r_norm: operation at the branch input P, branch output B and
+      post-residual R; each overrides the shorthand at its location when set.
+    norm_gain: learned gain in the norms (the theory uses gain 1: False).
+    norm_eps: epsilon inside the norms (the theory uses 0).
+    alpha: init scale; every branch matrix is N(0, alpha^2 / fan_in).
+    beta: branch scale.
+    skip_every: k; a skip connection around every group of k blocks (k=1: the usual
+      residual net; 0: no skip connections at all, a plain deep MLP).
+    input_dim, num_classes: optional input layer (input_dim -> d) and output layer
+      (d -> num_classes) for classification; both N(0, 1/fan_in).
+    param_dtype: dtype of the parameters (float64 needs jax_enable_x64).
+  """
+
+  depth: int = 48
+  width: int = 256
+  expansion: float = 4.0
+  branch_matrices: int = 2
+  activation: str = "relu"
+  norm_position: str = "pre"
+  norm_op: str = "rms"
+  p_norm: str | None = None
+  b_norm: str | None = None
+  r_norm: str | None = None
+  norm_gain: bool = False
+  norm_eps: float = 0.0
+  alpha: float = 1.0
+  beta: float = 1.0
+  skip_every: int = 1
+  input_dim: int | None = None
+  num_classes: int | None = None
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    _positive_int("depth", self.depth)
+    _positive_int("width", self.width)
+    _positive("expansion", self.expansion)
+    _choice("branch_matrices", self.branch_matrices, (1, 2))
+    _choice("activation", self.activation, MLP_ACTIVATIONS)
+    _choice("norm_position", self.norm_position, NORM_POSITIONS)
+    _choice("norm_op", self.norm_op, NORM_OPS)
+    for name in ("p_norm", "b_norm", "r_norm"):
+      value = getattr(self, name)
+      if value is not None:
+        _choice(name, value, NORM_OPS)
+    _non_negative("norm_eps", self.norm_eps)
+    _non_negative("alpha", self.alpha)
+    _non_negative("beta", self.beta)
+    if not isinstance(self.skip_every, int) or self.skip_every < 0:
+      raise ValueError(f"skip_every={self.skip_every!r} must be an integer >= 0 (0: no skips)")
+    if self.input_dim is not None:
+      _positive_int("input_dim", self.input_dim)
+    if self.num_classes is not None:
+      _positive_int("num_classes", self.num_classes)
+    _choice("param_dtype", self.param_dtype, DTYPES)
+    if self.hidden_width < 1:
+      raise ValueError(f"expansion={self.expansion!r} gives a hidden width below 1")
+
+  @property
+  def hidden_width(self) -> int:
+    """m, the width inside a two-matrix branch (d for M=1)."""
+    if self.branch_matrices == 1:
+      return self.width
+    return int(round(self.expansion * self.width))
+
+  @property
+  def norm_ops(self) -> tuple[str, str, str]:
+    """The operations (P, B, R) after applying the shorthand and the overrides."""
+    where = {
+        "pre": ("P",), "post": ("R",), "output": ("B",), "peri": ("P", "B"), "none": (),
+    }[self.norm_position]
+    ops = {loc: (self.norm_op if loc in where else "none") for loc in "PBR"}
+    for loc, override in (("P", self.p_norm), ("B", self.b_norm), ("R", self.r_norm)):
+      if override is not None:
+        ops[loc] = override
+    return ops["P"], ops["B"], ops["R"]
+
+  @property
+  def branch_to_skip_nominal(self) -> float:
+    """beta * alpha^M, the nominal branch-to-skip ratio (paper Sec 3)."""
+    return self.beta * self.alpha**self.branch_matrices
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Decoder-only LM of the Post-Norm collapse and softmax-sensitivity papers.
+
+  Attributes:
+    vocab_size: 257 matches the default byte-level tokenizer (256 bytes + end of doc).
+    norm_position: pre, post (the original ``X = Norm(X + Sublayer(X))``), peri
+      (pre plus a norm on each sublayer output).
+    norm_op: rms or layer, both with learned gain and epsilon ``norm_eps``.
+    ffn: swiglu (``(silu(X W1) * X W3) W2``, paper Eq. 2) or gelu (``gelu(X W1) W2``).
+    tau: attention temperature; logits are ``q.k / (sqrt(d_head) * tau)``.
+    pos_embedding: learned absolute positions or none (causal attention alone).
+    init: paper_collapse (every matrix N(0, 1/(3d)), W_2 N(0, 1/(3 d_ff)); postnorm
+      paper Sec 2) or gpt2 (N(0, 0.02^2), output projections 0.02/sqrt(2N)).
+    init_scale: multiplies every matrix's init variance (Fig 1's x1, x2, x4 sweep).
+    embed_std: std of the token (and position) embeddings; None -> 1.0 for
+      paper_collapse (unit-RMS rows, as after a norm) and 0.02 for gpt2.
+    prefix_avg_removal: alpha of the P - alpha*C_n intervention (Cor 3.3); 0 = off.
+    dropout_rate: dropout on sublayer outputs and embeddings; attn_dropout_rate on
+      the attention probabilities.
+    compute_dtype: activations' dtype (bfloat16 for mixed precision); parameters
+      stay in ``param_dtype``; softmax, norms and logits are computed in float32.
+    remat: rematerialize each layer in the backward pass (saves memory at scale).
+  """
+
+  vocab_size: int = 257
+  num_layers: int = 48
+  d_model: int = 512
+  num_heads: int = 4
+  d_ff: int = 1536
+  max_seq_len: int = 2048
+  norm_position: str = "post"
+  norm_op: str = "rms"
+  norm_eps: float = 1e-6
+  ffn: str = "swiglu"
+  tau: float = 1.0
+  pos_embedding: str = "none"
+  init: str = "paper_collapse"
+  init_scale: float = 1.0
+  embed_std: float | None = None
+  tie_embeddings: bool = False
+  final_norm: bool = True
+  prefix_avg_removal: float = 0.0
+  dropout_rate: float = 0.0
+  attn_dropout_rate: float = 0.0
+  compute_dtype: str = "float32"
+  param_dtype: str = "float32"
+  remat: bool = False
+
+  def __post_init__(self):
+    _positive_int("vocab_size", self.vocab_size)
+    _positive_int("num_layers", self.num_layers)
+    _positive_int("d_model", self.d_model)
+    _positive_int("num_heads", self.num_heads)
+    _positive_int("d_ff", self.d_ff)
+    _positive_int("max_seq_len", self.max_seq_len)
+    if self.d_model % self.num_heads:
+      raise ValueError(
+          f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+    _choice("norm_position", self.norm_position, LM_NORM_POSITIONS)
+    _choice("norm_op", self.norm_op, LM_NORM_OPS)
+    _non_negative("norm_eps", self.norm_eps)
+    _choice("ffn", self.ffn, LM_FFNS)
+    _positive("tau", self.tau)
+    _choice("pos_embedding", self.pos_embedding, POS_EMBEDDINGS)
+    _choice("init", self.init, LM_INITS)
+    _positive("init_scale", self.init_scale)
+    if self.embed_std is not None:
+      _positive("embed_std", self.embed_std)
+    _non_negative("prefix_avg_removal", self.prefix_avg_removal)
+    _rate("dropout_rate", self.dropout_rate)
+    _rate("attn_dropout_rate", self.attn_dropout_rate)
+    _choice("compute_dtype", self.compute_dtype, DTYPES)
+    _choice("param_dtype", self.param_dtype, DTYPES)
+
+  @property
+  def d_head(self) -> int:
+    return self.d_model // self.num_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """What to train and how (``rankjax train``; ``rankjax.train.loop.train``).
+
+  ``model`` is ``"lm"`` (uses ``lm``, reads text) or ``"mlp"`` (uses ``mlp`` as a
+  classifier on flattened images; ``mlp.input_dim`` and ``mlp.num_classes`` must match
+  the data set). Defaults are the papers' optimizer settings (postnorm Sec 4, softmax
+  App D): AdamW(0.9, 0.95, eps 1e-8), weight decay 0.1 on matrices, linear warmup then
+  cosine decay, global-norm clipping at 1.0.
+
+  Attributes:
+    optimizer: adamw (decoupled weight decay on parameters with two or more
+      dimensions, not counting the stacked layer axis) or adam (plain Adam, the MLP
+      studies; needs weight_decay=0).
+    learning_rate: peak learning rate.
+    lr_schedule: cosine (linear warmup to the peak, cosine decay to
+      ``min_lr_ratio * learning_rate`` at ``total_steps``) or constant (after warmup).
+    warmup_steps: updates of linear warmup; update s (1-based) uses ``peak * s/warmup``.
+    clip_norm: global-norm clipping threshold (0: no clipping). The pre-clip norm is
+      logged every step as ``grad_norm``.
+    batch_size: global batch (examples per update, over all hosts and micro-batches).
+    grad_accum: micro-batches per update; ``batch_size / grad_accum`` examples each,
+      which must divide over the devices.
+    seq_len: tokens per example (LM).
+    compute_dtype: float32, or bfloat16 activations/matmuls with float32 parameters,
+      gradients and optimizer state (for the LM this sets ``lm.compute_dtype``).
+    seed: parameter init, dropout keys and data order.
+    dataset, data_dir, tokenizer: passed to ``rankjax.data.make_iterator``; dataset
+      None is the kind's default (text: the offline Shakespeare corpus; images:
+      cifar10 when prepared in data_dir, else the offline fallback), tokenizer None
+      is byte-level (257 ids: the LM's vocab_size must be at least that).
+    mesh_data, mesh_fsdp: device mesh (data, fsdp); mesh_data=0 uses all devices
+      not taken by fsdp. Parameters are sharded over fsdp, the batch over both.
+    log_every: console / TensorBoard cadence (metrics.jsonl gets every step).
+    diag_every: run the diagnostics step at update 1 and every ``diag_every``
+      updates (0: never).
+    diagnostics: names of registered diagnostics (``rankjax.train.diagnostics``).
+    diag_examples: examples of the last micro-batch the diagnostics see (0: all).
+    checkpoint_every: save every N updates (and at the end and on SIGTERM).
+    max_to_keep: checkpoints kept on disk (the diagnostics history is in each).
+    async_checkpointing: write checkpoints in the background.
+    eval_every: evaluate on ``eval_batches`` batches of ``eval_split`` every N
+      updates (0: never).
+  """
+
+  model: str = "lm"
+  lm: TransformerConfig = dataclasses.field(default_factory=TransformerConfig)
+  mlp: MLPConfig = dataclasses.field(default_factory=MLPConfig)
+  optimizer: str = "adamw"
+  learning_rate: float = 6e-4
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.1
+  lr_schedule: str = "cosine"
+  warmup_steps: int = 2000
+  total_steps: int = 40000
+  min_lr_ratio: float = 0.0
+  clip_norm: float = 1.0
+  batch_size: int = 256
+  grad_accum: int = 1
+  seq_len: int = 2048
+  compute_dtype: str = "float32"
+  seed: int = 0
+  dataset: str | None = None
+  data_dir: str | None = None
+  tokenizer: str | None = None
+  mesh_data: int = 0
+  mesh_fsdp: int = 1
+  log_every: int = 10
+  diag_every: int = 0
+  diagnostics: tuple[str, ...] = ("basic",)
+  diag_examples: int = 8
+  checkpoint_every: int = 1000
+  max_to_keep: int = 3
+  async_checkpointing: bool = True
+  eval_every: int = 0
+  eval_batches: int = 10
+  eval_split: str = "validation"
+
+  def __post_init__(self):
+    _choice("model", self.model, ("lm", "mlp"))
+    _choice("optimizer", self.optimizer, ("adamw", "adam"))
+    _positive("learning_rate", self.learning_rate)
+    _rate("b1", self.b1)
+    _rate("b2", self.b2)
+    _positive("eps", self.eps)
+    _non_negative("weight_decay", self.weight_decay)
+    if self.optimizer == "adam" and self.weight_decay:
+      raise ValueError(f"weight_decay={self.weight_decay!r} needs optimizer='adamw'; "
+                       "plain adam has no weight decay (set weight_decay=0)")
+    _choice("lr_schedule", self.lr_schedule, ("cosine", "constant"))
+    _non_negative_int("warmup_steps", self.warmup_steps)
+    _positive_int("total_steps", self.total_steps)
+    if self.warmup_steps > self.total_steps:
+      raise ValueError(f"warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
+    _non_negative("min_lr_ratio", self.min_lr_ratio)
+    if self.min_lr_ratio > 1:
+      raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} must lie in [0, 1]")
+    _non_negative("clip_norm", self.clip_norm)
+    _positive_int("batch_size", self.batch_size)
+    _positive_int("grad_accum", self.grad_accum)
+    _positive_int("seq_len", self.seq_len)
+    if self.batch_size % self.grad_accum:
+      raise ValueError(
+          f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
+    _choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
+    if self.model == "lm":
+      if self.seq_len > self.lm.max_seq_len:
+        raise ValueError(
+            f"seq_len={self.seq_len} exceeds the model's lm.max_seq_len={self.lm.max_seq_len}")
+      if self.lm.compute_dtype not in ("float32", self.compute_dtype):
+        raise ValueError(
+            f"lm.compute_dtype={self.lm.compute_dtype!r} conflicts with "
+            f"compute_dtype={self.compute_dtype!r}; set the training option compute_dtype")
+    if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+      raise ValueError(f"seed={self.seed!r} must be an integer")
+    if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset):
+      raise ValueError(f"dataset={self.dataset!r} must be a data set name or null (the default)")
+    _non_negative_int("mesh_data", self.mesh_data)
+    _positive_int("mesh_fsdp", self.mesh_fsdp)
+    _positive_int("log_every", self.log_every)
+    _non_negative_int("diag_every", self.diag_every)
+    if isinstance(self.diagnostics, str) or not all(
+        isinstance(n, str) and n for n in self.diagnostics):
+      raise ValueError(f"diagnostics={self.diagnostics!r} must be a list of diagnostic names")
+    object.__setattr__(self, "diagnostics", tuple(self.diagnostics))
+    _non_negative_int("diag_examples", self.diag_examples)
+    _positive_int("checkpoint_every", self.checkpoint_every)
+    _positive_int("max_to_keep", self.max_to_keep)
+    if not isinstance(self.async_checkpointing, bool):
+      raise ValueError(f"async_checkpointing={self.async_checkpointing!r} must be true or false")
+    _non_negative_int("eval_every", self.eval_every)
+    _positive_int("eval_batches", self.eval_batches)
+
+  @property
+  def micro_batch_size(self) -> int:
+    return self.batch_size // self.grad_accum
+
+
+# ---------------------------------------------------------------------------
+# dict / JSON round trips and key=value overrides
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+  return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+  """Builds ``cls`` from a (nested) dict; unknown keys raise ValueError."""
+  if not isinstance(data, Mapping):
+    raise ValueError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(data) - set(fields))
+  if unknown:
+    raise ValueError(
+        f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(fields)}")
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for name, value in data.items():
+    sub = _dataclass_type(hints[name])
+    kwargs[name] = from_dict(sub, value) if sub is not None else value
+  return cls(**kwargs)
+
+
+def to_json(cfg: Any, path: str | pathlib.Path | None = None) -> str:
+  text = json.dumps(to_dict(cfg), indent=2, sort_keys=True)
+  if path is not None:
+    pathlib.Path(path).write_text(text + "\n")
+  return text
+
+
+def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
+  """Loads ``cls`` from a JSON file path or a JSON string."""
+  text = str(path_or_text)
+  if not text.lstrip().startswith("{"):
+    path = pathlib.Path(text)
+    if not path.is_file():
+      raise ValueError(f"config file {path} does not exist")
+    text = path.read_text()
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"config is not valid JSON: {e}") from None
+  return from_dict(cls, data)
+
+
+def override(cfg: C, assignments: Sequence[str]) -> C:
+  """Applies ``key=value`` strings (``--set``); dotted keys reach nested configs.
+
+  Values are parsed as JSON when possible (``depth=48``, ``beta=0.5``,
+  ``p_norm=null``, ``norm_gain=true``), otherwise taken as strings.
+  """
+  data = to_dict(cfg)
+  for item in assignments:
+    if "=" not in item:
+      raise ValueError(f"--set expects key=value, got {item!r}")
+    key, raw = item.split("=", 1)
+    try:
+      value = json.loads(raw)
+    except json.JSONDecodeError:
+      value = raw
+    node, parts = data, key.strip().split(".")
+    for part in parts[:-1]:
+      if not isinstance(node.get(part), dict):
+        raise ValueError(f"unknown config key {key!r} in --set")
+      node = node[part]
+    if parts[-1] not in node:
+      raise ValueError(
+          f"unknown config key {key!r} in --set; known keys: {sorted(node)}")
+    node[parts[-1]] = value
+  return from_dict(type(cfg), data)
+
+
+def diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
+  """Flat {dotted.key: (a_value, b_value)} of the fields where two configs differ."""
+  out: dict[str, tuple[Any, Any]] = {}
+
+  def walk(x, y, prefix):
+    for k in sorted(set(x) | set(y)):
+      xv, yv = x.get(k), y.get(k)
+      if isinstance(xv, dict) and isinstance(yv, dict):
+        walk(xv, yv, f"{prefix}{k}.")
+      elif xv != yv:
+        out[f"{prefix}{k}"] = (xv, yv)
+
+  walk(to_dict(a), to_dict(b), "")
+  return out
+
+
+def _dataclass_type(hint: Any) -> type | None:
+  if dataclasses.is_dataclass(hint):
+    return hint
+  if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+    for arg in typing.get_args(hint):
+      if dataclasses.is_dataclass(arg):
+        return arg
+  return None

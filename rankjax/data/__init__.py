@@ -1,0 +1,19 @@
+"""Data pipelines: packed text for the LMs, flattened images for the MLPs.
+
+The training loop needs only ``make_iterator`` and ``dataset_info`` (see
+``rankjax.data.pipeline`` for how to checkpoint the iterator with Orbax).
+"""
+
+from rankjax.data.common import DataUnavailableError
+from rankjax.data.pipeline import DataInfo, check_model_fits, dataset_info, make_iterator
+from rankjax.data.tokenizer import Tokenizer, make_tokenizer
+
+__all__ = [
+    "DataInfo",
+    "DataUnavailableError",
+    "Tokenizer",
+    "check_model_fits",
+    "dataset_info",
+    "make_iterator",
+    "make_tokenizer",
+]

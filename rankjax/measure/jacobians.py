@@ -1,0 +1,469 @@
+"""Block Jacobians, input-output Jacobians and the one-call study of a residual MLP.
+
+"Transforming Rank", Eq. 17-18: block l maps ``h_l = R(h_skip + beta B(f(P(h_{l-1}))))``
+and its Jacobian splits into a skip part and a branch part,
+
+    dh_l/dh_{l-1} = K_l + B_l,    K_l = J_R,   B_l = J_R G_l,   G_l = beta J_B J_f J_P,
+
+with ``K_l = I`` when R is the identity (``pre``, ``output``, ``peri``, ``none``).
+``G_l`` is the branch term relative to the skip: its Frobenius norm over ``||I||_F`` is
+the branch-to-skip ratio r_l (Eq. 4, 21); J_R multiplies both terms and cancels.
+
+With ``skip_every = k != 1`` (Fig 1) the blocks inside a group are plain layers
+``h_l = R(B(f(P(h_{l-1}))))`` and the group's last block adds the group input
+``h_start``; then ``K_l = J_R`` is the Jacobian with respect to ``h_start`` (zero for
+inner blocks) and ``B_l = J_R J_B J_f J_P`` (beta only on closing blocks). The
+input-output Jacobian is the recurrence ``T_l = K_l T_start + B_l T_{l-1}`` (Eq. 2
+for k=1). Path sums need the ``K + B`` product form, which holds for
+``skip_every`` in {0, 1} (0: no skips, K = 0, every path has order L); for other
+spacings the study leaves the path fields NaN.
+
+Everything is evaluated along one forward pass (Sec 2, App A.1) with ``lax.scan`` over
+depth, ``vmap`` over inputs and over independent weight draws.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rankjax.config import MLPConfig
+from rankjax.measure import paths, spectra
+from rankjax.models import blocks as blocks_lib
+
+Array = jax.Array
+
+
+class BlockJacobianMethod(enum.Enum):
+  """How block Jacobians are computed; both are exact.
+
+  CLOSED_FORM: ``J_f = W_down^T diag(sigma'(pre)) W_up^T`` (Eq. 9, 25; row-vector
+    code ``x @ W``), one ``d x m x d`` GEMM per block, and every norm Jacobian applied
+    as its rank-one/two update (Eq. 19-20, Table 2) in O(d^2). Default; about half
+    the FLOPs of JACFWD.
+  JACFWD: ``jax.jacfwd`` of ``blocks.block_fn`` with respect to (h, h_skip) and of
+    ``blocks.branch_out`` (for G): 2d forward tangents per block, each costing one
+    forward pass of the branch. Works for any block; used to check CLOSED_FORM.
+  """
+
+  CLOSED_FORM = "closed_form"
+  JACFWD = "jacfwd"
+
+
+class BlockJacobians(NamedTuple):
+  """Block Jacobians along one forward pass (one input, one weight draw).
+
+  Attributes:
+    skip: ``(L, d, d)`` K_l, or None when every K_l is the identity.
+    branch: ``(L, d, d)`` B_l.
+    relative_branch: ``(L, d, d)`` G_l = beta J_B J_f J_P (the branch term inside
+      ``J_R (I + G_l)``).
+    stream: ``(L+1, d)`` h_0 .. h_L.
+  """
+
+  skip: Array | None
+  branch: Array
+  relative_branch: Array
+  stream: Array
+
+
+def identity_skip(cfg: MLPConfig) -> bool:
+  """True when every K_l = I (no post-residual op and a skip around every block)."""
+  return cfg.norm_ops[2] == "none" and cfg.skip_every == 1
+
+
+def supports_path_sums(cfg: MLPConfig) -> bool:
+  return cfg.skip_every in (0, 1)
+
+
+# ---------------------------------------------------------------------------
+# Norm Jacobians applied in O(d^2) (App B.1, Eq. 19-20, Table 2)
+
+
+def _rms_parts(x: Array, eps: float) -> tuple[Array, Array]:
+  r = jnp.sqrt(jnp.mean(jnp.square(x)) + eps)
+  return r, x / (jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype)) * r)
+
+
+def norm_jacobian_left(m_DxK: Array, x_D: Array, op: str, eps: float,
+                       scale_D: Array | None = None) -> Array:
+  """``J_op(x) @ M`` without forming J_op (J of ``normalize(x, op) * scale``)."""
+  if op == "none":
+    out = m_DxK
+  elif op == "detached_rms":
+    out = m_DxK / jnp.sqrt(jnp.mean(jnp.square(x_D)) + eps)
+  elif op == "mean":
+    out = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
+  elif op in ("rms", "layer"):
+    if op == "layer":
+      m_DxK = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
+      x_D = x_D - jnp.mean(x_D)
+    r, v = _rms_parts(x_D, eps)              # J = (1/r)(I - v v^T)
+    out = (m_DxK - v[:, None] * (v @ m_DxK)[None, :]) / r
+  else:
+    raise ValueError(f"unknown norm op {op!r}")
+  return out if scale_D is None else scale_D[:, None] * out
+
+
+def norm_jacobian_right(m_KxD: Array, x_D: Array, op: str, eps: float,
+                        scale_D: Array | None = None) -> Array:
+  """``M @ J_op(x)`` without forming J_op."""
+  if scale_D is not None:
+    m_KxD = m_KxD * scale_D[None, :]
+  if op == "none":
+    return m_KxD
+  if op == "detached_rms":
+    return m_KxD / jnp.sqrt(jnp.mean(jnp.square(x_D)) + eps)
+  if op == "mean":
+    return m_KxD - jnp.mean(m_KxD, axis=1, keepdims=True)
+  if op in ("rms", "layer"):
+    xc = x_D - jnp.mean(x_D) if op == "layer" else x_D
+    r, v = _rms_parts(xc, eps)
+    out = (m_KxD - (m_KxD @ v)[:, None] * v[None, :]) / r
+    if op == "layer":
+      out = out - jnp.mean(out, axis=1, keepdims=True)
+    return out
+  raise ValueError(f"unknown norm op {op!r}")
+
+
+def _elementwise_derivative(fn, z: Array) -> Array:
+  return jax.jvp(fn, (z,), (jnp.ones_like(z),))[1]
+
+
+def branch_core_jacobian(params: dict, z_D: Array, cfg: MLPConfig) -> tuple[Array, Array]:
+  """``(f, J_f)``: the branch core ``f(z)`` and its Jacobian in z (Eq. 9, 25).
+
+  ``J_f[i, j] = d f_i / d z_j``; for M=2, ``W_down^T diag(sigma'(z W_up)) W_up^T``.
+  """
+  w_in = params["w_up"] if cfg.branch_matrices == 2 else params["w"]
+  pre = z_D @ w_in
+  if cfg.activation == "swiglu":
+    gate = z_D @ params["w_gate"]
+    silu_g = jax.nn.silu(gate)
+    act = silu_g * pre
+    dgate = _elementwise_derivative(jax.nn.silu, gate) * pre
+    da_MxD = dgate[:, None] * params["w_gate"].T + silu_g[:, None] * w_in.T
+  else:
+    fn = blocks_lib.ACTIVATIONS[cfg.activation]
+    act = fn(pre)
+    da_MxD = _elementwise_derivative(fn, pre)[:, None] * w_in.T
+  if cfg.branch_matrices == 2:
+    return act @ params["w_down"], params["w_down"].T @ da_MxD
+  return act, da_MxD
+
+
+def _block_closed_form(params, h, h_start, closes, cfg, beta):
+  p_op, b_op, r_op = cfg.norm_ops
+  eps = cfg.norm_eps
+  z = blocks_lib._norm(params, "p", p_op, h, eps)
+  f, jf = branch_core_jacobian(params, z, cfg)
+  jfp = norm_jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
+  u = blocks_lib._norm(params, "b", b_op, f, eps)
+  jbfp = norm_jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))
+  beta_eff = jnp.where(closes, beta, 1.0).astype(h.dtype)
+  g = beta_eff * jbfp
+  pre_r = jnp.where(closes, h_start + beta * u, u)
+  h_new = blocks_lib._norm(params, "r", r_op, pre_r, eps)
+  b = norm_jacobian_left(g, pre_r, r_op, eps, params.get("r_scale"))
+  if identity_skip(cfg):
+    k = None
+  else:
+    eye = jnp.eye(h.shape[-1], dtype=h.dtype) * closes.astype(h.dtype)
+    k = norm_jacobian_left(eye, pre_r, r_op, eps, params.get("r_scale"))
+  return h_new, k, b, g
+
+
+def _block_jacfwd(params, h, h_start, closes, cfg, beta):
+  del beta  # block_fn reads cfg.beta
+  fn = lambda x, s: blocks_lib.block_fn(params, x, s, closes, cfg)
+  b, k = jax.jacfwd(fn, argnums=(0, 1))(h, h_start)
+  beta_eff = jnp.where(closes, cfg.beta, 1.0).astype(h.dtype)
+  g = beta_eff * jax.jacfwd(lambda x: blocks_lib.branch_out(params, x, cfg))(h)
+  return fn(h, h_start), (None if identity_skip(cfg) else k), b, g
+
+
+def block_jacobians(blocks: dict, h0_D: Array, cfg: MLPConfig,
+                    method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
+                    beta: Array | float | None = None) -> BlockJacobians:
+  """K_l, B_l and G_l of every block along the forward pass from ``h0_D`` (Eq. 18).
+
+  Args:
+    blocks: the stacked block parameters (``variables["params"]["blocks"]``).
+    h0_D: one input ``(d,)``; ``vmap`` for batches.
+    cfg: the model config.
+    method: ``BlockJacobianMethod`` (closed form by default).
+    beta: the branch scale, possibly traced (closed form only); default cfg.beta.
+  """
+  method = BlockJacobianMethod(method)
+  one = _block_closed_form if method is BlockJacobianMethod.CLOSED_FORM else _block_jacfwd
+  if beta is None or method is BlockJacobianMethod.JACFWD:
+    beta = cfg.beta
+
+  def step(carry, xs):
+    h, h_start = carry
+    params, closes = xs
+    h_new, k, b, g = one(params, h, h_start, closes, cfg, beta)
+    h_start = jnp.where(closes, h_new, h_start)
+    return (h_new, h_start), (k, b, g, h_new)
+
+  _, (k, b, g, hs) = jax.lax.scan(step, (h0_D, h0_D), (blocks, blocks_lib.skip_flags(cfg)))
+  return BlockJacobians(k, b, g, jnp.concatenate([h0_D[None], hs], axis=0))
+
+
+def input_output_jacobians(bj: BlockJacobians, cfg: MLPConfig) -> Array:
+  """``(L, d, d)`` dh_l/dh_0 for l = 1..L by the running product (Eq. 2, 10).
+
+  ``T_l = K_l T_start + B_l T_{l-1}``, with ``T_start`` the Jacobian of the current
+  skip group's input; for ``skip_every = 1`` this is ``T_l = (K_l + B_l) T_{l-1}``.
+  """
+  d = bj.branch.shape[-1]
+  eye = jnp.eye(d, dtype=bj.branch.dtype)
+  flags = blocks_lib.skip_flags(cfg)
+
+  if cfg.skip_every == 1:
+    def step(t, xs):
+      k, b = xs
+      t_new = (b if k is None else k + b) @ t + (t if k is None else 0.0)
+      return t_new, t_new
+    _, ts = jax.lax.scan(step, eye, (bj.skip, bj.branch))
+    return ts
+
+  def step(carry, xs):
+    t, t_start = carry
+    k, b, closes = xs
+    t_new = k @ t_start + b @ t
+    return (t_new, jnp.where(closes, t_new, t_start)), t_new
+  _, ts = jax.lax.scan(step, (eye, eye), (bj.skip, bj.branch, flags))
+  return ts
+
+
+def network_jacobian(blocks: dict, h0_D: Array, cfg: MLPConfig) -> Array:
+  """dh_L/dh_0 by ``jax.jacfwd`` of the whole block stack (the autodiff reference)."""
+  return jax.jacfwd(lambda h: blocks_lib.stack_forward(blocks, h, cfg)[0])(h0_D)
+
+
+# ---------------------------------------------------------------------------
+# The one-call study
+
+
+@flax.struct.dataclass
+class JacobianStudy:
+  """Jacobian measurements of one config, averaged over inputs and weight draws.
+
+  Attributes (L = depth, d = width):
+    erank: (L,) erank(dh_l/dh_0)/d, l = 1..L (Eq. 3; Fig 1, 2, 4, 5).
+    stable_rank: (L,) st(dh_l/dh_0)/d.
+    order_log_mass: (L+1,) log of the mean over samples of mu_k = ||beta^k S_k||_F of
+      dh_L/dh_0 (Fig 3a; App A.1); NaN where path sums do not apply.
+    order_profile: (L+1,) mean over samples of mu_k / sum_j mu_j (Fig 3b).
+    mean_order: () mean over samples of <k> (Fig 3d).
+    stream_rms: (L+1,) mean rms(h_l), l = 0..L (Fig 5a, 11).
+    branch_to_skip: (L,) r_l = ||G_l||_F / ||I||_F (Eq. 4, 21).
+    accumulated_branch: (L,) ||sum_{l<=k} G_l||_F / sqrt(d) (Fig 5b).
+    accumulated_uncorrelated: (L,) (sum_{l<=k} ||G_l||_F^2 / d)^{1/2} (Fig 12b).
+    reconstruction_error: () max over samples of ||sum_k S_k - J|| / ||J||.
+    num_inputs, num_seeds: the sample counts (static).
+  """
+
+  erank: Array
+  stable_rank: Array
+  order_log_mass: Array
+  order_profile: Array
+  mean_order: Array
+  stream_rms: Array
+  branch_to_skip: Array
+  accumulated_branch: Array
+  accumulated_uncorrelated: Array
+  reconstruction_error: Array
+  num_inputs: int = flax.struct.field(pytree_node=False, default=1)
+  num_seeds: int = flax.struct.field(pytree_node=False, default=1)
+
+  def to_dict(self) -> dict:
+    out = {f: np.asarray(getattr(self, f)).tolist() for f in (
+        "erank", "stable_rank", "order_log_mass", "order_profile", "mean_order",
+        "stream_rms", "branch_to_skip", "accumulated_branch",
+        "accumulated_uncorrelated", "reconstruction_error")}
+    out.update(num_inputs=self.num_inputs, num_seeds=self.num_seeds)
+    return out
+
+
+def _sample_study(blocks: dict, h0_D: Array, cfg: MLPConfig, beta: Array, *,
+                  with_paths: bool, method: BlockJacobianMethod, reference: str,
+                  num_chunks: int | None) -> dict:
+  """All per-sample measurements for one input and one weight draw."""
+  bj = block_jacobians(blocks, h0_D, cfg, method, beta)
+  d = cfg.width
+  ts = input_output_jacobians(bj, cfg)
+  sv = spectra.singular_values(ts)
+  acc, unc = paths.accumulated_branch(bj.relative_branch)
+  out = {
+      "erank": spectra.effective_rank_from_singular_values(sv) / d,
+      "stable_rank": spectra.stable_rank_from_singular_values(sv) / d,
+      "stream_rms": jnp.sqrt(jnp.mean(jnp.square(bj.stream), axis=-1)),
+      "branch_to_skip": jnp.linalg.norm(bj.relative_branch, axis=(-2, -1)) / math.sqrt(d),
+      "accumulated_branch": acc,
+      "accumulated_uncorrelated": unc,
+  }
+  nan = jnp.full((cfg.depth + 1,), jnp.nan, ts.dtype)
+  if with_paths:
+    ps = paths.path_sums(bj.skip, bj.branch, num_chunks=num_chunks)
+    ref = ts[-1] if reference == "product" else network_jacobian(blocks, h0_D, cfg)
+    out.update(order_log_mass=ps.log_norm, order_profile=paths.order_profile(ps),
+               mean_order=paths.mean_order(ps),
+               reconstruction_error=paths.reconstruction_error(ps, ref))
+  else:
+    out.update(order_log_mass=nan, order_profile=nan, mean_order=nan[0],
+               reconstruction_error=nan[0])
+  return out
+
+
+def init_blocks(cfg: MLPConfig, key: Array) -> dict:
+  """Stacked block parameters from the paper's init (Sec 2): N(0, alpha^2/fan_in), gains 1.
+
+  The same distribution and layout as ``ResidualMLP`` (``(L, fan_in, fan_out)`` per
+  matrix), drawn with one ``jax.random.normal`` per matrix name: vmapping
+  ``blocks.init_block`` over depth, or tracing ``ResidualMLP(cfg).init``, costs
+  5-10 s of compile time per config on a small CPU. The values therefore differ from
+  ``ResidualMLP(cfg).init(key, x)``; to measure a model's own parameters, pass
+  ``variables["params"]["blocks"]`` to ``block_jacobians`` directly.
+  """
+  dtype = jnp.dtype(cfg.param_dtype)
+  shapes = sorted(blocks_lib.matrix_shapes(cfg).items())
+  out = {}
+  for k, (name, shape) in zip(jax.random.split(key, len(shapes)), shapes):
+    std = cfg.alpha / math.sqrt(shape[0])
+    out[name] = std * jax.random.normal(k, (cfg.depth, *shape), dtype)
+  for name in blocks_lib.gain_names(cfg):
+    out[name] = jnp.ones((cfg.depth, cfg.width), dtype)
+  return out
+
+
+def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
+                 alpha: Array | float | None = None) -> tuple[dict, Array]:
+  """One weight draw and its ``num_inputs`` Gaussian inputs h_0 ~ N(0, I_d) (Sec 2).
+
+  With ``alpha`` given (possibly traced), the matrices are drawn at scale 1 and
+  multiplied by alpha (the same N(0, alpha^2/fan_in) draw up to rounding), so an
+  alpha sweep reuses one compiled function.
+  """
+  k_params, k_inputs = jax.random.split(key)
+  h0 = jax.random.normal(k_inputs, (num_inputs, cfg.width), jnp.dtype(cfg.param_dtype))
+  if alpha is None:
+    return init_blocks(cfg, k_params), h0
+  blocks = init_blocks(dataclasses.replace(cfg, alpha=1.0), k_params)
+  scaled = {name: (w * jnp.asarray(alpha, w.dtype) if name.startswith("w") else w)
+            for name, w in blocks.items()}
+  return scaled, h0
+
+
+def _per_seed(keys, alpha, beta, cfg, num_inputs, with_paths, method, reference, num_chunks):
+  def one_seed(key):
+    blocks, h0 = seed_samples(cfg, key, num_inputs, alpha)
+    fn = lambda h: _sample_study(blocks, h, cfg, beta, with_paths=with_paths,
+                                 method=method, reference=reference, num_chunks=num_chunks)
+    return jax.vmap(fn)(h0)
+  return jax.vmap(one_seed)(keys)
+
+
+def _seed_mesh(num_seeds: int, devices=None) -> Mesh:
+  devices = list(jax.devices() if devices is None else devices)
+  n = max(k for k in range(1, len(devices) + 1) if num_seeds % k == 0)
+  return Mesh(np.array(devices[:n]), ("seeds",))
+
+
+@functools.lru_cache(maxsize=64)
+def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
+                  path_sums: bool = True, method: str = "closed_form",
+                  reference: str = "product", num_chunks: int | None = None,
+                  devices: tuple | None = None):
+  """A jitted ``fn(key, alpha, beta) -> per-sample dict`` for configs like ``cfg``.
+
+  alpha and beta are traced, so one compilation serves a whole (alpha, beta) sweep
+  (``cfg.alpha``/``cfg.beta`` are ignored; under CLOSED_FORM only, JACFWD bakes
+  cfg.beta in). The seed axis of every output is sharded over a 1-D ``seeds`` mesh.
+  Cached on its (hashable) arguments.
+  """
+  if reference not in ("product", "network"):
+    raise ValueError(f"reference={reference!r}; choose 'product' or 'network'")
+  method = BlockJacobianMethod(method)
+  with_paths = bool(path_sums) and supports_path_sums(cfg)
+  mesh = _seed_mesh(num_seeds, devices)
+  sharded = NamedSharding(mesh, PartitionSpec("seeds"))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  jitted = jax.jit(
+      lambda ks, a, b: _per_seed(ks, a, b, cfg, num_inputs, with_paths, method, reference,
+                                 num_chunks),
+      in_shardings=(sharded, replicated, replicated), out_shardings=sharded)
+  dtype = jnp.dtype(cfg.param_dtype)
+
+  def fn(key: Array, alpha: float | Array, beta: float | Array) -> dict:
+    keys = jax.device_put(jax.random.split(key, num_seeds), sharded)
+    return jitted(keys, jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype))
+
+  return fn
+
+
+def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seeds: int = 1, *,
+                       path_sums: bool = True, method: str = "closed_form",
+                       reference: str = "product", num_chunks: int | None = None,
+                       devices=None, return_samples: bool = False):
+  """Measures a residual MLP config at initialization (Sec 2-4, App A-B).
+
+  Each of ``num_seeds`` weight draws (seed s uses ``jax.random.split(key, S)[s]``)
+  is evaluated at ``num_inputs`` Gaussian inputs ``h_0 ~ N(0, I_d)``; the seed axis
+  is sharded over a 1-D device mesh (``jax.jit`` with a ``NamedSharding``; the mesh
+  uses the largest device count dividing ``num_seeds``).
+
+  Args:
+    cfg: the model config (``input_dim``/``num_classes`` layers are not part of the
+      measured block stack; h_0 is the first block's input).
+    key: PRNG key.
+    num_inputs: inputs per weight draw.
+    num_seeds: independent weight draws.
+    path_sums: compute the per-order path sums (O(L^2 d^3) per sample); ignored
+      (NaN fields) unless ``skip_every`` is 0 or 1.
+    method: "closed_form" or "jacfwd" block Jacobians (``BlockJacobianMethod``).
+    reference: what the reconstruction is compared with: "product" (the running
+      product of the block Jacobians) or "network" (``jax.jacfwd`` of the whole
+      block stack; costs about a third of the path-sum DP at d=256, 4x).
+    num_chunks: static block groups of the DP (``paths.path_sums``).
+    devices: devices for the seed mesh (default all).
+    return_samples: also return the per-(seed, input) arrays.
+
+  Returns:
+    ``JacobianStudy`` (and the dict of per-sample arrays with leading
+    ``(num_seeds, num_inputs)`` axes when ``return_samples``).
+  """
+  method = BlockJacobianMethod(method).value
+  base = dataclasses.replace(cfg, alpha=1.0, beta=1.0) if method == "closed_form" else cfg
+  fn = make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums, method=method,
+                     reference=reference, num_chunks=num_chunks,
+                     devices=None if devices is None else tuple(devices))
+  samples = fn(key, cfg.alpha, cfg.beta)
+  study = summarize(samples, num_inputs=num_inputs, num_seeds=num_seeds)
+  return (study, samples) if return_samples else study
+
+
+def summarize(samples: dict, num_inputs: int, num_seeds: int) -> JacobianStudy:
+  """Averages per-sample arrays with leading (seeds, inputs) axes into a study."""
+  mean = lambda x: jnp.mean(x, axis=(0, 1))
+  lm = samples["order_log_mass"]
+  n = lm.shape[0] * lm.shape[1]
+  log_mass = jax.scipy.special.logsumexp(lm, axis=(0, 1)) - jnp.log(n)
+  return JacobianStudy(
+      erank=mean(samples["erank"]), stable_rank=mean(samples["stable_rank"]),
+      order_log_mass=log_mass, order_profile=mean(samples["order_profile"]),
+      mean_order=mean(samples["mean_order"]), stream_rms=mean(samples["stream_rms"]),
+      branch_to_skip=mean(samples["branch_to_skip"]),
+      accumulated_branch=mean(samples["accumulated_branch"]),
+      accumulated_uncorrelated=mean(samples["accumulated_uncorrelated"]),
+      reconstruction_error=jnp.max(samples["reconstruction_error"]),
+      num_inputs=num_inputs, num_seeds=num_seeds)

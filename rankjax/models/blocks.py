@@ -1,0 +1,133 @@
+"""The residual block of Transforming Rank, Eq. 17, as pure functions of arrays.
+
+  h_l = R(h_skip + beta * B(f(P(h_{l-1}))))
+
+with ``h_skip = h_{l-1}`` for the usual residual block. ``skip_every = k`` puts one
+skip connection around each group of k blocks: the k-1 inner blocks of a group are
+plain feedforward blocks ``h_l = R(B(f(P(h_{l-1}))))`` and the block that closes the
+group adds the group's input, ``h_l = R(h_start + beta * B(f(P(h_{l-1}))))``.
+``skip_every = 0`` has no skips (a plain deep MLP).
+
+Each block's parameters are a dict of arrays; ``ResidualMLP`` stores them stacked
+along a leading depth axis so that ``lax.scan`` and the Jacobian engine can walk the
+blocks without Python loops. Shapes for one block (d = width, m = hidden width):
+
+  M=2:  w_up (d, m), w_down (m, d), and w_gate (d, m) for swiglu
+  M=1:  w (d, d), and w_gate (d, d) for swiglu
+  p_scale / b_scale / r_scale (d,) when ``norm_gain`` and the op has a gain.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from rankjax.config import MLPConfig
+from rankjax.models import norms
+
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "gelu": lambda z: jax.nn.gelu(z, approximate=False),
+    "silu": jax.nn.silu,
+    "abs": jnp.abs,
+    "tanh": jnp.tanh,
+}
+
+
+def matrix_shapes(cfg: MLPConfig) -> dict[str, tuple[int, int]]:
+  """Shapes (fan_in, fan_out) of one block's branch matrices."""
+  d, m = cfg.width, cfg.hidden_width
+  if cfg.branch_matrices == 2:
+    shapes = {"w_up": (d, m), "w_down": (m, d)}
+    if cfg.activation == "swiglu":
+      shapes["w_gate"] = (d, m)
+  else:
+    shapes = {"w": (d, d)}
+    if cfg.activation == "swiglu":
+      shapes["w_gate"] = (d, d)
+  return shapes
+
+
+def gain_names(cfg: MLPConfig) -> tuple[str, ...]:
+  """Names of the learned norm gains of one block (none unless ``norm_gain``)."""
+  if not cfg.norm_gain:
+    return ()
+  return tuple(f"{loc}_scale" for loc, op in zip("pbr", cfg.norm_ops) if norms.has_gain(op))
+
+
+def init_block(key: jax.Array, cfg: MLPConfig) -> dict[str, jax.Array]:
+  """One block's parameters: matrices N(0, alpha^2 / fan_in) (paper Sec 2), gains 1."""
+  dtype = jnp.dtype(cfg.param_dtype)
+  params = {}
+  shapes = matrix_shapes(cfg)
+  for k, (name, shape) in zip(jax.random.split(key, len(shapes)), sorted(shapes.items())):
+    std = cfg.alpha / math.sqrt(shape[0])
+    params[name] = std * jax.random.normal(k, shape, dtype)
+  for name in gain_names(cfg):
+    params[name] = jnp.ones((cfg.width,), dtype)
+  return params
+
+
+def _norm(params: dict, loc: str, op: str, x: jax.Array, eps: float) -> jax.Array:
+  y = norms.normalize(x, op, eps)
+  scale = params.get(f"{loc}_scale")
+  return y if scale is None else y * scale
+
+
+def activation(params: dict, z: jax.Array, pre: jax.Array, cfg: MLPConfig) -> jax.Array:
+  """sigma applied to the pre-activation ``pre`` (swiglu gates with ``z @ w_gate``)."""
+  if cfg.activation == "swiglu":
+    return jax.nn.silu(z @ params["w_gate"]) * pre
+  return ACTIVATIONS[cfg.activation](pre)
+
+
+def branch_fn(params: dict, x: jax.Array, cfg: MLPConfig) -> jax.Array:
+  """``f(P(x))``: the branch before its output norm and without beta."""
+  p_op = cfg.norm_ops[0]
+  z = _norm(params, "p", p_op, x, cfg.norm_eps)
+  if cfg.branch_matrices == 2:
+    return activation(params, z, z @ params["w_up"], cfg) @ params["w_down"]
+  return activation(params, z, z @ params["w"], cfg)
+
+
+def branch_out(params: dict, x: jax.Array, cfg: MLPConfig) -> jax.Array:
+  """``B(f(P(x)))``."""
+  return _norm(params, "b", cfg.norm_ops[1], branch_fn(params, x, cfg), cfg.norm_eps)
+
+
+def block_fn(params: dict, h: jax.Array, h_skip: jax.Array, has_skip: jax.Array | bool,
+             cfg: MLPConfig) -> jax.Array:
+  """One block of Eq. 17: ``R(h_skip + beta B(f(P(h))))`` or ``R(B(f(P(h))))``.
+
+  ``has_skip`` may be a traced boolean (inside ``lax.scan``).
+  """
+  u = branch_out(params, h, cfg)
+  pre_r = jnp.where(has_skip, h_skip + cfg.beta * u, u)
+  return _norm(params, "r", cfg.norm_ops[2], pre_r, cfg.norm_eps)
+
+
+def skip_flags(cfg: MLPConfig) -> jax.Array:
+  """(L,) booleans: block l (1-indexed) closes a skip group iff k > 0 and l % k == 0."""
+  k = cfg.skip_every
+  if k == 0:
+    return jnp.zeros((cfg.depth,), bool)
+  return (jnp.arange(1, cfg.depth + 1) % k) == 0
+
+
+def stack_forward(blocks: dict, h0: jax.Array, cfg: MLPConfig) -> tuple[jax.Array, jax.Array]:
+  """Runs all L blocks with ``lax.scan``; ``blocks`` holds arrays stacked on axis 0.
+
+  Returns (h_L, hs) with hs of shape (L, ...) holding every block output h_1..h_L.
+  """
+
+  def step(carry, xs):
+    h, h_start = carry
+    params, closes = xs
+    h_new = block_fn(params, h, h_start, closes, cfg)
+    h_start = jnp.where(closes, h_new, h_start)
+    return (h_new, h_start), h_new
+
+  (h_last, _), hs = jax.lax.scan(step, (h0, h0), (blocks, skip_flags(cfg)))
+  return h_last, hs

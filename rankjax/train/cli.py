@@ -1,0 +1,48 @@
+"""``rankjax train --config CONFIG.json [--set key=value ...] --workdir DIR``.
+
+Running the same command again with the same workdir resumes from the newest
+readable checkpoint (a workdir holding a run with another config is refused).
+Exit codes: 0 done (or stopped by SIGTERM with a checkpoint saved), 1 the loss
+became NaN/Inf, 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+  parser = subparsers.add_parser(
+      "train", help="train an LM or MLP classifier (resumes an interrupted run)",
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", required=True, help="TrainConfig JSON file")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE",
+                      help="override a config field; dotted keys reach nested configs "
+                           "(lm.num_layers=4); repeatable")
+  parser.add_argument("--workdir", required=True,
+                      help="run directory: config.json, metrics.jsonl, checkpoints/")
+  parser.set_defaults(func=run)
+  return parser
+
+
+def run(args: argparse.Namespace) -> int:
+  from rankjax.train import sharding
+  sharding.maybe_initialize_distributed()  # before any other JAX call
+
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  from rankjax.train.loop import NonFiniteLossError, train
+
+  cfg = config_lib.override(config_lib.from_json(TrainConfig, args.config), args.overrides)
+  try:
+    result = train(cfg, args.workdir)
+  except NonFiniteLossError as e:
+    print(f"rankjax train: {e}", file=sys.stderr)
+    return 1
+  if result.status == "preempted":
+    print(f"rankjax train: stopped by SIGTERM at step {result.step}; checkpoint saved in "
+          f"{args.workdir}; run the same command to resume", file=sys.stderr)
+  return 0

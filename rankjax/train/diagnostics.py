@@ -1,0 +1,174 @@
+"""Diagnostics computed during training, registered by name.
+
+A diagnostic is a pure, jit-able function of one ``DiagInputs`` that returns a flat
+dict of arrays (fixed shapes, any rank). The loop compiles a second variant of the
+training step that also runs the configured diagnostics (``TrainConfig.diagnostics``)
+and uses it at update 1 and every ``diag_every`` updates; every other step is the
+plain compiled step and pays nothing. Each returned array is stored, stacked by step,
+in every checkpoint's ``diagnostics`` item and read back by ``rankjax.load_run`` as
+``"<diagnostic>/<key>"`` series.
+
+Adding one (a study module, imported before training starts)::
+
+  from rankjax.train import diagnostics
+
+  @diagnostics.register("attn_entropy", needs_capture=True)
+  def attn_entropy(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:
+    x1 = d.activations["x1"]                        # (L, B, T, d)
+    return {"x1_rms": jnp.sqrt(jnp.mean(x1 * x1, axis=(1, 2, 3)))}   # (L,)
+
+then train with ``--set 'diagnostics=["basic","attn_entropy"]' --set diag_every=100``.
+Put the module in ``rankjax.train.diagnostics.MODULES`` (or import it yourself) so
+``rankjax train`` finds the name. ``needs_capture=True`` makes the step run
+``Task.capture`` once (shared by all diagnostics) on the diagnostic examples: for the
+LM, ``activations`` / ``activation_grads`` map x1, y1, x2, y2 to (L, B, T, d) arrays
+(``models.transformer.intermediate_grads``, deterministic forward); for the MLP
+classifier, ``activations`` has ``h0`` (B, d) and ``stream`` (L, B, d) and
+``activation_grads`` is None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rankjax.measure.similarity import token_similarity
+
+Array = jax.Array
+
+# Modules imported by ``resolve`` so that their @register calls run; study engineers
+# append theirs (e.g. "rankjax.measure.train_diagnostics").
+MODULES: list[str] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagInputs:
+  """What a diagnostic sees, all inside the jitted diagnostics step.
+
+  Attributes:
+    kind: "lm" or "mlp".
+    model: the linen module (call ``model.apply`` for extra forward passes).
+    params: parameters before this update.
+    batch: the diagnostic examples (the first ``diag_examples`` of the last
+      micro-batch), ``{"inputs", "targets"}``.
+    grads: parameter gradients of the whole update, averaged over micro-batches,
+      before clipping.
+    loss: the update's mean training loss.
+    step: the update number s (1-based), an int32 scalar.
+    activations, activation_grads: ``Task.capture`` output when some configured
+      diagnostic has ``needs_capture``, else None.
+    stacked_roots: parameter subtrees with a leading layer axis.
+  """
+
+  kind: str
+  model: nn.Module
+  params: Any
+  batch: Mapping[str, Array]
+  grads: Any
+  loss: Array
+  step: Array
+  activations: Mapping[str, Array] | None = None
+  activation_grads: Mapping[str, Array] | None = None
+  stacked_roots: tuple[str, ...] = ()
+
+
+DiagFn = Callable[[DiagInputs], Mapping[str, Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnostic:
+  name: str
+  fn: DiagFn
+  needs_capture: bool = False
+
+
+_REGISTRY: dict[str, Diagnostic] = {}
+
+
+def register(name: str, *, needs_capture: bool = False) -> Callable[[DiagFn], DiagFn]:
+  """Decorator registering ``fn(DiagInputs) -> {key: array}`` under ``name``."""
+  if not name or "/" in name:
+    raise ValueError(f"diagnostic name {name!r} must be non-empty and contain no '/'")
+
+  def deco(fn: DiagFn) -> DiagFn:
+    _REGISTRY[name] = Diagnostic(name, fn, needs_capture)
+    return fn
+
+  return deco
+
+
+def available() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def resolve(names: Sequence[str]) -> tuple[Diagnostic, ...]:
+  """The registered diagnostics for ``names``; ValueError naming unknown ones."""
+  for module in MODULES:
+    importlib.import_module(module)
+  unknown = [n for n in names if n not in _REGISTRY]
+  if unknown:
+    raise ValueError(f"unknown diagnostics {unknown}; registered: {available()}")
+  return tuple(_REGISTRY[n] for n in names)
+
+
+def compute(diags: Sequence[Diagnostic], inputs: DiagInputs) -> dict[str, dict[str, Array]]:
+  """{diagnostic name: {key: float32 array}} (nested: Orbax keys cannot hold '/')."""
+  out = {}
+  for d in diags:
+    values = d.fn(inputs)
+    for key in values:
+      if not key or "/" in key or "." in key:
+        raise ValueError(f"diagnostic {d.name!r} returned key {key!r}; keys must be "
+                         "non-empty and contain no '/' or '.'")
+    out[d.name] = {k: jnp.asarray(v) for k, v in values.items()}
+  return out
+
+
+# ---------------------------------------------------------------------------
+# helpers and the built-in diagnostic
+
+
+def per_layer_sq_norms(tree: Any, roots: Sequence[str]) -> Array | None:
+  """Sum of squares per layer over every leaf under the stacked roots: (L,)."""
+  total = None
+  for root in roots:
+    if not isinstance(tree, Mapping) or root not in tree:
+      continue
+    for leaf in jax.tree.leaves(tree[root]):
+      sq = jnp.sum(jnp.square(leaf.astype(jnp.float32)), axis=tuple(range(1, leaf.ndim)))
+      total = sq if total is None else total + sq
+  return total
+
+
+@register("basic", needs_capture=True)
+def basic(d: DiagInputs) -> dict[str, Array]:
+  """Per-layer parameter and gradient norms; per-layer token similarity.
+
+  ``grad_norm`` / ``param_norm``: (L,) Frobenius norms of each layer's parameters
+  (all stacked leaves of the layer together), the per-block gradient norms of the
+  softmax-sensitivity paper (App D) and the postnorm paper (Sec 4.2).
+  LM: ``tsim_<k>`` (L,) token similarity ``||mean_token X||^2 * n / ||X||_F^2`` (postnorm
+  Def 2.1) of X_k / Y_k, averaged over examples, and ``act_grad_norm_<k>`` (L,)
+  ``||dLoss/dX_k||_F`` summed in squares over the diagnostic examples.
+  MLP: ``batch_similarity_stream`` (L,) the same statistic across the examples of the
+  stream h_l (rows = examples).
+  """
+  out = {}
+  g = per_layer_sq_norms(d.grads, d.stacked_roots)
+  if g is not None:
+    out["grad_norm"] = jnp.sqrt(g)
+    out["param_norm"] = jnp.sqrt(per_layer_sq_norms(d.params, d.stacked_roots))
+  for k, x in (d.activations or {}).items():
+    if x.ndim == 4:      # (L, B, T, d): tokens of each example
+      out[f"tsim_{k}"] = jnp.mean(token_similarity(x), axis=-1)
+    elif x.ndim == 3:    # (L, B, d): the examples of a batch
+      out[f"batch_similarity_{k}"] = token_similarity(x)
+  for k, g in (d.activation_grads or {}).items():
+    out[f"act_grad_norm_{k}"] = jnp.sqrt(
+        jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1, g.ndim))))
+  return out

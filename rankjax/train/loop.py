@@ -1,0 +1,317 @@
+"""The training loop, shared by the LM and the classifier.
+
+``train(cfg, workdir)`` builds the task (``tasks.make_task``, the only place that
+knows the model kind), the mesh and shardings, initializes the state sharded (or
+restores the newest readable checkpoint of ``workdir``), and runs updates until
+``cfg.total_steps``:
+
+* two compiled variants of the step: the plain one, and one that also computes the
+  configured diagnostics, used at update 1 and every ``diag_every`` updates;
+* metrics are fetched one step behind, so the host queues update s before it waits
+  for update s-1; a NaN/Inf loss or gradient norm stops the run with
+  ``NonFiniteLossError`` before anything is saved from it, leaving the last good
+  checkpoint as the newest;
+* checkpoints every ``checkpoint_every`` updates, at the end, and on SIGTERM
+  (preemption), after which the run returns with ``status="preempted"``;
+* an interrupted run started again with the same workdir resumes exactly: the state,
+  the data iterator and the diagnostics history come from the checkpoint, dropout
+  keys from the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import pathlib
+import signal
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+import jax
+import numpy as np
+
+from rankjax import config as config_lib
+from rankjax.config import TrainConfig
+from rankjax.data import pipeline as data_pipeline
+from rankjax.train import diagnostics as diag_lib
+from rankjax.train import sharding as shard_lib
+from rankjax.train import tasks as task_lib
+from rankjax.train.checkpoint import Checkpointer, DiagnosticsHistory
+from rankjax.train.checkpoint import check_workdir_config, write_config
+from rankjax.train.logging import MetricsWriter
+from rankjax.train.state import TrainState, make_eval_step, make_init, make_optimizer, make_step
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or the gradient norm became NaN or Inf; the run stopped."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """How a ``train`` call ended: ``status`` is "completed" or "preempted"."""
+
+  workdir: pathlib.Path
+  step: int
+  status: str
+  metrics: dict[str, Any]
+  start_step: int
+
+
+@dataclasses.dataclass
+class Compiled:
+  """Everything the loop calls on device, built once per run."""
+
+  task: task_lib.Task
+  mesh: jax.sharding.Mesh
+  state_shardings: Any
+  batch_sharding: Any
+  init: Callable[[], TrainState]
+  step: Callable
+  diag_step: Callable | None
+  eval_step: Callable
+
+
+def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
+          diags: tuple[diag_lib.Diagnostic, ...] | None = None) -> Compiled:
+  """The task, mesh, shardings and jitted functions of ``cfg`` (no data, no I/O)."""
+  task = task_lib.make_task(cfg)
+  if diags is None:
+    diags = diag_lib.resolve(cfg.diagnostics) if cfg.diag_every else ()
+  mesh = mesh or shard_lib.make_mesh(cfg.mesh_data, cfg.mesh_fsdp)
+  shard_lib.check_batch(cfg.batch_size, cfg.grad_accum, mesh)
+  tx = make_optimizer(cfg, task.stacked_roots)
+  init = make_init(task, tx, cfg.seed)
+  abstract = jax.eval_shape(init)
+  shardings = shard_lib.state_shardings(abstract, mesh, task.stacked_roots)
+  batch_sh = shard_lib.batch_sharding(mesh)
+  repl = shard_lib.replicated(mesh)
+
+  def jit_step(diags_):
+    fn = make_step(task, cfg, tx, diags_, grad_shardings=shardings.params)
+    return jax.jit(fn, in_shardings=(shardings, batch_sh), out_shardings=(shardings, repl, repl),
+                   donate_argnums=(0,))
+
+  eval_step = jax.jit(make_eval_step(task),
+                      in_shardings=(shardings.params, shard_lib.eval_batch_sharding(mesh)),
+                      out_shardings=repl)
+  return Compiled(task=task, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sh,
+                  init=jax.jit(init, out_shardings=shardings), step=jit_step(()),
+                  diag_step=jit_step(diags) if diags else None, eval_step=eval_step)
+
+
+@functools.lru_cache(maxsize=2)
+def _build_cached(cfg: TrainConfig, diags: tuple[diag_lib.Diagnostic, ...],
+                  devices: tuple[Any, ...]) -> Compiled:
+  del devices  # part of the cache key only
+  return build(cfg, diags=diags)
+
+
+def build_for_run(cfg: TrainConfig) -> Compiled:
+  """``build(cfg)``, reused when the same process trains the same config again
+  (a resumed run in a notebook or a test skips tracing and compiling)."""
+  diags = diag_lib.resolve(cfg.diagnostics) if cfg.diag_every else ()
+  return _build_cached(cfg, diags, tuple(jax.devices()))
+
+
+def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "train",
+                       batch_size: int | None = None, eval_mode: bool = False):
+  """This host's iterator of training (or evaluation) batches."""
+  return data_pipeline.make_iterator(
+      task.data_kind, split=split,
+      batch_size=shard_lib.host_batch_size(batch_size or cfg.batch_size),
+      seed=cfg.seed, shuffle=not eval_mode, num_epochs=1 if eval_mode else None,
+      shard_index=jax.process_index(), shard_count=jax.process_count(),
+      **task_lib.data_kwargs(cfg, task))
+
+
+class _SigtermFlag:
+  """Records SIGTERM while installed (main thread only)."""
+
+  def __init__(self):
+    self.received = False
+    self._old = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._old = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.received = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
+def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
+          on_step: Callable[[int], None] | None = None, stream: TextIO | None = None,
+          progress_bar: bool | None = None) -> TrainResult:
+  """Trains ``cfg`` in ``workdir``, resuming from its newest readable checkpoint.
+
+  Args:
+    cfg: the run's config.
+    workdir: where config.json, metrics.jsonl and checkpoints/ live.
+    on_step: called with s after update s is finished and checked (forces the host to
+      wait for every step; for tests and tools).
+    stream: console output (default stdout); progress_bar: force the tqdm bar on/off.
+
+  Raises:
+    ValueError: bad input (config, data set, batch vs devices, a workdir holding a
+      different run), before anything is written.
+    NonFiniteLossError: the loss or gradient norm became NaN/Inf.
+  """
+  workdir = pathlib.Path(workdir)
+  compiled = build_for_run(cfg)
+  task = compiled.task
+  info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
+  data_pipeline.check_model_fits(info, **task_lib.model_requirements(task))
+  check_workdir_config(workdir, cfg)
+  data_it = make_data_iterator(cfg, task)
+  write_config(workdir, cfg)
+
+  ckpt = Checkpointer(workdir, max_to_keep=cfg.max_to_keep, async_save=cfg.async_checkpointing)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          jax.eval_shape(compiled.init), compiled.state_shardings)
+  had_steps = bool(ckpt.all_steps())
+  restored = ckpt.restore(abstract, data_it)
+  if restored is not None:
+    state, start = restored.state, restored.step
+    history = DiagnosticsHistory.from_tree(restored.diagnostics)
+    history.truncate(start)
+  else:
+    if had_steps:  # every step was unreadable; a failed restore may have moved the iterator
+      data_it = make_data_iterator(cfg, task)
+    state, start, history = compiled.init(), 0, DiagnosticsHistory()
+  MetricsWriter.truncate(workdir, start)
+  writer = MetricsWriter(workdir, total_steps=cfg.total_steps, log_every=cfg.log_every,
+                         start_step=start, stream=stream, progress_bar=progress_bar)
+  writer.message(
+      f"{'resumed' if restored is not None else 'started'} {workdir} at step {start}: "
+      f"{task.kind} on {info.name}, mesh {dict(compiled.mesh.shape)}, "
+      f"{jax.process_count()} process(es)")
+  loop = _Loop(cfg, compiled, ckpt, writer, history, data_it)
+  loop.data_name = info.name
+  try:
+    with _SigtermFlag() as sigterm:
+      step, status = loop.run(state, start, sigterm, on_step)
+  finally:
+    writer.close()
+    ckpt.close()
+  return TrainResult(workdir, step, status, loop.last_metrics, start)
+
+
+class _Loop:
+  """The step loop of ``train``; state that survives between steps lives here."""
+
+  def __init__(self, cfg, compiled: Compiled, ckpt: Checkpointer, writer: MetricsWriter,
+               history: DiagnosticsHistory, data_it):
+    self.cfg, self.c, self.ckpt, self.writer = cfg, compiled, ckpt, writer
+    self.history, self.data_it = history, data_it
+    self.tokens_per_step = cfg.batch_size * compiled.task.tokens_per_example
+    self.last_metrics: dict[str, Any] = {}
+    self.data_name = ""
+    self._window: list[float] = []
+    self.recent_losses: list[float] = []
+    self._t_last = time.perf_counter()
+    self._t_start = self._t_last
+
+  def run(self, state, start: int, sigterm: _SigtermFlag, on_step) -> tuple[int, str]:
+    cfg, c = self.cfg, self.c
+    pending = None
+    step = start
+    for step in range(start + 1, cfg.total_steps + 1):
+      batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
+      diag_now = c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
+      state, metrics, diag = (c.diag_step if diag_now else c.step)(state, batch)
+      if pending is not None:
+        self._finish(*pending)         # waits for step - 1 while `step` is queued
+      pending = (step, metrics, diag)
+      eval_now = cfg.eval_every and step % cfg.eval_every == 0
+      scheduled_save = step % cfg.checkpoint_every == 0 or step == cfg.total_steps
+      if scheduled_save or eval_now or on_step is not None or sigterm.received:
+        self._finish(*pending)         # saving needs this step checked finite
+        pending = None
+      if eval_now:
+        self._evaluate(state.params, step)
+      if on_step is not None:
+        on_step(step)
+      if scheduled_save or sigterm.received:
+        if pending is not None:      # SIGTERM arrived after the check above
+          self._finish(*pending)
+          pending = None
+        self._save(step, state)
+      if sigterm.received:
+        self.ckpt.wait()
+        self.writer.message(f"SIGTERM: saved step {step} in {self.ckpt.directory}; "
+                            "run the same command again to resume")
+        return step, "preempted"
+    if pending is not None:
+      self._finish(*pending)
+    return step, "completed"
+
+  def _save(self, step: int, state) -> None:
+    self.writer.flush()
+    self.ckpt.save(step, state, self.data_it, self.history.to_tree(), self._summary(step))
+
+  def _finish(self, step: int, metrics, diag) -> None:
+    """Fetches a step's outputs, stops on NaN/Inf, records metrics and diagnostics."""
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    now = time.perf_counter()
+    dt, self._t_last = now - self._t_last, now
+    metrics["step_time_s"] = dt
+    metrics["tokens_per_s"] = self.tokens_per_step / dt if dt > 0 else 0.0
+    self._window.append(dt)
+    if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
+      window, self._window = self._window, []
+      metrics["tokens_per_s_avg"] = self.tokens_per_step * len(window) / max(sum(window), 1e-9)
+    self.writer.write(step, metrics)
+    if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
+      self.writer.flush()
+      self.ckpt.wait()
+      latest = self.ckpt.latest_step()
+      kept = (f"the last good checkpoint, step {latest}, is intact in {self.ckpt.directory}"
+              if latest is not None else "no checkpoint had been saved")
+      raise NonFiniteLossError(
+          f"loss {metrics['loss']} / gradient norm {metrics['grad_norm']} at step {step} is "
+          f"not finite: training stopped; {kept} (try a lower learning_rate or more "
+          "warmup_steps)")
+    if diag:
+      self.history.append(step, jax.device_get(diag))
+    self.last_metrics = {"step": step, **metrics}
+    self.recent_losses = (self.recent_losses + [metrics["loss"]])[-100:]
+
+  def _summary(self, step: int) -> dict[str, Any]:
+    return {
+        "step": step,
+        "config": config_lib.to_dict(self.cfg),
+        "loss": self.last_metrics.get("loss"),
+        "recent_loss": float(np.mean(self.recent_losses)) if self.recent_losses else None,
+        "grad_norm": self.last_metrics.get("grad_norm"),
+        "tokens_per_s": self.last_metrics.get("tokens_per_s_avg",
+                                              self.last_metrics.get("tokens_per_s")),
+        "elapsed_s": time.perf_counter() - self._t_start,
+        "time": time.time(),
+        "diagnostic_steps": len(self.history),
+        "data": self.data_name,
+        "devices": self.c.mesh.size,
+    }
+
+  def _evaluate(self, params, step: int) -> None:
+    cfg, c = self.cfg, self.c
+    it = make_data_iterator(cfg, c.task, split=cfg.eval_split,
+                            batch_size=cfg.micro_batch_size, eval_mode=True)
+    sharding = shard_lib.eval_batch_sharding(c.mesh)
+    totals: dict[str, float] = {}
+    n = 0
+    for _, local in zip(range(cfg.eval_batches), it):
+      out = jax.device_get(c.eval_step(params, shard_lib.global_eval_batch(local, sharding)))
+      for k, v in out.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+      n += 1
+    if n:
+      self.writer.write(step, {f"eval_{k}": v / n for k, v in totals.items()}, kind="eval")
+    self._t_last = time.perf_counter()  # keep evaluation out of the step time

@@ -1,0 +1,109 @@
+"""``rankjax.load_run``: a saved run's config, parameters, diagnostics and metrics.
+
+Reads a workdir written by ``rankjax train`` without building the model, the
+optimizer or the data pipeline: parameters come back as numpy arrays on the host,
+whatever mesh the run was trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from rankjax import config as config_lib
+from rankjax.config import TrainConfig
+from rankjax.train import checkpoint as ckpt_lib
+
+
+@dataclasses.dataclass
+class Run:
+  """A saved run.
+
+  Attributes:
+    workdir: the run's directory.
+    config: its TrainConfig.
+    step: the checkpoint step read (updates done).
+    params: parameters at ``step`` (numpy arrays, the model's pytree).
+    diagnostics: ``{"<diagnostic>/<key>": (n, ...)}``, every diagnostics step from
+      the start of the run to ``step``.
+    diagnostic_steps: (n,) the update each diagnostics row belongs to.
+    metrics: the checkpoint's JSON metrics (loss, throughput, ...).
+    history: per-update metrics from ``metrics.jsonl`` up to ``step`` (one dict per
+      line: step, loss, grad_norm, lr, ...).
+  """
+
+  workdir: pathlib.Path
+  config: TrainConfig
+  step: int
+  params: Any
+  diagnostics: dict[str, np.ndarray]
+  diagnostic_steps: np.ndarray
+  metrics: dict[str, Any]
+  history: list[dict[str, Any]]
+
+
+def read_metrics_jsonl(path: str | pathlib.Path, up_to: int | None = None) -> list[dict[str, Any]]:
+  """Lines of ``metrics.jsonl``; for a step logged twice (a resumed run) the last one."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  by_step: dict[tuple[int, str], dict[str, Any]] = {}
+  for line in path.read_text().splitlines():
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue  # a line cut short by a kill
+    if up_to is None or row.get("step", 0) <= up_to:
+      by_step[(row.get("step", 0), row.get("kind", "train"))] = row
+  return [by_step[k] for k in sorted(by_step)]
+
+
+def load_run(workdir: str | pathlib.Path, step: int | None = None) -> Run:
+  """Reads the newest readable checkpoint of ``workdir`` (or ``step``).
+
+  Raises:
+    FileNotFoundError: no run or no checkpoint in ``workdir``.
+  """
+  workdir = pathlib.Path(workdir)
+  cfg_path = ckpt_lib.config_path(workdir)
+  if not cfg_path.exists():
+    raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json)")
+  cfg = config_lib.from_json(TrainConfig, cfg_path)
+  directory = ckpt_lib.checkpoint_dir(workdir)
+  if not directory.is_dir():
+    raise FileNotFoundError(f"{workdir} holds no checkpoint yet ({directory} is missing)")
+  options = ocp.CheckpointManagerOptions(read_only=True)
+  manager = ocp.CheckpointManager(directory.absolute(), options=options,
+                                  item_handlers=ckpt_lib.handlers())
+  cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+
+  def restore(s: int) -> dict[str, Any]:
+    meta = manager.item_metadata(s)["state"]
+    meta = getattr(meta, "tree", meta)
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta)
+    items = {"state": ocp.args.StandardRestore(abstract), "metrics": ocp.args.JsonRestore()}
+    if (directory / str(s) / "diagnostics").is_dir():
+      items["diagnostics"] = ocp.args.StandardRestore()
+    out = manager.restore(s, args=ocp.args.Composite(**items))
+    return {k: out[k] for k in items}
+
+  steps = [step] if step is not None else list(manager.all_steps())
+  if not steps:
+    raise FileNotFoundError(f"{workdir} holds no checkpoint yet")
+  found = ckpt_lib.restore_with_fallback(directory, steps, restore)
+  manager.close()
+  if found is None:
+    raise FileNotFoundError(f"no readable checkpoint in {directory}")
+  s, out = found
+  params = jax.tree.map(np.asarray, out["state"]["params"])
+  history = ckpt_lib.DiagnosticsHistory.from_tree(out.get("diagnostics"))
+  return Run(workdir=workdir, config=cfg, step=s, params=params,
+             diagnostics=history.flat(), diagnostic_steps=np.asarray(history.steps, np.int64),
+             metrics=out["metrics"],
+             history=read_metrics_jsonl(workdir / "metrics.jsonl", up_to=s))

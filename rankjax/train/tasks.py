@@ -1,0 +1,187 @@
+"""The one place that maps a model kind to its model, batch, loss and captures.
+
+The loop, the step and the diagnostics never branch on the model kind; they call a
+``Task``. Two tasks exist:
+
+  lm:  ``DecoderLM`` on text batches ``{"inputs", "targets"}`` of int32 (B, T);
+       loss = mean next-token cross-entropy over all B*T tokens (sequences are packed,
+       no padding).
+  mlp: ``ResidualMLP`` classifier on image batches ``{"inputs": (B, D) float32,
+       "targets": (B,) int32}``; loss = mean cross-entropy, plus accuracy.
+
+``stacked_roots`` names the parameter subtrees whose leaves carry a leading layer
+axis (``nn.scan`` / the MLP's stacked blocks): sharding never splits that axis, weight
+decay and per-layer diagnostics look past it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rankjax.config import TrainConfig
+from rankjax.models.mlp import ResidualMLP
+from rankjax.models.transformer import DecoderLM, intermediate_grads
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """Model-kind-specific pieces of training; subclasses fill them in.
+
+  Attributes:
+    kind: "lm" or "mlp" (``TrainConfig.model``).
+    data_kind: "text" or "images" (``rankjax.data.make_iterator`` kind).
+    model: the linen module.
+    example_spec: per-example shape and dtype of every batch entry.
+    tokens_per_example: tokens an example contributes to throughput (T, or 1).
+    stacked_roots: top-level parameter names whose leaves have a leading layer axis.
+    compute_dtype: activations' dtype.
+    dropout: whether the training forward pass needs a "dropout" rng.
+  """
+
+  kind: str
+  data_kind: str
+  model: nn.Module
+  example_spec: Mapping[str, tuple[tuple[int, ...], Any]]
+  tokens_per_example: int
+  stacked_roots: tuple[str, ...]
+  compute_dtype: Any = jnp.float32
+  dropout: bool = False
+
+  def dummy_batch(self, batch_size: int) -> dict[str, Array]:
+    return {k: jnp.zeros((batch_size, *shape), dtype)
+            for k, (shape, dtype) in self.example_spec.items()}
+
+  def init(self, rng: Array) -> Params:
+    """Parameters from ``rng`` (call under ``jax.jit``/``eval_shape``)."""
+    return self.model.init(rng, self.dummy_batch(1)["inputs"])["params"]
+
+  def loss(self, params: Params, batch: Batch, rng: Array | None,
+           deterministic: bool = False) -> tuple[Array, dict[str, Array]]:
+    """(scalar loss, {metric: scalar}) of one micro-batch."""
+    raise NotImplementedError
+
+  def capture(self, params: Params, batch: Batch) -> tuple[dict[str, Array], dict[str, Array] | None]:
+    """Deterministic forward (and backward) capture: (activations, their gradients)."""
+    raise NotImplementedError
+
+  def flops_per_example(self, num_params: int) -> float:
+    """Model FLOPs of one forward+backward pass over one example."""
+    raise NotImplementedError
+
+
+def _cross_entropy(logits: Array, labels: Array) -> Array:
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), labels).mean()
+
+
+@dataclasses.dataclass(frozen=True)
+class LMTask(Task):
+  """Next-token prediction with ``DecoderLM``; captures X_k / Y_k and their grads."""
+
+  def loss(self, params, batch, rng, deterministic=False):
+    rngs = {"dropout": rng} if (self.dropout and not deterministic) else None
+    logits = self.model.apply({"params": params}, batch["inputs"],
+                              deterministic=deterministic or not self.dropout, rngs=rngs)
+    loss = _cross_entropy(logits, batch["targets"])
+    return loss, {"loss": loss}
+
+  def capture(self, params, batch):
+    targets = batch["targets"]
+    _, _, grads, acts = intermediate_grads(
+        self.model, params, batch["inputs"], lambda logits: _cross_entropy(logits, targets))
+    return acts, grads
+
+  def flops_per_example(self, num_params: int) -> float:
+    cfg = self.model.cfg
+    t = self.tokens_per_example
+    embed = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+    if cfg.pos_embedding == "learned":
+      embed += cfg.max_seq_len * cfg.d_model
+    # PaLM (App B): 6N per token for the matmuls (the LM head counts, the embedding
+    # lookup does not) plus 12 L T d for attention scores and values.
+    head = cfg.vocab_size * cfg.d_model
+    dense = num_params - embed + head
+    return t * (6.0 * dense + 12.0 * cfg.num_layers * t * cfg.d_model)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierTask(Task):
+  """Classification with ``ResidualMLP`` (input and output layers set)."""
+
+  def _logits(self, params, x):
+    if self.compute_dtype != jnp.float32:
+      params = jax.tree.map(lambda p: p.astype(self.compute_dtype), params)
+      x = x.astype(self.compute_dtype)
+    return self.model.apply({"params": params}, x).astype(jnp.float32)
+
+  def loss(self, params, batch, rng, deterministic=False):
+    del rng, deterministic
+    logits = self._logits(params, batch["inputs"])
+    loss = _cross_entropy(logits, batch["targets"])
+    accuracy = jnp.mean((jnp.argmax(logits, -1) == batch["targets"]).astype(jnp.float32))
+    return loss, {"loss": loss, "accuracy": accuracy}
+
+  def capture(self, params, batch):
+    _, state = self.model.apply({"params": params}, batch["inputs"], capture=True,
+                                mutable=["intermediates"])
+    inter = state["intermediates"]
+    return {"h0": inter["h0"][0], "stream": inter["stream"][0]}, None
+
+  def flops_per_example(self, num_params: int) -> float:
+    return 6.0 * num_params
+
+
+def data_kwargs(cfg: TrainConfig, task: Task) -> dict[str, Any]:
+  """Arguments of ``rankjax.data.make_iterator`` / ``dataset_info`` for this run."""
+  text = task.data_kind == "text"
+  return dict(dataset=cfg.dataset, data_dir=cfg.data_dir,
+              seq_len=cfg.seq_len if text else None,
+              tokenizer=cfg.tokenizer if text else None)
+
+
+def model_requirements(task: Task) -> dict[str, Any]:
+  """Keyword arguments of ``rankjax.data.check_model_fits`` for this model."""
+  cfg = task.model.cfg
+  if task.kind == "lm":
+    return dict(vocab_size=cfg.vocab_size, max_seq_len=cfg.max_seq_len)
+  return dict(num_classes=cfg.num_classes, input_dim=cfg.input_dim)
+
+
+def make_task(cfg: TrainConfig) -> Task:
+  """The task for ``cfg.model``; raises ValueError when the model cannot train."""
+  dtype = jnp.dtype(cfg.compute_dtype)
+  if cfg.model == "lm":
+    lm = dataclasses.replace(cfg.lm, compute_dtype=cfg.compute_dtype)
+    spec = {"inputs": ((cfg.seq_len,), jnp.int32), "targets": ((cfg.seq_len,), jnp.int32)}
+    return LMTask("lm", "text", DecoderLM(lm), spec, cfg.seq_len, ("layers",), dtype,
+                  dropout=bool(lm.dropout_rate or lm.attn_dropout_rate))
+  mlp = cfg.mlp
+  if mlp.input_dim is None or mlp.num_classes is None:
+    raise ValueError("model='mlp' trains a classifier: set mlp.input_dim and mlp.num_classes "
+                     f"(got input_dim={mlp.input_dim}, num_classes={mlp.num_classes})")
+  spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
+  return ClassifierTask("mlp", "images", ResidualMLP(mlp), spec, 1, ("blocks",), dtype)
+
+
+def is_stacked(path: tuple[Any, ...], roots: tuple[str, ...]) -> bool:
+  """Whether a pytree path (``jax.tree_util`` keys) goes through a stacked root."""
+  for key in path:
+    name = getattr(key, "key", getattr(key, "name", None))
+    if name in roots:
+      return True
+  return False
+
+
+def count_params(params: Params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))

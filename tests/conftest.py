@@ -1,0 +1,21 @@
+"""Shared test fixtures.
+
+Float64 checks use the ``x64`` fixture, which turns on ``jax_enable_x64`` only for
+the duration of one test (``jax.enable_x64`` context), so float32 defaults elsewhere
+in the same process are untouched.
+"""
+import os
+
+# Tests compile many small programs; XLA's cheaper CPU backend passes halve compile
+# time and change no semantics. Set before JAX initializes; an explicit XLA_FLAGS wins.
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def x64():
+  with jax.enable_x64(True):
+    yield

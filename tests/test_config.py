@@ -1,0 +1,133 @@
+"""Config validation (one test per rule), JSON round trips and --set overrides."""
+
+import dataclasses
+
+import pytest
+
+from rankjax import config
+from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
+
+MLP_BAD = [
+    ("depth", 0), ("depth", -3), ("depth", 2.5),
+    ("width", 0),
+    ("expansion", 0.0), ("expansion", -1.0),
+    ("branch_matrices", 3),
+    ("activation", "sigmoid"),
+    ("norm_position", "middle"),
+    ("norm_op", "batch"),
+    ("p_norm", "batch"), ("b_norm", "l2"), ("r_norm", "group"),
+    ("norm_eps", -1e-6),
+    ("alpha", -1.0),
+    ("beta", -0.5),
+    ("skip_every", -1),
+    ("input_dim", 0),
+    ("num_classes", 0),
+    ("param_dtype", "int8"),
+]
+
+LM_BAD = [
+    ("vocab_size", 0), ("num_layers", 0), ("d_model", -1), ("num_heads", 0),
+    ("d_ff", 0), ("max_seq_len", 0),
+    ("norm_position", "output"), ("norm_op", "mean"), ("norm_eps", -1.0),
+    ("ffn", "relu"), ("tau", 0.0), ("tau", -1.0), ("pos_embedding", "rope"),
+    ("init", "xavier"), ("init_scale", 0.0), ("embed_std", -0.1),
+    ("prefix_avg_removal", -0.5), ("dropout_rate", 1.0), ("dropout_rate", -0.1),
+    ("attn_dropout_rate", 1.5), ("compute_dtype", "float16"),
+]
+
+
+@pytest.mark.parametrize("field,value", MLP_BAD)
+def test_bad_mlp_field_names_the_field(field, value):
+  with pytest.raises(ValueError, match=field):
+    MLPConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", LM_BAD)
+def test_bad_transformer_field_names_the_field(field, value):
+  with pytest.raises(ValueError, match=field):
+    TransformerConfig(**{field: value})
+
+
+def test_choice_errors_list_allowed_values():
+  with pytest.raises(ValueError, match=r"\['pre', 'post', 'output', 'peri', 'none'\]"):
+    MLPConfig(norm_position="middle")
+  with pytest.raises(ValueError, match="relu"):
+    MLPConfig(activation="sigmoid")
+
+
+def test_heads_must_divide_d_model():
+  with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=4"):
+    TransformerConfig(d_model=10, num_heads=4)
+
+
+def test_train_config_rules():
+  with pytest.raises(ValueError, match="batch_size"):
+    TrainConfig(batch_size=10, grad_accum=3)
+  with pytest.raises(ValueError, match="learning_rate"):
+    TrainConfig(learning_rate=0.0)
+  with pytest.raises(ValueError, match="model"):
+    TrainConfig(model="cnn")
+
+
+def test_norm_position_shorthand_and_overrides():
+  assert MLPConfig(norm_position="pre").norm_ops == ("rms", "none", "none")
+  assert MLPConfig(norm_position="post").norm_ops == ("none", "none", "rms")
+  assert MLPConfig(norm_position="output", norm_op="layer").norm_ops == ("none", "layer", "none")
+  assert MLPConfig(norm_position="peri").norm_ops == ("rms", "rms", "none")
+  assert MLPConfig(norm_position="none").norm_ops == ("none", "none", "none")
+  # the paper's ablations: Pre-RMSNorm with a detached-rescale or mean R, or a LayerNorm B
+  assert MLPConfig(norm_position="pre", r_norm="detached_rms").norm_ops == (
+      "rms", "none", "detached_rms")
+  assert MLPConfig(norm_position="pre", b_norm="layer").norm_ops == ("rms", "layer", "none")
+
+
+def test_hidden_width():
+  assert MLPConfig(width=64, expansion=4).hidden_width == 256
+  assert MLPConfig(width=64, branch_matrices=1).hidden_width == 64
+
+
+@pytest.mark.parametrize("cfg", [
+    MLPConfig(depth=7, p_norm="mean", input_dim=10, num_classes=3),
+    TransformerConfig(num_layers=2, norm_position="pre", ffn="gelu", init="gpt2"),
+    TrainConfig(model="mlp", mlp=MLPConfig(depth=3), batch_size=8, grad_accum=2),
+])
+def test_json_round_trip(cfg, tmp_path):
+  path = tmp_path / "cfg.json"
+  config.to_json(cfg, path)
+  assert config.from_json(type(cfg), path) == cfg
+  assert config.from_json(type(cfg), config.to_json(cfg)) == cfg
+
+
+def test_json_unknown_field_and_bad_file(tmp_path):
+  with pytest.raises(ValueError, match=r"unknown MLPConfig field\(s\) \['dept'\]"):
+    config.from_json(MLPConfig, '{"dept": 3}')
+  with pytest.raises(ValueError, match="does not exist"):
+    config.from_json(MLPConfig, tmp_path / "missing.json")
+  bad = tmp_path / "bad.json"
+  bad.write_text("{not json")
+  with pytest.raises(ValueError, match="not valid JSON"):
+    config.from_json(MLPConfig, bad)
+
+
+def test_override_parses_values_and_nested_keys():
+  cfg = config.override(TrainConfig(), ["lm.num_layers=4", "learning_rate=1e-3",
+                                        "lm.norm_position=pre", "mlp.p_norm=null"])
+  assert cfg.lm.num_layers == 4 and cfg.learning_rate == 1e-3
+  assert cfg.lm.norm_position == "pre" and cfg.mlp.p_norm is None
+  with pytest.raises(ValueError, match="unknown config key 'lm.depth'"):
+    config.override(TrainConfig(), ["lm.depth=3"])
+  with pytest.raises(ValueError, match="key=value"):
+    config.override(TrainConfig(), ["depth"])
+  with pytest.raises(ValueError, match="depth"):
+    config.override(MLPConfig(), ["depth=0"])
+
+
+def test_diff_names_differing_fields():
+  a = TrainConfig(learning_rate=6e-4, lm=TransformerConfig(num_layers=48))
+  b = dataclasses.replace(a, learning_rate=1e-3, lm=dataclasses.replace(a.lm, num_layers=4))
+  assert config.diff(a, b) == {"learning_rate": (6e-4, 1e-3), "lm.num_layers": (48, 4)}
+
+
+def test_configs_are_frozen():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    MLPConfig().depth = 3

@@ -1,0 +1,119 @@
+"""Exact resume after SIGKILL and SIGTERM, corrupt checkpoints, config changes.
+
+A reference run of 8 updates (checkpoints every 4) runs in the test process. A
+second run of the same config is killed with SIGKILL at update 6 in its own process,
+after its checkpoint at update 4 is on disk, then resumed here: its loss must equal
+the reference bitwise at every update after 4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+
+from rankjax.train.loop import train
+from rankjax.train.run_reader import load_run
+from tests.train.conftest import losses, tiny_lm, tiny_mlp
+
+CONFIGS = {"lm": tiny_lm, "mlp": tiny_mlp}
+
+
+@pytest.fixture(scope="module")
+def runs(worker, compile_cache, tmp_path_factory):
+  """{kind: (reference workdir, killed-then-resumed workdir, resume result)}."""
+  out = {}
+  for kind, make in CONFIGS.items():
+    cfg = make()
+    full = tmp_path_factory.mktemp(f"full_{kind}")
+    result = train(cfg, full, progress_bar=False)
+    assert (result.status, result.step) == ("completed", 8)
+    killed = tmp_path_factory.mktemp(f"killed_{kind}")
+    code, _, err = worker(cfg, killed, "--kill-at", "6", "--wait-checkpoint", "4")
+    assert code == -signal.SIGKILL, err
+    assert not (killed / "checkpoints" / "8").exists()
+    resumed = train(cfg, killed, progress_bar=False)
+    out[kind] = (full, killed, resumed)
+  return out
+
+
+@pytest.mark.parametrize("kind", ["lm", "mlp"])
+def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(kind, runs):
+  full, killed, resumed = runs[kind]
+  assert (resumed.start_step, resumed.step, resumed.status) == (4, 8, "completed")
+  reference, after = losses(full), losses(killed)
+  assert sorted(after) == list(range(1, 9))       # lines past the checkpoint rewritten
+  for step in range(1, 9):
+    assert after[step] == reference[step], (step, after[step], reference[step])
+
+
+def test_diagnostics_history_survives_kill_and_max_to_keep(runs):
+  """LM: diagnostics at updates 1, 2, 4, 6, 8; max_to_keep=1 keeps only step 8."""
+  full_dir, killed_dir, _ = runs["lm"]
+  assert sorted(p.name for p in (full_dir / "checkpoints").iterdir()) == ["8"]
+  full = load_run(full_dir)
+  assert full.step == 8 and full.config == tiny_lm()
+  assert [int(s) for s in full.diagnostic_steps] == [1, 2, 4, 6, 8]
+  for key in ("basic/grad_norm", "basic/param_norm", "basic/tsim_x1", "basic/tsim_y2",
+              "basic/act_grad_norm_x2"):
+    assert full.diagnostics[key].shape == (5, 1), key          # (diag steps, layers)
+    assert np.all(np.isfinite(full.diagnostics[key])), key
+  tsim = full.diagnostics["basic/tsim_x1"]
+  assert np.all((tsim >= 0) & (tsim <= 1))
+  assert full.params["layers"]["attn"]["w_q"].shape[0] == 1
+  assert isinstance(full.params["embed"]["embedding"], np.ndarray)
+  assert [row["step"] for row in full.history] == list(range(1, 9))
+  assert full.metrics["step"] == 8 and full.metrics["diagnostic_steps"] == 5
+
+  resumed = load_run(killed_dir)   # rows before the kill came back from checkpoint 4
+  np.testing.assert_array_equal(resumed.diagnostic_steps, full.diagnostic_steps)
+  assert resumed.diagnostics.keys() == full.diagnostics.keys()
+  for key, value in full.diagnostics.items():
+    np.testing.assert_array_equal(resumed.diagnostics[key], value, err_msg=key)
+
+
+def test_sigterm_saves_exits_cleanly_and_resumes(runs, tmp_path):
+  cfg = tiny_lm()
+
+  def on_step(step):
+    if step == 3:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  previous = signal.getsignal(signal.SIGTERM)
+  result = train(cfg, tmp_path, on_step=on_step, progress_bar=False)
+  assert (result.status, result.step) == ("preempted", 3)
+  assert signal.getsignal(signal.SIGTERM) is previous       # handler restored
+  assert load_run(tmp_path).step == 3
+  result = train(cfg, tmp_path, progress_bar=False)
+  assert (result.start_step, result.step) == (3, 8)
+  assert losses(tmp_path) == losses(runs["lm"][0])
+
+
+def test_corrupt_latest_checkpoint_falls_back_with_warning(runs, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(runs["mlp"][0], workdir)
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "8"]
+  (workdir / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half-written")
+
+  with pytest.warns(RuntimeWarning, match=r"step 8 .*corrupt.*using step 4 instead"):
+    assert load_run(workdir).step == 4
+  with pytest.warns(RuntimeWarning, match=r"step 8 .*corrupt.*using step 4 instead"):
+    result = train(tiny_mlp(), workdir, progress_bar=False)
+  assert (result.start_step, result.step) == (4, 8)
+  assert len(list((workdir / "corrupt_checkpoints").iterdir())) == 1   # moved, not deleted
+  assert losses(workdir) == losses(runs["mlp"][0])
+
+
+def test_workdir_with_other_config_is_refused_naming_fields(runs):
+  full = runs["lm"][0]
+  cfg = tiny_lm(learning_rate=5e-3, lm=dataclasses.replace(tiny_lm().lm, d_model=32))
+  before = (full / "metrics.jsonl").read_text()
+  with pytest.raises(ValueError, match="different config") as info:
+    train(cfg, full)
+  assert "learning_rate: 0.01 (saved) vs 0.005 (given)" in str(info.value)
+  assert "lm.d_model: 16 (saved) vs 32 (given)" in str(info.value)
+  assert (full / "metrics.jsonl").read_text() == before            # nothing touched

@@ -1,0 +1,55 @@
+"""Runs ``rankjax.train.loop.train`` in its own process for the resume/signal tests.
+
+  python tests/train/train_worker.py CONFIG.json WORKDIR [--kill-at S] [--term-at S]
+      [--wait-checkpoint N]
+
+``--kill-at S``: after update S, SIGKILL this process (no cleanup of any kind);
+with ``--wait-checkpoint N`` it first waits until checkpoint N is committed on disk.
+``--term-at S``: after update S, send SIGTERM to this process (the loop saves and
+returns). Prints one JSON line with the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import sys
+import time
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("config")
+  parser.add_argument("workdir")
+  parser.add_argument("--kill-at", type=int)
+  parser.add_argument("--term-at", type=int)
+  parser.add_argument("--wait-checkpoint", type=int)
+  args = parser.parse_args()
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  from rankjax.train.loop import train
+
+  cfg = config_lib.from_json(TrainConfig, args.config)
+
+  def on_step(step: int) -> None:
+    if step == args.kill_at:
+      if args.wait_checkpoint is not None:
+        done = pathlib.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
+        deadline = time.time() + 120
+        while not done.is_dir() and time.time() < deadline:
+          time.sleep(0.05)
+      os.kill(os.getpid(), signal.SIGKILL)
+    if step == args.term_at:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  result = train(cfg, args.workdir, on_step=on_step, progress_bar=False)
+  print(json.dumps({"step": result.step, "status": result.status,
+                    "start_step": result.start_step}))
+  sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  main()
