@@ -4,16 +4,47 @@ Re-exports only; the code lives in the modules below (see ARCHITECTURE.md).
 """
 
 from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
+from rankjax.measure.jacobians import JacobianStudy, mlp_jacobian_study
+from rankjax.measure.losses import cross_entropy, frequency_loss
+from rankjax.measure.paths import PathSums, path_sums
+from rankjax.measure.sensitivity import (
+    attention_statistics,
+    gradient_spikes,
+    softmax_jacobian_inf_to_one,
+    theta_bracket,
+    theta_certificate,
+    theta_exact,
+)
+from rankjax.measure.similarity import prefix_average_matrix, token_similarity
+from rankjax.measure.spectra import effective_rank, stable_rank
 from rankjax.models.mlp import ResidualMLP
 from rankjax.models.transformer import DecoderLM
+from rankjax.train.run_reader import load_run
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DecoderLM",
+    "JacobianStudy",
     "MLPConfig",
+    "PathSums",
     "ResidualMLP",
     "TrainConfig",
     "TransformerConfig",
     "__version__",
+    "attention_statistics",
+    "cross_entropy",
+    "effective_rank",
+    "frequency_loss",
+    "gradient_spikes",
+    "load_run",
+    "mlp_jacobian_study",
+    "path_sums",
+    "prefix_average_matrix",
+    "softmax_jacobian_inf_to_one",
+    "stable_rank",
+    "theta_bracket",
+    "theta_certificate",
+    "theta_exact",
+    "token_similarity",
 ]

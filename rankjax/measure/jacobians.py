@@ -325,43 +325,40 @@ def _sample_study(blocks: dict, h0_D: Array, cfg: MLPConfig, beta: Array, *,
   return out
 
 
-def init_blocks(cfg: MLPConfig, key: Array) -> dict:
+def init_blocks(cfg: MLPConfig, key: Array, alpha: Array | float | None = None) -> dict:
   """Stacked block parameters from the paper's init (Sec 2): N(0, alpha^2/fan_in), gains 1.
 
   The same distribution and layout as ``ResidualMLP`` (``(L, fan_in, fan_out)`` per
-  matrix), drawn with one ``jax.random.normal`` per matrix name: vmapping
+  matrix), drawn with one ``jax.random.normal`` call for all matrices: vmapping
   ``blocks.init_block`` over depth, or tracing ``ResidualMLP(cfg).init``, costs
-  5-10 s of compile time per config on a small CPU. The values therefore differ from
-  ``ResidualMLP(cfg).init(key, x)``; to measure a model's own parameters, pass
-  ``variables["params"]["blocks"]`` to ``block_jacobians`` directly.
+  5-10 s of compile time per config on a small CPU (each threefry draw is a large
+  XLA:CPU kernel). The values therefore differ from ``ResidualMLP(cfg).init``; to
+  measure a model's own parameters, pass ``variables["params"]["blocks"]`` to
+  ``block_jacobians`` directly. ``alpha`` (possibly traced) overrides ``cfg.alpha``.
   """
-  dtype = jnp.dtype(cfg.param_dtype)
-  shapes = sorted(blocks_lib.matrix_shapes(cfg).items())
-  out = {}
-  for k, (name, shape) in zip(jax.random.split(key, len(shapes)), shapes):
-    std = cfg.alpha / math.sqrt(shape[0])
-    out[name] = std * jax.random.normal(k, (cfg.depth, *shape), dtype)
-  for name in blocks_lib.gain_names(cfg):
-    out[name] = jnp.ones((cfg.depth, cfg.width), dtype)
-  return out
+  return seed_samples(cfg, key, 0, alpha)[0]
 
 
 def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
                  alpha: Array | float | None = None) -> tuple[dict, Array]:
-  """One weight draw and its ``num_inputs`` Gaussian inputs h_0 ~ N(0, I_d) (Sec 2).
+  """One weight draw (``init_blocks``) and ``num_inputs`` inputs h_0 ~ N(0, I_d) (Sec 2).
 
-  With ``alpha`` given (possibly traced), the matrices are drawn at scale 1 and
-  multiplied by alpha (the same N(0, alpha^2/fan_in) draw up to rounding), so an
+  Everything comes from one ``jax.random.normal`` draw. ``alpha`` may be traced, so an
   alpha sweep reuses one compiled function.
   """
-  k_params, k_inputs = jax.random.split(key)
-  h0 = jax.random.normal(k_inputs, (num_inputs, cfg.width), jnp.dtype(cfg.param_dtype))
-  if alpha is None:
-    return init_blocks(cfg, k_params), h0
-  blocks = init_blocks(dataclasses.replace(cfg, alpha=1.0), k_params)
-  scaled = {name: (w * jnp.asarray(alpha, w.dtype) if name.startswith("w") else w)
-            for name, w in blocks.items()}
-  return scaled, h0
+  dtype = jnp.dtype(cfg.param_dtype)
+  alpha = cfg.alpha if alpha is None else alpha
+  shapes = sorted(blocks_lib.matrix_shapes(cfg).items())
+  sizes = [cfg.depth * a * b for _, (a, b) in shapes] + [num_inputs * cfg.width]
+  flat = jax.random.normal(key, (sum(sizes),), dtype)
+  pieces = jnp.split(flat, np.cumsum(sizes)[:-1])
+  out = {}
+  for (name, shape), piece in zip(shapes, pieces):
+    std = jnp.asarray(alpha, dtype) / math.sqrt(shape[0])
+    out[name] = std * piece.reshape(cfg.depth, *shape)
+  for name in blocks_lib.gain_names(cfg):
+    out[name] = jnp.ones((cfg.depth, cfg.width), dtype)
+  return out, pieces[-1].reshape(num_inputs, cfg.width)
 
 
 def _per_seed(keys, alpha, beta, cfg, num_inputs, with_paths, method, reference, num_chunks):

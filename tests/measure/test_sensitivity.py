@@ -5,7 +5,6 @@ Each check is independent of the code under test where it can be: the operator
 norm from autodiff and sign enumeration (Thm 3.2), subsets by numpy brute force,
 the MHA Jacobian from ``jax.jacfwd`` of an MHA written here, statistics by numpy.
 """
-import functools
 import math
 
 import jax

@@ -1,0 +1,120 @@
+"""Shared helpers for the Transforming Rank experiment scripts.
+
+Every script exposes ``run(out_dir, scale="quick"|"paper", **overrides) -> dict`` and
+writes ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
+``summary`` list of rows ``{"item", "paper", "ours", "note"}`` that ``reproduce.py``
+collects into ``summary.md``. Settings come from the script's ``SCALES`` table; any
+keyword argument overrides one setting.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # before numpy/scipy load BLAS
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402,F401
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from rankjax.config import MLPConfig  # noqa: E402
+from rankjax.measure import jacobians  # noqa: E402
+
+
+@contextlib.contextmanager
+def single_blas_thread():
+  """Host LAPACK (SVD, eigh) single-threaded: OpenBLAS worker threads thrash on a
+  loaded small machine (measured 20x slower SVDs). No-op without threadpoolctl."""
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:
+    yield
+    return
+  with threadpool_limits(1):
+    yield
+
+
+def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> dict:
+  if scale not in scales:
+    raise ValueError(f"scale={scale!r}; choose one of {sorted(scales)}")
+  out = dict(scales[scale])
+  unknown = sorted(set(overrides) - set(out))
+  if unknown:
+    raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(out)}")
+  out.update(overrides)
+  out["scale"] = scale
+  return out
+
+
+def to_jsonable(x: Any) -> Any:
+  if isinstance(x, dict):
+    return {str(k): to_jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [to_jsonable(v) for v in x]
+  if isinstance(x, (np.ndarray, jax.Array)):
+    return to_jsonable(np.asarray(x).tolist())
+  if isinstance(x, (np.floating, float)):
+    x = float(x)
+    return None if math.isnan(x) else x
+  if isinstance(x, np.integer):
+    return int(x)
+  return x
+
+
+def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dict:
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / f"{name}.json").write_text(json.dumps(to_jsonable(result), indent=1) + "\n")
+  if fig is not None:
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=110)
+    plt.close(fig)
+  return result
+
+
+def row(item: str, paper: Any, ours: Any, note: str = "") -> dict:
+  return {"item": item, "paper": paper, "ours": ours, "note": note}
+
+
+def fmt(x: float, digits: int = 3) -> str:
+  return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, *,
+                     num_seeds: int = 1, num_inputs: int = 1, path_sums: bool = False,
+                     num_chunks: int | None = None, reference: str = "product") -> dict:
+  """Per-sample study arrays (leading (seeds, inputs) axes) as numpy.
+
+  Compiled once per shape-determining config (alpha and beta are traced).
+  """
+  base = dataclasses.replace(cfg, alpha=1.0, beta=1.0)
+  fn = jacobians.make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums,
+                               num_chunks=num_chunks, reference=reference)
+  with single_blas_thread():
+    out = fn(key, alpha, beta)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def main(run: Callable[..., dict], description: str) -> None:
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--out", default="runs/transforming_rank", help="output folder")
+  parser.add_argument("--scale", default="quick", choices=["quick", "paper"])
+  args = parser.parse_args()
+  start = time.time()
+  result = run(args.out, scale=args.scale)
+  for r in result.get("summary", []):
+    print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note', '')}")
+  print(f"done in {time.time() - start:.1f} s -> {args.out}")

@@ -1,0 +1,231 @@
+"""Gradient transport in Post-Norm Transformers (Post-Norm collapse paper, Sec 3.2-3.3).
+
+Notation of the paper (Eq. 1): per layer ``l`` and sublayer ``k`` (1 = attention,
+2 = FFN), ``X_k^l`` is the sublayer input and ``Y_k^l`` the residual sum before the
+next RMSNorm. ``rankjax.models.transformer.intermediate_grads`` returns both and the
+loss gradients with respect to them as ``(L, B, T, d)`` arrays.
+
+* Definition 3.5: the sublayer gradient contribution
+  ``alpha_k^l = ||dL/dX_k^l||_F / ||dL/dY_k^l||_F``.
+* Sec 3.2 / Theorem 3.6: the RMSNorm Jacobian at a row ``y`` is
+  ``sqrt(d)/||y|| (I - y y^T/||y||^2)``; its prefactor ``sqrt(d)/||y||`` is the
+  "RMSNorm factor", and the contraction ``c(y, alpha) = alpha sqrt(d)/||y||`` bounds
+  ``||dL/dX_k^l||_F <= c ||dL/dX_{k+1}^l||_F`` under exact collapse (App D.1).
+* Sec 4.2 (Figs 3-5): the transition window, where last-layer token similarity and
+  the training loss rise sharply; ``detect_transition`` makes it a precise rule.
+* Definition 3.7 / Theorem 3.8: a collapsed network's loss is bounded below by the
+  frequency loss (``collapsed_loss_lower_bound``); ``collapse_alarm`` flags a run whose
+  loss sits at the frequency loss while its last-layer similarity is near 1.
+
+Everything here is a pure function of arrays (``jit``-able) except the two series
+functions (``detect_transition``, ``collapse_alarm``), which are numpy functions of
+logged series.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rankjax.measure.losses import frequency_loss
+from rankjax.measure.similarity import mean_projection
+
+Array = jax.Array
+
+
+def _sq_norm(x: Array, axes: tuple[int, ...]) -> Array:
+  x = jnp.asarray(x)
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  return jnp.sum(x * x, axis=axes)
+
+
+def _safe_div(num: Array, den: Array) -> Array:
+  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+def sublayer_grad_contribution(dx_LxBxTxD: Array, dy_LxBxTxD: Array,
+                               per_example: bool = False) -> Array:
+  """``alpha_k^l = ||dL/dX_k^l||_F / ||dL/dY_k^l||_F`` (paper Def 3.5).
+
+  Args:
+    dx_LxBxTxD: loss gradient w.r.t. the sublayer inputs ``X_k^l``, ``(..., B, T, d)``.
+    dy_LxBxTxD: loss gradient w.r.t. the residual sums ``Y_k^l``, same shape.
+    per_example: False (default) takes the Frobenius norms over the whole batch
+      (``B, T, d`` together: the batch as one long token matrix, which is what a
+      batch-mean loss backpropagates); True returns one ratio per example
+      ``(..., B)``.
+
+  Returns:
+    ``(...)`` (e.g. ``(L,)``), or ``(..., B)`` with ``per_example``. A zero
+    denominator gives 0.
+  """
+  axes = (-2, -1) if per_example else (-3, -2, -1)
+  return _safe_div(jnp.sqrt(_sq_norm(dx_LxBxTxD, axes)), jnp.sqrt(_sq_norm(dy_LxBxTxD, axes)))
+
+
+def rms_factor(y_TxD: Array, eps: float = 0.0) -> Array:
+  """Per-token RMSNorm factor ``sqrt(d)/||y_i||`` (Sec 3.2, Thm 3.6), ``(..., T)``.
+
+  It is the spectral norm of the RMSNorm Jacobian at row ``y_i`` (without gain);
+  ``eps`` adds RMSNorm's stabilizer: ``1/sqrt(||y||^2/d + eps)``.
+  """
+  d = jnp.shape(y_TxD)[-1]
+  ms = _sq_norm(y_TxD, (-1,)) / d
+  return jax.lax.rsqrt(ms + eps) if eps else _safe_div(1.0, jnp.sqrt(ms))
+
+
+def rms_factor_stats(y_LxBxTxD: Array, eps: float = 0.0) -> tuple[Array, Array]:
+  """Mean and standard deviation of ``sqrt(d)/||y||`` over the tokens of a batch.
+
+  Args:
+    y_LxBxTxD: residual sums ``Y_k^l`` ``(..., B, T, d)``.
+
+  Returns:
+    ``(mean, std)``, each ``(...)`` (e.g. ``(L,)``): the paper reports the factor
+    of the (collapsed, identical) rows; we report its mean over the ``B*T`` tokens
+    and their spread (Fig 4).
+  """
+  f = rms_factor(y_LxBxTxD, eps)
+  return jnp.mean(f, axis=(-2, -1)), jnp.std(f, axis=(-2, -1))
+
+
+def contraction(alpha: Array, rms_factor_mean: Array) -> Array:
+  """``c(y, alpha) = alpha sqrt(d)/||y||`` (Thm 3.6); < 1 means the sublayer shrinks
+  the backward signal from ``X_{k+1}`` to ``X_k`` under exact collapse."""
+  return jnp.asarray(alpha) * jnp.asarray(rms_factor_mean)
+
+
+def _leaf_name(path: tuple[Any, ...]) -> list[str]:
+  return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def layer_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> Array:
+  """Per-layer Frobenius norm of all parameter gradients of a layer, ``(L,)``.
+
+  ``grads`` is a params-shaped tree whose subtrees under ``stacked_roots`` carry a
+  leading layer axis (``nn.scan``); everything of layer ``l`` counts together
+  (paper Sec 4.2, Fig 5).
+  """
+  total = None
+  for root in stacked_roots:
+    if root not in grads:
+      continue
+    for leaf in jax.tree.leaves(grads[root]):
+      sq = _sq_norm(leaf, tuple(range(1, jnp.ndim(leaf))))
+      total = sq if total is None else total + sq
+  if total is None:
+    raise ValueError(f"no stacked root {tuple(stacked_roots)} in the gradient tree")
+  return jnp.sqrt(total)
+
+
+def block_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> dict[str, Array]:
+  """Per-layer gradient norms of each block (first-level submodule) of a layer.
+
+  Returns ``{block: (L,)}``, e.g. ``attn``, ``ffn``, ``norm_attn_in``, ``norm_ffn_in``,
+  ``norm_out`` for ``DecoderLM``; and ``{name: ()}`` for every unstacked top-level
+  entry (``embed``, ``lm_head``, ``norm_final``). The attention and FFN entries are the
+  per-sublayer parameter gradients whose vanishing Theorem 3.8 (ii) predicts.
+  """
+  out: dict[str, Array] = {}
+  for name, sub in grads.items():
+    stacked = name in stacked_roots
+    if stacked and isinstance(sub, Mapping):
+      for block, tree in sub.items():
+        sq = sum(_sq_norm(x, tuple(range(1, jnp.ndim(x)))) for x in jax.tree.leaves(tree))
+        out[str(block)] = jnp.sqrt(sq)
+    else:
+      sq = sum(_sq_norm(x, tuple(range(jnp.ndim(x)))) for x in jax.tree.leaves(sub))
+      out[str(name)] = jnp.sqrt(sq)
+  return out
+
+
+def collapse_distance(x_NxD: Array) -> Array:
+  """``||X - Pi_1 X||_F`` (the epsilon of Thm 3.8 (i)), ``(...)``."""
+  x = jnp.asarray(x_NxD)
+  return jnp.sqrt(_sq_norm(x - mean_projection(x), (-2, -1)))
+
+
+def collapsed_loss_lower_bound(labels_N: Array, w_lm_DxV: Array, eps: Array) -> Array:
+  """Thm 3.8 (i): ``L_freq(y) - 2/sqrt(n) ||W_lm||_2 eps`` for one sequence.
+
+  If the pre-head hidden state satisfies ``||X^H - Pi_1 X^H||_F <= eps``, the mean
+  cross-entropy of ``X^H W_lm`` on ``labels_N`` is at least this value (App E.2).
+  """
+  n = jnp.shape(labels_N)[-1]
+  spec = jnp.linalg.norm(jnp.asarray(w_lm_DxV, jnp.float32), ord=2)
+  return frequency_loss(labels_N) - 2.0 / jnp.sqrt(n) * spec * eps
+
+
+# ---------------------------------------------------------------------------
+# logged series (numpy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+  """Result of ``detect_transition``: ``found``; the step (None if not found) and
+  its index into the series; the rises that triggered it."""
+
+  found: bool
+  step: int | None
+  index: int | None
+  sim_rise: float
+  loss_rise: float
+
+
+def detect_transition(steps: Sequence[int], last_sim: Sequence[float], loss: Sequence[float],
+                      *, sim_rise: float = 0.2, loss_rise: float = 0.1,
+                      sim_high: float = 0.9, window: int = 5) -> Transition:
+  """The transition step of Sec 4.2: "where last-layer similarity and loss rise sharply".
+
+  Rule (ours; the paper reads it off its plots). Over logged points ``i`` (ordered
+  by step), point ``i`` is a transition candidate when all three hold:
+
+  1. similarity rise: ``last_sim[i] - min(last_sim[i-window : i]) >= sim_rise``
+     (it rose by ``sim_rise`` within the last ``window`` logged points);
+  2. loss rise: ``loss[i] - min(loss[:i]) >= loss_rise * min(loss[:i])`` (the loss
+     is at least ``loss_rise`` (relative) above the best loss seen so far);
+  3. ``last_sim[i] >= sim_high``.
+
+  The transition is the first candidate; its reported step is that of the logged
+  point, so its resolution is the logging interval. Point 0 is never a candidate
+  (there is no history), so a run that starts collapsed has no transition.
+
+  Args:
+    steps, last_sim, loss: aligned series (the last-layer token similarity and the
+      training loss at the same steps).
+    sim_rise, loss_rise, sim_high, window: thresholds above.
+
+  Returns:
+    ``Transition``; ``found=False`` and ``step=None`` when no point qualifies.
+  """
+  steps_a = np.asarray(steps)
+  sim = np.asarray(last_sim, np.float64)
+  lo = np.asarray(loss, np.float64)
+  if not (len(steps_a) == len(sim) == len(lo)):
+    raise ValueError(f"series lengths differ: {len(steps_a)}, {len(sim)}, {len(lo)}")
+  order = np.argsort(steps_a, kind="stable")
+  steps_a, sim, lo = steps_a[order], sim[order], lo[order]
+  for i in range(1, len(sim)):
+    d_sim = sim[i] - np.min(sim[max(0, i - window):i])
+    best = np.min(lo[:i])
+    d_loss = lo[i] - best
+    if d_sim >= sim_rise and d_loss >= loss_rise * abs(best) and sim[i] >= sim_high:
+      return Transition(True, int(steps_a[i]), int(order[i]), float(d_sim), float(d_loss))
+  return Transition(False, None, None, 0.0, 0.0)
+
+
+def collapse_alarm(loss: Any, freq_loss: Any, last_sim: Any, *, rel_tol: float = 0.05,
+                   sim_min: float = 0.95) -> np.ndarray:
+  """The collapse alarm (Sec 4.3, Thm 3.8): loss at the frequency loss, similarity ~1.
+
+  True where ``|loss - freq_loss| <= rel_tol * freq_loss`` and
+  ``last_sim >= sim_min``. Elementwise over aligned series (or scalars); use the
+  frequency loss of the same label collection as the loss (Def 3.7, "aggregate").
+  Works on numpy and jax arrays (returns the input's array kind via jnp/np where).
+  """
+  loss_a, f, s = (jnp.asarray(v) if isinstance(v, jax.Array) else np.asarray(v)
+                  for v in (loss, freq_loss, last_sim))
+  return (abs(loss_a - f) <= rel_tol * abs(f)) & (s >= sim_min)

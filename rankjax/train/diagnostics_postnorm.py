@@ -1,0 +1,119 @@
+"""The Post-Norm collapse diagnostics (paper Sec 4.2-4.3, Figs 3-6, 10-21).
+
+Registers ``"postnorm"`` (LM runs only; needs the capture). Train with
+``--set 'diagnostics=["basic","postnorm"]' --set diag_every=N``; read the series back
+with ``rankjax.load_run`` as ``"postnorm/<key>"`` and summarise them with
+``summarize_run``. Keys (``L`` = layers; k = 1 attention, k = 2 FFN):
+
+  tsim_x1, tsim_y1, tsim_x2, tsim_y2  (L,) token similarity of X_k^l / Y_k^l, mean
+                                      over the diagnostic examples (Def 2.1)
+  last_tsim                           ()   tsim_y2 of the last layer
+  alpha_1, alpha_2                    (L,) ||dL/dX_k^l||_F / ||dL/dY_k^l||_F (Def 3.5)
+  rms_factor_mean_k, rms_factor_std_k (L,) sqrt(d)/||y_k^l|| over the tokens (Thm 3.6)
+  contraction_1, contraction_2        (L,) alpha_k^l * rms_factor_mean_k (Thm 3.6)
+  grad_norm                           (L,) per-layer parameter-gradient norm (Fig 5)
+  grad_norm_<block>                   (L,) per block (attn, ffn, norm_*), and () for
+                                      embed / lm_head / norm_final
+  loss                                ()   the update's training loss
+  loss_examples                       ()   cross-entropy on the diagnostic examples
+  freq_loss, freq_loss_per_sequence   ()   frequency loss of the diagnostic examples'
+                                      targets, aggregated / per sequence (Def 3.7)
+  collapse_alarm                      ()   1.0 when loss_examples is within 5% of
+                                      freq_loss and last_tsim >= 0.95
+
+``alpha`` and the activation gradients come from ``Task.capture`` on the diagnostic
+examples (their mean loss), not from the update's full batch; parameter-gradient
+norms come from the update's gradients.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rankjax.measure import gradients as gr
+from rankjax.measure.losses import cross_entropy, frequency_loss
+from rankjax.measure.similarity import token_similarity
+from rankjax.train import diagnostics
+
+Array = jax.Array
+
+ALARM_REL_TOL = 0.05
+ALARM_SIM_MIN = 0.95
+
+
+@diagnostics.register("postnorm", needs_capture=True)
+def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
+  """Sublayer gradient factors, RMSNorm factors, contraction, frequency loss."""
+  if d.kind != "lm" or d.activations is None or d.activation_grads is None:
+    raise ValueError("the 'postnorm' diagnostic needs an LM run (model='lm')")
+  acts, grads = d.activations, d.activation_grads
+  out: dict[str, Array] = {}
+  for k in ("x1", "y1", "x2", "y2"):
+    out[f"tsim_{k}"] = jnp.mean(token_similarity(acts[k]), axis=-1)
+  out["last_tsim"] = out["tsim_y2"][-1]
+  eps = float(d.model.cfg.norm_eps)
+  for k in (1, 2):
+    alpha = gr.sublayer_grad_contribution(grads[f"x{k}"], grads[f"y{k}"])
+    mean, std = gr.rms_factor_stats(acts[f"y{k}"], eps)
+    out[f"alpha_{k}"] = alpha
+    out[f"rms_factor_mean_{k}"] = mean
+    out[f"rms_factor_std_{k}"] = std
+    out[f"contraction_{k}"] = gr.contraction(alpha, mean)
+  out["grad_norm"] = gr.layer_grad_norms(d.grads, d.stacked_roots)
+  for name, v in gr.block_grad_norms(d.grads, d.stacked_roots).items():
+    out[f"grad_norm_{name}"] = v
+  targets = d.batch["targets"]
+  logits = d.model.apply({"params": d.params}, d.batch["inputs"])
+  out["loss"] = jnp.asarray(d.loss, jnp.float32)
+  out["loss_examples"] = cross_entropy(logits, targets)
+  vocab = int(d.model.cfg.vocab_size)
+  out["freq_loss"] = frequency_loss(targets, "aggregate", vocab_size=vocab)
+  out["freq_loss_per_sequence"] = frequency_loss(targets, "per_sequence", vocab_size=vocab)
+  out["collapse_alarm"] = gr.collapse_alarm(
+      out["loss_examples"], out["freq_loss"], out["last_tsim"], rel_tol=ALARM_REL_TOL,
+      sim_min=ALARM_SIM_MIN).astype(jnp.float32)
+  return out
+
+
+def summarize_run(diag: dict[str, np.ndarray], steps: np.ndarray, *,
+                  stream_freq_loss: float | None = None, **transition_kw: Any) -> dict[str, Any]:
+  """The transition and the alarm from a run's saved ``postnorm/*`` series.
+
+  Args:
+    diag: ``rankjax.load_run(...).diagnostics``.
+    steps: ``load_run(...).diagnostic_steps``.
+    stream_freq_loss: the frequency loss of the training stream (many batches); when
+      given, the alarm also compares the update's loss with it (``alarm_stream``).
+    transition_kw: thresholds of ``rankjax.measure.gradients.detect_transition``.
+
+  Returns:
+    JSON-able dict: transition step (or None), first alarm step, and the final
+    values of loss, frequency loss, last-layer similarity and the first/last
+    per-layer gradient-norm ratio.
+  """
+  sim = np.asarray(diag["postnorm/last_tsim"])
+  loss = np.asarray(diag["postnorm/loss"])
+  tr = gr.detect_transition(steps, sim, loss, **transition_kw)
+  alarm = gr.collapse_alarm(np.asarray(diag["postnorm/loss_examples"]),
+                            np.asarray(diag["postnorm/freq_loss"]), sim,
+                            rel_tol=ALARM_REL_TOL, sim_min=ALARM_SIM_MIN)
+  gn = np.asarray(diag["postnorm/grad_norm"])
+  out = {
+      "transition_step": tr.step,
+      "first_alarm_step": int(steps[np.argmax(alarm)]) if alarm.any() else None,
+      "final_step": int(steps[-1]),
+      "final_loss": float(loss[-1]),
+      "final_loss_examples": float(diag["postnorm/loss_examples"][-1]),
+      "final_freq_loss_examples": float(diag["postnorm/freq_loss"][-1]),
+      "final_last_tsim": float(sim[-1]),
+      "final_grad_ratio_first_over_last": float(gn[-1, 0] / max(gn[-1, -1], 1e-30)),
+  }
+  if stream_freq_loss is not None:
+    s_alarm = gr.collapse_alarm(loss, stream_freq_loss, sim, rel_tol=ALARM_REL_TOL,
+                                sim_min=ALARM_SIM_MIN)
+    out["stream_freq_loss"] = float(stream_freq_loss)
+    out["first_alarm_step_stream"] = int(steps[np.argmax(s_alarm)]) if s_alarm.any() else None
+  return out

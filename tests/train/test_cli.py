@@ -1,0 +1,81 @@
+"""``rankjax train``: end to end, resume by re-running, one clear line on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rankjax.cli
+from rankjax import config as config_lib
+from rankjax.train.loop import train
+from tests.train.conftest import tiny_lm
+
+
+@pytest.fixture
+def cli(monkeypatch):
+  monkeypatch.setattr(rankjax.cli, "SUBCOMMAND_MODULES", ("rankjax.train.cli",))
+  return rankjax.cli.main
+
+
+@pytest.fixture
+def config_file(tmp_path):
+  path = tmp_path / "tiny.json"
+  config_lib.to_json(tiny_lm(), path)
+  return path
+
+
+def test_train_then_rerun_resumes(cli, config_file, tmp_path, capsys, compile_cache):
+  """The tiny LM of test_resume (compiled once per session), through the command."""
+  workdir = tmp_path / "run"
+  args = ["train", "--config", str(config_file), "--workdir", str(workdir)]
+  assert cli(args) == 0
+  out = capsys.readouterr().out
+  assert f"started {workdir} at step 0: lm on shakespeare" in out and "step 8  loss" in out
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == list(range(1, 9))
+  assert {"loss", "grad_norm", "lr", "tokens_per_s", "step_time_s"} <= rows[0].keys()
+  assert config_lib.from_json(type(tiny_lm()), workdir / "config.json") == tiny_lm()
+  # the same command again resumes at the last checkpoint (nothing left to do here)
+  assert cli(args) == 0
+  assert f"resumed {workdir} at step 8" in capsys.readouterr().out
+  # a different config is a different run: refused, one line, fields named
+  assert cli(args + ["--set", "total_steps=9", "--set", "log_every=5"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.count("\n") == 0 and "total_steps: 8 (saved) vs 9 (given)" in err
+  assert "log_every" not in err          # run-control fields may change on resume
+
+
+@pytest.mark.parametrize("override,message", [
+    ("lm.depth=3", "unknown config key 'lm.depth' in --set"),
+    ("seq_len=64", "seq_len=64 exceeds the model's lm.max_seq_len=16"),
+    ("diagnostics=[\"nope\"]", "unknown diagnostics ['nope']"),
+    ("mesh_data=3", "mesh data=3 x fsdp=1 = 3 devices, but 1 are available"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(cli, config_file, tmp_path, capsys,
+                                                  override, message):
+  workdir = tmp_path / "run"
+  code = cli(["train", "--config", str(config_file), "--workdir", str(workdir),
+              "--set", override])
+  err = capsys.readouterr().err.strip()
+  assert code == 2
+  assert err.count("\n") == 0 and err.startswith("rankjax train: error:"), err
+  assert message in err
+  assert not workdir.exists()
+
+
+def test_missing_data_set_names_data_dir(tmp_path):
+  data_dir = tmp_path / "tfds"
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError) as info:
+    train(tiny_lm(dataset="c4/en", data_dir=str(data_dir)), workdir)
+  assert str(data_dir) in str(info.value) and "\n" not in str(info.value).strip()
+  assert not workdir.exists()
+
+
+def test_mlp_needs_input_and_class_counts(tmp_path):
+  from rankjax.config import MLPConfig, TrainConfig
+  cfg = TrainConfig(model="mlp", mlp=MLPConfig(depth=2, width=8), optimizer="adam",
+                    weight_decay=0.0, batch_size=4, warmup_steps=0)
+  with pytest.raises(ValueError, match="set mlp.input_dim and mlp.num_classes"):
+    train(cfg, tmp_path / "run")

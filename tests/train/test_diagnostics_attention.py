@@ -1,0 +1,106 @@
+"""The ``attention`` diagnostic (softmax-sensitivity paper Sec 5) against a direct
+computation on the probabilities captured by ``DecoderLM.apply(capture_probs=True)``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rankjax import config as config_lib
+from rankjax.config import TrainConfig, TransformerConfig
+from rankjax.measure import sensitivity as sens
+from rankjax.models.transformer import DecoderLM
+from rankjax.train import diagnostics as diag_lib
+from rankjax.train import diagnostics_attention as da
+from rankjax.train import tasks as task_lib
+from rankjax.train.state import make_optimizer, make_step, make_init
+
+NUM_ROWS = 24
+
+
+def _cfg(norm_position: str) -> TrainConfig:
+  lm = TransformerConfig(vocab_size=257, num_layers=3, d_model=16, num_heads=2, d_ff=32,
+                         max_seq_len=24, norm_position=norm_position, norm_op="layer",
+                         ffn="gelu", init="gpt2", pos_embedding="learned", tie_embeddings=True,
+                         dropout_rate=0.1, attn_dropout_rate=0.1)
+  return TrainConfig(model="lm", lm=lm, seq_len=24, batch_size=4, grad_accum=2,
+                     warmup_steps=1, total_steps=4, diag_every=1, diag_examples=2, seed=3)
+
+
+def test_default_layers():
+  assert da.default_layers(36) == (0, 18, 35)
+  assert da.default_layers(1) == (0,)
+  assert da.default_layers(2) == (0, 1)
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_layer_probs_match_captured_stack(norm_position):
+  cfg = _cfg(norm_position).lm
+  model = DecoderLM(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, 257)
+  params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+  _, state = model.apply({"params": params}, tokens, capture_probs=True,
+                         mutable=["intermediates"])
+  stack = state["intermediates"]["layers"]["attn"]["attn_probs"][0]   # (L, B, H, T, T)
+  got = da.layer_probs(model, params, tokens, (2, 0))
+  np.testing.assert_allclose(got[0], stack[2], atol=1e-6)
+  np.testing.assert_allclose(got[1], stack[0], atol=1e-6)
+
+
+def test_diagnostics_step_equals_direct_computation():
+  """Statistics from the jitted diagnostics step == attention_statistics on the
+  probabilities captured from the same parameters and examples (same rows)."""
+  diag_lib.register("attention_test")(
+      lambda d: da.attention_diagnostic(d, None, NUM_ROWS, min_query=16))
+  cfg = _cfg("pre")
+  task = task_lib.make_task(cfg)
+  tx = make_optimizer(cfg, task.stacked_roots)
+  state = jax.jit(make_init(task, tx, cfg.seed))()
+  diags = diag_lib.resolve(("basic", "attention_test"))
+  step = jax.jit(make_step(task, cfg, tx, diags))
+  tokens = jax.random.randint(jax.random.PRNGKey(7), (cfg.grad_accum, 2, 25), 0, 257)
+  batch = {"inputs": tokens[..., :-1], "targets": tokens[..., 1:]}
+  params_before = state.params
+  _, _, out = step(state, batch)
+  out = jax.device_get(out)
+  got = out["attention_test"]
+  assert "grad_norm" in out["basic"]          # per-block gradient norms come from "basic"
+
+  examples = batch["inputs"][-1, :cfg.diag_examples]
+  _, captured = task.model.apply({"params": params_before}, examples, capture_probs=True,
+                                 mutable=["intermediates"])
+  stack = captured["intermediates"]["layers"]["attn"]["attn_probs"][0]
+  layers = da.default_layers(cfg.lm.num_layers)
+  np.testing.assert_array_equal(got["layers"], layers)
+  for i, layer in enumerate(layers):
+    key = da.row_key(1, i)                  # the step's update number is 1
+    for method, name in (("greedy_prefix", "theta_cert"), ("balance", "theta_balance")):
+      direct = sens.attention_statistics(stack[layer], key, num_rows=NUM_ROWS, min_query=16,
+                                         percentiles=da.PERCENTILES, method=method)
+      for stat in ("p5", "p25", "p50", "p75", "p95", "mean"):
+        np.testing.assert_allclose(got[f"{name}_{stat}"][i], direct["theta_cert"][stat],
+                                   rtol=1e-5, atol=1e-6, err_msg=f"{name}_{stat} layer {layer}")
+        if method == "greedy_prefix":
+          for other in ("p_max", "entropy_norm"):
+            np.testing.assert_allclose(got[f"{other}_{stat}"][i], direct[other][stat],
+                                       rtol=1e-5, atol=1e-6)
+    t = np.asarray(direct["rows"]["t"])
+    assert t.min() >= 16
+    np.testing.assert_allclose(got["p_max_uniform_mean"][i], np.mean(1.0 / (t + 1)), rtol=1e-5)
+  # an independent numpy check of one statistic on the same rows (greedy prefix, Sec 5)
+  rows = sens.attention_statistics(stack[0], da.row_key(1, 0), num_rows=NUM_ROWS)["rows"]
+  p = np.asarray(stack[0])[np.asarray(rows["b"]), np.asarray(rows["h"]), np.asarray(rows["t"])]
+  p = p / p.sum(-1, keepdims=True)
+  c = np.cumsum(-np.sort(-p, axis=-1), axis=-1)
+  k = np.argmin(np.abs(c - 0.5), axis=-1)
+  cert = 4 * c[np.arange(len(k)), k] * (1 - c[np.arange(len(k)), k])
+  np.testing.assert_allclose(got["theta_cert_p50"][0], np.median(cert), rtol=1e-5)
+  np.testing.assert_allclose(got["p_max_mean"][0], p.max(-1).mean(), rtol=1e-5)
+
+
+def test_registered_and_config_parses():
+  assert "attention" in diag_lib.available()
+  cfg = config_lib.override(_cfg("pre"), ['diagnostics=["basic","attention"]'])
+  assert cfg.diagnostics == ("basic", "attention")

@@ -1,0 +1,75 @@
+"""The "postnorm" diagnostic inside the jitted diagnostics step (a tiny Post-Norm LM)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rankjax.config import TrainConfig, TransformerConfig
+from rankjax.measure import gradients as gr
+from rankjax.train import diagnostics
+from rankjax.train import diagnostics_postnorm  # registers "postnorm"
+from rankjax.train.state import make_optimizer, make_init, make_step
+from rankjax.train.tasks import make_task
+
+from tests.measure.test_gradients import _forward_sites, _from
+
+
+def _cfg() -> TrainConfig:
+  lm = TransformerConfig(vocab_size=11, num_layers=2, d_model=8, num_heads=2, d_ff=16,
+                         max_seq_len=8, norm_position="post", init="paper_collapse")
+  return TrainConfig(model="lm", lm=lm, seq_len=8, batch_size=4, total_steps=2,
+                     warmup_steps=0, diag_every=1, diagnostics=("postnorm",), diag_examples=3)
+
+
+def test_postnorm_diagnostic_step_matches_direct_grads():
+  cfg = _cfg()
+  task = make_task(cfg)
+  diags = diagnostics.resolve(["postnorm"])
+  tx = make_optimizer(cfg, task.stacked_roots)
+  state = make_init(task, tx, 0)()
+  k1, k2 = jax.random.split(jax.random.PRNGKey(7))
+  batch = {"inputs": jax.random.randint(k1, (1, 4, 8), 0, 11, jnp.int32),
+           "targets": jax.random.randint(k2, (1, 4, 8), 0, 11, jnp.int32)}
+  step = jax.jit(make_step(task, cfg, tx, diags))
+  _, _, out = step(state, batch)
+  out = jax.device_get(out["postnorm"])
+  params = state.params
+  tokens, targets = batch["inputs"][0, :3], batch["targets"][0, :3]
+  lm = cfg.lm
+  sites, _ = _forward_sites(lm, params, tokens)
+
+  def ce(logits):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
+
+  for k in (1, 2):
+    want = []
+    for l in range(lm.num_layers):
+      gx = jax.grad(lambda v: ce(_from(lm, params, l, f"x{k}", v)))(sites[f"x{k}"][l])
+      gy = jax.grad(lambda v: ce(_from(lm, params, l, f"y{k}", v)))(sites[f"y{k}"][l])
+      want.append(np.linalg.norm(gx) / np.linalg.norm(gy))
+    np.testing.assert_allclose(out[f"alpha_{k}"], want, rtol=1e-4)
+    mean, _ = gr.rms_factor_stats(sites[f"y{k}"], lm.norm_eps)
+    np.testing.assert_allclose(out[f"rms_factor_mean_{k}"], mean, rtol=1e-5)
+    np.testing.assert_allclose(out[f"contraction_{k}"], np.array(want) * mean, rtol=1e-4)
+  assert out["grad_norm"].shape == (2,)
+  assert out["grad_norm_attn"].shape == (2,) and out["grad_norm_embed"].shape == ()
+  from rankjax.measure.losses import frequency_loss
+  np.testing.assert_allclose(out["freq_loss"], frequency_loss(targets), rtol=1e-6)
+  np.testing.assert_allclose(out["last_tsim"], out["tsim_y2"][-1])
+  assert out["collapse_alarm"] in (0.0, 1.0)
+
+
+def test_summarize_run_on_synthetic_series():
+  steps = np.arange(0, 200, 10)
+  n = len(steps)
+  sim = np.where(steps >= 100, 0.99, 0.3)
+  loss = np.where(steps >= 100, 3.3, np.linspace(5, 2.5, n))
+  gn = np.ones((n, 4))
+  gn[steps >= 100, 0] = 1e-4
+  diag = {"postnorm/last_tsim": sim, "postnorm/loss": loss, "postnorm/loss_examples": loss,
+          "postnorm/freq_loss": np.full(n, 3.25), "postnorm/grad_norm": gn}
+  s = diagnostics_postnorm.summarize_run(diag, steps, stream_freq_loss=3.3)
+  assert s["transition_step"] == 100
+  assert s["first_alarm_step"] == 100 and s["first_alarm_step_stream"] == 100
+  assert s["final_grad_ratio_first_over_last"] == 1e-4

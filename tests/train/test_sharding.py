@@ -1,0 +1,72 @@
+"""Mesh, shardings, multi-host detection; the 8-device step runs in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from rankjax.train import sharding as shard_lib
+from tests.train.conftest import ROOT
+
+
+def test_spec_shards_largest_divisible_dim_never_the_layer_axis():
+  assert shard_lib.spec_for((257, 16), 4, stacked=False) == P(None, "fsdp")
+  assert shard_lib.spec_for((64, 256), 4, stacked=False) == P(None, "fsdp")
+  assert shard_lib.spec_for((256, 64), 4, stacked=False) == P("fsdp", None)
+  assert shard_lib.spec_for((8, 16, 32), 4, stacked=True) == P(None, None, "fsdp")
+  assert shard_lib.spec_for((8, 3), 4, stacked=True) == P()          # nothing divides
+  assert shard_lib.spec_for((7,), 4, stacked=False) == P()
+  assert shard_lib.spec_for((), 4, stacked=False) == P()
+  assert shard_lib.spec_for((64, 64), 1, stacked=False) == P()
+
+
+def test_multi_host_detection(monkeypatch):
+  for var in ("RANKJAX_DISTRIBUTED", "JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "SLURM_PROCID",
+              "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE"):
+    monkeypatch.delenv(var, raising=False)
+  assert shard_lib.multi_host_env() is None
+  assert shard_lib.maybe_initialize_distributed() is False
+  monkeypatch.setenv("SLURM_NTASKS", "1")
+  monkeypatch.setenv("SLURM_PROCID", "0")
+  assert shard_lib.multi_host_env() is None
+  monkeypatch.setenv("SLURM_NTASKS", "16")
+  assert shard_lib.multi_host_env() == "SLURM with 16 tasks"
+  monkeypatch.delenv("SLURM_NTASKS")
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4")
+  assert shard_lib.multi_host_env() == "TPU slice with 4 workers"
+
+
+def test_mesh_shape_errors():
+  with pytest.raises(ValueError, match=r"mesh data=2 x fsdp=1 = 2 devices, but 1 are available"):
+    shard_lib.make_mesh(2, 1)
+  with pytest.raises(ValueError, match="mesh_fsdp=4 does not divide the 1 devices"):
+    shard_lib.make_mesh(0, 4)
+
+
+def test_step_on_1_and_8_devices_agrees():
+  """data=2 x fsdp=4 (sharded init) and data=8: same init, loss, grad norm, params."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name(
+      "multidevice_worker.py"))], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  for key in ("2x4", "8x1"):
+    assert out[f"init_max_diff_{key}"] == 0.0
+    assert out[f"loss_{key}"] == pytest.approx(out["loss_1"], rel=1e-6)
+    assert out[f"grad_norm_{key}"] == pytest.approx(out["grad_norm_1"], rel=1e-5)
+    assert out[f"param_max_rel_diff_{key}"] < 1e-5
+    assert out[f"step_{key}"] == 1
+  specs = out["specs_2x4"]
+  assert specs["['layers']['ffn']['w_1']"] == "P(None, None, 'fsdp')"  # (L, 16, 32)
+  assert specs["['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
+  assert set(out["specs_8x1"].values()) == {"P()"}
+  assert out["batch_error"] == ("batch_size=12 / grad_accum=1 = 12 examples per micro-batch "
+                                "is not divisible by the 8 devices (mesh data=8 x fsdp=1)")

@@ -1,0 +1,91 @@
+"""Optimizer, schedule, clipping and gradient accumulation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rankjax.config import TrainConfig
+from rankjax.train import state as state_lib
+from rankjax.train.tasks import make_task
+from tests.train.conftest import tiny_lm
+
+
+def test_schedule_warmup_then_cosine_to_min():
+  cfg = TrainConfig(learning_rate=1.0, warmup_steps=4, total_steps=12, min_lr_ratio=0.1)
+  lr = state_lib.make_schedule(cfg)
+  values = [float(lr(count)) for count in range(12)]      # update s = count + 1
+  np.testing.assert_allclose(values[:4], [0.25, 0.5, 0.75, 1.0], rtol=1e-6)
+  assert all(a >= b for a, b in zip(values[3:], values[4:]))  # non-increasing decay
+  np.testing.assert_allclose(values[-1], 0.1, rtol=1e-6)       # min at total_steps
+  np.testing.assert_allclose(values[7], 0.1 + 0.45 * (1 + np.cos(np.pi * 0.5)), rtol=1e-6)
+  constant = state_lib.make_schedule(dataclasses.replace(cfg, lr_schedule="constant"))
+  assert [float(constant(c)) for c in (0, 3, 4, 11)] == [0.25, 1.0, 1.0, 1.0]
+
+
+def test_weight_decay_mask_skips_vectors_and_the_layer_axis():
+  params = {"embed": {"embedding": jnp.zeros((5, 4))}, "norm_final": {"scale": jnp.zeros(4)},
+            "layers": {"attn": {"w_q": jnp.zeros((2, 4, 4))}, "norm": {"scale": jnp.zeros((2, 4))}}}
+  mask = state_lib.decay_mask(params, ("layers",))
+  assert mask == {"embed": {"embedding": True}, "norm_final": {"scale": False},
+                  "layers": {"attn": {"w_q": True}, "norm": {"scale": False}}}
+
+
+def test_clip_matches_optax_and_norm_is_pre_clip():
+  grads = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}
+  norm = optax.tree.norm(grads)
+  assert float(norm) == 13.0
+  ours = state_lib.clip_by_norm(grads, norm, 1.0)
+  theirs, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+  for k in grads:
+    np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
+  same = state_lib.clip_by_norm(grads, norm, 100.0)
+  assert all(np.array_equal(same[k], grads[k]) for k in grads)
+
+
+def test_grad_accumulation_equals_one_large_batch():
+  """k=4 micro-batches of 2 vs one batch of 8: loss and gradients, float32 tolerance."""
+  cfg = tiny_lm(lm=dataclasses.replace(tiny_lm().lm, dropout_rate=0.0), batch_size=8)
+  task = make_task(cfg)
+  params = jax.jit(task.init)(jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (8, cfg.seq_len + 1), 0, 257)
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+
+  @jax.jit
+  def both(params, batch):
+    one = state_lib.accumulate_grads(task, params, jax.tree.map(lambda x: x[None], batch),
+                                     jax.random.PRNGKey(2))
+    four = state_lib.accumulate_grads(
+        task, params, jax.tree.map(lambda x: x.reshape(4, 2, *x.shape[1:]), batch),
+        jax.random.PRNGKey(2))
+    return one, four
+
+  (g1, m1), (g4, m4) = both(params, batch)
+  np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-6)
+  for path, a in jax.tree_util.tree_leaves_with_path(g1):
+    b = dict(jax.tree_util.tree_leaves_with_path(g4))[path]
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+  assert float(optax.tree.norm(g1)) > 0
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("diag_every", -1, "diag_every"), ("mesh_fsdp", 0, "mesh_fsdp"),
+    ("compute_dtype", "float16", "compute_dtype"), ("checkpoint_every", 0, "checkpoint_every"),
+    ("lr_schedule", "linear", "lr_schedule"), ("warmup_steps", 50000, "warmup_steps"),
+    ("diagnostics", "basic", "diagnostics"), ("optimizer", "sgd", "optimizer"),
+])
+def test_train_config_rejects_bad_fields(field, value, match):
+  with pytest.raises(ValueError, match=match):
+    TrainConfig(**{field: value})
+
+
+def test_adam_needs_zero_weight_decay_and_seq_len_fits_model():
+  with pytest.raises(ValueError, match="weight_decay=0.1 needs optimizer='adamw'"):
+    TrainConfig(optimizer="adam")
+  with pytest.raises(ValueError, match=r"seq_len=4096 exceeds the model's lm.max_seq_len=2048"):
+    TrainConfig(seq_len=4096)
