@@ -15,6 +15,9 @@ import sys
 # Modules that each add one or more subcommands: add_parser(subparsers).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "rankjax.demo",
+    "rankjax.train.cli",
+    "rankjax.measure.cli",
+    "rankjax.reproduce",
 )
 
 

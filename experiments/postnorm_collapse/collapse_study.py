@@ -1,0 +1,120 @@
+"""The quick-scale collapse study: Post-Norm collapses, Pre-Norm at the same LR trains.
+
+Trains (through ``rankjax.train.loop.train``, the same code as ``rankjax train``)
+three runs from ``configs/``:
+
+  post_collapse   configs/collapse_post_quick.json   Post-Norm, no warmup, high LR
+  pre_same_lr     the same with ``lm.norm_position=pre``
+  post_stable     configs/stable_post_quick.json     Post-Norm, lower LR + warmup
+
+each with the ``basic`` and ``postnorm`` diagnostics
+(``rankjax.train.diagnostics_postnorm``), and summarises each run: final loss vs the
+frequency loss of the training stream (Def 3.7, aggregated labels), last-layer token
+similarity, the first/last per-layer gradient-norm ratio, the transition step
+(``rankjax.measure.gradients.detect_transition``) and the first collapse-alarm step.
+
+Run:  python experiments/postnorm_collapse/collapse_study.py --out runs/collapse
+Figs 3-6 (``fig3_fig5_transition.py``, ``fig6_frequency_loss.py``) reuse these runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from experiments.postnorm_collapse import common  # noqa: E402
+
+RUNS: dict[str, tuple[str, list[str]]] = {
+    "post_collapse": ("collapse_post_quick", []),
+    "pre_same_lr": ("collapse_post_quick", ["lm.norm_position=pre"]),
+    "post_stable": ("stable_post_quick", []),
+}
+# "paper" scale: the paper's 48-layer C4 setup (experiments/configs/postnorm_48l_d512_c4.json
+# at LR 8e-4 collapsing, 6e-4 stable); needs an accelerator pod and C4 through tfds.
+PAPER_RUNS: dict[str, tuple[str, list[str]]] = {}
+STREAM_FREQ_BATCHES = 256
+
+
+def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
+              config: str | None = None) -> str:
+  """Trains run ``name`` (resumes/skips when its workdir already finished); returns
+  the workdir."""
+  import rankjax.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm")
+  from rankjax.train.loop import train
+  cfg_name, extra = RUNS.get(name, (config, []))
+  cfg = common.load_config(cfg_name, extra + list(overrides or []))
+  workdir = os.path.join(out_dir, "runs", name)
+  train(cfg, workdir, progress_bar=False)
+  return workdir
+
+
+def stream_frequency_loss(cfg, num_batches: int = STREAM_FREQ_BATCHES) -> float:
+  """Frequency loss of the labels of ``num_batches`` training batches (Def 3.7,
+  aggregated; Sec 4.3's "full training" reference at quick scale)."""
+  from rankjax.measure.losses import frequency_loss
+  from rankjax.train import loop, tasks
+  task = tasks.make_task(cfg)
+  it = loop.make_data_iterator(cfg, task)
+  labels = np.concatenate([np.asarray(next(it)["targets"]).reshape(-1)
+                           for _ in range(num_batches)])
+  return float(frequency_loss(labels, vocab_size=cfg.lm.vocab_size))
+
+
+def summarize(workdir: str, stream_freq: float) -> dict[str, Any]:
+  from rankjax.train.diagnostics_postnorm import summarize_run
+  from rankjax.train.run_reader import load_run
+  r = load_run(workdir)
+  s = summarize_run(r.diagnostics, r.diagnostic_steps, stream_freq_loss=stream_freq)
+  losses = np.array([h["loss"] for h in r.history if "loss" in h and h.get("kind", "train") == "train"])
+  tail = losses[-max(len(losses) // 10, 1):]
+  s["final_loss_last10pct_mean"] = float(tail.mean())
+  s["min_loss"] = float(losses.min())
+  s["loss_minus_stream_freq"] = float(tail.mean() - stream_freq)
+  gn = r.diagnostics["postnorm/grad_norm"]
+  s["grad_ratio_first_over_last_at_start"] = float(gn[0, 0] / gn[0, -1])
+  s["max_last_tsim"] = float(np.max(r.diagnostics["postnorm/last_tsim"]))
+  s["learning_rate"] = r.config.learning_rate
+  s["warmup_steps"] = r.config.warmup_steps
+  s["norm_position"] = r.config.lm.norm_position
+  return s
+
+
+def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
+  """Trains (or reuses) the three runs and writes ``collapse_study.json``."""
+  if scale != "quick":
+    raise ValueError("collapse_study has only the quick scale here; the paper-scale runs are "
+                     "experiments/configs/postnorm_48l_d512_c4.json with `rankjax train` "
+                     "(accelerator, C4)")
+  start = time.time()
+  out: dict[str, Any] = {"figure": "postnorm_collapse quick collapse study (Sec 4.2-4.3)",
+                         "scale": scale, "runs": {}}
+  freq = None
+  for name in RUNS:
+    t0 = time.time()
+    wd = train_run(name, out_dir)
+    if freq is None:
+      freq = stream_frequency_loss(common.load_config(RUNS[name][0]))
+    out["runs"][name] = {**summarize(wd, freq), "workdir": wd, "seconds": time.time() - t0}
+  out["stream_freq_loss"] = freq
+  out["seconds"] = time.time() - start
+  common.write_json(out_dir, "collapse_study.json", out)
+  return out
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
+  parser.add_argument("--scale", choices=["quick"], default="quick")
+  args = parser.parse_args()
+  print(json.dumps(run(args.out, args.scale), indent=2))
+
+
+if __name__ == "__main__":
+  main()

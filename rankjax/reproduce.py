@@ -1,0 +1,54 @@
+"""``rankjax reproduce STUDY --scale quick|paper``: runs a paper's experiments.
+
+Each study folder ``experiments/<study>/`` has ``reproduce.py`` with
+``run_all(out_dir, scale, only=None) -> dict``, which writes figures, JSON and a
+``summary.md`` (paper vs measured). The experiments ship with the source checkout
+(not with an installed wheel), so this command runs from a clone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+
+STUDIES = ("postnorm_collapse", "softmax_sensitivity", "transforming_rank")
+
+
+def experiments_root() -> pathlib.Path:
+  root = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+  if not (root / "__init__.py").is_file():
+    raise FileNotFoundError(
+        f"no experiments/ folder next to the rankjax package ({root}); "
+        "reproduce runs from a source checkout (git clone, pip install -e .)")
+  return root
+
+
+def run(study: str, out_dir: str | pathlib.Path, scale: str = "quick",
+        only: list[str] | None = None) -> dict:
+  """Runs one study (or ``all``) into ``out_dir/<study>/``."""
+  if study == "all":
+    return {s: run(s, out_dir, scale, only) for s in STUDIES}
+  if study not in STUDIES:
+    raise ValueError(f"study {study!r} is not known; choose one of {list(STUDIES) + ['all']}")
+  if scale not in ("quick", "paper"):
+    raise ValueError(f"--scale {scale!r} is not known; choose 'quick' or 'paper'")
+  root = experiments_root()
+  if str(root.parent) not in sys.path:
+    sys.path.insert(0, str(root.parent))
+  module = importlib.import_module(f"experiments.{study}.reproduce")
+  out = pathlib.Path(out_dir) / study
+  out.mkdir(parents=True, exist_ok=True)
+  print(f"reproduce {study} ({scale} scale) -> {out}")
+  return module.run_all(str(out), scale=scale, only=only)
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser("reproduce", help="run a paper's experiments and write figures and "
+                                       "a paper-vs-measured summary")
+  p.add_argument("study", choices=STUDIES + ("all",))
+  p.add_argument("--scale", default="quick", choices=("quick", "paper"))
+  p.add_argument("--out", default="runs/reproduce", help="output directory")
+  p.add_argument("--only", action="append", default=None, metavar="NAME",
+                 help="run only this experiment (e.g. fig3); repeatable")
+  p.set_defaults(func=lambda a: run(a.study, a.out, a.scale, a.only) and 0)

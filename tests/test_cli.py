@@ -1,0 +1,63 @@
+"""The rankjax command: help, version, measure mlp, bad input (one line, exit 2)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rankjax import cli
+
+
+def test_help_lists_subcommands(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["--help"])
+  assert e.value.code == 0
+  out = capsys.readouterr().out
+  for command in ("version", "demo", "train", "measure", "reproduce"):
+    assert command in out
+
+
+def test_version(capsys):
+  assert cli.main(["version"]) == 0
+  assert capsys.readouterr().out.startswith("rankjax 0.1.0 (jax ")
+
+
+def test_console_script_entry_point():
+  proc = subprocess.run([sys.executable, "-m", "rankjax.cli", "version"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert "rankjax" in proc.stdout
+
+
+def test_measure_mlp_writes_json_and_figure(tmp_path):
+  out = tmp_path / "r.json"
+  assert cli.main(["measure", "mlp", "--set", "depth=4", "--set", "width=8",
+                   "--set", "norm_position=post", "--seeds", "2", "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert len(result["erank"]) == 4 and len(result["order_log_mass"]) == 5
+  assert result["config"]["norm_position"] == "post"
+  assert 0 < result["erank"][-1] <= 1
+  png = out.with_suffix(".png").read_bytes()
+  assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["measure", "mlp", "--set", "depth=0", "--out", "x.json"], "depth=0 must be a positive"),
+    (["measure", "mlp", "--set", "dept=3", "--out", "x.json"], "unknown config key 'dept'"),
+    (["measure", "mlp", "--config", "missing.json", "--out", "x.json"], "does not exist"),
+    (["measure", "mlp", "--out", "x.txt"], "must end in .json"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and message in err
+  assert not (tmp_path / "x.json").exists()
+
+
+def test_unknown_choice_is_rejected_by_argparse(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["reproduce", "nonexistent_study"])
+  assert e.value.code == 2
+  assert "invalid choice" in capsys.readouterr().err
