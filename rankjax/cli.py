@@ -14,10 +14,12 @@ import sys
 
 # Modules that each add one or more subcommands: add_parser(subparsers).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "rankjax.tour",
     "rankjax.demo",
     "rankjax.train.cli",
     "rankjax.measure.cli",
     "rankjax.reproduce",
+    "rankjax.report",
 )
 
 

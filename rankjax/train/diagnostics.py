@@ -43,7 +43,10 @@ Array = jax.Array
 
 # Modules imported by ``resolve`` so that their @register calls run; study engineers
 # append theirs (e.g. "rankjax.measure.train_diagnostics").
-MODULES: list[str] = []
+MODULES: list[str] = [
+    "rankjax.train.diagnostics_postnorm",
+    "rankjax.train.diagnostics_attention",
+]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,146 @@
+"""Figure 6 of the Post-Norm collapse paper: loss after collapse vs the frequency loss.
+
+Left panel (no warmup), three label scopes, each with the frequency loss (Def 3.7,
+aggregated labels) of the same label collection:
+  * full stream: the collapsing run of ``collapse_study`` against the frequency loss
+    of ``STREAM_FREQ_BATCHES`` training batches;
+  * one batch: the same config trained on one fixed batch, against that batch's
+    frequency loss;
+  * one sequence: trained on one fixed sequence (batch size 1).
+Right panel: Post-Norm runs with warmup at three learning rates (``WARMUP_LRS``),
+against the stream's frequency loss.
+
+The one-batch / one-sequence runs use the training step of ``rankjax.train.state``
+(``make_step``) on a fixed batch, the same update as ``rankjax train``.
+
+Run:  python experiments/postnorm_collapse/fig6_frequency_loss.py --out runs/collapse
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from experiments.postnorm_collapse import common  # noqa: E402
+from experiments.postnorm_collapse import collapse_study  # noqa: E402
+
+FIXED_STEPS = 150
+WARMUP_STEPS = 20
+WARMUP_TOTAL = 150
+WARMUP_LRS = (0.01, 0.015, 0.02)
+
+
+def fixed_batch_run(cfg, batch_size: int, steps: int) -> dict[str, Any]:
+  """Trains ``cfg`` on one fixed batch of ``batch_size`` sequences; loss per step."""
+  from rankjax import config as config_lib
+  from rankjax.measure.losses import frequency_loss
+  from rankjax.train import loop, tasks
+  from rankjax.train.state import make_init, make_optimizer, make_step
+  cfg = config_lib.override(cfg, [f"batch_size={batch_size}", f"total_steps={steps}",
+                                  "diag_every=0"])
+  task = tasks.make_task(cfg)
+  batch = next(loop.make_data_iterator(cfg, task))
+  batch = jax.tree.map(lambda x: np.asarray(x)[None], batch)      # (1, B, T)
+  tx = make_optimizer(cfg, task.stacked_roots)
+  state = jax.jit(make_init(task, tx, cfg.seed))()
+  step = jax.jit(make_step(task, cfg, tx))
+  losses = []
+  for _ in range(steps):
+    state, metrics, _ = step(state, batch)
+    losses.append(metrics["loss"])
+  losses = [float(x) for x in jax.device_get(losses)]
+  return {"loss": losses, "freq_loss": float(frequency_loss(batch["targets"],
+                                                            vocab_size=cfg.lm.vocab_size)),
+          "tokens": int(np.prod(batch["targets"].shape))}
+
+
+def _tail(x) -> float:
+  x = np.asarray(x)
+  return float(x[-max(len(x) // 5, 1):].mean())
+
+
+def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[str, Any]:
+  """Fig 6 at quick scale; writes ``fig6.json`` and ``fig6.png``."""
+  if scale != "quick":
+    raise ValueError("only the quick scale runs here (see collapse_study.py)")
+  from rankjax.train.run_reader import load_run
+  start = time.time()
+  base = collapse_study.RUNS["post_collapse"][0]
+  cfg = common.load_config(base)
+  stream_freq = collapse_study.stream_frequency_loss(cfg)
+  wd = collapse_study.train_run("post_collapse", out_dir)
+  hist = [h for h in load_run(wd).history if h.get("kind", "train") == "train"]
+  left = {"full_stream": {"step": [h["step"] for h in hist], "loss": [h["loss"] for h in hist],
+                          "freq_loss": stream_freq,
+                          "tokens": collapse_study.STREAM_FREQ_BATCHES * cfg.batch_size
+                          * cfg.seq_len}}
+  left["one_batch"] = fixed_batch_run(cfg, cfg.batch_size, FIXED_STEPS)
+  left["one_sequence"] = fixed_batch_run(cfg, 1, FIXED_STEPS)
+  right = {}
+  if warmup_panel:
+    for lr in WARMUP_LRS:
+      name = f"post_warmup_lr{lr:g}"
+      wd_lr = collapse_study.train_run(
+          name, out_dir, config=base,
+          overrides=[f"learning_rate={lr}", f"warmup_steps={WARMUP_STEPS}",
+                     f"total_steps={WARMUP_TOTAL}", "diag_every=10"])
+      r = load_run(wd_lr)
+      h = [x for x in r.history if x.get("kind", "train") == "train"]
+      right[f"{lr:g}"] = {"step": [x["step"] for x in h], "loss": [x["loss"] for x in h],
+                          "last_tsim_final": float(r.diagnostics["postnorm/last_tsim"][-1])}
+  ours = {k: {"final_loss_tail_mean": _tail(v["loss"]), "freq_loss": v["freq_loss"],
+              "gap": _tail(v["loss"]) - v["freq_loss"], "label_tokens": v["tokens"]}
+          for k, v in left.items()}
+  for lr, v in right.items():
+    ours[f"warmup_lr{lr}"] = {"final_loss_tail_mean": _tail(v["loss"]), "freq_loss": stream_freq,
+                              "gap": _tail(v["loss"]) - stream_freq,
+                              "last_tsim_final": v["last_tsim_final"]}
+  plt = common.pyplot()
+  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+  for i, (k, v) in enumerate(left.items()):
+    x = v.get("step", np.arange(1, len(v["loss"]) + 1))
+    ax[0].plot(x, v["loss"], color=f"C{i}", lw=0.8, label=k)
+    ax[0].axhline(v["freq_loss"], color=f"C{i}", ls="--", lw=0.8)
+  ax[0].set(title="no warmup: loss vs frequency loss (dashed)", xlabel="step", ylabel="loss")
+  ax[0].legend(fontsize=7)
+  for i, (lr, v) in enumerate(right.items()):
+    ax[1].plot(v["step"], v["loss"], color=f"C{i}", lw=0.8, label=f"lr {lr}")
+  ax[1].axhline(stream_freq, color="k", ls="--", lw=0.8, label="stream frequency loss")
+  ax[1].set(title=f"warmup {WARMUP_STEPS} steps", xlabel="step")
+  ax[1].legend(fontsize=7)
+  fig.suptitle(f"Fig 6 ({scale})", fontsize=9)
+  fig.tight_layout()
+  os.makedirs(out_dir, exist_ok=True)
+  fig.savefig(os.path.join(out_dir, "fig6.png"), dpi=110)
+  plt.close(fig)
+  result = {"figure": "postnorm_collapse Fig 6 (Sec 4.3)", "scale": scale,
+            "settings": {"config": base, "fixed_steps": FIXED_STEPS,
+                         "warmup_steps": WARMUP_STEPS, "warmup_total": WARMUP_TOTAL,
+                         "warmup_lrs": list(WARMUP_LRS),
+                         "stream_freq_batches": collapse_study.STREAM_FREQ_BATCHES},
+            "paper": {"claim": "after collapse each loss stays near the frequency loss of its "
+                               "label collection (aggregated labels)"},
+            "ours": ours, "seconds": time.time() - start}
+  common.write_json(out_dir, "fig6.json", {**result, "left": left, "right": right})
+  return result
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
+  parser.add_argument("--scale", choices=["quick"], default="quick")
+  parser.add_argument("--no-warmup-panel", action="store_true")
+  args = parser.parse_args()
+  print(json.dumps(run(args.out, args.scale, not args.no_warmup_panel)["ours"], indent=2))
+
+
+if __name__ == "__main__":
+  main()

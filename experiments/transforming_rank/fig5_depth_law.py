@@ -1,0 +1,177 @@
+"""Fig 5, Table 4 and Fig 11: the branch-to-skip ratio across depth and the sqrt(L) law.
+
+Two-matrix ReLU branch (1x: both d x d; 4x: hidden 4d), d=256, beta=1, alpha swept,
+Pre-Norm and Post-Norm (App B.3):
+(a) stream rms(h_l) and nominal ratio r~_l = r_l/sqrt(p) across depth, alpha in {0.5,1,2};
+(b) accumulated branch ||sum_{l<=k} G_l||_F/sqrt(d) (14x post, 2.4x pre at L=384);
+(c) iso-rank contours: at each L the beta*alpha^M where erank(dh_L/dh_0)/d crosses
+    r* in {0.4, 0.5, 0.6}, by interpolating log(beta*alpha^M) against the rank; the
+    fitted exponent of beta*alpha^M ~ L^s is Table 4 (s ~ -1/2);
+(d) erank against beta*alpha^M*sqrt(L): one curve per placement.
+Fig 11: rms(h_l)^2 = 1 + kappa (beta*alpha^M)^2 l, kappa ~ 0.51; rms(h_L) at L=384:
+14.5 (pre), 19.7 (output norm), 1.00 (post).
+Depths come from one network of the largest depth (its first L blocks are a depth-L
+network); alpha is a traced argument, so each (placement, width) compiles once.
+
+  python -m experiments.transforming_rank.fig5_depth_law --scale quick --out runs/tr
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from experiments.transforming_rank import common
+from rankjax.config import MLPConfig
+from rankjax.measure import spectra
+
+NAME = "fig5_depth_law"
+SCALES = {
+    "quick": dict(width=64, seeds=2, depths=(48, 96, 192, 384), expansions=(1.0, 4.0),
+                  alphas=tuple(np.geomspace(0.08, 3.0, 20).round(4)), levels=(0.4, 0.5, 0.6)),
+    "paper": dict(width=256, seeds=3, depths=(48, 96, 192, 384), expansions=(1.0, 4.0),
+                  alphas=tuple(np.geomspace(0.05, 4.0, 32).round(4)), levels=(0.4, 0.5, 0.6)),
+}
+KEY = jax.random.PRNGKey(5)
+
+
+def iso_rank_exponent(alphas: np.ndarray, erank_AxL: np.ndarray, depths: np.ndarray,
+                      level: float, m: int = 2) -> tuple[float, list]:
+  """Fits ``beta*alpha^M ~ L^s`` along the iso-rank contour ``erank = level`` (App B.3).
+
+  ``erank_AxL[i, j]`` is the rank at ``alphas[i]`` and depth ``depths[j]``; at each
+  depth ``log(alpha^M)`` is interpolated linearly against the rank at the first
+  crossing of ``level`` from above.
+  """
+  contour = []
+  for j in range(len(depths)):
+    r = erank_AxL[:, j]
+    below = np.nonzero(r < level)[0]
+    if len(below) == 0 or below[0] == 0:
+      contour.append(np.nan)
+      continue
+    i = below[0]
+    x0, x1 = m * math.log(alphas[i - 1]), m * math.log(alphas[i])
+    t = (r[i - 1] - level) / (r[i - 1] - r[i])
+    contour.append(math.exp(x0 + t * (x1 - x0)))
+  c = np.array(contour)
+  ok = np.isfinite(c)
+  if ok.sum() < 2:
+    return float("nan"), contour
+  return float(np.polyfit(np.log(depths[ok]), np.log(c[ok]), 1)[0]), contour
+
+
+def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
+  s = common.settings(SCALES, scale, overrides)
+  depths = np.array(s["depths"])
+  L = int(depths.max())
+  alphas = np.array(s["alphas"])
+  p = spectra.survival_rate("relu")
+  results = {}
+  for e in s["expansions"]:
+    for pos in ("pre", "post"):
+      cfg = MLPConfig(depth=L, width=s["width"], expansion=e, norm_position=pos)
+      runs = [common.jacobian_samples(cfg, KEY, a, 1.0, num_seeds=s["seeds"]) for a in alphas]
+      er = np.array([r["erank"].mean(axis=(0, 1))[depths - 1] for r in runs])   # (A, depths)
+      exps = {lvl: iso_rank_exponent(alphas, er, depths, lvl) for lvl in s["levels"]}
+      pick = {a: runs[int(np.argmin(np.abs(alphas - a)))] for a in (0.5, 1.0, 2.0)}
+      results[(pos, e)] = {
+          "erank": er, "exponents": {lvl: v[0] for lvl, v in exps.items()},
+          "contours": {lvl: v[1] for lvl, v in exps.items()},
+          "stream_rms": {a: r["stream_rms"].mean(axis=(0, 1)) for a, r in pick.items()},
+          "nominal_ratio": {a: r["branch_to_skip"].mean(axis=(0, 1)) / math.sqrt(p)
+                            for a, r in pick.items()},
+          "accumulated": pick[1.0]["accumulated_branch"].mean(axis=(0, 1)),
+          "accumulated_uncorrelated": pick[1.0]["accumulated_uncorrelated"].mean(axis=(0, 1)),
+          "alpha_picked": {a: float(alphas[int(np.argmin(np.abs(alphas - a)))]) for a in pick},
+      }
+
+  # Fig 11: kappa from rms(h_l)^2 - 1 = kappa (alpha^2)^2 l, pre-norm, 1x, fit through 0.
+  pre1 = results[("pre", s["expansions"][0])]
+  xs, ys = [], []
+  for a, rms in pre1["stream_rms"].items():
+    a_eff = pre1["alpha_picked"][a]
+    ls = np.arange(len(rms))
+    xs.append((a_eff ** 2) ** 2 * ls)
+    ys.append(rms ** 2 / rms[0] ** 2 - 1.0)     # rms(h_0) is ~1; normalize it out
+  xs, ys = np.concatenate(xs), np.concatenate(ys)
+  kappa = float(np.sum(xs * ys) / np.sum(xs * xs))
+  out_cfg = MLPConfig(depth=L, width=s["width"], expansion=s["expansions"][0],
+                      norm_position="output")
+  out_rms = common.jacobian_samples(out_cfg, KEY, 1.0, 1.0, num_seeds=s["seeds"])[
+      "stream_rms"].mean(axis=(0, 1))
+
+  # Fig 5d collapse: interpolate each depth's rank onto a common x = alpha^2 sqrt(L) grid.
+  collapse = {}
+  for pos in ("pre", "post"):
+    er = results[(pos, s["expansions"][0])]["erank"]
+    xgrid = np.geomspace(0.1, 10, 25)
+    curves = []
+    for j, depth in enumerate(depths):
+      x = alphas ** 2 * math.sqrt(depth)
+      inside = (xgrid >= x.min()) & (xgrid <= x.max())
+      curves.append(np.where(inside, np.interp(np.log(xgrid), np.log(x), er[:, j]), np.nan))
+    collapse[pos] = float(np.nanmax(np.nanmax(curves, 0) - np.nanmin(curves, 0)))
+
+  r1 = lambda pos: results[(pos, s["expansions"][0])]
+  summary = []
+  paper_t4 = {("pre", 1.0): "-0.46 / -0.50 / -0.52", ("pre", 4.0): "-0.57 / -0.47 / -0.48",
+              ("post", 1.0): "-0.51 / -0.50 / -0.49", ("post", 4.0): "-0.52 / -0.50 / -0.50"}
+  for (pos, e), res in results.items():
+    summary.append(common.row(
+        f"Table 4: iso-rank exponent s, {pos}-norm {e:g}x, r*=0.4/0.5/0.6",
+        paper_t4.get((pos, e), "~ -0.5"),
+        " / ".join(common.fmt(res["exponents"][l], 2) for l in s["levels"])))
+  summary += [
+      common.row(f"Fig 5b: accumulated branch / skip at L={L}, alpha=1 (post / pre)",
+                 "14x / 2.4x",
+                 f"{r1('post')['accumulated'][-1]:.1f}x / {r1('pre')['accumulated'][-1]:.1f}x"),
+      common.row("Fig 5b: accumulated / uncorrelated prediction at L (post / pre)", "1.00 (Fig 12 init)",
+                 f"{r1('post')['accumulated'][-1] / r1('post')['accumulated_uncorrelated'][-1]:.2f}"
+                 f" / {r1('pre')['accumulated'][-1] / r1('pre')['accumulated_uncorrelated'][-1]:.2f}"),
+      common.row(f"Fig 5a: nominal ratio r~ at l=1 and l={L}, alpha=1 (pre)",
+                 f"~1, decays as 1/sqrt(l) (Eq. 22: {1 / math.sqrt(1 + 0.5 * (L - 1)):.3f})",
+                 f"{r1('pre')['nominal_ratio'][1.0][0]:.3f}, {r1('pre')['nominal_ratio'][1.0][-1]:.3f}"),
+      common.row("Fig 5a: nominal ratio r~ at l=L, alpha=1 (post)", "constant beta*alpha^M = 1",
+                 f"{r1('post')['nominal_ratio'][1.0][-1]:.3f}"),
+      common.row("Fig 11: kappa (slope of rms^2 - 1 vs (beta alpha^M)^2 l, pre, 1x)", "0.51 (theory 0.5)",
+                 f"{kappa:.3f}"),
+      common.row(f"App B.3: rms(h_L) at L={L}, alpha=beta=1: pre / output / post",
+                 "14.5 / 19.7 / 1.00",
+                 f"{r1('pre')['stream_rms'][1.0][-1]:.1f} / {out_rms[-1]:.1f} / "
+                 f"{r1('post')['stream_rms'][1.0][-1]:.2f}"),
+      common.row("Fig 5d: max spread of erank/d across depths at equal beta*alpha^M*sqrt(L) (pre / post)",
+                 "curves fall onto one per placement",
+                 f"{collapse['pre']:.3f} / {collapse['post']:.3f}"),
+  ]
+
+  fig, axes = common.plt.subplots(1, 5, figsize=(21, 3.8))
+  for pos, style in (("pre", "-"), ("post", "--")):
+    res = r1(pos)
+    for a in (0.5, 1.0, 2.0):
+      axes[0].plot(res["stream_rms"][a], style, label=f"{pos} rms, alpha={res['alpha_picked'][a]}")
+      axes[1].plot(res["nominal_ratio"][a], style, label=f"{pos}, alpha={res['alpha_picked'][a]}")
+    axes[2].plot(res["accumulated"], style, label=f"{pos} measured")
+    axes[2].plot(res["accumulated_uncorrelated"], ":", label=f"{pos} uncorrelated")
+    for lvl in s["levels"]:
+      axes[3].plot(depths, res["contours"][lvl], "o" + style, label=f"{pos} r*={lvl}")
+    for j, depth in enumerate(depths):
+      axes[4].plot(alphas ** 2 * math.sqrt(depth), res["erank"][:, j], style, label=f"{pos} L={depth}")
+  axes[0].set_yscale("log")
+  axes[1].set_yscale("log")
+  axes[3].set_xscale("log")
+  axes[3].set_yscale("log")
+  axes[4].set_xscale("log")
+  for ax, t in zip(axes, ("(a) stream rms", "(a) nominal ratio r~_l", "(b) accumulated branch",
+                          "(c) iso-rank contours beta*alpha^M", "(d) erank vs beta*alpha^M sqrt(L)")):
+    ax.set_title(t)
+    ax.legend(fontsize=5)
+  result = {"settings": s, "kappa": kappa, "output_norm_stream_rms": out_rms,
+            "results": {f"{pos}/{e:g}x": v for (pos, e), v in results.items()},
+            "collapse_spread": collapse, "summary": summary}
+  return common.write(out_dir, NAME, result, fig)
+
+
+if __name__ == "__main__":
+  common.main(run, __doc__)

@@ -1,0 +1,127 @@
+"""``rankjax tour``: the main job. Pre-Norm vs Post-Norm rank collapse, three lenses.
+
+1. Trains a small Post-Norm and a small Pre-Norm decoder LM, identical but for the
+   norm placement, on the offline Shakespeare corpus, at a learning rate where the
+   Post-Norm model collapses and the Pre-Norm one trains (the collapse setting found
+   by the Post-Norm collapse study, experiments/postnorm_collapse/EXPECTED.md). The
+   diagnostics step records per-layer token similarity, alpha_k^l, sqrt(d)/||y||,
+   c, per-layer gradient norms, the frequency loss and attention certificate / p_max
+   / entropy percentiles into each run's Orbax checkpoints.
+2. Measures residual MLPs at initialization for the pre / post / output / none
+   placements: effective rank of dh_l/dh_0 and the path-order profile.
+3. Prints a summary and builds the report (``rankjax report WORKDIR``).
+
+Everything lives in WORKDIR (``lm_post/``, ``lm_pre/``, ``jacobians.json``,
+``report/``). Interrupt it (Ctrl-C or SIGTERM) and run the same command again: the
+training runs resume from their checkpoints and give the same final numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+
+from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
+
+PLACEMENTS = ("pre", "post", "output", "none")
+
+
+def lm_configs(smoke: bool = False) -> dict[str, TrainConfig]:
+  """The two LM runs: identical but for ``norm_position``."""
+  if smoke:
+    lm = TransformerConfig(num_layers=4, d_model=32, num_heads=2, d_ff=96, max_seq_len=32,
+                           norm_position="post")
+    train = dict(total_steps=12, batch_size=4, seq_len=32, diag_every=4, log_every=4,
+                 checkpoint_every=6, diag_examples=4)
+  else:
+    lm = TransformerConfig(num_layers=12, d_model=64, num_heads=4, d_ff=192, max_seq_len=64,
+                           norm_position="post")
+    train = dict(total_steps=300, batch_size=16, seq_len=64, diag_every=10, log_every=25,
+                 checkpoint_every=50, diag_examples=8)
+  base = TrainConfig(model="lm", lm=lm, learning_rate=5e-3, lr_schedule="constant",
+                     warmup_steps=0, weight_decay=0.1, clip_norm=1.0, seed=0,
+                     diagnostics=("basic", "postnorm", "attention"), max_to_keep=2,
+                     **train)
+  pre = dataclasses.replace(base, lm=dataclasses.replace(lm, norm_position="pre"))
+  return {"lm_post": base, "lm_pre": pre}
+
+
+def mlp_config(position: str, smoke: bool = False) -> MLPConfig:
+  depth, width = (6, 16) if smoke else (48, 64)
+  return MLPConfig(depth=depth, width=width, norm_position=position)
+
+
+def measure_jacobians(path: pathlib.Path, smoke: bool = False) -> dict:
+  """Phase 2, written atomically to ``path`` (skipped when already there)."""
+  if path.is_file():
+    return json.loads(path.read_text())
+  import jax
+  from tqdm import tqdm
+
+  from rankjax import config as config_lib
+  from rankjax.measure.jacobians import mlp_jacobian_study
+
+  seeds = 2 if smoke else 4
+  studies, configs = {}, {}
+  for position in tqdm(PLACEMENTS, desc="MLP Jacobians", file=sys.stdout):
+    cfg = mlp_config(position, smoke)
+    studies[position] = mlp_jacobian_study(cfg, jax.random.key(0), num_seeds=seeds).to_dict()
+    configs[position] = config_lib.to_dict(cfg)
+  result = {"studies": studies, "configs": configs, "num_seeds": seeds}
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(result))
+  tmp.replace(path)
+  return result
+
+
+def summary_lines(workdir: pathlib.Path, jac: dict) -> list[str]:
+  import numpy as np
+
+  from rankjax.train.run_reader import load_run
+
+  lines = []
+  for name in lm_configs():
+    run = load_run(workdir / name)
+    loss = next((r["loss"] for r in reversed(run.history) if "loss" in r), math.nan)
+    freq = float(np.mean(run.diagnostics.get("postnorm/freq_loss", [math.nan])))
+    sim = run.diagnostics.get("postnorm/last_tsim")
+    last = float(sim[-1]) if sim is not None else math.nan
+    lines.append(f"  {name:8s} final loss {loss:.3f} (frequency loss {freq:.3f}), "
+                 f"last-layer token similarity {last:.3f}")
+  for position, study in jac["studies"].items():
+    lines.append(f"  MLP {position:6s} erank(dh_L/dh_0)/d at depth {len(study['erank'])}: "
+                 f"{study['erank'][-1]:.3f}")
+  return lines
+
+
+def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
+  from rankjax.report import build_report
+  from rankjax.train.loop import train
+
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  for name, cfg in lm_configs(smoke).items():
+    print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
+          f"lr {cfg.learning_rate:g})", flush=True)
+    result = train(cfg, workdir / name)
+    if result.status != "completed":
+      print(f"rankjax tour: stopped ({result.status}) at update {result.step}; run the same "
+            "command again to continue", file=sys.stderr)
+      return 130
+  print("== residual MLP Jacobians at initialization", flush=True)
+  jac = measure_jacobians(workdir / "jacobians.json", smoke)
+  page = build_report(workdir)
+  print("\n".join(["summary:"] + summary_lines(workdir, jac)))
+  print(f"report: {page}")
+  return 0
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser("tour", help="the main job: Pre- vs Post-Norm collapse on real text, "
+                                  "MLP Jacobian ranks, and an HTML report (~15 min on CPU)")
+  p.add_argument("--workdir", default="runs/tour", help="output directory (default runs/tour)")
+  p.add_argument("--smoke", action="store_true", help="a reduced version (about a minute)")
+  p.set_defaults(func=lambda a: run(a.workdir, a.smoke))
