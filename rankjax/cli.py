@@ -15,7 +15,6 @@ import sys
 # Modules that each add one or more subcommands: add_parser(subparsers).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "rankjax.tour",
-    "rankjax.demo",
     "rankjax.train.cli",
     "rankjax.measure.cli",
     "rankjax.reproduce",
