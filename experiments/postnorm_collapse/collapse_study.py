@@ -36,6 +36,10 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "pre_same_lr": ("collapse_post_quick", ["lm.norm_position=pre"]),
     "post_stable": ("stable_post_quick", []),
 }
+# the first steps of the collapsing run with diagnostics at every step (Figs 4-5)
+WINDOW_RUNS: dict[str, tuple[str, list[str]]] = {
+    "post_collapse_window": ("collapse_post_quick", ["total_steps=30", "diag_every=1"]),
+}
 # "paper" scale: the paper's 48-layer C4 setup (experiments/configs/postnorm_48l_d512_c4.json
 # at LR 8e-4 collapsing, 6e-4 stable); needs an accelerator pod and C4 through tfds.
 PAPER_RUNS: dict[str, tuple[str, list[str]]] = {}
@@ -48,9 +52,16 @@ def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
   the workdir."""
   import rankjax.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm")
   from rankjax.train.loop import train
-  cfg_name, extra = RUNS.get(name, (config, []))
+  cfg_name, extra = {**RUNS, **WINDOW_RUNS}.get(name, (config, []))
   cfg = common.load_config(cfg_name, extra + list(overrides or []))
   workdir = os.path.join(out_dir, "runs", name)
+  done = os.path.join(workdir, "checkpoints", str(cfg.total_steps))
+  saved = os.path.join(workdir, "config.json")
+  if os.path.isdir(done) and os.path.isfile(saved):
+    from rankjax import config as config_lib
+    from rankjax.config import TrainConfig
+    if config_lib.from_json(TrainConfig, saved) == cfg:
+      return workdir    # finished with this config: skip building and compiling the step
   train(cfg, workdir, progress_bar=False)
   return workdir
 

@@ -34,6 +34,7 @@ from experiments.postnorm_collapse import collapse_study  # noqa: E402
 from rankjax.measure import gradients as gr  # noqa: E402
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
+ONSET_SIM = 0.99
 
 
 def _layers_to_show(num_layers: int) -> list[int]:
@@ -52,6 +53,15 @@ def analyze(workdir: str) -> dict[str, Any]:
   L = d["alpha_1"].shape[1]
   out: dict[str, Any] = {"workdir": workdir, "num_layers": L, "steps_logged": len(steps),
                          "transition_step": tr.step, "transition_found": tr.found}
+  high = np.flatnonzero(d["last_tsim"] >= ONSET_SIM)
+  out["onset_step"] = int(steps[high[0]]) if len(high) else None
+  if not tr.found and len(high) and high[0] > 0:
+    # no loss rise (the run collapsed while the loss was still falling from ln V):
+    # centre the window on the collapse onset instead, and say so
+    tr = gr.Transition(True, int(steps[high[0]]), int(high[0]), 0.0, 0.0)
+    out["window_centre"] = "onset (first logged step with last-layer t_sim >= 0.99)"
+  else:
+    out["window_centre"] = "detect_transition"
   out["alpha_max"] = float(max(d["alpha_1"].max(), d["alpha_2"].max()))
   out["alpha_1_layer1_max"] = float(d["alpha_1"][:, 0].max())
   if tr.found:
@@ -153,6 +163,13 @@ def run(out_dir: str, scale: str = "quick", run_name: str = "post_collapse") -> 
   a = analyze(wd)
   files = plot(a, out_dir, run_name)
   a.pop("_series")
+  if run_name == "post_collapse":
+    # the same run's first steps with diagnostics at every step (Figs 4-5 resolution)
+    wdw = collapse_study.train_run("post_collapse_window", out_dir)
+    aw = analyze(wdw)
+    files += plot(aw, out_dir, "post_collapse_window")
+    aw.pop("_series")
+    a["window_run"] = aw
   result = {
       "figure": "postnorm_collapse Figs 3-5 (Sec 4.2), 10-22 at quick scale",
       "scale": scale, "run": run_name,

@@ -65,7 +65,10 @@ def gradient_vanishing(mcfg) -> dict[str, Any]:
 
     out = {}
     for name, p in (("frequency_head", params),
-                    ("perturbed_head", dict(params, lm_head=0.9 * params["lm_head"]))):
+                    ("perturbed_head", dict(params, lm_head=params["lm_head"] + 0.1
+                                            * jax.random.normal(jax.random.PRNGKey(9),
+                                                                params["lm_head"].shape,
+                                                                jnp.float64)))):
       value, g = jax.value_and_grad(loss)(p)
       blocks = {k: float(np.max(v)) for k, v in gr.block_grad_norms(g).items()}
       out[name] = {"loss": float(value), "max_grad_norm_per_block": blocks}

@@ -15,9 +15,10 @@ Scales (configs in ``configs/``):
          ``overrides={"dataset": ..., "data_dir": ..., "tokenizer": ...}``).
   quick  ``quick.json``: d=64, 6 layers, 4 heads, d_ff=256, T=64, byte-level
          offline Shakespeare corpus, 200 updates, warmup 50 (a quarter of the run,
-         as in the paper), batch 16 = 2 x 8, float32, learning rate 1e-3 (the paper's
-         3e-4 barely moves a model this small in 200 updates), diagnostics every 10
-         updates; a CPU minute or two per run.
+         as in the paper), batch 16 = 2 x 8, float32, learning rate 1e-3 (a small-model
+         choice; the paper's 3e-4 was not tried at this scale), diagnostics every 10
+         updates; 100-235 s wall per run on the shared 2-core CPU (the first run of
+         each architecture compiles for about 100 s; later seeds hit the XLA cache).
 
 Aggregates follow Sec 5: certificate curve = mean over sampled layers and seeds of the
 per-layer median, envelope = min per-layer p5 .. max per-layer p95 over layers and

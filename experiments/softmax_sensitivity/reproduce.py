@@ -79,10 +79,20 @@ def _prepost_rows(r: dict[str, Any]) -> list[str]:
   out.append(f"| Fig 3 Pre-LN lowest per-layer median certificate (any layer, step, seed) | "
              f">= 0.995 | {p['min_cert_median_any_layer_step_seed']:.4f} |")
   out.append(f"| Fig 3 Pre-LN envelope at the last checkpoint | [0.26, 1.00] | "
-             f"[{p['envelope_last'][0]:.2f}, {p['envelope_last'][1]:.2f}] |")
+             f"[{p['envelope_last'][0]:.4f}, {p['envelope_last'][1]:.4f}] |")
+  post = r["per_seed"]["post"]
+  pm = [(d["last_p_max_median"], d["last_p_max_mean"], d["uniform_p_max_mean"])
+        for d in post.values()]
+  out.append(f"| Post-LN sampled-row p_max at the last checkpoint, median / mean vs uniform "
+             f"support (per seed) | {paper['post_plateau_p_max']} (two plateaued seeds) | "
+             + "; ".join(f"{a:.4f} / {b:.4f} vs {c:.4f}" for a, b, c in pm) + " |")
+  for arch in ("pre", "post"):
+    g = r["fig1"][arch]["fig1d_block_grad_norm"]
+    out.append(f"| Fig 1(d) {arch}-LN per-block grad norm, seed {r['fig1'][arch]['fig1d_seed']}, "
+               f"layer 0 .. last | see Sec 5 | " + ", ".join(f"{x:.2g}" for x in g) + " |")
   for arch in ("pre", "post"):
     f4 = r["fig4"][arch]
-    cells = "; ".join(f"L{l}: {m:.4f} [{a:.2f}, {b:.2f}]"
+    cells = "; ".join(f"L{l}: {m:.4f} [{a:.4f}, {b:.4f}]"
                       for l, m, a, b in zip(f4["layers"], f4["median"], f4["p5"], f4["p95"]))
     out.append(f"| Fig 4 {arch}-LN seed {f4['seed']}: median [p5, p95] per layer | "
                f"medians near 1; Pre-LN middle-layer p5 ~0.35 | {cells} |")

@@ -214,6 +214,7 @@ class RepresentationStudy:
     top_singular_values: (len(layers), min(n, d)) mean singular values, normalized by
       the largest (the spectrum of Fig 7c).
     mean_spike: (L+1,) ||mean_n h_l||.
+    stream_cosine_ones: (L+1,) cos(mu_l, 1), which tends to 1 as the spike grows (App C).
     noise_floor: (L+1,) sqrt(E||h_l||^2 / n).
     stream_rms: (L+1,) rms(h_l).
     consecutive_cosine: (L-1,) cos(m_l, m_{l+1}).
@@ -226,6 +227,7 @@ class RepresentationStudy:
   stable_rank: Array
   top_singular_values: Array
   mean_spike: Array
+  stream_cosine_ones: Array
   noise_floor: Array
   stream_rms: Array
   consecutive_cosine: Array
@@ -257,6 +259,7 @@ def mlp_representation_study(cfg: MLPConfig, key: Array, num_inputs: int = 512,
         "stable_rank": spectra.stable_rank_from_singular_values(sv),
         "top_singular_values": sv / sv[:, :1],
         "mean_spike": jnp.linalg.norm(tr.stream_mean, axis=-1),
+        "stream_cosine_ones": cosine_with_ones(tr.stream_mean),
         "noise_floor": tr.noise_floor, "stream_rms": tr.stream_rms,
         "consecutive_cosine": consecutive_cosine(tr.branch_mean),
         "cosine_ones": cosine_with_ones(tr.branch_mean),

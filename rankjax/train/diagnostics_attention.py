@@ -3,10 +3,10 @@ paper (Sec 5, "Attention measurements"; App D.1) during training.
 
 At chosen layers (default: first, middle and last, the paper's {0, N/2, N-1}) an
 evaluation-mode forward pass (dropout off) on the diagnostic examples gives the
-attention probabilities; ``num_rows`` rows pooled over batch and heads with query
-position ``t >= min_query`` are sampled and, on each row's causal support, the
-certificate theta_cert, p_max and the normalized entropy are computed
-(``rankjax.measure.sensitivity.attention_statistics``). Per layer the 5/25/50/75/95th
+attention probabilities; ``num_rows`` rows (all, when fewer exist) pooled over
+batch and heads with query position ``t >= min_query`` are sampled and, on each row's
+causal support, the certificate theta_cert, p_max and the normalized entropy are
+computed (``rankjax.measure.sensitivity.attention_statistics``). Per layer the 5/25/50/75/95th
 percentiles and the mean are kept:
 
   ``<stat>_<p5|p25|p50|p75|p95|mean>``: (num_layers_sampled,) for stat in

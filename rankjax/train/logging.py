@@ -10,7 +10,6 @@ progress bar shows step, loss and tokens/s; otherwise one line is printed every
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import sys
 from typing import Any, Mapping, TextIO
@@ -19,8 +18,8 @@ import jax
 
 
 def _clean(v: Any) -> Any:
-  v = float(v) if hasattr(v, "dtype") or isinstance(v, (int, float)) else v
-  return v if not isinstance(v, float) or math.isfinite(v) else repr(v)
+  """Python floats for numbers (NaN/Inf are written as JSON's NaN / Infinity)."""
+  return float(v) if hasattr(v, "dtype") or isinstance(v, (int, float)) else v
 
 
 class MetricsWriter:

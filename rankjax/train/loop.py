@@ -108,11 +108,19 @@ def _build_cached(cfg: TrainConfig, diags: tuple[diag_lib.Diagnostic, ...],
   return build(cfg, diags=diags)
 
 
+# Fields that ``build`` does not read: runs differing only in these share a build.
+_NOT_BUILT = ("log_every", "checkpoint_every", "max_to_keep", "async_checkpointing",
+              "eval_every", "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer")
+
+
 def build_for_run(cfg: TrainConfig) -> Compiled:
-  """``build(cfg)``, reused when the same process trains the same config again
+  """``build(cfg)``, reused when the same process trains the same model again
   (a resumed run in a notebook or a test skips tracing and compiling)."""
   diags = diag_lib.resolve(cfg.diagnostics) if cfg.diag_every else ()
-  return _build_cached(cfg, diags, tuple(jax.devices()))
+  defaults = TrainConfig()
+  key = dataclasses.replace(cfg, diag_every=min(cfg.diag_every, 1),
+                            **{f: getattr(defaults, f) for f in _NOT_BUILT})
+  return _build_cached(key, diags, tuple(jax.devices()))
 
 
 def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "train",
@@ -126,21 +134,36 @@ def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "t
       **task_lib.data_kwargs(cfg, task))
 
 
-class _SigtermFlag:
-  """Records SIGTERM while installed (main thread only)."""
+class _Preemption:
+  """Whether to save and stop at a step because of SIGTERM.
+
+  One process: a SIGTERM handler (main thread only) sets a flag. Several processes:
+  JAX's preemption service (started by ``jax.distributed.initialize``) catches the
+  signal on any host and all hosts agree on the step to stop at
+  (``multihost_utils.reached_preemption_sync_point``, called every step), so they
+  save the same step.
+  """
 
   def __init__(self):
-    self.received = False
+    self._flag = False
     self._old = None
+    self._multi = jax.process_count() > 1
 
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
+    if not self._multi and threading.current_thread() is threading.main_thread():
       self._old = signal.signal(signal.SIGTERM, self._handle)
     return self
 
   def _handle(self, signum, frame):
     del signum, frame
-    self.received = True
+    self._flag = True
+
+  def reached(self, step: int) -> bool:
+    """Call once per step, on every process."""
+    if self._multi:
+      from jax.experimental import multihost_utils
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self._flag
 
   def __exit__(self, *exc):
     if self._old is not None:
@@ -196,8 +219,8 @@ def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
   loop = _Loop(cfg, compiled, ckpt, writer, history, data_it)
   loop.data_name = info.name
   try:
-    with _SigtermFlag() as sigterm:
-      step, status = loop.run(state, start, sigterm, on_step)
+    with _Preemption() as preemption:
+      step, status = loop.run(state, start, preemption, on_step)
   finally:
     writer.close()
     ckpt.close()
@@ -219,7 +242,7 @@ class _Loop:
     self._t_last = time.perf_counter()
     self._t_start = self._t_last
 
-  def run(self, state, start: int, sigterm: _SigtermFlag, on_step) -> tuple[int, str]:
+  def run(self, state, start: int, preemption: _Preemption, on_step) -> tuple[int, str]:
     cfg, c = self.cfg, self.c
     pending = None
     step = start
@@ -231,20 +254,20 @@ class _Loop:
         self._finish(*pending)         # waits for step - 1 while `step` is queued
       pending = (step, metrics, diag)
       eval_now = cfg.eval_every and step % cfg.eval_every == 0
-      scheduled_save = step % cfg.checkpoint_every == 0 or step == cfg.total_steps
-      if scheduled_save or eval_now or on_step is not None or sigterm.received:
-        self._finish(*pending)         # saving needs this step checked finite
+      if eval_now or on_step is not None:
+        self._finish(*pending)
         pending = None
       if eval_now:
         self._evaluate(state.params, step)
       if on_step is not None:
         on_step(step)
-      if scheduled_save or sigterm.received:
-        if pending is not None:      # SIGTERM arrived after the check above
+      stop = preemption.reached(step)
+      if stop or step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
+        if pending is not None:        # saving needs this step checked finite
           self._finish(*pending)
           pending = None
         self._save(step, state)
-      if sigterm.received:
+      if stop:
         self.ckpt.wait()
         self.writer.message(f"SIGTERM: saved step {step} in {self.ckpt.directory}; "
                             "run the same command again to resume")

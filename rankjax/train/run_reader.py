@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 from typing import Any
 
@@ -34,8 +35,9 @@ class Run:
       the start of the run to ``step``.
     diagnostic_steps: (n,) the update each diagnostics row belongs to.
     metrics: the checkpoint's JSON metrics (loss, throughput, ...).
-    history: per-update metrics from ``metrics.jsonl`` up to ``step`` (one dict per
-      line: step, loss, grad_norm, lr, ...).
+    history: rows of ``metrics.jsonl`` up to ``step``: one per update (step, loss,
+      grad_norm, lr, tokens_per_s, ...) and one per evaluation (``"kind": "eval"``,
+      eval_loss, ...).
   """
 
   workdir: pathlib.Path
@@ -78,9 +80,15 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> Run:
   directory = ckpt_lib.checkpoint_dir(workdir)
   if not directory.is_dir():
     raise FileNotFoundError(f"{workdir} holds no checkpoint yet ({directory} is missing)")
-  options = ocp.CheckpointManagerOptions(read_only=True)
-  manager = ocp.CheckpointManager(directory.absolute(), options=options,
-                                  item_handlers=ckpt_lib.handlers())
+  absl_log = logging.getLogger("absl")   # read_only makes Orbax warn about what it skips
+  level = absl_log.level
+  absl_log.setLevel(logging.ERROR)
+  try:
+    manager = ocp.CheckpointManager(directory.absolute(),
+                                    options=ocp.CheckpointManagerOptions(read_only=True),
+                                    item_handlers=ckpt_lib.handlers())
+  finally:
+    absl_log.setLevel(level)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 
   def restore(s: int) -> dict[str, Any]:

@@ -234,16 +234,21 @@ def test_theorem_3_8_zero_grads_at_frequency_output(x64):
   def loss(p):
     return cross_entropy(model.apply({"params": p}, tokens), targets)
 
+  # DecoderLM returns float32 logits, so "zero" means float32 round-off here
   value, grads = jax.value_and_grad(loss)(params)
-  np.testing.assert_allclose(value, frequency_loss(targets), rtol=1e-10)
+  np.testing.assert_allclose(value, frequency_loss(targets), rtol=1e-6)
   blocks = gr.block_grad_norms(grads)
   for name in ("attn", "ffn", "norm_ffn_in", "norm_out"):
-    assert np.max(blocks[name]) < 1e-10, (name, blocks[name])
-  assert float(blocks["lm_head"]) < 1e-10
+    assert np.max(blocks[name]) < 1e-5, (name, blocks[name])
+  assert float(blocks["lm_head"]) < 1e-5
   # control: a head that is not at the frequency output gets non-zero gradients
-  params2 = dict(params, lm_head=params["lm_head"] * 0.5)
+  # (a rescaled head would not do: its column-sum gradient is parallel to x^H, which
+  # the final RMSNorm's Jacobian projects out)
+  noise = 0.1 * jax.random.normal(jax.random.PRNGKey(9), params["lm_head"].shape, jnp.float64)
+  params2 = dict(params, lm_head=params["lm_head"] + noise)
   blocks2 = gr.block_grad_norms(jax.grad(loss)(params2))
-  assert float(blocks2["lm_head"]) > 1e-3
+  assert float(blocks2["lm_head"]) > 1e-2
+  assert np.max(blocks2["ffn"]) > 1e3 * np.max(blocks["ffn"])
 
 
 def test_theorem_3_8_lower_bound(x64):

@@ -30,7 +30,7 @@ def tiny_lm(**overrides) -> TrainConfig:
                          max_seq_len=16, norm_position="pre", dropout_rate=0.1)
   base = dict(model="lm", lm=lm, seq_len=8, batch_size=8, grad_accum=2, learning_rate=1e-2,
               warmup_steps=2, total_steps=8, log_every=1, checkpoint_every=4, max_to_keep=1,
-              diag_every=2, diag_examples=2)
+              diag_every=2, diag_examples=2, eval_every=4, eval_batches=2)
   base.update(overrides)
   return TrainConfig(**base)
 

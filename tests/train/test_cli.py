@@ -33,8 +33,11 @@ def test_train_then_rerun_resumes(cli, config_file, tmp_path, capsys, compile_ca
   out = capsys.readouterr().out
   assert f"started {workdir} at step 0: lm on shakespeare" in out and "step 8  loss" in out
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows] == list(range(1, 9))
-  assert {"loss", "grad_norm", "lr", "tokens_per_s", "step_time_s"} <= rows[0].keys()
+  train_rows = [r for r in rows if r.get("kind", "train") == "train"]
+  assert [r["step"] for r in train_rows] == list(range(1, 9))
+  assert {"loss", "grad_norm", "lr", "tokens_per_s", "step_time_s"} <= train_rows[0].keys()
+  evals = [r for r in rows if r.get("kind") == "eval"]          # eval_every=4
+  assert [r["step"] for r in evals] == [4, 8] and all(r["eval_loss"] > 0 for r in evals)
   assert config_lib.from_json(type(tiny_lm()), workdir / "config.json") == tiny_lm()
   # the same command again resumes at the last checkpoint (nothing left to do here)
   assert cli(args) == 0

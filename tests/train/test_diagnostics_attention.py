@@ -41,10 +41,10 @@ def test_layer_probs_match_captured_stack(norm_position):
   model = DecoderLM(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, 257)
   params = model.init(jax.random.PRNGKey(0), tokens)["params"]
-  _, state = model.apply({"params": params}, tokens, capture_probs=True,
-                         mutable=["intermediates"])
-  stack = state["intermediates"]["layers"]["attn"]["attn_probs"][0]   # (L, B, H, T, T)
-  got = da.layer_probs(model, params, tokens, (2, 0))
+  capture = jax.jit(lambda p, x: model.apply({"params": p}, x, capture_probs=True,
+                                             mutable=["intermediates"])[1])
+  stack = capture(params, tokens)["intermediates"]["layers"]["attn"]["attn_probs"][0]
+  got = jax.jit(lambda p, x: da.layer_probs(model, p, x, (2, 0)))(params, tokens)
   np.testing.assert_allclose(got[0], stack[2], atol=1e-6)
   np.testing.assert_allclose(got[1], stack[0], atol=1e-6)
 
@@ -68,9 +68,9 @@ def test_diagnostics_step_equals_direct_computation():
   got = out["attention_test"]
 
   examples = batch["inputs"][-1, :cfg.diag_examples]
-  _, captured = task.model.apply({"params": params_before}, examples, capture_probs=True,
-                                 mutable=["intermediates"])
-  stack = captured["intermediates"]["layers"]["attn"]["attn_probs"][0]
+  captured = jax.jit(lambda p, x: task.model.apply({"params": p}, x, capture_probs=True,
+                                                    mutable=["intermediates"])[1])
+  stack = captured(params_before, examples)["intermediates"]["layers"]["attn"]["attn_probs"][0]
   layers = da.default_layers(cfg.lm.num_layers)
   np.testing.assert_array_equal(got["layers"], layers)
   for i, layer in enumerate(layers):
@@ -103,3 +103,19 @@ def test_registered_and_config_parses():
   assert "attention" in diag_lib.available()
   cfg = config_lib.override(_cfg("pre"), ['diagnostics=["basic","attention"]'])
   assert cfg.diagnostics == ("basic", "attention")
+
+
+@pytest.mark.parametrize("name", ["quick", "paper_774m"])
+def test_experiment_configs_build(name):
+  """experiments/softmax_sensitivity/configs parse and build (shapes only)."""
+  import pathlib
+  from rankjax.train.tasks import count_params
+  path = (pathlib.Path(__file__).resolve().parents[2] / "experiments" / "softmax_sensitivity"
+          / "configs" / f"{name}.json")
+  cfg = config_lib.from_json(TrainConfig, path)
+  assert cfg.diagnostics == ("basic", "attention") and cfg.diag_every == 10
+  task = task_lib.make_task(cfg)
+  tx = make_optimizer(cfg, task.stacked_roots)
+  n = count_params(jax.eval_shape(make_init(task, tx, cfg.seed)).params)
+  if name == "paper_774m":
+    assert 7.7e8 < n < 7.8e8, n                       # 774M (App D.1)

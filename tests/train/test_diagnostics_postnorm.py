@@ -64,7 +64,7 @@ def test_summarize_run_on_synthetic_series():
   steps = np.arange(0, 200, 10)
   n = len(steps)
   sim = np.where(steps >= 100, 0.99, 0.3)
-  loss = np.where(steps >= 100, 3.3, np.linspace(5, 2.5, n))
+  loss = np.concatenate([np.linspace(5, 2.5, n // 2), np.full(n - n // 2, 3.3)])
   gn = np.ones((n, 4))
   gn[steps >= 100, 0] = 1e-4
   diag = {"postnorm/last_tsim": sim, "postnorm/loss": loss, "postnorm/loss_examples": loss,

@@ -66,7 +66,8 @@ def test_diagnostics_history_survives_kill_and_max_to_keep(runs):
   assert np.all((tsim >= 0) & (tsim <= 1))
   assert full.params["layers"]["attn"]["w_q"].shape[0] == 1
   assert isinstance(full.params["embed"]["embedding"], np.ndarray)
-  assert [row["step"] for row in full.history] == list(range(1, 9))
+  assert [r["step"] for r in full.history if "kind" not in r] == list(range(1, 9))
+  assert [r["step"] for r in full.history if r.get("kind") == "eval"] == [4, 8]
   assert full.metrics["step"] == 8 and full.metrics["diagnostic_steps"] == 5
 
   resumed = load_run(killed_dir)   # rows before the kill came back from checkpoint 4

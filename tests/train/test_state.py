@@ -13,7 +13,7 @@ import pytest
 from rankjax.config import TrainConfig
 from rankjax.train import state as state_lib
 from rankjax.train.tasks import make_task
-from tests.train.conftest import tiny_lm
+from tests.train.conftest import losses, tiny_lm
 
 
 def test_schedule_warmup_then_cosine_to_min():
@@ -89,3 +89,32 @@ def test_adam_needs_zero_weight_decay_and_seq_len_fits_model():
     TrainConfig(optimizer="adam")
   with pytest.raises(ValueError, match=r"seq_len=4096 exceeds the model's lm.max_seq_len=2048"):
     TrainConfig(seq_len=4096)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_grads():
+  cfg = tiny_lm(lm=dataclasses.replace(tiny_lm().lm, dropout_rate=0.0))
+  f32, bf16 = make_task(cfg), make_task(dataclasses.replace(cfg, compute_dtype="bfloat16"))
+  assert bf16.model.cfg.compute_dtype == "bfloat16"
+  params = jax.jit(f32.init)(jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (4, cfg.seq_len + 1), 0, 257)
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+  grads = jax.eval_shape(jax.grad(lambda p: bf16.loss(p, batch, None)[0]), params)
+  assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype("float32")}
+  loss = jax.jit(lambda p: (f32.loss(p, batch, None, True)[0], bf16.loss(p, batch, None, True)[0]))
+  a, b = loss(params)
+  assert b.dtype == jnp.float32 and abs(float(a) - float(b)) < 0.05 * float(a)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  """lr=1e30: update 1 is finite, update 2's loss is not; checkpoint 1 stays the newest."""
+  from rankjax.train.loop import NonFiniteLossError, train
+  from rankjax.train.run_reader import load_run
+  from tests.train.conftest import tiny_mlp
+  cfg = tiny_mlp(learning_rate=1e30, checkpoint_every=1, total_steps=4)
+  with pytest.raises(NonFiniteLossError, match=r"at step 2 is not finite: training stopped; "
+                     r"the last good checkpoint, step 1, is intact"):
+    train(cfg, tmp_path, progress_bar=False)
+  run = load_run(tmp_path)
+  assert run.step == 1 and all(np.all(np.isfinite(p)) for p in jax.tree.leaves(run.params))
+  recorded = losses(tmp_path)                   # the bad step is logged, then nothing
+  assert sorted(recorded) == [1, 2] and np.isfinite(recorded[1]) and not np.isfinite(recorded[2])

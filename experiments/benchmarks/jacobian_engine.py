@@ -1,0 +1,209 @@
+"""Benchmark of the Jacobian engine (rankjax.measure.jacobians / paths).
+
+For L=48, d=256, 4x expansion, 8 seeds, float32 (``--small``: L=16, d=64, 2 seeds):
+
+  * peak: a large float32 matmul (2048^3, or 512^3 with --small), timed in the same run;
+  * DP alone: ``paths.path_sums`` on precomputed block Jacobians, vmapped over seeds;
+    achieved GFLOP/s against the triangular FLOP count sum_{m=1}^{L} m * 2 d^3 per seed;
+  * whole study: ``mlp_jacobian_study`` (weights, forward pass, block Jacobians, every
+    S_k, every dh_l/dh_0 and its singular values), and the same without path sums;
+  * baseline: ``jax.jacfwd`` of the whole network (what a user would write; it gives
+    dh_L/dh_0, or every dh_l/dh_0 when differentiating the stacked outputs);
+  * memory: XLA's compiled memory analysis (temp + output bytes) of the DP and the
+    study, against O(L d^2) and O(L^2 d^2) per seed.
+
+Times are the best of ``--reps`` runs after a compile/warm-up run; peak and DP are
+measured alternately so that load on a shared machine affects both alike. Writes the
+``## Jacobian engine`` section of experiments/benchmarks/RESULTS.md.
+
+  python experiments/benchmarks/jacobian_engine.py [--small] [--reps 3] [--no-write]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import re
+import resource
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rankjax.config import MLPConfig  # noqa: E402
+from rankjax.measure import jacobians, paths  # noqa: E402
+from rankjax.models import blocks as blocks_lib  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+
+
+def best_time(fn, *args, reps: int) -> float:
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def memory_bytes(jitted, *args) -> dict:
+  try:
+    mem = jitted.lower(*args).compile().memory_analysis()
+    return {"temp": int(mem.temp_size_in_bytes), "output": int(mem.output_size_in_bytes),
+            "argument": int(mem.argument_size_in_bytes)}
+  except Exception:   # not every backend reports it
+    return {}
+
+
+def cpu_model() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
+
+
+def run(small: bool = False, reps: int = 3, num_chunks: int | None = None) -> dict:
+  L, d, seeds = (16, 64, 2) if small else (48, 256, 8)
+  n_peak = 512 if small else 2048
+  cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
+  key = jax.random.PRNGKey(0)
+  keys = jax.random.split(key, seeds)
+
+  a = jax.random.normal(key, (n_peak, n_peak), jnp.float32)
+  peak_fn = jax.jit(lambda x: x @ x)
+
+  @jax.jit
+  def block_branches(keys):
+    def one(k):
+      blocks, h0 = jacobians.seed_samples(cfg, k, 1)
+      return jacobians.block_jacobians(blocks, h0[0], cfg).branch
+    return jax.vmap(one)(keys)
+
+  b_SxLxDxD = jax.block_until_ready(block_branches(keys))
+  dp_fn = jax.jit(jax.vmap(lambda b: paths.path_sums(b, 1.0, num_chunks=num_chunks)))
+
+  peak_t, dp_t = [], []
+  for _ in range(2):      # alternate so that machine load hits both alike
+    peak_t.append(best_time(peak_fn, a, reps=reps))
+    dp_t.append(best_time(dp_fn, b_SxLxDxD, reps=reps))
+  peak_gflops = 2 * n_peak ** 3 / min(peak_t) / 1e9
+  dp_time = min(dp_t)
+  tri_flops = seeds * L * (L + 1) / 2 * 2 * d ** 3
+  dp_gflops = tri_flops / dp_time / 1e9
+
+  study = jacobians.make_study_fn(cfg, 1, seeds, num_chunks=num_chunks)
+  study_nopath = jacobians.make_study_fn(cfg, 1, seeds, path_sums=False)
+  study_time = best_time(study, key, 1.0, 1.0, reps=reps)
+  study_nopath_time = best_time(study_nopath, key, 1.0, 1.0, reps=reps)
+
+  @jax.jit
+  def baseline_last(keys):
+    def one(k):
+      blocks, h0 = jacobians.seed_samples(cfg, k, 1)
+      return jax.jacfwd(lambda h: blocks_lib.stack_forward(blocks, h, cfg)[0])(h0[0])
+    return jax.vmap(one)(keys)
+
+  @jax.jit
+  def baseline_all(keys):
+    def one(k):
+      blocks, h0 = jacobians.seed_samples(cfg, k, 1)
+      return jax.jacfwd(lambda h: blocks_lib.stack_forward(blocks, h, cfg)[1])(h0[0])
+    return jax.vmap(one)(keys)
+
+  base_last = best_time(baseline_last, keys, reps=reps)
+  base_all = best_time(baseline_all, keys, reps=reps)
+
+  mem_dp = memory_bytes(dp_fn, b_SxLxDxD)
+  per_seed_state = (L + 1) * d * d * 4
+  return {
+      "L": L, "d": d, "m": cfg.hidden_width, "seeds": seeds, "dtype": "float32",
+      "num_chunks": num_chunks or paths.DEFAULT_NUM_CHUNKS, "peak_matmul_n": n_peak,
+      "peak_gflops": peak_gflops, "dp_time": dp_time, "dp_gflops": dp_gflops,
+      "dp_fraction_of_peak": dp_gflops / peak_gflops,
+      "dp_flops_done_over_triangle": _chunk_work(L, num_chunks),
+      "study_time": study_time, "study_nopath_time": study_nopath_time,
+      "study_over_dp": study_time / dp_time,
+      "jacfwd_last_time": base_last, "jacfwd_all_time": base_all,
+      "study_over_jacfwd_last": study_time / base_last,
+      "study_nopath_over_jacfwd_all": study_nopath_time / base_all,
+      "dp_memory": mem_dp, "dp_state_bytes_per_seed": per_seed_state,
+      "dp_quadratic_bytes_per_seed": L * (L + 1) * d * d * 4,
+      "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      "machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
+      "backend": jax.default_backend(), "load_avg": os.getloadavg(),
+  }
+
+
+def _chunk_work(L: int, num_chunks: int | None) -> float:
+  done = sum((stop - start) * stop for start, stop in paths.chunk_bounds(L, num_chunks))
+  return done / (L * (L + 1) / 2)
+
+
+def markdown(r: dict) -> str:
+  mb = lambda x: f"{x / 2**20:.1f} MiB"
+  mem = r["dp_memory"]
+  mem_line = (f"XLA memory analysis of the DP ({r['seeds']} seeds): temp {mb(mem['temp'])}, "
+              f"output {mb(mem['output'])}, arguments {mb(mem['argument'])}; the O(L d^2) state "
+              f"is {mb(r['dp_state_bytes_per_seed'])} per seed, an O(L^2 d^2) table would be "
+              f"{mb(r['dp_quadratic_bytes_per_seed'])} per seed." if mem else
+              "XLA memory analysis not available on this backend.")
+  ok_dp = "met" if r["dp_fraction_of_peak"] >= 0.6 else "MISSED"
+  ok_study = "met" if r["study_over_dp"] <= 1.5 else "MISSED"
+  return f"""## Jacobian engine
+
+`python experiments/benchmarks/jacobian_engine.py{' --small' if r['L'] == 16 else ''}` -
+L={r['L']}, d={r['d']}, m={r['m']} (4x), {r['seeds']} seeds, float32, Pre-Norm ReLU.
+Machine: {r['machine']}, {r['cores']} cores, backend {r['backend']}, jax {r['jax']};
+load average at the end of the run {', '.join(f'{x:.1f}' for x in r['load_avg'])} (shared machine).
+
+| quantity | value |
+|---|---|
+| peak float32 matmul ({r['peak_matmul_n']}^3), same run | {r['peak_gflops']:.1f} GFLOP/s |
+| path-sum DP alone | {r['dp_time']:.3f} s |
+| DP rate vs the triangular count sum_m m * 2d^3 | {r['dp_gflops']:.1f} GFLOP/s = {100 * r['dp_fraction_of_peak']:.0f}% of peak (target >= 60%: {ok_dp}) |
+| DP work done / triangle ({r['num_chunks']} static chunks) | {r['dp_flops_done_over_triangle']:.2f} |
+| whole study (all S_k, every dh_l/dh_0 and its SVD) | {r['study_time']:.3f} s = {r['study_over_dp']:.2f}x the DP (target <= 1.5x: {ok_study}) |
+| study without path sums | {r['study_nopath_time']:.3f} s |
+| `jax.jacfwd` of the network, dh_L/dh_0 only | {r['jacfwd_last_time']:.3f} s (study / this = {r['study_over_jacfwd_last']:.2f}) |
+| `jax.jacfwd` of the stacked outputs, every dh_l/dh_0 | {r['jacfwd_all_time']:.3f} s (study without paths / this = {r['study_nopath_over_jacfwd_all']:.2f}) |
+| process max RSS | {r['max_rss_mb']:.0f} MiB |
+
+{mem_line}
+"""
+
+
+def write_section(text: str) -> None:
+  old = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
+  pattern = re.compile(r"^## Jacobian engine\n.*?(?=^## |\Z)", re.S | re.M)
+  if pattern.search(old):
+    new = pattern.sub(lambda _: text.rstrip() + "\n\n", old)
+  else:
+    new = old.rstrip() + "\n\n" + text
+  RESULTS.write_text(new.rstrip() + "\n")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--small", action="store_true")
+  parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--num-chunks", type=int, default=None)
+  parser.add_argument("--no-write", action="store_true")
+  args = parser.parse_args()
+  r = run(args.small, args.reps, args.num_chunks)
+  text = markdown(r)
+  print(text)
+  if not args.no_write:
+    write_section(text)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,70 @@
+"""Fig 15 (App C): only a branch-output normalization that subtracts the mean removes the spike.
+
+erank(Z_l)/d for a one-matrix ReLU branch at initialization (beta=1, d=256, 3 seeds):
+(a) Pre-RMSNorm vs Pre-LayerNorm (0.009 vs 0.078 at depth 512); (b) with a
+Pre-RMSNorm, a branch-output operation none / RMSNorm / mean subtraction / LayerNorm
+(0.009 / 0.008 / 0.745 / 0.745). Probe size n = 512 (the paper's rank-panel size).
+
+  python -m experiments.transforming_rank.fig15_output_norm --scale quick --out runs/tr
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from experiments.transforming_rank import common
+from rankjax.config import MLPConfig
+from rankjax.measure import representations
+
+NAME = "fig15_output_norm"
+SCALES = {
+    "quick": dict(depth=512, width=64, seeds=2, inputs=512, layer_every=16),
+    "paper": dict(depth=512, width=256, seeds=3, inputs=512, layer_every=8),
+}
+PANELS = {
+    "a/pre rms": dict(p_norm="rms"),
+    "a/pre layer": dict(p_norm="layer"),
+    "b/out none": dict(p_norm="rms", b_norm="none"),
+    "b/out rms": dict(p_norm="rms", b_norm="rms"),
+    "b/out mean": dict(p_norm="rms", b_norm="mean"),
+    "b/out layer": dict(p_norm="rms", b_norm="layer"),
+}
+PAPER = {"a/pre rms": 0.009, "a/pre layer": 0.078, "b/out none": 0.009, "b/out rms": 0.008,
+         "b/out mean": 0.745, "b/out layer": 0.745}
+
+
+def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
+  s = common.settings(SCALES, scale, overrides)
+  L = s["depth"]
+  layers = tuple(range(s["layer_every"], L + 1, s["layer_every"]))
+  curves = {}
+  with common.single_blas_thread():
+    for name, kw in PANELS.items():
+      if name == "b/out none":
+        curves[name] = curves["a/pre rms"]
+        continue
+      cfg = MLPConfig(depth=L, width=s["width"], branch_matrices=1, norm_position="none", **kw)
+      st = representations.mlp_representation_study(cfg, jax.random.PRNGKey(10), s["inputs"],
+                                                    s["seeds"], layers)
+      curves[name] = np.asarray(st.erank)
+  summary = [common.row("Fig 15a: erank(Z_L)/d, Pre-RMSNorm / Pre-LayerNorm",
+                        f"{PAPER['a/pre rms']} / {PAPER['a/pre layer']}",
+                        f"{curves['a/pre rms'][-1]:.3f} / {curves['a/pre layer'][-1]:.3f}"),
+             common.row("Fig 15b: branch-output none / rms / mean / layer (with Pre-RMSNorm)",
+                        "0.009 / 0.008 / 0.745 / 0.745",
+                        " / ".join(f"{curves['b/out ' + o][-1]:.3f}" for o in
+                                   ("none", "rms", "mean", "layer")))]
+  fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+  for name, c in curves.items():
+    panel, label = name.split("/")
+    axes[0 if panel == "a" else 1].plot(layers, c, label=label)
+  for ax in axes:
+    ax.set_xlabel("layer l")
+    ax.legend()
+  axes[0].set_ylabel("erank(Z_l)/d")
+  result = {"settings": s, "layers": layers, "curves": curves, "summary": summary}
+  return common.write(out_dir, NAME, result, fig)
+
+
+if __name__ == "__main__":
+  common.main(run, __doc__)

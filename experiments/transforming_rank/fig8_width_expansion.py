@@ -1,0 +1,147 @@
+"""Fig 8a, 8b (Sec 6, App D.8): branch-Jacobian effective rank against the expansion ratio.
+
+erank(J_f)/d of the normalization-free branch core J_f = W_down D W_up (Eq. 9) at a
+random input, W_up ~ N(0, 1/d) (m x d), W_down ~ N(0, 1/m), the input at unit rms so
+the pre-activations are standard Gaussian; d=256, 40 seeds; ReLU, GELU, SiLU, abs.
+(a) against m/d; (b) against gamma = p m/d, with the Gaussian-product reference curve
+(erank(W_down W_up)/d with gamma d hidden units, 20 seeds, gamma <= 10). Fig 8c
+(pretrained GPT-2 coherence) is not part of this script.
+
+  python -m experiments.transforming_rank.fig8_width_expansion --scale quick --out runs/tr
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.transforming_rank import common
+from rankjax.measure import representations, spectra
+
+NAME = "fig8_width_expansion"
+ACTS = ("relu", "gelu", "silu", "abs")
+SCALES = {
+    "quick": dict(width=64, seeds=6, product_seeds=6,
+                  ratios=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0)),
+    "paper": dict(width=256, seeds=40, product_seeds=20,
+                  ratios=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0)),
+}
+
+
+def _bucket(m: int) -> int:
+  return 1 << (m - 1).bit_length()
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _branch_erank(key: jax.Array, act_index: jax.Array, m: jax.Array, seeds: int, m_pad: int,
+                  d: int):
+  """Mean erank(J_f)/d over seeds with m of the m_pad hidden rows active.
+
+  m and the activation are traced, so one compilation serves every m in a power-of-two
+  bucket and every activation.
+  """
+
+  def one(k):
+    k1, k2, k3 = jax.random.split(k, 3)
+    w_up = jax.random.normal(k1, (m_pad, d)) / jnp.sqrt(d)
+    w_down = jax.random.normal(k2, (d, m_pad)) / jnp.sqrt(m.astype(jnp.float32))
+    x = jax.random.normal(k3, (d,))
+    x = x / jnp.sqrt(jnp.mean(x * x))
+    pre = w_up @ x
+    dsig = jax.lax.switch(act_index, [
+        lambda z, a=a: representations.activation_derivative(a, z) for a in ACTS], pre)
+    dsig = jnp.where(jnp.arange(m_pad) < m, dsig, 0.0)
+    jf = w_down @ (dsig[:, None] * w_up)
+    return spectra.effective_rank(jf) / d
+
+  return jnp.mean(jax.vmap(one)(jax.random.split(key, seeds)))
+
+
+def branch_erank(key: jax.Array, activation: str, d: int, m: int, seeds: int) -> float:
+  """Mean erank(J_f)/d (Eq. 9) over ``seeds`` draws at hidden width m."""
+  return float(_branch_erank(key, jnp.int32(ACTS.index(activation)), jnp.int32(m), seeds,
+                            _bucket(m), d))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _product_erank(key: jax.Array, n: jax.Array, seeds: int, n_pad: int, d: int):
+
+  def one(k):
+    k1, k2 = jax.random.split(k)
+    mask = (jnp.arange(n_pad) < n)[:, None]
+    w_up = jnp.where(mask, jax.random.normal(k1, (n_pad, d)), 0.0)
+    w_down = jax.random.normal(k2, (d, n_pad))
+    return spectra.effective_rank(w_down @ w_up) / d
+
+  return jnp.mean(jax.vmap(one)(jax.random.split(key, seeds)))
+
+
+def product_erank(key: jax.Array, gamma: float, d: int, seeds: int) -> float:
+  """The Gaussian-product curve (App D.8, as ``spectra.gaussian_product_effective_rank``)
+  with the hidden width padded to a power-of-two bucket to share compilations."""
+  n = max(1, int(round(gamma * d)))
+  return float(_product_erank(key, jnp.int32(n), seeds, _bucket(n), d))
+
+
+def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
+  s = common.settings(SCALES, scale, overrides)
+  d = s["width"]
+  key = jax.random.PRNGKey(11)
+  curves = {}
+  with common.single_blas_thread():
+    for a in ACTS:
+      curves[a] = [branch_erank(jax.random.fold_in(key, i), a, d, max(1, int(round(r * d))),
+                                s["seeds"]) for i, r in enumerate(s["ratios"])]
+    p = {a: spectra.survival_rate(a) for a in ACTS}
+    gammas = sorted({round(p[a] * r, 4) for a in ("relu", "abs") for r in s["ratios"]
+                     if p[a] * r <= 10} | {10.0})
+    product = {g: product_erank(jax.random.fold_in(key, 1000 + i), g, d, s["product_seeds"])
+               for i, g in enumerate(gammas)}
+
+  def gap(a):   # |erank - Gaussian product| at the same gamma = p m/d
+    out = [abs(e - product[round(p[a] * r, 4)]) for r, e in zip(s["ratios"], curves[a])
+           if round(p[a] * r, 4) in product]
+    return max(out)
+
+  def above(a):   # smooth activations approach the curve from above: min(erank - GP)
+    gs = np.array(sorted(product))
+    gp = np.array([product[g] for g in gs])
+    diffs = [e - np.interp(p[a] * r, gs, gp) for r, e in zip(s["ratios"], curves[a])
+             if gs[0] <= p[a] * r <= gs[-1]]
+    return min(diffs), max(diffs)
+
+  idx1 = s["ratios"].index(1.0)
+  summary = [
+      common.row("Fig 8a: erank(J_f)/d at m/d = 1: relu / gelu / silu / abs",
+                 "gelu, silu above relu at small m/d; abs fastest",
+                 " / ".join(f"{curves[a][idx1]:.3f}" for a in ACTS)),
+      common.row("Fig 8a: erank(J_f)/d at the largest m/d: relu / gelu / silu / abs", "rises with m/d",
+                 " / ".join(f"{curves[a][-1]:.3f}" for a in ACTS)),
+      common.row("Fig 8b: max |erank - Gaussian product| at equal gamma: relu / abs", "on the curve",
+                 f"{gap('relu'):.3f} / {gap('abs'):.3f}"),
+      common.row("Fig 8b: gelu, silu minus the curve at equal gamma = E[sigma'^2] m/d (min..max)",
+                 "approach from above",
+                 ", ".join(f"{a}: {above(a)[0]:+.3f}..{above(a)[1]:+.3f}" for a in ("gelu", "silu"))),
+      common.row("App D.8: Gaussian-product curve at gamma = 10", "~0.80",
+                 common.fmt(product[max(product)], 3) + f" (gamma={max(product)})"),
+  ]
+  fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8))
+  for a in ACTS:
+    axes[0].plot(s["ratios"], curves[a], "o-", ms=3, label=a)
+    axes[1].plot(np.array(s["ratios"]) * p[a], curves[a], "o-", ms=3, label=f"{a} (p={p[a]:.2f})")
+  axes[1].plot(list(product), list(product.values()), "k--", label="Gaussian product")
+  axes[0].set_xlabel("m/d")
+  axes[1].set_xlabel("gamma = p m/d")
+  axes[1].set_xlim(0, 10.5)
+  for ax in axes:
+    ax.set_ylabel("erank(J_f)/d")
+    ax.legend(fontsize=7)
+  result = {"settings": s, "curves": curves, "survival": p,
+            "gaussian_product": {str(g): v for g, v in product.items()}, "summary": summary}
+  return common.write(out_dir, NAME, result, fig)
+
+
+if __name__ == "__main__":
+  common.main(run, __doc__)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Train on a Cloud TPU VM slice: every worker runs one rankjax process.
+#
+#   launch/tpu_pod.sh setup TPU ZONE                 copy this checkout to every worker, install
+#   launch/tpu_pod.sh train TPU ZONE CONFIG WORKDIR [--set key=value ...]
+#   launch/tpu_pod.sh logs  TPU ZONE [WORKER]        tail a worker's log (default 0)
+#   launch/tpu_pod.sh stop  TPU ZONE                 SIGTERM every worker (saves a checkpoint)
+#
+# WORKDIR must be storage every worker sees (gs://bucket/run: Orbax writes there
+# directly); CONFIG is a path inside the checkout (experiments/configs/...).
+# Each worker calls jax.distributed.initialize() (RANKJAX_DISTRIBUTED=1; the TPU
+# runtime supplies the coordinator), reads its own shard of the data, and the
+# checkpoint holds one data-iterator file per worker. Re-running `train` with the
+# same WORKDIR resumes; so does a slice recreated after preemption (same size).
+# Environment: PROJECT (default: gcloud's), RANKJAX_DIR (default ~/rankjax on the VMs),
+# PYTHON (default python3 on the VMs).
+set -euo pipefail
+
+usage() { sed -n '2,17p' "$0"; exit 2; }
+[[ $# -ge 3 ]] || usage
+cmd=$1 tpu=$2 zone=$3
+shift 3
+project_flag=()
+[[ -n "${PROJECT:-}" ]] && project_flag=(--project "$PROJECT")
+remote_dir=${RANKJAX_DIR:-'~/rankjax'}
+py=${PYTHON:-python3}
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+ssh_all() {
+  gcloud compute tpus tpu-vm ssh "$tpu" --zone "$zone" "${project_flag[@]}" --worker=all \
+    --command "$1"
+}
+
+case "$cmd" in
+  setup)
+    tar -C "$here" --exclude=.venv --exclude=.git --exclude='*.pyc' -czf /tmp/rankjax_src.tgz .
+    gcloud compute tpus tpu-vm scp /tmp/rankjax_src.tgz "$tpu":/tmp/rankjax_src.tgz \
+      --zone "$zone" "${project_flag[@]}" --worker=all
+    ssh_all "mkdir -p $remote_dir && tar -xzf /tmp/rankjax_src.tgz -C $remote_dir && \
+      $py -m pip install -q -U 'jax[tpu]' -e $remote_dir"
+    ;;
+  train)
+    [[ $# -ge 2 ]] || usage
+    config=$1 workdir=$2
+    shift 2
+    extra=""
+    for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
+    # nohup + setsid: the run survives the ssh session; one log per worker.
+    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 setsid nohup $py -m rankjax.cli train \
+      --config $(printf '%q' "$config") --workdir $(printf '%q' "$workdir")$extra \
+      > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
+      echo started on \$(hostname)"
+    ;;
+  logs)
+    gcloud compute tpus tpu-vm ssh "$tpu" --zone "$zone" "${project_flag[@]}" \
+      --worker="${1:-0}" --command "tail -n 50 -f ~/rankjax_train.log"
+    ;;
+  stop)
+    ssh_all "kill -TERM \$(cat ~/rankjax_train.pid) 2>/dev/null || true"
+    ;;
+  *) usage ;;
+esac

@@ -1,0 +1,56 @@
+"""MetricsWriter: metrics.jsonl, console lines or a progress bar, TensorBoard."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from rankjax.train.logging import MetricsWriter
+from rankjax.train.run_reader import read_metrics_jsonl
+
+
+class _Tty(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def test_jsonl_every_step_console_every_n_and_truncate(tmp_path):
+  out = io.StringIO()
+  w = MetricsWriter(tmp_path, total_steps=6, log_every=3, stream=out)
+  for step in range(1, 7):
+    w.write(step, {"loss": 2.0 / step, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s_avg": 100.0})
+  w.write(6, {"eval_loss": 0.5}, kind="eval")
+  w.write(7, {"loss": float("nan"), "grad_norm": float("inf")})
+  w.close()
+  lines = out.getvalue().splitlines()
+  assert lines[0].startswith("step 3  loss 0.6667  grad_norm 1  lr 0.001  tokens/s 100")
+  assert lines[1].startswith("step 6  loss") and lines[2] == "step 6 eval: eval_loss 0.5"
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 6, 7]
+  assert rows[6] == {"step": 6, "eval_loss": 0.5, "kind": "eval"}
+  assert rows[7]["loss"] != rows[7]["loss"] and rows[7]["grad_norm"] == float("inf")  # NaN, Inf
+  MetricsWriter.truncate(tmp_path, 4)           # a run resumed from step 4
+  assert [r["step"] for r in read_metrics_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 5, "lo')                  # a line cut short by SIGKILL is skipped
+  assert len(read_metrics_jsonl(tmp_path / "metrics.jsonl")) == 4
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+  out = _Tty()
+  w = MetricsWriter(tmp_path, total_steps=4, log_every=2, stream=out)
+  for step in range(1, 5):
+    w.write(step, {"loss": 1.0, "tokens_per_s_avg": 10.0})
+  w.close()
+  text = out.getvalue()
+  assert "4/4" in text and "loss=1.0000" in text and "step 2  loss" not in text
+
+
+def test_tensorboard_events_when_installed(tmp_path):
+  pytest.importorskip("tensorboardX")
+  w = MetricsWriter(tmp_path, total_steps=2, log_every=1, stream=io.StringIO())
+  w.write(1, {"loss": 1.0})
+  w.close()
+  assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
