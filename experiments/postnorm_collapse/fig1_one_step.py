@@ -19,7 +19,6 @@ Run:  python experiments/postnorm_collapse/fig1_one_step.py --out runs/fig1 [--s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys

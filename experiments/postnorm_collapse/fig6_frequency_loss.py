@@ -34,7 +34,7 @@ from experiments.postnorm_collapse import collapse_study  # noqa: E402
 
 FIXED_STEPS = 150
 WARMUP_STEPS = 20
-WARMUP_TOTAL = 150
+WARMUP_TOTAL = 60
 WARMUP_LRS = (0.01, 0.015, 0.02)
 
 

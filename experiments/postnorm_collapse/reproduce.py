@@ -35,6 +35,11 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "thm38": ("thm38_check", "collapse"),
 }
 TRAINING = {"collapse", "fig3_fig5", "fig6", "thm38"}
+PAPER_RUN = {
+    "post_collapse": "collapses: loss ~ L_freq, t_sim ~ 1, early grads orders smaller",
+    "pre_same_lr": "Pre-Norm at the same LR trains",
+    "post_stable": "lower LR: Post-Norm trains (App F.5)",
+}
 
 
 def _fmt(x: Any) -> str:
@@ -69,15 +74,16 @@ def _rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
     for k, v in res.get("runs", {}).items():
       rows.append((f"{k} (lr {v['learning_rate']}, warmup {v['warmup_steps']}): final loss vs "
                    "stream freq loss; last t_sim; grad first/last",
-                   "collapse: loss ~ L_freq, t_sim ~1, early grads orders smaller",
+                   PAPER_RUN.get(k, "—"),
                    f"{_fmt(v['final_loss_last10pct_mean'])} vs {_fmt(v['stream_freq_loss'])}; "
                    f"{_fmt(v['final_last_tsim'])}; "
                    f"{_fmt(v['final_grad_ratio_first_over_last'])}"))
     return rows
   if name == "fig3_fig5":
-    return [("Fig 3-5 transition step; alpha max; frac c<1 after (attn, ffn); "
-             "first-layer grad drop", "2644; <2.5; most; orders of magnitude",
-             f"{o.get('transition_step')}; {_fmt(o.get('alpha_max'))}; "
+    return [("Fig 3-5 transition step (collapse onset); alpha max; frac c<1 after "
+             "(attn, ffn); first-layer grad drop", "~2644; <2.5; most; orders of magnitude",
+             f"{o.get('transition_step')} (onset {o.get('onset_step')}); "
+             f"{_fmt(o.get('alpha_max'))}; "
              f"{_fmt(o.get('contraction_1_frac_below1_post'))}, "
              f"{_fmt(o.get('contraction_2_frac_below1_post'))}; "
              f"{_fmt(o.get('grad_first_layer_drop'))}")]

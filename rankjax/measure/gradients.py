@@ -224,7 +224,8 @@ def collapse_alarm(loss: Any, freq_loss: Any, last_sim: Any, *, rel_tol: float =
   True where ``|loss - freq_loss| <= rel_tol * freq_loss`` and
   ``last_sim >= sim_min``. Elementwise over aligned series (or scalars); use the
   frequency loss of the same label collection as the loss (Def 3.7, "aggregate").
-  Works on numpy and jax arrays (returns the input's array kind via jnp/np where).
+  jax arrays in give a jax bool array (usable inside a jitted diagnostic); anything
+  else gives a numpy bool array.
   """
   loss_a, f, s = (jnp.asarray(v) if isinstance(v, jax.Array) else np.asarray(v)
                   for v in (loss, freq_loss, last_sim))

@@ -73,3 +73,20 @@ def test_summarize_run_on_synthetic_series():
   assert s["transition_step"] == 100
   assert s["first_alarm_step"] == 100 and s["first_alarm_step_stream"] == 100
   assert s["final_grad_ratio_first_over_last"] == 1e-4
+
+
+def test_postnorm_collapse_configs_build():
+  """experiments/postnorm_collapse/configs parse, build (shapes only) and name
+  diagnostics that resolve."""
+  import pathlib
+  from rankjax import config as config_lib
+  from rankjax.train import state as state_lib
+  root = pathlib.Path(__file__).resolve().parents[2]
+  paths = sorted((root / "experiments" / "postnorm_collapse" / "configs").glob("*.json"))
+  assert {p.stem for p in paths} >= {"collapse_post_quick", "stable_post_quick"}
+  for path in paths:
+    cfg = config_lib.from_json(TrainConfig, path)
+    diagnostics.resolve(cfg.diagnostics)
+    task = make_task(cfg)
+    tx = state_lib.make_optimizer(cfg, task.stacked_roots)
+    jax.eval_shape(state_lib.make_init(task, tx, cfg.seed))
