@@ -39,9 +39,12 @@ def lm_configs(smoke: bool = False) -> dict[str, TrainConfig]:
   else:
     lm = TransformerConfig(num_layers=12, d_model=64, num_heads=4, d_ff=192, max_seq_len=64,
                            norm_position="post")
-    train = dict(total_steps=300, batch_size=16, seq_len=64, diag_every=10, log_every=25,
+    train = dict(total_steps=150, batch_size=16, seq_len=64, diag_every=10, log_every=25,
                  checkpoint_every=50, diag_examples=8)
-  base = TrainConfig(model="lm", lm=lm, learning_rate=5e-3, lr_schedule="constant",
+  # experiments/postnorm_collapse/configs/collapse_post_quick.json: at lr 1e-2 with no
+  # warmup the Post-Norm model collapses (loss at the frequency loss, last-layer
+  # similarity 1) while the Pre-Norm model at the same lr trains.
+  base = TrainConfig(model="lm", lm=lm, learning_rate=1e-2, lr_schedule="constant",
                      warmup_steps=0, weight_decay=0.1, clip_norm=1.0, seed=0,
                      diagnostics=("basic", "postnorm", "attention"), max_to_keep=2,
                      **train)

@@ -101,12 +101,14 @@ def _path_sums_single(k_LxDxD: Array | None, b_LxDxD: Array,
     def step(carry, xs, width=width):
       u_w, c_w, n_w = carry    # (d, width, d), (width,), (width,)
       b_m, k_m = xs
-      prev = u_w[:, : width - 1, :].reshape(d, (width - 1) * d)
+      # One GEMM over the whole (contiguous) state; the product with the last order is
+      # not needed, but slicing it off first would copy the state (a strided slice).
+      flat = u_w.reshape(d, width * d)
       if k_m is None:
-        b_prev = (b_m @ prev).reshape(d, width - 1, d)
+        b_prev = (b_m @ flat).reshape(d, width, d)[:, : width - 1, :]
         k_cur = u_w
       else:
-        both = jnp.concatenate([k_m, b_m], axis=0) @ u_w.reshape(d, width * d)
+        both = jnp.concatenate([k_m, b_m], axis=0) @ flat
         k_cur = both[:d].reshape(d, width, d)
         b_prev = both[d:].reshape(d, width, d)[:, : width - 1, :]
       ln = c_w + _safe_log(n_w)

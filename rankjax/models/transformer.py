@@ -97,7 +97,7 @@ class DecoderBlock(nn.Module):
 class DecoderLM(nn.Module):
   """Token embeddings, ``num_layers`` blocks (one ``nn.scan``), final norm, LM head.
 
-  ``__call__(tokens_BxT) -> logits_BxTxV``. Options: ``deterministic=False`` turns on
+  ``__call__(tokens_BxT) -> logits_BxTxV`` (float32, or float64 with float64 params). Options: ``deterministic=False`` turns on
   dropout (needs a ``dropout`` rng); ``capture`` sows and perturbs the per-layer
   X_k / Y_k; ``capture_probs`` also sows the attention probabilities (B, H, T, T) per
   layer, stacked as (L, B, H, T, T).
@@ -143,7 +143,7 @@ class DecoderLM(nn.Module):
     else:
       w = self.param("lm_head", matrix_init(cfg, cfg.d_model), (cfg.d_model, cfg.vocab_size), pdt)
       logits = h @ w.astype(dtype)
-    return logits.astype(jnp.float32)
+    return logits.astype(jnp.promote_types(jnp.float32, pdt))
 
 
 def intermediate_grads(model: DecoderLM, params, tokens_BxT, loss_fn):
