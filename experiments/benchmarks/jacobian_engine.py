@@ -36,7 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rankjax.config import MLPConfig  # noqa: E402
-from rankjax.measure import jacobians, paths  # noqa: E402
+from rankjax.measure import jacobians, paths, spectra  # noqa: E402
 from rankjax.models import blocks as blocks_lib  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
@@ -77,19 +77,17 @@ def run(small: bool = False, reps: int = 3, num_chunks: int | None = None) -> di
   cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
   key = jax.random.PRNGKey(0)
   keys = jax.random.split(key, seeds)
+  seq = lambda f: (lambda *xs: jax.lax.map(lambda x: f(*x), xs))   # seeds one at a time
 
   a = jax.random.normal(key, (n_peak, n_peak), jnp.float32)
   peak_fn = jax.jit(lambda x: x @ x)
+  draw = jax.jit(jax.vmap(lambda k: jacobians.seed_samples(cfg, k, 1)))
+  blocks, h0 = jax.block_until_ready(draw(keys))
+  draw_time = best_time(draw, keys, reps=reps)
 
-  @jax.jit
-  def block_branches(keys):
-    def one(k):
-      blocks, h0 = jacobians.seed_samples(cfg, k, 1)
-      return jacobians.block_jacobians(blocks, h0[0], cfg).branch
-    return jax.vmap(one)(keys)
-
-  b_SxLxDxD = jax.block_until_ready(block_branches(keys))
-  dp_fn = jax.jit(jax.vmap(lambda b: paths.path_sums(b, 1.0, num_chunks=num_chunks)))
+  branches = jax.jit(seq(lambda b, h: jacobians.block_jacobians(b, h[0], cfg).branch))
+  b_SxLxDxD = jax.block_until_ready(branches(blocks, h0))
+  dp_fn = jax.jit(seq(lambda b: paths.path_sums(b, 1.0, num_chunks=num_chunks)))
 
   peak_t, dp_t = [], []
   for _ in range(2):      # alternate so that machine load hits both alike
@@ -100,30 +98,26 @@ def run(small: bool = False, reps: int = 3, num_chunks: int | None = None) -> di
   tri_flops = seeds * L * (L + 1) / 2 * 2 * d ** 3
   dp_gflops = tri_flops / dp_time / 1e9
 
-  study = jacobians.make_study_fn(cfg, 1, seeds, num_chunks=num_chunks)
-  study_nopath = jacobians.make_study_fn(cfg, 1, seeds, path_sums=False)
-  study_time = best_time(study, key, 1.0, 1.0, reps=reps)
-  study_nopath_time = best_time(study_nopath, key, 1.0, 1.0, reps=reps)
+  def measure(with_paths):
+    return jax.jit(seq(lambda b, h: jacobians.sample_measurements(
+        b, h[0], cfg, with_paths=with_paths, num_chunks=num_chunks)))
 
-  @jax.jit
-  def baseline_last(keys):
-    def one(k):
-      blocks, h0 = jacobians.seed_samples(cfg, k, 1)
-      return jax.jacfwd(lambda h: blocks_lib.stack_forward(blocks, h, cfg)[0])(h0[0])
-    return jax.vmap(one)(keys)
+  study_fn, nopath_fn = measure(True), measure(False)
+  study_time = best_time(study_fn, blocks, h0, reps=reps)
+  study_nopath_time = best_time(nopath_fn, blocks, h0, reps=reps)
+  full = jacobians.make_study_fn(cfg, 1, seeds, num_chunks=num_chunks)
+  full_time = best_time(full, key, 1.0, 1.0, reps=reps)
+  svd_fn = jax.jit(seq(lambda b, h: spectra.singular_values(jacobians.input_output_jacobians(
+      jacobians.block_jacobians(b, h[0], cfg), cfg))))
+  svd_time = best_time(svd_fn, blocks, h0, reps=reps) - best_time(jax.jit(seq(
+      lambda b, h: jacobians.input_output_jacobians(jacobians.block_jacobians(b, h[0], cfg),
+                                                    cfg))), blocks, h0, reps=reps)
 
-  @jax.jit
-  def baseline_all(keys):
-    def one(k):
-      blocks, h0 = jacobians.seed_samples(cfg, k, 1)
-      return jax.jacfwd(lambda h: blocks_lib.stack_forward(blocks, h, cfg)[1])(h0[0])
-    return jax.vmap(one)(keys)
+  base_last = best_time(jax.jit(seq(lambda b, h: jax.jacfwd(
+      lambda x: blocks_lib.stack_forward(b, x, cfg)[0])(h[0]))), blocks, h0, reps=reps)
+  base_all = best_time(jax.jit(seq(lambda b, h: jax.jacfwd(
+      lambda x: blocks_lib.stack_forward(b, x, cfg)[1])(h[0]))), blocks, h0, reps=reps)
 
-  base_last = best_time(baseline_last, keys, reps=reps)
-  base_all = best_time(baseline_all, keys, reps=reps)
-
-  mem_dp = memory_bytes(dp_fn, b_SxLxDxD)
-  per_seed_state = (L + 1) * d * d * 4
   return {
       "L": L, "d": d, "m": cfg.hidden_width, "seeds": seeds, "dtype": "float32",
       "num_chunks": num_chunks or paths.DEFAULT_NUM_CHUNKS, "peak_matmul_n": n_peak,
@@ -131,11 +125,14 @@ def run(small: bool = False, reps: int = 3, num_chunks: int | None = None) -> di
       "dp_fraction_of_peak": dp_gflops / peak_gflops,
       "dp_flops_done_over_triangle": _chunk_work(L, num_chunks),
       "study_time": study_time, "study_nopath_time": study_nopath_time,
-      "study_over_dp": study_time / dp_time,
+      "study_over_dp": study_time / dp_time, "svd_time": svd_time,
+      "draw_time": draw_time, "full_study_time": full_time,
       "jacfwd_last_time": base_last, "jacfwd_all_time": base_all,
       "study_over_jacfwd_last": study_time / base_last,
       "study_nopath_over_jacfwd_all": study_nopath_time / base_all,
-      "dp_memory": mem_dp, "dp_state_bytes_per_seed": per_seed_state,
+      "dp_memory": memory_bytes(dp_fn, b_SxLxDxD),
+      "study_memory": memory_bytes(study_fn, blocks, h0),
+      "dp_state_bytes_per_seed": (L + 1) * d * d * 4,
       "dp_quadratic_bytes_per_seed": L * (L + 1) * d * d * 4,
       "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       "machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
@@ -144,26 +141,28 @@ def run(small: bool = False, reps: int = 3, num_chunks: int | None = None) -> di
 
 
 def _chunk_work(L: int, num_chunks: int | None) -> float:
-  done = sum((stop - start) * stop for start, stop in paths.chunk_bounds(L, num_chunks))
+  done = sum((stop - start) * (stop + 1) for start, stop in paths.chunk_bounds(L, num_chunks))
   return done / (L * (L + 1) / 2)
 
 
 def markdown(r: dict) -> str:
   mb = lambda x: f"{x / 2**20:.1f} MiB"
-  mem = r["dp_memory"]
-  mem_line = (f"XLA memory analysis of the DP ({r['seeds']} seeds): temp {mb(mem['temp'])}, "
-              f"output {mb(mem['output'])}, arguments {mb(mem['argument'])}; the O(L d^2) state "
-              f"is {mb(r['dp_state_bytes_per_seed'])} per seed, an O(L^2 d^2) table would be "
-              f"{mb(r['dp_quadratic_bytes_per_seed'])} per seed." if mem else
-              "XLA memory analysis not available on this backend.")
+
+  def mem_line(name, mem):
+    return (f"{name}: temp {mb(mem['temp'])}, output {mb(mem['output'])}, "
+            f"arguments {mb(mem['argument'])}" if mem else f"{name}: not reported")
+
   ok_dp = "met" if r["dp_fraction_of_peak"] >= 0.6 else "MISSED"
   ok_study = "met" if r["study_over_dp"] <= 1.5 else "MISSED"
   return f"""## Jacobian engine
 
-`python experiments/benchmarks/jacobian_engine.py{' --small' if r['L'] == 16 else ''}` -
-L={r['L']}, d={r['d']}, m={r['m']} (4x), {r['seeds']} seeds, float32, Pre-Norm ReLU.
+`python experiments/benchmarks/jacobian_engine.py{' --small' if r['L'] == 16 else ''}`:
+L={r['L']}, d={r['d']}, m={r['m']} (4x), {r['seeds']} seeds, float32, Pre-Norm ReLU; every
+timing is the best of several runs after compilation; seeds run one after another on
+the device (``lax.map``), as in ``mlp_jacobian_study``.
 Machine: {r['machine']}, {r['cores']} cores, backend {r['backend']}, jax {r['jax']};
-load average at the end of the run {', '.join(f'{x:.1f}' for x in r['load_avg'])} (shared machine).
+load average at the end of the run {', '.join(f'{x:.1f}' for x in r['load_avg'])} (a shared
+machine: other jobs ran alongside, so rates vary between runs).
 
 | quantity | value |
 |---|---|
@@ -171,13 +170,18 @@ load average at the end of the run {', '.join(f'{x:.1f}' for x in r['load_avg'])
 | path-sum DP alone | {r['dp_time']:.3f} s |
 | DP rate vs the triangular count sum_m m * 2d^3 | {r['dp_gflops']:.1f} GFLOP/s = {100 * r['dp_fraction_of_peak']:.0f}% of peak (target >= 60%: {ok_dp}) |
 | DP work done / triangle ({r['num_chunks']} static chunks) | {r['dp_flops_done_over_triangle']:.2f} |
-| whole study (all S_k, every dh_l/dh_0 and its SVD) | {r['study_time']:.3f} s = {r['study_over_dp']:.2f}x the DP (target <= 1.5x: {ok_study}) |
-| study without path sums | {r['study_nopath_time']:.3f} s |
+| whole study from given weights (forward, block Jacobians, all S_k, every dh_l/dh_0 and its singular values) | {r['study_time']:.3f} s = {r['study_over_dp']:.2f}x the DP (target <= 1.5x: {ok_study}) |
+| of which: study without path sums / the L*seeds SVDs alone | {r['study_nopath_time']:.3f} s / {r['svd_time']:.3f} s |
+| drawing the weights (jax.random.normal, {r['seeds']} seeds) | {r['draw_time']:.3f} s |
+| `mlp_jacobian_study` end to end (draw + study) | {r['full_study_time']:.3f} s |
 | `jax.jacfwd` of the network, dh_L/dh_0 only | {r['jacfwd_last_time']:.3f} s (study / this = {r['study_over_jacfwd_last']:.2f}) |
 | `jax.jacfwd` of the stacked outputs, every dh_l/dh_0 | {r['jacfwd_all_time']:.3f} s (study without paths / this = {r['study_nopath_over_jacfwd_all']:.2f}) |
 | process max RSS | {r['max_rss_mb']:.0f} MiB |
 
-{mem_line}
+Memory (XLA compiled memory analysis, all {r['seeds']} seeds): {mem_line('DP', r['dp_memory'])};
+{mem_line('study', r['study_memory'])}. The DP state is O(L d^2):
+{mb(r['dp_state_bytes_per_seed'])} per seed; an O(L^2 d^2) table would be
+{mb(r['dp_quadratic_bytes_per_seed'])} per seed.
 """
 
 

@@ -169,7 +169,7 @@ def main() -> None:
   for row in rows:
     row["mfu"] *= peaks[0] / peak
     row["mfu_diag"] *= peaks[0] / peak
-    print(f"{name}: plain {row['t_plain'] * 1e3:.1f} ms ({row['tokens_s']:.4g} tok/s, MFU "
+    print(f"{row['name']}: plain {row['t_plain'] * 1e3:.1f} ms ({row['tokens_s']:.4g} tok/s, MFU "
           f"{row['mfu']:.1%}), diagnostics {row['t_diag'] * 1e3:.1f} ms (x{row['diag_ratio']:.2f}),"
           f" amortized at 1/100: {row['amortized']:.2%}", flush=True)
 

@@ -221,11 +221,18 @@ def accumulated_branch(g_LxDxD: Array) -> tuple[Array, Array]:
   ``G_l`` is the branch term of block l relative to the skip (``beta J_B J_f J_P``,
   Eq. 18; the order-one paths). The prediction for uncorrelated blocks is
   ``(sum_{l<=k} ||G_l||_F^2)^{1/2} / sqrt(d)`` (Fig 12b, Eq. 23 at k=1).
-  Returns two ``(..., L)`` arrays.
+  Returns two ``(..., L)`` arrays. The running sum is a ``lax.scan`` (O(L d^2); XLA's
+  cumsum over a short axis can lower to an O(L^2) reduce-window on CPU).
   """
   d = g_LxDxD.shape[-1]
-  acc = jnp.cumsum(g_LxDxD, axis=-3)
-  measured = jnp.linalg.norm(acc, axis=(-2, -1)) / jnp.sqrt(d)
+  g = jnp.moveaxis(g_LxDxD, -3, 0)
+
+  def step(total, g_l):
+    total = total + g_l
+    return total, jnp.sqrt(jnp.sum(jnp.square(total), axis=(-2, -1)))
+
+  _, norms = jax.lax.scan(step, jnp.zeros_like(g[0]), g)
+  measured = jnp.moveaxis(norms, 0, -1) / jnp.sqrt(d)
   sq = jnp.sum(jnp.square(g_LxDxD), axis=(-2, -1))
   return measured, jnp.sqrt(jnp.cumsum(sq, axis=-1) / d)
 
