@@ -28,7 +28,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402,F401
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
@@ -100,7 +99,11 @@ def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, 
 
   Compiled once per shape-determining config (alpha and beta are traced).
   """
-  base = dataclasses.replace(cfg, alpha=1.0, beta=1.0)
+  base = dataclasses.replace(cfg, alpha=1.0)
+  if reference == "product":   # the network reference reads cfg.beta (static)
+    base = dataclasses.replace(base, beta=1.0)
+  else:
+    base = dataclasses.replace(base, beta=beta)
   fn = jacobians.make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums,
                                num_chunks=num_chunks, reference=reference)
   with single_blas_thread():

@@ -53,7 +53,7 @@ def resolve(only: str | Sequence[str] | None) -> list[str]:
 
 
 def _cell(x) -> str:
-  return str(x).replace("|", "/").replace("\n", " ")
+  return str(x).replace("|", "\\|").replace("\n", " ")
 
 
 def run_all(out_dir: str, scale: str = "quick", only: str | Sequence[str] | None = None) -> dict:

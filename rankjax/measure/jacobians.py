@@ -370,8 +370,16 @@ def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
   return out, pieces[-1].reshape(num_inputs, cfg.width)
 
 
+def _beta_is_static(method: BlockJacobianMethod, reference: str) -> bool:
+  """JACFWD block Jacobians and the network reference read cfg.beta (a Python float)."""
+  return method is BlockJacobianMethod.JACFWD or reference == "network"
+
+
 def _per_seed(keys, alpha, beta, cfg, num_inputs, with_paths, method, reference, num_chunks,
               seed_batch):
+  if _beta_is_static(method, reference):
+    beta = cfg.beta
+
   def one_seed(key):
     blocks, h0 = seed_samples(cfg, key, num_inputs, alpha)
     fn = lambda h: sample_measurements(blocks, h, cfg, beta, with_paths=with_paths,
@@ -397,8 +405,8 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   """A jitted ``fn(key, alpha, beta) -> per-sample dict`` for configs like ``cfg``.
 
   alpha and beta are traced, so one compilation serves a whole (alpha, beta) sweep
-  (``cfg.alpha``/``cfg.beta`` are ignored; under CLOSED_FORM only, JACFWD bakes
-  cfg.beta in). The seed axis is split over a 1-D ``seeds`` mesh (``shard_map``
+  (``cfg.alpha`` and ``cfg.beta`` are ignored), except that with ``method="jacfwd"``
+  or ``reference="network"`` the beta argument is ignored and ``cfg.beta`` is used. The seed axis is split over a 1-D ``seeds`` mesh (``shard_map``
   inside ``jax.jit`` with ``NamedSharding`` in/out shardings); each device runs its
   seeds one after another (``lax.map``, ``seed_batch`` at a time; default 1 for
   d >= 128, else all local seeds at once). Cached on its (hashable) arguments.
@@ -462,9 +470,11 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
     ``JacobianStudy`` (and the dict of per-sample arrays with leading
     ``(num_seeds, num_inputs)`` axes when ``return_samples``).
   """
-  method = BlockJacobianMethod(method).value
-  base = dataclasses.replace(cfg, alpha=1.0, beta=1.0) if method == "closed_form" else cfg
-  fn = make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums, method=method,
+  method = BlockJacobianMethod(method)
+  base = dataclasses.replace(cfg, alpha=1.0)
+  if not _beta_is_static(method, reference):
+    base = dataclasses.replace(base, beta=1.0)   # traced: one compilation per shape
+  fn = make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums, method=method.value,
                      reference=reference, num_chunks=num_chunks,
                      devices=None if devices is None else tuple(devices),
                      seed_batch=seed_batch)

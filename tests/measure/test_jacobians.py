@@ -142,8 +142,10 @@ def test_order_statistics(x64):
 
 @pytest.mark.parametrize("position", ["pre", "post"])
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-4)])
-def test_path_sum_reconstruction_at_depth_48(x64, position, dtype, tol):
+def test_path_sum_reconstruction_at_depth_48(request, position, dtype, tol):
   """App A.1: sum_k S_k against autodiff of the whole network, L=48, d=64."""
+  if dtype == "float64":
+    request.getfixturevalue("x64")
   cfg = MLPConfig(depth=48, width=64, norm_position=position, param_dtype=dtype)
   blocks = jacobians.init_blocks(cfg, jax.random.PRNGKey(0))
   h0 = jax.random.normal(jax.random.PRNGKey(1), (64,), jnp.dtype(dtype))
@@ -156,6 +158,7 @@ def test_path_sum_reconstruction_at_depth_48(x64, position, dtype, tol):
             paths.mean_order(ps))
 
   err, mean_k = errors(blocks, h0)
+  assert err.dtype == jnp.dtype(dtype)
   assert float(err) < tol, float(err)
   assert 1.0 < float(mean_k) < 48.0
 
@@ -189,6 +192,15 @@ def test_study_fields_and_alpha_beta_symmetry():
   np.testing.assert_allclose(float(st2.mean_order), float(st.mean_order), rtol=2e-5)
   np.testing.assert_allclose(np.asarray(st2.branch_to_skip), np.asarray(st.branch_to_skip),
                              rtol=2e-5)
+
+
+def test_study_network_reference_uses_the_config_beta(x64):
+  """reference="network" differentiates the model with cfg.beta; the DP must match it."""
+  cfg = MLPConfig(depth=6, width=8, alpha=1.7, beta=0.3, norm_position="post",
+                  param_dtype="float64")
+  st = jacobians.mlp_jacobian_study(cfg, jax.random.PRNGKey(0), num_seeds=2,
+                                    reference="network", num_chunks=1)
+  assert float(st.reconstruction_error) < 1e-12
 
 
 def test_representation_trace_matches_model(x64):

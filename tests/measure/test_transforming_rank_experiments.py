@@ -1,0 +1,34 @@
+"""The Transforming Rank experiment scripts parse their settings and run end to end."""
+import importlib
+import json
+
+import pytest
+
+from experiments.transforming_rank import reproduce
+
+
+@pytest.mark.parametrize("name", sorted(reproduce.EXPERIMENTS))
+def test_every_experiment_has_quick_and_paper_settings(name):
+  module = importlib.import_module(f"experiments.transforming_rank.{reproduce.EXPERIMENTS[name]}")
+  assert callable(module.run)
+  assert set(module.SCALES) == {"quick", "paper"}
+  assert set(module.SCALES["quick"]) == set(module.SCALES["paper"])
+
+
+def test_resolve_aliases():
+  assert reproduce.resolve("fig10,table4") == ["fig4", "fig5"]
+  assert reproduce.resolve(["fig14"]) == ["fig7"]
+  with pytest.raises(ValueError, match="unknown experiment"):
+    reproduce.resolve("fig6")
+
+
+def test_small_experiment_and_summary(tmp_path):
+  from experiments.transforming_rank import table3_projections
+  res = table3_projections.run(str(tmp_path), width=16, depths=(4, 8), seeds=1, eps=(0.1,))
+  assert (tmp_path / "table3_projections.png").is_file()
+  saved = json.loads((tmp_path / "table3_projections.json").read_text())
+  assert 0.5 < saved["table"]["0.1"][0] <= 1.0 and res["summary"]
+  out = reproduce.run_all(str(tmp_path / "all"), "quick", only="table1")
+  assert "error" not in out["table1"]
+  text = (tmp_path / "all" / "summary.md").read_text()
+  assert "| table1 | Table 1 relu" in text
