@@ -97,7 +97,8 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
 
   study_fn, nopath_fn = measure(True), measure(False)
   timed = {"peak": (peak_fn, (a,)), "dp": (dp_fn, (b_SxLxDxD,)),
-           "study": (study_fn, (blocks, h0)), "nopath": (nopath_fn, (blocks, h0))}
+           "study": (study_fn, (blocks, h0)), "nopath": (nopath_fn, (blocks, h0)),
+           "blocks": (branches, (blocks, h0))}
   for fn, args in timed.values():
     jax.block_until_ready(fn(*args))       # compile
   best = {name: float("inf") for name in timed}
@@ -129,6 +130,8 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
       "dp_flops_done_over_triangle": _chunk_work(L, num_chunks),
       "study_time": study_time, "study_nopath_time": study_nopath_time,
       "study_over_dp": study_time / dp_time, "svd_time": svd_time,
+      "block_time": best["blocks"],
+      "block_gflops": seeds * L * 2 * d * cfg.hidden_width * d / best["blocks"] / 1e9,
       "draw_time": draw_time, "full_study_time": full_time,
       "jacfwd_last_time": base_last, "jacfwd_all_time": base_all,
       "study_over_jacfwd_last": study_time / base_last,
@@ -175,7 +178,7 @@ machine: other jobs ran alongside, so rates vary between runs).
 | DP rate vs the triangular count sum_m m * 2d^3 | {r['dp_gflops']:.1f} GFLOP/s = {100 * r['dp_fraction_of_peak']:.0f}% of peak (target >= 60%: {ok_dp}) |
 | DP work done / triangle ({r['num_chunks']} static chunks) | {r['dp_flops_done_over_triangle']:.2f} |
 | whole study from given weights (forward, block Jacobians, all S_k, every dh_l/dh_0 and its singular values) | {r['study_time']:.3f} s = {r['study_over_dp']:.2f}x the DP (target <= 1.5x: {ok_study}) |
-| of which: study without path sums / the L*seeds SVDs alone | {r['study_nopath_time']:.3f} s / {r['svd_time']:.3f} s |
+| of which: study without path sums / block Jacobians alone / the L*seeds SVDs alone | {r['study_nopath_time']:.3f} s / {r['block_time']:.3f} s / {r['svd_time']:.3f} s |
 | drawing the weights (jax.random.normal, {r['seeds']} seeds) | {r['draw_time']:.3f} s |
 | `mlp_jacobian_study` end to end (draw + study) | {r['full_study_time']:.3f} s |
 | `jax.jacfwd` of the network, dh_L/dh_0 only | {r['jacfwd_last_time']:.3f} s (study / this = {r['study_over_jacfwd_last']:.2f}) |
@@ -200,10 +203,12 @@ def why(r: dict) -> str:
       f"decompositions of dh_l/dh_0 (LAPACK gesdd, single-threaded, {per_svd_ms:.1f} ms each; "
       "with two OpenBLAS threads they ran 19x slower on this loaded machine) take "
       f"{r['svd_time']:.2f} s; without them the study would be "
-      f"{(r['study_time'] - r['svd_time']) / r['dp_time']:.2f}x the DP. Most of the rest is "
-      "GEMM work the study needs besides the DP: one d x m x d product per block for the "
-      "branch Jacobians (8 d^3 per block, ~17% of the DP's FLOPs at L=48) and the running "
-      "product for every dh_l/dh_0 (~4%).",
+      f"{(r['study_time'] - r['svd_time']) / r['dp_time']:.2f}x the DP. The block Jacobians "
+      f"take {r['block_time']:.2f} s: one (d x m)(m x d) product per block (8 d^3 FLOPs, "
+      "17% of the DP's at L=48), which XLA:CPU runs at only "
+      f"{r['block_gflops']:.0f} GFLOP/s ({100 * r['block_gflops'] / r['peak_gflops']:.0f}% of "
+      "peak; the transposed formulation is no faster). The running product for every "
+      "dh_l/dh_0 adds ~4% of the DP's FLOPs.",
       "Gap between the DP's rate and the peak: the static chunking does "
       f"{r['dp_flops_done_over_triangle']:.2f}x the triangle's FLOPs (more chunks waste less "
       "but compile one more scan body each), and each block makes one fused rescale/norm "
