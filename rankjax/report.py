@@ -205,14 +205,100 @@ def fig_jacobian(jac: dict, out: pathlib.Path):
       "path orders carry the Jacobian.")
 
 
+def _page(title: str, body: list[str]) -> str:
+  import html
+  return "\n".join([
+      f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+      "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
+      "img{max-width:100%}td,th{padding:2px 10px;border-bottom:1px solid #ddd;"
+      "vertical-align:top}table{border-collapse:collapse}</style></head><body>",
+      f"<h1>{html.escape(title)}</h1>", *body, "</body></html>"])
+
+
+def _figure(path: pathlib.Path, caption: str, name: str | None = None) -> str:
+  """A PNG embedded as base64 (the page needs no other file and no network)."""
+  import base64
+  import html
+  data = base64.b64encode(path.read_bytes()).decode()
+  name = name or path.name
+  return (f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(name)}'>"
+          f"<figcaption>{html.escape(caption)} ({html.escape(name)})</figcaption></figure>")
+
+
+def markdown_to_html(text: str) -> str:
+  """The subset of Markdown the studies' ``summary.md`` files use: ``#`` headings,
+  pipe tables (the ``|---|`` rule line dropped) and paragraphs; everything escaped."""
+  import html
+  out, table, para = [], [], []
+
+  def flush():
+    if table:
+      cells = [[html.escape(c.strip()) for c in row.strip().strip("|").split("|")]
+               for row in table if not set(row.replace("|", "").strip()) <= set("-: ")]
+      head, *rows = cells
+      out.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
+                 + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>"
+                           for r in rows) + "</table>")
+      table.clear()
+    if para:
+      out.append(f"<p>{html.escape(' '.join(para))}</p>")
+      para.clear()
+
+  for line in text.splitlines():
+    stripped = line.strip()
+    if stripped.startswith("|"):
+      if para:
+        flush()
+      table.append(stripped)
+      continue
+    if table or not stripped:
+      flush()
+    if stripped.startswith("#"):
+      level = min(len(stripped) - len(stripped.lstrip("#")) + 1, 6)
+      out.append(f"<h{level}>{html.escape(stripped.lstrip('#').strip())}</h{level}>")
+    elif stripped:
+      para.append(stripped)
+  flush()
+  return "\n".join(out)
+
+
+def study_dirs(workdir: pathlib.Path) -> dict[str, pathlib.Path]:
+  """Output folders of ``rankjax reproduce`` (each holds a ``summary.md``)."""
+  if (workdir / "summary.md").is_file():
+    return {workdir.name: workdir}
+  return {p.name: p for p in sorted(workdir.iterdir())
+          if p.is_dir() and (p / "summary.md").is_file()}
+
+
+def build_study_report(workdir: pathlib.Path, studies: dict[str, pathlib.Path]) -> pathlib.Path:
+  """``WORKDIR/report/report.html`` for ``rankjax reproduce`` output: per study, its
+  paper-vs-measured tables (``summary.md``) and every figure it wrote, embedded."""
+  out = workdir / "report"
+  out.mkdir(exist_ok=True)
+  body = []
+  for name, folder in studies.items():
+    body.append(f"<h2>{name}</h2>")
+    body.append(markdown_to_html((folder / "summary.md").read_text()))
+    for png in sorted(folder.rglob("*.png")):
+      if out in png.parents or (folder / "report") in png.parents:
+        continue
+      rel = png.relative_to(folder)
+      body.append(_figure(png, f"{name}: {rel.parent}" if str(rel.parent) != "." else name,
+                          name=str(rel)))
+  page = out / "report.html"
+  page.write_text(_page(f"rankjax reproduce: {workdir}", body))
+  return page
+
+
 def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
-  """Builds ``WORKDIR/report/report.html`` (figures embedded) from what is saved.
+  """Builds ``WORKDIR/report/report.html`` (figures embedded) from what is saved:
+  training runs and a tour's ``jacobians.json``, or ``rankjax reproduce`` output
+  (folders with a ``summary.md``).
 
   Raises FileNotFoundError / ValueError with one line when the workdir does not exist,
   holds no run, or holds a run with no readable checkpoint. Writes only under
   ``WORKDIR/report/``.
   """
-  import base64
   import html
   import json
 
@@ -221,10 +307,14 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   workdir = pathlib.Path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"workdir {workdir} does not exist")
+  studies = study_dirs(workdir)
+  if studies:
+    return build_study_report(workdir, studies)
   run_dirs = find_runs(workdir)
   jac_path = workdir / "jacobians.json"
   if not run_dirs and not jac_path.is_file():
-    raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json or jacobians.json)")
+    raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json, jacobians.json "
+                            "or reproduce summary.md)")
   runs = {}
   for name, path in run_dirs.items():
     try:
@@ -251,23 +341,14 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
     freq_v = float(np.mean(freq)) if freq is not None else float("nan")
     rows.append(f"<tr><td>{html.escape(name)}</td><td>{run.step}</td><td>{loss:.3f}</td>"
                 f"<td>{freq_v:.3f}</td><td>{last_sim:.3f}</td></tr>")
-  parts = [
-      "<!doctype html><html><head><meta charset='utf-8'><title>rankjax report</title>",
-      "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
-      "img{max-width:100%}td,th{padding:2px 10px}</style></head><body>",
-      f"<h1>rankjax report: {html.escape(str(workdir))}</h1>",
-  ]
+  body = []
   if rows:
-    parts.append("<table><tr><th>run</th><th>updates</th><th>final loss</th>"
-                 "<th>frequency loss</th><th>last-layer similarity</th></tr>"
-                 + "".join(rows) + "</table>")
-  for path, caption in figures:
-    data = base64.b64encode(path.read_bytes()).decode()
-    parts.append(f"<figure><img src='data:image/png;base64,{data}' alt='{path.name}'>"
-                 f"<figcaption>{html.escape(caption)} ({path.name})</figcaption></figure>")
-  parts.append("</body></html>")
+    body.append("<table><tr><th>run</th><th>updates</th><th>final loss</th>"
+                "<th>frequency loss</th><th>last-layer similarity</th></tr>"
+                + "".join(rows) + "</table>")
+  body += [_figure(path, caption) for path, caption in figures]
   page = out / "report.html"
-  page.write_text("\n".join(parts))
+  page.write_text(_page(f"rankjax report: {workdir}", body))
   return page
 
 

@@ -2,7 +2,10 @@
 
 Each study folder ``experiments/<study>/`` has ``reproduce.py`` with
 ``run_all(out_dir, scale, only=None) -> dict``, which writes figures, JSON and a
-``summary.md`` (paper vs measured). The experiments ship with the source checkout
+``summary.md`` (paper vs measured); this command then builds the same self-contained
+HTML report as ``rankjax report`` (``<out>/<study>/report/report.html``: the tables
+and every figure, embedded; for ``all`` also ``<out>/report/report.html``). The
+experiments ship with the source checkout
 (not with an installed wheel), so this command runs from a clone.
 """
 
@@ -26,9 +29,13 @@ def experiments_root() -> pathlib.Path:
 
 def run(study: str, out_dir: str | pathlib.Path, scale: str = "quick",
         only: list[str] | None = None) -> dict:
-  """Runs one study (or ``all``) into ``out_dir/<study>/``."""
+  """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report."""
+  from rankjax.report import build_report
+
   if study == "all":
-    return {s: run(s, out_dir, scale, only) for s in STUDIES}
+    results = {s: run(s, out_dir, scale, only) for s in STUDIES}
+    print(f"report: {build_report(out_dir)}")
+    return results
   if study not in STUDIES:
     raise ValueError(f"study {study!r} is not known; choose one of {list(STUDIES) + ['all']}")
   if scale not in ("quick", "paper"):
@@ -40,7 +47,9 @@ def run(study: str, out_dir: str | pathlib.Path, scale: str = "quick",
   out = pathlib.Path(out_dir) / study
   out.mkdir(parents=True, exist_ok=True)
   print(f"reproduce {study} ({scale} scale) -> {out}")
-  return module.run_all(str(out), scale=scale, only=only)
+  results = module.run_all(str(out), scale=scale, only=only)
+  print(f"report: {build_report(out)}")
+  return results
 
 
 def add_parser(sub) -> None:

@@ -18,11 +18,14 @@ training runs resume from their checkpoints and give the same final numbers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import pathlib
+import signal
 import sys
+import threading
 
 from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
 
@@ -100,22 +103,43 @@ def summary_lines(workdir: pathlib.Path, jac: dict) -> list[str]:
   return lines
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts():
+  """SIGTERM between training phases stops the tour like Ctrl-C (KeyboardInterrupt);
+  inside ``train`` its own handler saves a checkpoint first."""
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.getsignal(signal.SIGTERM)
+
+  def handle(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+  if main:
+    signal.signal(signal.SIGTERM, handle)
+  try:
+    yield
+  finally:
+    if main:
+      signal.signal(signal.SIGTERM, previous)
+
+
 def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
+  """Runs (or continues) the tour in ``workdir``; 0 when done, 130 when interrupted."""
   from rankjax.report import build_report
   from rankjax.train.loop import train
 
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  for name, cfg in lm_configs(smoke).items():
-    print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
-          f"lr {cfg.learning_rate:g})", flush=True)
-    result = train(cfg, workdir / name)
-    if result.status != "completed":
-      print(f"rankjax tour: stopped ({result.status}) at update {result.step}; run the same "
-            "command again to continue", file=sys.stderr)
-      return 130
-  print("== residual MLP Jacobians at initialization", flush=True)
-  jac = measure_jacobians(workdir / "jacobians.json", smoke)
+  with _sigterm_interrupts():
+    for name, cfg in lm_configs(smoke).items():
+      print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
+            f"lr {cfg.learning_rate:g})", flush=True)
+      result = train(cfg, workdir / name)
+      if result.status != "completed":
+        print(f"rankjax tour: stopped at update {result.step} of {name}, checkpoint saved; "
+              "run the same command again to continue", file=sys.stderr)
+        return 130
+    print("== residual MLP Jacobians at initialization", flush=True)
+    jac = measure_jacobians(workdir / "jacobians.json", smoke)
   page = build_report(workdir)
   print("\n".join(["summary:"] + summary_lines(workdir, jac)))
   print(f"report: {page}")

@@ -1,21 +1,42 @@
-"""The main job end to end at smoke size, and ``rankjax report`` on bad workdirs."""
+"""The main job end to end at smoke size, interrupted and continued, and
+``rankjax report`` on bad workdirs."""
 
 import base64
+import json
+import os
 import re
 import shutil
+import signal
 
+import numpy as np
 import pytest
 
-from rankjax import cli
+from rankjax import cli, tour
+from rankjax.train import loop
+from rankjax.train.run_reader import load_run
 
 FIGURES = ("loss", "token_similarity", "grad_profile", "contraction", "attention", "jacobian")
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted smoke tour: (workdir, its stdout)."""
+  import contextlib
+  import io
+  workdir = tmp_path_factory.mktemp("reference") / "tour"
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert cli.main(["tour", "--smoke", "--workdir", str(workdir)]) == 0
+  return workdir, out.getvalue()
+
+
+def _summary(stdout: str) -> list[str]:
+  return stdout[stdout.index("summary:"):stdout.index("report:")].splitlines()
+
+
 @pytest.mark.slow
-def test_tour_smoke_writes_report_and_report_rebuilds(tmp_path, capsys):
-  workdir = tmp_path / "tour"
-  assert cli.main(["tour", "--smoke", "--workdir", str(workdir)]) == 0
-  out = capsys.readouterr().out
+def test_tour_smoke_writes_report_and_report_rebuilds(reference):
+  workdir, out = reference
   assert "summary:" in out and "report:" in out
   page = (workdir / "report" / "report.html").read_text()
   for name in FIGURES:
@@ -36,6 +57,63 @@ def test_tour_smoke_writes_report_and_report_rebuilds(tmp_path, capsys):
   # and for a single run
   assert cli.main(["report", str(workdir / "lm_pre")]) == 0
   assert (workdir / "lm_pre" / "report" / "loss.png").is_file()
+
+
+@pytest.mark.slow
+def test_tour_interrupted_three_times_continues_to_the_same_numbers(reference, tmp_path,
+                                                                     monkeypatch, capsys):
+  """Ctrl-C in the Post-Norm run, SIGTERM in the Pre-Norm run, SIGTERM in the Jacobian
+  phase; each time the same command again. The final losses, every diagnostic, the
+  Jacobian study and the printed summary equal the uninterrupted tour's."""
+  ref_dir, ref_out = reference
+  workdir = tmp_path / "tour"
+  argv = ["tour", "--smoke", "--workdir", str(workdir)]
+  real_train, real_measure = loop.train, tour.measure_jacobians
+  sigterm_handler = signal.getsignal(signal.SIGTERM)
+
+  def train_sending(signum, run_name, at_step):
+    def train(cfg, run_dir, **kw):
+      def on_step(step):
+        if run_dir.name == run_name and step == at_step:
+          os.kill(os.getpid(), signum)
+      return real_train(cfg, run_dir, on_step=on_step, **kw)
+    return train
+
+  monkeypatch.setattr(loop, "train", train_sending(signal.SIGINT, "lm_post", 5))
+  assert cli.main(argv) == 130
+  assert "stopped at update 5 of lm_post" in capsys.readouterr().err
+  assert load_run(workdir / "lm_post").step == 5 and not (workdir / "lm_pre").exists()
+
+  monkeypatch.setattr(loop, "train", train_sending(signal.SIGTERM, "lm_pre", 7))
+  assert cli.main(argv) == 130
+  assert "stopped at update 7 of lm_pre" in capsys.readouterr().err
+  assert load_run(workdir / "lm_post").step == 12 and load_run(workdir / "lm_pre").step == 7
+
+  def measure_interrupted(path, smoke=False):
+    os.kill(os.getpid(), signal.SIGTERM)   # the tour's handler raises KeyboardInterrupt
+    return real_measure(path, smoke)
+
+  monkeypatch.setattr(loop, "train", real_train)
+  monkeypatch.setattr(tour, "measure_jacobians", measure_interrupted)
+  assert cli.main(argv) == 130
+  assert "interrupted" in capsys.readouterr().err
+  assert not (workdir / "jacobians.json").exists() and not (workdir / "report").exists()
+  assert signal.getsignal(signal.SIGTERM) is sigterm_handler   # handlers restored
+
+  monkeypatch.setattr(tour, "measure_jacobians", real_measure)
+  assert cli.main(argv) == 0
+  assert _summary(capsys.readouterr().out) == _summary(ref_out)
+  for name in ("lm_post", "lm_pre"):
+    run, ref = load_run(workdir / name), load_run(ref_dir / name)
+    losses = {r["step"]: r["loss"] for r in run.history if "loss" in r and "kind" not in r}
+    ref_losses = {r["step"]: r["loss"] for r in ref.history if "loss" in r and "kind" not in r}
+    assert losses == ref_losses and sorted(losses) == list(range(1, 13)), name
+    np.testing.assert_array_equal(run.diagnostic_steps, ref.diagnostic_steps)
+    assert run.diagnostics.keys() == ref.diagnostics.keys()
+    for key, value in ref.diagnostics.items():
+      np.testing.assert_array_equal(run.diagnostics[key], value, err_msg=f"{name} {key}")
+  assert (json.loads((workdir / "jacobians.json").read_text())
+          == json.loads((ref_dir / "jacobians.json").read_text()))
 
 
 def _one_line_error(capsys, argv, message):

@@ -2,7 +2,7 @@
 
 Running the same command again with the same workdir resumes from the newest
 readable checkpoint (a workdir holding a run with another config is refused).
-Exit codes: 0 done (or stopped by SIGTERM with a checkpoint saved), 1 the loss
+Exit codes: 0 done (or stopped by SIGTERM / Ctrl-C with a checkpoint saved), 1 the loss
 became NaN/Inf, 2 bad input (one line on stderr).
 """
 
@@ -43,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"rankjax train: {e}", file=sys.stderr)
     return 1
   if result.status == "preempted":
-    print(f"rankjax train: stopped by SIGTERM at step {result.step}; checkpoint saved in "
+    print(f"rankjax train: stopped (SIGTERM or Ctrl-C) at step {result.step}; checkpoint saved in "
           f"{args.workdir}; run the same command to resume", file=sys.stderr)
   return 0

@@ -12,7 +12,7 @@ restores the newest readable checkpoint of ``workdir``), and runs updates until
   ``NonFiniteLossError`` before anything is saved from it, leaving the last good
   checkpoint as the newest;
 * checkpoints every ``checkpoint_every`` updates, at the end, and on SIGTERM
-  (preemption), after which the run returns with ``status="preempted"``;
+  (preemption) or Ctrl-C, after which the run returns with ``status="preempted"``;
 * an interrupted run started again with the same workdir resumes exactly: the state,
   the data iterator and the diagnostics history come from the checkpoint, dropout
   keys from the step.
@@ -135,39 +135,46 @@ def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "t
 
 
 class _Preemption:
-  """Whether to save and stop at a step because of SIGTERM.
+  """Whether to save and stop at a step because of SIGTERM or Ctrl-C.
 
-  One process: a SIGTERM handler (main thread only) sets a flag. Several processes:
-  JAX's preemption service (started by ``jax.distributed.initialize``) catches the
-  signal on any host and all hosts agree on the step to stop at
+  One process: handlers for SIGTERM and SIGINT (main thread only) set a flag; the
+  run saves the current step and returns. A second Ctrl-C raises KeyboardInterrupt
+  at once (the first one restores the previous SIGINT handler). Several processes:
+  JAX's preemption service (started by ``jax.distributed.initialize``) catches
+  SIGTERM on any host and all hosts agree on the step to stop at
   (``multihost_utils.reached_preemption_sync_point``, called every step), so they
   save the same step.
   """
 
   def __init__(self):
-    self._flag = False
-    self._old = None
+    self.signal_name: str | None = None
+    self._old: dict[int, Any] = {}
     self._multi = jax.process_count() > 1
 
   def __enter__(self):
     if not self._multi and threading.current_thread() is threading.main_thread():
-      self._old = signal.signal(signal.SIGTERM, self._handle)
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._old[signum] = signal.signal(signum, self._handle)
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self._flag = True
+    del frame
+    self.signal_name = signal.Signals(signum).name
+    if signum == signal.SIGINT:   # a second Ctrl-C interrupts at once
+      signal.signal(signal.SIGINT, self._old.pop(signal.SIGINT))
 
   def reached(self, step: int) -> bool:
     """Call once per step, on every process."""
     if self._multi:
       from jax.experimental import multihost_utils
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self._flag
+      if multihost_utils.reached_preemption_sync_point(step):
+        self.signal_name = "SIGTERM"
+    return self.signal_name is not None
 
   def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
+    for signum, handler in self._old.items():
+      signal.signal(signum, handler)
+    self._old = {}
 
 
 def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
@@ -269,7 +276,8 @@ class _Loop:
         self._save(step, state)
       if stop:
         self.ckpt.wait()
-        self.writer.message(f"SIGTERM: saved step {step} in {self.ckpt.directory}; "
+        self.writer.message(f"{preemption.signal_name}: saved step {step} in "
+                            f"{self.ckpt.directory}; "
                             "run the same command again to resume")
         return step, "preempted"
     if pending is not None:

@@ -1,0 +1,77 @@
+"""The report of ``rankjax reproduce`` output: paper-vs-measured tables and figures."""
+
+import base64
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from rankjax import cli, reproduce  # noqa: E402
+from rankjax.report import markdown_to_html  # noqa: E402
+
+SUMMARY = """# Study: paper vs ours (quick scale)
+
+Quick scale: widths
+scaled down.
+
+| quantity | paper | ours |
+|---|---|---|
+| erank at L=48 | 0.41 | 0.39 <ok> |
+| slope | 0.5 | 0.49 |
+Seconds per script: fig1 3
+"""
+
+
+def _png(path):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig, ax = plt.subplots()
+  ax.plot([0, 1], [1, 0])
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def test_markdown_tables_headings_paragraphs_escaped():
+  page = markdown_to_html(SUMMARY)
+  assert "<h2>Study: paper vs ours (quick scale)</h2>" in page
+  assert "<p>Quick scale: widths scaled down.</p>" in page
+  assert "<tr><th>quantity</th><th>paper</th><th>ours</th></tr>" in page
+  assert "<tr><td>erank at L=48</td><td>0.41</td><td>0.39 &lt;ok&gt;</td></tr>" in page
+  assert "---" not in page
+  assert page.count("<table>") == 1 and page.count("<tr>") == 3
+  assert "<p>Seconds per script: fig1 3</p>" in page   # the line after the table
+
+
+def test_report_of_reproduce_output_embeds_tables_and_every_figure(tmp_path, capsys):
+  for study in ("study_a", "study_b"):
+    (tmp_path / study).mkdir()
+    (tmp_path / study / "summary.md").write_text(SUMMARY.replace("Study", study))
+    _png(tmp_path / study / "fig1.png")
+    _png(tmp_path / study / "fig3" / "orders.png")
+  assert cli.main(["report", str(tmp_path)]) == 0
+  page = (tmp_path / "report" / "report.html").read_text()
+  assert page.count("<table>") == 2 and "study_b: paper vs ours" in page
+  for alt in ("fig1.png", "fig3/orders.png"):
+    assert page.count(f"alt='{alt}'") == 2
+  embedded = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+  assert len(embedded) == 4
+  assert all(base64.b64decode(e).startswith(b"\x89PNG") for e in embedded)
+  # one study folder alone; the first report's own folder is not re-embedded
+  assert cli.main(["report", str(tmp_path / "study_a")]) == 0
+  single = (tmp_path / "study_a" / "report" / "report.html").read_text()
+  assert single.count("<table>") == 1 and single.count("<figure>") == 2
+  assert cli.main(["report", str(tmp_path / "study_a")]) == 0
+  assert (tmp_path / "study_a" / "report" / "report.html").read_text().count("<figure>") == 2
+
+
+@pytest.mark.slow
+def test_reproduce_writes_summary_and_report(tmp_path, capsys):
+  reproduce.run("transforming_rank", tmp_path, only=["table1"])
+  out = tmp_path / "transforming_rank"
+  summary = (out / "summary.md").read_text()
+  assert "| table1 |" in summary
+  page = (out / "report" / "report.html").read_text()
+  assert "<td>table1</td>" in page and "alt='table1_coherence.png'" in page
+  assert f"report: {out / 'report' / 'report.html'}" in capsys.readouterr().out
