@@ -156,6 +156,10 @@ def branch_core_jacobian(params: dict, z_D: Array, cfg: MLPConfig) -> tuple[Arra
     act = fn(pre)
     da_MxD = _elementwise_derivative(fn, pre)[:, None] * w_in.T
   if cfg.branch_matrices == 2:
+    # Materialize diag(sigma') W_up^T before the GEMM: XLA:CPU otherwise fuses the
+    # scaling into the dot and emits a naive loop instead of the library GEMM, which
+    # ran ~1.8x slower (measured in experiments/benchmarks/jacobian_engine.py).
+    da_MxD = jax.lax.optimization_barrier(da_MxD)
     return act @ params["w_down"], params["w_down"].T @ da_MxD
   return act, da_MxD
 

@@ -1,0 +1,258 @@
+"""Fig 12 (App B.3) and Fig 8c (App D.5): GPT-2 FFN branch Jacobians and W_up/W_down
+coherence, at GPT-2 initialization and, given checkpoints, with pretrained weights.
+
+Fig 12: the FFN branch Jacobians ``J_l = dFFN(LN_2(h_l))/dh_l`` (closed form,
+``rankjax.models.gpt2.ffn_jacobian``) along the residual stream of a fixed prompt, at
+one probe token; GPT-2 Small (L=12, d=768) and Medium (L=24, d=1024):
+(a) pairwise block cosines <J_i, J_j>/(|J_i| |J_j|) (random baseline ~1/d; paper:
+    off-diagonal mean 0.18 / 0.15 pretrained);
+(b) accumulated branch ||sum_{l<=k} J_l||_F against the uncorrelated prediction
+    (sum_{l<=k} ||J_l||^2)^{1/2}: 1.00x at init; 1.78x / 2.23x pretrained, against
+    3.26x / 4.59x for fully coherent addition (sum_l ||J_l||);
+(c) stream scale rms(h_l) and ratio r_l = ||J_l||_F/sqrt(d) (Eq. 4, 22).
+Block 1 is left out of (b), (c) (its small incoming stream inflates ||J_1|| through
+the LayerNorm Jacobian), as in the paper.
+Fig 8c: coherence of the hidden-space singular bases of W_up = W_fc^T and
+W_down = W_proj^T per block, ``m * mean_{i,j in S} <u_i, v_j>^2`` (free bases: 1), over
+all d directions (paper, pretrained Medium: mean 0.96; blocks 1, 2: 1.6, 1.3; others
+0.78..1.02) and over the top / bottom 20 by singular value (~5 / ~3).
+
+At initialization (GPT-2 init, ``gpt2.init_gpt2``) quick scale keeps the depths and
+the 4x FFN and scales the width down (Small d=192, Medium d=256, heads of 64); paper
+scale uses the real sizes. Pretrained weights are read from Hugging Face
+``model.safetensors`` files given with ``--checkpoint`` (repeatable); each is measured
+together with a GPT-2 initialization of the same shape. Nothing is downloaded.
+
+  python -m experiments.transforming_rank.fig12_gpt2_ffn --scale quick --out runs/tr
+  python -m experiments.transforming_rank.fig12_gpt2_ffn --out runs/tr \\
+      --checkpoint ~/gpt2/model.safetensors --checkpoint ~/gpt2-medium/model.safetensors
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.transforming_rank import common
+from rankjax.measure import paths, spectra
+from rankjax.models import gpt2
+
+NAME = "fig12_gpt2_ffn"
+# The GPT-2 BPE ids of "The quick brown fox jumps over the lazy dog." (hard-coded: no
+# tokenizer file offline); any fixed prompt serves, --prompt-ids overrides it.
+PROMPT_IDS = (464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13)
+SCALES = {
+    "quick": dict(models=(("small", 12, 192), ("medium", 24, 256)), prompt_ids=PROMPT_IDS,
+                  probe=-1, top_k=20, seed=0, checkpoints=()),
+    "paper": dict(models=(("small", 12, 768), ("medium", 24, 1024)), prompt_ids=PROMPT_IDS,
+                  probe=-1, top_k=20, seed=0, checkpoints=()),
+}
+KNOWN = {(12, 768): "small", (24, 1024): "medium", (36, 1280): "large", (48, 1600): "xl"}
+PAPER = {   # App B.3 / D.5 (pretrained); at init every check is exact.
+    "small": dict(offdiag=0.18, accumulated=1.78, coherent=3.26),
+    "medium": dict(offdiag=0.15, accumulated=2.23, coherent=4.59),
+}
+
+
+def singular_vector_coherence(fc_w_DxM: np.ndarray, proj_w_MxD: np.ndarray,
+                              top_k: int) -> tuple[float, float, float]:
+  """Coherence of W_up's and W_down's singular bases in the hidden space (App D.5).
+
+  With u_i (W_up = fc_w^T, m x d) and v_j (W_down = proj_w^T, d x m) the hidden-space
+  singular vectors sorted by singular value, returns ``m * mean <u_i, v_j>^2`` over all
+  d x d pairs, the top-k x top-k and the bottom-k x bottom-k pairs: 1 in expectation for
+  free (independent Haar) bases. From the d x d Gram eigenvectors, in float64.
+  """
+  a = np.asarray(fc_w_DxM, np.float64)
+  b = np.asarray(proj_w_MxD, np.float64)
+  m = a.shape[1]
+
+  def hidden_basis(w_MxD):   # columns: hidden singular vectors, singular value descending
+    ev, vec = np.linalg.eigh(w_MxD.T @ w_MxD)
+    ev, vec = ev[::-1], vec[:, ::-1]
+    return (w_MxD @ vec) / np.sqrt(np.maximum(ev, 1e-300))
+
+  c = m * np.square(hidden_basis(a.T).T @ hidden_basis(b))
+  k = min(top_k, c.shape[0])
+  return float(c.mean()), float(c[:k, :k].mean()), float(c[-k:, -k:].mean())
+
+
+def measure(params: dict, tokens_T: np.ndarray, probe: int, top_k: int) -> dict:
+  """Every Fig 12 / Fig 8c quantity of one GPT-2 parameter set (float32)."""
+  blocks = params["blocks"]
+  d = blocks["fc_w"].shape[1]
+  heads = gpt2.default_num_heads(d)
+  h_LxTxD = jax.jit(gpt2.ffn_inputs, static_argnums=2)(params, jnp.asarray(tokens_T), heads)
+  h_LxD = h_LxTxD[:, probe]
+  jac_LxDxD = jax.jit(gpt2.ffn_jacobians)(blocks, h_LxD)
+  norms = np.asarray(jnp.linalg.norm(jac_LxDxD, axis=(-2, -1)))
+  cos_LxL = np.asarray(paths.block_cosines(jac_LxDxD))
+  measured, uncorrelated = (np.asarray(a) for a in paths.accumulated_branch(jac_LxDxD[1:]))
+  coherent = np.cumsum(norms[1:]) / np.sqrt(d)
+  erank = np.asarray(spectra.effective_rank(jac_LxDxD)) / d
+  coh = np.array([singular_vector_coherence(f, p, top_k)
+                  for f, p in zip(np.asarray(blocks["fc_w"]), np.asarray(blocks["proj_w"]))])
+  rms = np.asarray(jnp.sqrt(jnp.mean(jnp.square(h_LxD), axis=-1)))
+  r2 = float("nan")   # how linear rms(h_l)^2 is in l over blocks 2..L (init: Theta(L))
+  if len(norms) >= 4:
+    layers = np.arange(2, len(norms) + 1)
+    resid = rms[1:] ** 2 - np.polyval(np.polyfit(layers, rms[1:] ** 2, 1), layers)
+    r2 = 1.0 - resid.var() / (rms[1:] ** 2).var()
+  off = ~np.eye(len(norms), dtype=bool)
+  return {
+      "num_layers": len(norms), "d": d, "d_ff": blocks["fc_w"].shape[2], "num_heads": heads,
+      "jac_norm": norms, "ratio": norms / np.sqrt(d), "stream_rms": rms, "erank": erank,
+      "cosines": cos_LxL, "offdiag_mean": float(cos_LxL[off].mean()),
+      "offdiag_abs_mean": float(np.abs(cos_LxL[off]).mean()),
+      "accumulated": measured, "uncorrelated": uncorrelated, "coherent": coherent,
+      "accumulated_over_uncorrelated": float(measured[-1] / uncorrelated[-1]),
+      "coherent_over_uncorrelated": float(coherent[-1] / uncorrelated[-1]),
+      "stream_rms2_linear_r2": float(r2),
+      "coherence_all": coh[:, 0], "coherence_top": coh[:, 1], "coherence_bottom": coh[:, 2],
+  }
+
+
+def _plot(results: dict, top_k: int):
+  fig, axes = common.plt.subplots(len(results), 4, figsize=(16, 3.4 * len(results)),
+                                  squeeze=False)
+  for row, (label, r) in zip(axes, results.items()):
+    ls = np.arange(1, r["num_layers"] + 1)
+    im = row[0].imshow(r["cosines"], cmap="RdBu_r", vmin=-1, vmax=1,
+                       extent=(0.5, ls[-1] + 0.5, ls[-1] + 0.5, 0.5))
+    fig.colorbar(im, ax=row[0], fraction=0.046)
+    row[0].set_title(f"{label}: block cosines (off-diag {r['offdiag_mean']:.3f})", fontsize=9)
+    row[1].plot(ls[1:], r["accumulated"], "o-", ms=3, label="||sum J_l||_F / sqrt(d)")
+    row[1].plot(ls[1:], r["uncorrelated"], "k--", label="uncorrelated")
+    row[1].plot(ls[1:], r["coherent"], ":", c="gray", label="fully coherent")
+    row[1].set_xlabel("blocks summed k (from block 2)")
+    row[1].legend(fontsize=7)
+    row[2].plot(ls[1:], r["stream_rms"][1:], "o-", ms=3, label="rms(h_l)")
+    row[2].set_ylabel("rms(h_l)")
+    ax2 = row[2].twinx()
+    ax2.plot(ls[1:], r["ratio"][1:], "s-", ms=3, c="C1", label="r_l")
+    ax2.set_ylabel("r_l = ||J_l||_F / sqrt(d)", color="C1")
+    row[2].set_xlabel("block l")
+    for key, name in (("all", "all"), ("top", f"top {top_k}"), ("bottom", f"bottom {top_k}")):
+      row[3].plot(ls, r[f"coherence_{key}"], "o-", ms=3, label=name)
+    row[3].axhline(1.0, c="k", lw=0.8, ls="--")
+    row[3].set_title("Fig 8c: W_up / W_down singular-basis coherence", fontsize=9)
+    row[3].set_xlabel("block l")
+    row[3].legend(fontsize=7)
+  return fig
+
+
+def _summary(results: dict, top_k: int) -> list[dict]:
+  rows = []
+  for label, r in results.items():
+    size, kind = label.split("/")
+    trained = kind == "pretrained"
+    paper = PAPER.get(size) if trained else None
+    d, L = r["d"], r["num_layers"]
+    tag = f"{label} (L={L}, d={d})"
+    coh, nan = r["coherence_all"], float("nan")
+    second = coh[1] if L > 1 else nan
+    lo, hi = (np.min(coh[2:]), np.max(coh[2:])) if L > 2 else (nan, nan)
+    rows += [
+        common.row(f"Fig 12: off-diagonal block cosine mean (|mean|), {tag}",
+                   paper["offdiag"] if paper else ("weak, positive" if trained else
+                                                   "~0 (random baseline ~1/d)"),
+                   f"{r['offdiag_mean']:+.4f} ({r['offdiag_abs_mean']:.4f}; 1/d = {1 / d:.4f})"),
+        common.row(f"Fig 12: accumulated / uncorrelated at k=L, {tag}",
+                   paper["accumulated"] if paper else ("> 1" if trained else "1.00"),
+                   common.fmt(r["accumulated_over_uncorrelated"], 2)),
+        common.row(f"Fig 12: fully coherent / uncorrelated at k=L, {tag}",
+                   paper["coherent"] if paper else "-",
+                   common.fmt(r["coherent_over_uncorrelated"], 2)),
+        common.row(f"Fig 12: rms(h_l) at l=2 / L; r_l at l=2 / L, {tag}",
+                   "stream grows, ratio decays" + (" (growth in final blocks)" if trained
+                                                   else " (rms^2 linear in l)"),
+                   f"{r['stream_rms'][1]:.3g} / {r['stream_rms'][-1]:.3g}; "
+                   f"{r['ratio'][1]:.3g} / {r['ratio'][-1]:.3g} "
+                   f"(R^2 of rms^2 linear in l: {r['stream_rms2_linear_r2']:.3f})"),
+        common.row(f"Fig 8c: coherence, mean over blocks (blocks 1, 2; others min..max), {tag}",
+                   ("0.96 (1.6, 1.3; 0.78..1.02) for Medium" if trained else "1 (free)"),
+                   f"{np.mean(coh):.3f} ({coh[0]:.2f}, {second:.2f}; {lo:.2f}..{hi:.2f})"),
+        common.row(f"Fig 8c: coherence of the top / bottom {top_k} directions, {tag}",
+                   "~5 / ~3 for Medium" if trained else "1 / 1 (free)",
+                   f"{np.mean(r['coherence_top']):.2f} / {np.mean(r['coherence_bottom']):.2f}"),
+        common.row(f"erank(J_l)/d, mean over blocks 2..L, {tag}", "-",
+                   common.fmt(float(np.mean(r["erank"][1:])) if L > 1 else nan, 3)),
+    ]
+  return rows
+
+
+def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
+  """Measures the GPT-2 models of ``SCALES[scale]["models"]`` at initialization, or,
+  when ``checkpoints`` (paths to ``model.safetensors``) are given, each checkpoint and
+  a GPT-2 initialization of its shape."""
+  s = common.settings(SCALES, scale, overrides)
+  s["checkpoints"] = tuple(str(c) for c in ([s["checkpoints"]] if isinstance(
+      s["checkpoints"], (str, pathlib.Path)) else s["checkpoints"]))
+  tokens = np.asarray(s["prompt_ids"], np.int32)
+  key = jax.random.PRNGKey(s["seed"])
+  todo = []   # (label, loader)
+  if s["checkpoints"]:
+    for i, path in enumerate(s["checkpoints"]):
+      params = gpt2.load_gpt2(path)
+      L, d = params["blocks"]["fc_w"].shape[:2]
+      size = KNOWN.get((L, d), f"ckpt{i}")
+      todo.append((f"{size}/pretrained", params))
+      todo.append((f"{size}/init", (L, d, params["blocks"]["fc_w"].shape[2])))
+  else:
+    todo = [(f"{size}/init", (L, d, 4 * d)) for size, L, d in s["models"]]
+  results = {}
+  with common.single_blas_thread():
+    for i, (label, spec) in enumerate(todo):
+      start = time.time()
+      params = spec if isinstance(spec, dict) else gpt2.init_gpt2(
+          jax.random.fold_in(key, i), spec[0], spec[1], spec[2])
+      if tokens.min() < 0 or tokens.max() >= params["wte"].shape[0]:
+        raise ValueError(f"prompt ids must lie in [0, {params['wte'].shape[0]})")
+      if len(tokens) > params["wpe"].shape[0] or not -len(tokens) <= s["probe"] < len(tokens):
+        raise ValueError(f"prompt of {len(tokens)} tokens (at most {params['wpe'].shape[0]}) "
+                         f"with probe position {s['probe']}")
+      results[label] = measure(params, tokens, s["probe"], s["top_k"])
+      results[label]["seconds"] = time.time() - start
+      del params
+  summary = _summary(results, s["top_k"])
+  if not s["checkpoints"]:
+    summary.append(common.row("Fig 12 / Fig 8c pretrained", "see App B.3, D.5",
+                              "not run: no checkpoint given (initialization only; "
+                              "pass --checkpoint PATH/model.safetensors)"))
+  result = {"settings": s, "pretrained": bool(s["checkpoints"]), "models": results,
+            "summary": summary}
+  return common.write(out_dir, NAME, result, _plot(results, s["top_k"]))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--out", default="runs/transforming_rank", help="output folder")
+  parser.add_argument("--scale", default="quick", choices=["quick", "paper"])
+  parser.add_argument("--checkpoint", action="append", default=[],
+                      help="GPT-2 model.safetensors (file or folder); repeatable")
+  parser.add_argument("--prompt-ids", default=None,
+                      help="comma-separated GPT-2 token ids of the probe prompt")
+  parser.add_argument("--probe", type=int, default=None, help="probe token position (-1: last)")
+  args = parser.parse_args()
+  overrides = {"checkpoints": tuple(args.checkpoint)}
+  if args.prompt_ids:
+    overrides["prompt_ids"] = tuple(int(t) for t in args.prompt_ids.split(","))
+  if args.probe is not None:
+    overrides["probe"] = args.probe
+  start = time.time()
+  try:
+    result = run(args.out, scale=args.scale, **overrides)
+  except (FileNotFoundError, ValueError) as e:   # a bad checkpoint or setting: one line
+    parser.exit(2, f"error: {e}\n")
+  for r in result["summary"]:
+    print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note', '')}")
+  print(f"done in {time.time() - start:.1f} s -> {args.out}")
+
+
+if __name__ == "__main__":
+  main()
