@@ -202,6 +202,65 @@ def trace_representations(blocks: dict, x_NxD: Array, cfg: MLPConfig,
       singular_values=sv_all[np.asarray(layers, int)])
 
 
+def backward_stream(blocks: dict, x_NxD: Array, delta_L_NxD: Array, cfg: MLPConfig,
+                    layers: Sequence[int]) -> dict[str, Array]:
+  """The backward residual stream ``delta_{l-1} = delta_l + beta J_l^T delta_l`` (Sec 5,
+  App C "No backward analogue"), for probe rows ``x_NxD`` and a given gradient
+  ``delta_L_NxD`` at the output, by exact per-block VJPs (``jax.vjp`` of each block).
+
+  Needs an identity skip at every block (``jacobians.identity_skip`` and
+  ``skip_every=1``). Returns, with l = L..1 stored in order 1..L:
+    ``contribution_mean`` (L, d): n_l = mean_x[beta J_l^T delta_l], the backward
+      analogue of the branch mean m_l;
+    ``stream_mean`` (L+1, d): mean_x delta_l for l = 0..L;
+    ``mean_fraction`` (L+1,): ||mean_x delta_l||^2 / mean_x ||delta_l||^2;
+    ``singular_values`` (len(layers), min(n, d)) of the n x d matrix of delta_l at
+      ``layers`` (0 = the input);
+  and, from the same forward pass, ``branch_mean`` (L, d) m_l and the forward
+  ``forward_mean_fraction`` (L+1,) of h_l.
+  """
+  if not jacobians.identity_skip(cfg) or cfg.skip_every != 1:
+    raise ValueError("backward_stream needs an identity skip at every block "
+                     f"(norm_position pre/output/none, skip_every=1); got {cfg.norm_position!r}, "
+                     f"skip_every={cfg.skip_every}")
+  n, d = x_NxD.shape
+  k = min(n, d)
+  layers = sorted(set(int(l) for l in layers))
+  if layers and (layers[0] < 0 or layers[-1] > cfg.depth):
+    raise ValueError(f"layers must lie in [0, {cfg.depth}], got {layers}")
+  selected = np.zeros(cfg.depth + 1, bool)
+  selected[layers] = True
+
+  def fraction(z_NxD):
+    return jnp.sum(jnp.square(jnp.mean(z_NxD, 0))) / jnp.mean(jnp.sum(jnp.square(z_NxD), -1))
+
+  def sv_if(flag, z):
+    return jax.lax.cond(flag, lambda: spectra.singular_values(z),
+                        lambda: jnp.zeros((k,), z.dtype))
+
+  _, hs = blocks_lib.stack_forward(blocks, x_NxD, cfg)          # (L, n, d): h_1..h_L
+  h_in = jnp.concatenate([x_NxD[None], hs[:-1]], axis=0)        # block l's input h_{l-1}
+
+  def back(delta, xs):
+    params, h, flag = xs
+    block = lambda r: blocks_lib.block_fn(params, r, r, True, cfg)
+    _, vjp = jax.vjp(jax.vmap(block), h)
+    new = vjp(delta)[0]
+    return new, (jnp.mean(new - delta, 0), jnp.mean(new, 0), fraction(new), sv_if(flag, new))
+
+  xs = (blocks, h_in, jnp.asarray(selected[:-1]))
+  _, (contrib, smean, frac, sv) = jax.lax.scan(back, delta_L_NxD, xs, reverse=True)
+  cat = lambda rest, last: jnp.concatenate([rest, last[None]], axis=0)
+  sv_all = cat(sv, sv_if(jnp.asarray(selected[-1]), delta_L_NxD))
+  h_all = jnp.concatenate([x_NxD[None], hs], axis=0)
+  return {"contribution_mean": contrib,
+          "stream_mean": cat(smean, jnp.mean(delta_L_NxD, 0)),
+          "mean_fraction": cat(frac, fraction(delta_L_NxD)),
+          "singular_values": sv_all[np.asarray(layers, int)],
+          "branch_mean": jnp.mean(hs - h_in, axis=1),
+          "forward_mean_fraction": jax.vmap(fraction)(h_all)}
+
+
 @flax.struct.dataclass
 class RepresentationStudy:
   """Representation measurements averaged over weight draws (Sec 5, App C; Fig 7, 14, 15).

@@ -219,6 +219,33 @@ def test_representation_trace_matches_model(x64):
                              np.linalg.svd(np.asarray(stream[1]), compute_uv=False), atol=1e-12)
 
 
+@pytest.mark.parametrize("kw", [dict(branch_matrices=1), dict(norm_position="output",
+                                                                activation="tanh")])
+def test_backward_stream_matches_autodiff_of_the_network(x64, kw):
+  """delta_0 = (dh_L/dh_0)^T delta_L per input; the layer contributions telescope."""
+  cfg = MLPConfig(depth=5, width=6, param_dtype="float64", **kw)
+  model = ResidualMLP(cfg)
+  x = jax.random.normal(jax.random.PRNGKey(0), (7, 6), jnp.float64)
+  blocks = model.init(jax.random.PRNGKey(1), x)["params"]["blocks"]
+  delta_L = jax.random.normal(jax.random.PRNGKey(2), (7, 6), jnp.float64)
+  out = representations.backward_stream(blocks, x, delta_L, cfg, [0, 3, 5])
+  net = lambda r: blocks_lib.stack_forward(blocks, r, cfg)[0]
+  delta_0 = jax.vmap(lambda r, g: jax.vjp(net, r)[1](g)[0])(x, delta_L)
+  np.testing.assert_allclose(out["stream_mean"][0], delta_0.mean(0), atol=1e-12)
+  np.testing.assert_allclose(out["stream_mean"][-1], delta_L.mean(0), atol=1e-12)
+  np.testing.assert_allclose(out["contribution_mean"].sum(0),
+                             delta_0.mean(0) - delta_L.mean(0), atol=1e-12)
+  np.testing.assert_allclose(out["singular_values"][0],
+                             np.linalg.svd(np.asarray(delta_0), compute_uv=False), atol=1e-12)
+  frac = np.sum(delta_0.mean(0) ** 2) / np.mean(np.sum(delta_0 ** 2, -1))
+  np.testing.assert_allclose(out["mean_fraction"][0], frac, rtol=1e-12)
+  hs = blocks_lib.stack_forward(blocks, x, cfg)[1]
+  np.testing.assert_allclose(out["branch_mean"][0], (hs[0] - x).mean(0), atol=1e-12)
+  with pytest.raises(ValueError, match="identity skip"):
+    representations.backward_stream(blocks, x, delta_L, MLPConfig(depth=5, width=6,
+                                    norm_position="post"), [0])
+
+
 def test_masked_gram_abs_is_full_gram(x64):
   w = jax.random.normal(jax.random.PRNGKey(0), (24, 6), jnp.float64)
   x = jnp.ones(6) / jnp.sqrt(6.0)
