@@ -12,11 +12,13 @@ and for the tempered softmax ``s_tau(u) = softmax(u / tau)`` with ``p = s_tau(u)
 Computing theta is a Partition-type problem (Remark 3.3). This module gives
 
 * ``theta_enumerate``: all ``2^(L-1)`` subsets, ``jnp`` and jit-able (``L <= 16``);
-* ``theta_mitm``: meet in the middle on sorted half-sums, numpy host code, exact up to
-  ``L ~ 44`` nonzero atoms (rows with ``p_max >= 1/2`` are exact at any ``L``);
+* ``theta_mitm``: meet in the middle on sorted half-sums, numpy host code (threads
+  over rows), exact up to ``L ~ 44`` nonzero atoms (rows with ``p_max >= 1/2`` are
+  exact at any ``L``);
 * ``theta_exact``: the first for ``L <= 16``, the second above;
 * ``theta_certificate``: lower bounds ``4 p(S)(1 - p(S))`` of a feasible subset ``S``,
-  ``O(L log L)`` per row, ``jnp``, jit-able (App D.2 greedy prefix, and our balancing);
+  ``jnp``, jit-able (App D.2 greedy prefix by a sort-free bisection, and our
+  balancing, ``O(L log L)`` per row);
 * ``theta_bracket``: ``(lower, upper)`` from the certificate and Cor 3.4;
 * ``softmax_jacobian_inf_to_one``: the left side of Thm 3.2 by sign enumeration of
   the autodiff Jacobian, independent of theta;
@@ -28,7 +30,9 @@ Every function is batched over leading axes (the atom axis is ``-1``).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import jax
@@ -98,70 +102,109 @@ def theta_enumerate(p: Array, block: int = 4096) -> Array:
   return best_R.reshape(lead)
 
 
-def _sorted_signed_sums(x: np.ndarray) -> np.ndarray:
-  """All ``2^n`` sums ``sum_i +-x_i``, ascending.
+def _sorted_signed_sums(x_RxK: np.ndarray) -> np.ndarray:
+  """Row ``r``: all ``2^K`` sums ``sum_i +-x[r, i]``, ascending (Horowitz-Sahni).
 
   Built by doubling: each step merges two sorted runs (``s - v`` and ``s + v``);
-  numpy's stable sort (timsort) merges runs in linear time.
+  numpy's stable sort (timsort) merges two runs in linear time, row by row.
   """
-  s = np.zeros(1)
-  for v in x:
-    out = np.empty(2 * s.size)
-    np.subtract(s, v, out=out[: s.size])
-    np.add(s, v, out=out[s.size:])
-    out.sort(kind="stable")
-    s = out
-  return s
+  R, K = x_RxK.shape
+  s_RxM = np.zeros((R, 1))
+  for i in range(K):
+    m = s_RxM.shape[1]
+    out_RxM2 = np.empty((R, 2 * m))
+    np.subtract(s_RxM, x_RxK[:, i:i + 1], out=out_RxM2[:, :m])
+    np.add(s_RxM, x_RxK[:, i:i + 1], out=out_RxM2[:, m:])
+    out_RxM2.sort(axis=-1, kind="stable")
+    s_RxM = out_RxM2
+  return s_RxM
 
 
-def _theta_row_mitm(row: np.ndarray) -> float:
-  x = row[row > 0]
-  n = x.size
-  if n <= 1:
-    return 0.0
-  top = int(np.argmax(x))
-  p_max = float(x[top])
-  if p_max >= 0.5:  # Cor 3.4(3): exact dominant-atom formula, kappa summed directly
-    return 4.0 * p_max * float(np.delete(x, top).sum())
-  if n > MAX_MITM_L:
-    raise ValueError(f"theta_mitm: a row has {n} nonzero atoms and p_max < 1/2; exact "
-                     f"search is limited to {MAX_MITM_L}. Use theta_bracket instead.")
-  total = float(x.sum())
+def _theta_mitm_block(x_RxN: np.ndarray) -> np.ndarray:
+  """Meet in the middle for rows of ``n >= 2`` nonzero atoms each (``p_max < 1/2``)."""
+  R, n = x_RxN.shape
   h = n // 2
+  total_R = x_RxN.sum(axis=-1)
   # Signed sums D = p(S) - p(S^c); fixing the sign of x[0] halves the work (S ~ S^c).
-  a = _sorted_signed_sums(x[1:h]) + x[0]
-  b = _sorted_signed_sums(x[h:])
-  # p(S) = (D + total) / 2 is closest to 1/2 when D = a + b is closest to 1 - total.
-  a_rev = a[::-1]
-  want = (1.0 - total) - a_rev  # ascending
-  idx = np.searchsorted(b, want)
-  best = 0.0
-  for j in (np.minimum(idx, b.size - 1), np.maximum(idx - 1, 0)):
-    k = int(np.argmin(np.abs(b[j] - want)))
-    q = 0.5 * (a_rev[k] + b[j[k]] + total)
-    best = max(best, 4.0 * q * (1.0 - q))
-  return float(best)
+  a_RxM = _sorted_signed_sums(x_RxN[:, 1:h]) + x_RxN[:, :1]
+  b_RxK = _sorted_signed_sums(x_RxN[:, h:])
+  out_R = np.empty(R)
+  for r in range(R):
+    a, b, total = a_RxM[r], b_RxK[r], total_R[r]
+    # p(S) = (D + total) / 2 is closest to 1/2 when D = a + b is closest to 1 - total.
+    a_rev = a[::-1]
+    want = (1.0 - total) - a_rev  # ascending
+    idx = np.searchsorted(b, want)
+    best = 0.0
+    for j in (np.minimum(idx, b.size - 1), np.maximum(idx - 1, 0)):
+      k = int(np.argmin(np.abs(b[j] - want)))
+      q = 0.5 * (a_rev[k] + b[j[k]] + total)
+      best = max(best, 4.0 * q * (1.0 - q))
+    out_R[r] = best
+  return out_R
 
 
-def theta_mitm(p) -> np.ndarray:
+def _default_workers() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
+def theta_mitm(p, workers: int | None = None) -> np.ndarray:
   """theta(p) exactly by meet in the middle (Def 3.1, Remark 3.3); numpy host code.
 
   Per row: zero atoms are dropped; ``p_max >= 1/2`` uses the exact dominant-atom
   formula ``4 p_max (1 - p_max)`` (Cor 3.4(3)); otherwise the nonzero atoms are split
-  in two halves, all signed half-sums ``+-p_i`` are listed in sorted order, and for
-  each sum of the first half ``searchsorted`` finds the nearest complement in the
-  second half, so ``p(S)`` closest to 1/2 is found in ``O(2^(n/2) n)``. About 5 ms per
-  row at ``L = 32`` and 0.1-0.2 s at ``L = 40`` on one CPU core.
+  in two halves, all signed half-sums ``+-p_i`` are listed in sorted order
+  (Horowitz-Sahni doubling with linear merges, batched over rows), and for each sum
+  of the first half ``searchsorted`` finds the nearest complement in the second half,
+  so ``p(S)`` closest to 1/2 is found in ``O(2^(n/2) n)``. Rows with the same number of
+  nonzero atoms are processed in blocks, spread over ``workers`` threads (numpy
+  releases the GIL in its sorts, searches and ufunc loops). About 4-5 ms of CPU per
+  row at ``L = 32`` and 0.1-0.2 s at ``L = 40``.
 
   Args:
     p: ``(..., L)`` probabilities.
+    workers: threads (default: the CPUs this process may use).
   Returns:
     float64 numpy array of shape ``(...)``.
   """
   p = np.asarray(p, dtype=np.float64)
-  flat = p.reshape(-1, p.shape[-1])
-  out = np.array([_theta_row_mitm(row) for row in flat], dtype=np.float64)
-  return out.reshape(p.shape[:-1])
+  lead, L = p.shape[:-1], p.shape[-1]
+  flat_RxL = p.reshape(-1, L)
+  out_R = np.zeros(flat_RxL.shape[0])
+  if L == 0 or out_R.size == 0:
+    return out_R.reshape(lead)
+  pos_RxL = flat_RxL > 0
+  x_RxL = np.where(pos_RxL, flat_RxL, 0.0)
+  n_R = pos_RxL.sum(axis=-1)
+  top_R = np.argmax(x_RxL, axis=-1)
+  p_max_R = x_RxL[np.arange(x_RxL.shape[0]), top_R]
+  dom_R = (n_R >= 2) & (p_max_R >= 0.5)
+  if dom_R.any():  # Cor 3.4(3): exact dominant-atom formula, kappa summed directly
+    rest_R = np.where(np.arange(L) == top_R[:, None], 0.0, x_RxL).sum(axis=-1)
+    out_R[dom_R] = 4.0 * p_max_R[dom_R] * rest_R[dom_R]
+  search_R = (n_R >= 2) & ~dom_R
+  if np.any(n_R[search_R] > MAX_MITM_L):
+    raise ValueError(f"theta_mitm: a row has {n_R[search_R].max()} nonzero atoms and "
+                     f"p_max < 1/2; exact search is limited to {MAX_MITM_L}. Use "
+                     "theta_bracket instead.")
+  tasks = []
+  for n in np.unique(n_R[search_R]):
+    rows = np.flatnonzero(search_R & (n_R == n))
+    vals_RxN = flat_RxL[rows][pos_RxL[rows]].reshape(rows.size, n)  # original order
+    block = int(np.clip(2 ** 19 >> (n - n // 2), 1, 8))  # ~2^19 second-half sums
+    tasks += [(rows[i:i + block], vals_RxN[i:i + block]) for i in range(0, rows.size, block)]
+  workers = min(workers or _default_workers(), len(tasks))
+  if workers <= 1:
+    results = [_theta_mitm_block(vals) for _, vals in tasks]
+  else:
+    with ThreadPoolExecutor(workers) as pool:
+      results = list(pool.map(_theta_mitm_block, [vals for _, vals in tasks]))
+  for (rows, _), vals in zip(tasks, results):
+    out_R[rows] = vals
+  return out_R.reshape(lead)
 
 
 def theta_exact(p, max_enumerate: int = MAX_ENUMERATE_L):
@@ -184,16 +227,88 @@ def theta_exact(p, max_enumerate: int = MAX_ENUMERATE_L):
 # -------------------------------------------------------------------- certificates
 
 
+def _bits_of(x: Array) -> Array:
+  """Bit patterns of nonnegative floats as signed ints of the same width; for ``x >= 0``
+  they order exactly as the floats do (IEEE 754: exponent above mantissa, sign 0)."""
+  itype = jnp.int32 if x.dtype.itemsize == 4 else jnp.int64
+  return jax.lax.bitcast_convert_type(x, itype)
+
+
+def _nonneg(p_RxL: Array) -> Array:
+  """``p`` with ``-0.0`` (and any negative or NaN entry, not a probability) set to 0."""
+  return jnp.where(p_RxL > 0, p_RxL, jnp.zeros((), p_RxL.dtype))
+
+
 def _sort_desc(p_RxL: Array) -> Array:
-  return -jnp.sort(-p_RxL, axis=-1)
+  """Descending sort of nonnegative rows, as a sort of their int bit patterns (the same
+  order, see ``_bits_of``): XLA:CPU sorts ints several times faster than floats, whose
+  comparator also orders NaNs and signed zeros."""
+  x = _nonneg(p_RxL)
+  return jax.lax.bitcast_convert_type(-jnp.sort(-_bits_of(x), axis=-1), x.dtype)
 
 
-def _greedy_prefix(s_RxL: Array) -> Array:
-  """App D.2: prefix sums ``c_k`` of the descending atoms (k = 1..L), ``k*`` =
-  argmin ``|c_k - 1/2|``, certificate ``4 c_k* (1 - c_k*)``. Taking the max of
-  ``4 c_k (1 - c_k)`` over ``k`` is the same thing (it decreases in ``|c - 1/2|``)."""
-  c_RxL = jnp.cumsum(s_RxL, axis=-1)
-  return jnp.max(4.0 * c_RxL * (1.0 - c_RxL), axis=-1)
+def _greedy_prefix(p_RxL: Array) -> Array:
+  """App D.2 greedy-prefix certificate, per row, without sorting.
+
+  The descending prefixes of App D.2 are the sets ``{i : p_i >= t}``. With
+  ``g(t) = sum_{p_i >= t} p_i`` (non-increasing in ``t``), a per-row bisection over the
+  float bit pattern ``t`` finds the exact boundary: the largest pattern ``T`` with
+  ``g(T) > 1/2``. Then ``v = p``-value of pattern ``T`` is the next atom after the
+  largest prefix of mass ``c = g(T + 1) <= 1/2`` (``n_v`` atoms share that value), and
+  the prefixes straddling 1/2 are ``c + j v``, ``j = 0..n_v``. Since ``4 c (1 - c)``
+  increases up to ``c = 1/2`` and decreases after, the max over all prefixes
+  (= App D.2's ``k* = argmin_k |c_k - 1/2|``) is at ``j = floor((1/2 - c) / v)`` or
+  ``+1``; ``j = 0, 1`` are checked too against rounding in that quotient.
+
+  The set picked is the same as a descending sort's (ties included: each ``c + j v`` is
+  the mass of an actual prefix, the threshold set plus ``j`` of the tied atoms), so the
+  value equals the sort-based one up to the summation order of ``c``. Each bisection
+  pass is one masked row sum; about 27 passes for float32 rows of length 1024 (the
+  search starts at ``total / (4L)``, where ``g > 3/4 total``), at most 31 (63 for
+  float64). Rows are expected nonnegative (``-0.0`` counts as 0).
+  """
+  x_RxL = _nonneg(p_RxL)
+  bits_RxL = _bits_of(x_RxL)
+  dtype = x_RxL.dtype
+  half = jnp.asarray(0.5, dtype)
+  L = x_RxL.shape[-1]
+
+  def mass(t_R: Array) -> Array:  # g(t): mass of the atoms with pattern >= t
+    # Compared as floats (the same order for these nonnegative patterns, and one
+    # array read per pass instead of two).
+    t_R = jax.lax.bitcast_convert_type(t_R, dtype)
+    return jnp.sum(jnp.where(x_RxL >= t_R[:, None], x_RxL, 0.0), axis=-1)
+
+  hi_R = jnp.max(bits_RxL, axis=-1) + 1  # g(hi) = 0 <= 1/2
+  lo_R = _bits_of(jnp.sum(x_RxL, axis=-1) / (4 * L))
+  lo_R = jnp.where(mass(lo_R) > half, lo_R, jnp.zeros_like(lo_R))  # invariant g(lo) > 1/2
+  c_hi_R = jnp.zeros(hi_R.shape, dtype)  # g(hi), kept with hi
+
+  def cond(carry):
+    lo_R, hi_R, _ = carry
+    return jnp.any(hi_R - lo_R > 1)
+
+  def body(carry):
+    lo_R, hi_R, c_hi_R = carry
+    active_R = hi_R - lo_R > 1
+    mid_R = lo_R + (hi_R - lo_R) // 2
+    g_R = mass(mid_R)
+    big_R = g_R > half
+    return (jnp.where(active_R & big_R, mid_R, lo_R),
+            jnp.where(active_R & ~big_R, mid_R, hi_R),
+            jnp.where(active_R & ~big_R, g_R, c_hi_R))
+
+  lo_R, hi_R, c_R = jax.lax.while_loop(cond, body, (lo_R, hi_R, c_hi_R))
+  # A row of total mass <= 1/2 ends with lo = 0, c = g(1) = total and v = 0: the whole
+  # row, as for the sort (every prefix has c <= 1/2 there).
+  v_R = jax.lax.bitcast_convert_type(lo_R, dtype)
+  n_R = jnp.sum(bits_RxL == lo_R[:, None], axis=-1).astype(dtype)
+  j0_R = jnp.floor((half - c_R) / jnp.where(v_R > 0, v_R, 1.0))
+  best_R = jnp.zeros_like(c_R)
+  for j_R in (0.0, 1.0, j0_R, j0_R + 1.0):
+    q_R = c_R + jnp.clip(j_R, 0.0, n_R) * v_R
+    best_R = jnp.maximum(best_R, 4.0 * q_R * (1.0 - q_R))
+  return best_R
 
 
 def _balance(s_RxL: Array) -> Array:
@@ -237,19 +352,24 @@ def theta_certificate(p: Array, method: CertificateMethod = "balance") -> Array:
 
   Any subset gives a valid lower bound (Sec 5, "Certificates for theta(p) at large L").
 
-  * ``"greedy_prefix"``: the paper's procedure (App D.2, steps 1-4): sort descending,
-    cumulative sums ``c_k`` for ``k = 1..L``, ``k* = argmin_k |c_k - 1/2|``, return
-    ``4 c_k* (1 - c_k*)``. One sort and one cumsum.
-  * ``"balance"`` (ours): sort descending and put each atom in the lighter of two
-    bins (greedy balancing, a ``lax.scan`` over ``L``); then the best single move or
-    swap of one atom between the bins (a scatter and a ``searchsorted``); return
-    the best of that subset and the greedy prefix. It is never below
-    ``"greedy_prefix"``, is exact when ``p_max >= 1/2`` (the dominant atom ends alone
-    in its bin) and, since balancing keeps the bin difference ``<= p_max``, is
-    ``>= 1 - p_max^2`` (Cor 3.4(5)).
+  * ``"greedy_prefix"``: the paper's procedure (App D.2, steps 1-4): descending
+    cumulative sums ``c_k``, ``k = 1..L``, ``k* = argmin_k |c_k - 1/2|``, return
+    ``4 c_k* (1 - c_k*)``. Computed without a sort: the descending prefixes are the
+    sets ``{i : p_i >= t}`` and a per-row bisection over the float bit pattern of
+    ``t`` finds the two straddling 1/2 (``_greedy_prefix``; about 27 masked row sums
+    at L = 1024, float32). The value equals the sort-based one up to summation order,
+    ties included.
+  * ``"balance"`` (ours): sort descending (an int sort of the bit patterns) and put
+    each atom in the lighter of two bins (greedy balancing, a ``lax.scan`` over
+    ``L``); then the best single move or swap of one atom between the bins (a
+    scatter and a ``searchsorted``); return the best of that subset and the greedy
+    prefix. It is never below ``"greedy_prefix"``, is exact when ``p_max >= 1/2``
+    (the dominant atom ends alone in its bin) and, since balancing keeps the bin
+    difference ``<= p_max``, is ``>= 1 - p_max^2`` (Cor 3.4(5)).
 
-  Both are ``O(L log L)`` per row, jnp and jit-able. Zero atoms (masked positions)
-  do not change either certificate.
+  ``"greedy_prefix"`` is ``O(L)`` per bisection pass, ``"balance"`` ``O(L log L)``
+  per row; both jnp and jit-able. Zero atoms (masked positions) do not change either
+  certificate. Entries must be nonnegative (``-0.0`` is read as 0).
 
   Args:
     p: ``(..., L)`` probabilities.
@@ -259,12 +379,12 @@ def theta_certificate(p: Array, method: CertificateMethod = "balance") -> Array:
   """
   p = _float(p)
   lead, L = p.shape[:-1], p.shape[-1]
-  s_RxL = _sort_desc(p.reshape(-1, L))
-  cert = _greedy_prefix(s_RxL)
-  if method == "balance":
-    cert = jnp.maximum(cert, _balance(s_RxL))
-  elif method != "greedy_prefix":
+  if method not in ("greedy_prefix", "balance"):
     raise ValueError(f"method {method!r} is not allowed; choose 'greedy_prefix' or 'balance'")
+  p_RxL = p.reshape(-1, L)
+  cert = _greedy_prefix(p_RxL)
+  if method == "balance":
+    cert = jnp.maximum(cert, _balance(_sort_desc(p_RxL)))
   return cert.reshape(lead)
 
 

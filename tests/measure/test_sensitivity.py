@@ -76,7 +76,10 @@ def test_mitm_equals_brute_force(x64, L, n):
   p[0] /= p[0].sum()
   p[-1] = _rows(rng, 1, L, scale=8.0)[0]  # likely a dominant atom
   want = _theta_brute(p)
-  np.testing.assert_allclose(sens.theta_mitm(p), want, rtol=1e-12, atol=1e-15)
+  got = sens.theta_mitm(p)
+  np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+  np.testing.assert_array_equal(sens.theta_mitm(p, workers=1), got)  # threads: same blocks
+  np.testing.assert_array_equal(sens.theta_mitm(p.reshape(n, 1, L), workers=3)[:, 0], got)
   if L <= sens.MAX_ENUMERATE_L:
     np.testing.assert_allclose(np.asarray(sens.theta_enumerate(_pad(p, 16))), want, rtol=1e-12)
 
@@ -117,13 +120,88 @@ def test_certificate_masks_and_batch_axes(x64):
   rng = np.random.default_rng(3)
   p = np.concatenate([_pad(_rows(rng, 100, L, 2.0)) for L in (8, 16, 28)] * 2 + [_pad([1.0])])
   shuffled = np.stack([row[rng.permutation(PAD)] for row in p])  # zeros anywhere
-  for method in ("greedy_prefix", "balance"):
-    np.testing.assert_array_equal(sens.theta_certificate(p, method),
-                                  sens.theta_certificate(shuffled, method))
+  for method in ("greedy_prefix", "balance"):  # the sort-free greedy sums in position
+    np.testing.assert_allclose(sens.theta_certificate(p, method),  # order: ulps apart
+                               sens.theta_certificate(shuffled, method), rtol=1e-14)
   out = sens.theta_certificate(p.reshape(1, -1, 1, PAD), "greedy_prefix")
   assert out.shape == (1, p.shape[0], 1)
   with pytest.raises(ValueError):
     sens.theta_certificate(p, "nope")
+
+
+@jax.jit
+def _greedy_sorted(p):
+  """App D.2 steps 1-4 literally (sort, cumsum, argmin |c_k - 1/2|), jnp in p's dtype:
+  the independent reference of the sort-free greedy prefix."""
+  c = jnp.cumsum(-jnp.sort(-p, axis=-1), axis=-1)
+  k = jnp.argmin(jnp.abs(c - 0.5), axis=-1)
+  ck = jnp.take_along_axis(c, k[..., None], axis=-1)[..., 0]
+  return 4.0 * ck * (1.0 - ck)
+
+
+def _tied_rows(width):
+  """Rows with ties at and around the greedy boundary, zeros, and unnormalized rows."""
+  rows = [np.full(width, 1.0 / width), np.r_[np.full(3, 1 / 3), np.zeros(width - 3)],
+          np.r_[np.full(5, 0.2), np.zeros(width - 5)], np.r_[[0.25] * 2, [1 / 16] * 8,
+                                                            np.zeros(width - 10)],
+          np.eye(width)[3], np.r_[np.full(7, 1 / 7), np.zeros(width - 7)],
+          np.r_[[0.375, 0.125, 0.125, 0.125, 0.0625, 0.0625, 0.0625, 0.0625],
+                np.zeros(width - 8)],  # boundary inside a tie group
+          np.zeros(width), np.r_[[0.2, 0.1], np.zeros(width - 2)],  # total <= 1/2
+          np.r_[[0.75, 0.5, 0.25], np.zeros(width - 3)]]  # total 1.5
+  rng = np.random.default_rng(12)
+  for k in (4, 16, width):  # masses on a 1/32 grid: many ties, exact sums
+    q = rng.integers(0, 5, k).astype(np.float64)
+    q[0] += 1
+    q = np.floor(32 * q / q.sum()) / 32
+    q[0] += 1.0 - q.sum()
+    rows.append(np.r_[rng.permutation(q), np.zeros(width - k)])
+  return np.stack(rows)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_greedy_prefix_sort_free_equals_sorted(dtype):
+  """The bisection greedy (App D.2 without a sort) picks the sort's prefix: the values
+  agree up to summation order on continuous, masked, tied and unnormalized rows, and
+  batched shapes and vmap give the same."""
+  with jax.enable_x64(dtype == "float64"):
+    rng = np.random.default_rng(21)
+    rtol = 1e-13 if dtype == "float64" else 2e-6
+    for L in (1, 7, 64, 300):
+      p = np.concatenate([_rows(rng, 40, L, scale) for scale in (0.5, 1.0, 4.0)])
+      if L > 2:
+        p[:10, : L // 3] = 0.0  # masked positions
+      p = p.astype(dtype)
+      got = np.asarray(sens.theta_certificate(p.reshape(2, 3, 20, L), "greedy_prefix"))
+      assert got.shape == (2, 3, 20) and got.dtype == np.dtype(dtype)
+      np.testing.assert_allclose(got.reshape(-1), _greedy_sorted(p), rtol=rtol, atol=0)
+    ties = _tied_rows(32).astype(dtype)
+    got = np.asarray(sens.theta_certificate(ties, "greedy_prefix"))
+    np.testing.assert_allclose(got, _greedy_sorted(ties), rtol=rtol, atol=0)
+    np.testing.assert_allclose(got[:8], [1.0, 8 / 9, 0.96, 1.0, 0.0, 48 / 49, 1.0, 0.0],
+                               rtol=rtol)
+    vm = jax.vmap(lambda r: sens.theta_certificate(r, "greedy_prefix"))(ties)
+    np.testing.assert_allclose(vm, got, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_certificates_never_exceed_exact_small_L(dtype):
+  """Both certificates <= theta by enumeration (L <= 16), in either dtype, and
+  balance >= greedy prefix, on random rows (float32 rows are checked against the exact
+  theta of their own float32 values, up to float32 rounding)."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(22)
+    p = np.concatenate([_pad(_rows(rng, 60, L, s), 16) for L in (3, 8, 13, 16)
+                        for s in (0.7, 2.0)] + [_pad(r, 16) for r in _tied_rows(16)[:8]])
+    p = p.astype(dtype).astype(np.float64)
+    exact = np.asarray(sens.theta_exact(p))
+  with jax.enable_x64(dtype == "float64"):
+    greedy = np.asarray(sens.theta_certificate(p.astype(dtype), "greedy_prefix"))
+    balance = np.asarray(sens.theta_certificate(p.astype(dtype), "balance"))
+  tol = 1e-12 if dtype == "float64" else 1e-6
+  assert np.all(greedy <= exact + tol) and np.all(balance <= exact + tol)
+  assert np.all(balance >= greedy)
+  assert np.mean(balance > greedy + tol) > 0.2
 
 
 # ------------------------------------------------------------- Cor 3.4
@@ -298,6 +376,20 @@ def _balance_numpy(p):
   q = a - xs[:, None] + ys[None, :]
   c = np.cumsum(s)
   return max((4 * q * (1 - q)).max(), (4 * c * (1 - c)).max())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_balance_certificate_matches_numpy(dtype):
+  """The "balance" certificate (int-bit-pattern sort, greedy balancing, best move or
+  swap) equals the numpy reference on random, masked and tied rows."""
+  with jax.enable_x64(dtype == "float64"):
+    rng = np.random.default_rng(23)
+    p = np.concatenate([_pad(_rows(rng, 40, L, s), 32) for L in (5, 17, 32)
+                        for s in (1.0, 3.0)] + [_tied_rows(32)]).astype(dtype)
+    got = np.asarray(sens.theta_certificate(p, "balance"))
+    want = [_balance_numpy(r.astype(np.float64)) for r in p]
+    np.testing.assert_allclose(got, want, rtol=1e-12 if dtype == "float64" else 2e-6,
+                               atol=0 if dtype == "float64" else 1e-7)
 
 
 def test_attention_statistics_matches_numpy():
