@@ -14,7 +14,17 @@ collapsing run (``collapse_study.RUNS["post_collapse"]``) when it is missing; pa
 ``--run NAME`` to plot another (``post_stable`` gives the non-collapsed control,
 Figs 21-22).
 
+``--run-dir PATH`` analyses any finished run directory instead (no training), e.g.
+the Fig 6 warmup run ``runs/collapse/runs/post_warmup_lr0.015``; ``--tag`` names its
+outputs, ``--mask-threshold 1e-10`` applies App F.4's masking (needs the
+``postnorm_sublayer_norms`` diagnostic, ``diag_sublayer_norms.py``) and
+``--grad-window 4,6`` plots the per-layer gradient norms over the 11 updates
+[t-4, t+6] around the transition t (the paper's Fig 5 window 2640-2650 around 2644)
+instead of the +-30-update window.
+
 Run:  python experiments/postnorm_collapse/fig3_fig5_transition.py --out runs/collapse
+      python experiments/postnorm_collapse/fig3_fig5_transition.py --out runs/collapse \
+          --run-dir runs/collapse/runs/post_warmup_lr0.015 --tag post_warmup_lr0.015
 """
 from __future__ import annotations
 
@@ -35,6 +45,111 @@ from rankjax.measure import gradients as gr  # noqa: E402
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
 ONSET_SIM = 0.99
+MASK_THRESHOLD = 1e-10   # App F.4: alpha and c masked below this gradient norm
+GRAD_WINDOW = (4, 6)     # Fig 5: steps 2640-2650 around the transition ~2644
+GRAD_COLLAPSE_RATIO = 1e-2   # ||g_1|| / ||g_L|| below this = early-layer gradients vanished
+ALPHA_PAPER_MAX = 2.5    # Sec 4.2: "the contribution factor stays below 2.5"
+SUBLAYER_NORMS = "postnorm_sublayer_norms"
+MASK_SWEEP = (1e-10, 1e-8, 1e-6, 1e-4, 1e-3)   # thresholds for the alpha-max sensitivity
+
+
+def mask_vanishing(values_SxL: np.ndarray, dx_norm_SxL: np.ndarray, dy_norm_SxL: np.ndarray,
+                   threshold: float = MASK_THRESHOLD, rule: str = "both") -> np.ndarray:
+  """App F.4's masking rule: NaN where the sublayer's gradients have vanished.
+
+  The paper masks alpha_k^l and c(y_k^l, alpha_k^l) "when the submodule's input and
+  output gradient norm fall below 1e-10" (Figs 12-20). ``rule="both"`` (default, the
+  literal reading) masks where ||dL/dX_k^l|| < threshold and ||dL/dY_k^l|| <
+  threshold; ``rule="either"`` where at least one is.
+
+  Args:
+    values_SxL: alpha_k or c_k, (logged steps, layers).
+    dx_norm_SxL, dy_norm_SxL: ||dL/dX_k^l||_F and ||dL/dY_k^l||_F, same shape.
+    threshold: the norm below which a gradient counts as vanished.
+    rule: "both" or "either".
+
+  Returns:
+    float64 copy of ``values_SxL`` with NaN at the masked entries.
+  """
+  if rule not in ("both", "either"):
+    raise ValueError(f"rule must be 'both' or 'either', got {rule!r}")
+  small_x = np.asarray(dx_norm_SxL) < threshold
+  small_y = np.asarray(dy_norm_SxL) < threshold
+  masked = (small_x & small_y) if rule == "both" else (small_x | small_y)
+  out = np.array(values_SxL, np.float64)
+  out[masked] = np.nan
+  return out
+
+
+def collapse_onset(last_sim_S: np.ndarray, threshold: float = ONSET_SIM) -> int | None:
+  """Index of the first logged point from which the last-layer similarity stays >=
+  ``threshold`` to the end of the run (the collapse onset); None if it does not end
+  there. A transient near-collapse that recovers (e.g. update 8 of the LR 3e-2 warmup
+  run) is not the onset."""
+  return first_sustained(np.asarray(last_sim_S) >= threshold)
+
+
+def first_sustained(cond_S: np.ndarray) -> int | None:
+  """Index of the first point from which ``cond_S`` holds to the end; None if it does
+  not hold at the last point."""
+  cond_S = np.asarray(cond_S, bool)
+  if not len(cond_S) or not cond_S[-1]:
+    return None
+  off = np.flatnonzero(~cond_S)
+  return int(off[-1] + 1) if len(off) else 0
+
+
+def gradient_window(steps_S: np.ndarray, centre: int, before: int = GRAD_WINDOW[0],
+                    after: int = GRAD_WINDOW[1]) -> np.ndarray:
+  """Boolean mask of the logged steps in [centre - before, centre + after] (Fig 5's
+  ~10-update window; the paper's 2640-2650 around the transition ~2644)."""
+  steps_S = np.asarray(steps_S)
+  return (steps_S >= centre - before) & (steps_S <= centre + after)
+
+
+def alpha_peak(alpha_SxL: np.ndarray, steps_S: np.ndarray, *, neighbours: int = 1,
+               paper_max: float = ALPHA_PAPER_MAX) -> dict[str, Any]:
+  """Where alpha_k^l peaks, and whether one layer or one update drives the peak.
+
+  Args:
+    alpha_SxL: alpha_k (logged steps, layers); NaN (masked) entries are ignored.
+    steps_S: the logged steps.
+    neighbours: logged points on each side used for the same-layer comparison.
+    paper_max: the paper's bound (Sec 4.2: alpha stays below 2.5).
+
+  Returns:
+    ``max``, ``step``, ``layer`` (1-based); ``same_layer_neighbour_max`` (the peak
+    layer's largest value at the ``neighbours`` logged points on each side) and
+    ``spike_ratio`` = max / that (>> 1: a one-update spike); ``other_layers_max_same_step``
+    and ``second_layer`` / ``second_layer_max`` (the largest value of any other
+    layer over the run: close to ``max`` means the peak is not one layer's);
+    ``entries_above_paper_max`` and ``layers_above_paper_max`` (count of layers with
+    any value above ``paper_max``); ``steps_above_paper_max`` (logged steps where any
+    layer is above it).
+  """
+  a = np.asarray(alpha_SxL, np.float64)
+  steps_S = np.asarray(steps_S)
+  if not np.isfinite(a).any():
+    return {"max": None}
+  i, l = np.unravel_index(np.nanargmax(a), a.shape)
+  nb = np.r_[a[max(0, i - neighbours):i, l], a[i + 1:i + 1 + neighbours, l]]
+  nb_max = float(np.nanmax(nb)) if np.isfinite(nb).any() else float("nan")
+  others = np.delete(a, l, axis=1)
+  per_layer_max = np.nanmax(np.where(np.isfinite(others), others, -np.inf), axis=0)
+  j = int(np.argmax(per_layer_max))
+  second_layer = j + (1 if j >= l else 0) + 1
+  above = np.nan_to_num(a, nan=-np.inf) > paper_max
+  return {
+      "max": float(a[i, l]), "step": int(steps_S[i]), "layer": int(l) + 1,
+      "same_layer_neighbour_max": nb_max,
+      "spike_ratio": float(a[i, l] / nb_max) if nb_max > 0 else None,
+      "other_layers_max_same_step": float(np.nanmax(np.delete(a[i], l)))
+      if np.isfinite(np.delete(a[i], l)).any() else None,
+      "second_layer": int(second_layer), "second_layer_max": float(per_layer_max[j]),
+      "entries_above_paper_max": int(above.sum()),
+      "layers_above_paper_max": int(above.any(axis=0).sum()),
+      "steps_above_paper_max": [int(x) for x in steps_S[above.any(axis=1)]],
+  }
 
 
 def _layers_to_show(num_layers: int) -> list[int]:
@@ -43,27 +158,121 @@ def _layers_to_show(num_layers: int) -> list[int]:
   return sorted({0, *range(step - 1, num_layers, step), num_layers - 1})
 
 
-def analyze(workdir: str) -> dict[str, Any]:
+def _load(workdir: str) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], Any]:
+  """(steps, postnorm series, sublayer-norm series or {}, run) of a run directory."""
   from rankjax.train.run_reader import load_run
   r = load_run(workdir)
   d = {k.split("/", 1)[1]: np.asarray(v) for k, v in r.diagnostics.items()
        if k.startswith("postnorm/")}
-  steps = np.asarray(r.diagnostic_steps)
+  norms = {k.split("/", 1)[1]: np.asarray(v) for k, v in r.diagnostics.items()
+           if k.startswith(SUBLAYER_NORMS + "/")}
+  return np.asarray(r.diagnostic_steps), d, norms, r
+
+
+def _finite_max(x: np.ndarray) -> float | None:
+  """Max over the finite (unmasked) entries; None when there are none."""
+  x = np.asarray(x, np.float64)
+  return float(np.max(x[np.isfinite(x)])) if np.isfinite(x).any() else None
+
+
+def _finite_mean(x: np.ndarray, where: np.ndarray) -> float | None:
+  """Mean of ``x`` over the entries where ``where`` is finite (unmasked); None if none."""
+  ok = np.isfinite(np.asarray(where, np.float64))
+  return float(np.mean(np.asarray(x, np.float64)[ok])) if ok.any() else None
+
+
+def _grad_window_stats(gn_SxL: np.ndarray, steps_S: np.ndarray, centre: int,
+                       grad_window: tuple[int, int], prefix: str) -> dict[str, Any]:
+  """First/last-layer gradient norms at the ends of ``gradient_window`` (Fig 5)."""
+  w = np.flatnonzero(gradient_window(steps_S, centre, *grad_window))
+  if not len(w):
+    return {}
+  a, b = w[0], w[-1]
+  return {f"{prefix}_steps": [int(steps_S[a]), int(steps_S[b])],
+          f"{prefix}_layer1": [float(gn_SxL[a, 0]), float(gn_SxL[b, 0])],
+          f"{prefix}_last_layer": [float(gn_SxL[a, -1]), float(gn_SxL[b, -1])],
+          f"{prefix}_layer1_drop": float(gn_SxL[a, 0] / max(gn_SxL[b, 0], 1e-30)),
+          f"{prefix}_last_layer_drop": float(gn_SxL[a, -1] / max(gn_SxL[b, -1], 1e-30)),
+          f"{prefix}_first_over_last": [float(gn_SxL[a, 0] / gn_SxL[a, -1]),
+                                        float(gn_SxL[b, 0] / gn_SxL[b, -1])]}
+
+
+def analyze(workdir: str, mask_threshold: float | None = None,
+            grad_window: tuple[int, int] | None = None) -> dict[str, Any]:
+  """The Figs 3-5 numbers of one run (Figs 10-11 / 12-20 / 21-22 for other runs).
+
+  Args:
+    workdir: a finished run with the ``postnorm`` diagnostic.
+    mask_threshold: App F.4's masking of alpha and c (``mask_vanishing``, rule
+      "both") before any statistic; needs the ``postnorm_sublayer_norms`` diagnostic.
+      None: no masking (Figs 3-5, 10-11, 21-22 in the paper are unmasked).
+    grad_window: (before, after) updates around the transition for the Fig 5-style
+      per-layer gradient-norm window (``gradient_window``); None: +-``WINDOW``.
+  """
+  steps, d, norms, r = _load(workdir)
   tr = gr.detect_transition(steps, d["last_tsim"], d["loss"])
   L = d["alpha_1"].shape[1]
   out: dict[str, Any] = {"workdir": workdir, "num_layers": L, "steps_logged": len(steps),
-                         "transition_step": tr.step, "transition_found": tr.found}
+                         "log_interval": int(np.median(np.diff(steps))) if len(steps) > 1
+                         else None,
+                         "transition_step": tr.step, "transition_found": tr.found,
+                         "learning_rate": r.config.learning_rate,
+                         "warmup_steps": r.config.warmup_steps, "seed": r.config.seed}
+  for k in (1, 2):
+    if norms:
+      # the fraction of (step, layer) entries whose gradients vanished (App F.4)
+      small_x = norms[f"dx_norm_{k}"] < MASK_THRESHOLD
+      small_y = norms[f"dy_norm_{k}"] < MASK_THRESHOLD
+      out[f"frac_vanished_{k}"] = float((small_x & small_y).mean())
+      out[f"frac_vanished_either_{k}"] = float((small_x | small_y).mean())
+      out[f"min_dy_norm_{k}"] = float(norms[f"dy_norm_{k}"].min())
+    if mask_threshold is not None:
+      if not norms:
+        raise ValueError(f"{workdir}: masking needs the {SUBLAYER_NORMS!r} diagnostic")
+      for key in (f"alpha_{k}", f"contraction_{k}"):
+        d[key] = mask_vanishing(d[key], norms[f"dx_norm_{k}"], norms[f"dy_norm_{k}"],
+                                mask_threshold)
+  out["mask_threshold"] = mask_threshold
   high = np.flatnonzero(d["last_tsim"] >= ONSET_SIM)
-  out["onset_step"] = int(steps[high[0]]) if len(high) else None
-  if not tr.found and len(high) and high[0] > 0:
+  out["first_high_sim_step"] = int(steps[high[0]]) if len(high) else None
+  onset = collapse_onset(d["last_tsim"])
+  out["onset_step"] = int(steps[onset]) if onset is not None else None
+  if not tr.found and onset is not None and onset > 0:
     # no loss rise (the run collapsed while the loss was still falling from ln V):
     # centre the window on the collapse onset instead, and say so
-    tr = gr.Transition(True, int(steps[high[0]]), int(high[0]), 0.0, 0.0)
-    out["window_centre"] = "onset (first logged step with last-layer t_sim >= 0.99)"
+    tr = gr.Transition(True, int(steps[onset]), int(onset), 0.0, 0.0)
+    out["window_centre"] = ("onset (first logged step from which last-layer t_sim stays "
+                            ">= 0.99)")
   else:
     out["window_centre"] = "detect_transition"
-  out["alpha_max"] = float(max(d["alpha_1"].max(), d["alpha_2"].max()))
-  out["alpha_1_layer1_max"] = float(d["alpha_1"][:, 0].max())
+  loss = d["loss"]
+  out["min_loss"] = float(loss.min())
+  out["min_loss_step"] = int(steps[np.argmin(loss)])
+  out["final_loss"] = float(loss[-1])
+  out["final_freq_loss_batch"] = float(d["freq_loss"][-1])
+  out["final_last_tsim"] = float(d["last_tsim"][-1])
+  out["final_grad_first_over_last"] = float(d["grad_norm"][-1, 0] / d["grad_norm"][-1, -1])
+  # the update from which the layer-1 gradient stays GRAD_COLLAPSE_RATIO below the last
+  # layer's (Fig 5's early-layer vanishing, as one step)
+  g = first_sustained(d["grad_norm"][:, 0] < GRAD_COLLAPSE_RATIO * d["grad_norm"][:, -1])
+  out["grad_collapse_step"] = int(steps[g]) if g is not None else None
+  out["alpha_max"] = _finite_max(np.concatenate([d["alpha_1"], d["alpha_2"]], axis=1))
+  out["alpha_1_layer1_max"] = _finite_max(d["alpha_1"][:, 0])
+  for k in (1, 2):
+    out[f"alpha_{k}_peak"] = alpha_peak(d[f"alpha_{k}"], steps)
+    if norms and out[f"alpha_{k}_peak"]["max"] is not None:
+      i_, l_ = out[f"alpha_{k}_peak"]["step"], out[f"alpha_{k}_peak"]["layer"] - 1
+      i_ = int(np.searchsorted(steps, i_))
+      out[f"alpha_{k}_peak"]["dx_norm"] = float(norms[f"dx_norm_{k}"][i_, l_])
+      out[f"alpha_{k}_peak"]["dy_norm"] = float(norms[f"dy_norm_{k}"][i_, l_])
+      out[f"alpha_{k}_max_masked_either"] = _finite_max(mask_vanishing(
+          d[f"alpha_{k}"], norms[f"dx_norm_{k}"], norms[f"dy_norm_{k}"], MASK_THRESHOLD,
+          rule="either"))
+      # how the maximum depends on the masking threshold (App F.4 uses 1e-10)
+      out[f"alpha_{k}_max_vs_mask"] = {
+          f"{t:g}": _finite_max(mask_vanishing(d[f"alpha_{k}"], norms[f"dx_norm_{k}"],
+                                               norms[f"dy_norm_{k}"], t))
+          for t in MASK_SWEEP}
   if tr.found:
     i = int(np.searchsorted(steps, tr.step))
     pre = (steps >= tr.step - WINDOW) & (steps < tr.step)
@@ -71,30 +280,54 @@ def analyze(workdir: str) -> dict[str, Any]:
     if not pre.any():
       pre = steps < tr.step
     for k in (1, 2):
+      c = d[f"contraction_{k}"]
+      out[f"alpha_{k}_max_pre"] = _finite_max(d[f"alpha_{k}"][pre])
+      out[f"alpha_{k}_max_post"] = _finite_max(d[f"alpha_{k}"][post])
       out[f"rms_factor_{k}_pre_mean"] = float(d[f"rms_factor_mean_{k}"][pre].mean())
       out[f"rms_factor_{k}_post_mean"] = float(d[f"rms_factor_mean_{k}"][post].mean())
-      out[f"contraction_{k}_frac_below1_pre"] = float(np.mean(d[f"contraction_{k}"][pre] < 1))
-      out[f"contraction_{k}_frac_below1_post"] = float(np.mean(d[f"contraction_{k}"][post] < 1))
-      out[f"contraction_{k}_layer1_post_mean"] = float(d[f"contraction_{k}"][post, 0].mean())
+      out[f"contraction_{k}_frac_below1_pre"] = _finite_mean(c[pre] < 1, c[pre])
+      out[f"contraction_{k}_frac_below1_post"] = _finite_mean(c[post] < 1, c[post])
+      out[f"contraction_{k}_layer1_post_mean"] = _finite_mean(c[post, 0], c[post, 0])
     gn = d["grad_norm"]
     out["grad_first_over_last_before"] = float(gn[i - 1, 0] / gn[i - 1, -1])
     out["grad_first_over_last_after"] = float(gn[post, 0].mean() / gn[post, -1].mean())
     out["grad_first_layer_drop"] = float(gn[i - 1, 0] / max(gn[post, 0].mean(), 1e-30))
     out["grad_last_layer_drop"] = float(gn[i - 1, -1] / max(gn[post, -1].mean(), 1e-30))
+    if grad_window is not None:
+      out.update(_grad_window_stats(gn, steps, tr.step, grad_window, "grad_window"))
+  if grad_window is not None and out["onset_step"] is not None:
+    # the same window centred on the collapse onset (t_sim >= 0.99), which can come
+    # several updates after the detected transition
+    out.update(_grad_window_stats(d["grad_norm"], steps, out["onset_step"], grad_window,
+                                  "grad_window_onset"))
   out["_series"] = (steps, d, tr)
   return out
 
 
-def plot(a: dict[str, Any], out_dir: str, tag: str) -> list[str]:
+def plot(a: dict[str, Any], out_dir: str, tag: str,
+         names: tuple[str, str, str] = ("fig3", "fig4", "fig5"),
+         grad_window: tuple[int, int] | None = None) -> list[str]:
+  """Writes the three figures of one run: ``<names[i]>_<tag>.png``.
+
+  names: file prefixes for the Fig 3 (alpha over the run), Fig 4 (sqrt(d)/||y|| and c
+  in the window) and Fig 5 (per-layer gradient norms) panels, e.g. ("fig12", "fig13",
+  "fig14") for the LR ablation. grad_window: as in ``analyze``.
+  """
+  os.makedirs(out_dir, exist_ok=True)
   plt = common.pyplot()
   steps, d, tr = a["_series"]
   L = a["num_layers"]
   show = _layers_to_show(L)
   files = []
+  masked = a.get("mask_threshold") is not None
+  mask_note = f", alpha/c masked where grad norms < {a['mask_threshold']:g}" if masked else ""
 
-  def vline(ax):
+  def vline(ax, shade=False):
     if tr.found:
       ax.axvline(tr.step, color="k", ls="--", lw=0.8)
+      if shade:   # the paper's pre/post-transition windows (Figs 4, 11)
+        ax.axvspan(max(tr.step - WINDOW, steps[0]), tr.step, color="tab:blue", alpha=0.07)
+        ax.axvspan(tr.step, min(tr.step + WINDOW, steps[-1]), color="gray", alpha=0.12)
 
   fig, ax = plt.subplots(2, 2, figsize=(11, 7))
   ax[0, 0].plot(steps, d["loss"], label="loss")
@@ -111,9 +344,9 @@ def plot(a: dict[str, Any], out_dir: str, tag: str) -> list[str]:
   ax[1, 0].legend(fontsize=6)
   for x in ax.flat:
     vline(x)
-  fig.suptitle(f"Fig 3 ({tag})", fontsize=9)
+  fig.suptitle(f"{names[0]} ({tag}){mask_note}", fontsize=9)
   fig.tight_layout()
-  files.append(os.path.join(out_dir, f"fig3_{tag}.png"))
+  files.append(os.path.join(out_dir, f"{names[0]}_{tag}.png"))
   fig.savefig(files[-1], dpi=110)
   plt.close(fig)
 
@@ -131,24 +364,30 @@ def plot(a: dict[str, Any], out_dir: str, tag: str) -> list[str]:
     ax[1, j].axhline(1.0, color="gray", lw=0.5)
   ax[0, 0].legend(fontsize=6)
   for x in ax.flat:
-    vline(x)
-  fig.suptitle(f"Fig 4 ({tag}): transition window", fontsize=9)
+    vline(x, shade=True)
+  fig.suptitle(f"{names[1]} ({tag}): transition window{mask_note}", fontsize=9)
   fig.tight_layout()
-  files.append(os.path.join(out_dir, f"fig4_{tag}.png"))
+  files.append(os.path.join(out_dir, f"{names[1]}_{tag}.png"))
   fig.savefig(files[-1], dpi=110)
   plt.close(fig)
 
+  if grad_window is not None and tr.found:
+    gwin = gradient_window(steps, tr.step, *grad_window)
+  else:
+    gwin = win
   fig, ax = plt.subplots(figsize=(6, 4))
-  idx = np.flatnonzero(win)
+  idx = np.flatnonzero(gwin)
   cmap = plt.get_cmap("viridis")
   for n_, i in enumerate(idx):
     ax.semilogy(np.arange(1, L + 1), d["grad_norm"][i], color=cmap(n_ / max(len(idx) - 1, 1)),
                 lw=0.9, label=f"step {steps[i]}" if n_ in (0, len(idx) - 1) else None)
   ax.set(xlabel="layer", ylabel="parameter-gradient norm",
-         title=f"Fig 5 ({tag}): per-layer gradient norms, steps {steps[idx[0]]}-{steps[idx[-1]]}")
+         title=f"{names[2]} ({tag}): per-layer gradient norms, steps "
+               f"{steps[idx[0]]}-{steps[idx[-1]]}")
+  ax.title.set_fontsize(8)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  files.append(os.path.join(out_dir, f"fig5_{tag}.png"))
+  files.append(os.path.join(out_dir, f"{names[2]}_{tag}.png"))
   fig.savefig(files[-1], dpi=110)
   plt.close(fig)
   return files
@@ -184,13 +423,41 @@ def run(out_dir: str, scale: str = "quick", run_name: str = "post_collapse") -> 
   return result
 
 
+def run_dir(workdir: str, out_dir: str, tag: str | None = None,
+            mask_threshold: float | None = None, grad_window: tuple[int, int] | None = None,
+            names: tuple[str, str, str] = ("fig3", "fig4", "fig5")) -> dict[str, Any]:
+  """Analyses and plots an existing run directory (no training); writes
+  ``fig3_fig5_<tag>.json`` (tag defaults to the directory's name) and the PNGs."""
+  tag = tag or os.path.basename(os.path.normpath(workdir))
+  a = analyze(workdir, mask_threshold, grad_window)
+  files = plot(a, out_dir, tag, names, grad_window)
+  a.pop("_series")
+  result = {"figure": "postnorm_collapse Figs 3-5 analysis of one run", "run": tag,
+            "ours": a, "files": files}
+  common.write_json(out_dir, f"fig3_fig5_{tag}.json", result)
+  return result
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
   parser.add_argument("--scale", choices=["quick"], default="quick")
   parser.add_argument("--run", default="post_collapse", choices=sorted(collapse_study.RUNS))
+  parser.add_argument("--run-dir", default=None,
+                      help="analyse this finished run directory instead (no training)")
+  parser.add_argument("--tag", default=None, help="output name for --run-dir")
+  parser.add_argument("--mask-threshold", type=float, default=None,
+                      help="App F.4 masking of alpha and c (e.g. 1e-10); --run-dir only")
+  parser.add_argument("--grad-window", default=None,
+                      help="BEFORE,AFTER updates around the transition for the gradient "
+                           "plot (e.g. 4,6); --run-dir only")
   args = parser.parse_args()
-  print(json.dumps(run(args.out, args.scale, args.run)["ours"], indent=2))
+  if args.run_dir:
+    gw = tuple(int(x) for x in args.grad_window.split(",")) if args.grad_window else None
+    res = run_dir(args.run_dir, args.out, args.tag, args.mask_threshold, gw)
+  else:
+    res = run(args.out, args.scale, args.run)
+  print(json.dumps(res["ours"], indent=2))
 
 
 if __name__ == "__main__":

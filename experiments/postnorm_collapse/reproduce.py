@@ -8,6 +8,8 @@ the others still run.
 
 Run:  python experiments/postnorm_collapse/reproduce.py --out runs/postnorm_collapse
       [--scale quick|paper] [--only fig1,fig2]
+      (--only fig10 = Figs 10-11, the second seed; --only fig12 = Figs 12-20, the LR
+      ablation; fig11, fig13..fig20 are aliases)
 """
 from __future__ import annotations
 
@@ -33,8 +35,17 @@ SCRIPTS: dict[str, tuple[str, str]] = {
     "fig3_fig5": ("fig3_fig5_transition", "collapse"),
     "fig6": ("fig6_frequency_loss", "collapse"),
     "thm38": ("thm38_check", "collapse"),
+    "fig10": ("fig10_fig11_second_seed", "collapse"),
+    "fig12": ("fig12_fig20_lr_ablation", "collapse"),
 }
-TRAINING = {"collapse", "fig3_fig5", "fig6", "thm38"}
+# other names accepted by ``only`` / ``--only`` for the scripts that make several figures
+ALIASES: dict[str, str] = {
+    "fig3": "fig3_fig5", "fig4": "fig3_fig5", "fig5": "fig3_fig5",
+    "fig8": "fig8_fig9", "fig9": "fig8_fig9",
+    "fig11": "fig10", "fig10_fig11": "fig10",
+    **{f"fig{i}": "fig12" for i in range(13, 21)}, "fig12_fig20": "fig12",
+}
+TRAINING = {"collapse", "fig3_fig5", "fig6", "thm38", "fig10", "fig12"}
 PAPER_RUN = {
     "post_collapse": "collapses: loss ~ L_freq, t_sim ~ 1, early grads orders smaller",
     "pre_same_lr": "Pre-Norm at the same LR trains",
@@ -90,6 +101,30 @@ def _rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
   if name == "fig6":
     return [(f"Fig 6 {k}: loss tail vs freq loss", "near", f"{_fmt(v['final_loss_tail_mean'])} "
              f"vs {_fmt(v['freq_loss'])} (gap {_fmt(v['gap'])})") for k, v in o.items()]
+  if name == "fig10":
+    rows = []
+    for key, v in res.get("seed_comparison", {}).items():
+      if key == "order":
+        continue
+      rows.append((f"Fig 10-11 {key}, seed 0 / seed 1: transition (onset); alpha max; "
+                   "frac c<1 after (attn, ffn); grad layer1/last after",
+                   "another seed reproduces the pattern (transition ~1979 vs ~2644)",
+                   " / ".join(f"{_fmt(v['transition_step'][i])} ({_fmt(v['onset_step'][i])}); "
+                              f"{_fmt(v['alpha_max'][i])}; "
+                              f"{_fmt(v['contraction_1_frac_below1_post'][i])}, "
+                              f"{_fmt(v['contraction_2_frac_below1_post'][i])}; "
+                              f"{_fmt(v['grad_first_over_last_after'][i])}"
+                              for i in (0, 1))))
+    return rows
+  if name == "fig12":
+    return [(f"Figs 12-20 {lr}: transition (onset); alpha max (masked); frac c<1 after "
+             "(attn, ffn); layer-1 / last-layer grad drop over the window",
+             "collapse at each LR; alpha, c masked < 1e-10; early grads drop by orders",
+             f"{v.get('transition_step')} ({v.get('onset_step')}); {_fmt(v.get('alpha_max'))}; "
+             f"{_fmt(v.get('contraction_1_frac_below1_post'))}, "
+             f"{_fmt(v.get('contraction_2_frac_below1_post'))}; "
+             f"{_fmt(v.get('grad_window_layer1_drop'))} / "
+             f"{_fmt(v.get('grad_window_last_layer_drop'))}") for lr, v in o.items()]
   if name == "thm38":
     g = res["gradient_vanishing"]
     fmax = max(g["frequency_head"]["max_grad_norm_per_block"][b] for b in ("attn", "ffn",
@@ -105,8 +140,12 @@ def _rows(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def run_all(out_dir: str, scale: str = "quick", only: Sequence[str] | None = None) -> dict:
-  """Runs the scripts (all, or ``only``), writes ``summary.md``; returns their results."""
-  names = list(only) if only else list(SCRIPTS)
+  """Runs the scripts (all, or ``only``), writes ``summary.md``; returns their results.
+
+  ``only`` takes ``SCRIPTS`` names or ``ALIASES`` (e.g. "fig11" -> "fig10", "fig17" ->
+  "fig12"); a script named twice runs once.
+  """
+  names = list(dict.fromkeys(ALIASES.get(n, n) for n in only)) if only else list(SCRIPTS)
   unknown = [n for n in names if n not in SCRIPTS]
   if unknown:
     raise ValueError(f"unknown scripts {unknown}; known: {sorted(SCRIPTS)}")
@@ -143,7 +182,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="runs/postnorm_collapse")
   parser.add_argument("--scale", choices=["quick", "paper"], default="quick")
-  parser.add_argument("--only", default=None, help="comma-separated names: " + ",".join(SCRIPTS))
+  parser.add_argument("--only", default=None, help="comma-separated names: " + ",".join(SCRIPTS)
+                      + " (or an alias: " + ",".join(ALIASES) + ")")
   args = parser.parse_args()
   res = run_all(args.out, args.scale, args.only.split(",") if args.only else None)
   print(open(os.path.join(args.out, "summary.md")).read())

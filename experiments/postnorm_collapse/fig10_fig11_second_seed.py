@@ -1,0 +1,125 @@
+"""Figures 10-11 of the Post-Norm collapse paper (App F.3): the backward-side
+measurements of Figs 3-5 repeated on another collapsing seed, quick scale.
+
+The paper repeats Figs 3-4 on a second collapsing run (same setup, another seed;
+transition ~1979 vs ~2644 for the main run). Here, with diagnostics at every update
+(``seed_lr_runs``):
+
+  post_warmup_lr0.015_seed1_diag1   the paper-like "learns then collapses" setting
+                                    (LR 1.5e-2, 20 warmup updates, 60 updates), seed 1
+  post_warmup_lr0.015_seed0_diag1   the same, seed 0: the reference at the same
+                                    resolution (the Fig 6 run logged every 10 updates)
+  post_collapse_seed1_diag1         the no-warmup collapse config (LR 1e-2), seed 1;
+                                    the seed-0 reference is collapse_study's
+                                    ``post_collapse`` (logged every 5 updates)
+
+For each run: ``fig10_<run>.png`` (Fig 10 = Fig 3: loss, last-layer similarity,
+alpha_1^l, alpha_2^l), ``fig11_<run>.png`` (Fig 11 = Fig 4: sqrt(d)/||y_k^l|| and c
+around the transition, pre/post windows shaded) and ``fig11grad_<run>.png`` (the
+Fig 5 per-layer gradient norms over updates [t-4, t+6]); ``fig10_fig11.json`` holds
+every number, the seed-0 vs seed-1 comparison, where alpha peaks (``alpha_peak``:
+one layer? one update?), and a check that per-update diagnostics do not change the
+trajectory (the seed-0 run vs the Fig 6 run, when that run is in ``out_dir``).
+
+Run:  python experiments/postnorm_collapse/fig10_fig11_second_seed.py --out runs/collapse
+(trains 3 runs if missing: about 2 + 2 + 5 CPU-minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from experiments.postnorm_collapse import collapse_study  # noqa: E402
+from experiments.postnorm_collapse import common  # noqa: E402
+from experiments.postnorm_collapse import fig3_fig5_transition as f35  # noqa: E402
+from experiments.postnorm_collapse import seed_lr_runs as sl  # noqa: E402
+
+WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
+WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
+NOWARMUP_SEED1 = "post_collapse_seed1_diag1"
+NOWARMUP_SEED0 = "post_collapse"          # collapse_study.RUNS, diagnostics every 5
+FIG6_SEED0 = f"post_warmup_lr{sl.MAIN_WARMUP_LR}"   # fig6_frequency_loss, every 10
+PAPER = {
+    "main_transition_step": 2644, "second_seed_transition_step": 1979,
+    "alpha": "stays below 2.5 (main run, Sec 4.2)",
+    "c": "most layers cross below 1 shortly after the transition; attention layer 1 "
+         "is an exception",
+    "claim": "the transition pattern is not specific to a single random seed",
+}
+COMPARE_KEYS = (
+    "transition_step", "onset_step", "first_high_sim_step", "grad_collapse_step", "min_loss",
+    "min_loss_step", "final_loss", "final_last_tsim", "alpha_max", "alpha_1_layer1_max",
+    "alpha_1_max_pre",
+    "alpha_1_max_post", "alpha_2_max_pre", "alpha_2_max_post", "rms_factor_1_pre_mean",
+    "rms_factor_1_post_mean", "rms_factor_2_pre_mean", "rms_factor_2_post_mean",
+    "contraction_1_frac_below1_post", "contraction_2_frac_below1_post",
+    "contraction_1_layer1_post_mean", "contraction_2_layer1_post_mean",
+    "grad_first_over_last_before", "grad_first_over_last_after", "grad_window_layer1_drop",
+    "grad_window_last_layer_drop", "final_grad_first_over_last")
+
+
+def same_trajectory(workdir_a: str, workdir_b: str) -> dict[str, Any]:
+  """Max |loss difference| at the diagnostic steps two runs share (training must not
+  depend on the diagnostics interval)."""
+  sa, da, _, _ = f35._load(workdir_a)
+  sb, db, _, _ = f35._load(workdir_b)
+  common_steps, ia, ib = np.intersect1d(sa, sb, return_indices=True)
+  diff = np.abs(da["loss"][ia] - db["loss"][ib])
+  return {"steps": [int(s) for s in common_steps], "max_abs_loss_diff": float(diff.max()),
+          "max_abs_alpha_2_diff": float(np.abs(da["alpha_2"][ia] - db["alpha_2"][ib]).max())}
+
+
+def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
+  """Trains (or reuses) the runs and writes ``fig10_fig11.json`` and the PNGs."""
+  if scale != "quick":
+    raise ValueError("only the quick scale runs here (see collapse_study.py)")
+  start = time.time()
+  ours: dict[str, Any] = {}
+  files: list[str] = []
+  workdirs: dict[str, str] = {}
+  for name in (WARMUP_SEED0, WARMUP_SEED1, NOWARMUP_SEED1, NOWARMUP_SEED0):
+    wd = (collapse_study.train_run(name, out_dir) if name == NOWARMUP_SEED0
+          else sl.train(name, out_dir))
+    workdirs[name] = wd
+    gw = f35.GRAD_WINDOW if name != NOWARMUP_SEED0 else None   # every 5: keep +-30
+    a = f35.analyze(wd, grad_window=gw)
+    files += f35.plot(a, out_dir, name, ("fig10", "fig11", "fig11grad"), gw)
+    a.pop("_series")
+    ours[name] = a
+  comparison = {
+      "warmup_lr0.015": {k: [ours[WARMUP_SEED0].get(k), ours[WARMUP_SEED1].get(k)]
+                         for k in COMPARE_KEYS},
+      "no_warmup_lr0.01": {k: [ours[NOWARMUP_SEED0].get(k), ours[NOWARMUP_SEED1].get(k)]
+                           for k in COMPARE_KEYS},
+      "order": "[seed 0, seed 1]",
+  }
+  fig6_wd = os.path.join(out_dir, "runs", FIG6_SEED0)
+  check = (same_trajectory(workdirs[WARMUP_SEED0], fig6_wd)
+           if os.path.isfile(os.path.join(fig6_wd, "config.json")) else None)
+  result = {"figure": "postnorm_collapse Figs 10-11 (App F.3), quick scale", "scale": scale,
+            "paper": PAPER, "ours": ours, "seed_comparison": comparison,
+            "diag_interval_check": check, "files": files, "seconds": time.time() - start}
+  common.write_json(out_dir, "fig10_fig11.json", result)
+  return result
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
+  parser.add_argument("--scale", choices=["quick"], default="quick")
+  args = parser.parse_args()
+  res = run(args.out, args.scale)
+  print(json.dumps({"seed_comparison": res["seed_comparison"],
+                    "diag_interval_check": res["diag_interval_check"]}, indent=2))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,132 @@
+"""Figures 12-20 of the Post-Norm collapse paper (App F.4): the backward-incapacity
+diagnostics of Figs 3-5 for collapsed Post-Norm runs at three learning rates, quick
+scale.
+
+The paper: LR 1.2e-3, 1.5e-3, 1.8e-3 (its main collapsing run is 8e-4, its stable
+control 6e-4), with warmup; per LR three figures: the sublayer gradient contribution
+(Fig 3 layout: loss, last-layer similarity, alpha_1^l, alpha_2^l), the backward-side
+diagnostic (Fig 4 layout: sqrt(d)/||y_k^l|| and c) and the per-layer gradient norms
+over an ~10-update window (steps 3123-3133, 1699-1709, 1754-1764), with alpha and c
+masked where the sublayer's input and output gradient norms are below 1e-10.
+
+Ours (``seed_lr_runs``): the warmup setting of the paper-like transition run
+(configs/collapse_post_quick.json, 20 linear warmup updates, 60 updates, seed 0) at
+``seed_lr_runs.ABLATION_LRS`` = 2e-2, 2.5e-2, 3e-2 = 2.0x, 2.5x, 3.0x our highest stable
+warmup LR (1e-2), the paper's ratios to its stable 6e-4; diagnostics at every update
+including ``postnorm_sublayer_norms`` for the mask (``fig3_fig5_transition.mask_vanishing``,
+rule "both", threshold 1e-10). The gradient window is [t-4, t+6] around the transition
+t (``gradient_window``; the paper's Fig 5 window 2640-2650 around 2644).
+
+Writes per LR ``fig12/13/14_lr0.02.png``, ``fig15/16/17_lr0.025.png``,
+``fig18/19/20_lr0.03.png``, an overview ``fig12_fig20_overview.png`` (loss and
+last-layer similarity of the three runs and the main 1.5e-2 run) and
+``fig12_fig20.json``.
+
+Run:  python experiments/postnorm_collapse/fig12_fig20_lr_ablation.py --out runs/collapse
+(trains 3 runs of 60 updates if missing: about 2 CPU-minutes each).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from experiments.postnorm_collapse import common  # noqa: E402
+from experiments.postnorm_collapse import fig3_fig5_transition as f35  # noqa: E402
+from experiments.postnorm_collapse import seed_lr_runs as sl  # noqa: E402
+
+FIG_NAMES: dict[float, tuple[str, str, str]] = {
+    lr: (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")
+    for i, lr in enumerate(sl.ABLATION_LRS)}
+PAPER = {
+    "learning_rates": [1.2e-3, 1.5e-3, 1.8e-3], "main_lr": 8e-4, "stable_lr": 6e-4,
+    "warmup_steps": 2000, "total_steps": 40000,
+    "gradient_windows": {"1.2e-3": [3123, 3133], "1.5e-3": [1699, 1709],
+                         "1.8e-3": [1754, 1764]},
+    "main_transition_step": 2644, "mask": "alpha and c masked where the submodule's input "
+                                          "and output gradient norms are below 1e-10",
+}
+SUMMARY_KEYS = (
+    "transition_step", "onset_step", "first_high_sim_step", "grad_collapse_step", "min_loss",
+    "min_loss_step", "final_loss", "final_freq_loss_batch", "final_last_tsim", "alpha_max",
+    "alpha_1_layer1_max", "alpha_1_max_masked_either", "alpha_2_max_masked_either",
+    "alpha_1_max_post", "alpha_2_max_post", "frac_vanished_1", "frac_vanished_2",
+    "frac_vanished_either_1", "frac_vanished_either_2",
+    "rms_factor_1_pre_mean", "rms_factor_1_post_mean", "rms_factor_2_pre_mean",
+    "rms_factor_2_post_mean", "contraction_1_frac_below1_post",
+    "contraction_2_frac_below1_post", "contraction_1_layer1_post_mean",
+    "grad_window_steps", "grad_window_layer1_drop", "grad_window_last_layer_drop",
+    "grad_window_first_over_last", "final_grad_first_over_last")
+
+
+def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
+  plt = common.pyplot()
+  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+  for label, wd in workdirs.items():
+    steps, d, _, _ = f35._load(wd)
+    ax[0].plot(steps, d["loss"], lw=0.9, label=label)
+    ax[1].plot(steps, d["last_tsim"], lw=0.9, label=label)
+  ax[0].set(title="training loss", xlabel="update")
+  ax[1].set(title="last-layer token similarity", xlabel="update")
+  ax[0].legend(fontsize=7)
+  fig.suptitle("Figs 12-20 overview: Post-Norm, 20 warmup updates, seed 0", fontsize=9)
+  fig.tight_layout()
+  path = os.path.join(out_dir, "fig12_fig20_overview.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
+  """Trains (or reuses) the three runs and writes ``fig12_fig20.json`` and the PNGs."""
+  if scale != "quick":
+    raise ValueError("only the quick scale runs here (see collapse_study.py)")
+  start = time.time()
+  ours: dict[str, Any] = {}
+  files: list[str] = []
+  workdirs: dict[str, str] = {}
+  for lr in sl.ABLATION_LRS:
+    name = sl.warmup_run_name(lr, 0)
+    wd = sl.train(name, out_dir)
+    workdirs[f"lr {lr}"] = wd
+    a = f35.analyze(wd, mask_threshold=f35.MASK_THRESHOLD, grad_window=f35.GRAD_WINDOW)
+    files += f35.plot(a, out_dir, f"lr{lr}", FIG_NAMES[lr], f35.GRAD_WINDOW)
+    a.pop("_series")
+    ours[f"lr{lr}"] = a
+  main = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
+  main_wd = os.path.join(out_dir, "runs", main)
+  if os.path.isfile(os.path.join(main_wd, "config.json")):   # fig10's run, when present
+    workdirs[f"lr {sl.MAIN_WARMUP_LR} (main)"] = main_wd
+    a = f35.analyze(main_wd, mask_threshold=f35.MASK_THRESHOLD, grad_window=f35.GRAD_WINDOW)
+    a.pop("_series")
+    ours[f"lr{sl.MAIN_WARMUP_LR}_main"] = a
+  files.append(_overview(out_dir, workdirs))
+  table = {k: {lr: v.get(k) for lr, v in ours.items()} for k in SUMMARY_KEYS}
+  result = {"figure": "postnorm_collapse Figs 12-20 (App F.4), quick scale", "scale": scale,
+            "paper": PAPER,
+            "settings": {"learning_rates": list(sl.ABLATION_LRS),
+                         "warmup_steps": sl.WARMUP_STEPS, "total_steps": sl.WARMUP_TOTAL,
+                         "mask_threshold": f35.MASK_THRESHOLD, "mask_rule": "both",
+                         "grad_window": list(f35.GRAD_WINDOW), "seed": 0},
+            "summary": table, "ours": ours, "files": files, "seconds": time.time() - start}
+  common.write_json(out_dir, "fig12_fig20.json", result)
+  return result
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
+  parser.add_argument("--scale", choices=["quick"], default="quick")
+  args = parser.parse_args()
+  print(json.dumps(run(args.out, args.scale)["summary"], indent=2))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,80 @@
+"""The quick-scale runs behind App F.3 (Figs 10-11, another seed) and App F.4 (Figs
+12-20, learning-rate ablation), all with diagnostics at every update.
+
+Every run here logs ``basic``, ``postnorm`` and ``postnorm_sublayer_norms`` (the
+gradient norms App F.4's masking rule needs) at every update (``diag_every=1``), so
+the transition window is resolved to one update (the Fig 6 warmup runs log every
+10). Training is deterministic given the seed: ``diag_every`` does not change the
+trajectory, so ``post_warmup_lr0.015_diag1`` is the Fig 6 run ``post_warmup_lr0.015``
+with finer diagnostics (``fig10_fig11_second_seed`` checks this).
+
+Settings (see EXPECTED.md, "Figures 10-11" and "Figures 12-20" for the reasons):
+
+  warmup ("learns then collapses", the paper-like setting): configs/collapse_post_quick.json
+    + learning_rate, warmup_steps=20 (linear), then constant, total_steps=60
+  no warmup: configs/collapse_post_quick.json as is (LR 1e-2, 150 updates)
+
+Run:  python experiments/postnorm_collapse/seed_lr_runs.py --out runs/collapse [--only a,b]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from experiments.postnorm_collapse import collapse_study  # noqa: E402
+
+CONFIG = "collapse_post_quick"
+DIAGS = 'diagnostics=["basic","postnorm","postnorm_sublayer_norms"]'
+WARMUP_STEPS = 20
+WARMUP_TOTAL = 60
+# the paper's ablation LRs 1.2e-3, 1.5e-3, 1.8e-3 are 2.0x, 2.5x, 3.0x its stable 6e-4
+# (App F.5) and 1.5x-2.25x its main collapsing 8e-4; ours are 2.0x, 2.5x, 3.0x our
+# highest stable warmup LR (1e-2) and 1.33x-2x our main warmup collapse LR (1.5e-2)
+ABLATION_LRS = (0.02, 0.025, 0.03)
+MAIN_WARMUP_LR = 0.015
+
+
+def _warmup(lr: float, seed: int = 0) -> list[str]:
+  return [f"seed={seed}", f"learning_rate={lr}", f"warmup_steps={WARMUP_STEPS}",
+          f"total_steps={WARMUP_TOTAL}", "diag_every=1", DIAGS]
+
+
+def warmup_run_name(lr: float, seed: int = 0) -> str:
+  return f"post_warmup_lr{lr}_seed{seed}_diag1"
+
+
+# name -> (config, overrides)
+RUNS: dict[str, tuple[str, list[str]]] = {
+    # Figs 10-11: a second seed of the main warmup run, and seed 0 at every update
+    warmup_run_name(MAIN_WARMUP_LR, 0): (CONFIG, _warmup(MAIN_WARMUP_LR, 0)),
+    warmup_run_name(MAIN_WARMUP_LR, 1): (CONFIG, _warmup(MAIN_WARMUP_LR, 1)),
+    # Figs 10-11 for the no-warmup collapse config (collapse_study's post_collapse), seed 1
+    "post_collapse_seed1_diag1": (CONFIG, ["seed=1", "diag_every=1", DIAGS]),
+    # Figs 12-20: the LR ablation (seed 0)
+    **{warmup_run_name(lr, 0): (CONFIG, _warmup(lr, 0)) for lr in ABLATION_LRS},
+}
+
+
+def train(name: str, out_dir: str) -> str:
+  """Trains (or reuses) run ``name`` under ``out_dir/runs/name``; returns the workdir."""
+  cfg, overrides = RUNS[name]
+  return collapse_study.train_run(name, out_dir, overrides=overrides, config=cfg)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
+  parser.add_argument("--only", default=None, help="comma-separated: " + ",".join(RUNS))
+  args = parser.parse_args()
+  for name in (args.only.split(",") if args.only else RUNS):
+    t0 = time.time()
+    wd = train(name, args.out)
+    print(f"{name}: {wd} ({time.time() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+  main()
