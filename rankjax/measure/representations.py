@@ -17,6 +17,7 @@ The measurements are pure functions of arrays; ``trace_representations`` and
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import flax.struct
@@ -154,6 +155,21 @@ class RepresentationTrace(NamedTuple):
   singular_values: Array
 
 
+def _layer_mask(layers: Sequence[int], depth: int) -> tuple[list[int], np.ndarray]:
+  """Sorted unique layers in [0, depth] and the (depth+1,) mask that selects them."""
+  layers = sorted(set(int(l) for l in layers))
+  if layers and (layers[0] < 0 or layers[-1] > depth):
+    raise ValueError(f"layers must lie in [0, {depth}], got {layers}")
+  selected = np.zeros(depth + 1, bool)
+  selected[layers] = True
+  return layers, selected
+
+
+def _singular_values_if(flag: Array, z: Array, k: int) -> Array:
+  """Singular values of z where ``flag`` (inside a depth scan), zeros elsewhere."""
+  return jax.lax.cond(flag, lambda: spectra.singular_values(z), lambda: jnp.zeros((k,), z.dtype))
+
+
 def trace_representations(blocks: dict, x_NxD: Array, cfg: MLPConfig,
                           layers: Sequence[int], beta: Array | float | None = None
                           ) -> RepresentationTrace:
@@ -165,17 +181,11 @@ def trace_representations(blocks: dict, x_NxD: Array, cfg: MLPConfig,
   beta = cfg.beta if beta is None else beta
   n, d = x_NxD.shape
   k = min(n, d)
-  layers = sorted(set(int(l) for l in layers))
-  if layers and (layers[0] < 0 or layers[-1] > cfg.depth):
-    raise ValueError(f"layers must lie in [0, {cfg.depth}], got {layers}")
-  selected = np.zeros(cfg.depth + 1, bool)
-  selected[layers] = True
+  layers, selected = _layer_mask(layers, cfg.depth)
   p_op, b_op, r_op = cfg.norm_ops
   eps = cfg.norm_eps
 
-  def sv_if(flag, z):
-    return jax.lax.cond(flag, lambda: spectra.singular_values(z),
-                        lambda: jnp.zeros((k,), z.dtype))
+  sv_if = functools.partial(_singular_values_if, k=k)
 
   def step(carry, xs):
     h, h_start = carry
@@ -225,18 +235,12 @@ def backward_stream(blocks: dict, x_NxD: Array, delta_L_NxD: Array, cfg: MLPConf
                      f"skip_every={cfg.skip_every}")
   n, d = x_NxD.shape
   k = min(n, d)
-  layers = sorted(set(int(l) for l in layers))
-  if layers and (layers[0] < 0 or layers[-1] > cfg.depth):
-    raise ValueError(f"layers must lie in [0, {cfg.depth}], got {layers}")
-  selected = np.zeros(cfg.depth + 1, bool)
-  selected[layers] = True
+  layers, selected = _layer_mask(layers, cfg.depth)
 
   def fraction(z_NxD):
     return jnp.sum(jnp.square(jnp.mean(z_NxD, 0))) / jnp.mean(jnp.sum(jnp.square(z_NxD), -1))
 
-  def sv_if(flag, z):
-    return jax.lax.cond(flag, lambda: spectra.singular_values(z),
-                        lambda: jnp.zeros((k,), z.dtype))
+  sv_if = functools.partial(_singular_values_if, k=k)
 
   _, hs = blocks_lib.stack_forward(blocks, x_NxD, cfg)          # (L, n, d): h_1..h_L
   h_in = jnp.concatenate([x_NxD[None], hs[:-1]], axis=0)        # block l's input h_{l-1}
