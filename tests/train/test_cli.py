@@ -25,6 +25,7 @@ def config_file(tmp_path):
   return path
 
 
+@pytest.mark.slow
 def test_train_then_rerun_resumes(cli, config_file, tmp_path, capsys, compile_cache):
   """The tiny LM of test_resume (compiled once per session), through the command."""
   workdir = tmp_path / "run"

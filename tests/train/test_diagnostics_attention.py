@@ -49,6 +49,7 @@ def test_layer_probs_match_captured_stack(norm_position):
   np.testing.assert_allclose(got[1], stack[0], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_diagnostics_step_equals_direct_computation():
   """Statistics from the jitted diagnostics step == attention_statistics on the
   probabilities captured from the same parameters and examples (same rows)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rankjax.config import TrainConfig, TransformerConfig
 from rankjax.measure import gradients as gr
@@ -22,6 +23,7 @@ def _cfg() -> TrainConfig:
                      warmup_steps=0, diag_every=1, diagnostics=("postnorm",), diag_examples=3)
 
 
+@pytest.mark.slow
 def test_postnorm_diagnostic_step_matches_direct_grads():
   cfg = _cfg()
   task = make_task(cfg)
