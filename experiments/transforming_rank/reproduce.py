@@ -4,9 +4,15 @@
 
 ``run_all(out_dir, scale, only)`` is what ``rankjax reproduce transforming_rank`` calls.
 Quick scale keeps the paper's depths, ratios and sweeps with the width scaled down
-(mostly d=256 -> 64) and fewer seeds; paper scale uses the paper's settings. Not
-covered here: the CIFAR-10 trainability experiments (Fig 6, 13, 16, Table 5) and the
-GPT-2 measurements (Fig 8c, Fig 12), which need training / checkpoints.
+(mostly d=256 -> 64) and fewer seeds; paper scale uses the paper's settings. The
+trainability experiments (Fig 6, 13, 16, Table 5: ``fig6_trainability``) train on
+CIFAR-10 when tfds has it prepared, else on the offline image set (Fashion-MNIST or
+sklearn digits), and name the set used; quick scale trains width-16 networks on a
+subset for 200 steps.
+The GPT-2 measurements (Fig 12, Fig 8c: ``fig12_gpt2_ffn``) run here at GPT-2
+initialization (quick: depths 12 / 24, width scaled down); pretrained weights need
+``python -m experiments.transforming_rank.fig12_gpt2_ffn --checkpoint PATH``
+(Hugging Face ``model.safetensors``; nothing is downloaded).
 """
 from __future__ import annotations
 
@@ -30,10 +36,14 @@ EXPERIMENTS = {
     "fig15": "fig15_output_norm",
     "fig8": "fig8_width_expansion",
     "fig9": "fig9_marchenko_pastur",
+    "fig12": "fig12_gpt2_ffn",
+    "fig6": "fig6_trainability",
+    "appc": "appc_backward",
 }
 # What each script also covers, for --only lookups.
 ALIASES = {"fig10": "fig4", "fig11": "fig5", "table4": "fig5", "fig14": "fig7",
-           "fig17": "fig9", "table2": "fig4"}
+           "fig17": "fig9", "table2": "fig4", "fig8c": "fig12",
+           "fig13": "fig6", "fig16": "fig6", "table5": "fig6"}
 
 
 def resolve(only: str | Sequence[str] | None) -> list[str]:

@@ -18,8 +18,9 @@ def test_every_experiment_has_quick_and_paper_settings(name):
 def test_resolve_aliases():
   assert reproduce.resolve("fig10,table4") == ["fig4", "fig5"]
   assert reproduce.resolve(["fig14"]) == ["fig7"]
+  assert reproduce.resolve("fig8c,table5,appc") == ["fig12", "fig6", "appc"]
   with pytest.raises(ValueError, match="unknown experiment"):
-    reproduce.resolve("fig6")
+    reproduce.resolve("fig99")
 
 
 def test_small_experiment_and_summary(tmp_path):
