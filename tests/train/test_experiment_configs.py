@@ -31,3 +31,19 @@ def test_config_builds(path):
   if path.stem in expected:
     lo, hi = expected[path.stem]
     assert lo < n < hi, n
+
+
+def test_softmax_quick_sharpen_config():
+  """experiments/softmax_sensitivity/configs/quick_sharpen.json: ``quick`` run for 800
+  updates instead of 200, warmup still a quarter (App D.1 protocol otherwise unchanged;
+  the run length under which Pre-LN attention sharpens, Fig 3)."""
+  base = ROOT / "experiments" / "softmax_sensitivity" / "configs"
+  quick = config_lib.from_json(TrainConfig, base / "quick.json")
+  sharp = config_lib.from_json(TrainConfig, base / "quick_sharpen.json")
+  assert config_lib.diff(quick, sharp) == {
+      "warmup_steps": (50, 200), "total_steps": (200, 800), "checkpoint_every": (200, 800)}
+  assert sharp.warmup_steps * 4 == sharp.total_steps
+  assert sharp.diagnostics == ("basic", "attention") and sharp.diag_every == 10
+  task = make_task(sharp)
+  tx = state_lib.make_optimizer(sharp, task.stacked_roots)
+  jax.eval_shape(state_lib.make_init(task, tx, sharp.seed))
