@@ -156,9 +156,9 @@ def branch_core_jacobian(params: dict, z_D: Array, cfg: MLPConfig) -> tuple[Arra
     act = fn(pre)
     da_MxD = _elementwise_derivative(fn, pre)[:, None] * w_in.T
   if cfg.branch_matrices == 2:
-    # Materialize diag(sigma') W_up^T before the GEMM: XLA:CPU otherwise fuses the
-    # scaling into the dot and emits a naive loop instead of the library GEMM, which
-    # ran ~1.8x slower (measured in experiments/benchmarks/jacobian_engine.py).
+    # Materialize diag(sigma') W_up^T before the GEMM rather than letting XLA:CPU fuse
+    # the scaling into the dot: 0.98 s vs 1.11 s for the block Jacobians of L=48,
+    # d=256, 4x, 8 seeds on the 2-core CPU (same-run comparison).
     da_MxD = jax.lax.optimization_barrier(da_MxD)
     return act @ params["w_down"], params["w_down"].T @ da_MxD
   return act, da_MxD
