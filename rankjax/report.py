@@ -277,8 +277,10 @@ def build_study_report(workdir: pathlib.Path, studies: dict[str, pathlib.Path]) 
   out.mkdir(exist_ok=True)
   body = []
   for name, folder in studies.items():
-    body.append(f"<h2>{name}</h2>")
-    body.append(markdown_to_html((folder / "summary.md").read_text()))
+    summary = (folder / "summary.md").read_text()
+    if not summary.lstrip().startswith("#"):   # the summary's own title names the study
+      body.append(f"<h2>{name}</h2>")
+    body.append(markdown_to_html(summary))
     for png in sorted(folder.rglob("*.png")):
       if out in png.parents or (folder / "report") in png.parents:
         continue
