@@ -18,8 +18,6 @@ Figs 3-6 (``fig3_fig5_transition.py``, ``fig6_frequency_loss.py``) reuse these r
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -120,13 +118,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   return out
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--scale", choices=["quick"], default="quick")
-  args = parser.parse_args()
-  print(json.dumps(run(args.out, args.scale), indent=2))
-
 
 if __name__ == "__main__":
-  main()
+  common.main(run, __doc__, "runs/postnorm_collapse/collapse")

@@ -5,7 +5,7 @@ import json
 import os
 import pathlib
 import sys
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,18 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
+
+
+def main(run: Callable[[str, str], dict], doc: str, default_out: str,
+         scales: Sequence[str] = ("quick",),
+         show: Callable[[dict], Any] = lambda result: result) -> None:
+  """The command line of a script: ``--out`` and ``--scale``; prints ``show(result)``."""
+  import argparse
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+  parser.add_argument("--out", default=default_out)
+  parser.add_argument("--scale", choices=sorted(scales), default="quick")
+  args = parser.parse_args()
+  print(json.dumps(show(run(args.out, args.scale)), indent=2, default=float))
 
 
 def pyplot():

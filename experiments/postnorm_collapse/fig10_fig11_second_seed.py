@@ -26,8 +26,6 @@ Run:  python experiments/postnorm_collapse/fig10_fig11_second_seed.py --out runs
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -111,15 +109,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   return result
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--scale", choices=["quick"], default="quick")
-  args = parser.parse_args()
-  res = run(args.out, args.scale)
-  print(json.dumps({"seed_comparison": res["seed_comparison"],
-                    "diag_interval_check": res["diag_interval_check"]}, indent=2))
-
 
 if __name__ == "__main__":
-  main()
+  common.main(run, __doc__, "runs/postnorm_collapse/collapse", show=lambda r: {
+      "seed_comparison": r["seed_comparison"], "diag_interval_check": r["diag_interval_check"]})

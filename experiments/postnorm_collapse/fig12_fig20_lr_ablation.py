@@ -27,14 +27,11 @@ Run:  python experiments/postnorm_collapse/fig12_fig20_lr_ablation.py --out runs
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 from typing import Any
 
-import numpy as np
 
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -120,13 +117,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   return result
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--scale", choices=["quick"], default="quick")
-  args = parser.parse_args()
-  print(json.dumps(run(args.out, args.scale)["summary"], indent=2))
-
 
 if __name__ == "__main__":
-  main()
+  common.main(run, __doc__, "runs/postnorm_collapse/collapse", show=lambda r: r["summary"])

@@ -12,8 +12,6 @@ Run:  python experiments/postnorm_collapse/fig2_prefix_removal.py --out runs/fig
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -105,13 +103,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   return result
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/fig2")
-  parser.add_argument("--scale", choices=sorted(SCALES), default="quick")
-  args = parser.parse_args()
-  print(json.dumps(run(args.out, args.scale)["ours"], indent=2))
-
 
 if __name__ == "__main__":
-  main()
+  common.main(run, __doc__, "runs/postnorm_collapse/fig2", SCALES, lambda r: r["ours"])

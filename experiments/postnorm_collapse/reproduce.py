@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))

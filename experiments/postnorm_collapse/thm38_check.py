@@ -15,8 +15,6 @@ Run:  python experiments/postnorm_collapse/thm38_check.py --out runs/collapse
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -117,13 +115,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   return res
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--scale", choices=["quick"], default="quick")
-  args = parser.parse_args()
-  print(json.dumps(run(args.out, args.scale), indent=2))
-
 
 if __name__ == "__main__":
-  main()
+  common.main(run, __doc__, "runs/postnorm_collapse/collapse")

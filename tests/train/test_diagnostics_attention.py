@@ -4,7 +4,6 @@ computation on the probabilities captured by ``DecoderLM.apply(capture_probs=Tru
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
