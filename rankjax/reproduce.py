@@ -27,23 +27,45 @@ def experiments_root() -> pathlib.Path:
   return root
 
 
+def _study_module(study: str):
+  root = experiments_root()
+  if str(root.parent) not in sys.path:
+    sys.path.insert(0, str(root.parent))
+  return importlib.import_module(f"experiments.{study}.reproduce")
+
+
+def _split_all(only: list[str]) -> dict[str, list[str]]:
+  """For ``all``: each study gets the ``only`` names it knows (``names()`` of its
+  reproduce module); a name no study knows fails before anything runs."""
+  wanted = [p.strip() for n in only for p in n.split(",") if p.strip()]
+  known = {s: {k.lower(): k for k in _study_module(s).names()} for s in STUDIES}  # any case
+  unknown = [n for n in wanted if not any(n.lower() in k for k in known.values())]
+  if unknown:
+    raise ValueError(f"--only {unknown}: no study has such an experiment; "
+                     + "; ".join(f"{s}: {sorted(k.values())}" for s, k in known.items()))
+  return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in STUDIES}
+
+
 def run(study: str, out_dir: str | pathlib.Path, scale: str = "quick",
         only: list[str] | None = None) -> dict:
-  """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report."""
+  """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report.
+
+  With ``all``, ``only`` names run in every study that has them (``fig3`` is a figure
+  of each paper), and studies with none of them are skipped.
+  """
   from rankjax.report import build_report
 
   if study == "all":
-    results = {s: run(s, out_dir, scale, only) for s in STUDIES}
+    plan = _split_all(only) if only else {s: None for s in STUDIES}
+    results = {s: run(s, out_dir, scale, names) for s, names in plan.items()
+               if names is None or names}
     print(f"report: {build_report(out_dir)}")
     return results
   if study not in STUDIES:
     raise ValueError(f"study {study!r} is not known; choose one of {list(STUDIES) + ['all']}")
   if scale not in ("quick", "paper"):
     raise ValueError(f"--scale {scale!r} is not known; choose 'quick' or 'paper'")
-  root = experiments_root()
-  if str(root.parent) not in sys.path:
-    sys.path.insert(0, str(root.parent))
-  module = importlib.import_module(f"experiments.{study}.reproduce")
+  module = _study_module(study)
   out = pathlib.Path(out_dir) / study
   out.mkdir(parents=True, exist_ok=True)
   print(f"reproduce {study} ({scale} scale) -> {out}")

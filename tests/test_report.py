@@ -75,3 +75,11 @@ def test_reproduce_writes_summary_and_report(tmp_path, capsys):
   page = (out / "report" / "report.html").read_text()
   assert "<td>table1</td>" in page and "alt='table1_coherence.png'" in page
   assert f"report: {out / 'report' / 'report.html'}" in capsys.readouterr().out
+
+
+def test_reproduce_all_only_goes_to_the_studies_that_have_the_name():
+  plan = reproduce._split_all(["fig3", "theorem_check,Table1", "certificates_large_l"])
+  assert plan == {"postnorm_collapse": ["fig3"], "softmax_sensitivity": ["theorem_check", "certificates_large_L"],
+                  "transforming_rank": ["fig3", "table1"]}
+  with pytest.raises(ValueError, match=r"--only \['fig99'\]: no study has such an experiment"):
+    reproduce._split_all(["fig3", "fig99"])

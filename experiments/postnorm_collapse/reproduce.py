@@ -52,6 +52,11 @@ PAPER_RUN = {
 }
 
 
+def names() -> set[str]:
+  """Every name ``run_all(only=...)`` accepts (experiments and aliases)."""
+  return set(SCRIPTS) | set(ALIASES)
+
+
 def _fmt(x: Any) -> str:
   if isinstance(x, float):
     return f"{x:.4g}"

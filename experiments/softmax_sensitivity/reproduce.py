@@ -21,6 +21,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = ("theorem_check", "certificates_large_L", "prepost_training")
 
 
+def names() -> set[str]:
+  """Every name ``run_all(only=...)`` accepts (experiments and aliases)."""
+  return set(SCRIPTS)
+
+
 def _module(name: str):
   if HERE not in sys.path:
     sys.path.insert(0, HERE)

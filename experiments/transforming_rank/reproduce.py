@@ -46,6 +46,11 @@ ALIASES = {"fig10": "fig4", "fig11": "fig5", "table4": "fig5", "fig14": "fig7",
            "fig13": "fig6", "fig16": "fig6", "table5": "fig6"}
 
 
+def names() -> set[str]:
+  """Every name ``run_all(only=...)`` accepts (experiments and aliases)."""
+  return set(EXPERIMENTS) | set(ALIASES)
+
+
 def resolve(only: str | Sequence[str] | None) -> list[str]:
   if only is None:
     return list(EXPERIMENTS)
