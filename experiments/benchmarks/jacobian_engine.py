@@ -36,7 +36,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from rankjax.config import MLPConfig  # noqa: E402
-from rankjax.measure import jacobians, paths, spectra  # noqa: E402
+from rankjax.measure import host_svd, jacobians, paths  # noqa: E402
 from rankjax.models import blocks as blocks_lib  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
@@ -111,11 +111,14 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
   dp_gflops = tri_flops / dp_time / 1e9
   full = jacobians.make_study_fn(cfg, 1, seeds, num_chunks=num_chunks)
   full_time = best_time(full, key, 1.0, 1.0, reps=reps)
-  svd_fn = jax.jit(seq(lambda b, h: spectra.singular_values(jacobians.input_output_jacobians(
-      jacobians.block_jacobians(b, h[0], cfg), cfg))))
-  svd_time = best_time(svd_fn, blocks, h0, reps=reps) - best_time(jax.jit(seq(
-      lambda b, h: jacobians.input_output_jacobians(jacobians.block_jacobians(b, h[0], cfg),
-                                                    cfg))), blocks, h0, reps=reps)
+  prod_fn = jax.jit(seq(lambda b, h: jacobians.input_output_jacobians(
+      jacobians.block_jacobians(b, h[0], cfg), cfg)))
+  ts = jax.block_until_ready(prod_fn(blocks, h0))
+  svd_threaded = jax.jit(host_svd.singular_values_threaded)   # what the study uses
+  svd_xla = jax.jit(lambda t: jnp.linalg.svd(t, compute_uv=False))   # XLA:CPU, one thread
+  svd_time = best_time(svd_threaded, ts, reps=reps)
+  svd_xla_time = best_time(svd_xla, ts, reps=reps)
+  del ts
 
   base_last = best_time(jax.jit(seq(lambda b, h: jax.jacfwd(
       lambda x: blocks_lib.stack_forward(b, x, cfg)[0])(h[0]))), blocks, h0, reps=reps)
@@ -130,6 +133,7 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
       "dp_flops_done_over_triangle": _chunk_work(L, num_chunks),
       "study_time": study_time, "study_nopath_time": study_nopath_time,
       "study_over_dp": study_time / dp_time, "svd_time": svd_time,
+      "svd_xla_time": svd_xla_time,
       "block_time": best["blocks"],
       "block_gflops": seeds * L * 2 * d * cfg.hidden_width * d / best["blocks"] / 1e9,
       "draw_time": draw_time, "full_study_time": full_time,
@@ -179,6 +183,7 @@ machine: other jobs ran alongside, so rates vary between runs).
 | DP work done / triangle ({r['num_chunks']} static chunks) | {r['dp_flops_done_over_triangle']:.2f} |
 | whole study from given weights (forward, block Jacobians, all S_k, every dh_l/dh_0 and its singular values) | {r['study_time']:.3f} s = {r['study_over_dp']:.2f}x the DP (target <= 1.5x: {ok_study}) |
 | of which: study without path sums / block Jacobians alone / the L*seeds SVDs alone | {r['study_nopath_time']:.3f} s / {r['block_time']:.3f} s / {r['svd_time']:.3f} s |
+| the same SVDs as one XLA:CPU batched `jnp.linalg.svd` (one thread) | {r['svd_xla_time']:.3f} s |
 | drawing the weights (jax.random.normal, {r['seeds']} seeds) | {r['draw_time']:.3f} s |
 | `mlp_jacobian_study` end to end (draw + study) | {r['full_study_time']:.3f} s |
 | `jax.jacfwd` of the network, dh_L/dh_0 only | {r['jacfwd_last_time']:.3f} s (study / this = {r['study_over_jacfwd_last']:.2f}) |
@@ -200,15 +205,16 @@ def why(r: dict) -> str:
   per_svd_ms = 1e3 * r["svd_time"] / (r["L"] * r["seeds"])
   lines = [
       f"Study minus DP: {extra:.2f} s. The {r['L'] * r['seeds']} singular-value "
-      f"decompositions of dh_l/dh_0 (LAPACK gesdd, single-threaded, {per_svd_ms:.1f} ms each; "
-      "with two OpenBLAS threads they ran 19x slower on this loaded machine) take "
-      f"{r['svd_time']:.2f} s; without them the study would be "
-      f"{(r['study_time'] - r['svd_time']) / r['dp_time']:.2f}x the DP. The block Jacobians "
-      f"take {r['block_time']:.2f} s: one (d x m)(m x d) product per block (8 d^3 FLOPs, "
-      "17% of the DP's at L=48), which XLA:CPU runs at only "
-      f"{r['block_gflops']:.0f} GFLOP/s ({100 * r['block_gflops'] / r['peak_gflops']:.0f}% of "
-      "peak; the transposed formulation is no faster). The running product for every "
-      "dh_l/dh_0 adds ~4% of the DP's FLOPs.",
+      f"decompositions of dh_l/dh_0 take {r['svd_time']:.2f} s ({per_svd_ms:.1f} ms each "
+      f"in wall time) as the study runs them: LAPACK gesdd (values only) in a thread per "
+      f"core (`rankjax.measure.host_svd`); XLA:CPU's batched SVD runs the same LAPACK "
+      f"calls one after another on one thread: {r['svd_xla_time']:.2f} s. The block "
+      f"Jacobians take {r['block_time']:.2f} s: one (d x m)(m x d) product per block "
+      "(8 d^3 FLOPs, 17% of the DP's at L=48), computed as J_f^T = (W_up diag(sigma')) "
+      f"W_down and transposed, at {r['block_gflops']:.0f} GFLOP/s "
+      f"({100 * r['block_gflops'] / r['peak_gflops']:.0f}% of peak; the direct "
+      "W_down^T (diag(sigma') W_up^T) ran about 1.6x slower on XLA:CPU). The running "
+      "product for every dh_l/dh_0 adds ~4% of the DP's FLOPs.",
       "Gap between the DP's rate and the peak: the static chunking does "
       f"{r['dp_flops_done_over_triangle']:.2f}x the triangle's FLOPs (more chunks waste less "
       "but compile one more scan body each), and each block makes one fused rescale/norm "

@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rankjax.config import MLPConfig
-from rankjax.measure import paths, spectra
+from rankjax.measure import host_svd, paths, spectra
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -317,7 +317,8 @@ def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
   bj = block_jacobians(blocks, h0_D, cfg, method, beta)
   d = cfg.width
   ts = input_output_jacobians(bj, cfg)
-  sv = spectra.singular_values(ts)
+  # L * seeds SVDs: threaded over the cores on CPU (XLA:CPU would run them on one).
+  sv = host_svd.singular_values_threaded(ts.astype(jnp.promote_types(ts.dtype, jnp.float32)))
   acc, unc = paths.accumulated_branch(bj.relative_branch)
   out = {
       "erank": spectra.effective_rank_from_singular_values(sv) / d,

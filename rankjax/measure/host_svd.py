@@ -1,0 +1,178 @@
+"""Batched singular values on the host CPU, one LAPACK ``gesdd`` per matrix, threaded.
+
+XLA:CPU runs a batched ``jnp.linalg.svd`` as one LAPACK call after another on one
+thread, so in the Jacobian study (``jacobians.sample_measurements``: L * seeds
+singular-value decompositions of ``dh_l/dh_0``) the other cores wait while the SVDs
+run. ``singular_values_threaded`` splits the batch over a thread per available core;
+each thread calls the same LAPACK routine jax uses (``?gesdd`` with ``jobz='N'``, from
+SciPy's LAPACK, whose function pointers jaxlib also reads) through ``ctypes``, which
+releases the GIL for the call. Inside ``jit`` it is a ``jax.pure_callback`` on CPU
+and plain ``jnp.linalg.svd`` on other backends (``jax.lax.platform_dependent``).
+
+Each worker thread asks OpenBLAS for one thread for its own calls
+(``openblas_set_num_threads_local``, where SciPy's OpenBLAS has it), so the threads do
+not oversubscribe the cores. Forward only (no derivative); ``host_singular_values``
+takes float32 and float64, ``singular_values_threaded`` threads float32 only.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.linalg.cython_lapack as _cython_lapack
+
+Array = jax.Array
+
+# batch * n * m * min(n, m) below which the callback's overhead (~0.1 ms) is not worth it
+MIN_THREADED_WORK = 2 ** 24
+_c_int = ctypes.c_int
+_GESDD_ARGS = 14  # jobz, m, n, a, lda, s, u, ldu, vt, ldvt, work, lwork, iwork, info
+
+
+def _capsule_function(name: str):
+  """A ctypes function from SciPy's ``cython_lapack`` capsule (every argument a pointer,
+  the Fortran convention)."""
+  api = ctypes.pythonapi
+  api.PyCapsule_GetName.restype = ctypes.c_char_p
+  api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+  api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+  api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+  capsule = _cython_lapack.__pyx_capi__[name]
+  pointer = api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
+  return ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * _GESDD_ARGS)(pointer)
+
+
+_GESDD = {np.dtype(np.float32): _capsule_function("sgesdd"),
+          np.dtype(np.float64): _capsule_function("dgesdd")}
+
+
+def _openblas_one_thread_here():
+  """``openblas_set_num_threads_local(1)`` of SciPy's OpenBLAS for the calling thread,
+  or a no-op where that library or symbol is not found."""
+  import scipy
+  libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)),
+                                "scipy.libs", "libscipy_openblas*.so*"))
+  for path in libs:
+    try:
+      fn = ctypes.CDLL(path).openblas_set_num_threads_local
+    except (OSError, AttributeError):
+      continue
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return lambda: fn(1)
+  return lambda: None
+
+
+_one_thread = _openblas_one_thread_here()
+_local = threading.local()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _workspace(dtype: np.dtype, rows: int, cols: int):
+  """Per-thread LAPACK workspace for ``rows x cols`` (column-major) ``gesdd``."""
+  cache = getattr(_local, "cache", None)
+  if cache is None:
+    _one_thread()
+    cache = _local.cache = {}
+  key = (dtype, rows, cols)
+  if key not in cache:
+    k = min(rows, cols)
+    a = np.empty((cols, rows), dtype)            # C order (cols, rows) = F order (rows, cols)
+    s = np.empty(max(k, 1), dtype)
+    dummy = np.empty(1, dtype)
+    iwork = np.empty(8 * max(k, 1), np.int32)
+    query = np.empty(1, dtype)
+    info = _c_int(0)
+    _call(dtype, rows, cols, a, s, dummy, query, -1, iwork, info)
+    lwork = int(query[0]) + 1
+    cache[key] = (a, dummy, iwork, np.empty(lwork, dtype), lwork)
+  return cache[key]
+
+
+def _call(dtype, rows, cols, a, s, dummy, work, lwork, iwork, info) -> None:
+  ref = ctypes.byref
+  one = _c_int(1)
+  _GESDD[dtype](ref(ctypes.c_char(b"N")), ref(_c_int(rows)), ref(_c_int(cols)),
+                a.ctypes.data, ref(_c_int(max(1, rows))), s.ctypes.data,
+                dummy.ctypes.data, ref(one), dummy.ctypes.data, ref(one),
+                work.ctypes.data, ref(_c_int(lwork)), iwork.ctypes.data, ref(info))
+
+
+def _svdvals_range(a_BxNxM: np.ndarray, out_BxK: np.ndarray, start: int, stop: int) -> None:
+  """Singular values of ``a[start:stop]`` into ``out[start:stop]``. A C-order ``n x m``
+  matrix is LAPACK's column-major ``m x n``, its transpose: the same singular values,
+  so no transpose is needed; ``gesdd`` overwrites its input, hence the copy."""
+  dtype = a_BxNxM.dtype
+  rows, cols = a_BxNxM.shape[2], a_BxNxM.shape[1]
+  a, dummy, iwork, work, lwork = _workspace(dtype, rows, cols)
+  info = _c_int(0)
+  for i in range(start, stop):
+    np.copyto(a, a_BxNxM[i])
+    _call(dtype, rows, cols, a, out_BxK[i], dummy, work, lwork, iwork, info)
+    if info.value != 0:   # no convergence, or NaN/inf input
+      out_BxK[i] = np.nan
+
+
+def _num_workers() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:   # not on Linux
+    return os.cpu_count() or 1
+
+
+def host_singular_values(a: np.ndarray, workers: int | None = None) -> np.ndarray:
+  """Singular values (descending) over the last two axes of a float32/float64 numpy
+  array, the batch split over ``workers`` threads (default: the available cores)."""
+  global _pool
+  a = np.ascontiguousarray(a)
+  if a.dtype not in _GESDD:
+    raise TypeError(f"host_singular_values takes float32 or float64, not {a.dtype}")
+  n, m = a.shape[-2:]
+  a_BxNxM = a.reshape(-1, n, m)
+  batch = a_BxNxM.shape[0]
+  out = np.empty((batch, min(n, m)), a.dtype)
+  if batch and min(n, m):
+    workers = max(1, min(workers or _num_workers(), batch))
+    if workers == 1:
+      _svdvals_range(a_BxNxM, out, 0, batch)
+    else:
+      with _pool_lock:
+        if _pool is None or _pool._max_workers < workers:
+          _pool = ThreadPoolExecutor(workers, thread_name_prefix="rankjax-svd")
+        pool = _pool
+      edges = np.linspace(0, batch, workers + 1).astype(int)
+      list(pool.map(lambda se: _svdvals_range(a_BxNxM, out, *se), zip(edges[:-1], edges[1:])))
+  return out.reshape(*a.shape[:-2], min(n, m))
+
+
+def singular_values_threaded(a: Array) -> Array:
+  """``jnp.linalg.svd(a, compute_uv=False)``, threaded over the batch on CPU for float32
+  ``a`` (a host callback, see the module docstring); elsewhere, and for other dtypes,
+  ``jnp.linalg.svd`` itself, as for batches (of this call, before any ``vmap``) too
+  small to gain from threads (``MIN_THREADED_WORK``). jit/vmap-able; not
+  differentiable.
+
+  float64 stays on ``jnp.linalg.svd``: a callback's float64 result is cast to float32
+  when x64 is enabled by the thread-local ``jax.enable_x64`` context only (the
+  callback runs on another thread), and float64 runs are accuracy checks, not the
+  large studies this is for.
+  """
+  a = jnp.asarray(a)
+  n, m = a.shape[-2:]
+  batch = math.prod(a.shape[:-2])
+  if a.dtype != jnp.float32 or batch < 2 or batch * n * m * min(n, m) < MIN_THREADED_WORK:
+    return jnp.linalg.svd(a, compute_uv=False)
+  shape = jax.ShapeDtypeStruct(a.shape[:-2] + (min(a.shape[-2:]),), a.dtype)
+
+  def on_host(x):
+    return jax.pure_callback(host_singular_values, shape, x, vmap_method="broadcast_all")
+
+  return jax.lax.platform_dependent(
+      a, cpu=on_host, default=lambda x: jnp.linalg.svd(x, compute_uv=False))
