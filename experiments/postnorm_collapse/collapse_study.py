@@ -48,8 +48,7 @@ def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
               config: str | None = None) -> str:
   """Trains run ``name`` (resumes/skips when its workdir already finished); returns
   the workdir."""
-  import rankjax.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm")
-  from experiments.postnorm_collapse import diag_sublayer_norms  # noqa: F401  (App F.4 masking)
+  import rankjax.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm", "postnorm_sublayer_norms")
   from rankjax.train.loop import train
   cfg_name, extra = {**RUNS, **WINDOW_RUNS}.get(name, (config, []))
   cfg = common.load_config(cfg_name, extra + list(overrides or []))

@@ -17,7 +17,7 @@ Figs 21-22).
 ``--run-dir PATH`` analyses any finished run directory instead (no training), e.g.
 the Fig 6 warmup run ``runs/collapse/runs/post_warmup_lr0.015``; ``--tag`` names its
 outputs, ``--mask-threshold 1e-10`` applies App F.4's masking (needs the
-``postnorm_sublayer_norms`` diagnostic, ``diag_sublayer_norms.py``) and
+``postnorm_sublayer_norms`` diagnostic, ``rankjax.train.diagnostics_postnorm``) and
 ``--grad-window 4,6`` plots the per-layer gradient norms over the 11 updates
 [t-4, t+6] around the transition t (the paper's Fig 5 window 2640-2650 around 2644)
 instead of the +-30-update window.

@@ -24,6 +24,15 @@ with ``rankjax.load_run`` as ``"postnorm/<key>"`` and summarise them with
 ``alpha`` and the activation gradients come from ``Task.capture`` on the diagnostic
 examples (their mean loss), not from the update's full batch; parameter-gradient
 norms come from the update's gradients.
+
+Also registers ``"postnorm_sublayer_norms"`` (LM runs; shares the capture), the parts
+of alpha that App F.4's masking rule needs ("when the submodule's input and output
+gradient norm fall below 1e-10", Figs 12-20), read back as
+``"postnorm_sublayer_norms/<key>"``:
+
+  dx_norm_1, dx_norm_2                (L,) ||dL/dX_k^l||_F over the diagnostic batch
+                                      (numerator of alpha_k^l, Def 3.5)
+  dy_norm_1, dy_norm_2                (L,) ||dL/dY_k^l||_F (its denominator)
 """
 from __future__ import annotations
 
@@ -76,6 +85,23 @@ def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
       out["loss_examples"], out["freq_loss"], out["last_tsim"], rel_tol=ALARM_REL_TOL,
       sim_min=ALARM_SIM_MIN).astype(jnp.float32)
   return out
+
+
+SUBLAYER_NORMS = "postnorm_sublayer_norms"
+
+
+def _fro_norm_L(x_LxBxTxD: Array) -> Array:
+  x = jnp.asarray(x_LxBxTxD, jnp.float32)
+  return jnp.sqrt(jnp.sum(x * x, axis=(-3, -2, -1)))
+
+
+@diagnostics.register(SUBLAYER_NORMS, needs_capture=True)
+def sublayer_norms(d: diagnostics.DiagInputs) -> dict[str, Array]:
+  """||dL/dX_k^l||_F and ||dL/dY_k^l||_F per layer (the parts of Def 3.5's alpha)."""
+  if d.kind != "lm" or d.activation_grads is None:
+    raise ValueError(f"the {SUBLAYER_NORMS!r} diagnostic needs an LM run (model='lm')")
+  g = d.activation_grads
+  return {f"d{s}_norm_{k}": _fro_norm_L(g[f"{s}{k}"]) for k in (1, 2) for s in ("x", "y")}
 
 
 def summarize_run(diag: dict[str, np.ndarray], steps: np.ndarray, *,

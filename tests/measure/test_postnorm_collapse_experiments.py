@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.postnorm_collapse import diag_sublayer_norms
 from experiments.postnorm_collapse import fig3_fig5_transition as f35
 from experiments.postnorm_collapse import reproduce
 from rankjax.train import diagnostics
@@ -125,7 +124,7 @@ def test_sublayer_norm_diagnostic():
   L, B, T, D = 3, 2, 4, 5
   g = {k: jnp.full((L, B, T, D), v) for k, v in
        {"x1": 1.0, "y1": 2.0, "x2": 0.0, "y2": 3.0}.items()}
-  fn = diagnostics.resolve([diag_sublayer_norms.NAME])[0].fn
+  fn = diagnostics.resolve(["postnorm_sublayer_norms"])[0].fn
   out = fn(diagnostics.DiagInputs(kind="lm", model=None, params=None, batch={}, grads=None,
                                   loss=jnp.zeros(()), step=jnp.ones((), jnp.int32),
                                   activation_grads=g))
