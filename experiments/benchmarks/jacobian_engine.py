@@ -79,26 +79,35 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
   cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
   key = jax.random.PRNGKey(0)
   keys = jax.random.split(key, seeds)
-  seq = lambda f: (lambda *xs: jax.lax.map(lambda x: f(*x), xs))   # seeds one at a time
+  seq = lambda f: (lambda *xs: jax.lax.map(lambda x: f(*x), xs))   # stacked seeds in a map
+
+  def each_seed(f):
+    """Seeds one after another, each a call of the jitted one-seed ``f`` on that seed's
+    own arrays (no slice of a stacked array is copied inside the timed call)."""
+    jitted = jax.jit(f)
+    return lambda items: [jitted(*item) for item in items]
 
   a = jax.random.normal(key, (n_peak, n_peak), jnp.float32)
   peak_fn = jax.jit(lambda x: x @ x)
   draw = jax.jit(jax.vmap(lambda k: jacobians.seed_samples(cfg, k, 1)))
   blocks, h0 = jax.block_until_ready(draw(keys))
   draw_time = best_time(draw, keys, reps=reps)
+  seed_args = jax.block_until_ready([jax.tree.map(lambda x: x[i], (blocks, h0))
+                                     for i in range(seeds)])
 
-  branches = jax.jit(seq(lambda b, h: jacobians.block_jacobians(b, h[0], cfg).branch))
-  b_SxLxDxD = jax.block_until_ready(branches(blocks, h0))
-  dp_fn = jax.jit(seq(lambda b: paths.path_sums(b, 1.0, num_chunks=num_chunks)))
-
-  def measure(with_paths):
-    return jax.jit(seq(lambda b, h: jacobians.sample_measurements(
-        b, h[0], cfg, with_paths=with_paths, num_chunks=num_chunks)))
-
-  study_fn, nopath_fn = measure(True), measure(False)
-  timed = {"peak": (peak_fn, (a,)), "dp": (dp_fn, (b_SxLxDxD,)),
-           "study": (study_fn, (blocks, h0)), "nopath": (nopath_fn, (blocks, h0)),
-           "blocks": (branches, (blocks, h0))}
+  one_branch = lambda b, h: jacobians.block_jacobians(b, h[0], cfg).branch
+  one_dp = lambda b: paths.path_sums(b, 1.0, num_chunks=num_chunks)
+  measure = lambda with_paths: (lambda b, h: jacobians.sample_measurements(
+      b, h[0], cfg, with_paths=with_paths, num_chunks=num_chunks))
+  branches = each_seed(one_branch)
+  b_list = jax.block_until_ready([(b,) for b in branches(seed_args)])
+  b_SxLxDxD = jnp.stack([b for (b,) in b_list])
+  dp_map, study_map = jax.jit(seq(one_dp)), jax.jit(seq(measure(True)))
+  timed = {"peak": (peak_fn, (a,)), "dp": (each_seed(one_dp), (b_list,)),
+           "study": (each_seed(measure(True)), (seed_args,)),
+           "nopath": (each_seed(measure(False)), (seed_args,)),
+           "blocks": (branches, (seed_args,)),
+           "dp_map": (dp_map, (b_SxLxDxD,)), "study_map": (study_map, (blocks, h0))}
   for fn, args in timed.values():
     jax.block_until_ready(fn(*args))       # compile
   best = {name: float("inf") for name in timed}
@@ -111,19 +120,18 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
   dp_gflops = tri_flops / dp_time / 1e9
   full = jacobians.make_study_fn(cfg, 1, seeds, num_chunks=num_chunks)
   full_time = best_time(full, key, 1.0, 1.0, reps=reps)
-  prod_fn = jax.jit(seq(lambda b, h: jacobians.input_output_jacobians(
-      jacobians.block_jacobians(b, h[0], cfg), cfg)))
-  ts = jax.block_until_ready(prod_fn(blocks, h0))
-  svd_threaded = jax.jit(host_svd.singular_values_threaded)   # what the study uses
-  svd_xla = jax.jit(lambda t: jnp.linalg.svd(t, compute_uv=False))   # XLA:CPU, one thread
-  svd_time = best_time(svd_threaded, ts, reps=reps)
-  svd_xla_time = best_time(svd_xla, ts, reps=reps)
-  del ts
+  prod = each_seed(lambda b, h: jax.vmap(lambda x: jacobians.input_output_jacobians(
+      jacobians.block_jacobians(b, x, cfg), cfg))(h))
+  ts_list = jax.block_until_ready([(t,) for t in prod(seed_args)])   # (1, L, d, d) each
+  svd_time = best_time(each_seed(host_svd.singular_values_threaded), ts_list, reps=reps)
+  svd_xla_time = best_time(each_seed(lambda t: jnp.linalg.svd(t, compute_uv=False)),
+                           ts_list, reps=reps)
+  del ts_list
 
-  base_last = best_time(jax.jit(seq(lambda b, h: jax.jacfwd(
-      lambda x: blocks_lib.stack_forward(b, x, cfg)[0])(h[0]))), blocks, h0, reps=reps)
-  base_all = best_time(jax.jit(seq(lambda b, h: jax.jacfwd(
-      lambda x: blocks_lib.stack_forward(b, x, cfg)[1])(h[0]))), blocks, h0, reps=reps)
+  base_last = best_time(each_seed(lambda b, h: jax.jacfwd(
+      lambda x: blocks_lib.stack_forward(b, x, cfg)[0])(h[0])), seed_args, reps=reps)
+  base_all = best_time(each_seed(lambda b, h: jax.jacfwd(
+      lambda x: blocks_lib.stack_forward(b, x, cfg)[1])(h[0])), seed_args, reps=reps)
 
   return {
       "L": L, "d": d, "m": cfg.hidden_width, "seeds": seeds, "dtype": "float32",
@@ -133,6 +141,7 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
       "dp_flops_done_over_triangle": _chunk_work(L, num_chunks),
       "study_time": study_time, "study_nopath_time": study_nopath_time,
       "study_over_dp": study_time / dp_time, "svd_time": svd_time,
+      "dp_map_time": best["dp_map"], "study_map_time": best["study_map"],
       "svd_xla_time": svd_xla_time,
       "block_time": best["blocks"],
       "block_gflops": seeds * L * 2 * d * cfg.hidden_width * d / best["blocks"] / 1e9,
@@ -140,9 +149,10 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
       "jacfwd_last_time": base_last, "jacfwd_all_time": base_all,
       "study_over_jacfwd_last": study_time / base_last,
       "study_nopath_over_jacfwd_all": study_nopath_time / base_all,
-      "dp_memory": memory_bytes(dp_fn, b_SxLxDxD),
-      "study_memory": memory_bytes(study_fn, blocks, h0),
+      "dp_memory": memory_bytes(dp_map, b_SxLxDxD),
+      "study_memory": memory_bytes(study_map, blocks, h0),
       "dp_state_bytes_per_seed": (L + 1) * d * d * 4,
+      "weight_bytes_per_seed": 2 * L * d * cfg.hidden_width * 4,
       "dp_quadratic_bytes_per_seed": L * (L + 1) * d * d * 4,
       "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       "machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
@@ -169,8 +179,11 @@ def markdown(r: dict) -> str:
 `python experiments/benchmarks/jacobian_engine.py{' --small' if r['L'] == 16 else ''}`:
 L={r['L']}, d={r['d']}, m={r['m']} (4x), {r['seeds']} seeds, float32, Pre-Norm ReLU; peak, DP,
 study and study-without-paths are timed in interleaved rounds (best of each kept), after
-compilation; seeds run one after another on the device (`lax.map`), as in
-`mlp_jacobian_study`.
+compilation; seeds run one after another, each a call of the jitted one-seed function on
+that seed's own arrays (`mlp_jacobian_study` draws each seed's weights inside its
+`lax.map`; mapping over pre-drawn stacked weights instead copies every seed's
+{mb(r['weight_bytes_per_seed'])} of weights out of the stack inside the timed call: that
+harness is timed too, last row).
 Machine: {r['machine']}, {r['cores']} cores, backend {r['backend']}, jax {r['jax']};
 load average at the end of the run {', '.join(f'{x:.1f}' for x in r['load_avg'])} (a shared
 machine: other jobs ran alongside, so rates vary between runs).
@@ -183,12 +196,13 @@ machine: other jobs ran alongside, so rates vary between runs).
 | DP work done / triangle ({r['num_chunks']} static chunks) | {r['dp_flops_done_over_triangle']:.2f} |
 | whole study from given weights (forward, block Jacobians, all S_k, every dh_l/dh_0 and its singular values) | {r['study_time']:.3f} s = {r['study_over_dp']:.2f}x the DP (target <= 1.5x: {ok_study}) |
 | of which: study without path sums / block Jacobians alone / the L*seeds SVDs alone | {r['study_nopath_time']:.3f} s / {r['block_time']:.3f} s / {r['svd_time']:.3f} s |
-| the same SVDs as one XLA:CPU batched `jnp.linalg.svd` (one thread) | {r['svd_xla_time']:.3f} s |
+| the same SVDs by XLA:CPU's batched `jnp.linalg.svd` per seed | {r['svd_xla_time']:.3f} s |
 | drawing the weights (jax.random.normal, {r['seeds']} seeds) | {r['draw_time']:.3f} s |
 | `mlp_jacobian_study` end to end (draw + study) | {r['full_study_time']:.3f} s |
 | `jax.jacfwd` of the network, dh_L/dh_0 only | {r['jacfwd_last_time']:.3f} s (study / this = {r['study_over_jacfwd_last']:.2f}) |
 | `jax.jacfwd` of the stacked outputs, every dh_l/dh_0 | {r['jacfwd_all_time']:.3f} s (study without paths / this = {r['study_nopath_over_jacfwd_all']:.2f}) |
 | process max RSS | {r['max_rss_mb']:.0f} MiB |
+| the same DP / study as one `lax.map` over the stacked seeds (slices copied in the loop) | {r['dp_map_time']:.3f} s / {r['study_map_time']:.3f} s = {r['study_map_time'] / r['dp_map_time']:.2f}x |
 
 {why(r)}
 
@@ -207,8 +221,8 @@ def why(r: dict) -> str:
       f"Study minus DP: {extra:.2f} s. The {r['L'] * r['seeds']} singular-value "
       f"decompositions of dh_l/dh_0 take {r['svd_time']:.2f} s ({per_svd_ms:.1f} ms each "
       f"in wall time) as the study runs them: LAPACK gesdd (values only) in a thread per "
-      f"core (`rankjax.measure.host_svd`); XLA:CPU's batched SVD runs the same LAPACK "
-      f"calls one after another on one thread: {r['svd_xla_time']:.2f} s. The block "
+      f"core (`rankjax.measure.host_svd`); XLA:CPU's batched `jnp.linalg.svd` of each "
+      f"seed's {r['L']} matrices (the same LAPACK calls): {r['svd_xla_time']:.2f} s. The block "
       f"Jacobians take {r['block_time']:.2f} s: one (d x m)(m x d) product per block "
       "(8 d^3 FLOPs, 17% of the DP's at L=48), computed as J_f^T = (W_up diag(sigma')) "
       f"W_down and transposed, at {r['block_gflops']:.0f} GFLOP/s "

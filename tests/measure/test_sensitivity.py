@@ -120,8 +120,8 @@ def test_certificate_masks_and_batch_axes(x64):
   rng = np.random.default_rng(3)
   p = np.concatenate([_pad(_rows(rng, 100, L, 2.0)) for L in (8, 16, 28)] * 2 + [_pad([1.0])])
   shuffled = np.stack([row[rng.permutation(PAD)] for row in p])  # zeros anywhere
-  for method in ("greedy_prefix", "balance"):  # the sort-free greedy sums in position
-    np.testing.assert_allclose(sens.theta_certificate(p, method),  # order: ulps apart
+  for method in ("greedy_prefix", "repair", "balance"):  # sums in position order:
+    np.testing.assert_allclose(sens.theta_certificate(p, method),  # ulps apart
                                sens.theta_certificate(shuffled, method), rtol=1e-14)
   out = sens.theta_certificate(p.reshape(1, -1, 1, PAD), "greedy_prefix")
   assert out.shape == (1, p.shape[0], 1)
@@ -202,6 +202,100 @@ def test_certificates_never_exceed_exact_small_L(dtype):
   assert np.all(greedy <= exact + tol) and np.all(balance <= exact + tol)
   assert np.all(balance >= greedy)
   assert np.mean(balance > greedy + tol) > 0.2
+
+
+def _greedy_numpy(p):
+  """App D.2 by a numpy sort in float64: the descending cumsums ``c_k`` and the best
+  ``4 c_k (1 - c_k)`` (= at ``argmin |c_k - 1/2|``, without its ties when every
+  ``|c_k - 1/2|`` rounds to 1/2)."""
+  c = np.cumsum(np.sort(np.asarray(p, np.float64), axis=-1)[..., ::-1], axis=-1)
+  return (4.0 * c * (1.0 - c)).max(-1)
+
+
+def _hard_rows(width, dtype):
+  """Rows aimed at the interpolation search: atoms one ulp apart at the boundary,
+  dominant atoms, huge dynamic range, total mass <= 1/2, tie groups straddling 1/2."""
+  rng = np.random.default_rng(31)
+  rows = []
+  for _ in range(6):  # near-ties: atoms 0..3 ulps apart around the boundary value
+    base = np.full(width, 0.0, dtype)
+    v = dtype(1.0 / (width // 2))
+    k = width // 2
+    base[:k] = v
+    base[:k] = np.nextafter(base[:k], dtype(1.0)) if rng.random() < 0.5 else base[:k]
+    base[rng.integers(0, k, 3)] = np.nextafter(v, dtype(0.0))
+    base[k:k + 4] = v * dtype(1e-3)
+    rows.append(base)
+  rows.append(np.r_[[0.9], np.full(width - 1, 0.1 / (width - 1))])  # dominant atom
+  rows.append(np.r_[[0.5], np.full(width - 1, 0.5 / (width - 1))])  # p_max = 1/2
+  rows.append(np.r_[[0.5 - 1e-7, 0.5 + 1e-7], np.zeros(width - 2)])
+  rows.append(np.r_[np.geomspace(0.3, 1e-30, width - 1), [0.0]])  # huge range
+  rows.append(np.r_[np.full(width // 4, 1e-3), np.zeros(width - width // 4)])  # total < 1/2
+  rows.append(np.r_[[0.3], np.full(width - 1, 0.4 / (width - 1))])  # tail tie group
+  u = 30.0 * rng.standard_normal((4, width))  # near one-hot
+  rows += list(np.exp(u - u.max(-1, keepdims=True)))
+  return np.stack([np.asarray(r, np.float64) for r in rows]).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_greedy_prefix_hard_rows_and_pass_bound(dtype):
+  """The interpolation search equals the sorted greedy (numpy, float64 sums of the same
+  atoms) on adversarial rows, and stays within its bisection-like pass bound."""
+  with jax.enable_x64(dtype == "float64"):
+    rtol = 1e-12 if dtype == "float64" else 2e-6
+    rng = np.random.default_rng(32)
+    for L in (2, 33, 1024):
+      hard = _hard_rows(max(L, 8), np.dtype(dtype).type)[:, :L]
+      soft = np.concatenate([_rows(rng, 64, L, s) for s in (0.25, 1.0, 4.0, 16.0)])
+      p = np.concatenate([hard, soft.astype(dtype)])
+      got = np.asarray(sens.theta_certificate(p, "greedy_prefix"))
+      np.testing.assert_allclose(got, _greedy_numpy(p), rtol=rtol, atol=1e-30)
+      passes = int(jax.jit(lambda q: sens._greedy_boundary(q)[3])(p))
+      assert passes <= (34 if dtype == "float32" else 66)
+
+
+def _repair_numpy(p):
+  """Brute-force reference of "repair": the greedy boundary prefixes of a numpy sort,
+  every single atom added to the lower one or removed from the upper one, and the
+  greedy prefix."""
+  s = np.sort(np.asarray(p, np.float64))[::-1]
+  c = np.r_[0.0, np.cumsum(s)]  # c[k]: mass of the first k atoms
+  best = (4 * c * (1 - c)).max()
+  k = int(np.sum(c[1:] <= 0.5))  # largest prefix of mass <= 1/2 has k atoms
+  if k < s.size:
+    q = np.r_[c[k] + s[k + 1:], c[k + 1] - s[:k + 1]]
+    best = max(best, (4 * q * (1 - q)).max())
+  return best
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_repair_certificate(dtype):
+  """"repair" equals its brute-force reference, is never below the greedy prefix and
+  never above theta (enumeration and meet in the middle), on random, masked, tied,
+  dominant and unnormalized rows."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(33)
+    hard = _hard_rows(16, np.float64)[:-6]  # normalized below; theta needs sum 1
+    p = np.concatenate([_pad(_rows(rng, 60, L, s), 16) for L in (3, 8, 13, 16)
+                        for s in (0.7, 2.0, 6.0)] + [_pad(r, 16) for r in _tied_rows(16)[:8]]
+                       + [hard / hard.sum(-1, keepdims=True)])
+    p = p.astype(dtype).astype(np.float64)
+    exact = np.asarray(sens.theta_exact(p))
+    big = np.concatenate([_rows(rng, 30, 32, s) for s in (1.0, 3.0)]).astype(dtype)
+    exact_big = sens.theta_mitm(big.astype(np.float64))
+  tol = 1e-12 if dtype == "float64" else 2e-6
+  with jax.enable_x64(dtype == "float64"):
+    for q, ex in ((p, exact), (big, exact_big)):
+      q = q.astype(dtype)
+      greedy = np.asarray(sens.theta_certificate(q, "greedy_prefix"))
+      repair = np.asarray(sens.theta_certificate(q, "repair"))
+      want = np.array([_repair_numpy(r) for r in q])
+      np.testing.assert_allclose(repair, want, rtol=tol, atol=tol)
+      assert np.all(repair >= greedy) and np.all(repair <= ex + tol)
+      assert np.mean(repair > greedy + tol) > 0.2
+    ok = np.abs(p.sum(-1) - 1.0) < 1e-6  # Cor 3.4(5) needs a distribution (not 0)
+    lower, _ = sens.theta_bracket(p[ok].astype(dtype), "repair")
+    assert np.all(np.asarray(lower) <= exact[ok] + tol)
 
 
 # ------------------------------------------------------------- Cor 3.4
