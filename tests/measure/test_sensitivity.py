@@ -237,7 +237,7 @@ def _hard_rows(width, dtype):
   return np.stack([np.asarray(r, np.float64) for r in rows]).astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_greedy_prefix_hard_rows_and_pass_bound(dtype):
   """The interpolation search equals the sorted greedy (numpy, float64 sums of the same
   atoms) on adversarial rows, and stays within its bisection-like pass bound."""
@@ -268,7 +268,7 @@ def _repair_numpy(p):
   return best
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_repair_certificate(dtype):
   """"repair" equals its brute-force reference, is never below the greedy prefix and
   never above theta (enumeration and meet in the middle), on random, masked, tied,
