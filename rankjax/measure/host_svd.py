@@ -1,9 +1,10 @@
 """Batched singular values on the host CPU, one LAPACK ``gesdd`` per matrix, threaded.
 
-XLA:CPU runs a batched ``jnp.linalg.svd`` as one LAPACK call after another on one
-thread, so in the Jacobian study (``jacobians.sample_measurements``: L * seeds
-singular-value decompositions of ``dh_l/dh_0``) the other cores wait while the SVDs
-run. ``singular_values_threaded`` splits the batch over a thread per available core;
+XLA:CPU runs a batched ``jnp.linalg.svd`` as LAPACK calls that mostly follow one
+another on one thread, so in the Jacobian study (``jacobians.sample_measurements``:
+L * seeds singular-value decompositions of ``dh_l/dh_0``) the other cores mostly wait
+while the SVDs run (384 SVDs of 256 x 256 in the study: 1.29 s that way, 0.94 s here, on
+2 cores). ``singular_values_threaded`` splits the batch over a thread per available core;
 each thread calls the same LAPACK routine jax uses (``?gesdd`` with ``jobz='N'``, from
 SciPy's LAPACK, whose function pointers jaxlib also reads) through ``ctypes``, which
 releases the GIL for the call. Inside ``jit`` it is a ``jax.pure_callback`` on CPU
