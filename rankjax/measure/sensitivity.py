@@ -247,8 +247,11 @@ def _sort_desc(p_RxL: Array) -> Array:
   return jax.lax.bitcast_convert_type(-jnp.sort(-_bits_of(x), axis=-1), x.dtype)
 
 
-def _greedy_boundary(p_RxL: Array) -> tuple[Array, Array, Array, Array]:
+def _greedy_boundary(x_RxL: Array) -> tuple[Array, Array, Array, Array]:
   """Boundary of the App D.2 greedy prefixes, per row, without sorting.
+
+  ``x_RxL`` must be nonnegative without ``-0.0`` (``_nonneg``; the callers apply it
+  once, since each copy is a pass over the rows).
 
   The descending prefixes of App D.2 are the sets ``{i : p_i >= t}``; with
   ``g(t) = sum_{p_i >= t} p_i`` (non-increasing in ``t``) the boundary atom value is
@@ -289,7 +292,6 @@ def _greedy_boundary(p_RxL: Array) -> tuple[Array, Array, Array, Array]:
     ``j0 = floor((1/2 - c) / v) >= 1``, else 1 (the callers need ``min(n_v, j0 + 1)``
     only); 0 where ``v = 0``. ``passes``: search passes of the slowest row.
   """
-  x_RxL = _nonneg(p_RxL)
   dtype = x_RxL.dtype
   itype = jnp.int32 if dtype.itemsize == 4 else jnp.int64
   nbits = 8 * dtype.itemsize - 1  # nonnegative patterns are < 2^nbits
@@ -424,7 +426,7 @@ def _greedy_prefix(p_RxL: Array) -> Array:
   is the mass of an actual prefix), so the value equals the sort-based one up to the
   summation order of ``c``. Rows are expected nonnegative (``-0.0`` counts as 0).
   """
-  return _prefix_value(*_greedy_boundary(p_RxL)[:3])
+  return _prefix_value(*_greedy_boundary(_nonneg(p_RxL))[:3])
 
 
 def _repair(p_RxL: Array) -> Array:
