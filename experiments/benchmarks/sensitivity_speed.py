@@ -88,18 +88,21 @@ def quick_train_step() -> Callable[[], Any]:
 
 
 def interleaved(fns: dict[str, tuple[Callable[[], Any], int]], rounds: int
-                ) -> dict[str, tuple[float, float, float]]:
-  """``name -> (first call, median wall, median CPU)`` seconds: each function is called
-  once (compile), then ``rounds`` rounds call every function ``repeats`` times in turn,
-  and each keeps the round with the lowest median wall time. Load changes on the
-  shared machine then hit the certificates and the training step alike."""
+                ) -> tuple[dict[str, tuple[float, float, float]], dict[str, list[float]]]:
+  """``(name -> (first call, median wall, median CPU), name -> per-round median walls)``
+  in seconds: each function is called once (compile), then ``rounds`` rounds call every
+  function ``repeats`` times in turn, and each keeps the round with the lowest median
+  wall time. Load changes on the shared machine then hit the certificates and the
+  training step alike; the per-round medians pair them within a round."""
   first = {name: _timed(fn, 0)[0] for name, (fn, _) in fns.items()}
   best = {name: (float("inf"), float("nan")) for name in fns}
+  walls: dict[str, list[float]] = {name: [] for name in fns}
   for _ in range(rounds):
     for name, (fn, repeats) in fns.items():
       _, wall, cpu = _timed(fn, repeats)
       best[name] = min(best[name], (wall, cpu))
-  return {name: (first[name],) + best[name] for name in fns}
+      walls[name].append(wall)
+  return {name: (first[name],) + best[name] for name in fns}, walls
 
 
 def machine() -> dict[str, str]:
@@ -145,12 +148,15 @@ def run(seed: int = 0) -> dict[str, Any]:
   fns = {f"certificate_{m}_512x1024": (lambda m=m: sens.theta_certificate(p1024, m),
                                        11 if m == "balance" else 41) for m in METHODS}
   fns["quick_train_step"] = (quick_train_step(), 3)
-  res.update(interleaved(fns, ROUNDS))
+  best, walls = interleaved(fns, ROUNDS)
+  res.update(best)
   step = res["quick_train_step"][1]
   step_cpu = res["quick_train_step"][2]
   for method in METHODS:
     res[f"ratio_{method}"] = res[f"certificate_{method}_512x1024"][1] / step
     res[f"ratio_cpu_{method}"] = res[f"certificate_{method}_512x1024"][2] / step_cpu
+    res[f"ratio_rounds_{method}"] = sorted(
+        c / t for c, t in zip(walls[f"certificate_{method}_512x1024"], walls["quick_train_step"]))
   res["machine"]["load"] = machine()["load"]  # at the end of the run
   return res
 
@@ -191,7 +197,11 @@ def markdown(res: dict[str, Any]) -> str:
       f"balance (target < 1%) | wall {pct(res['ratio_greedy_prefix'])}; "
       f"{pct(res['ratio_repair'])}; {pct(res['ratio_balance'])} (CPU "
       f"{pct(res['ratio_cpu_greedy_prefix'])}; {pct(res['ratio_cpu_repair'])}; "
-      f"{pct(res['ratio_cpu_balance'])}) |", "",
+      f"{pct(res['ratio_cpu_balance'])}) |",
+      f"| the same ratio in each of the {ROUNDS} rounds (certificate and step timed in the "
+      f"same round), greedy prefix; repair: median (min, max) | "
+      + "; ".join(f"{pct(r[len(r) // 2])} ({pct(r[0])}, {pct(r[-1])})" for r in (
+          res["ratio_rounds_greedy_prefix"], res["ratio_rounds_repair"])) + " |", "",
       "Both timings come from the same process, in "
       f"{ROUNDS} interleaved rounds (each the round with the lowest median). The "
       "target (certificates under 1% of a quick-model step, wall medians) is "
