@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
 import time
 from typing import Any, Callable
 
@@ -34,12 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import common
 from rankjax.measure import sensitivity as sens
 
 SECTION = "## softmax sensitivity"
 QUICK_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "softmax_sensitivity", "configs", "quick.json")
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 METHODS = ("greedy_prefix", "repair", "balance")
 ROUNDS = 5
 
@@ -106,16 +104,8 @@ def interleaved(fns: dict[str, tuple[Callable[[], Any], int]], rounds: int
 
 
 def machine() -> dict[str, str]:
-  model = platform.processor() or "unknown"
-  try:
-    with open("/proc/cpuinfo") as f:
-      found = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
-      model = found.group(1).strip() if found else model
-  except OSError:
-    pass
-  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-  return dict(cpu=model, cores=str(os.cpu_count()), jax=jax.__version__,
-              backend=jax.default_backend(), load=f"{load:.1f}")
+  return dict(cpu=common.cpu_name(), cores=str(os.cpu_count()), jax=jax.__version__,
+              backend=jax.default_backend(), load=f"{common.load_average():.1f}")
 
 
 def run(seed: int = 0) -> dict[str, Any]:
@@ -234,19 +224,6 @@ def markdown(res: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def write_section(text: str, path: str = RESULTS) -> None:
-  """Replaces (or appends) the ``## softmax sensitivity`` section of ``path``."""
-  old = open(path).read() if os.path.exists(path) else "# Benchmark results\n\n"
-  text = text.rstrip("\n") + "\n\n"
-  pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
-  if pattern.search(old):
-    new = pattern.sub(lambda _: text, old)
-  else:
-    new = old.rstrip("\n") + "\n\n" + text
-  with open(path, "w") as f:
-    f.write(new)
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--no-write", action="store_true", help="print only")
@@ -254,8 +231,8 @@ def main() -> None:
   text = markdown(run())
   print(text)
   if not args.no_write:
-    write_section(text)
-    print(f"wrote {RESULTS}")
+    common.write_section(SECTION, text)
+    print(f"wrote {common.RESULTS}")
 
 
 if __name__ == "__main__":

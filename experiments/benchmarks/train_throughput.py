@@ -17,18 +17,26 @@ in the same run (float32 on a CPU, the compute dtype on an accelerator). The
 diagnostics cost amortized at one diagnostics step per 100 updates is
 ``(t_diag - t_plain) / (100 * t_plain)`` (target < 10%).
 
-Prints a table and writes the section ``## Training throughput`` of
-``experiments/benchmarks/RESULTS.md`` (other sections are kept).
+Second part, **rankjax vs plain flax**: rankjax's plain step (``build(cfg).step``)
+against the step a user would write (``plain_flax.py``: a nanodo-style model of the same
+shape, unrolled blocks, no extras, the same AdamW, schedule and clipping), both on the
+same synthetic tokens, timed in alternating rounds in one process; the ratio is
+plain-flax time / rankjax time (throughput ratio, target >= 1.0), per round and its
+median. Shapes (issue #14): (D, H, N, F, T, B) = (128, 4, 8, 512, 128, 16) and
+(256, 4, 4, 1024, 256, 8), Pre-LayerNorm without bias, GELU, learned positions, tied
+embeddings, float32.
 
-Run:  python experiments/benchmarks/train_throughput.py [--steps 10] [--large-steps 2] [--no-write]
+Prints the tables and writes the sections ``## Training throughput`` and
+``## rankjax vs plain flax`` of ``experiments/benchmarks/RESULTS.md`` (others are kept).
+
+Run:  python experiments/benchmarks/train_throughput.py [--steps 10] [--large-steps 2]
+      [--parts diagnostics,plain] [--no-write]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
-import platform
-import re
 import statistics
 import time
 
@@ -36,40 +44,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import common
+import plain_flax
+from common import matmul_peak
 from rankjax import config as config_lib
-from rankjax.config import TrainConfig
+from rankjax.config import TrainConfig, TransformerConfig
+from rankjax.train import mfu as mfu_lib
 from rankjax.train import sharding as shard_lib
 from rankjax.train.loop import build
 from rankjax.train.tasks import count_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(os.path.dirname(HERE), "configs")
-RESULTS = os.path.join(HERE, "RESULTS.md")
 SECTION = "## Training throughput"
-
-
-def cpu_name() -> str:
-  try:
-    for line in open("/proc/cpuinfo"):
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
-
-
-def matmul_peak(dtype, n: int, reps: int = 5) -> float:
-  """FLOP/s of the best of ``reps`` (n x n) @ (n x n) products."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
-  f = jax.jit(lambda a, b: a @ b)
-  f(a, b).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
-    f(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2.0 * n ** 3 / best
+PLAIN_SECTION = "## rankjax vs plain flax"
+PLAIN_SHAPES = "128,4,8,512,128,16;256,4,4,1024,256,8"   # D, H, N, F, T, B; issue #14
 
 
 def model_configs(accelerator: bool) -> dict[str, tuple[TrainConfig, str]]:
@@ -131,16 +120,79 @@ def bench(name: str, cfg: TrainConfig, steps: int, peak: float) -> dict:
       t_plain=t_plain, t_diag=t_diag, tokens_s=tokens_per_step / t_plain,
       tokens_s_diag=tokens_per_step / t_diag, mfu=flops / t_plain / peak,
       mfu_diag=flops / t_diag / peak, loss=loss, steps=steps,
+      mfu_spec=mfu_lib.mfu(flops, t_plain, jax.device_count(),
+                           mfu_lib.local_spec_peak(cfg.compute_dtype)),
       diag_ratio=t_diag / t_plain, amortized=(t_diag - t_plain) / (100 * t_plain))
 
 
-def write_section(text: str) -> None:
-  old = open(RESULTS).read() if os.path.exists(RESULTS) else "# Benchmark results\n"
-  pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-  new = pattern.sub(lambda _: text, old) if pattern.search(old) else \
-      old.rstrip("\n") + "\n\n" + text
-  with open(RESULTS, "w") as f:
-    f.write(new.rstrip("\n") + "\n")
+def plain_config(d: int, heads: int, layers: int, d_ff: int, seq_len: int, batch: int) -> TrainConfig:
+  """rankjax's config of the plain-flax comparison model (see ``plain_flax.py``)."""
+  lm = TransformerConfig(vocab_size=257, num_layers=layers, d_model=d, num_heads=heads,
+                         d_ff=d_ff, max_seq_len=seq_len, norm_position="pre", norm_op="layer",
+                         ffn="gelu", pos_embedding="learned", init="gpt2", tie_embeddings=True)
+  return TrainConfig(model="lm", lm=lm, batch_size=batch, seq_len=seq_len, warmup_steps=10,
+                     total_steps=1000, diag_every=0)
+
+
+def versus_plain(shape: tuple[int, ...], steps: int, rounds: int) -> dict:
+  """rankjax's plain step vs the plain flax step at one shape, alternating rounds."""
+  d, heads, layers, d_ff, seq_len, batch = shape
+  cfg = plain_config(*shape)
+  c = build(cfg)
+  state = c.init()
+  tokens = np.random.default_rng(0).integers(0, 257, (batch, seq_len + 1)).astype(np.int32)
+  rj_batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
+                                    1, c.batch_sharding)
+  init, plain_step = plain_flax.make(257, d, heads, d_ff, layers, seq_len, cfg.learning_rate,
+                                     cfg.warmup_steps, cfg.total_steps, cfg.clip_norm,
+                                     cfg.weight_decay)
+  plain_state, plain_tokens = init(jax.random.key(0)), jax.numpy.asarray(tokens)
+  holder = {"rj": state, "plain": plain_state}
+
+  def rj():
+    holder["rj"], metrics, _ = c.step(holder["rj"], rj_batch)
+    return metrics
+
+  def plain():
+    holder["plain"], loss = plain_step(holder["plain"], plain_tokens)
+    return loss
+
+  for fn in (rj, plain, rj, plain):   # compile and warm up
+    jax.block_until_ready(fn())
+  per_round = []
+  for _ in range(rounds):
+    times = {}
+    for name, fn in (("rj", rj), ("plain", plain)):
+      ts = []
+      for _ in range(steps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        ts.append(time.perf_counter() - t)
+      times[name] = statistics.median(ts)
+    per_round.append(times)
+  ratios = [r["plain"] / r["rj"] for r in per_round]
+  return dict(shape=shape, rj=min(r["rj"] for r in per_round),
+              plain=min(r["plain"] for r in per_round), ratios=ratios,
+              median_ratio=statistics.median(ratios))
+
+
+def plain_markdown(rows: list[dict], steps: int, rounds: int) -> str:
+  lines = [PLAIN_SECTION, "",
+           f"Machine: {common.machine_name()}, jax {jax.__version__} ({jax.default_backend()}); "
+           f"1-minute load average at the end {common.load_average():.1f}.",
+           f"Command: `python experiments/benchmarks/train_throughput.py --parts plain "
+           f"--plain-steps {steps} --rounds {rounds}`. rankjax's plain step "
+           "(`build(cfg).step`) against `plain_flax.py` (nanodo-style, unrolled blocks, same "
+           "AdamW / schedule / clipping), same tokens; each round times both (median of "
+           f"{steps} steps each); ratio = plain-flax time / rankjax time (>= 1: rankjax at "
+           "least as fast; target >= 1.0).", "",
+           "| D, H, N, F, T, B | rankjax step (best round) | plain flax step | "
+           "ratio, median round (min-max) |", "|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {', '.join(map(str, r['shape']))} | {r['rj'] * 1e3:.1f} ms | "
+                 f"{r['plain'] * 1e3:.1f} ms | {r['median_ratio']:.3f} "
+                 f"({min(r['ratios']):.3f}-{max(r['ratios']):.3f}) |")
+  return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -150,8 +202,29 @@ def main() -> None:
   parser.add_argument("--large-steps", type=int, default=2,
                       help="the same for the 48-layer model")
   parser.add_argument("--models", default="small,postnorm48")
+  parser.add_argument("--parts", default="diagnostics,plain",
+                      help="diagnostics (the diagnostics-cost table), plain (vs plain flax)")
+  parser.add_argument("--plain-steps", type=int, default=5,
+                      help="timed steps per round and side in the plain-flax comparison")
+  parser.add_argument("--rounds", type=int, default=5, help="rounds of the plain-flax comparison")
+  parser.add_argument("--plain-shapes", default=PLAIN_SHAPES,
+                      help="';'-separated D,H,N,F,T,B shapes of the plain-flax comparison")
   parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
   args = parser.parse_args()
+  parts = args.parts.split(",")
+  if "plain" in parts:
+    shapes = [tuple(int(v) for v in s.split(",")) for s in args.plain_shapes.split(";")]
+    rows = [versus_plain(shape, args.plain_steps, args.rounds) for shape in shapes]
+    for r in rows:
+      print(f"{r['shape']}: rankjax {r['rj'] * 1e3:.1f} ms, plain flax {r['plain'] * 1e3:.1f} ms, "
+            f"ratio {r['median_ratio']:.3f} (rounds {', '.join(f'{x:.3f}' for x in r['ratios'])})",
+            flush=True)
+    text = plain_markdown(rows, args.plain_steps, args.rounds)
+    print(text)
+    if not args.no_write:
+      common.write_section(PLAIN_SECTION, text)
+  if "diagnostics" not in parts:
+    return
 
   accelerator = jax.default_backend() != "cpu"
   peak_dtype = jnp.bfloat16 if accelerator else jnp.float32
@@ -173,10 +246,8 @@ def main() -> None:
           f"{row['mfu']:.1%}), diagnostics {row['t_diag'] * 1e3:.1f} ms (x{row['diag_ratio']:.2f}),"
           f" amortized at 1/100: {row['amortized']:.2%}", flush=True)
 
-  device = jax.devices()[0]
-  machine = (f"{cpu_name()}, {os.cpu_count()} cores" if not accelerator else
-             f"{jax.device_count()} x {device.device_kind}")
-  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+  machine = common.machine_name()
+  load = common.load_average()
   lines = [
       SECTION, "",
       f"Machine: {machine}, jax {jax.__version__} ({jax.default_backend()}); 1-minute load "
@@ -189,14 +260,15 @@ def main() -> None:
       "(the input pipeline is not timed); step times are medians over 3 rounds that "
       "alternate the plain and the diagnostics step; diagnostics = the built-in `basic` "
       "diagnostic in the second compiled step variant.", "",
-      "| model | params | batch x T | plain step | tokens/s | MFU | diagnostics step | "
-      "diag / plain | amortized at 1 per 100 |",
-      "|---|---|---|---|---|---|---|---|---|",
+      "| model | params | batch x T | plain step | tokens/s | MFU (measured peak) | "
+      "MFU (spec peak) | diagnostics step | diag / plain | amortized at 1 per 100 |",
+      "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     lines.append(
         f"| {r['name']} ({r['note']}) | {r['params'] / 1e6:.2f}M | {r['batch']} x {r['seq_len']} "
         f"| {r['t_plain'] * 1e3:.1f} ms | {r['tokens_s']:.4g} | {r['mfu']:.1%} "
+        f"| {'n/a' if r['mfu_spec'] is None else format(r['mfu_spec'], '.1%')} "
         f"| {r['t_diag'] * 1e3:.1f} ms ({r['tokens_s_diag']:.4g} tok/s) "
         f"| {r['diag_ratio']:.2f} | {r['amortized']:.2%} |")
   lines += ["", "Target: diagnostics amortized at one step per 100 under 10% of a plain step. "
@@ -206,8 +278,8 @@ def main() -> None:
   text = "\n".join(lines)
   print(text)
   if not args.no_write:
-    write_section(text)
-    print(f"wrote {SECTION!r} to {RESULTS}")
+    common.write_section(SECTION, text)
+    print(f"wrote {SECTION!r} to {common.RESULTS}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""What the benchmark scripts share: the machine's name, a matmul peak, RESULTS.md sections."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+
+
+def cpu_name() -> str:
+  """The CPU's model name (from /proc/cpuinfo where there is one)."""
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
+
+
+def machine_name() -> str:
+  """One line naming the devices this process computes on."""
+  if jax.default_backend() == "cpu":
+    return f"{cpu_name()}, {os.cpu_count()} cores"
+  return f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+
+
+def load_average() -> float:
+  return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def matmul_peak(dtype, n: int, reps: int = 5, precision=None) -> float:
+  """FLOP/s of the best of ``reps`` (n x n) @ (n x n) products at ``precision``."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+  f = jax.jit(lambda a, b: jnp.matmul(a, b, precision=precision))
+  f(a, b).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t = time.perf_counter()
+    f(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2.0 * n ** 3 / best
+
+
+def write_section(section: str, text: str, path: pathlib.Path | str = RESULTS) -> None:
+  """Replaces the ``section`` heading's part of ``path`` by ``text`` (or appends it)."""
+  path = pathlib.Path(path)
+  old = path.read_text() if path.exists() else "# Benchmark results\n"
+  pattern = re.compile(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
+  text = text.rstrip("\n") + "\n\n"
+  new = pattern.sub(lambda _: text, old) if pattern.search(old) else \
+      old.rstrip("\n") + "\n\n" + text
+  path.write_text(new.rstrip("\n") + "\n")

@@ -1,0 +1,268 @@
+"""Device check: what only an accelerator shows, in one run of a few minutes.
+
+Run once whenever a GPU/TPU is lent (one H200: under 5 minutes), then paste nothing:
+the script writes the section ``## Device check`` of RESULTS.md itself.
+
+1. **Default float32 matmul precision**: the relative error of a float32 matmul at the
+   backend's default precision and at 'highest', against float64 on the host. On
+   Ampere+ GPUs the default is TF32 (error ~1e-3), on TPUs bf16 passes (~1e-2);
+   rankjax's measurement code must run at 'highest' (~1e-6).
+2. **Fused vs einsum attention**, forward + backward, at (B, T, H, d_head) =
+   (16, 2048, 4, 128) (the 48-layer d=512 model) and (16, 1024, 20, 64) (774M):
+   ``jax.nn.dot_product_attention`` with the backend's fused implementation (cuDNN on
+   GPU) against the einsum softmax path the model keeps for captured probabilities;
+   max relative difference of outputs and gradients, and the time of each.
+3. **Paper training steps**: the 48-layer d=512 Post-Norm config and the 774M config
+   (experiments/configs/, as they are, with one micro-batch per update and synthetic
+   tokens): step time, tokens/s, MFU against the device's spec peak
+   (``rankjax.train.mfu``) and the peak device memory.
+4. **Jacobian engine**: ``mlp_jacobian_study`` at L=48, d=256, 8 seeds (Pre-Norm ReLU,
+   4x expansion): time per call after compilation, and its reconstruction error.
+
+``--smoke`` runs every part at tiny sizes (on the CPU in the test suite); it never
+writes RESULTS.md.
+
+Run:  python experiments/benchmarks/device_check.py [--smoke] [--no-write] [--only PARTS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import common
+import rankjax
+from rankjax import config as config_lib
+from rankjax.config import TrainConfig
+from rankjax.train import mfu as mfu_lib
+from rankjax.train import sharding as shard_lib
+from rankjax.train.loop import build
+from rankjax.train.tasks import count_params
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+SECTION = "## Device check"
+PARTS = ("precision", "attention", "steps", "jacobian")
+
+
+def timed(fn: Callable[[], Any], reps: int) -> float:
+  """Median seconds of ``reps`` calls after one warm-up (compiling) call."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))
+
+
+def rel_err(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+# --------------------------------------------------------------------------- 1.
+
+def check_precision(smoke: bool) -> dict:
+  n = 256 if smoke else 4096
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+  out = {"n": n}
+  for name in ("default", "high", "highest"):
+    prec = None if name == "default" else name
+    f = jax.jit(lambda x, y, p=prec: jnp.matmul(x, y, precision=p))
+    out[f"err_{name}"] = rel_err(f(a, b), ref)
+    out[f"tflops_{name}"] = 2 * n ** 3 / timed(lambda f=f: f(a, b), 5) / 1e12
+  out["default_is_tf32_or_bf16"] = out["err_default"] > 1e-5
+  return out
+
+
+# --------------------------------------------------------------------------- 2.
+
+def einsum_attention(q, k, v, scale):
+  """The reference path: float32 logits, causal mask, softmax, probabilities @ V."""
+  t = q.shape[1]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+  logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(q.dtype), v)
+
+
+def fused_attention(q, k, v, scale):
+  impl = "cudnn" if jax.default_backend() == "gpu" else None
+  return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
+                                      implementation=impl)
+
+
+def check_attention(smoke: bool) -> list[dict]:
+  shapes = [(2, 64, 2, 16), (2, 32, 4, 8)] if smoke else [(16, 2048, 4, 128), (16, 1024, 20, 64)]
+  dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  rows = []
+  for b, t, h, dh in shapes:
+    keys = jax.random.split(jax.random.key(2), 4)
+    q, k, v, g = (jax.random.normal(kk, (b, t, h, dh), dtype) for kk in keys)
+    scale = 1.0 / np.sqrt(dh)
+
+    def fwd_bwd(attn):
+      def loss(q, k, v):
+        return jnp.sum(attn(q, k, v, scale).astype(jnp.float32) * g.astype(jnp.float32))
+      return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+    fused, ref = fwd_bwd(fused_attention), fwd_bwd(einsum_attention)
+    out_f = jax.jit(lambda q, k, v: fused_attention(q, k, v, scale))(q, k, v)
+    out_r = jax.jit(lambda q, k, v: einsum_attention(q, k, v, scale))(q, k, v)
+    (_, grads_f), (_, grads_r) = fused(q, k, v), ref(q, k, v)
+    rows.append(dict(
+        shape=f"B={b} T={t} H={h} d_head={dh} {jnp.dtype(dtype).name}",
+        out_rel_diff=rel_err(out_f, out_r),
+        grad_rel_diff=max(rel_err(x, y) for x, y in zip(grads_f, grads_r)),
+        fused_ms=1e3 * timed(lambda: fused(q, k, v), 5),
+        einsum_ms=1e3 * timed(lambda: ref(q, k, v), 5)))
+  return rows
+
+
+# --------------------------------------------------------------------------- 3.
+
+def step_config(name: str, smoke: bool) -> TrainConfig:
+  cfg = config_lib.from_json(TrainConfig, CONFIGS / name)
+  n = jax.device_count()
+  micro = cfg.micro_batch_size
+  cfg = dataclasses.replace(cfg, batch_size=micro * n if micro % n else micro, grad_accum=1,
+                            diag_every=0, eval_every=0)
+  if smoke:
+    lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
+                             vocab_size=300, max_seq_len=64)
+    cfg = dataclasses.replace(cfg, lm=lm, seq_len=32, batch_size=2 * n,
+                              compute_dtype="float32")
+  return cfg
+
+
+def check_step(name: str, smoke: bool) -> dict:
+  cfg = step_config(name, smoke)
+  c = build(cfg)
+  state = c.init()
+  n_params = count_params(state.params)
+  vocab = min(cfg.lm.vocab_size, 257 if smoke else cfg.lm.vocab_size)
+  tokens = np.random.default_rng(0).integers(0, vocab, (cfg.batch_size, cfg.seq_len + 1))
+  tokens = tokens.astype(np.int32)
+  batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
+                                 cfg.grad_accum, c.batch_sharding)
+  holder = {"state": state}
+
+  def one():
+    holder["state"], metrics, _ = c.step(holder["state"], batch)
+    return metrics
+
+  t = timed(one, 2 if smoke else 5)
+  flops = c.task.flops_per_example(n_params) * cfg.batch_size
+  peak = mfu_lib.local_spec_peak(cfg.compute_dtype)
+  stats = jax.devices()[0].memory_stats() or {}
+  return dict(config=name, params=n_params, batch=cfg.batch_size, seq_len=cfg.seq_len,
+              compute_dtype=cfg.compute_dtype, lm=config_lib.to_dict(cfg.lm),
+              step_s=t, tokens_s=cfg.batch_size * cfg.seq_len / t,
+              mfu_spec=mfu_lib.mfu(flops, t, jax.device_count(), peak),
+              peak_memory_gib=stats.get("peak_bytes_in_use", float("nan")) / 2 ** 30)
+
+
+# --------------------------------------------------------------------------- 4.
+
+def check_jacobian(smoke: bool) -> dict:
+  L, d, seeds = (4, 16, 2) if smoke else (48, 256, 8)
+  cfg = rankjax.MLPConfig(depth=L, width=d, norm_position="pre", activation="relu")
+  key = jax.random.key(0)
+
+  def run():
+    return rankjax.mlp_jacobian_study(cfg, key, num_inputs=1, num_seeds=seeds)
+
+  t = timed(run, 1 if smoke else 3)
+  study = run()
+  return dict(L=L, d=d, seeds=seeds, time_s=t,
+              reconstruction_error=float(jnp.max(study.reconstruction_error)),
+              erank_last=float(jnp.mean(study.erank[..., -1])))
+
+
+# ---------------------------------------------------------------------------
+
+def markdown(r: dict, command: str) -> str:
+  lines = [SECTION, "",
+           f"Machine: {common.machine_name()}, jax {jax.__version__} ({jax.default_backend()}).",
+           f"Command: `{command}` ({r['wall_s']:.0f} s in all).", ""]
+  if "precision" in r:
+    p = r["precision"]
+    lines += [f"**float32 matmul precision** ({p['n']}^2, error vs float64): default "
+              f"{p['err_default']:.1e} ({p['tflops_default']:.1f} TFLOP/s), 'high' "
+              f"{p['err_high']:.1e} ({p['tflops_high']:.1f}), 'highest' {p['err_highest']:.1e} "
+              f"({p['tflops_highest']:.1f}). Default float32 dots run "
+              + ("**below float32 (TF32/bf16 passes)**." if p["default_is_tf32_or_bf16"]
+                 else "at full float32."), ""]
+  if "attention" in r:
+    lines += ["**Attention, fused vs einsum** (forward + backward):", "",
+              "| shape | out rel. diff | grad rel. diff | fused | einsum |", "|---|---|---|---|---|"]
+    lines += [f"| {a['shape']} | {a['out_rel_diff']:.1e} | {a['grad_rel_diff']:.1e} | "
+              f"{a['fused_ms']:.2f} ms | {a['einsum_ms']:.2f} ms |" for a in r["attention"]]
+    lines.append("")
+  if "steps" in r:
+    lines += ["**Paper training steps** (synthetic tokens, one micro-batch per update):", "",
+              "| config | params | batch x T | dtype | step | tokens/s | MFU (spec peak) | "
+              "peak memory |", "|---|---|---|---|---|---|---|---|"]
+    for s in r["steps"]:
+      m = "n/a" if s["mfu_spec"] is None else f"{s['mfu_spec']:.1%}"
+      mem = s["peak_memory_gib"]
+      mem = "n/a" if np.isnan(mem) else f"{mem:.1f} GiB"
+      lines.append(f"| {s['config']} | {s['params'] / 1e6:.1f}M | {s['batch']} x {s['seq_len']} "
+                   f"| {s['compute_dtype']} | {s['step_s'] * 1e3:.1f} ms | {s['tokens_s']:.4g} "
+                   f"| {m} | {mem} |")
+    lines.append("")
+  if "jacobian" in r:
+    j = r["jacobian"]
+    lines += [f"**Jacobian engine** (L={j['L']}, d={j['d']}, {j['seeds']} seeds): "
+              f"{j['time_s']:.3g} s per study, reconstruction error {j['reconstruction_error']:.1e}, "
+              f"erank/d at L {j['erank_last']:.3f}.", ""]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU); never writes")
+  parser.add_argument("--no-write", action="store_true", help="print only")
+  parser.add_argument("--only", default=",".join(PARTS), help=f"comma list of {PARTS}")
+  parser.add_argument("--json", default=None, help="also write the raw results here")
+  args = parser.parse_args(argv)
+  parts = [p for p in args.only.split(",") if p]
+  unknown = sorted(set(parts) - set(PARTS))
+  if unknown:
+    parser.error(f"unknown part(s) {unknown}; choose from {list(PARTS)}")
+  start = time.perf_counter()
+  r: dict[str, Any] = {"device": common.machine_name(), "backend": jax.default_backend()}
+  if "precision" in parts:
+    r["precision"] = check_precision(args.smoke)
+  if "attention" in parts:
+    r["attention"] = check_attention(args.smoke)
+  if "steps" in parts:
+    r["steps"] = [check_step(n, args.smoke)
+                  for n in ("postnorm_48l_d512_c4.json", "gpt2_774m.json")]
+  if "jacobian" in parts:
+    r["jacobian"] = check_jacobian(args.smoke)
+  r["wall_s"] = time.perf_counter() - start
+  command = "python experiments/benchmarks/device_check.py " + " ".join(argv or sys.argv[1:])
+  text = markdown(r, command.strip())
+  print(text)
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(r, indent=2, default=str))
+  if not (args.smoke or args.no_write):
+    common.write_section(SECTION, text)
+    print(f"wrote {SECTION!r} to {common.RESULTS}")
+  return r
+
+
+if __name__ == "__main__":
+  main()
