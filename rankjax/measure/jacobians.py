@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rankjax.config import MLPConfig
 from rankjax.measure import host_svd, paths, spectra
+from rankjax.measure import precision as precision_lib
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -196,6 +197,7 @@ def _block_jacfwd(params, h, h_start, closes, cfg, beta):
   return fn(h, h_start), (None if identity_skip(cfg) else k), b, g
 
 
+@precision_lib.measured
 def block_jacobians(blocks: dict, h0_D: Array, cfg: MLPConfig,
                     method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
                     beta: Array | float | None = None) -> BlockJacobians:
@@ -224,6 +226,7 @@ def block_jacobians(blocks: dict, h0_D: Array, cfg: MLPConfig,
   return BlockJacobians(k, b, g, jnp.concatenate([h0_D[None], hs], axis=0))
 
 
+@precision_lib.measured
 def input_output_jacobians(bj: BlockJacobians, cfg: MLPConfig) -> Array:
   """``(L, d, d)`` dh_l/dh_0 for l = 1..L by the running product (Eq. 2, 10).
 
@@ -251,6 +254,7 @@ def input_output_jacobians(bj: BlockJacobians, cfg: MLPConfig) -> Array:
   return ts
 
 
+@precision_lib.measured
 def network_jacobian(blocks: dict, h0_D: Array, cfg: MLPConfig) -> Array:
   """dh_L/dh_0 by ``jax.jacfwd`` of the whole block stack (the autodiff reference)."""
   return jax.jacfwd(lambda h: blocks_lib.stack_forward(blocks, h, cfg)[0])(h0_D)
@@ -301,6 +305,7 @@ class JacobianStudy:
     return out
 
 
+@precision_lib.measured
 def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
                         beta: Array | float | None = None, *, with_paths: bool = True,
                         method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
@@ -409,7 +414,8 @@ def _seed_mesh(num_seeds: int, devices=None) -> Mesh:
 def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
                   path_sums: bool = True, method: str = "closed_form",
                   reference: str = "product", num_chunks: int | None = None,
-                  devices: tuple | None = None, seed_batch: int | None = None):
+                  devices: tuple | None = None, seed_batch: int | None = None,
+                  precision: str | None = None):
   """A jitted ``fn(key, alpha, beta) -> per-sample dict`` for configs like ``cfg``.
 
   alpha and beta are traced, so one compilation serves a whole (alpha, beta) sweep
@@ -421,6 +427,7 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   """
   if reference not in ("product", "network"):
     raise ValueError(f"reference={reference!r}; choose 'product' or 'network'")
+  precision = precision_lib.check_precision(precision)
   method = BlockJacobianMethod(method)
   with_paths = bool(path_sums) and supports_path_sums(cfg)
   mesh = _seed_mesh(num_seeds, devices)
@@ -429,19 +436,27 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
     seed_batch = 1 if cfg.width >= 128 else local_seeds
   sharded = NamedSharding(mesh, PartitionSpec("seeds"))
   replicated = NamedSharding(mesh, PartitionSpec())
+  def on_device(ks, a, b):
+    with precision_lib.matmul_precision(precision):   # every dot traced in the study
+      return _per_seed(ks, a, b, cfg, num_inputs, with_paths, method, reference,
+                       num_chunks, min(seed_batch, local_seeds))
+
   per_device = jax.shard_map(
-      lambda ks, a, b: _per_seed(ks, a, b, cfg, num_inputs, with_paths, method, reference,
-                                 num_chunks, min(seed_batch, local_seeds)),
+      on_device,
       mesh=mesh, in_specs=(PartitionSpec("seeds"), PartitionSpec(), PartitionSpec()),
       out_specs=PartitionSpec("seeds"), check_vma=False)   # all values are per-device
   jitted = jax.jit(per_device, in_shardings=(sharded, replicated, replicated),
                    out_shardings=sharded)
   dtype = jnp.dtype(cfg.param_dtype)
 
-  def fn(key: Array, alpha: float | Array, beta: float | Array) -> dict:
+  def args(key: Array, alpha: float | Array, beta: float | Array) -> tuple:
     keys = jax.device_put(jax.random.split(key, num_seeds), sharded)
-    return jitted(keys, jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype))
+    return keys, jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype)
 
+  def fn(key: Array, alpha: float | Array, beta: float | Array) -> dict:
+    return jitted(*args(key, alpha, beta))
+
+  fn.jitted, fn.args = jitted, args    # for lowering/exporting the whole study
   return fn
 
 
@@ -449,7 +464,7 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
                        path_sums: bool = True, method: str = "closed_form",
                        reference: str = "product", num_chunks: int | None = None,
                        devices=None, seed_batch: int | None = None,
-                       return_samples: bool = False):
+                       return_samples: bool = False, precision: str | None = None):
   """Measures a residual MLP config at initialization (Sec 2-4, App A-B).
 
   Each of ``num_seeds`` weight draws (seed s uses ``jax.random.split(key, S)[s]``)
@@ -473,6 +488,8 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
     devices: devices for the seed mesh (default all).
     seed_batch: seeds vmapped together on a device (default: 1 for d >= 128).
     return_samples: also return the per-(seed, input) arrays.
+    precision: matmul precision of every dot (``rankjax.measure.precision``; default
+      'highest', full float32 on every backend).
 
   Returns:
     ``JacobianStudy`` (and the dict of per-sample arrays with leading
@@ -485,7 +502,7 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
   fn = make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums, method=method.value,
                      reference=reference, num_chunks=num_chunks,
                      devices=None if devices is None else tuple(devices),
-                     seed_batch=seed_batch)
+                     seed_batch=seed_batch, precision=precision)
   samples = fn(key, cfg.alpha, cfg.beta)
   study = summarize(samples, num_inputs=num_inputs, num_seeds=num_seeds)
   return (study, samples) if return_samples else study
