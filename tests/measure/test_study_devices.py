@@ -1,0 +1,102 @@
+"""The study's seed loop on devices: memory-bounded seed groups, local devices only."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from rankjax.config import MLPConfig
+from rankjax.measure import jacobians
+
+CFG = MLPConfig(depth=48, width=256, expansion=4.0, norm_position="pre")
+
+
+class _FakeDevice:
+  def __init__(self, platform, stats):
+    self.platform, self._stats = platform, stats
+
+  def memory_stats(self):
+    if isinstance(self._stats, Exception):
+      raise self._stats
+    return self._stats
+
+
+def test_seed_batch_is_bounded_by_device_memory():
+  per_seed = jacobians.study_bytes_per_seed(CFG, 1, True)
+  # weights 2 L d m, per input 5 L d^2 + 2 (L+1) d^2, float32
+  assert per_seed == 4 * (2 * 48 * 256 * 1024 + 5 * 48 * 256 ** 2 + 2 * 49 * 256 ** 2)
+  gpu = lambda limit, used=0: _FakeDevice("gpu", {"bytes_limit": limit, "bytes_in_use": used})
+  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(140 << 30)) == 64
+  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(10 * per_seed)) == 5
+  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(12 * per_seed, 2 * per_seed)) == 5
+  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(per_seed)) == 1   # at least one
+  budget = jacobians.DEFAULT_DEVICE_MEMORY_BUDGET
+  for stats in (None, {}, RuntimeError("no stats")):
+    assert jacobians.default_seed_batch(CFG, 1, 64, True, _FakeDevice("tpu", stats)) == \
+        min(64, budget // per_seed)
+  assert jacobians.default_seed_batch(CFG, 1, 8, True, _FakeDevice("cpu", None)) == 1
+  small = MLPConfig(depth=4, width=16, expansion=2.0, norm_position="pre")
+  assert jacobians.default_seed_batch(small, 1, 8, True, _FakeDevice("cpu", None)) == 8
+
+
+def test_seed_mesh_uses_local_devices():
+  mesh = jacobians._seed_mesh(6)
+  assert set(mesh.devices.flat) <= set(jax.local_devices())
+
+
+def test_explicit_seed_batch_gives_the_same_study():
+  cfg = MLPConfig(depth=4, width=16, expansion=2.0, norm_position="pre")
+  key = jax.random.PRNGKey(0)
+  one = jacobians.mlp_jacobian_study(cfg, key, num_seeds=4, seed_batch=1, num_chunks=1)
+  four = jacobians.mlp_jacobian_study(cfg, key, num_seeds=4, seed_batch=4, num_chunks=1)
+  for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+PROCESS = textwrap.dedent("""
+    import json, sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 2)
+    port, pid = sys.argv[1], int(sys.argv[2])
+    if pid >= 0:
+      jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
+    import numpy as np
+    from rankjax.config import MLPConfig
+    from rankjax.measure import jacobians
+    cfg = MLPConfig(depth=4, width=8, expansion=2.0, norm_position="pre")
+    study = jacobians.mlp_jacobian_study(cfg, jax.random.PRNGKey(7), num_seeds=4, num_chunks=1)
+    print("RESULT" + json.dumps({"devices": jax.device_count(),
+                                 "erank": np.asarray(study.erank).tolist()}))
+""")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_study_in_each_of_two_processes_uses_its_own_devices():
+  env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+  port = str(_free_port())
+  procs = [subprocess.Popen([sys.executable, "-c", PROCESS, port, str(i)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in (0, 1)]
+  alone = subprocess.run([sys.executable, "-c", PROCESS, port, "-1"], env=env,
+                         capture_output=True, text=True, timeout=600)
+  results = []
+  for p in procs:
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    results.append(json.loads([l for l in out.splitlines() if l.startswith("RESULT")][-1][6:]))
+  assert alone.returncode == 0, alone.stderr[-3000:]
+  ref = json.loads([l for l in alone.stdout.splitlines() if l.startswith("RESULT")][-1][6:])
+  assert [r["devices"] for r in results] == [4, 4] and ref["devices"] == 2
+  for r in results:
+    np.testing.assert_allclose(r["erank"], ref["erank"], rtol=1e-5)
