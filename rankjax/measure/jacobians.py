@@ -33,11 +33,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rankjax.config import MLPConfig
 from rankjax.measure import host_svd, paths, spectra
 from rankjax.measure import precision as precision_lib
+from rankjax.measure import seed_devices
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -399,58 +400,9 @@ def _per_seed(keys, alpha, beta, cfg, num_inputs, with_paths, method, reference,
                                        method=method, reference=reference,
                                        num_chunks=num_chunks)
     return jax.vmap(fn)(h0)
-  # Seeds in groups of seed_batch, vmapped within a group (``default_seed_batch``: one
+  # Seeds in groups of seed_batch, vmapped within a group (``seed_devices``: one
   # at a time on CPU, memory-bounded groups on GPU/TPU).
   return jax.lax.map(one_seed, keys, batch_size=seed_batch)
-
-
-def _seed_mesh(num_seeds: int, devices=None) -> Mesh:
-  """A 1-D ``seeds`` mesh over this process's devices (``jax.local_devices()``: a study
-  is process-local, so several processes each measure their own seeds)."""
-  devices = list(jax.local_devices() if devices is None else devices)
-  n = max(k for k in range(1, len(devices) + 1) if num_seeds % k == 0)
-  return Mesh(np.array(devices[:n]), ("seeds",))
-
-
-# Per-device memory a study may use when the device does not report its memory
-# (``Device.memory_stats()`` is None or lacks ``bytes_limit``).
-DEFAULT_DEVICE_MEMORY_BUDGET = 4 << 30
-
-
-def study_bytes_per_seed(cfg: MLPConfig, num_inputs: int, with_paths: bool) -> int:
-  """Working set of one seed in the study, in bytes (an upper estimate): its weights,
-  and per input the K, B and G block Jacobians, every dh_l/dh_0, the DP state and the
-  running-product/SVD copies, each ``(L or L+1) x d x d``."""
-  itemsize = jnp.dtype(cfg.param_dtype).itemsize
-  L, d, m = cfg.depth, cfg.width, cfg.hidden_width
-  weights = L * d * m * cfg.branch_matrices
-  per_input = (3 + 2) * L * d * d + (2 * (L + 1) * d * d if with_paths else 0)
-  return itemsize * (weights + num_inputs * per_input)
-
-
-def default_seed_batch(cfg: MLPConfig, num_inputs: int, local_seeds: int, with_paths: bool,
-                       device) -> int:
-  """Seeds vmapped together on one device.
-
-  CPU: 1 for d >= 128 (one seed's O(L d^2) working set stays in cache; vmapping all
-  seeds ran the DP ~1.4x slower), else every local seed. GPU/TPU: as many seeds as fit
-  in half of the device's free memory (``memory_stats()``: ``bytes_limit -
-  bytes_in_use``; ``DEFAULT_DEVICE_MEMORY_BUDGET`` where not reported) at
-  ``study_bytes_per_seed`` each, at most every local seed.
-  """
-  if device.platform == "cpu":
-    return 1 if cfg.width >= 128 else local_seeds
-  stats = None
-  try:
-    stats = device.memory_stats()
-  except Exception:   # some backends raise instead of returning None
-    stats = None
-  if stats and "bytes_limit" in stats:
-    budget = (stats["bytes_limit"] - stats.get("bytes_in_use", 0)) // 2
-  else:
-    budget = DEFAULT_DEVICE_MEMORY_BUDGET
-  per_seed = study_bytes_per_seed(cfg, num_inputs, with_paths)
-  return int(max(1, min(local_seeds, budget // max(per_seed, 1))))
 
 
 @functools.lru_cache(maxsize=64)
@@ -466,7 +418,8 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   or ``reference="network"`` the beta argument is ignored and ``cfg.beta`` is used.
   The seed axis is split over a 1-D ``seeds`` mesh of local devices (``shard_map``
   inside ``jax.jit`` with ``NamedSharding`` in/out shardings); each device runs its
-  seeds in ``lax.map`` groups of ``seed_batch`` vmapped seeds (``default_seed_batch``:
+  seeds in ``lax.map`` groups of ``seed_batch`` vmapped seeds
+  (``seed_devices.default_seed_batch``:
   1 on CPU for d >= 128, memory-bounded on GPU/TPU). Every dot is traced at
   ``precision``. Cached on its (hashable) arguments.
   """
@@ -475,11 +428,11 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   precision = precision_lib.check_precision(precision)
   method = BlockJacobianMethod(method)
   with_paths = bool(path_sums) and supports_path_sums(cfg)
-  mesh = _seed_mesh(num_seeds, devices)
+  mesh = seed_devices.seed_mesh(num_seeds, devices)
   local_seeds = num_seeds // mesh.size
   if seed_batch is None:
-    seed_batch = default_seed_batch(cfg, num_inputs, local_seeds, with_paths,
-                                    mesh.devices.flat[0])
+    seed_batch = seed_devices.default_seed_batch(cfg, num_inputs, local_seeds, with_paths,
+                                                 mesh.devices.flat[0])
   sharded = NamedSharding(mesh, PartitionSpec("seeds"))
   replicated = NamedSharding(mesh, PartitionSpec())
   def on_device(ks, a, b):
@@ -533,7 +486,8 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
       block stack; costs about a third of the path-sum DP at d=256, 4x).
     num_chunks: static block groups of the DP (``paths.path_sums``).
     devices: devices for the seed mesh (default ``jax.local_devices()``).
-    seed_batch: seeds vmapped together on a device (default ``default_seed_batch``).
+    seed_batch: seeds vmapped together on a device (default
+      ``seed_devices.default_seed_batch``).
     return_samples: also return the per-(seed, input) arrays.
     precision: matmul precision of every dot (``rankjax.measure.precision``; default
       'highest', full float32 on every backend).

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rankjax.config import MLPConfig
-from rankjax.measure import jacobians
+from rankjax.measure import jacobians, seed_devices
 
 CFG = MLPConfig(depth=48, width=256, expansion=4.0, norm_position="pre")
 
@@ -27,25 +27,25 @@ class _FakeDevice:
 
 
 def test_seed_batch_is_bounded_by_device_memory():
-  per_seed = jacobians.study_bytes_per_seed(CFG, 1, True)
+  per_seed = seed_devices.study_bytes_per_seed(CFG, 1, True)
   # weights 2 L d m, per input 5 L d^2 + 2 (L+1) d^2, float32
   assert per_seed == 4 * (2 * 48 * 256 * 1024 + 5 * 48 * 256 ** 2 + 2 * 49 * 256 ** 2)
   gpu = lambda limit, used=0: _FakeDevice("gpu", {"bytes_limit": limit, "bytes_in_use": used})
-  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(140 << 30)) == 64
-  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(10 * per_seed)) == 5
-  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(12 * per_seed, 2 * per_seed)) == 5
-  assert jacobians.default_seed_batch(CFG, 1, 64, True, gpu(per_seed)) == 1   # at least one
-  budget = jacobians.DEFAULT_DEVICE_MEMORY_BUDGET
+  assert seed_devices.default_seed_batch(CFG, 1, 64, True, gpu(140 << 30)) == 64
+  assert seed_devices.default_seed_batch(CFG, 1, 64, True, gpu(10 * per_seed)) == 5
+  assert seed_devices.default_seed_batch(CFG, 1, 64, True, gpu(12 * per_seed, 2 * per_seed)) == 5
+  assert seed_devices.default_seed_batch(CFG, 1, 64, True, gpu(per_seed)) == 1   # at least one
+  budget = seed_devices.DEFAULT_DEVICE_MEMORY_BUDGET
   for stats in (None, {}, RuntimeError("no stats")):
-    assert jacobians.default_seed_batch(CFG, 1, 64, True, _FakeDevice("tpu", stats)) == \
+    assert seed_devices.default_seed_batch(CFG, 1, 64, True, _FakeDevice("tpu", stats)) == \
         min(64, budget // per_seed)
-  assert jacobians.default_seed_batch(CFG, 1, 8, True, _FakeDevice("cpu", None)) == 1
+  assert seed_devices.default_seed_batch(CFG, 1, 8, True, _FakeDevice("cpu", None)) == 1
   small = MLPConfig(depth=4, width=16, expansion=2.0, norm_position="pre")
-  assert jacobians.default_seed_batch(small, 1, 8, True, _FakeDevice("cpu", None)) == 8
+  assert seed_devices.default_seed_batch(small, 1, 8, True, _FakeDevice("cpu", None)) == 8
 
 
 def test_seed_mesh_uses_local_devices():
-  mesh = jacobians._seed_mesh(6)
+  mesh = seed_devices.seed_mesh(6)
   assert set(mesh.devices.flat) <= set(jax.local_devices())
 
 
@@ -67,7 +67,7 @@ PROCESS = textwrap.dedent("""
       jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
     import numpy as np
     from rankjax.config import MLPConfig
-    from rankjax.measure import jacobians
+    from rankjax.measure import jacobians, seed_devices
     cfg = MLPConfig(depth=4, width=8, expansion=2.0, norm_position="pre")
     study = jacobians.mlp_jacobian_study(cfg, jax.random.PRNGKey(7), num_seeds=4, num_chunks=1)
     print("RESULT" + json.dumps({"devices": jax.device_count(),
