@@ -13,7 +13,9 @@ stream entering the FFN sublayer; in its notation W_up = W_fc^T (m x d) and
 W_down = W_proj^T (d x m), so ``J_l = W_down diag(gelu'(z)) W_up J_LN(h)`` (Eq. 9 with
 the Pre-Norm input Jacobian, Table 2).
 
-Parameters are a plain dict with blocks stacked over depth (``blocks["fc_w"]`` is
+``sublayer_jacobians`` gives the per-token attention and FFN branch Jacobians of every
+block at one position, ``sequence_jacobians`` the whole-sequence attention Jacobians
+(small T). Parameters are a plain dict with blocks stacked over depth (``blocks["fc_w"]`` is
 (L, d, m)); ``load_gpt2`` fills it from a checkpoint, ``init_gpt2`` draws GPT-2's
 initialization. Files are read and written by the ``safetensors`` package, after a
 validation of the header here (the format: an 8-byte little-endian header length, a
@@ -317,3 +319,60 @@ def ffn_jacobians(blocks: dict, h_LxD: Array) -> Array:
   """``J_l`` of every block at its stream ``h_l``, ``(L, d, d)``, jitted (``lax.map``:
   one block's d x m intermediate in memory at a time)."""
   return jax.lax.map(lambda a: ffn_jacobian(*a), (blocks, h_LxD))
+
+
+# ---------------------------------------------------------------------------
+# Per-token and whole-sequence sublayer Jacobians of the decoder
+
+
+def _attention_branch(block: dict, h_TxD: Array, num_heads: int) -> Array:
+  return _attention(block, layer_norm(h_TxD, block["ln_1_scale"], block["ln_1_bias"]),
+                    num_heads)
+
+
+@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
+@precision_lib.measured
+def sublayer_jacobians(params: dict, tokens_T: Array, position: Array | int,
+                       num_heads: int | None = None) -> dict[str, Array]:
+  """Per-token branch Jacobians of every block at ``position`` (jitted; ``position``
+  may be traced), ``(L, d, d)`` each:
+
+    ``attention``: ``d Attn(LN_1(h))_t / d h_t``, the stream of the other tokens held
+      fixed (the diagonal block of ``sequence_jacobians``), by ``jax.jacfwd`` (no closed
+      form is used for attention);
+    ``ffn``: ``d FFN(LN_2(h'))_t / d h'_t`` at the FFN input h' (closed form,
+      ``ffn_jacobian``; the FFN acts on each token alone).
+  """
+  heads = default_num_heads(params["wte"].shape[1]) if num_heads is None else num_heads
+  d = params["wte"].shape[1]
+  h = params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
+
+  def step(h_TxD, block):
+    def at_position(x_D):
+      row = h_TxD.at[position].set(x_D)
+      return _attention_branch(block, row, heads)[position]
+    attn_jac = jax.jacfwd(at_position)(h_TxD[position])
+    mid = h_TxD + _attention_branch(block, h_TxD, heads)
+    ffn_jac = ffn_jacobian(block, mid[position])
+    return mid + ffn_branch(block, mid), (attn_jac.reshape(d, d), ffn_jac)
+
+  _, (attn, ffn) = jax.lax.scan(step, h, params["blocks"])
+  return {"attention": attn, "ffn": ffn}
+
+
+@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
+@precision_lib.measured
+def sequence_jacobians(params: dict, tokens_T: Array, num_heads: int | None = None) -> Array:
+  """Whole-sequence Jacobian of every block's attention branch, ``(L, T, d, T, d)``:
+  ``[l, t, :, s, :] = d Attn(LN_1(h))_t / d h_s`` (zero for s > t, causal), by
+  ``jax.jacfwd`` over all T d inputs; for small T (memory L T^2 d^2)."""
+  heads = default_num_heads(params["wte"].shape[1]) if num_heads is None else num_heads
+  h = params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
+
+  def step(h_TxD, block):
+    jac = jax.jacfwd(lambda x: _attention_branch(block, x, heads))(h_TxD)
+    mid = h_TxD + _attention_branch(block, h_TxD, heads)
+    return mid + ffn_branch(block, mid), jac
+
+  _, jac = jax.lax.scan(step, h, params["blocks"])
+  return jac
