@@ -26,7 +26,9 @@ Issue 18 additions, each its own RESULTS.md section (the retired targets above u
   --peer         ours (draw + study per seed) against the torch.func peer workload, same
                  run (torch from the ``benchmark`` extra), and the DP against the peak;
   --matrix-free  matrix-free erank/stable rank against exact, and alone at d=2048, L=48;
-  --precision    emulated error of bf16 / bf16_3x / TF32 dots.
+  --precision    emulated error of bf16 / bf16_3x / TF32 dots;
+  --device-check the study at L=48, d=256, 8 seeds on the default backend (GPU/TPU) at
+                 each precision (time, seed groups, lowered dots, real rounding error).
 """
 from __future__ import annotations
 
@@ -499,12 +501,61 @@ every backend; 'high' is bf16_3x on TPU and TF32 on GPU; 'default' is bf16 on TP
 """
 
 
+def run_device_check(small: bool = False, reps: int = 2) -> dict:
+  """The study at L=48, d=256, 8 seeds on the default backend (meant for a GPU/TPU), at
+  each precision: time per seed, the seed group size chosen, the lowered dots'
+  precision, the reconstruction error, and erank's deviation from 'highest' (the real
+  hardware's rounding, to compare with the emulated table of --precision)."""
+  import numpy as np
+  from rankjax.measure import precision as precision_lib, seed_devices
+  L, d, seeds = (8, 32, 2) if small else (48, 256, 8)
+  cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
+  key = jax.random.PRNGKey(0)
+  out = {"backend": jax.default_backend(), "device": str(jax.local_devices()[0]),
+         "L": L, "d": d, "seeds": seeds, "rows": {}}
+  mesh = seed_devices.seed_mesh(seeds)
+  out["seed_batch"] = seed_devices.default_seed_batch(cfg, 1, seeds // mesh.size, True,
+                                                      mesh.devices.flat[0])
+  ref = None
+  for name in precision_lib.PRECISIONS:
+    fn = jacobians.make_study_fn(cfg, 1, seeds, precision=name)
+    dots = sorted(set(precision_lib.lowered_dot_precisions(
+        fn.jitted.lower(*fn.args(key, 1.0, 1.0)).as_text())))
+    t = best_time(fn, key, 1.0, 1.0, reps=reps)
+    samples = fn(key, 1.0, 1.0)
+    erank = np.asarray(samples["erank"])
+    ref = erank if ref is None else ref
+    out["rows"][name] = {"time_per_seed": t / seeds, "dots": dots,
+                         "reconstruction_error": float(np.max(samples["reconstruction_error"])),
+                         "erank_max_rel_dev": float(np.max(np.abs(erank / ref - 1)))}
+  return out
+
+
+def markdown_device_check(r: dict) -> str:
+  rows = "\n".join(
+      f"| {k} | {v['time_per_seed'] * 1e3:.1f} ms | {', '.join(v['dots'])} | "
+      f"{v['reconstruction_error']:.1e} | {v['erank_max_rel_dev']:.1e} |"
+      for k, v in r["rows"].items())
+  return f"""## Jacobian engine: device check
+
+`python experiments/benchmarks/jacobian_engine.py --device-check`: `make_study_fn` at
+L={r['L']}, d={r['d']}, {r['seeds']} seeds in one call on {r['device']} (backend {r['backend']}),
+seed groups of {r['seed_batch']} (`seed_devices.default_seed_batch`).
+
+| precision | time per seed | lowered dots | reconstruction error | erank vs 'highest' |
+|---|---|---|---|---|
+{rows}
+"""
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--small", action="store_true")
   parser.add_argument("--peer", action="store_true", help="ours vs the torch.func peer")
   parser.add_argument("--matrix-free", action="store_true", help="matrix-free vs exact")
   parser.add_argument("--precision", action="store_true", help="emulated precision errors")
+  parser.add_argument("--device-check", action="store_true",
+                      help="the study on the default backend (GPU/TPU) at each precision")
   parser.add_argument("--reps", type=int, default=2, help="runs per round (best kept)")
   parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
   parser.add_argument("--num-chunks", type=int, default=None)
@@ -515,7 +566,9 @@ def main() -> None:
            (args.matrix_free, lambda: markdown_matrix_free(run_matrix_free(args.small)),
             "Jacobian engine: matrix-free"),
            (args.precision, lambda: markdown_precision(run_precision(args.small)),
-            "Jacobian engine: precision")]
+            "Jacobian engine: precision"),
+           (args.device_check, lambda: markdown_device_check(run_device_check(args.small)),
+            "Jacobian engine: device check")]
   if any(flag for flag, _, _ in extra):
     for flag, make, title in extra:
       if flag:
