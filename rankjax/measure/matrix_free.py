@@ -50,6 +50,8 @@ class RankEstimate(NamedTuple):
   spectral_sq: ||J||_2^2 (largest Ritz value).
   nuclear: sum_k sigma_k.
   effective_rank_stderr: standard error of erank over probes (delta method on S, T).
+  stable_rank_stderr: standard error of the stable rank over probes (lambda_max taken
+    as exact: it converges far faster than the traces).
   """
 
   effective_rank: Array
@@ -58,6 +60,7 @@ class RankEstimate(NamedTuple):
   spectral_sq: Array
   nuclear: Array
   effective_rank_stderr: Array
+  stable_rank_stderr: Array
 
 
 def gram_operator(fn: Callable[[Array], Array], x: Array) -> Callable[[Array], Array]:
@@ -172,8 +175,10 @@ def rank_estimates(apply_a: Callable[[Array], Array], d: int, key: Array, *,
   erank = s * jnp.exp(-t / s)
   # delta method: d erank = erank (dS (1/S + T/S^2) - dT / S)
   g_p = erank * ((s_p - s) * (1.0 / s + t / s ** 2) - (t_p - t) / s)
-  stderr = jnp.sqrt(jnp.sum(jnp.square(g_p)) / (num_probes * max(num_probes - 1, 1)))
-  return RankEstimate(erank, fro / spectral, fro, spectral, s, stderr)
+  n = num_probes * max(num_probes - 1, 1)
+  stderr = jnp.sqrt(jnp.sum(jnp.square(g_p)) / n)
+  st_stderr = jnp.sqrt(jnp.sum(jnp.square(fro_p - fro)) / n) / spectral
+  return RankEstimate(erank, fro / spectral, fro, spectral, s, stderr, st_stderr)
 
 
 @precision_lib.measured
