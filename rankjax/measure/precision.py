@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import threading
 
 import jax
@@ -49,7 +50,9 @@ from jax.extend import core as jex_core
 PRECISIONS = {"highest": "highest", "high": "high", "default": None}
 DEFAULT_PRECISION = "highest"
 
-# What each name does to a float32 dot, per backend (the algorithm ``emulate`` rounds as).
+# What each name does to a float32 dot, per backend (the algorithm ``emulate`` rounds as;
+# HIGH is bf16_3x on TPU and TF32 on A100/H100, DEFAULT bf16 on TPU and TF32 on
+# A100/H100: the lax.Precision docs and jax-ml/jax issue 18934).
 ALGORITHMS = {
     "tpu": {"highest": "f32", "high": "bf16_3x", "default": "bf16"},
     "gpu": {"highest": "f32", "high": "tf32", "default": "tf32"},
@@ -123,7 +126,7 @@ def measured_at(name: str | None, fn):
 # ---------------------------------------------------------------------------
 # Emulation of the faster algorithms on CPU
 
-# algorithm -> (operand mantissa bits kept, number of split terms per operand, products)
+# algorithm -> (operand mantissa bits kept, split terms per operand)
 _ALGORITHMS = {"bf16": (7, 1), "bf16_3x": (7, 2), "tf32": (10, 1), "f32": (23, 1)}
 
 
@@ -235,7 +238,6 @@ def emulate(fn, name: str):
 def lowered_dot_precisions(text: str) -> list[str]:
   """The precision/algorithm of every dot in StableHLO text: 'HIGHEST',
   'DEFAULT', 'HIGH', or the algorithm's operand types ('bf16 x3', 'tf32 x1')."""
-  import re
   out = []
   for line in text.splitlines():
     if "stablehlo.dot_general" not in line and "stablehlo.dot " not in line:
