@@ -20,6 +20,15 @@ from different rounds can pair a fast DP with a slow study, or the reverse). Wri
 ``## Jacobian engine`` section of experiments/benchmarks/RESULTS.md.
 
   python experiments/benchmarks/jacobian_engine.py [--small] [--reps 3] [--no-write]
+
+Issue 18 additions, each its own RESULTS.md section (the retired targets above unchanged):
+
+  --peer         ours (draw + study per seed) against the torch.func peer workload, same
+                 run (torch from the ``benchmark`` extra), and the DP against the peak;
+  --matrix-free  matrix-free erank/stable rank against exact, and alone at d=2048, L=48;
+  --precision    emulated error of bf16 / bf16_3x / TF32 dots;
+  --device-check the study at L=48, d=256, 8 seeds on the default backend (GPU/TPU) at
+                 each precision (time, seed groups, lowered dots, real rounding error).
 """
 from __future__ import annotations
 
@@ -255,9 +264,9 @@ def why(r: dict) -> str:
   return "\n\n".join(lines)
 
 
-def write_section(text: str) -> None:
+def write_section(text: str, title: str = "Jacobian engine") -> None:
   old = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
-  pattern = re.compile(r"^## Jacobian engine\n.*?(?=^## |\Z)", re.S | re.M)
+  pattern = re.compile(r"^## " + re.escape(title) + r"\n.*?(?=^## |\Z)", re.S | re.M)
   if pattern.search(old):
     new = pattern.sub(lambda _: text.rstrip() + "\n\n", old)
   else:
@@ -265,14 +274,309 @@ def write_section(text: str) -> None:
   RESULTS.write_text(new.rstrip() + "\n")
 
 
+# ---------------------------------------------------------------------------
+# The torch.func peer, matrix-free vs exact, and the precision table (issue 18)
+
+
+def torch_peer_outputs(torch, w_up, w_down, h0, beta: float = 1.0):
+  """What a PyTorch user writes for the study's outputs (Pre-Norm RMS ReLU MLP, Eq. 17):
+  forward pass, ``vmap(jacrev)`` of every block, all S_k by the DP over orders (Eq. 12,
+  K = I, plain float32 as a user would), every dh_l/dh_0 and its singular values.
+  Returns (erank of every dh_l/dh_0 / d, log ||S_k||_F)."""
+  from torch.func import jacrev, vmap
+  L, d, _ = w_up.shape
+
+  def block(h, wu, wd):
+    z = h / torch.sqrt(torch.mean(h * h))
+    return h + beta * torch.relu(z @ wu) @ wd
+
+  hs = [h0]
+  for l in range(L):
+    hs.append(block(hs[-1], w_up[l], w_down[l]))
+  jac = vmap(jacrev(block))(torch.stack(hs[:-1]), w_up, w_down)   # (L, d, d)
+  eye = torch.eye(d)
+  b = jac - eye
+  s_k = torch.zeros(L + 1, d, d)
+  s_k[0] = eye
+  for m in range(L):                       # S_k^(m) = S_k^(m-1) + B_m S_{k-1}^(m-1)
+    s_k[1: m + 2] = s_k[1: m + 2] + b[m] @ s_k[: m + 1]
+  ts, t = [], eye
+  for m in range(L):
+    t = jac[m] @ t
+    ts.append(t)
+  sv = torch.linalg.svdvals(torch.stack(ts))
+  p = sv / sv.sum(-1, keepdim=True)
+  erank = torch.exp(-(p * torch.log(p.clamp_min(1e-30))).sum(-1)) / d
+  return erank, torch.log(torch.linalg.matrix_norm(s_k))
+
+
+def torch_peer_seed(torch, L: int, d: int, m: int, seed: int):
+  """One seed of the peer, weight drawing (``torch.randn``, N(0, 1/fan_in)) included."""
+  gen = torch.Generator().manual_seed(seed)
+  w_up = torch.randn(L, d, m, generator=gen) / d ** 0.5
+  w_down = torch.randn(L, m, d, generator=gen) / m ** 0.5
+  return torch_peer_outputs(torch, w_up, w_down, torch.randn(d, generator=gen))
+
+
+def run_peer(small: bool = False, reps: int = 1, rounds: int = 3) -> dict:
+  """mlp_jacobian_study (draw + study, per seed) against the torch.func peer, same run,
+  interleaved rounds; the path-sum DP against the same-run matmul peak."""
+  import numpy as np
+  import torch
+  torch.set_num_threads(os.cpu_count() or 1)
+  L, d, seeds = (8, 32, 2) if small else (48, 256, 8)
+  n_peak = 256 if small else 2048
+  cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
+  m = cfg.hidden_width
+  # same outputs: the peer on our draw agrees with the study
+  blocks, h0 = jacobians.seed_samples(cfg, jax.random.PRNGKey(0), 1)
+  to_t = lambda x: torch.from_numpy(np.array(x))
+  erank_t, logs_t = torch_peer_outputs(torch, to_t(blocks["w_up"]), to_t(blocks["w_down"]),
+                                       to_t(h0[0]))
+  ours = jacobians.sample_measurements(blocks, h0[0], cfg)
+  agree = {"erank_max_abs_diff": float(np.max(np.abs(erank_t.numpy() - np.asarray(ours["erank"])))),
+           "log_mass_max_abs_diff": float(np.max(np.abs(logs_t.numpy()
+                                                       - np.asarray(ours["order_log_mass"]))))}
+  study = jacobians.make_study_fn(cfg, 1, 1)
+  keys = list(jax.random.split(jax.random.PRNGKey(1), seeds))
+  ours_fn = lambda: jax.block_until_ready([study(k, 1.0, 1.0) for k in keys])
+  peer_fn = lambda: [torch_peer_seed(torch, L, d, m, i) for i in range(seeds)]
+  a = jax.random.normal(jax.random.PRNGKey(0), (n_peak, n_peak), jnp.float32)
+  peak_fn = jax.jit(lambda x: x @ x)
+  def branch_of(k):
+    b, h = jacobians.seed_samples(cfg, k, 1)
+    return jacobians.block_jacobians(b, h[0], cfg).branch
+
+  b_list = [jax.block_until_ready(jax.jit(branch_of)(k)) for k in keys[:2]]
+  dp = jax.jit(lambda b: paths.path_sums(b, 1.0))
+  timed = {"ours": (ours_fn, ()), "peer": (peer_fn, ()), "peak": (peak_fn, (a,)),
+           "dp": (lambda: jax.block_until_ready([dp(b) for b in b_list]), ())}
+  for fn, args in timed.values():
+    jax.block_until_ready(fn(*args))      # compile / warm
+  per_round = {name: [] for name in timed}
+  for _ in range(rounds):
+    for name, (fn, args) in timed.items():
+      per_round[name].append(best_time(fn, *args, reps=reps, warm=False))
+  ratios = sorted(o / p for o, p in zip(per_round["ours"], per_round["peer"]))
+  best = {k: min(v) for k, v in per_round.items()}
+  peak = 2 * n_peak ** 3 / best["peak"] / 1e9
+  dp_gflops = len(b_list) * L * (L + 1) / 2 * 2 * d ** 3 / best["dp"] / 1e9
+  return {"L": L, "d": d, "m": m, "seeds": seeds, "ours_per_seed": best["ours"] / seeds,
+          "peer_per_seed": best["peer"] / seeds, "ratio_rounds": ratios,
+          "ratio_median": ratios[len(ratios) // 2], "agree": agree, "peak_gflops": peak,
+          "dp_gflops": dp_gflops, "dp_fraction_of_peak": dp_gflops / peak,
+          "torch": torch.__version__, "threads": torch.get_num_threads(),
+          "load_avg": os.getloadavg(), "machine": cpu_model()}
+
+
+def markdown_peer(r: dict) -> str:
+  ok = "met" if r["ratio_median"] <= 0.5 else "MISSED"
+  ok_dp = "met" if r["dp_fraction_of_peak"] >= 0.8 else "MISSED"
+  rr = r["ratio_rounds"]
+  return f"""## Jacobian engine: torch.func peer
+
+`python experiments/benchmarks/jacobian_engine.py --peer{' --small' if r['L'] == 8 else ''}`
+(torch from the `benchmark` extra): L={r['L']}, d={r['d']}, m={r['m']}, {r['seeds']} seeds, float32,
+Pre-Norm RMS ReLU. Ours: `make_study_fn(cfg, 1, 1)` called once per seed (weights drawn
+inside). Peer: `torch_peer_seed` (torch.randn weights, forward, `vmap(jacrev)` of every block,
+the DP over all orders, every dh_l/dh_0 and `svdvals`), torch {r['torch']} with {r['threads']}
+threads. Same outputs checked on one shared draw: erank max |diff| {r['agree']['erank_max_abs_diff']:.1e},
+log ||S_k|| max |diff| {r['agree']['log_mass_max_abs_diff']:.1e}. Machine {r['machine']}; load
+average {', '.join(f'{x:.1f}' for x in r['load_avg'])}.
+
+| quantity | value |
+|---|---|
+| ours per seed (draw + study) | {r['ours_per_seed']:.3f} s |
+| torch.func peer per seed | {r['peer_per_seed']:.3f} s |
+| ours / peer, per round: median (min, max) | {r['ratio_median']:.2f} ({rr[0]:.2f}, {rr[-1]:.2f}) (target <= 0.5: {ok}) |
+| path-sum DP vs same-run matmul peak | {r['dp_gflops']:.1f} / {r['peak_gflops']:.1f} GFLOP/s = {100 * r['dp_fraction_of_peak']:.0f}% (target >= 80%: {ok_dp}) |
+"""
+
+
+def run_matrix_free(small: bool = False, reps: int = 1) -> dict:
+  """Exact (study without path sums: every dh_l/dh_0 and its SVD) against the
+  matrix-free estimates of dh_L/dh_0, time and error; plus the matrix-free estimate
+  alone at a width where L dense d x d matrices are not formed."""
+  import numpy as np
+  from rankjax.measure import matrix_free, spectra
+  out = {"rows": []}
+  sizes = [(8, 64)] if small else [(48, 256), (48, 512)]
+  for L, d in sizes:
+    cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
+    blocks, h0 = jax.block_until_ready(jacobians.seed_samples(cfg, jax.random.PRNGKey(0), 1))
+    exact = jax.jit(lambda b, h: jacobians.sample_measurements(b, h, cfg, with_paths=False))
+    est = jax.jit(lambda b, h: matrix_free.network_rank_estimates(b, h, cfg,
+                                                                  jax.random.PRNGKey(1)))
+    t_exact = best_time(exact, blocks, h0[0], reps=reps)
+    t_est = best_time(est, blocks, h0[0], reps=reps)
+    e, r = exact(blocks, h0[0]), est(blocks, h0[0])
+    out["rows"].append({
+        "L": L, "d": d, "exact_time": t_exact, "matrix_free_time": t_est,
+        "erank_rel_error": float(np.asarray(r.effective_rank)[0] / d / e["erank"][-1] - 1),
+        "stable_rel_error": float(np.asarray(r.stable_rank)[0] / d / e["stable_rank"][-1] - 1),
+        "erank_stderr": float(np.asarray(r.effective_rank_stderr)[0] / d / e["erank"][-1])})
+  L, d = (8, 128) if small else (48, 2048)
+  cfg = MLPConfig(depth=L, width=d, expansion=1.0, norm_position="pre")
+  blocks, h0 = jax.block_until_ready(jacobians.seed_samples(cfg, jax.random.PRNGKey(0), 1))
+  est = jax.jit(lambda b, h: matrix_free.network_rank_estimates(
+      b, h, cfg, jax.random.PRNGKey(1), num_probes=8, num_steps=32))
+  t = best_time(est, blocks, h0[0], reps=1)
+  r = est(blocks, h0[0])
+  out["large"] = {"L": L, "d": d, "m": cfg.hidden_width, "time": t,
+                  "erank_over_d": float(np.asarray(r.effective_rank)[0] / d),
+                  "stable_over_d": float(np.asarray(r.stable_rank)[0] / d),
+                  "stderr_over_d": float(np.asarray(r.effective_rank_stderr)[0] / d),
+                  "memory": memory_bytes(est, blocks, h0[0]),
+                  "dense_bytes": L * d * d * 4}
+  return out
+
+
+def markdown_matrix_free(r: dict) -> str:
+  rows = "\n".join(
+      f"| {x['L']} | {x['d']} | {x['exact_time']:.2f} s | {x['matrix_free_time']:.2f} s | "
+      f"{100 * x['erank_rel_error']:+.2f}% (stderr {100 * x['erank_stderr']:.2f}%) | "
+      f"{100 * x['stable_rel_error']:+.2f}% |" for x in r["rows"])
+  g = r["large"]
+  mem = g["memory"]
+  mem_txt = (f"temp {mem['temp'] / 2**20:.0f} MiB, arguments {mem['argument'] / 2**20:.0f} MiB"
+             if mem else "not reported")
+  return f"""## Jacobian engine: matrix-free
+
+`python experiments/benchmarks/jacobian_engine.py --matrix-free`: exact = every dh_l/dh_0 by
+the running product and its SVD (`sample_measurements(..., with_paths=False)`); matrix-free =
+`matrix_free.network_rank_estimates` of dh_L/dh_0 (16 probes x 48 Lanczos steps after a
+96-step deflation run; one JVP + one VJP per step). Errors of dh_L/dh_0's erank and stable
+rank relative to exact, one seed.
+
+| L | d | exact (all l) | matrix-free (l = L) | erank error | stable-rank error |
+|---|---|---|---|---|---|
+{rows}
+
+Beyond d x d: L={g['L']}, d={g['d']}, m={g['m']} (1x), 8 probes x 32 steps: {g['time']:.1f} s,
+erank/d = {g['erank_over_d']:.4f} (stderr {g['stderr_over_d']:.4f}), stable rank/d =
+{g['stable_over_d']:.4f}; compiled memory {mem_txt}; the L dense d x d Jacobians would be
+{g['dense_bytes'] / 2**20:.0f} MiB.
+"""
+
+
+def run_precision(small: bool = False) -> dict:
+  """Error of each dot algorithm, emulated on CPU (``precision.emulate``), against the
+  float64 engine: dh_L/dh_0 and erank over depth."""
+  import dataclasses
+  import numpy as np
+  from rankjax.measure import precision as precision_lib, spectra
+  L, d = (8, 32) if small else (48, 256)
+  cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
+  blocks, h0 = jacobians.seed_samples(cfg, jax.random.PRNGKey(0), 1)
+  ts = lambda b, h: jacobians.input_output_jacobians(jacobians.block_jacobians(b, h, cfg), cfg)
+  with jax.enable_x64(True):
+    c64 = dataclasses.replace(cfg, param_dtype="float64")
+    b64 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), blocks)
+    t64 = np.asarray(jax.jit(lambda b, h: jacobians.input_output_jacobians(
+        jacobians.block_jacobians(b, h, c64), c64))(b64, jnp.asarray(h0[0], jnp.float64)))
+  erank = lambda t: np.asarray(spectra.effective_rank_from_singular_values(
+      np.linalg.svd(t, compute_uv=False)))
+  er64 = erank(t64)
+  rows = {}
+  for name in ("f32", "bf16_3x", "tf32", "bf16"):
+    t = np.asarray(jax.jit(precision_lib.emulate(ts, name))(blocks, h0[0]), np.float64)
+    rows[name] = {"jacobian": precision_lib.relative_error(t[-1], t64[-1]),
+                  "erank": float(np.max(np.abs(erank(t) / er64 - 1)))}
+  return {"L": L, "d": d, "rows": rows}
+
+
+def markdown_precision(r: dict) -> str:
+  rows = "\n".join(f"| {k} | {v['jacobian']:.1e} | {v['erank']:.1e} |"
+                    for k, v in r["rows"].items())
+  return f"""## Jacobian engine: precision
+
+`python experiments/benchmarks/jacobian_engine.py --precision`: every dot of the forward pass,
+block Jacobians and running product emulated on CPU (`rankjax.measure.precision.emulate`),
+L={r['L']}, d={r['d']}, Pre-Norm ReLU, one seed, against the float64 engine. 'highest' is f32 on
+every backend; 'high' is bf16_3x on TPU and TF32 on GPU; 'default' is bf16 on TPU, TF32 on GPU.
+
+| algorithm | rel. error of dh_L/dh_0 | max_l rel. error of erank(dh_l/dh_0) |
+|---|---|---|
+{rows}
+"""
+
+
+def run_device_check(small: bool = False, reps: int = 2) -> dict:
+  """The study at L=48, d=256, 8 seeds on the default backend (meant for a GPU/TPU), at
+  each precision: time per seed, the seed group size chosen, the lowered dots'
+  precision, the reconstruction error, and erank's deviation from 'highest' (the real
+  hardware's rounding, to compare with the emulated table of --precision)."""
+  import numpy as np
+  from rankjax.measure import precision as precision_lib, seed_devices
+  L, d, seeds = (8, 32, 2) if small else (48, 256, 8)
+  cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
+  key = jax.random.PRNGKey(0)
+  out = {"backend": jax.default_backend(), "device": str(jax.local_devices()[0]),
+         "L": L, "d": d, "seeds": seeds, "rows": {}}
+  mesh = seed_devices.seed_mesh(seeds)
+  out["seed_batch"] = seed_devices.default_seed_batch(cfg, 1, seeds // mesh.size, True,
+                                                      mesh.devices.flat[0])
+  ref = None
+  for name in precision_lib.PRECISIONS:
+    fn = jacobians.make_study_fn(cfg, 1, seeds, precision=name)
+    dots = sorted(set(precision_lib.lowered_dot_precisions(
+        fn.jitted.lower(*fn.args(key, 1.0, 1.0)).as_text())))
+    t = best_time(fn, key, 1.0, 1.0, reps=reps)
+    samples = fn(key, 1.0, 1.0)
+    erank = np.asarray(samples["erank"])
+    ref = erank if ref is None else ref
+    out["rows"][name] = {"time_per_seed": t / seeds, "dots": dots,
+                         "reconstruction_error": float(np.max(samples["reconstruction_error"])),
+                         "erank_max_rel_dev": float(np.max(np.abs(erank / ref - 1)))}
+  return out
+
+
+def markdown_device_check(r: dict) -> str:
+  rows = "\n".join(
+      f"| {k} | {v['time_per_seed'] * 1e3:.1f} ms | {', '.join(v['dots'])} | "
+      f"{v['reconstruction_error']:.1e} | {v['erank_max_rel_dev']:.1e} |"
+      for k, v in r["rows"].items())
+  return f"""## Jacobian engine: device check
+
+`python experiments/benchmarks/jacobian_engine.py --device-check`: `make_study_fn` at
+L={r['L']}, d={r['d']}, {r['seeds']} seeds in one call on {r['device']} (backend {r['backend']}),
+seed groups of {r['seed_batch']} (`seed_devices.default_seed_batch`).
+
+| precision | time per seed | lowered dots | reconstruction error | erank vs 'highest' |
+|---|---|---|---|---|
+{rows}
+"""
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--small", action="store_true")
+  parser.add_argument("--peer", action="store_true", help="ours vs the torch.func peer")
+  parser.add_argument("--matrix-free", action="store_true", help="matrix-free vs exact")
+  parser.add_argument("--precision", action="store_true", help="emulated precision errors")
+  parser.add_argument("--device-check", action="store_true",
+                      help="the study on the default backend (GPU/TPU) at each precision")
   parser.add_argument("--reps", type=int, default=2, help="runs per round (best kept)")
   parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
   parser.add_argument("--num-chunks", type=int, default=None)
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args()
+  extra = [(args.peer, lambda: markdown_peer(run_peer(args.small, args.reps, args.rounds)),
+            "Jacobian engine: torch.func peer"),
+           (args.matrix_free, lambda: markdown_matrix_free(run_matrix_free(args.small)),
+            "Jacobian engine: matrix-free"),
+           (args.precision, lambda: markdown_precision(run_precision(args.small)),
+            "Jacobian engine: precision"),
+           (args.device_check, lambda: markdown_device_check(run_device_check(args.small)),
+            "Jacobian engine: device check")]
+  if any(flag for flag, _, _ in extra):
+    for flag, make, title in extra:
+      if flag:
+        text = make()
+        print(text)
+        if not args.no_write:
+          write_section(text, title)
+    return
   r = run(args.small, args.reps, args.num_chunks, args.rounds)
   text = markdown(r)
   print(text)

@@ -33,10 +33,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rankjax.config import MLPConfig
 from rankjax.measure import host_svd, paths, spectra
+from rankjax.measure import precision as precision_lib
+from rankjax.measure import seed_devices
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -196,6 +198,7 @@ def _block_jacfwd(params, h, h_start, closes, cfg, beta):
   return fn(h, h_start), (None if identity_skip(cfg) else k), b, g
 
 
+@precision_lib.measured
 def block_jacobians(blocks: dict, h0_D: Array, cfg: MLPConfig,
                     method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
                     beta: Array | float | None = None) -> BlockJacobians:
@@ -224,6 +227,7 @@ def block_jacobians(blocks: dict, h0_D: Array, cfg: MLPConfig,
   return BlockJacobians(k, b, g, jnp.concatenate([h0_D[None], hs], axis=0))
 
 
+@precision_lib.measured
 def input_output_jacobians(bj: BlockJacobians, cfg: MLPConfig) -> Array:
   """``(L, d, d)`` dh_l/dh_0 for l = 1..L by the running product (Eq. 2, 10).
 
@@ -251,6 +255,7 @@ def input_output_jacobians(bj: BlockJacobians, cfg: MLPConfig) -> Array:
   return ts
 
 
+@precision_lib.measured
 def network_jacobian(blocks: dict, h0_D: Array, cfg: MLPConfig) -> Array:
   """dh_L/dh_0 by ``jax.jacfwd`` of the whole block stack (the autodiff reference)."""
   return jax.jacfwd(lambda h: blocks_lib.stack_forward(blocks, h, cfg)[0])(h0_D)
@@ -301,6 +306,7 @@ class JacobianStudy:
     return out
 
 
+@precision_lib.measured
 def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
                         beta: Array | float | None = None, *, with_paths: bool = True,
                         method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
@@ -394,54 +400,62 @@ def _per_seed(keys, alpha, beta, cfg, num_inputs, with_paths, method, reference,
                                        method=method, reference=reference,
                                        num_chunks=num_chunks)
     return jax.vmap(fn)(h0)
-  # Seeds one after another (in groups of seed_batch): one seed's O(L d^2) working set
-  # stays in cache; vmapping all seeds ran the DP ~1.4x slower on CPU.
+  # Seeds in groups of seed_batch, vmapped within a group (``seed_devices``: one
+  # at a time on CPU, memory-bounded groups on GPU/TPU).
   return jax.lax.map(one_seed, keys, batch_size=seed_batch)
-
-
-def _seed_mesh(num_seeds: int, devices=None) -> Mesh:
-  devices = list(jax.devices() if devices is None else devices)
-  n = max(k for k in range(1, len(devices) + 1) if num_seeds % k == 0)
-  return Mesh(np.array(devices[:n]), ("seeds",))
 
 
 @functools.lru_cache(maxsize=64)
 def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
                   path_sums: bool = True, method: str = "closed_form",
                   reference: str = "product", num_chunks: int | None = None,
-                  devices: tuple | None = None, seed_batch: int | None = None):
+                  devices: tuple | None = None, seed_batch: int | None = None,
+                  precision: str | None = None):
   """A jitted ``fn(key, alpha, beta) -> per-sample dict`` for configs like ``cfg``.
 
   alpha and beta are traced, so one compilation serves a whole (alpha, beta) sweep
   (``cfg.alpha`` and ``cfg.beta`` are ignored), except that with ``method="jacfwd"``
-  or ``reference="network"`` the beta argument is ignored and ``cfg.beta`` is used. The seed axis is split over a 1-D ``seeds`` mesh (``shard_map``
+  or ``reference="network"`` the beta argument is ignored and ``cfg.beta`` is used.
+  The seed axis is split over a 1-D ``seeds`` mesh of local devices (``shard_map``
   inside ``jax.jit`` with ``NamedSharding`` in/out shardings); each device runs its
-  seeds one after another (``lax.map``, ``seed_batch`` at a time; default 1 for
-  d >= 128, else all local seeds at once). Cached on its (hashable) arguments.
+  seeds in ``lax.map`` groups of ``seed_batch`` vmapped seeds
+  (``seed_devices.default_seed_batch``:
+  1 on CPU for d >= 128, memory-bounded on GPU/TPU). Every dot is traced at
+  ``precision``. Cached on its (hashable) arguments.
   """
   if reference not in ("product", "network"):
     raise ValueError(f"reference={reference!r}; choose 'product' or 'network'")
+  precision = precision_lib.check_precision(precision)
   method = BlockJacobianMethod(method)
   with_paths = bool(path_sums) and supports_path_sums(cfg)
-  mesh = _seed_mesh(num_seeds, devices)
+  mesh = seed_devices.seed_mesh(num_seeds, devices)
   local_seeds = num_seeds // mesh.size
   if seed_batch is None:
-    seed_batch = 1 if cfg.width >= 128 else local_seeds
+    seed_batch = seed_devices.default_seed_batch(cfg, num_inputs, local_seeds, with_paths,
+                                                 mesh.devices.flat[0])
   sharded = NamedSharding(mesh, PartitionSpec("seeds"))
   replicated = NamedSharding(mesh, PartitionSpec())
+  def on_device(ks, a, b):
+    with precision_lib.matmul_precision(precision):   # every dot traced in the study
+      return _per_seed(ks, a, b, cfg, num_inputs, with_paths, method, reference,
+                       num_chunks, min(seed_batch, local_seeds))
+
   per_device = jax.shard_map(
-      lambda ks, a, b: _per_seed(ks, a, b, cfg, num_inputs, with_paths, method, reference,
-                                 num_chunks, min(seed_batch, local_seeds)),
+      on_device,
       mesh=mesh, in_specs=(PartitionSpec("seeds"), PartitionSpec(), PartitionSpec()),
       out_specs=PartitionSpec("seeds"), check_vma=False)   # all values are per-device
   jitted = jax.jit(per_device, in_shardings=(sharded, replicated, replicated),
                    out_shardings=sharded)
   dtype = jnp.dtype(cfg.param_dtype)
 
-  def fn(key: Array, alpha: float | Array, beta: float | Array) -> dict:
+  def args(key: Array, alpha: float | Array, beta: float | Array) -> tuple:
     keys = jax.device_put(jax.random.split(key, num_seeds), sharded)
-    return jitted(keys, jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype))
+    return keys, jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype)
 
+  def fn(key: Array, alpha: float | Array, beta: float | Array) -> dict:
+    return jitted(*args(key, alpha, beta))
+
+  fn.jitted, fn.args = jitted, args    # for lowering/exporting the whole study
   return fn
 
 
@@ -449,13 +463,14 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
                        path_sums: bool = True, method: str = "closed_form",
                        reference: str = "product", num_chunks: int | None = None,
                        devices=None, seed_batch: int | None = None,
-                       return_samples: bool = False):
+                       return_samples: bool = False, precision: str | None = None):
   """Measures a residual MLP config at initialization (Sec 2-4, App A-B).
 
   Each of ``num_seeds`` weight draws (seed s uses ``jax.random.split(key, S)[s]``)
   is evaluated at ``num_inputs`` Gaussian inputs ``h_0 ~ N(0, I_d)``; the seed axis
-  is sharded over a 1-D device mesh (``jax.jit`` with a ``NamedSharding``; the mesh
-  uses the largest device count dividing ``num_seeds``).
+  is sharded over a 1-D mesh of this process's devices (``jax.jit`` with a
+  ``NamedSharding``; the mesh uses the largest local device count dividing
+  ``num_seeds``).
 
   Args:
     cfg: the model config (``input_dim``/``num_classes`` layers are not part of the
@@ -470,9 +485,12 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
       product of the block Jacobians) or "network" (``jax.jacfwd`` of the whole
       block stack; costs about a third of the path-sum DP at d=256, 4x).
     num_chunks: static block groups of the DP (``paths.path_sums``).
-    devices: devices for the seed mesh (default all).
-    seed_batch: seeds vmapped together on a device (default: 1 for d >= 128).
+    devices: devices for the seed mesh (default ``jax.local_devices()``).
+    seed_batch: seeds vmapped together on a device (default
+      ``seed_devices.default_seed_batch``).
     return_samples: also return the per-(seed, input) arrays.
+    precision: matmul precision of every dot (``rankjax.measure.precision``; default
+      'highest', full float32 on every backend).
 
   Returns:
     ``JacobianStudy`` (and the dict of per-sample arrays with leading
@@ -485,7 +503,7 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
   fn = make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums, method=method.value,
                      reference=reference, num_chunks=num_chunks,
                      devices=None if devices is None else tuple(devices),
-                     seed_batch=seed_batch)
+                     seed_batch=seed_batch, precision=precision)
   samples = fn(key, cfg.alpha, cfg.beta)
   study = summarize(samples, num_inputs=num_inputs, num_seeds=num_seeds)
   return (study, samples) if return_samples else study

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rankjax.measure import precision as precision_lib
+
 Array = jax.Array
 
 
@@ -135,6 +137,7 @@ def _path_sums_single(k_LxDxD: Array | None, b_LxDxD: Array,
   return PathSums(log_norm, jnp.transpose(unit * scale[None, :, None], (1, 0, 2)))
 
 
+@precision_lib.measured
 def path_sums(a_LxDxD: Array, b: Array | float | None = None, *,
               num_chunks: int | None = None) -> PathSums:
   """Every order-k path sum of ``prod_l (K_l + B_l)`` (Eq. 5, 11, 12).
@@ -198,6 +201,7 @@ def mean_order(ps: PathSums) -> Array:
   return jnp.sum(prof * ks, axis=-1)
 
 
+@precision_lib.measured
 def reconstruct(ps: PathSums) -> Array:
   """``sum_k S_k`` (= dh_L/dh_0), accumulated relative to the largest order."""
   top = jnp.max(ps.log_norm, axis=-1, keepdims=True)
@@ -205,6 +209,7 @@ def reconstruct(ps: PathSums) -> Array:
   return jnp.exp(top)[..., None] * jnp.einsum("...k,...kij->...ij", w, ps.unit)
 
 
+@precision_lib.measured
 def reconstruction_error(ps: PathSums, jac_DxD: Array) -> Array:
   """Relative Frobenius error ``||sum_k S_k - J|| / ||J||`` (App A.1: ~1e-15 in f64)."""
   diff = reconstruct(ps) - jac_DxD
@@ -215,6 +220,7 @@ def reconstruction_error(ps: PathSums, jac_DxD: Array) -> Array:
 # Branch magnitudes across depth (Sec 4, Fig 5b, Fig 12, App B.3)
 
 
+@precision_lib.measured
 def accumulated_branch(g_LxDxD: Array) -> tuple[Array, Array]:
   """Accumulated branch ``||sum_{l<=k} G_l||_F / sqrt(d)`` and its uncorrelated value.
 
@@ -237,6 +243,7 @@ def accumulated_branch(g_LxDxD: Array) -> tuple[Array, Array]:
   return measured, jnp.sqrt(jnp.cumsum(sq, axis=-1) / d)
 
 
+@precision_lib.measured
 def block_cosines(g_LxDxD: Array) -> Array:
   """Pairwise ``<G_i, G_j> / (||G_i|| ||G_j||)`` between blocks (Fig 12a); (..., L, L)."""
   flat = g_LxDxD.reshape(*g_LxDxD.shape[:-2], -1)

@@ -27,6 +27,7 @@ import numpy as np
 
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, spectra
+from rankjax.measure import precision as precision_lib
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -42,6 +43,7 @@ def cosine(a: Array, b: Array) -> Array:
   return num / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
 
 
+@precision_lib.measured
 def cosine_matrix(m_LxD: Array) -> Array:
   """All-pairs ``cos(m_l, m_l')`` (Fig 14), ``(..., L, L)``."""
   unit = m_LxD / jnp.linalg.norm(m_LxD, axis=-1, keepdims=True)
@@ -96,6 +98,7 @@ def masked_up_projection(w_up_MxD: Array, x_D: Array, activation: str) -> tuple[
   return dsig[:, None] * w_up_MxD, jnp.sum(jnp.square(dsig))
 
 
+@precision_lib.measured
 def masked_gram_eigenvalues(w_up_MxD: Array, x_D: Array, activation: str
                             ) -> tuple[Array, Array]:
   """Eigenvalues of ``G = (D W_up)^T (D W_up) / n_eff`` and ``gamma = n_eff / d`` (Fig 9).
@@ -109,6 +112,7 @@ def masked_gram_eigenvalues(w_up_MxD: Array, x_D: Array, activation: str
   return jnp.linalg.eigvalsh(gram), n_eff / w_up_MxD.shape[-1]
 
 
+@precision_lib.measured
 def branch_jacobian_core(w_up_MxD: Array, w_down_DxM: Array, x_D: Array,
                          activation: str) -> Array:
   """``J_f = W_down diag(sigma'(W_up x)) W_up`` (Eq. 9, 25), ``d x d``."""
@@ -116,17 +120,20 @@ def branch_jacobian_core(w_up_MxD: Array, w_down_DxM: Array, x_D: Array,
   return w_down_DxM @ (dsig[:, None] * w_up_MxD)
 
 
+@precision_lib.measured
 def smallest_gram_eigenvalue(a_NxD: Array) -> Array:
   """``sigma_min(A)^2``, the smallest eigenvalue of ``A^T A`` (App D.7), batched."""
   return jnp.min(spectra.singular_values(a_NxD), axis=-1) ** 2
 
 
+@precision_lib.measured
 def condition_number(a_NxD: Array) -> Array:
   """``sigma_max / sigma_min`` over the last two axes."""
   s = spectra.singular_values(a_NxD)
   return s[..., 0] / s[..., -1]
 
 
+@precision_lib.measured
 def post_activation(w_DxM: Array, h_NxD: Array, activation: str) -> Array:
   """``sigma(H W)`` for probe rows H (Table 1's ``sigma(W h)`` in row convention)."""
   return blocks_lib.ACTIVATIONS[activation](h_NxD @ w_DxM)
@@ -170,6 +177,7 @@ def _singular_values_if(flag: Array, z: Array, k: int) -> Array:
   return jax.lax.cond(flag, lambda: spectra.singular_values(z), lambda: jnp.zeros((k,), z.dtype))
 
 
+@precision_lib.measured
 def trace_representations(blocks: dict, x_NxD: Array, cfg: MLPConfig,
                           layers: Sequence[int], beta: Array | float | None = None
                           ) -> RepresentationTrace:
@@ -212,6 +220,7 @@ def trace_representations(blocks: dict, x_NxD: Array, cfg: MLPConfig,
       singular_values=sv_all[np.asarray(layers, int)])
 
 
+@precision_lib.measured
 def backward_stream(blocks: dict, x_NxD: Array, delta_L_NxD: Array, cfg: MLPConfig,
                     layers: Sequence[int]) -> dict[str, Array]:
   """The backward residual stream ``delta_{l-1} = delta_l + beta J_l^T delta_l`` (Sec 5,
@@ -301,17 +310,21 @@ class RepresentationStudy:
 
 def mlp_representation_study(cfg: MLPConfig, key: Array, num_inputs: int = 512,
                              num_seeds: int = 1, layers: Sequence[int] | None = None,
-                             ) -> RepresentationStudy:
+                             precision: str | None = None) -> RepresentationStudy:
   """Forward representation study of a config at initialization (Sec 5, Fig 7, 14, 15).
 
   ``num_inputs`` Gaussian probe inputs ``N(0, I_d)`` per weight draw; seeds run one
   after another (the probe batch is the parallel axis). ``layers`` defaults to every
-  layer 1..L.
+  layer 1..L. ``precision``: matmul precision (``rankjax.measure.precision``; default
+  'highest').
   """
   layers = tuple(range(1, cfg.depth + 1)) if layers is None else tuple(sorted(set(layers)))
   d = cfg.width
 
+  precision = precision_lib.check_precision(precision)
+
   @jax.jit
+  @functools.partial(precision_lib.measured_at, precision)
   def one(k):
     blocks, x = jacobians.seed_samples(cfg, k, num_inputs)
     tr = trace_representations(blocks, x, cfg, layers)

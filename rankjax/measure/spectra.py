@@ -41,12 +41,15 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
+from rankjax.measure import precision as precision_lib
+
 Array = jax.Array
 
 # ---------------------------------------------------------------------------
 # Matrix measures
 
 
+@precision_lib.measured
 def singular_values(a_NxM: Array) -> Array:
   """Singular values (descending) over the last two axes, in at least float32."""
   a = jnp.asarray(a_NxM)
@@ -142,6 +145,7 @@ def marchenko_pastur_condition_number(gamma: float | Array) -> Array:
   return jnp.where(g > 1, (1 + r) / jnp.where(g > 1, 1 - r, 1.0), jnp.inf)
 
 
+@precision_lib.measured
 def gaussian_product_effective_rank(key: Array, gamma: float, d: int, num_seeds: int = 20,
                                     dtype=jnp.float32) -> Array:
   """``erank(W_down W_up) / d`` of a product of two Gaussian matrices (App D.8).

@@ -13,11 +13,14 @@ stream entering the FFN sublayer; in its notation W_up = W_fc^T (m x d) and
 W_down = W_proj^T (d x m), so ``J_l = W_down diag(gelu'(z)) W_up J_LN(h)`` (Eq. 9 with
 the Pre-Norm input Jacobian, Table 2).
 
-Parameters are a plain dict with blocks stacked over depth (``blocks["fc_w"]`` is
+``sublayer_jacobians`` gives the per-token attention and FFN branch Jacobians of every
+block at one position, ``sequence_jacobians`` the whole-sequence attention Jacobians
+(small T). Parameters are a plain dict with blocks stacked over depth (``blocks["fc_w"]`` is
 (L, d, m)); ``load_gpt2`` fills it from a checkpoint, ``init_gpt2`` draws GPT-2's
-initialization. The safetensors reader and writer are numpy only (the format: an
-8-byte little-endian header length, a JSON header of ``{name: {dtype, shape,
-data_offsets}}``, then the raw little-endian bytes). PyTorch ``.bin`` (pickle)
+initialization. Files are read and written by the ``safetensors`` package, after a
+validation of the header here (the format: an 8-byte little-endian header length, a
+JSON header of ``{name: {dtype, shape, data_offsets}}``, then the raw little-endian
+bytes) that turns a bad file into a one-line ValueError. PyTorch ``.bin`` (pickle)
 checkpoints are not read: they need torch.
 """
 from __future__ import annotations
@@ -35,8 +38,11 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 from rankjax.measure import jacobians
+from rankjax.measure import precision as precision_lib
 
 Array = jax.Array
 HEAD_DIM = 64            # every OpenAI GPT-2 size (small 12 heads of 64, medium 16, ...)
@@ -117,47 +123,38 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
 
 def read_safetensors(path: str | os.PathLike,
                      names: list[str] | None = None) -> dict[str, np.ndarray]:
-  """Reads the named tensors (all when None) as numpy arrays (read-only, file dtype)."""
-  header, start = read_safetensors_header(path)
-  names = sorted(header) if names is None else names
+  """Reads the named tensors (all when None) as numpy arrays in the file's dtype.
+
+  The header is validated first (``read_safetensors_header``: one-line errors), then
+  the tensors are read by the ``safetensors`` package (``safe_open``, only the named
+  tensors' bytes).
+  """
+  header, _ = read_safetensors_header(path)
+  names = sorted(header) if names is None else list(names)
   missing = [n for n in names if n not in header]
   if missing:
     raise ValueError(f"{path}: missing tensor(s) {', '.join(missing[:4])}"
                      + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
-  out = {}
-  with open(path, "rb") as f:
-    for name in names:
-      info = header[name]
-      begin, end = info["data_offsets"]
-      f.seek(start + begin)
-      dtype = np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<")
-      out[name] = np.frombuffer(f.read(end - begin), dtype).reshape(info["shape"])
-  return out
+  try:
+    with safetensors.safe_open(os.fspath(path), framework="numpy") as f:
+      return {name: f.get_tensor(name) for name in names}
+  except safetensors.SafetensorError as e:
+    raise ValueError(f"{path}: unreadable safetensors file: {e}") from None
 
 
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                       metadata: Mapping[str, str] | None = None) -> None:
-  """Writes ``tensors`` in the safetensors format (used by tests and for converted
-  checkpoints); the header is padded with spaces to a multiple of 8 bytes."""
-  codes = {np.dtype(v): k for k, v in _DTYPES.items()}
-  header: dict = {} if metadata is None else {"__metadata__": dict(metadata)}
-  blobs, offset = [], 0
-  for name in sorted(tensors):
-    a = np.asarray(tensors[name])
+  """Writes ``tensors`` with ``safetensors.numpy.save_file`` (used by tests and for
+  converted checkpoints)."""
+  codes = {np.dtype(v) for v in _DTYPES.values()}
+  arrays = {}
+  for name, a in tensors.items():
+    a = np.asarray(a)
     if a.dtype not in codes:
       raise ValueError(f"tensor {name!r}: dtype {a.dtype} has no safetensors code")
-    blob = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"))).tobytes()
-    header[name] = {"dtype": codes[a.dtype], "shape": list(a.shape),
-                    "data_offsets": [offset, offset + len(blob)]}
-    blobs.append(blob)
-    offset += len(blob)
-  raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-  raw += b" " * (-len(raw) % 8)
-  with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(raw)))
-    f.write(raw)
-    for blob in blobs:
-      f.write(blob)
+    arrays[name] = np.ascontiguousarray(a)
+  safetensors.numpy.save_file(arrays, os.fspath(path),
+                              metadata=None if metadata is None else dict(metadata))
 
 
 # ---------------------------------------------------------------------------
@@ -282,6 +279,7 @@ def ffn_branch(block: dict, h_D: Array) -> Array:
       + block["proj_b"]
 
 
+@precision_lib.measured
 def ffn_jacobian(block: dict, h_D: Array) -> Array:
   """``J = dFFN(LN_2(h))/dh`` in closed form, (d, d) (Eq. 9 with the LN Jacobian,
   Table 2): ``W_proj^T diag(gelu'(z)) W_fc^T J_LN(h)``, one d x m x d GEMM."""
@@ -297,6 +295,8 @@ def default_num_heads(d_model: int) -> int:
   return max(1, d_model // HEAD_DIM)
 
 
+@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
+@precision_lib.measured
 def ffn_inputs(params: dict, tokens_T: Array, num_heads: int | None = None) -> Array:
   """The residual stream entering each block's FFN sublayer, ``(L, T, d)``:
   ``h + Attn(LN_1(h))`` with h the block input (token + position embeddings first)."""
@@ -313,7 +313,66 @@ def ffn_inputs(params: dict, tokens_T: Array, num_heads: int | None = None) -> A
   return streams
 
 
+@functools.partial(jax.jit, static_argnames=("precision",))
+@precision_lib.measured
 def ffn_jacobians(blocks: dict, h_LxD: Array) -> Array:
-  """``J_l`` of every block at its stream ``h_l``, ``(L, d, d)`` (``lax.map``: one
-  block's d x m intermediate in memory at a time)."""
+  """``J_l`` of every block at its stream ``h_l``, ``(L, d, d)``, jitted (``lax.map``:
+  one block's d x m intermediate in memory at a time)."""
   return jax.lax.map(lambda a: ffn_jacobian(*a), (blocks, h_LxD))
+
+
+# ---------------------------------------------------------------------------
+# Per-token and whole-sequence sublayer Jacobians of the decoder
+
+
+def _attention_branch(block: dict, h_TxD: Array, num_heads: int) -> Array:
+  return _attention(block, layer_norm(h_TxD, block["ln_1_scale"], block["ln_1_bias"]),
+                    num_heads)
+
+
+@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
+@precision_lib.measured
+def sublayer_jacobians(params: dict, tokens_T: Array, position: Array | int,
+                       num_heads: int | None = None) -> dict[str, Array]:
+  """Per-token branch Jacobians of every block at ``position`` (jitted; ``position``
+  may be traced), ``(L, d, d)`` each:
+
+    ``attention``: ``d Attn(LN_1(h))_t / d h_t``, the stream of the other tokens held
+      fixed (the diagonal block of ``sequence_jacobians``), by ``jax.jacfwd`` (no closed
+      form is used for attention);
+    ``ffn``: ``d FFN(LN_2(h'))_t / d h'_t`` at the FFN input h' (closed form,
+      ``ffn_jacobian``; the FFN acts on each token alone).
+  """
+  heads = default_num_heads(params["wte"].shape[1]) if num_heads is None else num_heads
+  d = params["wte"].shape[1]
+  h = params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
+
+  def step(h_TxD, block):
+    def at_position(x_D):
+      row = h_TxD.at[position].set(x_D)
+      return _attention_branch(block, row, heads)[position]
+    attn_jac = jax.jacfwd(at_position)(h_TxD[position])
+    mid = h_TxD + _attention_branch(block, h_TxD, heads)
+    ffn_jac = ffn_jacobian(block, mid[position])
+    return mid + ffn_branch(block, mid), (attn_jac.reshape(d, d), ffn_jac)
+
+  _, (attn, ffn) = jax.lax.scan(step, h, params["blocks"])
+  return {"attention": attn, "ffn": ffn}
+
+
+@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
+@precision_lib.measured
+def sequence_jacobians(params: dict, tokens_T: Array, num_heads: int | None = None) -> Array:
+  """Whole-sequence Jacobian of every block's attention branch, ``(L, T, d, T, d)``:
+  ``[l, t, :, s, :] = d Attn(LN_1(h))_t / d h_s`` (zero for s > t, causal), by
+  ``jax.jacfwd`` over all T d inputs; for small T (memory L T^2 d^2)."""
+  heads = default_num_heads(params["wte"].shape[1]) if num_heads is None else num_heads
+  h = params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
+
+  def step(h_TxD, block):
+    jac = jax.jacfwd(lambda x: _attention_branch(block, x, heads))(h_TxD)
+    mid = h_TxD + _attention_branch(block, h_TxD, heads)
+    return mid + ffn_branch(block, mid), jac
+
+  _, jac = jax.lax.scan(step, h, params["blocks"])
+  return jac

@@ -1,0 +1,144 @@
+"""FFN branch Jacobians of Llama-family checkpoints (SwiGLU gate/up/down), from safetensors.
+
+A Llama-family decoder (Llama, Mistral, Qwen2, ...: Hugging Face ``LlamaForCausalLM``
+layout) is Pre-RMSNorm; its FFN sublayer on the stream h (one token, d) is
+
+    FFN(h) = W_down (silu(W_gate x) * (W_up x)),   x = RMSNorm(h) * w_ln,
+
+with torch ``Linear`` weights stored as (out, in): W_gate, W_up are (m, d), W_down is
+(d, m) (the paper's column convention, "Transforming Rank" Sec 2). Its Jacobian in h is
+the SwiGLU case of Eq. 9 / 25 with the Pre-Norm input Jacobian (Table 2),
+
+    J = W_down [diag(silu'(g) * u) W_gate + diag(silu(g)) W_up] J_RMS(h),
+    g = W_gate x,  u = W_up x,  J_RMS(h) = diag(w_ln) (1/r)(I - v v^T),
+
+``r = sqrt(mean(h^2) + eps)``, ``v = h / (sqrt(d) r)`` (App B.1, Eq. 19). One
+``d x m x d`` GEMM per block. ``load_llama_ffn`` reads ``model.safetensors`` or a sharded
+checkpoint (``model.safetensors.index.json``); bf16/fp16 tensors are cast to float32.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rankjax.measure import jacobians
+from rankjax.measure import precision as precision_lib
+from rankjax.models import gpt2
+
+Array = jax.Array
+DEFAULT_RMS_EPS = 1e-5   # LlamaConfig.rms_norm_eps for Llama 2/3; read from config.json
+
+# Our stacked names -> the per-layer names after "model.layers.{i}."
+FFN_TENSORS = {"ln_scale": "post_attention_layernorm.weight",
+               "gate_w": "mlp.gate_proj.weight", "up_w": "mlp.up_proj.weight",
+               "down_w": "mlp.down_proj.weight"}
+_LAYER = re.compile(r"(?:model\.)?layers\.(\d+)\.mlp\.gate_proj\.weight$")
+
+
+def _shards(path: pathlib.Path) -> dict[str, pathlib.Path]:
+  """tensor name -> file, for a single file, a folder with one, or a sharded folder."""
+  if path.is_dir():
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+      try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+      except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{index}: not a safetensors index (no 'weight_map')") from None
+      return {name: path / file for name, file in weight_map.items()}
+    path = path / "model.safetensors"
+  if not path.is_file():
+    raise FileNotFoundError(f"Llama checkpoint not found: {path}")
+  header, _ = gpt2.read_safetensors_header(path)
+  return {name: path for name in header}
+
+
+def load_llama_ffn(path: str | os.PathLike) -> dict:
+  """The FFN tensors of every layer, stacked: ``{"ln_scale": (L, d), "gate_w": (L, m, d),
+  "up_w": (L, m, d), "down_w": (L, d, m), "rms_eps": float}`` in float32.
+
+  ``path``: a ``.safetensors`` file or a checkpoint folder (single or sharded); names
+  may carry the ``model.`` prefix or not. ``rms_eps`` comes from the folder's
+  ``config.json`` (``rms_norm_eps``) when present, else ``DEFAULT_RMS_EPS``.
+  Raises FileNotFoundError / ValueError (one line) for a missing or bad checkpoint.
+  """
+  path = pathlib.Path(path)
+  where = _shards(path)
+  layers = {int(m.group(1)) for n in where if (m := _LAYER.match(n))}
+  if not layers:
+    raise ValueError(f"{path}: no Llama FFN layers ('model.layers.0.mlp.gate_proj.weight', ...)")
+  prefix = "model." if any(n.startswith("model.layers.") for n in where) else ""
+  num_layers = max(layers) + 1
+  wanted = {(i, k): f"{prefix}layers.{i}.{v}" for i in range(num_layers)
+            for k, v in FFN_TENSORS.items()}
+  missing = [n for n in wanted.values() if n not in where]
+  if missing:
+    raise ValueError(f"{path}: missing tensor(s) {', '.join(missing[:4])}"
+                     + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+  by_file: dict[pathlib.Path, list[str]] = {}
+  for name in wanted.values():
+    by_file.setdefault(where[name], []).append(name)
+  raw = {}
+  for file, names in by_file.items():
+    raw.update(gpt2.read_safetensors(file, names))
+  m, d = raw[wanted[(0, "gate_w")]].shape
+  shapes = {"ln_scale": (d,), "gate_w": (m, d), "up_w": (m, d), "down_w": (d, m)}
+  for (i, k), name in wanted.items():
+    if raw[name].shape != shapes[k]:
+      raise ValueError(f"{path}: {name} has shape {raw[name].shape}, expected {shapes[k]} "
+                       f"(d={d}, d_ff={m})")
+  out = {k: np.stack([raw[wanted[(i, k)]].astype(np.float32) for i in range(num_layers)])
+         for k in FFN_TENSORS}
+  eps = DEFAULT_RMS_EPS
+  config = (path if path.is_dir() else path.parent) / "config.json"
+  if config.is_file():
+    try:
+      eps = float(json.loads(config.read_text()).get("rms_norm_eps", eps))
+    except (json.JSONDecodeError, TypeError, ValueError):
+      raise ValueError(f"{config}: not a JSON config with a numeric rms_norm_eps") from None
+  out["rms_eps"] = eps
+  return out
+
+
+def llama_ffn_tensors(ffn: dict, prefix: str = "model.") -> dict[str, np.ndarray]:
+  """The inverse of ``load_llama_ffn``: per-layer names -> arrays (for writing files)."""
+  return {f"{prefix}layers.{i}.{v}": np.asarray(ffn[k][i])
+          for k, v in FFN_TENSORS.items() for i in range(np.shape(ffn[k])[0])}
+
+
+def rms_norm(h_D: Array, scale_D: Array, eps: float) -> Array:
+  return h_D / jnp.sqrt(jnp.mean(jnp.square(h_D)) + eps) * scale_D
+
+
+def ffn_branch(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array:
+  """``FFN(RMSNorm(h))`` of one block (SwiGLU)."""
+  x = rms_norm(h_D, block["ln_scale"], eps)
+  return block["down_w"] @ (jax.nn.silu(block["gate_w"] @ x) * (block["up_w"] @ x))
+
+
+@precision_lib.measured
+def ffn_jacobian(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array:
+  """``J = dFFN(RMSNorm(h))/dh`` in closed form, (d, d) (module docstring; Eq. 9, 19)."""
+  x = rms_norm(h_D, block["ln_scale"], eps)
+  g, u = block["gate_w"] @ x, block["up_w"] @ x
+  dsilu = jax.jvp(jax.nn.silu, (g,), (jnp.ones_like(g),))[1]
+  core_MxD = (dsilu * u)[:, None] * block["gate_w"] + jax.nn.silu(g)[:, None] * block["up_w"]
+  core_MxD = jacobians.norm_jacobian_right(core_MxD, h_D, "rms", eps,
+                                           scale_D=block["ln_scale"])
+  return block["down_w"] @ core_MxD
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "precision"))
+@precision_lib.measured
+def ffn_jacobians(blocks: dict, h_LxD: Array, eps: float = DEFAULT_RMS_EPS) -> Array:
+  """``J_l`` of every block at its stream ``h_l``, ``(L, d, d)``, jitted (``lax.map``:
+  one block's m x d intermediate at a time). ``blocks``: ``load_llama_ffn``'s arrays
+  (without ``rms_eps``, which is passed as ``eps``)."""
+  blocks = {k: blocks[k] for k in FFN_TENSORS}
+  return jax.lax.map(lambda a: ffn_jacobian(a[0], a[1], eps), (blocks, h_LxD))
