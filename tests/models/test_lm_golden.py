@@ -1,0 +1,113 @@
+"""Golden values: DecoderLM's outputs and gradients are pinned bit for bit.
+
+The values in ``lm_golden.json`` were computed by the DecoderLM as it was before the
+decoder block was rebuilt on the shared residual block (issue 17). Every config here
+must keep giving exactly those numbers (``assert_array_equal``, float32 bit patterns).
+
+Regenerate only on purpose (a deliberate change of the model's numerics):
+``PYTHONPATH=. python -m tests.models.test_lm_golden write``.
+"""
+
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rankjax.config import TransformerConfig
+from rankjax.models.transformer import DecoderLM, intermediate_grads
+
+GOLDEN = pathlib.Path(__file__).with_name("lm_golden.json")
+SMALL = dict(vocab_size=41, num_layers=3, d_model=16, num_heads=2, d_ff=24, max_seq_len=10)
+
+# Post-Norm as it was: no norm on the embeddings, the last layer's norm and then the
+# final norm (the explicit final_norm=True keeps that choice).
+CONFIGS = {
+    "post_rms_swiglu_none_untied": dict(norm_position="post", norm_op="rms", ffn="swiglu",
+                                        pos_embedding="none", init="paper_collapse",
+                                        final_norm=True),
+    "post_layer_gelu_learned_tied": dict(norm_position="post", norm_op="layer", ffn="gelu",
+                                         pos_embedding="learned", tie_embeddings=True,
+                                         init="gpt2", final_norm=True),
+    "pre_rms_swiglu_learned_untied": dict(norm_position="pre", norm_op="rms", ffn="swiglu",
+                                          pos_embedding="learned", init="paper_collapse"),
+    "pre_layer_gelu_learned_tied_gpt2": dict(norm_position="pre", norm_op="layer", ffn="gelu",
+                                             pos_embedding="learned", tie_embeddings=True,
+                                             init="gpt2", norm_eps=1e-5),
+    "peri_rms_swiglu_tau_prefix": dict(norm_position="peri", norm_op="rms", ffn="swiglu",
+                                       tau=1.7, prefix_avg_removal=0.6, init_scale=2.0),
+    "pre_rms_gelu_no_final_norm_embed_std": dict(norm_position="pre", ffn="gelu",
+                                                 final_norm=False, embed_std=0.5),
+    "post_rms_swiglu_remat_prefix1": dict(norm_position="post", prefix_avg_removal=1.0,
+                                          remat=True, final_norm=True),
+    "pre_layer_gelu_bf16": dict(norm_position="pre", norm_op="layer", ffn="gelu",
+                                compute_dtype="bfloat16", pos_embedding="learned"),
+}
+# Dropout runs: pinned with a fixed dropout key (the mask stream must not change).
+DROPOUT = {
+    "pre_dropout": dict(norm_position="pre", ffn="gelu", dropout_rate=0.2,
+                        attn_dropout_rate=0.3, pos_embedding="learned", tie_embeddings=True),
+    "post_dropout": dict(norm_position="post", dropout_rate=0.25, final_norm=True),
+}
+
+
+def _tokens():
+  return jax.random.randint(jax.random.key(11), (2, 9), 0, SMALL["vocab_size"])
+
+
+def _hex(x) -> list[str]:
+  return [float(v).hex() for v in np.asarray(x, np.float32).reshape(-1)]
+
+
+def _compute(name: str) -> dict[str, list[str]]:
+  kwargs = {**CONFIGS, **DROPOUT}[name]
+  cfg = TransformerConfig(**SMALL, **kwargs)
+  model = DecoderLM(cfg)
+  tokens = _tokens()
+  targets = jnp.roll(tokens, -1, axis=1)
+  params = jax.jit(model.init)(jax.random.key(3), tokens)["params"]
+  dropout = name in DROPOUT
+  rngs = {"dropout": jax.random.key(5)} if dropout else None
+
+  def loss(p):
+    logits = model.apply({"params": p}, tokens, deterministic=not dropout, rngs=rngs)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1)), logits
+
+  (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+  out = {
+      "logits_slice": _hex(logits[:, ::4, :5]),
+      "logits_sum": _hex(jnp.sum(logits)),
+      "loss": _hex(value),
+      "grad_sums": _hex(jnp.stack([jnp.sum(g) for _, g in flat])),
+      "grad_paths": [jax.tree_util.keystr(p) for p, _ in flat],
+  }
+  if not dropout:
+    def ce(lg):
+      logp = jax.nn.log_softmax(lg.astype(jnp.float32))
+      return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+    _, _, igrads, acts = jax.jit(lambda p: intermediate_grads(model, p, tokens, ce))(params)
+    out["captured_sums"] = _hex(jnp.stack([jnp.sum(acts[k]) for k in ("x1", "y1", "x2", "y2")]))
+    out["captured_grad_sums"] = _hex(
+        jnp.stack([jnp.sum(igrads[k]) for k in ("x1", "y1", "x2", "y2")]))
+  return out
+
+
+@pytest.mark.parametrize("name", sorted({**CONFIGS, **DROPOUT}))
+def test_lm_matches_golden_bits(name):
+  golden = json.loads(GOLDEN.read_text())[name]
+  got = _compute(name)
+  assert got["grad_paths"] == golden["grad_paths"]
+  for key in golden:
+    np.testing.assert_array_equal(np.array(got[key]), np.array(golden[key]), err_msg=key)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["write"]:
+  GOLDEN.write_text(json.dumps({n: _compute(n) for n in sorted({**CONFIGS, **DROPOUT})},
+                               indent=1, sort_keys=True) + "\n")
+  print(f"wrote {GOLDEN}")
