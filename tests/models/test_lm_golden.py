@@ -24,14 +24,15 @@ GOLDEN = pathlib.Path(__file__).with_name("lm_golden.json")
 SMALL = dict(vocab_size=41, num_layers=3, d_model=16, num_heads=2, d_ff=24, max_seq_len=10)
 
 # Post-Norm as it was: no norm on the embeddings, the last layer's norm and then the
-# final norm (the explicit final_norm=True keeps that choice).
+# final norm (embed_norm=False, final_norm=True select that; the placement rule for
+# post is now the paper's Eq. 1: a norm on the embeddings and no second final norm).
 CONFIGS = {
     "post_rms_swiglu_none_untied": dict(norm_position="post", norm_op="rms", ffn="swiglu",
                                         pos_embedding="none", init="paper_collapse",
-                                        final_norm=True),
+                                        final_norm=True, embed_norm=False),
     "post_layer_gelu_learned_tied": dict(norm_position="post", norm_op="layer", ffn="gelu",
                                          pos_embedding="learned", tie_embeddings=True,
-                                         init="gpt2", final_norm=True),
+                                         init="gpt2", final_norm=True, embed_norm=False),
     "pre_rms_swiglu_learned_untied": dict(norm_position="pre", norm_op="rms", ffn="swiglu",
                                           pos_embedding="learned", init="paper_collapse"),
     "pre_layer_gelu_learned_tied_gpt2": dict(norm_position="pre", norm_op="layer", ffn="gelu",
@@ -42,7 +43,7 @@ CONFIGS = {
     "pre_rms_gelu_no_final_norm_embed_std": dict(norm_position="pre", ffn="gelu",
                                                  final_norm=False, embed_std=0.5),
     "post_rms_swiglu_remat_prefix1": dict(norm_position="post", prefix_avg_removal=1.0,
-                                          remat=True, final_norm=True),
+                                          remat=True, final_norm=True, embed_norm=False),
     "pre_layer_gelu_bf16": dict(norm_position="pre", norm_op="layer", ffn="gelu",
                                 compute_dtype="bfloat16", pos_embedding="learned"),
 }
@@ -50,7 +51,8 @@ CONFIGS = {
 DROPOUT = {
     "pre_dropout": dict(norm_position="pre", ffn="gelu", dropout_rate=0.2,
                         attn_dropout_rate=0.3, pos_embedding="learned", tie_embeddings=True),
-    "post_dropout": dict(norm_position="post", dropout_rate=0.25, final_norm=True),
+    "post_dropout": dict(norm_position="post", dropout_rate=0.25, final_norm=True,
+                         embed_norm=False),
 }
 
 
