@@ -20,7 +20,7 @@ LMInit = Literal["paper_collapse", "gpt2"]
 PosEmbedding = Literal["learned", "rope", "none"]
 DType = Literal["float32", "float64", "bfloat16"]
 RematPolicy = Literal["none", "dots", "full"]
-AttentionImpl = Literal["auto", "xla", "cudnn"]
+AttentionImpl = Literal["auto", "xla", "cudnn", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
 
 NORM_POSITIONS = typing.get_args(NormPosition)
@@ -226,6 +226,10 @@ class TransformerConfig:
     remat: rematerialization of each layer in the backward pass: none, dots (save
       the matmul outputs, recompute the rest) or full (save only the layer input).
       Old configs' true / false read as full / none.
+    attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
+      flash attention on GPU when it applies, XLA otherwise), xla, cudnn (GPU only),
+      or einsum (the explicit probability matrix; always used for captured
+      probabilities and attention-probability dropout).
   """
 
   vocab_size: int = 257
@@ -258,6 +262,7 @@ class TransformerConfig:
   compute_dtype: DType = "float32"
   param_dtype: DType = "float32"
   remat: RematPolicy = "none"
+  attention_impl: AttentionImpl = "auto"
 
   def __post_init__(self):
     if isinstance(self.remat, bool):                 # configs written before the policy field
