@@ -230,6 +230,15 @@ class TransformerConfig:
       flash attention on GPU when it applies, XLA otherwise), xla, cudnn (GPU only),
       or einsum (the explicit probability matrix; always used for captured
       probabilities and attention-probability dropout).
+    vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
+      ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's
+      matmul); the pad logits are masked to -inf, so losses and outputs are those of
+      the unpadded model (the pad rows get no gradient but weight decay).
+    loss_chunk: the training loss computes the LM head and its float32
+      log-sum-exp over chunks of this many tokens (rematerialized in the backward
+      pass), never holding all B*T*V float32 logits; 0: one chunk.
+    prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
+      default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
   """
 
   vocab_size: int = 257
@@ -263,6 +272,9 @@ class TransformerConfig:
   param_dtype: DType = "float32"
   remat: RematPolicy = "none"
   attention_impl: AttentionImpl = "auto"
+  vocab_multiple: int = 1
+  loss_chunk: int = 0
+  prng_impl: PRNGImpl = "threefry"
 
   def __post_init__(self):
     if isinstance(self.remat, bool):                 # configs written before the policy field
@@ -296,10 +308,18 @@ class TransformerConfig:
     _non_negative("prefix_avg_removal", self.prefix_avg_removal)
     _rate("dropout_rate", self.dropout_rate)
     _rate("attn_dropout_rate", self.attn_dropout_rate)
+    _positive_int("vocab_multiple", self.vocab_multiple)
+    _non_negative_int("loss_chunk", self.loss_chunk)
 
   @property
   def d_head(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the embedding table and columns of the LM head (``vocab_multiple``)."""
+    m = self.vocab_multiple
+    return -(-self.vocab_size // m) * m
 
   @property
   def norm_ops(self) -> tuple[str, str, str]:

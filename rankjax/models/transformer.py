@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from rankjax.config import TransformerConfig
 from rankjax.models import blocks
 from rankjax.models.attention import CausalSelfAttention, matrix_init
+from rankjax.models.lm_head import head_logits
 from rankjax.models.norms import Norm
 
 SUBLAYER_NAMES = ("x1", "y1", "x2", "y2")
@@ -137,21 +138,24 @@ class DecoderLM(nn.Module):
   params). Options: ``deterministic=False`` turns on
   dropout (needs a ``dropout`` rng); ``capture`` sows and perturbs the per-layer
   X_k / Y_k; ``capture_probs`` also sows the attention probabilities (B, H, T, T) per
-  layer, stacked as (L, B, H, T, T).
+  layer, stacked as (L, B, H, T, T). ``return_hidden`` returns ``(h_BxTxD, W_DxVp)``,
+  the head's input and matrix (padded columns included), for a loss that computes
+  the head itself (``rankjax.measure.losses.head_cross_entropy``).
   """
 
   cfg: TransformerConfig
 
   @nn.compact
   def __call__(self, tokens_BxT: jax.Array, *, deterministic: bool = True,
-               capture: bool = False, capture_probs: bool = False) -> jax.Array:
+               capture: bool = False, capture_probs: bool = False,
+               return_hidden: bool = False):
     cfg = self.cfg
     dtype, pdt = jnp.dtype(cfg.compute_dtype), jnp.dtype(cfg.param_dtype)
     t = tokens_BxT.shape[-1]
     if t > cfg.max_seq_len:
       raise ValueError(f"sequence length {t} exceeds max_seq_len={cfg.max_seq_len}")
     embed_std = cfg.embed_std or (1.0 if cfg.init == "paper_collapse" else 0.02)
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, param_dtype=pdt,
+    embed = nn.Embed(cfg.padded_vocab_size, cfg.d_model, param_dtype=pdt,
                      embedding_init=nn.initializers.normal(embed_std), name="embed")
     h = embed(tokens_BxT).astype(dtype)
     if cfg.pos_embedding == "learned":
@@ -179,11 +183,31 @@ class DecoderLM(nn.Module):
     if cfg.uses_final_norm:
       h = make_norm(cfg, cfg.norm_op, "norm_final")(h)
     if cfg.tie_embeddings:
-      logits = embed.attend(h.astype(pdt))
+      w_DxV = embed.embedding.T
     else:
-      w = self.param("lm_head", matrix_init(cfg, cfg.d_model), (cfg.d_model, cfg.vocab_size), pdt)
-      logits = h @ w.astype(dtype)
-    return logits.astype(jnp.promote_types(jnp.float32, pdt))
+      w_DxV = self.param("lm_head", matrix_init(cfg, cfg.d_model),
+                         (cfg.d_model, cfg.padded_vocab_size), pdt)
+    if return_hidden:
+      return h, w_DxV
+    return head_logits(h, w_DxV)[..., :cfg.vocab_size]
+
+
+def compute_copy(params, cfg: TransformerConfig):
+  """The parameters as the forward pass uses them: the mixed-precision rule, in one place.
+
+  Every matrix and embedding is cast to ``cfg.compute_dtype`` before use (so under
+  FSDP the all-gathers move bfloat16, not float32); norm gains and biases keep their
+  dtype (the norms compute in float32). The float32 originals stay the optimizer's.
+  """
+  dtype = jnp.dtype(cfg.compute_dtype)
+  if dtype == jnp.dtype(cfg.param_dtype):
+    return params
+
+  def cast(path, x):
+    name = getattr(path[-1], "key", None)
+    return x if name in ("scale", "bias") else x.astype(dtype)
+
+  return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def intermediate_grads(model: DecoderLM, params, tokens_BxT, loss_fn):

@@ -104,7 +104,12 @@ def _compute(name: str, attention_impl: str = "einsum") -> dict[str, list[str]]:
   return out
 
 
-@pytest.mark.parametrize("name", sorted({**CONFIGS, **DROPOUT}))
+# Deliberately changed by issue 14 (held to tolerance only): the bfloat16 run's LM head
+# rounded its logits to bfloat16 before; it now accumulates them in float32.
+HEAD_CHANGED = ("pre_layer_gelu_bf16",)
+
+
+@pytest.mark.parametrize("name", sorted(set(CONFIGS) - set(HEAD_CHANGED)) + sorted(DROPOUT))
 def test_lm_matches_golden_bits(name):
   golden = json.loads(GOLDEN.read_text())[name]
   got = _compute(name)
@@ -116,7 +121,7 @@ def test_lm_matches_golden_bits(name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_fused_attention_matches_golden_values(name):
   golden = json.loads(GOLDEN.read_text())[name]
-  got = _compute(name, attention_impl="auto")
+  got = _compute(name, attention_impl="auto")   # the fused kernel (xla on CPU)
   tol = 2e-2 if CONFIGS[name].get("compute_dtype") == "bfloat16" else 2e-5
   for key in ("logits_slice", "loss"):
     np.testing.assert_allclose(_floats(got[key]), _floats(golden[key]), rtol=tol, atol=tol,
