@@ -13,16 +13,43 @@ import jax
 import jax.numpy as jnp
 
 
+@jax.custom_vjp
+def _low_precision_matmul(h: jax.Array, w: jax.Array) -> jax.Array:
+  """``h @ w`` of 16-bit operands accumulated into float32, with a backward pass whose
+  two matmuls also take 16-bit operands (the float32 cotangent is rounded to ``h``'s
+  dtype first); jax's own rule would upcast both operands to float32."""
+  return jnp.matmul(h, w, preferred_element_type=jnp.float32)
+
+
+def _low_precision_fwd(h, w):
+  return _low_precision_matmul(h, w), (h, w)
+
+
+def _low_precision_bwd(res, g):
+  h, w = res
+  g = g.astype(h.dtype)
+  dh = jnp.matmul(g, w.T, preferred_element_type=jnp.float32).astype(h.dtype)
+  dw = jnp.einsum("...d,...v->dv", h, g, preferred_element_type=jnp.float32).astype(w.dtype)
+  return dh, dw
+
+
+_low_precision_matmul.defvjp(_low_precision_fwd, _low_precision_bwd)
+
+
 def head_logits(h: jax.Array, w_DxV: jax.Array, vocab_size: int | None = None) -> jax.Array:
   """LM-head logits ``h W`` (Post-Norm paper Thm 3.8: ``F(t) = X^H W_lm``).
 
   The matmul takes ``h``'s dtype for both operands (bfloat16 under mixed precision)
-  and accumulates into at least float32. Columns from ``vocab_size`` on (the
+  and accumulates into at least float32; under a 16-bit dtype its backward matmuls
+  are 16-bit too (``_low_precision_matmul``). Columns from ``vocab_size`` on (the
   padding of ``W``) are -inf, so softmax, log-sum-exp and cross-entropy see exactly
   the ``vocab_size`` real classes.
   """
-  out = jnp.promote_types(h.dtype, jnp.float32)
-  z = jnp.matmul(h, w_DxV.astype(h.dtype), preferred_element_type=out)
+  w_DxV = w_DxV.astype(h.dtype)
+  if jnp.finfo(h.dtype).bits < 32:
+    z = _low_precision_matmul(h, w_DxV)
+  else:
+    z = jnp.matmul(h, w_DxV, preferred_element_type=jnp.promote_types(h.dtype, jnp.float32))
   v = z.shape[-1] if vocab_size is None else vocab_size
   if v < z.shape[-1]:
     z = jnp.where(jnp.arange(z.shape[-1]) < v, z, -jnp.inf)

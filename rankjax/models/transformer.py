@@ -165,7 +165,7 @@ class DecoderLM(nn.Module):
     if cfg.dropout_rate and not deterministic:
       h = nn.Dropout(cfg.dropout_rate)(h, deterministic=False)
     if cfg.uses_embed_norm:
-      h = make_norm(cfg, cfg.norm_op, "norm_embed")(h)
+      h = make_norm(cfg, cfg.norm_op, "norm_embed")(h)   # postnorm Eq. 1: X_1^1 = N(Y_0^1)
 
     block = DecoderBlock
     if cfg.remat != "none":
@@ -190,6 +190,20 @@ class DecoderLM(nn.Module):
     if return_hidden:
       return h, w_DxV
     return head_logits(h, w_DxV)[..., :cfg.vocab_size]
+
+
+def first_layer_input(cfg: TransformerConfig, params, tokens_BxT: jax.Array) -> jax.Array:
+  """The stream entering layer 1 (evaluation mode) from ``DecoderLM`` parameters:
+  embeddings, learned positions, the embedding norm; equal to DecoderLM's (tested)."""
+  dtype = jnp.dtype(cfg.compute_dtype)
+  t = tokens_BxT.shape[-1]
+  h = jnp.take(params["embed"]["embedding"], tokens_BxT, axis=0).astype(dtype)
+  if cfg.pos_embedding == "learned":
+    h = h + params["pos_embed"][:t].astype(dtype)
+  if cfg.uses_embed_norm:
+    norm = make_norm(cfg, cfg.norm_op, None)
+    h = norm.apply({"params": params.get("norm_embed", {})}, h)
+  return h
 
 
 def compute_copy(params, cfg: TransformerConfig):
