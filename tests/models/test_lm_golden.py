@@ -118,6 +118,7 @@ def test_lm_matches_golden_bits(name):
     np.testing.assert_array_equal(np.array(got[key]), np.array(golden[key]), err_msg=key)
 
 
+@pytest.mark.slow     # the module-level fused == einsum checks are in test_attention.py
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_fused_attention_matches_golden_values(name):
   golden = json.loads(GOLDEN.read_text())[name]
