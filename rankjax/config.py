@@ -200,8 +200,8 @@ class TransformerConfig:
       overrides the shorthand at its location when set.
     norm_bias: a learned bias after the gain of every norm that has a gain (GPT-2's
       and the softmax paper's LayerNorm); False keeps gain-only norms.
-    embed_norm, final_norm: a norm (``norm_op``, gain, bias) on the embeddings and on
-      the last layer's output before the LM head. None follows the placement rule:
+    embed_norm, final_norm: a norm (gain, bias; ``embed_norm_op`` and ``norm_op``) on
+      the embeddings and on the last layer's output before the LM head. None follows the placement rule:
       when the FFN's R norm is set (post) every sublayer reads a norm's output, the
       first layer's input included (postnorm Eq. 1, ``X_1^1 = RMS(Y_0^1)``), and the
       last layer's R norm is the last norm (no second norm in a row): embed norm on,
@@ -332,6 +332,12 @@ class TransformerConfig:
     if self.embed_norm is not None:
       return self.embed_norm
     return self.norm_ops[2] != "none"
+
+  @property
+  def embed_norm_op(self) -> str:
+    """The embedding norm's operation: the R operation (it plays the R norm of a layer
+    0, postnorm Eq. 1), or ``norm_op`` when there is no R norm."""
+    return self.norm_ops[2] if self.norm_ops[2] != "none" else self.norm_op
 
   @property
   def uses_final_norm(self) -> bool:

@@ -165,7 +165,7 @@ class DecoderLM(nn.Module):
     if cfg.dropout_rate and not deterministic:
       h = nn.Dropout(cfg.dropout_rate)(h, deterministic=False)
     if cfg.uses_embed_norm:
-      h = make_norm(cfg, cfg.norm_op, "norm_embed")(h)   # postnorm Eq. 1: X_1^1 = N(Y_0^1)
+      h = make_norm(cfg, cfg.embed_norm_op, "norm_embed")(h)  # postnorm Eq. 1: X_1^1 = N(Y_0^1)
 
     block = DecoderBlock
     if cfg.remat != "none":
@@ -201,7 +201,7 @@ def first_layer_input(cfg: TransformerConfig, params, tokens_BxT: jax.Array) -> 
   if cfg.pos_embedding == "learned":
     h = h + params["pos_embed"][:t].astype(dtype)
   if cfg.uses_embed_norm:
-    norm = make_norm(cfg, cfg.norm_op, None)
+    norm = make_norm(cfg, cfg.embed_norm_op, None)
     h = norm.apply({"params": params.get("norm_embed", {})}, h)
   return h
 

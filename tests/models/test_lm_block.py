@@ -255,3 +255,13 @@ def test_intermediate_grads_with_output_placement_match_direct():
 
   np.testing.assert_allclose(grads["y2"][-1], jax.grad(head)(acts["y2"][-1]), rtol=1e-4,
                              atol=1e-7)
+
+
+def test_embed_norm_uses_the_r_operation():
+  cfg = TransformerConfig(**TINY, norm_position="post", norm_op="rms", r_norm="layer")
+  assert cfg.embed_norm_op == "layer"
+  tokens = _tokens()
+  params = DecoderLM(cfg).init(jax.random.key(0), tokens)["params"]
+  acts = _acts(cfg, params, tokens)
+  emb = params["embed"]["embedding"][tokens]
+  np.testing.assert_allclose(acts["x1"][0], norms.normalize(emb, "layer"), rtol=1e-5, atol=1e-6)
