@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import pathlib
 import signal
 import threading
 import time
@@ -31,11 +30,13 @@ from typing import Any, Callable, TextIO
 
 import jax
 import numpy as np
+from etils import epath
 
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.data import pipeline as data_pipeline
 from rankjax.train import diagnostics as diag_lib
+from rankjax.train import paths
 from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
 from rankjax.train.checkpoint import Checkpointer, DiagnosticsHistory
@@ -52,7 +53,7 @@ class NonFiniteLossError(RuntimeError):
 class TrainResult:
   """How a ``train`` call ended: ``status`` is "completed" or "preempted"."""
 
-  workdir: pathlib.Path
+  workdir: epath.Path
   step: int
   status: str
   metrics: dict[str, Any]
@@ -177,7 +178,7 @@ class _Preemption:
     self._old = {}
 
 
-def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
+def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
           on_step: Callable[[int], None] | None = None, stream: TextIO | None = None,
           progress_bar: bool | None = None) -> TrainResult:
   """Trains ``cfg`` in ``workdir``, resuming from its newest readable checkpoint.
@@ -194,7 +195,7 @@ def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
       different run), before anything is written.
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = paths.as_path(workdir, "workdir")
   compiled = build_for_run(cfg)
   task = compiled.task
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
@@ -208,12 +209,16 @@ def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
                           jax.eval_shape(compiled.init), compiled.state_shardings)
   had_steps = bool(ckpt.all_steps())
   restored = ckpt.restore(abstract, data_it)
+  resharded = ""
   if restored is not None:
     state, start = restored.state, restored.step
+    if restored.saved_process_count not in (None, jax.process_count()):
+      resharded = (f" (checkpoint written by {restored.saved_process_count} process(es); "
+                   "data iterator re-sharded, see rankjax.train.checkpoint.rebuild_data_state)")
     history = DiagnosticsHistory.from_tree(restored.diagnostics)
     history.truncate(start)
   else:
-    if had_steps:  # every step was unreadable; a failed restore may have moved the iterator
+    if had_steps:  # every step was incomplete (moved aside); the iterator may have moved
       data_it = make_data_iterator(cfg, task)
     state, start, history = compiled.init(), 0, DiagnosticsHistory()
   MetricsWriter.truncate(workdir, start)
@@ -222,7 +227,7 @@ def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
   writer.message(
       f"{'resumed' if restored is not None else 'started'} {workdir} at step {start}: "
       f"{task.kind} on {info.name}, mesh {dict(compiled.mesh.shape)}, "
-      f"{jax.process_count()} process(es)")
+      f"{jax.process_count()} process(es){resharded}")
   loop = _Loop(cfg, compiled, ckpt, writer, history, data_it)
   loop.data_name = info.name
   try:
