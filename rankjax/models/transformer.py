@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models.attention import CausalSelfAttention, matrix_init
 from rankjax.models.norms import Norm
@@ -75,6 +76,7 @@ class DecoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, h: jax.Array, _=None):
+    h = partitioning.constrain(h, ("batch", "length", "embed"))
     cfg = self.cfg
     pos = cfg.norm_position
     attn = CausalSelfAttention(cfg, name="attn")

@@ -85,16 +85,16 @@ def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
   tx = make_optimizer(cfg, task.stacked_roots)
   init = make_init(task, tx, cfg.seed)
   abstract = jax.eval_shape(init)
-  shardings = shard_lib.state_shardings(abstract, mesh, task.stacked_roots)
+  shardings = shard_lib.state_shardings(abstract, mesh, task.stacked_roots, zero1=cfg.zero1)
   batch_sh = shard_lib.batch_sharding(mesh)
   repl = shard_lib.replicated(mesh)
 
   def jit_step(diags_):
-    fn = make_step(task, cfg, tx, diags_, grad_shardings=shardings.params)
+    fn = make_step(task, cfg, tx, diags_, grad_shardings=shardings.params, mesh=mesh)
     return jax.jit(fn, in_shardings=(shardings, batch_sh), out_shardings=(shardings, repl, repl),
                    donate_argnums=(0,))
 
-  eval_step = jax.jit(make_eval_step(task),
+  eval_step = jax.jit(make_eval_step(task, mesh),
                       in_shardings=(shardings.params, shard_lib.eval_batch_sharding(mesh)),
                       out_shardings=repl)
   return Compiled(task=task, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sh,
@@ -111,7 +111,8 @@ def _build_cached(cfg: TrainConfig, diags: tuple[diag_lib.Diagnostic, ...],
 
 # Fields that ``build`` does not read: runs differing only in these share a build.
 _NOT_BUILT = ("log_every", "checkpoint_every", "max_to_keep", "async_checkpointing",
-              "eval_every", "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer")
+              "eval_every", "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer",
+              "compilation_cache_dir")
 
 
 def build_for_run(cfg: TrainConfig) -> Compiled:

@@ -1,12 +1,26 @@
-"""Device mesh, parameter and batch shardings, multi-host start-up and batches.
+"""Device mesh, sharding by logical axes, multi-host start-up and batches.
 
-The mesh has two axes, ``("data", "fsdp")``. Every array of the train state
-(parameters and the optimizer moments alike) is sharded over ``fsdp`` along its
-largest dimension that ``fsdp`` divides, never along the leading layer axis of a
-stacked (scanned) parameter, so a layer's weights are gathered one layer at a time;
-arrays with no such dimension are replicated. Parameters are replicated over
-``data``. Batches arrive as (grad_accum, micro_batch, ...) and are split along the
-micro-batch axis over ``("data", "fsdp")``, all devices together.
+The mesh has two axes, ``("data", "fsdp")``. Sharding is by logical axes:
+
+* parameters: ``PARAM_RULES`` names the logical axes of every parameter by its
+  name (``embed`` is the d_model axis of the residual stream, ``mlp`` the hidden
+  width, ``heads`` the H*d_head axis, ``vocab``, ...); ``MESH_RULES`` maps
+  ``embed`` to ``fsdp`` and every other logical axis (the stacked ``layers`` axis
+  included) to no mesh axis. So each matrix is split over ``fsdp`` along its d_model
+  axis and replicated over ``data``; inside the layer scan each layer's slice is
+  all-gathered when that layer runs (FSDP / ZeRO-3), and its gradient
+  reduce-scattered back. Norm gains and vectors are replicated;
+* activations: ``rankjax.partitioning.constrain`` pins the residual stream at every
+  block input to batch over ``("data", "fsdp")`` (``ACTIVATION_RULES``), so the
+  batch is never gathered;
+* the optimizer moments are sharded like their parameters; with ``zero1`` they are
+  also split over ``data`` (``zero1_spec``: ZeRO stage 1);
+* batches arrive as (grad_accum, micro_batch, ...) and are split along the
+  micro-batch axis over ``("data", "fsdp")``, all devices together.
+
+A parameter no rule names (a new module) falls back to its largest dimension that
+``fsdp`` divides; a dimension a rule shards but ``fsdp`` does not divide stays
+whole (``param_spec``).
 
 Multi-host: ``maybe_initialize_distributed`` calls ``jax.distributed.initialize()``
 when the environment says several processes run (SLURM with more than one task, a
@@ -28,6 +42,27 @@ from rankjax.train.tasks import is_stacked
 
 AXES = ("data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
+
+# Logical axes of each parameter (without the stacked layer axis), by its name.
+PARAM_RULES: dict[str, tuple[str, ...]] = {
+    # DecoderLM (rankjax.models.transformer / attention)
+    "embedding": ("vocab", "embed"),
+    "pos_embed": ("length", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "w_q": ("embed", "heads"), "w_k": ("embed", "heads"), "w_v": ("embed", "heads"),
+    "w_o": ("heads", "embed"),
+    "w_1": ("embed", "mlp"), "w_3": ("embed", "mlp"), "w_2": ("mlp", "embed"),
+    "scale": ("norm",), "bias": ("norm",),
+    # ResidualMLP (rankjax.models.mlp / blocks)
+    "w_in": ("input", "embed"), "w_out": ("embed", "classes"),
+    "w_up": ("embed", "mlp"), "w_gate": ("embed", "mlp"), "w_down": ("mlp", "embed"),
+    "w": ("embed", "mlp"),
+    "p_scale": ("norm",), "b_scale": ("norm",), "r_scale": ("norm",),
+}
+# Logical axis -> mesh axis (absent: not sharded).
+MESH_RULES: dict[str, str] = {"embed": "fsdp"}
+# Activations: logical axis -> mesh axes (rankjax.partitioning.constrain).
+ACTIVATION_RULES: dict[str, tuple[str, ...]] = {"batch": BATCH_AXES}
 
 
 def multi_host_env() -> str | None:
@@ -82,7 +117,8 @@ def make_mesh(data: int = 0, fsdp: int = 1, devices: Any = None) -> Mesh:
 
 
 def spec_for(shape: tuple[int, ...], fsdp: int, stacked: bool) -> P:
-  """Shard the largest dimension ``fsdp`` divides (ties: the later one)."""
+  """Fallback for a parameter no rule names: the largest dimension ``fsdp`` divides
+  (ties: the later one), never the stacked layer axis."""
   if fsdp == 1:
     return P()
   first = 1 if stacked and len(shape) > 1 else 0
@@ -97,12 +133,73 @@ def spec_for(shape: tuple[int, ...], fsdp: int, stacked: bool) -> P:
   return P(*spec)
 
 
-def state_shardings(abstract: Any, mesh: Mesh, stacked_roots: tuple[str, ...]) -> Any:
-  """NamedShardings for every leaf of a state/params pytree (of ShapeDtypeStructs)."""
-  fsdp = mesh.shape["fsdp"]
+def _leaf_name(path: tuple[Any, ...]) -> str | None:
+  for key in reversed(path):
+    name = getattr(key, "key", getattr(key, "name", None))
+    if isinstance(name, str):
+      return name
+  return None
+
+
+def logical_axes(path: tuple[Any, ...], ndim: int,
+                 stacked_roots: tuple[str, ...]) -> tuple[str, ...] | None:
+  """The logical axes of a parameter (or of its optimizer moment) at ``path``:
+  ``("layers", *PARAM_RULES[name])`` for a stacked one; None when no rule fits."""
+  rule = PARAM_RULES.get(_leaf_name(path))
+  lead = ("layers",) if is_stacked(path, stacked_roots) and ndim >= 1 else ()
+  if rule is None or len(lead) + len(rule) != ndim:
+    return None
+  return (*lead, *rule)
+
+
+def param_spec(path: tuple[Any, ...], shape: tuple[int, ...], mesh_shape: Mapping[str, int],
+               stacked_roots: tuple[str, ...]) -> P:
+  """The PartitionSpec of a parameter by ``PARAM_RULES`` / ``MESH_RULES``."""
+  axes = logical_axes(path, len(shape), stacked_roots)
+  if axes is None:
+    return spec_for(shape, mesh_shape["fsdp"], is_stacked(path, stacked_roots))
+  spec = []
+  for size, name in zip(shape, axes):
+    mesh_axis = MESH_RULES.get(name)
+    ok = mesh_axis is not None and mesh_shape[mesh_axis] > 1 and size % mesh_shape[mesh_axis] == 0
+    spec.append(mesh_axis if ok else None)
+  return P(*spec) if any(spec) else P()
+
+
+def zero1_spec(spec: P, shape: tuple[int, ...], data: int, fsdp: int, stacked: bool) -> P:
+  """ZeRO-1: an optimizer moment's spec with ``data`` added on its largest free
+  dimension ``data`` divides (or on its fsdp dimension when that divides by both)."""
+  if data == 1 or not shape:
+    return spec
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  first = 1 if stacked and len(shape) > 1 else 0
+  free = [a for a in range(first, len(shape)) if entries[a] is None and shape[a] % data == 0]
+  if free:
+    entries[max(free, key=lambda a: (shape[a], a))] = "data"
+    return P(*entries)
+  for a, e in enumerate(entries):
+    if e == "fsdp" and shape[a] % (data * fsdp) == 0:
+      entries[a] = ("data", "fsdp")
+      return P(*entries)
+  return spec
+
+
+def state_shardings(abstract: Any, mesh: Mesh, stacked_roots: tuple[str, ...],
+                    zero1: bool = False) -> Any:
+  """NamedShardings for every leaf of a TrainState / params pytree (of
+  ShapeDtypeStructs): parameters by ``param_spec``; optimizer moments the same, plus
+  ``data`` with ``zero1``; scalars (step, counts) and the rng replicated."""
+  shape = dict(mesh.shape)
 
   def leaf(path, x):
-    return NamedSharding(mesh, spec_for(tuple(x.shape), fsdp, is_stacked(path, stacked_roots)))
+    names = [getattr(k, "name", None) for k in path]
+    spec = param_spec(path, tuple(x.shape), shape, stacked_roots)
+    if zero1 and "opt_state" in names:
+      spec = zero1_spec(spec, tuple(x.shape), shape["data"], shape["fsdp"],
+                        is_stacked(path, stacked_roots))
+    if "rng" in names[:1] or "step" in names[:1]:
+      spec = P()
+    return NamedSharding(mesh, spec)
 
   return jax.tree_util.tree_map_with_path(leaf, abstract)
 

@@ -65,7 +65,7 @@ def test_step_on_1_and_8_devices_agrees():
     assert out[f"param_max_rel_diff_{key}"] < 1e-5
     assert out[f"step_{key}"] == 1
   specs = out["specs_2x4"]
-  assert specs["['layers']['ffn']['w_1']"] == "P(None, None, 'fsdp')"  # (L, 16, 32)
+  assert specs["['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"  # (L, d=16, 32)
   assert specs["['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
   assert set(out["specs_8x1"].values()) == {"P()"}
   assert out["batch_error"] == ("batch_size=12 / grad_accum=1 = 12 examples per micro-batch "
