@@ -118,7 +118,7 @@ class DecoderLM(nn.Module):
     embed_std = cfg.embed_std or (1.0 if cfg.init == "paper_collapse" else 0.02)
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, param_dtype=pdt,
                      embedding_init=nn.initializers.normal(embed_std), name="embed")
-    h = embed(tokens_BxT).astype(dtype)
+    h = partitioning.constrain(embed(tokens_BxT).astype(dtype), ("batch", "length", "embed"))
     if cfg.pos_embedding == "learned":
       pos = self.param("pos_embed", nn.initializers.normal(embed_std),
                        (cfg.max_seq_len, cfg.d_model), pdt)

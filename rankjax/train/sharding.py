@@ -59,6 +59,11 @@ PARAM_RULES: dict[str, tuple[str, ...]] = {
     "w": ("embed", "mlp"),
     "p_scale": ("norm",), "b_scale": ("norm",), "r_scale": ("norm",),
 }
+# Parameters read by a gather (a token lookup): all-gathered whole where the loss
+# uses them (``gather_lookup_tables``), so the lookup is local and its output keeps
+# the batch sharding; otherwise GSPMD gathers the token ids and all-to-alls the
+# embedded activations.
+LOOKUP_TABLES = ("embedding",)
 # Logical axis -> mesh axis (absent: not sharded).
 MESH_RULES: dict[str, str] = {"embed": "fsdp"}
 # Activations: logical axis -> mesh axes (rankjax.partitioning.constrain).
@@ -164,6 +169,21 @@ def param_spec(path: tuple[Any, ...], shape: tuple[int, ...], mesh_shape: Mappin
     ok = mesh_axis is not None and mesh_shape[mesh_axis] > 1 and size % mesh_shape[mesh_axis] == 0
     spec.append(mesh_axis if ok else None)
   return P(*spec) if any(spec) else P()
+
+
+def gather_lookup_tables(params: Any, mesh: Mesh | None) -> Any:
+  """``params`` with every ``LOOKUP_TABLES`` leaf constrained to be replicated (call
+  inside the differentiated loss: the forward all-gathers the table once per
+  micro-batch, the backward reduces its gradient back to the shards)."""
+  if mesh is None or mesh.size == 1:
+    return params
+
+  def leaf(path, x):
+    if _leaf_name(path) in LOOKUP_TABLES:
+      return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P()))
+    return x
+
+  return jax.tree_util.tree_map_with_path(leaf, params)
 
 
 def zero1_spec(spec: P, shape: tuple[int, ...], data: int, fsdp: int, stacked: bool) -> P:

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from rankjax import partitioning
 from rankjax.config import TrainConfig
 from rankjax.train import diagnostics as diag_lib
-from rankjax.train.sharding import ACTIVATION_RULES
+from rankjax.train.sharding import ACTIVATION_RULES, gather_lookup_tables
 from rankjax.train.tasks import Task, is_stacked
 
 Array = jax.Array
@@ -118,7 +118,11 @@ def accumulate_grads(task: Task, params: Any, batch: Any, rng: Array,
   distribution) depend on ``mesh_data``.
   """
   k = jax.tree.leaves(batch)[0].shape[0]
-  grad_fn = jax.grad(task.loss, has_aux=True)
+
+  def loss(p, micro, key):
+    return task.loss(gather_lookup_tables(p, mesh), micro, key)
+
+  grad_fn = jax.grad(loss, has_aux=True)
   groups = mesh.shape["data"] if mesh is not None and k > 1 else 1
   if groups > 1:
     return _accumulate_grouped(grad_fn, params, batch, rng, grad_shardings, mesh, k, groups)

@@ -70,3 +70,45 @@ def test_step_on_1_and_8_devices_agrees():
   assert set(out["specs_8x1"].values()) == {"P()"}
   assert out["batch_error"] == ("batch_size=12 / grad_accum=1 = 12 examples per micro-batch "
                                 "is not divisible by the 8 devices (mesh data=8 x fsdp=1)")
+
+
+def test_compiled_step_collectives_fsdp_and_data_parallel():
+  """The optimized HLO of one update (3 layers, d=32, d_ff=64, vocab 257, micro-batch
+  16 x 16 tokens, grad_accum=2) on 8 CPU devices.
+
+  fsdp=8: every all-gather is of a weight: one layer's (32, 32) / (32, 64) / (64, 32)
+  slice inside the layer scan (forward and backward), or the unstacked embedding /
+  LM head; never a whole stacked weight, never an activation; no all-to-all.
+  data=8: no all-gather; all-reduces only outside every loop (one reduction per
+  update, after the micro-batch scan), of exactly the gradients plus a few scalars.
+  """
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py"))],
+                        env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  params = [tuple(s) for s in out["param_shapes"]]
+  per_layer = {s[1:] for s in params if len(s) == 3 and s[0] == 3}
+  unstacked = {s for s in params if len(s) == 2 and s[0] != 3}   # (3, 32): stacked gains
+  assert per_layer == {(32, 32), (32, 64), (64, 32)} and unstacked == {(257, 32), (32, 257)}
+
+  fsdp = out["1x8"]
+  gathers = [c for c in fsdp if c["op"] == "all-gather"]
+  assert not [c for c in fsdp if c["op"] in ("all-to-all", "collective-permute")]
+  for c in gathers:
+    for shape in map(tuple, c["shapes"]):
+      assert shape in per_layer | unstacked, c                  # weights only
+      if shape in per_layer:
+        assert c["loop_depth"] == 2, c       # inside the micro-batch and layer scans
+  in_layer_scan = [c for c in gathers if c["loop_depth"] == 2]
+  assert len(in_layer_scan) >= 2 * 7          # forward and backward, 7 matrices per layer
+  for c in fsdp:                              # no collective moves an activation
+    for shape in c["shapes"]:
+      assert len(shape) <= 2, c
+
+  data = out["8x1"]
+  assert {c["op"] for c in data} == {"all-reduce"}
+  assert all(c["loop_depth"] == 0 for c in data), data
+  reduced = sorted(tuple(s) for c in data for s in c["shapes"] if s)
+  assert reduced == sorted(params)                           # each gradient exactly once
