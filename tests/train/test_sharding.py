@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -58,16 +59,20 @@ def test_step_on_1_and_8_devices_agrees():
       "multidevice_worker.py"))], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
-  for key in ("2x4", "8x1"):
+  for key in ("2x4", "8x1", "2x4_zero1"):
     assert out[f"init_max_diff_{key}"] == 0.0
     assert out[f"loss_{key}"] == pytest.approx(out["loss_1"], rel=1e-6)
     assert out[f"grad_norm_{key}"] == pytest.approx(out["grad_norm_1"], rel=1e-5)
     assert out[f"param_max_rel_diff_{key}"] < 1e-5
     assert out[f"step_{key}"] == 1
   specs = out["specs_2x4"]
-  assert specs["['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"  # (L, d=16, 32)
-  assert specs["['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
+  assert specs[".params['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"  # (L, d=16, 32)
+  assert specs[".params['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
+  assert specs[".opt_state[0].mu['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"
   assert set(out["specs_8x1"].values()) == {"P()"}
+  zero1 = out["specs_2x4_zero1"]    # moments also over data, parameters as without
+  assert zero1[".opt_state[0].mu['layers']['ffn']['w_1']"] == "P(None, 'fsdp', 'data')"
+  assert zero1[".params['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"
   assert out["batch_error"] == ("batch_size=12 / grad_accum=1 = 12 examples per micro-batch "
                                 "is not divisible by the 8 devices (mesh data=8 x fsdp=1)")
 
@@ -112,3 +117,32 @@ def test_compiled_step_collectives_fsdp_and_data_parallel():
   assert all(c["loop_depth"] == 0 for c in data), data
   reduced = sorted(tuple(s) for c in data for s in c["shapes"] if s)
   assert reduced == sorted(params)                           # each gradient exactly once
+
+
+def test_rule_table_names_every_parameter_and_shards_d_model():
+  import jax
+  from rankjax.train import tasks
+  from tests.train.conftest import tiny_lm, tiny_mlp
+  mesh = {"data": 2, "fsdp": 4}
+  for cfg in (tiny_lm(), tiny_mlp()):
+    task = tasks.make_task(cfg)
+    params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+    for path, x in jax.tree_util.tree_leaves_with_path(params):
+      axes = shard_lib.logical_axes(path, x.ndim, task.stacked_roots)
+      assert axes is not None, jax.tree_util.keystr(path)        # no fallback today
+      spec = shard_lib.param_spec(path, x.shape, mesh, task.stacked_roots)
+      want = tuple("fsdp" if a == "embed" else None for a in axes)
+      assert spec == (P(*want) if any(want) else P()), (jax.tree_util.keystr(path), spec)
+  # a dimension fsdp does not divide stays whole; an unknown leaf falls back
+  path = (jax.tree_util.DictKey("w_q"),)
+  assert shard_lib.param_spec(path, (18, 16), {"data": 1, "fsdp": 4}, ()) == P()
+  path = (jax.tree_util.DictKey("new_weight"),)
+  assert shard_lib.param_spec(path, (8, 64), {"data": 1, "fsdp": 4}, ()) == P(None, "fsdp")
+
+
+def test_zero1_adds_data_to_a_free_dimension():
+  assert shard_lib.zero1_spec(P("fsdp", None), (16, 64), 2, 4, False) == P("fsdp", "data")
+  assert shard_lib.zero1_spec(P(None, "fsdp", None), (3, 16, 5), 2, 4, True) == \
+      P(None, ("data", "fsdp"), None)
+  assert shard_lib.zero1_spec(P(), (7,), 2, 1, False) == P()
+  assert shard_lib.zero1_spec(P(), (8,), 1, 1, False) == P()
