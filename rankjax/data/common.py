@@ -29,6 +29,8 @@ def cache_root() -> pathlib.Path:
 def tfds_data_dir(data_dir: str | os.PathLike | None) -> str:
   """The data_dir tfds reads: the argument, else ``$TFDS_DATA_DIR``, else its default."""
   if data_dir:
+    if "://" in str(data_dir):   # gs://..., read by tfds through etils.epath
+      return str(data_dir)
     return str(pathlib.Path(data_dir).expanduser())
   return str(pathlib.Path(
       os.environ.get("TFDS_DATA_DIR", os.path.join("~", "tensorflow_datasets"))).expanduser())

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import signal
 import sys
 import time
@@ -37,9 +36,10 @@ def main() -> None:
   def on_step(step: int) -> None:
     if step == args.kill_at:
       if args.wait_checkpoint is not None:
-        done = pathlib.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
+        from etils import epath
+        done = epath.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
         deadline = time.time() + 120
-        while not done.is_dir() and time.time() < deadline:
+        while not (done / "commit_success.txt").exists() and time.time() < deadline:
           time.sleep(0.05)
       os.kill(os.getpid(), signal.SIGKILL)
     if step == args.term_at:
