@@ -248,13 +248,12 @@ def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dic
   """The iterator state for this process when ``saved_count`` processes wrote the step.
 
   Only a position-only state (``{"next_index": k}``: in-memory text and image sets,
-  ``rankjax.data.common.EpochBatches``) can be re-sharded. Each process of the old
-  run had consumed its first k batches; each process of the new run starts at batch
-  k of its own shard. Across epochs nothing changes (every example once per epoch,
-  the epoch count is the same); within the epoch in progress, the examples of the
-  new shards' first k batches (drawn in a fresh per-shard order) are skipped, and
-  examples the old shards had already consumed may be seen again. Deterministic:
-  a function of (seed, step, the new process count).
+  ``rankjax.data.common.EpochBatches``) can be re-sharded. There every host reads
+  its part of the same global batches, drawn from one order of the whole set per
+  epoch, and k counts global batches, so every process of the new run continues at
+  global batch k: no example is repeated or skipped, and the run continues exactly
+  as with the old process count (same global batch size). Deterministic: a
+  function of (seed, k). Streamed sets (documents sharded by process) are refused.
 
   Raises:
     ValueError (one line, naming both counts) for any other state.

@@ -133,7 +133,7 @@ def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "t
       batch_size=shard_lib.host_batch_size(batch_size or cfg.batch_size),
       seed=cfg.seed, shuffle=not eval_mode, num_epochs=1 if eval_mode else None,
       shard_index=jax.process_index(), shard_count=jax.process_count(),
-      **task_lib.data_kwargs(cfg, task))
+      micro_batches=1 if eval_mode else cfg.grad_accum, **task_lib.data_kwargs(cfg, task))
 
 
 class _Preemption:
@@ -344,7 +344,10 @@ class _Loop:
     sharding = shard_lib.eval_batch_sharding(c.mesh)
     totals: dict[str, float] = {}
     n = 0
-    for _, local in zip(range(cfg.eval_batches), it):
+    for _ in range(cfg.eval_batches):
+      local = next(it, None)
+      if not shard_lib.all_hosts_have(local is not None):
+        break      # a streamed set ran out on some host: every host stops here
       out = jax.device_get(c.eval_step(params, shard_lib.global_eval_batch(local, sharding)))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)

@@ -272,6 +272,16 @@ def global_batch(local: Mapping[str, np.ndarray], grad_accum: int,
   return out
 
 
+def all_hosts_have(have: bool) -> bool:
+  """Whether every process has ``have`` (one tiny all-gather when there are several),
+  so hosts whose evaluation sets give different batch counts stop together instead
+  of one waiting forever in the collective eval step."""
+  if jax.process_count() == 1:
+    return have
+  from jax.experimental import multihost_utils
+  return bool(np.min(multihost_utils.process_allgather(np.int32(have))))
+
+
 def global_eval_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
   hosts = jax.process_count()
   return {k: jax.make_array_from_process_local_data(
