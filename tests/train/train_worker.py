@@ -6,7 +6,9 @@
 ``--kill-at S``: after update S, SIGKILL this process (no cleanup of any kind);
 with ``--wait-checkpoint N`` it first waits until checkpoint N is committed on disk.
 ``--term-at S``: after update S, send SIGTERM to this process (the loop saves and
-returns). Prints one JSON line with the result.
+returns). Prints one JSON line with the result. With ``JAX_COORDINATOR_ADDRESS``,
+``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` set it is one process of a
+multi-process run (``jax.distributed`` on localhost).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def main() -> None:
   parser.add_argument("--term-at", type=int)
   parser.add_argument("--wait-checkpoint", type=int)
   args = parser.parse_args()
+  from rankjax.train import sharding
+  sharding.maybe_initialize_distributed()   # JAX_COORDINATOR_ADDRESS etc.: several processes
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
   from rankjax.train.loop import train
