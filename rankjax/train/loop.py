@@ -136,6 +136,19 @@ def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "t
       micro_batches=1 if eval_mode else cfg.grad_accum, **task_lib.data_kwargs(cfg, task))
 
 
+def enable_compilation_cache(directory: str) -> None:
+  """JAX's persistent compilation cache in ``directory`` (local or gs://): a run
+  restarted after a preemption loads its compiled steps instead of compiling them.
+  Takes effect for programs compiled after the call (``rankjax train`` calls it
+  before compiling anything)."""
+  from jax.experimental.compilation_cache import compilation_cache
+  path = paths.as_path(directory, "compilation_cache_dir")
+  if jax.config.jax_compilation_cache_dir != str(paths.absolute(path)):
+    jax.config.update("jax_compilation_cache_dir", str(paths.absolute(path)))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()
+
+
 class _Preemption:
   """Whether to save and stop at a step because of SIGTERM or Ctrl-C.
 
@@ -197,6 +210,8 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
   workdir = paths.as_path(workdir, "workdir")
+  if cfg.compilation_cache_dir:
+    enable_compilation_cache(cfg.compilation_cache_dir)
   compiled = build_for_run(cfg)
   task = compiled.task
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))

@@ -83,3 +83,13 @@ def test_mlp_needs_input_and_class_counts(tmp_path):
                     weight_decay=0.0, batch_size=4, warmup_steps=0)
   with pytest.raises(ValueError, match="set mlp.input_dim and mlp.num_classes"):
     train(cfg, tmp_path / "run")
+
+
+def test_compilation_cache_dir_is_filled_by_a_run(worker, tmp_path):
+  from tests.train.conftest import tiny_mlp
+  cache = tmp_path / "xla_cache"
+  code, result, err = worker(tiny_mlp(total_steps=2, compilation_cache_dir=str(cache)),
+                             tmp_path / "run")
+  assert code == 0, err[-2000:]
+  assert result["step"] == 2
+  assert any(cache.iterdir())            # compiled programs stored for the next start

@@ -146,3 +146,29 @@ def test_zero1_adds_data_to_a_free_dimension():
       P(None, ("data", "fsdp"), None)
   assert shard_lib.zero1_spec(P(), (7,), 2, 1, False) == P()
   assert shard_lib.zero1_spec(P(), (8,), 1, 1, False) == P()
+
+
+def test_slurm_local_device_ids_in_both_launcher_modes():
+  ids = shard_lib.slurm_local_device_ids
+  per_gpu = {"SLURM_PROCID": "11", "SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "8"}
+  assert ids({**per_gpu, "CUDA_VISIBLE_DEVICES": "3"}) == [0]            # --gpus-per-task=1
+  assert ids({**per_gpu, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}) == [3]
+  assert ids({**per_gpu, "SLURM_GPUS_ON_NODE": "8"}) == [3]
+  per_node = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1(x2)"}
+  assert ids({**per_node, "SLURM_GPUS_ON_NODE": "8"}) == list(range(8))
+  assert ids({**per_node, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == [0, 1, 2, 3]
+  two_per_node = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2(x4)",
+                  "SLURM_GPUS_ON_NODE": "8"}
+  assert ids(two_per_node) == [4, 5, 6, 7]
+  assert ids({**per_gpu, "RANKJAX_LOCAL_DEVICE_IDS": "0,1"}) == [0, 1]
+  assert ids({}) is None and ids({"SLURM_PROCID": "0"}) is None
+
+
+def test_tpu_vm_detected_without_launcher_variables(monkeypatch):
+  for var in ("RANKJAX_DISTRIBUTED", "JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "SLURM_PROCID",
+              "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE", "JAX_PLATFORMS"):
+    monkeypatch.delenv(var, raising=False)
+  monkeypatch.setattr(shard_lib, "_tpu_chips", lambda: 4)
+  assert shard_lib.multi_host_env().startswith("Cloud TPU VM")
+  monkeypatch.setattr(shard_lib, "_tpu_chips", lambda: 0)
+  assert shard_lib.multi_host_env() is None
