@@ -176,6 +176,10 @@ class RestoreError(RuntimeError):
   """A step could not be read for a reason that is not its integrity; nothing moved."""
 
 
+class ProcessCountError(ValueError):
+  """A step of another process count whose data iterator cannot be re-sharded."""
+
+
 def restore_with_fallback(directory: epath.Path, steps: list[int],
                           restore: Callable[[int], Any],
                           on_skipped: Callable[[int, bool], None] | None = None,
@@ -201,6 +205,8 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
       out = restore(step)
     except IncompleteStep as e:
       reason, incomplete = str(e), True
+    except ProcessCountError:
+      raise
     except ValueError as e:
       if not is_integrity_failure(e):  # a refusal (e.g. process counts): as it is
         raise
@@ -256,7 +262,7 @@ def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dic
   function of (seed, k). Streamed sets (documents sharded by process) are refused.
 
   Raises:
-    ValueError (one line, naming both counts) for any other state.
+    ProcessCountError (a ValueError; one line naming both counts) for any other state.
   """
   now = jax.process_count()
   refuse = (f"checkpoint step {step} was written by {saved_count} process(es) and this "
@@ -269,10 +275,10 @@ def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dic
       raise IncompleteStep(f"data/{f.name} is missing")
     states.append(json.loads(f.read_text()))
   if not all(isinstance(s, dict) and set(s) == {"next_index"} for s in states):
-    raise ValueError(refuse)
+    raise ProcessCountError(refuse)
   positions = {int(s["next_index"]) for s in states}
   if len(positions) != 1:
-    raise ValueError(refuse + f" (the processes were at batches {sorted(positions)})")
+    raise ProcessCountError(refuse + f" (the processes were at batches {sorted(positions)})")
   return {"next_index": positions.pop()}
 
 
@@ -331,6 +337,9 @@ class Checkpointer:
       if count is None:
         raise IncompleteStep("data/ holds no iterator state")
       data_state = None
+      own = step_dir / "data" / f"process_{jax.process_index()}-of-{count}.json"
+      if count == jax.process_count() and not own.exists():
+        raise IncompleteStep(f"data/{own.name} is missing")
       if count != jax.process_count():
         data_state = rebuild_data_state(step_dir / "data", count, step)
       items = {"state": ocp.args.StandardRestore(abstract_state),

@@ -213,6 +213,7 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
   if cfg.compilation_cache_dir:
     enable_compilation_cache(cfg.compilation_cache_dir)
   compiled = build_for_run(cfg)
+  shard_lib.check_batch(cfg.batch_size, cfg.grad_accum, compiled.mesh)  # also when cached
   task = compiled.task
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
   data_pipeline.check_model_fits(info, **task_lib.model_requirements(task))

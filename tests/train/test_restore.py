@@ -142,3 +142,31 @@ def test_integrity_classification():
   assert not ckpt_lib.is_integrity_failure(ValueError("UNAVAILABLE: Error reading x: 503"))
   assert not ckpt_lib.is_integrity_failure(PermissionError("denied"))
   assert not ckpt_lib.is_integrity_failure(ValueError("shape (4, 16) does not match (8, 16)"))
+
+
+def test_missing_iterator_file_is_incomplete(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  (workdir / "checkpoints" / "8" / "data" / "process_0-of-1.json").unlink()
+  with pytest.warns(RuntimeWarning, match=r"step 8 .* is incomplete \(data/ holds no "
+                                          r"iterator state\); using step 4"):
+    result = train(tiny_mlp(), workdir, progress_bar=False)
+  assert (result.start_step, result.step) == (4, 8)
+  assert losses(workdir) == losses(reference)
+
+
+def test_bad_input_touches_nothing(reference, tmp_path, monkeypatch):
+  """A mesh that does not match the devices, a batch the devices do not divide:
+  one line each, before anything is moved, truncated or written."""
+  workdir = _copy(reference, tmp_path)
+  (workdir / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half")
+  before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  with pytest.raises(ValueError, match=r"^mesh data=2 x fsdp=1 = 2 devices, but 1 are "
+                                       r"available; set mesh_data=0 to use all of them$"):
+    train(tiny_mlp(mesh_data=2), workdir, progress_bar=False)
+  import jax
+  monkeypatch.setattr(jax, "process_count", lambda: 3)     # as if 3 hosts had started
+  with pytest.raises(ValueError, match=r"^batch_size=16 is not divisible by the 3 hosts$"):
+    train(tiny_mlp(), workdir, progress_bar=False)
+  monkeypatch.undo()
+  after = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  assert after == before
