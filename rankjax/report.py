@@ -308,7 +308,9 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   from rankjax.train.run_reader import load_run
 
   from rankjax.train import paths
-  workdir = paths.as_path(workdir, "workdir")   # a local path or a gs:// URL
+  workdir = paths.as_path(workdir, "workdir")   # a gs:// URL as etils.epath
+  if not paths.is_remote(workdir):
+    workdir = pathlib.Path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"workdir {workdir} does not exist")
   studies = study_dirs(workdir)

@@ -34,8 +34,14 @@ def _free_port() -> int:
 
 
 def launch(env, cfg, workdir, tmp_path, *, processes: int, devices: int,
-           args_of=lambda i: ()) -> list[tuple[int, dict | None, str]]:
-  """Starts ``processes`` workers of one run and waits for all (bounded)."""
+           args_of=lambda i: (), slurm: bool = False) -> list[tuple[int, dict | None, str]]:
+  """Starts ``processes`` workers of one run and waits for all (bounded).
+
+  ``slurm``: the environment ``srun`` gives the tasks of ``launch/slurm.sbatch``
+  (one node, ``RANKJAX_DISTRIBUTED=1``; JAX's SLURM detection finds the coordinator,
+  ``JAX_COORDINATOR_PORT`` only makes its port a free one) instead of the explicit
+  ``JAX_COORDINATOR_ADDRESS`` variables.
+  """
   path = tmp_path / f"cfg-{time.monotonic_ns()}.json"
   config_lib.to_json(cfg, path)
   port = _free_port()
@@ -43,7 +49,12 @@ def launch(env, cfg, workdir, tmp_path, *, processes: int, devices: int,
   for i in range(processes):
     e = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
              JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
-    if processes > 1:
+    if slurm:
+      e.update(RANKJAX_DISTRIBUTED="1", JAX_COORDINATOR_PORT=str(port), SLURM_JOB_ID="4242",
+               SLURM_STEP_NODELIST="localhost", SLURM_NTASKS=str(processes),
+               SLURM_NTASKS_PER_NODE=str(processes), SLURM_PROCID=str(i),
+               SLURM_LOCALID=str(i), SLURM_STEP_NUM_NODES="1")
+    elif processes > 1:
       e.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
                JAX_PROCESS_ID=str(i))
     procs.append(subprocess.Popen(
@@ -132,3 +143,16 @@ def test_sigterm_to_one_process_saves_the_same_step_on_all(worker_env, tmp_path)
   data = sorted(p.name for p in (workdir / "checkpoints" / str(step) / "data").iterdir()
                 if p.suffix == ".json")
   assert data == ["process_0-of-2.json", "process_1-of-2.json"]
+
+
+def test_slurm_environment_of_the_launcher(runs, worker_env, tmp_path):
+  """The per-GPU mode's environment (2 tasks on one node), on CPU: same run."""
+  workdir = tmp_path / "slurm"
+  results = launch(worker_env, _cfg(), workdir, tmp_path, processes=2, devices=2, slurm=True)
+  for code, result, err in results:
+    assert code == 0, err[-3000:]
+    assert (result["status"], result["step"]) == ("completed", 8)
+  data = sorted(p.name for p in (workdir / "checkpoints" / "8" / "data").iterdir()
+                if p.suffix == ".json")
+  assert data == ["process_0-of-2.json", "process_1-of-2.json"]
+  assert losses(workdir) == losses(runs["2x2"])
