@@ -156,3 +156,39 @@ def test_slurm_environment_of_the_launcher(runs, worker_env, tmp_path):
                 if p.suffix == ".json")
   assert data == ["process_0-of-2.json", "process_1-of-2.json"]
   assert losses(workdir) == losses(runs["2x2"])
+
+
+def test_streamed_eval_with_uneven_hosts_and_refused_reshard(worker_env, tmp_path):
+  """A streamed set (ArrayRecord, sharded by document): the hosts' validation shards
+  give different batch counts, evaluation asks for more than either has, and every
+  host stops together (no hang). Its iterator cannot be re-sharded: resuming with
+  one process is refused with one line naming both counts, nothing moved."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  from rankjax import data
+  from tests.data.util import make_docs
+  root = tmp_path / "records"
+  root.mkdir()
+  writer = ArrayRecordWriter(str(root / "docs.array_record"), "group_size:1")
+  for doc in make_docs(40, seed=1):
+    writer.write(doc.encode("utf-8"))
+  writer.close()
+  cfg = tiny_lm(dataset=str(root), batch_size=8, grad_accum=2, eval_every=4, eval_batches=10**6,
+                diag_every=0, total_steps=4)
+  counts = [sum(1 for _ in data.make_iterator(
+      "text", dataset=str(root), split="validation", batch_size=2, seq_len=cfg.seq_len,
+      shuffle=False, num_epochs=1, shard_index=i, shard_count=2)) for i in range(2)]
+  assert counts[0] != counts[1], counts           # the hosts really differ
+  workdir = tmp_path / "streamed"
+  for code, result, err in launch(worker_env, cfg, workdir, tmp_path, processes=2, devices=2):
+    assert code == 0, err[-3000:]
+    assert result["step"] == 4
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r.get("kind") == "eval"] == [4]
+
+  before = sorted(str(p) for p in workdir.rglob("*"))
+  (code, _, err), = launch(worker_env, cfg, workdir, tmp_path, processes=1, devices=4)
+  assert code != 0
+  assert ("checkpoint step 4 was written by 2 process(es) and this run has 1; the data "
+          "iterator of this data set cannot be re-sharded: resume with 2 process(es)") in err
+  assert sorted(str(p) for p in workdir.rglob("*")) == before
