@@ -66,9 +66,23 @@ def write_text_atomic(path: epath.Path, text: str) -> None:
 
 
 def move(src: epath.Path, dst: epath.Path) -> None:
-  """Moves a file or folder (a rename locally; copy then delete on object stores)."""
-  dst.parent.mkdir(parents=True, exist_ok=True)
-  src.rename(dst)
+  """Moves a file or folder: a rename locally. On an object store folders exist only
+  through their objects (epath's rename wants the parent "folder" to exist), so each
+  object is copied server-side, then deleted one by one (no batch request)."""
+  if not is_remote(src):
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    src.rename(dst)
+    return
+  import fsspec
+  s = scheme(src)
+  fs = fsspec.filesystem("gcs" if s == "gs" else s,
+                         **({"finalize_on_close": True} if s == "gs" else {}))
+  root, target = fs._strip_protocol(os.fspath(src)), fs._strip_protocol(os.fspath(dst))
+  files = fs.find(root) if fs.isdir(root) else [root]
+  for f in files:
+    fs.copy(f, target + f[len(root):])
+  for f in files:
+    fs.rm_file(f)
 
 
 def barrier(name: str) -> None:

@@ -115,3 +115,29 @@ def test_gs_workdir_without_gcsfs_is_one_line(monkeypatch, tmp_path):
   with pytest.raises(ValueError, match=r"^workdir gs://b/run needs the gcsfs package "
                                        r"\(pip install gcsfs\)$"):
     train(tiny_mlp(), "gs://b/run", progress_bar=False)
+
+
+@needs_emulator
+def test_gs_paths_move_atomic_write_and_metrics_truncation(gcs_env):
+  """What the corrupt-step handling and a resume do to a gs:// workdir."""
+  import json
+
+  from rankjax.train import paths
+  from rankjax.train.logging import MetricsWriter
+  root = paths.as_path(f"gs://{BUCKET}/paths_test")
+  step = root / "checkpoints" / "8"
+  (step / "state").mkdir(parents=True, exist_ok=True)
+  (step / "state" / "_METADATA").write_text("{}")
+  (step / "commit_success.txt").write_text("ok")
+  dest = root / "corrupt_checkpoints" / "8-unreadable-1"
+  paths.move(step, dest)
+  assert not step.exists()
+  assert (dest / "state" / "_METADATA").read_text() == "{}"
+  paths.write_text_atomic(root / "config.json", "{\"a\": 1}\n")
+  assert json.loads((root / "config.json").read_text()) == {"a": 1}
+  lines = [json.dumps({"step": s, "loss": float(s)}) for s in range(1, 7)]
+  (root / "metrics.jsonl").write_text("\n".join(lines) + "\n{\"step\": 7, \"lo")
+  MetricsWriter.truncate(root, 4)
+  assert (root / "metrics.jsonl").read_text().splitlines() == lines[:4]
+  assert (root / "metrics_replaced.jsonl").read_text().splitlines() == \
+      lines[4:] + ["{\"step\": 7, \"lo"]
