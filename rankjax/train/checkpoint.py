@@ -155,6 +155,7 @@ def is_integrity_failure(e: BaseException) -> bool:
 
 def incomplete_reason(step_dir: epath.Path) -> str | None:
   """Why ``step_dir`` is provably incomplete (a missing marker or item), else None."""
+  paths.refresh(step_dir)
   if not step_dir.is_dir():
     return f"{step_dir} is missing"
   for name in (COMMIT_MARKER, "_CHECKPOINT_METADATA"):

@@ -65,6 +65,20 @@ def write_text_atomic(path: epath.Path, text: str) -> None:
   os.replace(os.fspath(tmp), os.fspath(path))
 
 
+def _filesystem(s: str):
+  import fsspec
+  return fsspec.filesystem("gcs" if s == "gs" else s,
+                           **({"finalize_on_close": True} if s == "gs" else {}))
+
+
+def refresh(path: epath.Path) -> None:
+  """Forgets fsspec's cached listings under ``path`` (object stores), so files written
+  by other clients (tensorstore, other processes) since it last listed are seen."""
+  if is_remote(path):
+    fs = _filesystem(scheme(path))
+    fs.invalidate_cache(fs._strip_protocol(os.fspath(path)))
+
+
 def move(src: epath.Path, dst: epath.Path) -> None:
   """Moves a file or folder: a rename locally. On an object store folders exist only
   through their objects (epath's rename wants the parent "folder" to exist), so each
@@ -73,10 +87,7 @@ def move(src: epath.Path, dst: epath.Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     src.rename(dst)
     return
-  import fsspec
-  s = scheme(src)
-  fs = fsspec.filesystem("gcs" if s == "gs" else s,
-                         **({"finalize_on_close": True} if s == "gs" else {}))
+  fs = _filesystem(scheme(src))
   root, target = fs._strip_protocol(os.fspath(src)), fs._strip_protocol(os.fspath(dst))
   files = fs.find(root) if fs.isdir(root) else [root]
   for f in files:

@@ -107,6 +107,12 @@ def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, comp
   page = build_report(url)
   assert str(page).startswith("gs://") and "<img" in epath.Path(page).read_text()
 
+  # an unreadable step on gs:// is skipped with a warning naming it (read-only here)
+  (root / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half-written")
+  with pytest.warns(RuntimeWarning, match=r"step 8 .* is unreadable .*using step 4 instead"):
+    assert load_run(url).step == 4
+  assert (root / "checkpoints" / "8" / "state").exists()
+
 
 def test_gs_workdir_without_gcsfs_is_one_line(monkeypatch, tmp_path):
   import importlib.util as iu

@@ -43,7 +43,11 @@ def main() -> None:
         from etils import epath
         done = epath.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
         deadline = time.time() + 120
-        while not (done / "commit_success.txt").exists() and time.time() < deadline:
+        from rankjax.train import paths
+        while time.time() < deadline:
+          paths.refresh(done.parent)       # gcsfs caches listings: see new files
+          if (done / "commit_success.txt").exists():
+            break
           time.sleep(0.05)
       os.kill(os.getpid(), signal.SIGKILL)
     if step == args.term_at:
