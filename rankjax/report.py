@@ -81,7 +81,8 @@ def _color(run) -> str | None:
 def _save(fig, out: pathlib.Path, name: str) -> pathlib.Path:
   path = out / f"{name}.png"
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  with path.open("wb") as f:  # an etils.epath path: local or gs://
+    fig.savefig(f, dpi=100, format="png")
   plt.close(fig)
   return path
 
@@ -306,7 +307,10 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
 
   from rankjax.train.run_reader import load_run
 
-  workdir = pathlib.Path(workdir)
+  from rankjax.train import paths
+  workdir = paths.as_path(workdir, "workdir")   # a gs:// URL as etils.epath
+  if not paths.is_remote(workdir):
+    workdir = pathlib.Path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"workdir {workdir} does not exist")
   studies = study_dirs(workdir)

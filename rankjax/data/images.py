@@ -270,6 +270,7 @@ def image_dataset(
     shard_index: int,
     shard_count: int,
     drop_remainder: bool = True,
+    micro_batches: int = 1,
     num_threads: int | None = None,
 ) -> tuple[grain.IterDataset, ImageSource]:
   """Batches for one host (every host gets the same number of examples)."""
@@ -280,7 +281,7 @@ def image_dataset(
     batches = common.EpochBatches(
         len(examples), examples.take, batch_size=batch_size, seed=seed, shuffle=shuffle,
         num_epochs=num_epochs, drop_remainder=drop_remainder, shard_index=shard_index,
-        shard_count=shard_count, what=what)
+        shard_count=shard_count, what=what, micro_batches=micro_batches)
     return common.epoch_batches_dataset(batches), source
   ds = grain.MapDataset.source(examples)
   ds = ds[:len(ds) - len(ds) % shard_count]
