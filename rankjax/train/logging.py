@@ -2,14 +2,18 @@
 
 Every update appends one JSON line (``{"step", "loss", "grad_norm", "lr", ...}``;
 evaluation rows carry ``"kind": "eval"``). TensorBoard event files go to
-``WORKDIR/tensorboard`` when ``tensorboardX`` is installed. On a terminal a tqdm
-progress bar shows step, loss and tokens/s; otherwise one line is printed every
-``log_every`` updates. Only process 0 writes.
+``WORKDIR/tensorboard`` when ``tensorboardX`` is installed: train scalars every
+``log_every`` updates, every evaluation, and every diagnostics step's arrays (tags and
+layout in ``rankjax.train.tensorboard``); a resumed run first drops the events after
+its checkpoint step, so each step is in the files once. On a terminal (a TTY) a tqdm
+progress bar shows step, loss and tokens/s; otherwise (a log file, SLURM) one plain
+line is printed every ``log_every`` updates. Only process 0 writes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Mapping, TextIO
 
@@ -17,6 +21,7 @@ import jax
 from etils import epath
 
 from rankjax.train import paths
+from rankjax.train import tensorboard as tb_lib
 
 REPLACED = "metrics_replaced.jsonl"
 
@@ -45,7 +50,15 @@ class MetricsWriter:
     self._file = self._open()
     try:
       from tensorboardX import SummaryWriter  # optional
-      self._tb = SummaryWriter(str(workdir / "tensorboard"))
+      logdir = str(workdir / "tensorboard")
+      if start_step and not paths.is_remote(workdir):
+        tb_lib.purge_after(logdir, start_step)
+      # purge_step: TensorBoard itself also discards older events of steps > start
+      # (object stores, where the files are not rewritten).
+      # The suffix keeps a restart within the same second from overwriting a file
+      # (tensorboardX names files by the second and the host only).
+      self._tb = SummaryWriter(logdir, purge_step=start_step + 1 if start_step else None,
+                               filename_suffix=f".{os.getpid()}.{start_step}")
     except ImportError:
       pass
     except Exception as e:  # noqa: BLE001 - e.g. a URL tensorboardX cannot write to
@@ -98,7 +111,7 @@ class MetricsWriter:
     if kind != "train":
       row["kind"] = kind
     self._file.write(json.dumps(row) + "\n")
-    if self._tb is not None:
+    if self._tb is not None and (kind != "train" or step % self.log_every == 0):
       for k, v in row.items():
         if k not in ("step", "kind") and isinstance(v, float):
           self._tb.add_scalar(f"{kind}/{k}", v, step)
@@ -115,6 +128,15 @@ class MetricsWriter:
       self.stream.write(self.format(row) + "\n")
       self.stream.flush()
 
+
+  def write_diagnostics(self, step: int, diag: Mapping[str, Mapping[str, Any]]) -> None:
+    """One diagnostics step ({diagnostic: {key: array}}, host arrays) to TensorBoard."""
+    if not self.enabled or self._tb is None:
+      return
+    for tag, value in tb_lib.diagnostic_scalars(diag):
+      self._tb.add_scalar(tag, value, step)
+    for tag, values in tb_lib.diagnostic_histograms(diag):
+      self._tb.add_histogram(tag, values, step)
 
   @staticmethod
   def format(row: Mapping[str, Any]) -> str:

@@ -333,7 +333,9 @@ class _Loop:
           f"not finite: training stopped; {kept} (try a lower learning_rate or more "
           "warmup_steps)")
     if diag:
-      self.history.append(step, jax.device_get(diag))
+      diag = jax.device_get(diag)
+      self.history.append(step, diag)
+      self.writer.write_diagnostics(step, diag)
     self.last_metrics = {"step": step, **metrics}
     self.recent_losses = (self.recent_losses + [metrics["loss"]])[-100:]
 

@@ -54,3 +54,33 @@ def test_tensorboard_events_when_installed(tmp_path):
   w.write(1, {"loss": 1.0})
   w.close()
   assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):
+  """Train scalars every log_every steps; diagnostics per layer + histogram; a writer
+  resumed at step 4 after a killed one wrote steps 1-6 leaves each step once."""
+  pytest.importorskip("tensorboardX")
+  import numpy as np
+  from rankjax.train import tensorboard as tb
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=2, stream=io.StringIO())
+  for step in range(1, 7):
+    w.write(step, {"loss": float(step)})
+    if step % 3 == 0:
+      w.write_diagnostics(step, {"basic": {"tsim_x1": np.array([0.1, 0.2]) * step,
+                                           "loss": np.float32(step)}})
+  w.close()   # everything on disk, as after a kill that happened after a flush
+  with open(tb.event_files(str(tmp_path / "tensorboard"))[0], "ab") as f:
+    f.write(b"\x10\x00")                       # and a record cut short by the kill
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=2, start_step=4, stream=io.StringIO())
+  for step in range(5, 9):
+    w.write(step, {"loss": 10.0 + step})
+    if step % 3 == 0:
+      w.write_diagnostics(step, {"basic": {"tsim_x1": np.array([1.0, 2.0]), "loss": 9.0}})
+  w.close()
+  scalars = tb.read_scalars(str(tmp_path / "tensorboard"))
+  assert scalars["train/loss"] == [(2, 2.0), (4, 4.0), (6, 16.0), (8, 18.0)]
+  assert scalars["diagnostics/basic/tsim_x1/layer_01"] == [(3, pytest.approx(0.6)), (6, 2.0)]
+  assert scalars["diagnostics/basic/loss"] == [(3, 3.0), (6, 9.0)]
+  hist = [e.step for e in tb.read_events(str(tmp_path / "tensorboard"))
+          if any(v.HasField("histo") for v in e.summary.value)]
+  assert hist == [3, 6]

@@ -118,3 +118,26 @@ def test_workdir_with_other_config_is_refused_naming_fields(runs):
   assert "learning_rate: 0.01 (saved) vs 0.005 (given)" in str(info.value)
   assert "lm.d_model: 16 (saved) vs 32 (given)" in str(info.value)
   assert (full / "metrics.jsonl").read_text() == before            # nothing touched
+
+
+def test_tensorboard_holds_each_step_once_after_kill_and_resume(runs):
+  """The killed run wrote steps 1-6 (its TB flushes lag), the resume rewrote 5-8:
+  every tag has each step once, the same steps and values as the uninterrupted run,
+  and the diagnostics reach TensorBoard per layer at the diagnostics steps."""
+  from rankjax.train import tensorboard as tb
+  pytest.importorskip("tensorboardX")
+  full_dir, killed_dir, _ = runs["lm"]
+  full = tb.read_scalars(str(full_dir / "tensorboard"))
+  resumed = tb.read_scalars(str(killed_dir / "tensorboard"))
+  assert [s for s, _ in full["train/loss"]] == list(range(1, 9))   # log_every=1
+  assert resumed.keys() == full.keys()
+  for tag, series in resumed.items():
+    steps = [s for s, _ in series]
+    assert len(steps) == len(set(steps)), (tag, steps)
+    assert sorted(series) == sorted(full[tag]), tag
+  run = load_run(full_dir)
+  for key, values in run.diagnostics.items():   # (diag steps, layers)
+    if values.ndim == 2:
+      series = full[f"diagnostics/{key}/layer_00"]
+      assert [s for s, _ in series] == [int(s) for s in run.diagnostic_steps], key
+      np.testing.assert_allclose([v for _, v in series], values[:, 0], rtol=1e-6, err_msg=key)
