@@ -2,16 +2,23 @@
 
 Running the same command again with the same workdir resumes from the newest
 readable checkpoint (a workdir holding a run with another config is refused).
-Exit codes: 0 done (or stopped by SIGTERM / Ctrl-C with a checkpoint saved), 1 the loss
-became NaN/Inf, 2 bad input (one line on stderr), 3 the checkpoints could not be read
-for a reason that is not their integrity, or none could be read (one line; nothing
-was moved).
+Exit codes (for requeue scripts: requeue on 75, never on 0):
+  0   the run finished (reached total_steps), or was already complete;
+  1   the loss became NaN/Inf (the last good checkpoint is kept);
+  2   bad input (one line on stderr; nothing written);
+  3   the checkpoints could not be read for a reason that is not their integrity, or
+      none could be read (one line; nothing was moved);
+  75  stopped by SIGTERM (preemption, ``scancel``) or Ctrl-C after saving a checkpoint
+      of the current step: run the same command to resume (EX_TEMPFAIL);
+  any other error after training started saves the newest finite step first.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+EXIT_PREEMPTED = 75   # sysexits.h EX_TEMPFAIL: "try again later"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,5 +57,7 @@ def run(args: argparse.Namespace) -> int:
     return 3
   if result.status == "preempted":
     print(f"rankjax train: stopped (SIGTERM or Ctrl-C) at step {result.step}; checkpoint saved in "
-          f"{args.workdir}; run the same command to resume", file=sys.stderr)
+          f"{args.workdir}; run the same command to resume (exit {EXIT_PREEMPTED})",
+          file=sys.stderr)
+    return EXIT_PREEMPTED
   return 0

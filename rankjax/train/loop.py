@@ -13,6 +13,8 @@ restores the newest readable checkpoint of ``workdir``), and runs updates until
   checkpoint as the newest;
 * checkpoints every ``checkpoint_every`` updates, at the end, and on SIGTERM
   (preemption) or Ctrl-C, after which the run returns with ``status="preempted"``;
+  an exception after training started (an evaluation, the data, a disk) first saves
+  the newest finished update whose loss is finite, then propagates;
 * an interrupted run started again with the same workdir resumes exactly: the state,
   the data iterator and the diagnostics history come from the checkpoint, dropout
   keys from the step.
@@ -24,6 +26,7 @@ import dataclasses
 import functools
 import math
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, TextIO
@@ -35,6 +38,7 @@ from etils import epath
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.data import pipeline as data_pipeline
+from rankjax.data.common import DataUnavailableError
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import paths
 from rankjax.train import sharding as shard_lib
@@ -51,7 +55,9 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclasses.dataclass
 class TrainResult:
-  """How a ``train`` call ended: ``status`` is "completed" or "preempted"."""
+  """How a ``train`` call ended: ``status`` is "completed", "preempted" (saved and
+  stopped on SIGTERM / Ctrl-C) or "already_complete" (the workdir's checkpoint had
+  reached ``total_steps``; nothing was run or written)."""
 
   workdir: epath.Path
   step: int
@@ -127,13 +133,56 @@ def build_for_run(cfg: TrainConfig) -> Compiled:
 
 def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "train",
                        batch_size: int | None = None, eval_mode: bool = False):
-  """This host's iterator of training (or evaluation) batches."""
+  """This host's iterator of training (or evaluation) batches.
+
+  Evaluation keeps a last short batch where every host gets the same number of
+  examples (in-memory image sets always, text with one process), so a split smaller
+  than a batch is still evaluated (``eval_batches``).
+  """
+  keep_short = eval_mode and (task.data_kind == "images" or jax.process_count() == 1)
   return data_pipeline.make_iterator(
       task.data_kind, split=split,
       batch_size=shard_lib.host_batch_size(batch_size or cfg.batch_size),
       seed=cfg.seed, shuffle=not eval_mode, num_epochs=1 if eval_mode else None,
       shard_index=jax.process_index(), shard_count=jax.process_count(),
-      micro_batches=1 if eval_mode else cfg.grad_accum, **task_lib.data_kwargs(cfg, task))
+      micro_batches=1 if eval_mode else cfg.grad_accum, drop_remainder=not keep_short,
+      **task_lib.data_kwargs(cfg, task))
+
+
+def eval_batches(cfg: TrainConfig, task: task_lib.Task):
+  """This host's evaluation batches: at most ``cfg.eval_batches``, each cut to a
+  multiple of the local device count (a short last batch loses fewer than that many
+  examples); every host stops at the same batch."""
+  it = make_data_iterator(cfg, task, split=cfg.eval_split, batch_size=cfg.micro_batch_size,
+                          eval_mode=True)
+  per_device = jax.local_device_count()
+  for _ in range(cfg.eval_batches):
+    local = next(it, None)
+    if local is not None:
+      n = len(next(iter(local.values())))
+      n -= n % per_device
+      local = {k: v[:n] for k, v in local.items()} if n else None
+    if not shard_lib.all_hosts_have(local is not None):
+      return       # a streamed set ran out on some host: every host stops here
+    yield local
+
+
+def check_eval_split(cfg: TrainConfig, task: task_lib.Task, data_name: str) -> None:
+  """ValueError before training when evaluation is configured but its split gives no
+  batch at all (rather than an error at the first evaluation)."""
+  if not cfg.eval_every:
+    return
+  try:
+    first = next(eval_batches(cfg, task), None)
+  except DataUnavailableError:
+    raise
+  except ValueError as e:
+    raise ValueError(f"eval_split={cfg.eval_split!r} of {data_name}: {e} (set eval_every=0 "
+                     "to train without evaluation)") from None
+  if first is None:
+    raise ValueError(f"eval_split={cfg.eval_split!r} of {data_name} has fewer than "
+                     f"{jax.local_device_count()} examples per host: nothing to evaluate "
+                     "(set eval_every=0 to train without evaluation)")
 
 
 def enable_compilation_cache(directory: str) -> None:
@@ -210,6 +259,8 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
   workdir = paths.as_path(workdir, "workdir")
+  if workdir.exists() and not workdir.is_dir():
+    raise ValueError(f"workdir {workdir} is a file, not a directory")
   if cfg.compilation_cache_dir:
     enable_compilation_cache(cfg.compilation_cache_dir)
   compiled = build_for_run(cfg)
@@ -217,6 +268,7 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
   task = compiled.task
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
   data_pipeline.check_model_fits(info, **task_lib.model_requirements(task))
+  check_eval_split(cfg, task, info.name)
   check_workdir_config(workdir, cfg)
   data_it = make_data_iterator(cfg, task)
   write_config(workdir, cfg)
@@ -238,6 +290,12 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
     if had_steps:  # every step was incomplete (moved aside); the iterator may have moved
       data_it = make_data_iterator(cfg, task)
     state, start, history = compiled.init(), 0, DiagnosticsHistory()
+  if start >= cfg.total_steps:   # nothing to do: no event file, no new lines
+    ckpt.close()
+    if jax.process_index() == 0:
+      print(f"{workdir} is already complete: step {start} of total_steps={cfg.total_steps} "
+            "(raise total_steps to train on)", file=stream or sys.stdout)
+    return TrainResult(workdir, start, "already_complete", restored.metrics or {}, start)
   MetricsWriter.truncate(workdir, start)
   writer = MetricsWriter(workdir, total_steps=cfg.total_steps, log_every=cfg.log_every,
                          start_step=start, stream=stream, progress_bar=progress_bar)
@@ -272,29 +330,41 @@ class _Loop:
     self._t_start = self._t_last
 
   def run(self, state, start: int, preemption: _Preemption, on_step) -> tuple[int, str]:
+    """Updates start+1 .. total_steps; on an error other than a non-finite loss the
+    newest finished, finite state is saved before the error propagates."""
+    self.state, self.state_step, self.pending = state, start, None
+    try:
+      return self._run(start, preemption, on_step)
+    except NonFiniteLossError:
+      raise
+    except Exception as e:
+      self._save_after_error(e)
+      raise
+
+  def _run(self, start: int, preemption: _Preemption, on_step) -> tuple[int, str]:
     cfg, c = self.cfg, self.c
-    pending = None
     step = start
     for step in range(start + 1, cfg.total_steps + 1):
       batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
       diag_now = c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
-      state, metrics, diag = (c.diag_step if diag_now else c.step)(state, batch)
-      if pending is not None:
-        self._finish(*pending)         # waits for step - 1 while `step` is queued
-      pending = (step, metrics, diag)
+      state, metrics, diag = (c.diag_step if diag_now else c.step)(self.state, batch)
+      self.state, self.state_step = state, step
+      if self.pending is not None:
+        self._finish(*self.pending)    # waits for step - 1 while `step` is queued
+      self.pending = (step, metrics, diag)
       eval_now = cfg.eval_every and step % cfg.eval_every == 0
       if eval_now or on_step is not None:
-        self._finish(*pending)
-        pending = None
+        self._finish(*self.pending)
+        self.pending = None
       if eval_now:
         self._evaluate(state.params, step)
       if on_step is not None:
         on_step(step)
       stop = preemption.reached(step)
       if stop or step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
-        if pending is not None:        # saving needs this step checked finite
-          self._finish(*pending)
-          pending = None
+        if self.pending is not None:   # saving needs this step checked finite
+          self._finish(*self.pending)
+          self.pending = None
         self._save(step, state)
       if stop:
         self.ckpt.wait()
@@ -302,9 +372,29 @@ class _Loop:
                             f"{self.ckpt.directory}; "
                             "run the same command again to resume")
         return step, "preempted"
-    if pending is not None:
-      self._finish(*pending)
+    if self.pending is not None:
+      self._finish(*self.pending)
+      self.pending = None
     return step, "completed"
+
+  def _save_after_error(self, error: Exception) -> None:
+    """Saves ``self.state`` (update ``state_step``) unless it is already saved, its
+    loss is not finite, or its buffers are gone; says what happened in one line."""
+    step = self.state_step
+    try:
+      if self.pending is not None and self.pending[0] == step:
+        self._finish(*self.pending)    # raises NonFiniteLossError: nothing is saved
+        self.pending = None
+      if self.last_metrics.get("step") != step or step <= (self.ckpt.latest_step() or 0):
+        return                          # not checked finite, or already saved
+      self.ckpt.wait()
+      self._save(step, self.state)
+      self.ckpt.wait()
+      self.writer.message(f"{type(error).__name__} after update {step}: saved step {step} "
+                          f"in {self.ckpt.directory} before stopping")
+    except Exception as save_error:  # noqa: BLE001 - the original error matters more
+      self.writer.message(f"{type(error).__name__} after update {step}: step {step} not "
+                          f"saved ({type(save_error).__name__}: {save_error})")
 
   def _save(self, step: int, state) -> None:
     self.writer.flush()
@@ -356,20 +446,18 @@ class _Loop:
     }
 
   def _evaluate(self, params, step: int) -> None:
-    cfg, c = self.cfg, self.c
-    it = make_data_iterator(cfg, c.task, split=cfg.eval_split,
-                            batch_size=cfg.micro_batch_size, eval_mode=True)
-    sharding = shard_lib.eval_batch_sharding(c.mesh)
+    """Mean metrics over the evaluation examples (batches weighted by their size)."""
+    sharding = shard_lib.eval_batch_sharding(self.c.mesh)
     totals: dict[str, float] = {}
     n = 0
-    for _ in range(cfg.eval_batches):
-      local = next(it, None)
-      if not shard_lib.all_hosts_have(local is not None):
-        break      # a streamed set ran out on some host: every host stops here
-      out = jax.device_get(c.eval_step(params, shard_lib.global_eval_batch(local, sharding)))
+    for local in eval_batches(self.cfg, self.c.task):
+      batch = shard_lib.global_eval_batch(local, sharding)
+      size = len(next(iter(batch.values())))
+      out = jax.device_get(self.c.eval_step(params, batch))
       for k, v in out.items():
-        totals[k] = totals.get(k, 0.0) + float(v)
-      n += 1
+        totals[k] = totals.get(k, 0.0) + float(v) * size
+      n += size
     if n:
-      self.writer.write(step, {f"eval_{k}": v / n for k, v in totals.items()}, kind="eval")
+      row = {f"eval_{k}": v / n for k, v in totals.items()}
+      self.writer.write(step, {**row, "eval_examples": float(n)}, kind="eval")
     self._t_last = time.perf_counter()  # keep evaluation out of the step time

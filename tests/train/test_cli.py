@@ -40,9 +40,11 @@ def test_train_then_rerun_resumes(cli, config_file, tmp_path, capsys, compile_ca
   evals = [r for r in rows if r.get("kind") == "eval"]          # eval_every=4
   assert [r["step"] for r in evals] == [4, 8] and all(r["eval_loss"] > 0 for r in evals)
   assert config_lib.from_json(type(tiny_lm()), workdir / "config.json") == tiny_lm()
-  # the same command again resumes at the last checkpoint (nothing left to do here)
+  # the same command again finds the run complete: nothing is run or written
+  events = sorted((workdir / "tensorboard").iterdir())
   assert cli(args) == 0
-  assert f"resumed {workdir} at step 8" in capsys.readouterr().out
+  assert f"{workdir} is already complete: step 8 of total_steps=8" in capsys.readouterr().out
+  assert sorted((workdir / "tensorboard").iterdir()) == events      # no empty event file
   # a different config is a different run: refused, one line, fields named
   assert cli(args + ["--set", "total_steps=9", "--set", "log_every=5"]) == 2
   err = capsys.readouterr().err.strip()
@@ -118,3 +120,35 @@ def test_gs_workdir_without_gcsfs_and_unreadable_checkpoints_are_one_line(
               "--set", "total_steps=8"]) == 3
   assert capsys.readouterr().err.strip().splitlines() == [
       "rankjax train: no checkpoint in X could be read (step 8: bad); nothing was moved"]
+
+
+def test_workdir_that_is_a_file_is_one_line(cli, config_file, tmp_path, capsys):
+  workdir = tmp_path / "run.txt"
+  workdir.write_text("keep me")
+  assert cli(["train", "--config", str(config_file), "--workdir", str(workdir)]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f"rankjax train: error: workdir {workdir} is a file, not a directory"]
+  assert workdir.read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_sigterm_exit_status_is_75_then_resume_exits_0(cli, config_file, tmp_path, capsys,
+                                                      monkeypatch, compile_cache):
+  """A SLURM requeue script tells "saved and stopped" (75) from "finished" (0)."""
+  import functools
+  import os
+  import signal
+  from rankjax.train import loop
+  from rankjax.train.cli import EXIT_PREEMPTED
+
+  def term_at_3(step):
+    if step == 3:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  args = ["train", "--config", str(config_file), "--workdir", str(tmp_path / "run")]
+  real = loop.train
+  monkeypatch.setattr(loop, "train", functools.partial(real, on_step=term_at_3))
+  assert cli(args) == EXIT_PREEMPTED == 75
+  assert "stopped (SIGTERM or Ctrl-C) at step 3" in capsys.readouterr().err
+  monkeypatch.setattr(loop, "train", real)
+  assert cli(args) == 0
