@@ -165,7 +165,9 @@ def _fashion_mnist(split: str) -> ImageSource:
   if not fashion_mnist_available():
     raise common.DataUnavailableError(
         f"Fashion-MNIST files are not in {root}; install them with: "
-        f"apt-get install dataset-fashion-mnist (or set RANKJAX_FASHION_MNIST)")
+        f"apt-get install dataset-fashion-mnist (or set RANKJAX_FASHION_MNIST to a folder "
+        f"of its four idx files), or use the 8x8 digits: --set dataset=digits "
+        f"--set mlp.input_dim=64 (needs scikit-learn)")
 
   def load(prefix: str) -> tuple[np.ndarray, np.ndarray]:
     images = _read_idx(_fashion_file(root, f"{prefix}-images-idx3-ubyte"))
@@ -242,6 +244,12 @@ def resolve_image_set(dataset: str | None, data_dir: str | None) -> str:
   if dataset not in IMAGE_SETS:
     raise ValueError(f"image dataset={dataset!r} is not allowed; choose one of "
                      f"{['auto', *IMAGE_SETS]}")
+  if dataset == "cifar10":          # a named set that is absent: its one-line error now,
+    _cifar10("train", data_dir)     # before training, saying how to get it
+  elif dataset == "fashion_mnist" and not fashion_mnist_available():
+    _fashion_mnist("train")
+  elif dataset == "digits" and not digits_available():
+    _digits("train")
   return dataset
 
 

@@ -207,5 +207,7 @@ def check_model_fits(info: DataInfo, *, vocab_size: int | None = None,
       raise ValueError(f"model num_classes={num_classes} does not match {info.name}'s "
                        f"{info.num_classes} classes")
     if input_dim is not None and input_dim != info.input_dim:
+      sets = ", ".join(f"{k} {v[0]}" for k, v in images_lib.IMAGE_SHAPES.items())
       raise ValueError(f"model input_dim={input_dim} does not match {info.name}'s "
-                       f"flattened images of {info.input_dim} values")
+                       f"flattened images of {info.input_dim} values (input_dim of each "
+                       f"set: {sets}; name the set with --set dataset=...)")

@@ -146,7 +146,8 @@ def make_tokenizer(spec: str | pathlib.Path | None = None) -> Tokenizer:
     raise ValueError(f"tokenizer {str(spec)!r} is not 'byte', a sentencepiece .model file "
                      f"or a tiktoken .tiktoken file")
   if not path.is_file():
-    raise ValueError(f"tokenizer file {path} does not exist")
+    raise ValueError(f"tokenizer file {path} does not exist (nothing is downloaded: put the "
+                     f"file there, or --set tokenizer=/path/to/file, or --set tokenizer=byte)")
   try:
     return cls(path)
   except ImportError as e:
