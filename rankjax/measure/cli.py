@@ -1,16 +1,26 @@
-"""``rankjax measure mlp [--config CFG.json] [--set key=value ...] --seeds S --out R.json``.
+"""``rankjax measure mlp [--config CFG.json] [--set key=value ...] [--sweep field=v1,v2 ...] --out R.json``.
 
 Measures a residual MLP at initialization with ``mlp_jacobian_study`` (Transforming
-Rank: effective/stable rank of dh_l/dh_0, per-order path masses, stream RMS,
-branch-to-skip ratios), writes the averaged results as JSON and a figure next to it
-(``R.png``).
+Rank: effective/stable rank of dh_l/dh_0 (Eq. 3), per-order path masses (App A.1,
+natural logs), stream RMS, branch-to-skip ratios (Eq. 4)) over several weight draws
+and inputs, and writes the means with their spread (sd, sd of the seed means, min,
+max; ``rankjax.measure.summary``) as JSON and a figure next to it (``R.png``).
+
+``--sweep field=v1,v2,...`` (repeatable, any MLPConfig field) measures the cartesian
+product: ``R.json`` holds every point, ``R.csv`` / ``R.md`` one table row per point,
+``R.png`` one figure. ``--set param_dtype=float64`` turns on JAX's x64 mode for the
+run; every output records the dtype actually computed (``"dtype"``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
+
+DEFAULT_SEEDS = 4
+DEFAULT_INPUTS = 4
 
 
 def add_parser(subparsers) -> None:
@@ -18,41 +28,101 @@ def add_parser(subparsers) -> None:
   sub = parser.add_subparsers(dest="target", metavar="TARGET")
   sub.required = True
   mlp = sub.add_parser("mlp", help="Jacobian spectra and path sums of a residual MLP",
-                       description=__doc__.split("\n\n")[0])
+                       description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   mlp.add_argument("--config", help="MLPConfig JSON file (default: the paper's defaults)")
   mlp.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override an MLPConfig field; repeatable")
-  mlp.add_argument("--seeds", type=int, default=1, help="independent weight draws")
-  mlp.add_argument("--inputs", type=int, default=1, help="random inputs per weight draw")
+  mlp.add_argument("--sweep", dest="sweeps", action="append", default=[],
+                   metavar="FIELD=V1,V2,...",
+                   help="measure every value of an MLPConfig field (repeatable: the "
+                        "cartesian product); writes a table (.csv, .md) and one figure")
+  mlp.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                   help="independent weight draws (the spread's sample)")
+  mlp.add_argument("--inputs", type=int, default=DEFAULT_INPUTS,
+                   help="random inputs h_0 ~ N(0, I) per weight draw")
   mlp.add_argument("--seed", type=int, default=0, help="PRNG seed")
   mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP")
+  mlp.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module first (one that registers your own pieces)")
   mlp.add_argument("--out", required=True, help="output JSON path (figure: same name .png)")
   mlp.set_defaults(func=run_mlp)
 
 
-def run_mlp(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def x64_if(enabled: bool):
+  """JAX's x64 mode for the block when ``enabled`` (float64 parameters), restored after."""
   import jax
+  before = jax.config.jax_enable_x64
+  if enabled:
+    jax.config.update("jax_enable_x64", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_x64", before)
+
+
+def measure_one(cfg, args) -> dict:
+  """The JSON result of one config: means, spread, dtype computed, sample counts."""
+  import jax
+  import numpy as np
 
   from rankjax import config as config_lib
-  from rankjax.config import MLPConfig
+  from rankjax.measure import summary
   from rankjax.measure.jacobians import mlp_jacobian_study
-  from rankjax.report import plot_jacobian_study
+
+  study, samples = mlp_jacobian_study(cfg, jax.random.key(args.seed), num_inputs=args.inputs,
+                                      num_seeds=args.seeds, path_sums=not args.no_paths,
+                                      return_samples=True)
+  dtype = str(np.asarray(samples["erank"]).dtype)
+  if dtype != cfg.param_dtype:
+    raise ValueError(f"param_dtype={cfg.param_dtype} was requested but the study computed "
+                     f"{dtype}")
+  return {"config": config_lib.to_dict(cfg), "seed": args.seed, "dtype": dtype,
+          "path_mass_unit": "ln", **study.to_dict(), "spread": summary.spread(samples)}
+
+
+def run_mlp(args: argparse.Namespace) -> int:
+  from rankjax import config as config_lib
+  from rankjax import plugins
+  from rankjax.config import MLPConfig
+  from rankjax.measure import summary
 
   if args.seeds < 1 or args.inputs < 1:
     raise ValueError("--seeds and --inputs must be positive integers")
-  cfg = config_lib.from_json(MLPConfig, args.config) if args.config else MLPConfig()
-  cfg = config_lib.override(cfg, args.overrides)
+  plugins.import_modules(args.imports)
+  base = config_lib.from_json(MLPConfig, args.config) if args.config else MLPConfig()
+  base = config_lib.override(base, args.overrides)
+  sweeps = summary.parse_sweeps(args.sweeps)
+  configs = [config_lib.override(base, point) for point in summary.sweep_points(sweeps)]
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
     raise ValueError(f"--out {out} must end in .json")
   out.parent.mkdir(parents=True, exist_ok=True)
-  study = mlp_jacobian_study(cfg, jax.random.key(args.seed), num_inputs=args.inputs,
-                             num_seeds=args.seeds, path_sums=not args.no_paths)
-  result = {"config": config_lib.to_dict(cfg), "seed": args.seed, **study.to_dict()}
-  out.write_text(json.dumps(result, indent=2))
-  figure = plot_jacobian_study(result, out.with_suffix(".png"),
-                               title=f"{cfg.norm_position}-norm, L={cfg.depth}, d={cfg.width}")
-  print(f"erank/d at depth {cfg.depth}: {result['erank'][-1]:.4f}; "
-        f"mean path order {result['mean_order']:.3f}")
-  print(f"wrote {out} and {figure}")
+  points = [{k: getattr(cfg, k) for k, _ in sweeps} for cfg in configs]
+  results = []
+  for point, cfg in zip(points, configs):   # every config is checked before any runs
+    with x64_if(cfg.param_dtype == "float64"):
+      results.append(measure_one(cfg, args))
+    if sweeps:
+      print(", ".join(f"{k}={v}" for k, v in point.items()) +
+            f": erank/d at depth {cfg.depth} {results[-1]['erank'][-1]:.4f}")
+  if not sweeps:
+    result = results[0]
+    out.write_text(json.dumps(result, indent=2))
+    figure = summary.plot_study(
+        result, out.with_suffix(".png"),
+        title=f"{base.norm_position}-norm, L={base.depth}, d={base.width}")
+    sd = result["spread"]["erank"]["sd"][-1]
+    print(f"erank/d at depth {base.depth}: {result['erank'][-1]:.4f} (sd {sd:.2g} over "
+          f"{args.seeds} seeds x {args.inputs} inputs, {result['dtype']}); mean path order "
+          f"{result['mean_order']:.3f}")
+    print(f"wrote {out} and {figure}")
+    return 0
+  rows = [summary.sweep_row(p, r) for p, r in zip(points, results)]
+  out.write_text(json.dumps({"sweep": [k for k, _ in sweeps], "rows": rows,
+                             "points": results}, indent=2))
+  tables = summary.write_table(rows, out)
+  figure = summary.plot_sweep(points, results, out.with_suffix(".png"))
+  print(f"wrote {out}, {', '.join(map(str, tables))} and {figure}")
   return 0

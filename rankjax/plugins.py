@@ -1,0 +1,51 @@
+"""``--import MODULE``: the user's own diagnostics, tasks and models, without editing
+the library.
+
+``rankjax train --import my_pieces`` (and ``rankjax measure mlp --import ...``) imports
+``my_pieces`` before the config is read; the module registers what it adds with the
+library's ``register`` calls (``rankjax.train.diagnostics.register``,
+``rankjax.train.tasks.register_task``). MODULE is a module name found on the import path
+(``PYTHONPATH``, an installed package) or a path to a ``.py`` file. Example:
+``examples/plugins/my_diagnostic.py`` (tested by ``tests/test_plugins.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pathlib
+import sys
+from typing import Sequence
+
+
+def import_module(name: str):
+  """Imports ``name`` (a dotted module name or a ``.py`` path); one-line ValueError."""
+  if name.endswith(".py"):
+    path = pathlib.Path(name).expanduser()
+    if not path.is_file():
+      raise ValueError(f"--import {name}: no such file")
+    module_name = path.stem
+    if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == str(
+        path.resolve()):
+      return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path.resolve())
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module      # dataclasses and pickling look modules up here
+    try:
+      spec.loader.exec_module(module)
+    except Exception:
+      del sys.modules[module_name]
+      raise
+    return module
+  try:
+    return importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    if e.name and name.startswith(e.name):
+      raise ValueError(f"--import {name}: no module named {e.name!r} on the import path "
+                       "(add its folder to PYTHONPATH, or pass the .py file's path)") from None
+    raise
+
+
+def import_modules(names: Sequence[str]) -> None:
+  for name in names:
+    import_module(name)

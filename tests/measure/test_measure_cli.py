@@ -1,0 +1,88 @@
+"""``rankjax measure mlp``: spread over seeds x inputs, sweeps, float64 that is float64."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from rankjax import cli
+from rankjax.config import MLPConfig
+from rankjax.measure import summary
+from rankjax.measure.jacobians import mlp_jacobian_study
+
+
+def test_defaults_are_several_seeds_and_inputs_and_shown_in_help(capsys):
+  try:
+    cli.main(["measure", "mlp", "--help"])
+  except SystemExit:
+    pass
+  text = " ".join(capsys.readouterr().out.split())
+  assert "independent weight draws (the spread's sample) (default: 4)" in text
+  assert "per weight draw (default: 4)" in text
+
+
+def test_spread_matches_numpy_over_the_samples(tmp_path):
+  out = tmp_path / "r.json"
+  args = ["--set", "depth=3", "--set", "width=8", "--seeds", "3", "--inputs", "2"]
+  assert cli.main(["measure", "mlp", *args, "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  cfg = MLPConfig(depth=3, width=8)
+  _, samples = mlp_jacobian_study(cfg, jax.random.key(0), num_inputs=2, num_seeds=3,
+                                  return_samples=True)
+  erank = np.asarray(samples["erank"], np.float64)            # (seeds, inputs, L)
+  flat = erank.reshape(6, 3)
+  np.testing.assert_allclose(result["erank"], flat.mean(0), rtol=1e-6)
+  got = result["spread"]["erank"]
+  np.testing.assert_allclose(got["sd"], flat.std(0, ddof=1), rtol=1e-6)
+  np.testing.assert_allclose(got["sd_seed_means"], erank.mean(1).std(0, ddof=1), rtol=1e-6)
+  np.testing.assert_allclose(got["min"], flat.min(0), rtol=1e-6)
+  np.testing.assert_allclose(got["max"], flat.max(0), rtol=1e-6)
+  assert np.all(np.asarray(got["sd"]) > 0)
+  assert result["dtype"] == "float32" and result["path_mass_unit"] == "ln"
+  assert (result["num_seeds"], result["num_inputs"]) == (3, 2)
+  assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_sweep_writes_one_table_and_one_figure(tmp_path):
+  out = tmp_path / "sweep.json"
+  assert cli.main(["measure", "mlp", "--set", "width=8", "--seeds", "2", "--inputs", "1",
+                   "--sweep", "depth=2,3", "--sweep", "norm_position=pre,post",
+                   "--out", str(out)]) == 0
+  result = json.loads(out.read_text())
+  assert result["sweep"] == ["depth", "norm_position"]
+  assert [(r["depth"], r["norm_position"]) for r in result["rows"]] == [
+      (2, "pre"), (2, "post"), (3, "pre"), (3, "post")]
+  for row, point in zip(result["rows"], result["points"]):
+    assert row["erank_L"] == point["erank"][-1] and len(point["erank"]) == row["depth"]
+    assert row["erank_L_min"] <= row["erank_L"] <= row["erank_L_max"]
+  rows = list(csv.DictReader(out.with_suffix(".csv").open()))
+  assert len(rows) == 4 and float(rows[3]["erank_L"]) == result["rows"][3]["erank_L"]
+  assert out.with_suffix(".md").read_text().count("\n") == 6      # header, rule, 4 rows
+  assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_bad_sweep_is_one_line(capsys, tmp_path):
+  for sweep, message in (("depth", "--sweep expects field=v1,v2"),
+                         ("dept=2,3", "unknown config key 'dept'")):
+    assert cli.main(["measure", "mlp", "--sweep", sweep, "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err
+
+
+def test_float64_is_computed_in_float64(tmp_path):
+  """In a fresh process (x64 is global): the path-sum reconstruction error is at
+  float64 round-off, not float32's ~1e-7, and the JSON says float64."""
+  out = tmp_path / "r64.json"
+  code = ("import sys; from rankjax import cli; sys.exit(cli.main(['measure', 'mlp', '--set', "
+          "'depth=4', '--set', 'width=8', '--set', 'param_dtype=float64', '--seeds', '2', "
+          f"'--inputs', '1', '--out', {str(out)!r}]))")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(out.read_text())
+  assert result["dtype"] == "float64"
+  assert result["reconstruction_error"] < 1e-13, result["reconstruction_error"]
