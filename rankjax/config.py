@@ -93,8 +93,38 @@ def _rate(name: str, value: Any) -> None:
     raise ValueError(f"{name}={value!r} must lie in [0, 1)")
 
 
+def _field(default: Any, *, resumable: bool = False, build: bool = True) -> Any:
+  """A config field with its run-control metadata (read by ``fields_with``):
+
+  resumable: the field may change when a run resumes (it does not change the
+    trajectory; ``rankjax.train.checkpoint.check_workdir_config``).
+  build: ``rankjax.train.loop.build`` reads it (runs differing only in fields with
+    ``build=False`` share one compiled build).
+  """
+  return dataclasses.field(default=default, metadata={"resumable": resumable, "build": build})
+
+
+def fields_with(cls: type, key: str, value: bool) -> tuple[str, ...]:
+  """Names of ``cls``'s fields whose metadata ``key`` (``_field``) is ``value``;
+  fields without metadata count as ``resumable=False, build=True``."""
+  default = {"resumable": False, "build": True}[key]
+  return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(key, default) == value)
+
+
+class JsonConfig:
+  """``Config.from_json(path_or_text)`` / ``cfg.to_json(path=None)`` on every config
+  (the module functions ``from_json(cls, ...)`` / ``to_json(cfg, ...)`` do the same)."""
+
+  @classmethod
+  def from_json(cls, path_or_text):
+    return from_json(cls, path_or_text)
+
+  def to_json(self, path=None) -> str:
+    return to_json(self, path)
+
+
 @dataclasses.dataclass(frozen=True)
-class MLPConfig:
+class MLPConfig(JsonConfig):
   """Residual MLP of "Transforming Rank" (its Eq. 17): ``h = R(h + beta * B(f(P(h))))``.
 
   Attributes:
@@ -183,7 +213,7 @@ class MLPConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(JsonConfig):
   """Decoder-only LM of the Post-Norm collapse and softmax-sensitivity papers.
 
   Each layer is two residual sublayers of the shared block (Transforming Rank Eq. 17),
@@ -348,7 +378,7 @@ class TransformerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(JsonConfig):
   """What to train and how (``rankjax train``; ``rankjax.train.loop.train``).
 
   ``model`` is ``"lm"`` (uses ``lm``, reads text) or ``"mlp"`` (uses ``mlp`` as a
@@ -415,26 +445,30 @@ class TrainConfig:
   seq_len: int = 2048
   compute_dtype: str = "float32"
   seed: int = 0
-  dataset: str | None = None
-  data_dir: str | None = None
-  tokenizer: str | None = None
-  mesh_data: int = 0
-  mesh_fsdp: int = 1
-  zero1: bool = False
-  compilation_cache_dir: str = ""
-  log_every: int = 10
+  dataset: str | None = _field(None, build=False)
+  data_dir: str | None = _field(None, build=False)
+  tokenizer: str | None = _field(None, build=False)
+  mesh_data: int = _field(0, resumable=True)
+  mesh_fsdp: int = _field(1, resumable=True)
+  zero1: bool = _field(False, resumable=True)
+  compilation_cache_dir: str = _field("", resumable=True, build=False)
+  log_every: int = _field(10, resumable=True, build=False)
   diag_every: int = 0
   diagnostics: tuple[str, ...] = ("basic",)
   diag_examples: int = 8
-  checkpoint_every: int = 1000
-  max_to_keep: int = 3
-  async_checkpointing: bool = True
-  eval_every: int = 0
-  eval_batches: int = 10
-  eval_split: str = "validation"
+  checkpoint_every: int = _field(1000, resumable=True, build=False)
+  max_to_keep: int = _field(3, resumable=True, build=False)
+  async_checkpointing: bool = _field(True, resumable=True, build=False)
+  eval_every: int = _field(0, resumable=True, build=False)
+  eval_batches: int = _field(10, resumable=True, build=False)
+  eval_split: str = _field("validation", resumable=True, build=False)
 
   def __post_init__(self):
-    _choice("model", self.model, ("lm", "mlp"))
+    from rankjax.train.tasks import TASKS   # the registry of model kinds (register_task)
+    if self.model not in TASKS:
+      raise ValueError(f"model={self.model!r} is not allowed; choose one of {sorted(TASKS)} "
+                       "(or register your own: rankjax.train.tasks.register_task, "
+                       "loaded with --import MODULE)")
     _choice("optimizer", self.optimizer, ("adamw", "adam"))
     _positive("learning_rate", self.learning_rate)
     _rate("b1", self.b1)

@@ -59,12 +59,9 @@ from rankjax.train import paths
 
 log = logging.getLogger("rankjax.train")
 
-# Fields that may change when a run resumes: they do not change the trajectory.
-RESUMABLE_FIELDS = frozenset({
-    "log_every", "checkpoint_every", "max_to_keep", "async_checkpointing",
-    "mesh_data", "mesh_fsdp", "zero1", "eval_every", "eval_batches", "eval_split",
-    "compilation_cache_dir",
-})
+# Fields that may change when a run resumes: they do not change the trajectory
+# (``resumable=True`` in TrainConfig's field metadata).
+RESUMABLE_FIELDS = frozenset(config_lib.fields_with(TrainConfig, "resumable", True))
 
 COMMIT_MARKER = "commit_success.txt"
 REQUIRED_ITEMS = ("state", "data", "metrics")

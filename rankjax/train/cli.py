@@ -31,6 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                       metavar="KEY=VALUE",
                       help="override a config field; dotted keys reach nested configs "
                            "(lm.num_layers=4); repeatable")
+  parser.add_argument("--import", dest="imports", action="append", default=[],
+                      metavar="MODULE",
+                      help="import a module (name or .py path) before reading the config: "
+                           "it may register diagnostics, tasks and models "
+                           "(rankjax.plugins); repeatable")
   parser.add_argument("--workdir", required=True,
                       help="run directory: config.json, metrics.jsonl, checkpoints/")
   parser.set_defaults(func=run)
@@ -42,11 +47,13 @@ def run(args: argparse.Namespace) -> int:
   sharding.maybe_initialize_distributed()  # before any other JAX call
 
   from rankjax import config as config_lib
+  from rankjax import plugins
   from rankjax.config import TrainConfig
   from rankjax.train.checkpoint import RestoreError
   from rankjax.train.loop import NonFiniteLossError, train
 
-  cfg = config_lib.override(config_lib.from_json(TrainConfig, args.config), args.overrides)
+  plugins.import_modules(args.imports)
+  cfg = config_lib.override(TrainConfig.from_json(args.config), args.overrides)
   try:
     result = train(cfg, args.workdir)
   except NonFiniteLossError as e:

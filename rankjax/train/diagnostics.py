@@ -8,23 +8,33 @@ plain compiled step and pays nothing. Each returned array is stored, stacked by 
 in every checkpoint's ``diagnostics`` item and read back by ``rankjax.load_run`` as
 ``"<diagnostic>/<key>"`` series.
 
-Adding one (a study module, imported before training starts)::
+The library's diagnostics are the table ``BUILTIN`` (name -> module, function,
+needs_capture), imported when a run names one. Adding your own (no library edit)::
 
+  # my_pieces.py
+  import jax.numpy as jnp
   from rankjax.train import diagnostics
 
-  @diagnostics.register("attn_entropy", needs_capture=True)
-  def attn_entropy(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:
+  def x1_rms(d: diagnostics.DiagInputs) -> dict:
     x1 = d.activations["x1"]                        # (L, B, T, d)
     return {"x1_rms": jnp.sqrt(jnp.mean(x1 * x1, axis=(1, 2, 3)))}   # (L,)
 
-then train with ``--set 'diagnostics=["basic","attn_entropy"]' --set diag_every=100``.
-Put the module in ``rankjax.train.diagnostics.MODULES`` (or import it yourself) so
-``rankjax train`` finds the name. ``needs_capture=True`` makes the step run
+  diagnostics.register("x1_rms", x1_rms, needs_capture=True)
+
+then ``rankjax train --import my_pieces --set 'diagnostics=["basic","x1_rms"]' ...``
+(``rankjax.plugins``; a tested example: ``examples/plugins/my_pieces.py``).
+``register`` also works as a decorator, ``@diagnostics.register("x1_rms", needs_capture=True)``.
+``needs_capture=True`` makes the step run
 ``Task.capture`` once (shared by all diagnostics) on the diagnostic examples: for the
 LM, ``activations`` / ``activation_grads`` map x1, y1, x2, y2 to (L, B, T, d) arrays
 (``models.transformer.intermediate_grads``, deterministic forward); for the MLP
 classifier, ``activations`` has ``h0`` (B, d) and ``stream`` (L, B, d) and
 ``activation_grads`` is None.
+
+Naming: X_k / Y_k (k = 1 attention, 2 FFN) are the input and output of sublayer k's
+residual update in layer l (Transforming Rank Eq. 17: X is what enters the branch's
+residual sum, Y = X + branch after the P norm and before the R norm); ``x1`` is the
+stream entering attention, ``y2`` the stream leaving the layer.
 """
 
 from __future__ import annotations
@@ -41,12 +51,14 @@ from rankjax.measure.similarity import token_similarity
 
 Array = jax.Array
 
-# Modules imported by ``resolve`` so that their @register calls run; study engineers
-# append theirs (e.g. "rankjax.measure.train_diagnostics").
-MODULES: list[str] = [
-    "rankjax.train.diagnostics_postnorm",
-    "rankjax.train.diagnostics_attention",
-]
+# The library's diagnostics: name -> (module, function, needs_capture). Nothing
+# registers itself when imported; ``resolve`` imports the module of a name a run uses.
+BUILTIN: dict[str, tuple[str, str, bool]] = {
+    "basic": ("rankjax.train.diagnostics", "basic", True),
+    "postnorm": ("rankjax.train.diagnostics_postnorm", "postnorm", True),
+    "postnorm_sublayer_norms": ("rankjax.train.diagnostics_postnorm", "sublayer_norms", True),
+    "attention": ("rankjax.train.diagnostics_attention", "attention", False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,30 +105,43 @@ class Diagnostic:
 _REGISTRY: dict[str, Diagnostic] = {}
 
 
-def register(name: str, *, needs_capture: bool = False) -> Callable[[DiagFn], DiagFn]:
-  """Decorator registering ``fn(DiagInputs) -> {key: array}`` under ``name``."""
-  if not name or "/" in name:
+def register(name: str, fn: DiagFn | None = None, *, needs_capture: bool = False):
+  """Registers ``fn(DiagInputs) -> {key: array}`` under ``name`` and returns it;
+  without ``fn``, a decorator doing the same."""
+  if not isinstance(name, str) or not name or "/" in name:
     raise ValueError(f"diagnostic name {name!r} must be non-empty and contain no '/'")
 
   def deco(fn: DiagFn) -> DiagFn:
+    if not callable(fn):
+      raise ValueError(f"diagnostic {name!r}: {fn!r} is not callable")
     _REGISTRY[name] = Diagnostic(name, fn, needs_capture)
     return fn
 
-  return deco
+  return deco if fn is None else deco(fn)
 
 
 def available() -> list[str]:
-  return sorted(_REGISTRY)
+  return sorted(set(_REGISTRY) | set(BUILTIN))
+
+
+def lookup(name: str) -> Diagnostic:
+  """The diagnostic registered (or built in) as ``name``; ValueError when unknown."""
+  if name not in _REGISTRY and name in BUILTIN:
+    module, attr, needs_capture = BUILTIN[name]
+    register(name, getattr(importlib.import_module(module), attr), needs_capture=needs_capture)
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown diagnostics [{name!r}]; registered: {available()} (your own: "
+                     "rankjax.train.diagnostics.register, loaded with --import MODULE)")
+  return _REGISTRY[name]
 
 
 def resolve(names: Sequence[str]) -> tuple[Diagnostic, ...]:
-  """The registered diagnostics for ``names``; ValueError naming unknown ones."""
-  for module in MODULES:
-    importlib.import_module(module)
-  unknown = [n for n in names if n not in _REGISTRY]
+  """The diagnostics for ``names``; ValueError naming unknown ones."""
+  unknown = [n for n in names if n not in _REGISTRY and n not in BUILTIN]
   if unknown:
-    raise ValueError(f"unknown diagnostics {unknown}; registered: {available()}")
-  return tuple(_REGISTRY[n] for n in names)
+    raise ValueError(f"unknown diagnostics {unknown}; registered: {available()} (your own: "
+                     "rankjax.train.diagnostics.register, loaded with --import MODULE)")
+  return tuple(lookup(n) for n in names)
 
 
 def compute(diags: Sequence[Diagnostic], inputs: DiagInputs) -> dict[str, dict[str, Array]]:
@@ -148,7 +173,6 @@ def per_layer_sq_norms(tree: Any, roots: Sequence[str]) -> Array | None:
   return total
 
 
-@register("basic", needs_capture=True)
 def basic(d: DiagInputs) -> dict[str, Array]:
   """Per-layer parameter and gradient norms; per-layer token similarity.
 

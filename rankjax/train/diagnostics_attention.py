@@ -30,10 +30,9 @@ scale (L = 36, H = 20, T = 1024, 4 diagnostic examples) the full stack would be
 36 * 4 * 20 * 1024^2 * 4 B = 12 GB in float32; the three sampled layers are 1 GB. The cost is one
 extra forward pass of the diagnostic examples per diagnostics step.
 
-Use: ``import rankjax.train.diagnostics_attention`` (or add the module to
-``rankjax.train.diagnostics.MODULES``), then train with
-``--set 'diagnostics=["basic","attention"]'``. ``register_attention`` registers
-variants (other layers, row counts) under other names.
+Use: train with ``--set 'diagnostics=["basic","attention"]'`` ("attention" is in
+``rankjax.train.diagnostics.BUILTIN``). ``register_attention`` registers variants
+(other layers, row counts) under other names.
 """
 
 from __future__ import annotations
@@ -139,7 +138,10 @@ def register_attention(name: str = "attention", layers: Sequence[int] | None = N
     return attention_diagnostic(d, layers, num_rows, min_query)
 
   fn.__doc__ = attention_diagnostic.__doc__
-  diag_lib.register(name)(fn)
+  diag_lib.register(name, fn)
 
 
-register_attention()
+def attention(d: diag_lib.DiagInputs) -> dict[str, Array]:
+  """The built-in "attention" diagnostic: ``attention_diagnostic`` with its defaults
+  (layers 0, L/2, L-1; 512 rows; queries from position 16)."""
+  return attention_diagnostic(d, None, 512, 16)

@@ -115,10 +115,9 @@ def _build_cached(cfg: TrainConfig, diags: tuple[diag_lib.Diagnostic, ...],
   return build(cfg, diags=diags)
 
 
-# Fields that ``build`` does not read: runs differing only in these share a build.
-_NOT_BUILT = ("log_every", "checkpoint_every", "max_to_keep", "async_checkpointing",
-              "eval_every", "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer",
-              "compilation_cache_dir")
+# Fields that ``build`` does not read (``build=False`` in TrainConfig's field metadata):
+# runs differing only in these share a build.
+_NOT_BUILT = config_lib.fields_with(TrainConfig, "build", False)
 
 
 def build_for_run(cfg: TrainConfig) -> Compiled:

@@ -1,7 +1,8 @@
 """The one place that maps a model kind to its model, batch, loss and captures.
 
 The loop, the step and the diagnostics never branch on the model kind; they call a
-``Task``. Two tasks exist:
+``Task``, built by the factory ``TASKS[cfg.model]``. Two are the library's
+(``register_task`` adds more):
 
   lm:  ``DecoderLM`` on text batches ``{"inputs", "targets"}`` of int32 (B, T);
        loss = mean next-token cross-entropy over all B*T tokens (sequences are packed,
@@ -19,7 +20,7 @@ decay and per-layer diagnostics look past it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -122,6 +123,9 @@ class LMTask(Task):
         self.model, params, batch["inputs"], lambda logits: _cross_entropy(logits, targets))
     return acts, grads
 
+  def data_requirements(self) -> dict[str, Any]:
+    return dict(vocab_size=self.model.cfg.vocab_size, max_seq_len=self.model.cfg.max_seq_len)
+
   def flops_per_example(self, num_params: int) -> float:
     cfg = self.model.cfg
     t = self.tokens_per_example
@@ -158,8 +162,15 @@ class ClassifierTask(Task):
     inter = state["intermediates"]
     return {"h0": inter["h0"][0], "stream": inter["stream"][0]}, None
 
+  def data_requirements(self) -> dict[str, Any]:
+    return dict(num_classes=self.model.cfg.num_classes, input_dim=self.model.cfg.input_dim)
+
   def flops_per_example(self, num_params: int) -> float:
     return 6.0 * num_params
+
+  def data_requirements(self) -> dict[str, Any]:
+    """What the data must match (``rankjax.data.check_model_fits`` keywords)."""
+    return {}
 
 
 def data_kwargs(cfg: TrainConfig, task: Task) -> dict[str, Any]:
@@ -172,26 +183,50 @@ def data_kwargs(cfg: TrainConfig, task: Task) -> dict[str, Any]:
 
 def model_requirements(task: Task) -> dict[str, Any]:
   """Keyword arguments of ``rankjax.data.check_model_fits`` for this model."""
-  cfg = task.model.cfg
-  if task.kind == "lm":
-    return dict(vocab_size=cfg.vocab_size, max_seq_len=cfg.max_seq_len)
-  return dict(num_classes=cfg.num_classes, input_dim=cfg.input_dim)
+  return task.data_requirements()
 
 
-def make_task(cfg: TrainConfig) -> Task:
-  """The task for ``cfg.model``; raises ValueError when the model cannot train."""
+def _lm_task(cfg: TrainConfig) -> Task:
   dtype = jnp.dtype(cfg.compute_dtype)
-  if cfg.model == "lm":
-    lm = dataclasses.replace(cfg.lm, compute_dtype=cfg.compute_dtype)
-    spec = {"inputs": ((cfg.seq_len,), jnp.int32), "targets": ((cfg.seq_len,), jnp.int32)}
-    return LMTask("lm", "text", DecoderLM(lm), spec, cfg.seq_len, ("layers",), dtype,
-                  dropout=bool(lm.dropout_rate or lm.attn_dropout_rate))
+  lm = dataclasses.replace(cfg.lm, compute_dtype=cfg.compute_dtype)
+  spec = {"inputs": ((cfg.seq_len,), jnp.int32), "targets": ((cfg.seq_len,), jnp.int32)}
+  return LMTask("lm", "text", DecoderLM(lm), spec, cfg.seq_len, ("layers",), dtype,
+                dropout=bool(lm.dropout_rate or lm.attn_dropout_rate))
+
+
+def _mlp_task(cfg: TrainConfig) -> Task:
   mlp = cfg.mlp
   if mlp.input_dim is None or mlp.num_classes is None:
     raise ValueError("model='mlp' trains a classifier: set mlp.input_dim and mlp.num_classes "
                      f"(got input_dim={mlp.input_dim}, num_classes={mlp.num_classes})")
   spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
-  return ClassifierTask("mlp", "images", ResidualMLP(mlp), spec, 1, ("blocks",), dtype)
+  return ClassifierTask("mlp", "images", ResidualMLP(mlp), spec, 1, ("blocks",),
+                        jnp.dtype(cfg.compute_dtype))
+
+
+TaskFactory = Callable[[TrainConfig], Task]
+
+# ``TrainConfig.model`` -> the function building its task. ``register_task`` adds one
+# (a user's model: ``examples/plugins/my_pieces.py``, ``rankjax train --import``).
+TASKS: dict[str, TaskFactory] = {"lm": _lm_task, "mlp": _mlp_task}
+
+
+def register_task(name: str, factory: TaskFactory) -> TaskFactory:
+  """Makes ``TrainConfig(model=name)`` train ``factory(cfg)`` (a ``Task``)."""
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"task name {name!r} must be a non-empty string")
+  TASKS[name] = factory
+  return factory
+
+
+def make_task(cfg: TrainConfig) -> Task:
+  """The task for ``cfg.model``; raises ValueError when the model cannot train."""
+  factory = TASKS.get(cfg.model)
+  if factory is None:
+    raise ValueError(f"model={cfg.model!r} is not a registered task; registered: "
+                     f"{sorted(TASKS)} (a module of your own registers one with "
+                     "rankjax.train.tasks.register_task; load it with --import MODULE)")
+  return factory(cfg)
 
 
 def is_stacked(path: tuple[Any, ...], roots: tuple[str, ...]) -> bool:

@@ -1,0 +1,74 @@
+"""A user's own diagnostic and model, trained by ``rankjax train`` without editing
+the library (tested by ``tests/test_plugins.py``)::
+
+  rankjax train --import examples/plugins/my_pieces.py \
+      --config experiments/configs/mlp_classifier.json --workdir runs/plain \
+      --set model=plain_mlp --set dataset=digits --set mlp.input_dim=64 \
+      --set 'diagnostics=["logit_margin"]' --set diag_every=10
+
+``--import`` takes a module name on the import path or a ``.py`` path
+(``rankjax.plugins``). The model ``plain_mlp`` is a non-residual ReLU MLP classifier
+of ``mlp.depth`` hidden layers of ``mlp.width`` units; the diagnostic
+``logit_margin`` is the mean gap between the two largest logits on the diagnostic
+examples. Both land in metrics, checkpoints, ``load_run`` and TensorBoard like the
+library's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rankjax.train import diagnostics, tasks
+
+
+class PlainMLP(nn.Module):
+  """``depth`` Dense+ReLU layers of ``width`` units, then a Dense classifier."""
+
+  width: int
+  depth: int
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(self.depth):
+      x = nn.relu(nn.Dense(self.width)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainMLPTask(tasks.ClassifierTask):
+  """The library's classifier loss and accuracy on a model of one's own."""
+
+  input_dim: int = 0
+
+  def capture(self, params, batch):
+    raise ValueError("plain_mlp has no residual stream to capture; use diagnostics "
+                     "without needs_capture (e.g. logit_margin)")
+
+  def data_requirements(self):
+    return dict(num_classes=self.model.num_classes, input_dim=self.input_dim)
+
+
+def plain_mlp_task(cfg):
+  mlp = cfg.mlp
+  if mlp.input_dim is None or mlp.num_classes is None:
+    raise ValueError("model='plain_mlp' needs mlp.input_dim and mlp.num_classes")
+  model = PlainMLP(width=mlp.width, depth=mlp.depth, num_classes=mlp.num_classes)
+  spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
+  return PlainMLPTask("plain_mlp", "images", model, spec, 1, (), jnp.dtype(cfg.compute_dtype),
+                      input_dim=mlp.input_dim)
+
+
+def logit_margin(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:
+  """Mean over the diagnostic examples of (largest - second largest logit)."""
+  logits = d.model.apply({"params": d.params}, d.batch["inputs"])
+  top2 = jax.lax.top_k(logits, 2)[0]
+  return {"margin": jnp.mean(top2[:, 0] - top2[:, 1])}
+
+
+tasks.register_task("plain_mlp", plain_mlp_task)
+diagnostics.register("logit_margin", logit_margin)

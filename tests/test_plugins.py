@@ -1,0 +1,100 @@
+"""Extension points without library edits: ``--import``, a user's diagnostic and
+task (``examples/plugins/my_pieces.py``), the explicit diagnostics table,
+``TrainConfig.from_json`` / ``to_json``, field lists derived from field metadata."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from rankjax import config as config_lib
+from rankjax import plugins
+from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "plugins" / "my_pieces.py"
+
+
+def test_config_json_classmethods_round_trip(tmp_path):
+  cfg = TrainConfig(model="mlp", mlp=MLPConfig(depth=3, input_dim=64, num_classes=10),
+                    optimizer="adam", weight_decay=0.0, warmup_steps=0)
+  path = tmp_path / "c.json"
+  text = cfg.to_json(path)
+  assert TrainConfig.from_json(path) == cfg == TrainConfig.from_json(text)
+  assert config_lib.from_json(TrainConfig, path) == cfg           # the function still works
+  assert MLPConfig.from_json(MLPConfig(depth=5).to_json()).depth == 5
+  assert TransformerConfig.from_json(TransformerConfig().to_json()) == TransformerConfig()
+
+
+def test_run_control_field_lists_come_from_field_metadata():
+  """The lists the loop and the checkpointer use are the fields marked in TrainConfig
+  (they equal the hand-written lists they replaced)."""
+  from rankjax.train import checkpoint, loop
+  assert set(loop._NOT_BUILT) == {
+      "log_every", "checkpoint_every", "max_to_keep", "async_checkpointing", "eval_every",
+      "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer", "compilation_cache_dir"}
+  assert checkpoint.RESUMABLE_FIELDS == {
+      "log_every", "checkpoint_every", "max_to_keep", "async_checkpointing", "mesh_data",
+      "mesh_fsdp", "zero1", "eval_every", "eval_batches", "eval_split", "compilation_cache_dir"}
+  assert config_lib.fields_with(MLPConfig, "resumable", True) == ()
+
+
+def test_builtin_diagnostics_are_a_table_not_import_side_effects():
+  """A fresh process: importing the diagnostics module registers nothing; naming a
+  built-in diagnostic imports its module from the table."""
+  code = ("from rankjax.train import diagnostics as d; import sys; "
+          "assert not d._REGISTRY, d._REGISTRY; "
+          "assert 'rankjax.train.diagnostics_attention' not in sys.modules; "
+          "r = d.resolve(['basic', 'attention']); "
+          "assert [x.needs_capture for x in r] == [True, False]; "
+          "assert 'rankjax.train.diagnostics_attention' in sys.modules; print('ok')")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=120, cwd=ROOT)
+  assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_import_errors_are_one_line(tmp_path):
+  with pytest.raises(ValueError, match="no module named 'no_such_pieces' on the import path"):
+    plugins.import_module("no_such_pieces")
+  with pytest.raises(ValueError, match="no such file"):
+    plugins.import_module(str(tmp_path / "missing.py"))
+
+
+def test_unknown_model_names_the_registry():
+  with pytest.raises(ValueError, match=r"model='nope' is not allowed; choose one of "
+                                       r"\[.*'lm'.*'mlp'.*register_task"):
+    TrainConfig(model="nope")
+
+
+@pytest.mark.slow
+def test_train_imports_a_user_task_and_diagnostic(tmp_path):
+  """``rankjax train --import examples/plugins/my_pieces.py``: the user's model trains,
+  its diagnostic is in the checkpoint (load_run) and in TensorBoard."""
+  pytest.importorskip("sklearn")
+  from rankjax.train import tensorboard as tb
+  from rankjax.train.run_reader import load_run
+  workdir = tmp_path / "run"
+  config = ROOT / "experiments" / "configs" / "mlp_classifier.json"
+  argv = ["train", "--import", str(EXAMPLE), "--config", str(config), "--workdir",
+          str(workdir), "--set", "model=plain_mlp", "--set", "dataset=digits",
+          "--set", "mlp.input_dim=64", "--set", "mlp.depth=2", "--set", "mlp.width=16",
+          "--set", "total_steps=4", "--set", "batch_size=32", "--set", "diag_every=2",
+          "--set", "diag_examples=8", "--set", 'diagnostics=["logit_margin"]',
+          "--set", "checkpoint_every=4", "--set", "eval_every=4", "--set", "log_every=1"]
+  code = f"import sys; from rankjax import cli; sys.exit(cli.main({argv!r}))"
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=300, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "plain_mlp on digits" in proc.stdout
+  run = load_run(workdir)
+  assert run.config.model == "plain_mlp"
+  assert list(run.diagnostic_steps) == [1, 2, 4]
+  assert run.diagnostics["logit_margin/margin"].shape == (3,)
+  assert "Dense_0" in run.params
+  scalars = tb.read_scalars(str(workdir / "tensorboard"))
+  assert [s for s, _ in scalars["diagnostics/logit_margin/margin"]] == [1, 2, 4]
+  json.loads((workdir / "config.json").read_text())
