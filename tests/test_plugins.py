@@ -90,10 +90,15 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
                         timeout=300, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "plain_mlp on digits" in proc.stdout
+  with pytest.raises(ValueError, match="model='plain_mlp' is not allowed"):
+    load_run(workdir)                       # the model's module is not imported here
+  plugins.import_module(str(EXAMPLE))
   run = load_run(workdir)
   assert run.config.model == "plain_mlp"
   assert list(run.diagnostic_steps) == [1, 2, 4]
   assert run.diagnostics["logit_margin/margin"].shape == (3,)
+  assert [r["step"] for r in run.eval_history] == [4]
+  assert [r["step"] for r in run.train_history] == [1, 2, 3, 4]
   assert "Dense_0" in run.params
   scalars = tb.read_scalars(str(workdir / "tensorboard"))
   assert [s for s, _ in scalars["diagnostics/logit_margin/margin"]] == [1, 2, 4]

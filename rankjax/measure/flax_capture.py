@@ -30,7 +30,11 @@ Recipe for a nanodo-style Pre-LN decoder (``experiments/benchmarks/plain_flax.py
   att = fc.attention_statistics(probs, jax.random.key(0))
 
 (``dL/dY_1 = dL/df_1`` because ``Y_1 = X_1 + f_1``; Pre-LN has no norm between
-``Y_1`` and ``X_2``, so ``X_2 = Y_1``.) ``stats`` then holds, per layer, the token
+``Y_1`` and ``X_2``, so ``X_2 = Y_1``.) Here ``x_k`` is the *stream* entering
+sublayer k, the postnorm paper's X_k (Post-Norm has no P norm): for a Pre-LN model
+this is the tensor the residual path carries the gradient through. rankjax's own LM
+capture names the branch input P(h) ``x_k`` instead (Transforming Rank Eq. 17), which
+is the same tensor only without a P norm. ``stats`` then holds, per layer, the token
 similarity of each tensor (postnorm Def 2.1), ``alpha_k = ||dL/dX_k|| / ||dL/dY_k||``
 (Def 3.5), the RMSNorm factor ``sqrt(d)/||y||`` of ``Y_k`` and the contraction
 ``alpha_k sqrt(d)/||y||`` (Thm 3.6); ``att`` the attention certificate, normalized

@@ -31,10 +31,10 @@ LM, ``activations`` / ``activation_grads`` map x1, y1, x2, y2 to (L, B, T, d) ar
 classifier, ``activations`` has ``h0`` (B, d) and ``stream`` (L, B, d) and
 ``activation_grads`` is None.
 
-Naming: X_k / Y_k (k = 1 attention, 2 FFN) are the input and output of sublayer k's
-residual update in layer l (Transforming Rank Eq. 17: X is what enters the branch's
-residual sum, Y = X + branch after the P norm and before the R norm); ``x1`` is the
-stream entering attention, ``y2`` the stream leaving the layer.
+Naming: X_k / Y_k (k = 1 attention, 2 FFN) of layer l are Transforming Rank Eq. 17's
+branch input X = P(h) (after a Pre-Norm P norm; the stream itself under Post-Norm)
+and residual sum Y = h + beta * branch(X) before any R norm (postnorm Eq. 1);
+``rankjax.load_run``'s docstring has the same table.
 """
 
 from __future__ import annotations

@@ -33,12 +33,21 @@ class Run:
     step: the checkpoint step read (updates done).
     params: parameters at ``step`` (numpy arrays, the model's pytree).
     diagnostics: ``{"<diagnostic>/<key>": (n, ...)}``, every diagnostics step from
-      the start of the run to ``step``.
+      the start of the run to ``step`` (the same names as TensorBoard's
+      ``diagnostics/<diagnostic>/<key>`` tags). Per-layer series are (n, L). Keys
+      ending in ``_x1``, ``_y1``, ``_x2``, ``_y2`` name the LM's residual tensors of
+      layer l (Transforming Rank Eq. 17, postnorm Eq. 1; k = 1 attention, k = 2
+      FFN; ``models.blocks.residual_sublayer``): ``x_k`` = X_k^l = P(h), the input
+      of sublayer k's branch (the normalized stream under Pre-Norm, the stream
+      itself under Post-Norm); ``y_k`` = Y_k^l = h + beta * branch(X_k^l), the
+      residual sum before any R norm (Post-Norm's norm follows it). ``tsim_y2`` of
+      the last layer is the last-layer token similarity. MLP runs name the stream
+      h_l ``stream`` (``h0`` the input).
     diagnostic_steps: (n,) the update each diagnostics row belongs to.
     metrics: the checkpoint's JSON metrics (loss, throughput, ...).
     history: rows of ``metrics.jsonl`` up to ``step``: one per update (step, loss,
       grad_norm, lr, tokens_per_s, ...) and one per evaluation (``"kind": "eval"``,
-      eval_loss, ...).
+      eval_loss, ...); ``train_history`` and ``eval_history`` hold each kind alone.
   """
 
   workdir: epath.Path
@@ -49,6 +58,16 @@ class Run:
   diagnostic_steps: np.ndarray
   metrics: dict[str, Any]
   history: list[dict[str, Any]]
+
+  @property
+  def train_history(self) -> list[dict[str, Any]]:
+    """One row per update: step, loss, grad_norm, lr, tokens_per_s, ..."""
+    return [r for r in self.history if r.get("kind", "train") == "train"]
+
+  @property
+  def eval_history(self) -> list[dict[str, Any]]:
+    """One row per evaluation: step, eval_loss (, eval_accuracy), eval_examples."""
+    return [r for r in self.history if r.get("kind") == "eval"]
 
 
 def read_metrics_jsonl(path: str | epath.PathLike,
@@ -70,6 +89,9 @@ def read_metrics_jsonl(path: str | epath.PathLike,
 
 def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   """Reads the newest readable checkpoint of ``workdir`` (or ``step``).
+
+  A run of a model registered by a module of your own (``rankjax train --import
+  MODULE``) needs that module imported first (``rankjax.plugins.import_module``).
 
   Raises:
     FileNotFoundError: no run or no checkpoint in ``workdir``.
