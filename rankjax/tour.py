@@ -72,7 +72,8 @@ def measure_jacobians(path: pathlib.Path, smoke: bool = False) -> dict:
 
   seeds = 2 if smoke else 4
   studies, configs = {}, {}
-  for position in tqdm(PLACEMENTS, desc="MLP Jacobians", file=sys.stdout):
+  for position in tqdm(PLACEMENTS, desc="MLP Jacobians", file=sys.stdout,
+                       disable=not sys.stdout.isatty()):   # no \r soup in log files
     cfg = mlp_config(position, smoke)
     studies[position] = mlp_jacobian_study(cfg, jax.random.key(0), num_seeds=seeds).to_dict()
     configs[position] = config_lib.to_dict(cfg)
