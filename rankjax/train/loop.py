@@ -184,6 +184,16 @@ def check_eval_split(cfg: TrainConfig, task: task_lib.Task, data_name: str) -> N
                      "(set eval_every=0 to train without evaluation)")
 
 
+def check_param_dtype(cfg: TrainConfig) -> None:
+  """float64 parameters need JAX's x64 mode, which training does not switch on for the
+  whole process: one ValueError instead of silently training in float32."""
+  model_cfg = cfg.lm if cfg.model == "lm" else cfg.mlp
+  dtype = getattr(model_cfg, "param_dtype", "float32")
+  if str(dtype) == "float64" and not jax.config.jax_enable_x64:
+    raise ValueError(f"{cfg.model}.param_dtype=float64 needs JAX's x64 mode: run with "
+                     "JAX_ENABLE_X64=1 (without it JAX would train in float32)")
+
+
 def enable_compilation_cache(directory: str) -> None:
   """JAX's persistent compilation cache in ``directory`` (local or gs://): a run
   restarted after a preemption loads its compiled steps instead of compiling them.
@@ -262,6 +272,7 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
     raise ValueError(f"workdir {workdir} is a file, not a directory")
   if cfg.compilation_cache_dir:
     enable_compilation_cache(cfg.compilation_cache_dir)
+  check_param_dtype(cfg)
   compiled = build_for_run(cfg)
   shard_lib.check_batch(cfg.batch_size, cfg.grad_accum, compiled.mesh)  # also when cached
   task = compiled.task
@@ -304,6 +315,7 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
       f"{jax.process_count()} process(es){resharded}")
   loop = _Loop(cfg, compiled, ckpt, writer, history, data_it)
   loop.data_name = info.name
+  loop.param_dtype = str(jax.tree.leaves(state.params)[0].dtype)   # what is computed
   try:
     with _Preemption() as preemption:
       step, status = loop.run(state, start, preemption, on_step)
@@ -323,6 +335,7 @@ class _Loop:
     self.tokens_per_step = cfg.batch_size * compiled.task.tokens_per_example
     self.last_metrics: dict[str, Any] = {}
     self.data_name = ""
+    self.param_dtype = ""
     self._window: list[float] = []
     self.recent_losses: list[float] = []
     self._t_last = time.perf_counter()
@@ -441,6 +454,7 @@ class _Loop:
         "time": time.time(),
         "diagnostic_steps": len(self.history),
         "data": self.data_name,
+        "param_dtype": self.param_dtype,
         "devices": self.c.mesh.size,
     }
 

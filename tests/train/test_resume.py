@@ -194,3 +194,14 @@ def test_finished_run_is_already_complete_and_writes_nothing(runs, capsys):
   assert "is already complete: step 8 of total_steps=8" in capsys.readouterr().out
   assert sorted(p.name for p in (full_dir / "tensorboard").iterdir()) == before
   assert (full_dir / "metrics.jsonl").read_text() == lines
+
+
+def test_float64_parameters_without_x64_are_refused_and_dtype_is_recorded(runs, tmp_path):
+  import dataclasses as dc
+  import jax
+  cfg = tiny_mlp()
+  if not jax.config.jax_enable_x64:
+    with pytest.raises(ValueError, match="param_dtype=float64 needs JAX's x64 mode"):
+      train(dc.replace(cfg, mlp=dc.replace(cfg.mlp, param_dtype="float64")), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+  assert load_run(runs["lm"][0]).metrics["param_dtype"] == "float32"
