@@ -149,10 +149,10 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
 
   return {
       "L": L, "d": d, "m": cfg.hidden_width, "seeds": seeds, "dtype": "float32",
-      "num_chunks": num_chunks or paths.DEFAULT_NUM_CHUNKS, "peak_matmul_n": n_peak,
+      "num_chunks": num_chunks or paths.default_num_chunks(L, d), "peak_matmul_n": n_peak,
       "peak_gflops": peak_gflops, "dp_time": dp_time, "dp_gflops": dp_gflops,
       "dp_fraction_of_peak": dp_gflops / peak_gflops,
-      "dp_flops_done_over_triangle": _chunk_work(L, num_chunks),
+      "dp_flops_done_over_triangle": _chunk_work(L, num_chunks, d),
       "study_time": study_time, "study_nopath_time": study_nopath_time,
       "study_over_dp": study_time / dp_time, "svd_time": svd_time,
       "study_over_dp_rounds": round_ratios,
@@ -176,7 +176,8 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
   }
 
 
-def _chunk_work(L: int, num_chunks: int | None) -> float:
+def _chunk_work(L: int, num_chunks: int | None, d: int) -> float:
+  num_chunks = num_chunks or paths.default_num_chunks(L, d)
   done = sum((stop - start) * (stop + 1) for start, stop in paths.chunk_bounds(L, num_chunks))
   return done / (L * (L + 1) / 2)
 
@@ -318,9 +319,11 @@ def torch_peer_seed(torch, L: int, d: int, m: int, seed: int):
   return torch_peer_outputs(torch, w_up, w_down, torch.randn(d, generator=gen))
 
 
-def run_peer(small: bool = False, reps: int = 1, rounds: int = 3) -> dict:
+def run_peer(small: bool = False, reps: int = 1, rounds: int = 3,
+             draw: str = "threefry_serial") -> dict:
   """mlp_jacobian_study (draw + study, per seed) against the torch.func peer, same run,
-  interleaved rounds; the path-sum DP against the same-run matmul peak."""
+  interleaved rounds, with the default bit generator and with ``draw``
+  (``weight_draws.DRAWS``); the path-sum DP against the same-run matmul peak."""
   import numpy as np
   import torch
   torch.set_num_threads(os.cpu_count() or 1)
@@ -338,8 +341,10 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3) -> dict:
            "log_mass_max_abs_diff": float(np.max(np.abs(logs_t.numpy()
                                                        - np.asarray(ours["order_log_mass"]))))}
   study = jacobians.make_study_fn(cfg, 1, 1)
+  study_draw = jacobians.make_study_fn(cfg, 1, 1, draw=draw)
   keys = list(jax.random.split(jax.random.PRNGKey(1), seeds))
   ours_fn = lambda: jax.block_until_ready([study(k, 1.0, 1.0) for k in keys])
+  ours_draw_fn = lambda: jax.block_until_ready([study_draw(k, 1.0, 1.0) for k in keys])
   peer_fn = lambda: [torch_peer_seed(torch, L, d, m, i) for i in range(seeds)]
   a = jax.random.normal(jax.random.PRNGKey(0), (n_peak, n_peak), jnp.float32)
   peak_fn = jax.jit(lambda x: x @ x)
@@ -349,7 +354,8 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3) -> dict:
 
   b_list = [jax.block_until_ready(jax.jit(branch_of)(k)) for k in keys[:2]]
   dp = jax.jit(lambda b: paths.path_sums(b, 1.0))
-  timed = {"ours": (ours_fn, ()), "peer": (peer_fn, ()), "peak": (peak_fn, (a,)),
+  timed = {"ours": (ours_fn, ()), "peer": (peer_fn, ()), "ours_draw": (ours_draw_fn, ()),
+           "peak": (peak_fn, (a,)),
            "dp": (lambda: jax.block_until_ready([dp(b) for b in b_list]), ())}
   for fn, args in timed.values():
     jax.block_until_ready(fn(*args))      # compile / warm
@@ -358,12 +364,16 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3) -> dict:
     for name, (fn, args) in timed.items():
       per_round[name].append(best_time(fn, *args, reps=reps, warm=False))
   ratios = sorted(o / p for o, p in zip(per_round["ours"], per_round["peer"]))
+  draw_ratios = sorted(o / p for o, p in zip(per_round["ours_draw"], per_round["peer"]))
   best = {k: min(v) for k, v in per_round.items()}
   peak = 2 * n_peak ** 3 / best["peak"] / 1e9
   dp_gflops = len(b_list) * L * (L + 1) / 2 * 2 * d ** 3 / best["dp"] / 1e9
   return {"L": L, "d": d, "m": m, "seeds": seeds, "ours_per_seed": best["ours"] / seeds,
           "peer_per_seed": best["peer"] / seeds, "ratio_rounds": ratios,
           "ratio_median": ratios[len(ratios) // 2], "agree": agree, "peak_gflops": peak,
+          "draw": draw, "ours_draw_per_seed": best["ours_draw"] / seeds,
+          "draw_ratio_rounds": draw_ratios,
+          "draw_ratio_median": draw_ratios[len(draw_ratios) // 2],
           "dp_gflops": dp_gflops, "dp_fraction_of_peak": dp_gflops / peak,
           "torch": torch.__version__, "threads": torch.get_num_threads(),
           "load_avg": os.getloadavg(), "machine": cpu_model()}
@@ -371,6 +381,8 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3) -> dict:
 
 def markdown_peer(r: dict) -> str:
   ok = "met" if r["ratio_median"] <= 0.5 else "MISSED"
+  ok_draw = "met" if r["draw_ratio_median"] <= 0.5 else "MISSED"
+  dr = r["draw_ratio_rounds"]
   ok_dp = "met" if r["dp_fraction_of_peak"] >= 0.8 else "MISSED"
   rr = r["ratio_rounds"]
   return f"""## Jacobian engine: torch.func peer
@@ -389,6 +401,8 @@ average {', '.join(f'{x:.1f}' for x in r['load_avg'])}.
 | ours per seed (draw + study) | {r['ours_per_seed']:.3f} s |
 | torch.func peer per seed | {r['peer_per_seed']:.3f} s |
 | ours / peer, per round: median (min, max) | {r['ratio_median']:.2f} ({rr[0]:.2f}, {rr[-1]:.2f}) (target <= 0.5: {ok}) |
+| ours with `draw="{r['draw']}"` per seed | {r['ours_draw_per_seed']:.3f} s |
+| ours (`draw="{r['draw']}"`) / peer, per round: median (min, max) | {r['draw_ratio_median']:.2f} ({dr[0]:.2f}, {dr[-1]:.2f}) (target <= 0.5: {ok_draw}) |
 | path-sum DP vs same-run matmul peak | {r['dp_gflops']:.1f} / {r['peak_gflops']:.1f} GFLOP/s = {100 * r['dp_fraction_of_peak']:.0f}% (target >= 80%: {ok_dp}) |
 """
 
@@ -559,9 +573,12 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=2, help="runs per round (best kept)")
   parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
   parser.add_argument("--num-chunks", type=int, default=None)
+  parser.add_argument("--draw", default="threefry_serial",
+                      help="bit generator timed beside the default in --peer (weight_draws.DRAWS)")
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args()
-  extra = [(args.peer, lambda: markdown_peer(run_peer(args.small, args.reps, args.rounds)),
+  extra = [(args.peer, lambda: markdown_peer(run_peer(args.small, args.reps, args.rounds,
+                                                       args.draw)),
             "Jacobian engine: torch.func peer"),
            (args.matrix_free, lambda: markdown_matrix_free(run_matrix_free(args.small)),
             "Jacobian engine: matrix-free"),
