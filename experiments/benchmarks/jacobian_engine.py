@@ -24,7 +24,9 @@ from different rounds can pair a fast DP with a slow study, or the reverse). Wri
 Issue 18 additions, each its own RESULTS.md section (the retired targets above unchanged):
 
   --peer         ours (draw + study per seed) against the torch.func peer workload, same
-                 run (torch from the ``benchmark`` extra), and the DP against the peak;
+                 run (torch from the ``benchmark`` extra), with the default bit generator
+                 and with ``--draw`` (default xla_threefry); the DP against the peak,
+                 and the DP with all orders against the order-capped DP (``max_order``);
   --matrix-free  matrix-free erank/stable rank against exact, and alone at d=2048, L=48;
   --precision    emulated error of bf16 / bf16_3x / TF32 dots;
   --device-check the study at L=48, d=256, 8 seeds on the default backend (GPU/TPU) at
@@ -176,9 +178,12 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
   }
 
 
-def _chunk_work(L: int, num_chunks: int | None, d: int) -> float:
+def _chunk_work(L: int, num_chunks: int | None, d: int, max_order: int | None = None) -> float:
+  """d x d GEMM blocks the DP multiplies, over the triangle ``L(L+1)/2``."""
   num_chunks = num_chunks or paths.default_num_chunks(L, d)
-  done = sum((stop - start) * (stop + 1) for start, stop in paths.chunk_bounds(L, num_chunks))
+  slots = L + 1 if max_order is None else min(L + 1, max_order + 2)
+  done = sum((stop - start) * min(stop + 1, slots)
+             for start, stop in paths.chunk_bounds(L, num_chunks))
   return done / (L * (L + 1) / 2)
 
 
@@ -320,7 +325,7 @@ def torch_peer_seed(torch, L: int, d: int, m: int, seed: int):
 
 
 def run_peer(small: bool = False, reps: int = 1, rounds: int = 3,
-             draw: str = "threefry_serial") -> dict:
+             draw: str = "xla_threefry") -> dict:
   """mlp_jacobian_study (draw + study, per seed) against the torch.func peer, same run,
   interleaved rounds, with the default bit generator and with ``draw``
   (``weight_draws.DRAWS``); the path-sum DP against the same-run matmul peak."""
@@ -354,9 +359,22 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3,
 
   b_list = [jax.block_until_ready(jax.jit(branch_of)(k)) for k in keys[:2]]
   dp = jax.jit(lambda b: paths.path_sums(b, 1.0))
+  # the order cap: the highest order holding >= float32 eps of the total on the shared
+  # draw (every order above it holds less), applied to the timed draws
+  ln = np.asarray(ours["order_log_mass"], np.float64)
+  rel = ln - np.logaddexp.reduce(ln)
+  cap = int(np.nonzero(rel >= np.log(np.finfo(np.float32).eps))[0].max())
+  dp_cap = jax.jit(lambda b: paths.path_sums(b, 1.0, max_order=cap))
+  capped = [dp_cap(b) for b in b_list]
+  cap_tail = max(float(np.exp(c.log_norm[-1] - jax.scipy.special.logsumexp(c.log_norm)))
+                 for c in capped)
+  products = [jnp.linalg.multi_dot(list(jnp.eye(d) + b)[::-1]) for b in b_list]
+  cap_err = max(float(paths.reconstruction_error(c, t)) for c, t in zip(capped, products))
+  full_err = max(float(paths.reconstruction_error(dp(b), t)) for b, t in zip(b_list, products))
   timed = {"ours": (ours_fn, ()), "peer": (peer_fn, ()), "ours_draw": (ours_draw_fn, ()),
            "peak": (peak_fn, (a,)),
-           "dp": (lambda: jax.block_until_ready([dp(b) for b in b_list]), ())}
+           "dp": (lambda: jax.block_until_ready([dp(b) for b in b_list]), ()),
+           "dp_cap": (lambda: jax.block_until_ready([dp_cap(b) for b in b_list]), ())}
   for fn, args in timed.values():
     jax.block_until_ready(fn(*args))      # compile / warm
   per_round = {name: [] for name in timed}
@@ -372,6 +390,10 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3,
           "peer_per_seed": best["peer"] / seeds, "ratio_rounds": ratios,
           "ratio_median": ratios[len(ratios) // 2], "agree": agree, "peak_gflops": peak,
           "draw": draw, "ours_draw_per_seed": best["ours_draw"] / seeds,
+          "dp_time": best["dp"] / len(b_list), "dp_cap_time": best["dp_cap"] / len(b_list),
+          "cap": cap, "cap_tail_fraction": cap_tail, "cap_reconstruction_error": cap_err,
+          "full_reconstruction_error": full_err,
+          "cap_work": _chunk_work(L, None, d, cap), "full_work": _chunk_work(L, None, d),
           "draw_ratio_rounds": draw_ratios,
           "draw_ratio_median": draw_ratios[len(draw_ratios) // 2],
           "dp_gflops": dp_gflops, "dp_fraction_of_peak": dp_gflops / peak,
@@ -404,6 +426,12 @@ average {', '.join(f'{x:.1f}' for x in r['load_avg'])}.
 | ours with `draw="{r['draw']}"` per seed | {r['ours_draw_per_seed']:.3f} s |
 | ours (`draw="{r['draw']}"`) / peer, per round: median (min, max) | {r['draw_ratio_median']:.2f} ({dr[0]:.2f}, {dr[-1]:.2f}) (target <= 0.5: {ok_draw}) |
 | path-sum DP vs same-run matmul peak | {r['dp_gflops']:.1f} / {r['peak_gflops']:.1f} GFLOP/s = {100 * r['dp_fraction_of_peak']:.0f}% (target >= 80%: {ok_dp}) |
+| DP per seed, all orders | {r['dp_time']:.3f} s ({r['full_work']:.2f} of the triangle's GEMM blocks; reconstruction error {r['full_reconstruction_error']:.1e}) |
+| DP per seed, orders <= {r['cap']} + aggregated tail (`max_order`) | {r['dp_cap_time']:.3f} s ({r['cap_work']:.2f} of the triangle; tail {r['cap_tail_fraction']:.1e} of the mass; reconstruction error {r['cap_reconstruction_error']:.1e}) |
+
+The cap is the highest order holding at least float32 eps of the total mass on the shared
+draw; orders above it are carried only as their sum (exact; their individual masses are
+not reported), so the capped DP is not the study's output (Fig 3a needs every order).
 """
 
 
@@ -573,7 +601,7 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=2, help="runs per round (best kept)")
   parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
   parser.add_argument("--num-chunks", type=int, default=None)
-  parser.add_argument("--draw", default="threefry_serial",
+  parser.add_argument("--draw", default="xla_threefry",
                       help="bit generator timed beside the default in --peer (weight_draws.DRAWS)")
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args()

@@ -29,6 +29,18 @@ def test_every_draw_is_standard_normal(draw):
   assert abs(np.mean(x[1:] * x[:-1])) < se(1.0)
 
 
+def test_xla_threefry_uses_the_jax_normal_transform():
+  """The same bits through ``_normal_from_bits`` give ``jax.random.normal``'s numbers."""
+  key = jax.random.PRNGKey(11)
+  bits = jax.random.bits(key, (4096,), jnp.uint32)
+  np.testing.assert_allclose(
+      np.asarray(weight_draws._normal_from_bits(bits, jnp.float32)),
+      np.asarray(jax.random.normal(key, (4096,), jnp.float32)), rtol=0, atol=0)
+  with pytest.raises(ValueError, match="float32 or narrower"):
+    with jax.enable_x64(True):
+      weight_draws.standard_normal(key, (4,), jnp.float64, "xla_threefry")
+
+
 def test_draws_are_deterministic_and_differ():
   key = jax.random.PRNGKey(3)
   out = {d: np.asarray(weight_draws.standard_normal(key, (64,), jnp.float32, d))
