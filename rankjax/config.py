@@ -11,17 +11,27 @@ import json
 import pathlib
 import types
 import typing
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Literal, Mapping, Sequence, TypeVar
 
-NORM_POSITIONS = ("pre", "post", "output", "peri", "none")
-NORM_OPS = ("rms", "layer", "mean", "detached_rms", "none")
+NormPosition = Literal["pre", "post", "output", "peri", "none"]
+NormOp = Literal["rms", "layer", "mean", "detached_rms", "none"]
+LMFFN = Literal["swiglu", "gelu"]
+LMInit = Literal["paper_collapse", "gpt2"]
+PosEmbedding = Literal["learned", "rope", "none"]
+DType = Literal["float32", "float64", "bfloat16"]
+RematPolicy = Literal["none", "dots", "full"]
+AttentionImpl = Literal["auto", "xla", "cudnn", "einsum"]
+PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
+
+NORM_POSITIONS = typing.get_args(NormPosition)
+NORM_OPS = typing.get_args(NormOp)
 MLP_ACTIVATIONS = ("relu", "gelu", "silu", "abs", "tanh", "swiglu")
-LM_NORM_POSITIONS = ("pre", "post", "peri")
-LM_NORM_OPS = ("rms", "layer")
-LM_FFNS = ("swiglu", "gelu")
-LM_INITS = ("paper_collapse", "gpt2")
-POS_EMBEDDINGS = ("learned", "none")
-DTYPES = ("float32", "float64", "bfloat16")
+DTYPES = typing.get_args(DType)
+
+# Where the shorthand ``norm_position`` puts ``norm_op`` inside a residual block
+# R(h + beta * B(f(P(h)))) (Transforming Rank, Eq. 17): P, B and/or R.
+NORM_LOCATIONS = {"pre": ("P",), "post": ("R",), "output": ("B",), "peri": ("P", "B"),
+                  "none": ()}
 
 C = TypeVar("C")
 
@@ -29,6 +39,32 @@ C = TypeVar("C")
 def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
   if value not in allowed:
     raise ValueError(f"{name}={value!r} is not allowed; choose one of {list(allowed)}")
+
+
+def _literal_choices(cfg: Any) -> None:
+  """Checks every ``Literal``-typed field of the dataclass ``cfg`` (also ``X | None``).
+
+  The one place the typed string choices are validated: the allowed values are the
+  ``Literal``'s arguments, so the annotation is the whole specification.
+  """
+  hints = typing.get_type_hints(type(cfg))
+  for f in dataclasses.fields(cfg):
+    hint, optional = hints[f.name], False
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+      args = [a for a in typing.get_args(hint) if a is not type(None)]
+      optional = len(args) < len(typing.get_args(hint))
+      hint = args[0] if len(args) == 1 else hint
+    if typing.get_origin(hint) is Literal:
+      value = getattr(cfg, f.name)
+      if not (optional and value is None):
+        _choice(f.name, value, typing.get_args(hint))
+
+
+def norm_ops_of(position: str, op: str, overrides: Sequence[str | None]) -> tuple[str, str, str]:
+  """(P, B, R) operations from the ``norm_position`` shorthand and per-location overrides."""
+  where = NORM_LOCATIONS[position]
+  ops = [op if loc in where else "none" for loc in "PBR"]
+  return tuple(o if o is not None else d for o, d in zip(overrides, ops))
 
 
 def _positive(name: str, value: Any) -> None:
@@ -138,14 +174,7 @@ class MLPConfig:
   @property
   def norm_ops(self) -> tuple[str, str, str]:
     """The operations (P, B, R) after applying the shorthand and the overrides."""
-    where = {
-        "pre": ("P",), "post": ("R",), "output": ("B",), "peri": ("P", "B"), "none": (),
-    }[self.norm_position]
-    ops = {loc: (self.norm_op if loc in where else "none") for loc in "PBR"}
-    for loc, override in (("P", self.p_norm), ("B", self.b_norm), ("R", self.r_norm)):
-      if override is not None:
-        ops[loc] = override
-    return ops["P"], ops["B"], ops["R"]
+    return norm_ops_of(self.norm_position, self.norm_op, (self.p_norm, self.b_norm, self.r_norm))
 
   @property
   def branch_to_skip_nominal(self) -> float:
@@ -157,14 +186,33 @@ class MLPConfig:
 class TransformerConfig:
   """Decoder-only LM of the Post-Norm collapse and softmax-sensitivity papers.
 
+  Each layer is two residual sublayers of the shared block (Transforming Rank Eq. 17),
+  attention then FFN: ``h -> R(h + beta * B(f(P(h))))`` (``rankjax.models.blocks``).
+
   Attributes:
     vocab_size: 257 matches the default byte-level tokenizer (256 bytes + end of doc).
-    norm_position: pre, post (the original ``X = Norm(X + Sublayer(X))``), peri
-      (pre plus a norm on each sublayer output).
-    norm_op: rms or layer, both with learned gain and epsilon ``norm_eps``.
+    norm_position: shorthand placing ``norm_op`` in both sublayers, as in
+      ``MLPConfig``: pre -> P, post -> R (the original ``X = Norm(X + Sublayer(X))``,
+      postnorm Eq. 1), output -> B, peri -> P and B, none -> nowhere.
+    norm_op: rms, layer, mean, detached_rms or none; learned gain where the op
+      rescales (rms, layer, detached_rms), epsilon ``norm_eps``.
+    p_norm, b_norm, r_norm: the operation at P, B, R of both sublayers; each
+      overrides the shorthand at its location when set.
+    norm_bias: a learned bias after the gain of every norm that has a gain (GPT-2's
+      and the softmax paper's LayerNorm); False keeps gain-only norms.
+    embed_norm, final_norm: a norm (gain, bias; ``embed_norm_op`` and ``norm_op``) on
+      the embeddings and on the last layer's output before the LM head. None follows the placement rule:
+      when the FFN's R norm is set (post) every sublayer reads a norm's output, the
+      first layer's input included (postnorm Eq. 1, ``X_1^1 = RMS(Y_0^1)``), and the
+      last layer's R norm is the last norm (no second norm in a row): embed norm on,
+      final norm off. Otherwise (pre, peri, output) the stream is never renormalized:
+      no embed norm, a final norm (GPT-2 / Llama); none: neither. True/False force it.
     ffn: swiglu (``(silu(X W1) * X W3) W2``, paper Eq. 2) or gelu (``gelu(X W1) W2``).
+    beta: branch scale of both sublayers (1 in both papers).
     tau: attention temperature; logits are ``q.k / (sqrt(d_head) * tau)``.
-    pos_embedding: learned absolute positions or none (causal attention alone).
+    pos_embedding: learned absolute positions, rope (rotary positions on q and k of
+      every head, Su et al. 2021 Eq. 34, base ``rope_base``; Llama-2) or none
+      (causal attention alone).
     init: paper_collapse (every matrix N(0, 1/(3d)), W_2 N(0, 1/(3 d_ff)); postnorm
       paper Sec 2) or gpt2 (N(0, 0.02^2), output projections 0.02/sqrt(2N)).
     init_scale: multiplies every matrix's init variance (Fig 1's x1, x2, x4 sweep).
@@ -175,7 +223,22 @@ class TransformerConfig:
       the attention probabilities.
     compute_dtype: activations' dtype (bfloat16 for mixed precision); parameters
       stay in ``param_dtype``; softmax, norms and logits are computed in float32.
-    remat: rematerialize each layer in the backward pass (saves memory at scale).
+    remat: rematerialization of each layer in the backward pass: none, dots (save
+      the matmul outputs, recompute the rest) or full (save only the layer input).
+      Old configs' true / false read as full / none.
+    attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
+      flash attention on GPU when it applies, XLA otherwise), xla, cudnn (GPU only),
+      or einsum (the explicit probability matrix; always used for captured
+      probabilities and attention-probability dropout).
+    vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
+      ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's
+      matmul); the pad logits are masked to -inf, so losses and outputs are those of
+      the unpadded model (the pad rows get no gradient but weight decay).
+    loss_chunk: the training loss computes the LM head and its float32
+      log-sum-exp over chunks of this many tokens (rematerialized in the backward
+      pass), never holding all B*T*V float32 logits; 0: one chunk.
+    prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
+      default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
   """
 
   vocab_size: int = 257
@@ -184,25 +247,39 @@ class TransformerConfig:
   num_heads: int = 4
   d_ff: int = 1536
   max_seq_len: int = 2048
-  norm_position: str = "post"
-  norm_op: str = "rms"
+  norm_position: NormPosition = "post"
+  norm_op: NormOp = "rms"
+  p_norm: NormOp | None = None
+  b_norm: NormOp | None = None
+  r_norm: NormOp | None = None
   norm_eps: float = 1e-6
-  ffn: str = "swiglu"
+  norm_bias: bool = False
+  embed_norm: bool | None = None
+  final_norm: bool | None = None
+  ffn: LMFFN = "swiglu"
+  beta: float = 1.0
   tau: float = 1.0
-  pos_embedding: str = "none"
-  init: str = "paper_collapse"
+  pos_embedding: PosEmbedding = "none"
+  rope_base: float = 10000.0
+  init: LMInit = "paper_collapse"
   init_scale: float = 1.0
   embed_std: float | None = None
   tie_embeddings: bool = False
-  final_norm: bool = True
   prefix_avg_removal: float = 0.0
   dropout_rate: float = 0.0
   attn_dropout_rate: float = 0.0
-  compute_dtype: str = "float32"
-  param_dtype: str = "float32"
-  remat: bool = False
+  compute_dtype: DType = "float32"
+  param_dtype: DType = "float32"
+  remat: RematPolicy = "none"
+  attention_impl: AttentionImpl = "auto"
+  vocab_multiple: int = 1
+  loss_chunk: int = 0
+  prng_impl: PRNGImpl = "threefry"
 
   def __post_init__(self):
+    if isinstance(self.remat, bool):                 # configs written before the policy field
+      object.__setattr__(self, "remat", "full" if self.remat else "none")
+    _literal_choices(self)
     _positive_int("vocab_size", self.vocab_size)
     _positive_int("num_layers", self.num_layers)
     _positive_int("d_model", self.d_model)
@@ -212,25 +289,62 @@ class TransformerConfig:
     if self.d_model % self.num_heads:
       raise ValueError(
           f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
-    _choice("norm_position", self.norm_position, LM_NORM_POSITIONS)
-    _choice("norm_op", self.norm_op, LM_NORM_OPS)
     _non_negative("norm_eps", self.norm_eps)
-    _choice("ffn", self.ffn, LM_FFNS)
+    for name in ("norm_bias", "tie_embeddings"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+    for name in ("embed_norm", "final_norm"):
+      if getattr(self, name) not in (None, True, False):
+        raise ValueError(f"{name}={getattr(self, name)!r} must be true, false or null "
+                         "(null: the placement's rule)")
+    _non_negative("beta", self.beta)
     _positive("tau", self.tau)
-    _choice("pos_embedding", self.pos_embedding, POS_EMBEDDINGS)
-    _choice("init", self.init, LM_INITS)
+    _positive("rope_base", self.rope_base)
+    if self.pos_embedding == "rope" and self.d_head % 2:
+      raise ValueError(f"pos_embedding='rope' needs an even d_head; got {self.d_head}")
     _positive("init_scale", self.init_scale)
     if self.embed_std is not None:
       _positive("embed_std", self.embed_std)
     _non_negative("prefix_avg_removal", self.prefix_avg_removal)
     _rate("dropout_rate", self.dropout_rate)
     _rate("attn_dropout_rate", self.attn_dropout_rate)
-    _choice("compute_dtype", self.compute_dtype, DTYPES)
-    _choice("param_dtype", self.param_dtype, DTYPES)
+    _positive_int("vocab_multiple", self.vocab_multiple)
+    _non_negative_int("loss_chunk", self.loss_chunk)
 
   @property
   def d_head(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the embedding table and columns of the LM head (``vocab_multiple``)."""
+    m = self.vocab_multiple
+    return -(-self.vocab_size // m) * m
+
+  @property
+  def norm_ops(self) -> tuple[str, str, str]:
+    """The operations (P, B, R) of each sublayer after the shorthand and the overrides."""
+    return norm_ops_of(self.norm_position, self.norm_op, (self.p_norm, self.b_norm, self.r_norm))
+
+  @property
+  def uses_embed_norm(self) -> bool:
+    """Whether the embeddings are normalized (``embed_norm``, or the placement's rule)."""
+    if self.embed_norm is not None:
+      return self.embed_norm
+    return self.norm_ops[2] != "none"
+
+  @property
+  def embed_norm_op(self) -> str:
+    """The embedding norm's operation: the R operation (it plays the R norm of a layer
+    0, postnorm Eq. 1), or ``norm_op`` when there is no R norm."""
+    return self.norm_ops[2] if self.norm_ops[2] != "none" else self.norm_op
+
+  @property
+  def uses_final_norm(self) -> bool:
+    """Whether a norm precedes the LM head (``final_norm``, or the placement's rule)."""
+    if self.final_norm is not None:
+      return self.final_norm
+    return self.norm_ops[2] == "none" and any(op != "none" for op in self.norm_ops)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,11 +28,12 @@ MLP_BAD = [
 LM_BAD = [
     ("vocab_size", 0), ("num_layers", 0), ("d_model", -1), ("num_heads", 0),
     ("d_ff", 0), ("max_seq_len", 0),
-    ("norm_position", "output"), ("norm_op", "mean"), ("norm_eps", -1.0),
-    ("ffn", "relu"), ("tau", 0.0), ("tau", -1.0), ("pos_embedding", "rope"),
+    ("norm_position", "middle"), ("norm_op", "batch"), ("p_norm", "l2"), ("norm_eps", -1.0),
+    ("ffn", "relu"), ("tau", 0.0), ("tau", -1.0), ("pos_embedding", "alibi"),
     ("init", "xavier"), ("init_scale", 0.0), ("embed_std", -0.1),
     ("prefix_avg_removal", -0.5), ("dropout_rate", 1.0), ("dropout_rate", -0.1),
-    ("attn_dropout_rate", 1.5), ("compute_dtype", "float16"),
+    ("attn_dropout_rate", 1.5), ("compute_dtype", "float16"), ("remat", "some"),
+    ("embed_norm", "yes"), ("norm_bias", 1), ("beta", -1.0), ("rope_base", 0.0),
 ]
 
 

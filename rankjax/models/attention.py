@@ -1,9 +1,23 @@
-"""Causal multi-head attention with temperature and the P - alpha*C_n intervention.
+"""Causal multi-head attention with temperature, rotary positions and the P - alpha*C_n
+intervention, through a fused kernel or the explicit probability matrix.
 
 Post-Norm collapse paper, Eq. 2: ``Attn(X) = P X W_V W_O`` with
 ``P = softmax_row(X W_Q (X W_K)^T / sqrt(d_head) / tau + M_causal)``. Corollary 3.3's
 intervention replaces P by ``P - alpha * C_n``, where C_n is the causal
-prefix-average matrix, ``(C_n)_ij = 1/i`` for ``i >= j`` (1-indexed).
+prefix-average matrix, ``(C_n)_ij = 1/i`` for ``i >= j`` (1-indexed). Since row i of
+``C_n V`` is the mean of the first i rows of V, ``(P - alpha C_n) V = P V - alpha *
+cumsum(V) / i``: the fused path applies the intervention without any T x T matrix.
+
+Two paths compute the same function:
+
+  fused   ``jax.nn.dot_product_attention`` (causal, scale ``1/(sqrt(d_head) tau)``):
+          cuDNN flash attention on GPU (``attention_impl`` cudnn, or auto with a
+          16-bit dtype and a d_head cuDNN takes), XLA elsewhere. Pallas splash
+          attention on TPU is not used (it cannot be tested on CPU): TPU runs XLA.
+  einsum  the explicit (B, H, T, T) probabilities; used only where they are needed:
+          ``capture_probs`` (diagnostics), attention-probability dropout in training
+          (no jax.nn kernel drops probabilities), and ``attention_impl="einsum"``
+          (the reference the fused path is tested against).
 """
 
 from __future__ import annotations
@@ -16,6 +30,8 @@ import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
 from rankjax.measure.similarity import prefix_average_matrix
+
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
 def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False):
@@ -32,6 +48,44 @@ def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False):
     if output_proj:
       std /= math.sqrt(2.0 * cfg.num_layers)
   return nn.initializers.normal(stddev=std)
+
+
+def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
+  """Rotary position embedding (RoFormer, Su et al. 2021, Eq. 34; Llama-2's RoPE).
+
+  Position m rotates each pair ``(x_{2i}, x_{2i+1})`` of a head by the angle
+  ``m * theta_i``, ``theta_i = base^(-2i/d_head)``: ``R_m = diag(R(m theta_0), ...)``
+  with ``R(a) = [[cos a, -sin a], [sin a, cos a]]``, so ``<R_m q, R_n k>`` depends on
+  ``m - n`` only. Computed in float32, returned in the input's dtype.
+  """
+  _, t, _, dh = x_BxTxHxD.shape
+  theta = base ** (-jnp.arange(0, dh, 2, dtype=jnp.float32) / dh)        # (dh/2,)
+  angle = jnp.arange(t, dtype=jnp.float32)[:, None] * theta[None, :]     # (T, dh/2)
+  cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]      # (T, 1, dh/2)
+  x = x_BxTxHxD.astype(jnp.float32).reshape(*x_BxTxHxD.shape[:-1], dh // 2, 2)
+  even, odd = x[..., 0], x[..., 1]
+  out = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
+  return out.reshape(x_BxTxHxD.shape).astype(x_BxTxHxD.dtype)
+
+
+def fused_impl(cfg: TransformerConfig, dtype) -> str:
+  """The ``jax.nn.dot_product_attention`` implementation for ``cfg.attention_impl``.
+
+  auto: cudnn on a GPU backend when the dtype is 16-bit and d_head a multiple of 8 up
+  to 128 (cuDNN flash attention's limits), else xla.
+  """
+  if cfg.attention_impl != "auto":
+    return cfg.attention_impl
+  ok = (jnp.dtype(dtype) in [jnp.dtype(d) for d in CUDNN_DTYPES]
+        and cfg.d_head % 8 == 0 and cfg.d_head <= 128)
+  return "cudnn" if ok and jax.default_backend() == "gpu" else "xla"
+
+
+def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
+  """``C_n V`` without C_n: row i is the mean of rows 1..i (in float32)."""
+  t = v_BxTxHxD.shape[1]
+  counts = jnp.arange(1, t + 1, dtype=jnp.float32)[None, :, None, None]
+  return jnp.cumsum(v_BxTxHxD.astype(jnp.float32), axis=1) / counts
 
 
 class CausalSelfAttention(nn.Module):
@@ -58,8 +112,24 @@ class CausalSelfAttention(nn.Module):
     q = (x_BxTxD @ proj("w_q")).reshape(b, t, heads, dh)
     k = (x_BxTxD @ proj("w_k")).reshape(b, t, heads, dh)
     v = (x_BxTxD @ proj("w_v")).reshape(b, t, heads, dh)
+    if cfg.pos_embedding == "rope":
+      q, k = rope(q, cfg.rope_base), rope(k, cfg.rope_base)
+    drop_probs = bool(cfg.attn_dropout_rate) and not deterministic
+    if capture_probs or drop_probs or cfg.attention_impl == "einsum":
+      out = self._einsum(q, k, v, capture_probs, drop_probs)
+    else:
+      out = jax.nn.dot_product_attention(
+          q, k, v, is_causal=True, scale=1.0 / (math.sqrt(dh) * cfg.tau),
+          implementation=fused_impl(cfg, dtype))
+      if cfg.prefix_avg_removal:
+        out = (out.astype(jnp.float32)
+               - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
+    return out.reshape(b, t, d) @ proj("w_o", output_proj=True)
+
+  def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:
+    cfg, dtype, t = self.cfg, q.dtype, q.shape[1]
     logits_BxHxTxT = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-    logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(dh) * cfg.tau)
+    logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(cfg.d_head) * cfg.tau)
     causal = jnp.tril(jnp.ones((t, t), bool))
     logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits_BxHxTxT, axis=-1)
@@ -67,7 +137,6 @@ class CausalSelfAttention(nn.Module):
       probs = probs - cfg.prefix_avg_removal * prefix_average_matrix(t, probs.dtype)
     if capture_probs:
       self.sow("intermediates", "attn_probs", probs)
-    if cfg.attn_dropout_rate and not deterministic:
+    if drop_probs:
       probs = nn.Dropout(cfg.attn_dropout_rate)(probs, deterministic=False)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v).reshape(b, t, d)
-    return out @ proj("w_o", output_proj=True)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v)

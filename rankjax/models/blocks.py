@@ -15,11 +15,16 @@ blocks without Python loops. Shapes for one block (d = width, m = hidden width):
   M=2:  w_up (d, m), w_down (m, d), and w_gate (d, m) for swiglu
   M=1:  w (d, d), and w_gate (d, d) for swiglu
   p_scale / b_scale / r_scale (d,) when ``norm_gain`` and the op has a gain.
+
+``residual_sublayer`` is Eq. 17 for any branch and any norm implementation: the
+MLP's blocks (pure functions of parameter dicts, here) and each of the decoder
+LM's two sublayers (linen modules, ``rankjax.models.transformer``) are built on it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -83,13 +88,51 @@ def activation(params: dict, z: jax.Array, pre: jax.Array, cfg: MLPConfig) -> ja
   return ACTIVATIONS[cfg.activation](pre)
 
 
-def branch_fn(params: dict, x: jax.Array, cfg: MLPConfig) -> jax.Array:
-  """``f(P(x))``: the branch before its output norm and without beta."""
-  p_op = cfg.norm_ops[0]
-  z = _norm(params, "p", p_op, x, cfg.norm_eps)
+def residual_sublayer(h: jax.Array, branch: Callable[[jax.Array], jax.Array],
+                      norm: Callable[[str, jax.Array], jax.Array], beta: float,
+                      h_skip: jax.Array | None = None,
+                      has_skip: jax.Array | bool = True,
+                      tap: Callable[[str, jax.Array], jax.Array] | None = None,
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """One residual sublayer of Eq. 17: ``R(h_skip + beta * B(f(P(h))))``.
+
+  ``branch`` is f; ``norm(loc, x)`` applies the operation at ``loc`` in "p", "b", "r"
+  (the identity where there is none). ``h_skip`` defaults to ``h``; a false
+  ``has_skip`` (may be traced) drops the skip: ``R(B(f(P(h))))``.
+
+  Returns ``(x, y, h_new)``: the branch input ``x = P(h)``, the residual sum before
+  the R norm ``y = h_skip + beta * B(f(x))`` and the block output ``h_new = R(y)``
+  (the postnorm paper's X_k, Y_k and the next sublayer's stream, its Eq. 1).
+  ``tap(name, value)``, when given, sees ``x`` ("x") and ``y`` ("y") as they are made
+  and returns what the computation continues with (capture / perturbation hooks).
+  """
+  tap = tap or (lambda _, value: value)
+  x = tap("x", norm("p", h))
+  u = norm("b", branch(x))
+  skip = h if h_skip is None else h_skip
+  if has_skip is True:
+    y = skip + beta * u
+  else:
+    y = jnp.where(has_skip, skip + beta * u, u)
+  y = tap("y", y)
+  return x, y, norm("r", y)
+
+
+def _branch_core(params: dict, z: jax.Array, cfg: MLPConfig) -> jax.Array:
+  """f(z) without the P norm."""
   if cfg.branch_matrices == 2:
     return activation(params, z, z @ params["w_up"], cfg) @ params["w_down"]
   return activation(params, z, z @ params["w"], cfg)
+
+
+def _norm_at(params: dict, cfg: MLPConfig) -> Callable[[str, jax.Array], jax.Array]:
+  ops = dict(zip("pbr", cfg.norm_ops))
+  return lambda loc, x: _norm(params, loc, ops[loc], x, cfg.norm_eps)
+
+
+def branch_fn(params: dict, x: jax.Array, cfg: MLPConfig) -> jax.Array:
+  """``f(P(x))``: the branch before its output norm and without beta."""
+  return _branch_core(params, _norm_at(params, cfg)("p", x), cfg)
 
 
 def branch_out(params: dict, x: jax.Array, cfg: MLPConfig) -> jax.Array:
@@ -103,9 +146,10 @@ def block_fn(params: dict, h: jax.Array, h_skip: jax.Array, has_skip: jax.Array 
 
   ``has_skip`` may be a traced boolean (inside ``lax.scan``).
   """
-  u = branch_out(params, h, cfg)
-  pre_r = jnp.where(has_skip, h_skip + cfg.beta * u, u)
-  return _norm(params, "r", cfg.norm_ops[2], pre_r, cfg.norm_eps)
+  has_skip = jnp.asarray(has_skip)       # the MLP always selects (bit-stable HLO)
+  _, _, h_new = residual_sublayer(h, lambda z: _branch_core(params, z, cfg),
+                                  _norm_at(params, cfg), cfg.beta, h_skip, has_skip)
+  return h_new
 
 
 def skip_flags(cfg: MLPConfig) -> jax.Array:

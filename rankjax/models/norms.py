@@ -47,12 +47,17 @@ def has_gain(op: str) -> bool:
 
 
 class Norm(nn.Module):
-  """``normalize`` with an optional learned gain (initialized to one, no bias)."""
+  """``normalize`` with an optional learned gain (initialized to one) and bias (zero).
+
+  Both exist only for the rescaling ops (``has_gain``): ``y = N(x) * scale + bias``,
+  computed in at least float32 and returned in ``x``'s dtype.
+  """
 
   op: str
   gain: bool = True
   eps: float = 1e-6
   param_dtype: jnp.dtype = jnp.float32
+  bias: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -60,4 +65,6 @@ class Norm(nn.Module):
     if self.gain and has_gain(self.op):
       scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
       y = y * scale
+    if self.bias and has_gain(self.op):
+      y = y + self.param("bias", nn.initializers.zeros, (x.shape[-1],), self.param_dtype)
     return y.astype(x.dtype)

@@ -1,19 +1,30 @@
 """DecoderLM: the decoder-only Transformer of the Post-Norm collapse and
-softmax-sensitivity papers, with the normalization placement as a field.
+softmax-sensitivity papers, built from the shared residual block.
 
-Per layer l, with sublayers k = 1 (attention) and k = 2 (FFN), postnorm paper Eq. 1:
+Each layer is two sublayers k = 1 (attention) and k = 2 (FFN) of Transforming Rank's
+Eq. 17, ``h -> R(h + beta * B(f_k(P(h))))`` (``blocks.residual_sublayer``), with the
+(P, B, R) operations of ``cfg.norm_ops``. With the captured names of postnorm Eq. 1:
+
+  X_k = P(h_k)                the sublayer input (after its P norm)
+  Y_k = h_k + beta B(f_k(X_k)) the residual sum before the R norm
+  h_{k+1} = R(Y_k)            the stream the next sublayer reads
 
   post:  X_1 = h             Y_1 = X_1 + Attn(X_1)       X_2 = N(Y_1)
          Y_2 = X_2 + FFN(X_2)                            h' = N(Y_2)
   pre:   X_1 = N(h)          Y_1 = h + Attn(X_1)         X_2 = N(Y_1)
          Y_2 = Y_1 + FFN(X_2)                            h' = Y_2
-  peri:  pre, with a norm on each sublayer output before the add.
+  peri:  pre, with a norm on each sublayer output (B) before the add.
 
-So X_k is always the sublayer input (after the norm, for pre/peri) and Y_k the
-residual sum before the next norm. With ``capture=True`` each layer sows ``x1, y1, x2,
-y2`` (stacked over layers: (L, B, T, d)) into ``intermediates`` and passes them
-through ``perturb`` (collection ``perturbations``) so gradients with respect to them
-are available: see ``intermediate_grads``.
+With ``capture=True`` each layer sows ``x1, y1, x2, y2`` (stacked over layers: (L, B,
+T, d)) into ``intermediates`` and passes them through ``perturb`` (collection
+``perturbations``) so gradients with respect to them are available: see
+``intermediate_grads``.
+
+Norm parameter names (stable across the rewrite onto the shared block): attention P
+``norm_attn_in``, B ``norm_attn_out``; FFN P ``norm_ffn_in``, B ``norm_ffn_out``, R
+``norm_out``. The attention's R norm produces X_2 when the FFN has no P norm (post),
+so it is ``norm_ffn_in`` then, and ``norm_attn_res`` when both exist. Outside the
+layers: ``norm_embed`` and ``norm_final`` (``cfg.uses_embed_norm`` / ``uses_final_norm``).
 """
 
 from __future__ import annotations
@@ -23,10 +34,33 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
+from rankjax.models import blocks
 from rankjax.models.attention import CausalSelfAttention, matrix_init
+from rankjax.models.lm_head import head_logits
 from rankjax.models.norms import Norm
 
 SUBLAYER_NAMES = ("x1", "y1", "x2", "y2")
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "full": jax.checkpoint_policies.nothing_saveable}
+
+
+def norm_names(cfg: TransformerConfig) -> dict[tuple[str, str], str]:
+  """Parameter name of each (sublayer, location) norm that exists, see the module doc."""
+  p, b, r = cfg.norm_ops
+  names = {}
+  for sub, op, loc in (("attn", p, "p"), ("attn", b, "b"), ("ffn", p, "p"), ("ffn", b, "b")):
+    if op != "none":
+      names[(sub, loc)] = f"norm_{sub}_{'in' if loc == 'p' else 'out'}"
+  if r != "none":
+    names[("attn", "r")] = "norm_attn_res" if p != "none" else "norm_ffn_in"
+    names[("ffn", "r")] = "norm_out"
+  return names
+
+
+def make_norm(cfg: TransformerConfig, op: str, name: str) -> Norm:
+  """The LM's norm: ``op`` with learned gain (and bias with ``norm_bias``)."""
+  return Norm(op, gain=True, eps=cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype),
+              bias=cfg.norm_bias, name=name)
 
 
 class FeedForward(nn.Module):
@@ -49,17 +83,12 @@ class FeedForward(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-  """One layer: attention then FFN, each with its residual add and norms."""
+  """One layer: the attention sublayer then the FFN sublayer (``residual_sublayer``)."""
 
   cfg: TransformerConfig
   capture: bool = False
   capture_probs: bool = False
   deterministic: bool = True
-
-  def _norm(self, name: str) -> Norm:
-    cfg = self.cfg
-    return Norm(cfg.norm_op, gain=True, eps=cfg.norm_eps,
-                param_dtype=jnp.dtype(cfg.param_dtype), name=name)
 
   def _record(self, name: str, value: jax.Array) -> jax.Array:
     if not self.capture:
@@ -76,45 +105,57 @@ class DecoderBlock(nn.Module):
   @nn.compact
   def __call__(self, h: jax.Array, _=None):
     cfg = self.cfg
-    pos = cfg.norm_position
+    ops = dict(zip("pbr", cfg.norm_ops))
+    names = norm_names(cfg)
     attn = CausalSelfAttention(cfg, name="attn")
     ffn = FeedForward(cfg, name="ffn")
+    branches = (
+        ("attn", lambda x: self._drop(attn(x, deterministic=self.deterministic,
+                                           capture_probs=self.capture_probs))),
+        ("ffn", lambda x: self._drop(ffn(x))),
+    )
+    for k, (sub, branch) in enumerate(branches, start=1):
+      def norm(loc, x, sub=sub):
+        name = names.get((sub, loc))
+        return x if name is None else make_norm(cfg, ops[loc], name)(x)
 
-    x1 = self._record("x1", h if pos == "post" else self._norm("norm_attn_in")(h))
-    a = self._drop(attn(x1, deterministic=self.deterministic, capture_probs=self.capture_probs))
-    if pos == "peri":
-      a = self._norm("norm_attn_out")(a)
-    y1 = self._record("y1", (x1 if pos == "post" else h) + a)
-    x2 = self._record("x2", self._norm("norm_ffn_in")(y1))
-    f = self._drop(ffn(x2))
-    if pos == "peri":
-      f = self._norm("norm_ffn_out")(f)
-    y2 = self._record("y2", (x2 if pos == "post" else y1) + f)
-    out = self._norm("norm_out")(y2) if pos == "post" else y2
-    return out, None
+      # Without a P norm X_k is the stream itself and also the skip (Y_k = X_k + ...):
+      # it is captured before the sublayer so that dL/dX_k includes the skip path.
+      if ops["p"] == "none":
+        h = self._record(f"x{k}", h)
+      def tap(name, v, k=k):
+        return v if name == "x" and ops["p"] == "none" else self._record(f"{name}{k}", v)
+
+      _, _, h = blocks.residual_sublayer(h, branch, norm, cfg.beta, tap=tap)
+    return h, None
 
 
 class DecoderLM(nn.Module):
-  """Token embeddings, ``num_layers`` blocks (one ``nn.scan``), final norm, LM head.
+  """Token embeddings (and their norm), ``num_layers`` blocks (one ``nn.scan``), the
+  final norm, LM head; the two norms follow ``cfg.uses_embed_norm`` / ``uses_final_norm``.
 
-  ``__call__(tokens_BxT) -> logits_BxTxV`` (float32, or float64 with float64 params). Options: ``deterministic=False`` turns on
+  ``__call__(tokens_BxT) -> logits_BxTxV`` (float32, or float64 with float64
+  params). Options: ``deterministic=False`` turns on
   dropout (needs a ``dropout`` rng); ``capture`` sows and perturbs the per-layer
   X_k / Y_k; ``capture_probs`` also sows the attention probabilities (B, H, T, T) per
-  layer, stacked as (L, B, H, T, T).
+  layer, stacked as (L, B, H, T, T). ``return_hidden`` returns ``(h_BxTxD, W_DxVp)``,
+  the head's input and matrix (padded columns included), for a loss that computes
+  the head itself (``rankjax.measure.losses.head_cross_entropy``).
   """
 
   cfg: TransformerConfig
 
   @nn.compact
   def __call__(self, tokens_BxT: jax.Array, *, deterministic: bool = True,
-               capture: bool = False, capture_probs: bool = False) -> jax.Array:
+               capture: bool = False, capture_probs: bool = False,
+               return_hidden: bool = False):
     cfg = self.cfg
     dtype, pdt = jnp.dtype(cfg.compute_dtype), jnp.dtype(cfg.param_dtype)
     t = tokens_BxT.shape[-1]
     if t > cfg.max_seq_len:
       raise ValueError(f"sequence length {t} exceeds max_seq_len={cfg.max_seq_len}")
     embed_std = cfg.embed_std or (1.0 if cfg.init == "paper_collapse" else 0.02)
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, param_dtype=pdt,
+    embed = nn.Embed(cfg.padded_vocab_size, cfg.d_model, param_dtype=pdt,
                      embedding_init=nn.initializers.normal(embed_std), name="embed")
     h = embed(tokens_BxT).astype(dtype)
     if cfg.pos_embedding == "learned":
@@ -123,10 +164,13 @@ class DecoderLM(nn.Module):
       h = h + pos[:t].astype(dtype)
     if cfg.dropout_rate and not deterministic:
       h = nn.Dropout(cfg.dropout_rate)(h, deterministic=False)
+    if cfg.uses_embed_norm:
+      h = make_norm(cfg, cfg.embed_norm_op, "norm_embed")(h)  # postnorm Eq. 1: X_1^1 = N(Y_0^1)
 
     block = DecoderBlock
-    if cfg.remat:
-      block = nn.remat(block, static_argnums=())
+    if cfg.remat != "none":
+      block = nn.remat(block, static_argnums=(), prevent_cse=False,
+                       policy=REMAT_POLICIES[cfg.remat])
     stack = nn.scan(
         block,
         variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},
@@ -136,14 +180,48 @@ class DecoderLM(nn.Module):
     h, _ = stack(cfg, capture=capture, capture_probs=capture_probs,
                  deterministic=deterministic, name="layers")(h, None)
 
-    if cfg.final_norm:
-      h = Norm(cfg.norm_op, gain=True, eps=cfg.norm_eps, param_dtype=pdt, name="norm_final")(h)
+    if cfg.uses_final_norm:
+      h = make_norm(cfg, cfg.norm_op, "norm_final")(h)
     if cfg.tie_embeddings:
-      logits = embed.attend(h.astype(pdt))
+      w_DxV = embed.embedding.T
     else:
-      w = self.param("lm_head", matrix_init(cfg, cfg.d_model), (cfg.d_model, cfg.vocab_size), pdt)
-      logits = h @ w.astype(dtype)
-    return logits.astype(jnp.promote_types(jnp.float32, pdt))
+      w_DxV = self.param("lm_head", matrix_init(cfg, cfg.d_model),
+                         (cfg.d_model, cfg.padded_vocab_size), pdt)
+    if return_hidden:
+      return h, w_DxV
+    return head_logits(h, w_DxV)[..., :cfg.vocab_size]
+
+
+def first_layer_input(cfg: TransformerConfig, params, tokens_BxT: jax.Array) -> jax.Array:
+  """The stream entering layer 1 (evaluation mode) from ``DecoderLM`` parameters:
+  embeddings, learned positions, the embedding norm; equal to DecoderLM's (tested)."""
+  dtype = jnp.dtype(cfg.compute_dtype)
+  t = tokens_BxT.shape[-1]
+  h = jnp.take(params["embed"]["embedding"], tokens_BxT, axis=0).astype(dtype)
+  if cfg.pos_embedding == "learned":
+    h = h + params["pos_embed"][:t].astype(dtype)
+  if cfg.uses_embed_norm:
+    norm = make_norm(cfg, cfg.embed_norm_op, None)
+    h = norm.apply({"params": params.get("norm_embed", {})}, h)
+  return h
+
+
+def compute_copy(params, cfg: TransformerConfig):
+  """The parameters as the forward pass uses them: the mixed-precision rule, in one place.
+
+  Every matrix and embedding is cast to ``cfg.compute_dtype`` before use (so under
+  FSDP the all-gathers move bfloat16, not float32); norm gains and biases keep their
+  dtype (the norms compute in float32). The float32 originals stay the optimizer's.
+  """
+  dtype = jnp.dtype(cfg.compute_dtype)
+  if dtype == jnp.dtype(cfg.param_dtype):
+    return params
+
+  def cast(path, x):
+    name = getattr(path[-1], "key", None)
+    return x if name in ("scale", "bias") else x.astype(dtype)
+
+  return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def intermediate_grads(model: DecoderLM, params, tokens_BxT, loss_fn):

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.measure import sensitivity as sens
-from rankjax.models.transformer import DecoderBlock
+from rankjax.models.transformer import DecoderBlock, first_layer_input
 from rankjax.train import diagnostics as diag_lib
 
 Array = jax.Array
@@ -74,11 +74,7 @@ def layer_probs(model: Any, params: Any, tokens_BxT: Array,
   ``intermediates/layers/attn/attn_probs`` (tested).
   """
   cfg = model.cfg
-  dtype = jnp.dtype(cfg.compute_dtype)
-  t = tokens_BxT.shape[-1]
-  h = jnp.take(params["embed"]["embedding"], tokens_BxT, axis=0).astype(dtype)
-  if cfg.pos_embedding == "learned":
-    h = h + params["pos_embed"][:t].astype(dtype)
+  h = first_layer_input(cfg, params, tokens_BxT)
   wanted = set(int(l) for l in layers)
   out: dict[int, Array] = {}
   for l in range(max(wanted) + 1):

@@ -5,7 +5,9 @@ The loop, the step and the diagnostics never branch on the model kind; they call
 
   lm:  ``DecoderLM`` on text batches ``{"inputs", "targets"}`` of int32 (B, T);
        loss = mean next-token cross-entropy over all B*T tokens (sequences are packed,
-       no padding).
+       no padding), computed from the head's input by ``head_cross_entropy`` (compute
+       dtype head, float32 log-sum-exp, pad columns masked, ``lm.loss_chunk``) on the
+       compute copy of the parameters (``compute_copy``).
   mlp: ``ResidualMLP`` classifier on image batches ``{"inputs": (B, D) float32,
        "targets": (B,) int32}``; loss = mean cross-entropy, plus accuracy.
 
@@ -26,8 +28,9 @@ import numpy as np
 import optax
 
 from rankjax.config import TrainConfig
+from rankjax.models.lm_head import head_cross_entropy
 from rankjax.models.mlp import ResidualMLP
-from rankjax.models.transformer import DecoderLM, intermediate_grads
+from rankjax.models.transformer import DecoderLM, compute_copy, intermediate_grads
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -80,6 +83,18 @@ class Task:
     raise NotImplementedError
 
 
+def dropout_key(rng: Array, impl: str) -> Array:
+  """``rng`` as a key of the PRNG implementation ``impl`` (``TransformerConfig.prng_impl``).
+
+  threefry (jax's default) passes ``rng`` through; rbg / unsafe_rbg keys are built
+  from random bits drawn with ``rng`` (their key data is wider than threefry's).
+  """
+  if impl == "threefry":
+    return rng
+  shape = jax.random.key_data(jax.random.key(0, impl=impl)).shape
+  return jax.random.wrap_key_data(jax.random.bits(rng, shape, jnp.uint32), impl=impl)
+
+
 def _cross_entropy(logits: Array, labels: Array) -> Array:
   return optax.softmax_cross_entropy_with_integer_labels(
       logits.astype(jnp.float32), labels).mean()
@@ -90,10 +105,15 @@ class LMTask(Task):
   """Next-token prediction with ``DecoderLM``; captures X_k / Y_k and their grads."""
 
   def loss(self, params, batch, rng, deterministic=False):
-    rngs = {"dropout": rng} if (self.dropout and not deterministic) else None
-    logits = self.model.apply({"params": params}, batch["inputs"],
-                              deterministic=deterministic or not self.dropout, rngs=rngs)
-    loss = _cross_entropy(logits, batch["targets"])
+    cfg = self.model.cfg
+    rngs = ({"dropout": dropout_key(rng, cfg.prng_impl)}
+            if (self.dropout and not deterministic) else None)
+    h, w = self.model.apply({"params": compute_copy(params, cfg)}, batch["inputs"],
+                            deterministic=deterministic or not self.dropout, rngs=rngs,
+                            return_hidden=True)
+    targets = batch["targets"]
+    loss = head_cross_entropy(h.reshape(-1, h.shape[-1]), w, targets.reshape(-1),
+                              cfg.vocab_size, cfg.loss_chunk)
     return loss, {"loss": loss}
 
   def capture(self, params, batch):
@@ -105,12 +125,12 @@ class LMTask(Task):
   def flops_per_example(self, num_params: int) -> float:
     cfg = self.model.cfg
     t = self.tokens_per_example
-    embed = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+    embed = cfg.padded_vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
     if cfg.pos_embedding == "learned":
       embed += cfg.max_seq_len * cfg.d_model
     # PaLM (App B): 6N per token for the matmuls (the LM head counts, the embedding
     # lookup does not) plus 12 L T d for attention scores and values.
-    head = cfg.vocab_size * cfg.d_model
+    head = cfg.padded_vocab_size * cfg.d_model
     dense = num_params - embed + head
     return t * (6.0 * dense + 12.0 * cfg.num_layers * t * cfg.d_model)
 

@@ -15,8 +15,11 @@ from rankjax.models.transformer import DecoderLM, FeedForward, intermediate_grad
 
 
 def _cfg(**kw) -> TransformerConfig:
+  # The Post-Norm LM with no embedding norm and a final norm after the last layer's
+  # norm (explicit: Post-Norm's default now follows postnorm Eq. 1), which the direct
+  # re-implementation below mirrors.
   base = dict(vocab_size=11, num_layers=2, d_model=8, num_heads=2, d_ff=16, max_seq_len=8,
-              norm_position="post", init="paper_collapse")
+              norm_position="post", init="paper_collapse", embed_norm=False, final_norm=True)
   base.update(kw)
   return TransformerConfig(**base)
 

@@ -1,0 +1,142 @@
+"""Attention: the fused kernel against the explicit probabilities, RoPE against rotation
+matrices, P - alpha*C_n without C_n, and the compiled step's buffers and dots."""
+
+import dataclasses
+import re
+from unittest import mock
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from rankjax.config import TransformerConfig
+from rankjax.measure.similarity import prefix_average_matrix
+from rankjax.models import attention
+from rankjax.models.attention import CausalSelfAttention
+
+CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24,
+                        max_seq_len=12)
+
+
+@pytest.mark.parametrize("tau,alpha,pos", [(1.0, 0.0, "none"), (0.6, 0.0, "rope"),
+                                           (1.3, 0.7, "none"), (1.0, 1.0, "rope")])
+def test_fused_equals_einsum_outputs_and_gradients(tau, alpha, pos):
+  cfg = dataclasses.replace(CFG, tau=tau, prefix_avg_removal=alpha, pos_embedding=pos)
+  x = jax.random.normal(jax.random.key(0), (2, 9, 16))
+  fused = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="xla"))
+  ref = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="einsum"))
+  params = fused.init(jax.random.key(1), x)
+
+  def value_and_grads(module):
+    def loss(p, v):
+      return jnp.sum(jnp.sin(module.apply(p, v)))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x), module.apply(params, x)
+
+  (lf, gf), out_f = value_and_grads(fused)
+  (lr, gr), out_r = value_and_grads(ref)
+  np.testing.assert_allclose(out_f, out_r, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(lf, lr, rtol=1e-5)
+  chex.assert_trees_all_close(gf, gr, rtol=1e-4, atol=1e-6)
+
+
+def test_prefix_mean_is_c_n_times_v():
+  v = jax.random.normal(jax.random.key(2), (2, 7, 3, 4))
+  expected = jnp.einsum("qk,bkhd->bqhd", prefix_average_matrix(7), v)
+  np.testing.assert_allclose(attention.prefix_mean(v), expected, rtol=1e-6, atol=1e-7)
+
+
+def _rotation(m: int, dh: int, base: float) -> np.ndarray:
+  """RoFormer Eq. 34: block-diagonal 2x2 rotations by m * base^(-2i/dh)."""
+  r = np.zeros((dh, dh))
+  for i in range(dh // 2):
+    a = m * base ** (-2 * i / dh)
+    r[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]]
+  return r
+
+
+def test_rope_matches_explicit_rotation_matrices():
+  t, heads, dh, base = 6, 2, 8, 100.0
+  x = np.asarray(jax.random.normal(jax.random.key(3), (1, t, heads, dh)), np.float64)
+  got = np.asarray(attention.rope(jnp.asarray(x, jnp.float32), base))
+  want = np.stack([x[0, m] @ _rotation(m, dh, base).T for m in range(t)])[None]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_scores_depend_on_relative_position_only():
+  dh, t = 8, 12
+  q = jax.random.normal(jax.random.key(4), (dh,))
+  k = jax.random.normal(jax.random.key(5), (dh,))
+  seq = lambda v: jnp.broadcast_to(v, (1, t, 1, dh))
+  rq, rk = attention.rope(seq(q))[0, :, 0], attention.rope(seq(k))[0, :, 0]
+  scores = rq @ rk.T                                  # (T, T): <R_m q, R_n k>
+  for offset in (-3, 0, 2, 5):
+    diag = jnp.diagonal(scores, offset=offset)
+    np.testing.assert_allclose(diag, diag[0], rtol=1e-5, atol=1e-5)
+  assert float(jnp.abs(scores[0, 0] - scores[0, 3])) > 1e-3   # but it depends on m - n
+
+
+def test_auto_is_xla_on_cpu_and_a_forced_choice_stands():
+  assert attention.fused_impl(CFG, jnp.bfloat16) == "xla"
+  assert attention.fused_impl(dataclasses.replace(CFG, attention_impl="cudnn"),
+                              jnp.float32) == "cudnn"
+
+
+# --- the compiled step under bf16 compute ------------------------------------------
+
+BF16 = TransformerConfig(vocab_size=300, vocab_multiple=128, num_layers=2, d_model=64,
+                         num_heads=2, d_ff=96, max_seq_len=128, norm_position="pre",
+                         tie_embeddings=True, compute_dtype="bfloat16")
+B, T = 2, 128
+
+
+def _step_text(cfg, platform="cpu"):
+  """StableHLO of the LM training loss and its gradient (the plain step's compute)."""
+  from rankjax.train import tasks
+  from rankjax.config import TrainConfig
+  task = tasks.make_task(TrainConfig(lm=cfg, seq_len=T, batch_size=B, warmup_steps=1,
+                                     total_steps=2, compute_dtype=cfg.compute_dtype))
+  batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32) for k in ("inputs", "targets")}
+  step = jax.jit(jax.grad(lambda p, b: task.loss(p, b, None, deterministic=True)[0]))
+  if platform == "cpu":
+    return step.lower(jax.eval_shape(task.init, jax.random.key(0)), batch).as_text()
+  # Lowering for CUDA on a machine without one: cuDNN's version and compute-capability
+  # checks are answered as for an H100/H200 (cuDNN 9.10, sm_90); nothing runs.
+  targets = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward")
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_lib
+  with mock.patch.object(cudnn_lib, "check_cudnn_version", return_value=91000), \
+       mock.patch.object(cudnn_lib, "check_compute_capability", return_value=True):
+    params = jax.eval_shape(task.init, jax.random.key(0))
+    exported = export.export(
+        step, platforms=[platform],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call(t) for t in targets])(
+            params, batch)
+  return exported.mlir_module()
+
+
+def _dots(text):
+  """(lhs type, rhs type, result type) of every dot_general in a StableHLO module."""
+  pattern = r"stablehlo\.dot_general[^\n]*:\s*\((tensor<[^>]*>),\s*(tensor<[^>]*>)\)\s*->\s*(tensor<[^>]*>)"
+  return re.findall(pattern, text)
+
+
+def test_bf16_step_head_dots_are_bf16():
+  dots = _dots(_step_text(BF16))
+  vp = BF16.padded_vocab_size
+  head = [d for d in dots if any(f"x{vp}x" in t or f"<{vp}x" in t for t in d)]
+  assert len(head) >= 3, head        # forward logits, d/dh and d/dW of the head
+  for lhs, rhs, _ in head:
+    assert lhs.endswith("xbf16>") and rhs.endswith("xbf16>"), (lhs, rhs)
+
+
+def test_cudnn_step_has_no_txt_buffer():
+  cfg = dataclasses.replace(BF16, attention_impl="cudnn")
+  text = _step_text(cfg, platform="cuda")
+  assert "__cudnn$fmhaSoftmax" in text and "__cudnn$fmhaSoftmaxBackward" in text
+  txt = re.findall(rf"tensor<(?:\d+x)*{T}x{T}x[a-z0-9]+>", text)
+  assert txt == [], txt
+  # the einsum reference does build (B, H, T, T) scores: the check can see them
+  ref = _step_text(dataclasses.replace(BF16, attention_impl="einsum"))
+  assert re.findall(rf"tensor<{B}x{BF16.num_heads}x{T}x{T}x", ref)

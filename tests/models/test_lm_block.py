@@ -1,0 +1,267 @@
+"""DecoderLM on the shared residual block: every placement and per-location operation,
+the embed/final-norm rule, norm bias, remat policies, padded vocab and chunked loss,
+the dropout PRNG implementation."""
+
+import dataclasses
+import itertools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rankjax import config as config_lib
+from rankjax.config import TransformerConfig
+from rankjax.models import norms
+from rankjax.models.lm_head import head_cross_entropy, head_logits
+from rankjax.models.transformer import (DecoderLM, first_layer_input, intermediate_grads,
+                                        norm_names)
+from rankjax.train import tasks
+
+TINY = dict(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_seq_len=12,
+            norm_eps=0.0)
+
+
+def _tokens(b=2, t=8, key=0, vocab=37):
+  return jax.random.randint(jax.random.key(key), (b, t), 0, vocab)
+
+
+def _setup(**kw):
+  cfg = TransformerConfig(**{**TINY, **kw})
+  tokens = _tokens()
+  params = jax.jit(DecoderLM(cfg).init)(jax.random.key(0), tokens)["params"]
+  return cfg, tokens, params
+
+
+def _acts(cfg, params, tokens):
+  _, state = jax.jit(lambda p: DecoderLM(cfg).apply({"params": p}, tokens, capture=True,
+                                                    mutable=["intermediates"]))(params)
+  return {k: v[0] for k, v in state["intermediates"]["layers"].items()}
+
+
+def _unit_rms(x):
+  np.testing.assert_allclose(norms.rms(x)[..., 0], 1.0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("position,op", list(itertools.product(
+    ("pre", "post", "output", "peri", "none"), ("rms", "layer", "mean", "detached_rms"))))
+def test_every_placement_builds_with_its_norms(position, op):
+  cfg, tokens, params = _setup(norm_position=position, norm_op=op)
+  logits = jax.jit(DecoderLM(cfg).apply)({"params": params}, tokens)
+  chex.assert_tree_all_finite(logits)
+  has_params = norms.has_gain(op)
+  expected = set(norm_names(cfg).values()) if has_params else set()
+  got = {k for k in params["layers"] if k.startswith("norm_")}
+  assert got == expected
+  top = {k for k in params if k.startswith("norm_")}
+  want_top = {n for n, on in (("norm_embed", cfg.uses_embed_norm),
+                              ("norm_final", cfg.uses_final_norm)) if on and has_params}
+  assert top == want_top
+
+
+def test_output_placement_normalizes_branch_outputs_only():
+  cfg, tokens, params = _setup(norm_position="output")
+  acts = _acts(cfg, params, tokens)
+  _unit_rms(acts["y1"] - acts["x1"])            # Y_1 = h + B(Attn(h)), X_1 = h
+  _unit_rms(acts["y2"] - acts["x2"])
+  np.testing.assert_array_equal(acts["x2"], acts["y1"])   # no P, no R: the stream is Y_1
+  assert not np.allclose(norms.rms(acts["y2"])[..., 0], 1.0, rtol=1e-2)
+
+
+def test_no_norms_at_all():
+  cfg, tokens, params = _setup(norm_position="none")
+  assert not any(k.startswith("norm_") for k in params) and not any(
+      k.startswith("norm_") for k in params["layers"])
+  acts = _acts(cfg, params, tokens)
+  emb = params["embed"]["embedding"][tokens]
+  np.testing.assert_array_equal(acts["x1"][0], emb)
+  np.testing.assert_array_equal(acts["x1"][1], acts["y2"][0])
+
+
+def test_pre_and_post_norms_together_get_their_own_names():
+  """P and R both set (p_norm override on post): the attention's R norm is
+  norm_attn_res, the FFN's P norm norm_ffn_in; X_2 = P(R(Y_1))."""
+  cfg, tokens, params = _setup(norm_position="post", p_norm="layer")
+  names = set(norm_names(cfg).values())
+  assert names == {"norm_attn_in", "norm_attn_res", "norm_ffn_in", "norm_out"}
+  acts = _acts(cfg, params, tokens)
+  r = norms.normalize(acts["y1"], "rms")
+  np.testing.assert_allclose(acts["x2"], norms.normalize(r, "layer"), rtol=1e-5, atol=1e-5)
+
+
+def test_beta_scales_the_branch():
+  cfg, tokens, params = _setup(norm_position="pre", beta=0.25)
+  acts = _acts(cfg, params, tokens)
+  full = _acts(dataclasses.replace(cfg, beta=1.0), params, tokens)
+  # layer 1: same input, branch scaled by beta
+  emb = first_layer_input(cfg, params, tokens)
+  np.testing.assert_allclose(acts["y1"][0] - emb, 0.25 * (full["y1"][0] - emb),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_final_norm_rule_per_placement():
+  post = TransformerConfig(**TINY, norm_position="post")
+  assert post.uses_embed_norm and not post.uses_final_norm
+  for position in ("pre", "peri", "output"):
+    c = TransformerConfig(**TINY, norm_position=position)
+    assert c.uses_final_norm and not c.uses_embed_norm
+  none = TransformerConfig(**TINY, norm_position="none")
+  assert not none.uses_final_norm and not none.uses_embed_norm
+  forced = TransformerConfig(**TINY, norm_position="post", final_norm=True, embed_norm=False)
+  assert forced.uses_final_norm and not forced.uses_embed_norm
+
+
+def test_post_follows_eq1_every_sublayer_reads_a_norm_output():
+  """postnorm Eq. 1: X_1^1 = RMS(Y_0^1) (the embeddings), X_2 = RMS(Y_1), and the
+  head reads RMS(Y_2^L), the last layer's norm, with no second norm after it."""
+  cfg, tokens, params = _setup(norm_position="post")
+  acts = _acts(cfg, params, tokens)
+  _unit_rms(acts["x1"])
+  _unit_rms(acts["x2"])
+  h_last = norms.normalize(acts["y2"][-1], "rms") * params["layers"]["norm_out"]["scale"][-1]
+  logits = DecoderLM(cfg).apply({"params": params}, tokens)
+  np.testing.assert_allclose(logits, h_last @ params["lm_head"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(first_layer_input(cfg, params, tokens), acts["x1"][0], rtol=1e-6)
+
+
+def test_layer_norm_bias_matches_the_formula():
+  """LN(x) = gamma * (x - mu) / sigma + beta (softmax paper Sec 2)."""
+  cfg, tokens, params = _setup(norm_position="pre", norm_op="layer", norm_bias=True)
+  assert set(params["norm_final"]) == {"scale", "bias"}
+  rng = np.random.default_rng(0)
+  gamma, beta = rng.normal(size=16), rng.normal(size=16)
+  p = dict(params, norm_final={"scale": jnp.asarray(gamma, jnp.float32),
+                               "bias": jnp.asarray(beta, jnp.float32)})
+  h, w = DecoderLM(cfg).apply({"params": p}, tokens, return_hidden=True)
+  _, state = DecoderLM(cfg).apply({"params": p}, tokens, capture=True,
+                                  mutable=["intermediates"])
+  y = np.asarray(state["intermediates"]["layers"]["y2"][0][-1], np.float64)
+  mu, sigma = y.mean(-1, keepdims=True), y.std(-1, keepdims=True)
+  np.testing.assert_allclose(h, gamma * (y - mu) / sigma + beta, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_every_remat_policy_gives_the_same_gradients(position):
+  cfg, tokens, params = _setup(norm_position=position, dropout_rate=0.1)
+  rng = {"dropout": jax.random.key(3)}
+
+  def grads(policy):
+    model = DecoderLM(dataclasses.replace(cfg, remat=policy))
+    loss = lambda p: jnp.sum(model.apply({"params": p}, tokens, deterministic=False,
+                                         rngs=rng) ** 2)
+    return jax.jit(jax.grad(loss))(params)
+
+  ref = grads("none")
+  for policy in ("dots", "full"):
+    chex.assert_trees_all_close(grads(policy), ref, rtol=2e-5, atol=2e-6)   # float32 rounding
+
+
+def test_old_remat_booleans_still_load():
+  assert TransformerConfig(remat=True).remat == "full"
+  assert config_lib.from_dict(TransformerConfig, {"remat": False}).remat == "none"
+
+
+def test_padded_vocab_gives_the_unpadded_loss_and_gradients():
+  cfg, tokens, params = _setup(norm_position="pre", tie_embeddings=True)
+  padded = dataclasses.replace(cfg, vocab_multiple=32)            # 37 -> 64 rows
+  assert padded.padded_vocab_size == 64
+  extra = jax.random.normal(jax.random.key(9), (64 - 37, 16))     # pad rows: any values
+  p_pad = dict(params, embed={"embedding": jnp.concatenate(
+      [params["embed"]["embedding"], extra])})
+  targets = _tokens(key=4)
+  batch = {"inputs": tokens, "targets": targets}
+
+  def task_loss(c, p):
+    task = tasks.make_task(config_lib.TrainConfig(lm=c, seq_len=8, batch_size=2,
+                                                  warmup_steps=1, total_steps=2))
+    return jax.jit(jax.value_and_grad(lambda q: task.loss(q, batch, None, True)[0]))(p)
+
+  loss, g = task_loss(cfg, params)
+  loss_pad, g_pad = task_loss(padded, p_pad)
+  np.testing.assert_allclose(loss_pad, loss, rtol=1e-6)
+  emb, emb_pad = g["embed"]["embedding"], g_pad["embed"]["embedding"]
+  np.testing.assert_allclose(emb_pad[:37], emb, rtol=1e-5, atol=1e-7)
+  np.testing.assert_array_equal(emb_pad[37:], 0.0)
+  logits = DecoderLM(padded).apply({"params": p_pad}, tokens)
+  assert logits.shape == (2, 8, 37)
+  np.testing.assert_allclose(logits, DecoderLM(cfg).apply({"params": params}, tokens),
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [5, 16, 64])
+def test_chunked_cross_entropy_equals_the_plain_one(chunk):
+  h = jax.random.normal(jax.random.key(0), (16, 8))
+  w = jax.random.normal(jax.random.key(1), (8, 40))
+  y = jax.random.randint(jax.random.key(2), (16,), 0, 33)
+  plain = lambda hh, ww: head_cross_entropy(hh, ww, y, 33)
+  chunked = lambda hh, ww: head_cross_entropy(hh, ww, y, 33, chunk=chunk)
+  ref = -jnp.mean(jax.nn.log_softmax((h @ w)[:, :33])[jnp.arange(16), y])
+  np.testing.assert_allclose(plain(h, w), ref, rtol=1e-6)
+  np.testing.assert_allclose(chunked(h, w), ref, rtol=1e-6)
+  chex.assert_trees_all_close(jax.grad(chunked, (0, 1))(h, w), jax.grad(plain, (0, 1))(h, w),
+                              rtol=1e-5, atol=1e-7)
+  assert float(jnp.max(head_logits(h, w, 33)[:, 33:])) == -np.inf
+
+
+def test_bad_head_shapes_raise():
+  with pytest.raises(ValueError, match="expects h"):
+    head_cross_entropy(jnp.ones((2, 3, 4)), jnp.ones((4, 5)), jnp.zeros((2, 3), jnp.int32))
+
+
+def test_chunked_training_loss_matches_unchunked():
+  cfg, tokens, params = _setup(norm_position="pre")
+  batch = {"inputs": tokens, "targets": _tokens(key=4)}
+  losses = []
+  for chunk in (0, 6):
+    task = tasks.make_task(config_lib.TrainConfig(
+        lm=dataclasses.replace(cfg, loss_chunk=chunk), seq_len=8, batch_size=2,
+        warmup_steps=1, total_steps=2))
+    losses.append(jax.jit(lambda p, t=task: t.loss(p, batch, None, True)[0])(params))
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
+def test_dropout_prng_implementations(impl):
+  rng = jax.random.PRNGKey(0)
+  assert tasks.dropout_key(rng, "threefry") is rng
+  key = tasks.dropout_key(rng, impl)
+  assert str(jax.random.key_impl(key)) == impl
+  cfg, tokens, params = _setup(norm_position="pre", dropout_rate=0.3, prng_impl=impl)
+  task = tasks.make_task(config_lib.TrainConfig(lm=cfg, seq_len=8, batch_size=2,
+                                                warmup_steps=1, total_steps=2))
+  batch = {"inputs": tokens, "targets": tokens}
+  a = task.loss(params, batch, jax.random.PRNGKey(1))[0]
+  b = task.loss(params, batch, jax.random.PRNGKey(2))[0]
+  assert np.isfinite(a) and a != b
+
+
+def test_intermediate_grads_with_output_placement_match_direct():
+  """The perturbation gradients exist and match jax.grad for a placement the LM did
+  not have before (output: X_k is the stream itself, also the skip)."""
+  cfg, tokens, params = _setup(norm_position="output")
+  targets = _tokens(key=5)
+  ce = lambda lg: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(lg), targets[..., None], -1))
+  value, g_params, grads, acts = jax.jit(
+      lambda p: intermediate_grads(DecoderLM(cfg), p, tokens, ce))(params)
+  direct = jax.grad(lambda p: ce(DecoderLM(cfg).apply({"params": p}, tokens)))(params)
+  chex.assert_trees_all_close(g_params, direct, rtol=1e-5, atol=1e-7)
+  # the last layer's Y_2 reaches the logits through the final norm and the head only
+  p = params
+
+  def head(y):
+    y = norms.normalize(y, "rms") * p["norm_final"]["scale"]
+    return ce(y @ p["lm_head"])
+
+  np.testing.assert_allclose(grads["y2"][-1], jax.grad(head)(acts["y2"][-1]), rtol=1e-4,
+                             atol=1e-7)
+
+
+def test_embed_norm_uses_the_r_operation():
+  cfg = TransformerConfig(**TINY, norm_position="post", norm_op="rms", r_norm="layer")
+  assert cfg.embed_norm_op == "layer"
+  tokens = _tokens()
+  params = DecoderLM(cfg).init(jax.random.key(0), tokens)["params"]
+  acts = _acts(cfg, params, tokens)
+  emb = params["embed"]["embedding"][tokens]
+  np.testing.assert_allclose(acts["x1"][0], norms.normalize(emb, "layer"), rtol=1e-5, atol=1e-6)
