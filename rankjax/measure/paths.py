@@ -195,7 +195,7 @@ def path_sums(a_LxDxD: Array, b: Array | float | None = None, *,
 
   Returns:
     ``PathSums`` with ``log_norm`` of shape ``(..., L+1)`` and ``unit`` of shape
-    ``(..., L+1, d, d)``.
+    ``(..., L+1, d, d)`` (``K+2`` entries instead of ``L+1`` with ``max_order=K < L``).
   """
   if b is None or jnp.ndim(b) == 0:
     k_arr = None
