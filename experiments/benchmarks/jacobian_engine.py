@@ -353,9 +353,6 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3,
   study = jacobians.make_study_fn(cfg, 1, 1)
   study_draw = jacobians.make_study_fn(cfg, 1, 1, draw=draw)
   keys = list(jax.random.split(jax.random.PRNGKey(1), seeds))
-  ours_fn = lambda: jax.block_until_ready([study(k, 1.0, 1.0) for k in keys])
-  ours_draw_fn = lambda: jax.block_until_ready([study_draw(k, 1.0, 1.0) for k in keys])
-  peer_fn = lambda: [torch_peer_seed(torch, L, d, m, i) for i in range(seeds)]
   a = jax.random.normal(jax.random.PRNGKey(0), (n_peak, n_peak), jnp.float32)
   peak_fn = jax.jit(lambda x: x @ x)
   def branch_of(k):
@@ -378,18 +375,37 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3,
   products = [running(b) for b in b_list]
   cap_err = max(float(paths.reconstruction_error(c, t)) for c, t in zip(capped, products))
   full_err = max(float(paths.reconstruction_error(dp(b), t)) for b, t in zip(b_list, products))
-  timed = {"ours": (ours_fn, ()), "peer": (peer_fn, ()), "ours_draw": (ours_draw_fn, ()),
-           "peak": (peak_fn, (a,)),
+  one_seed = {"ours": lambda i: jax.block_until_ready(study(keys[i], 1.0, 1.0)),
+              "peer": lambda i: torch_peer_seed(torch, L, d, m, i),
+              "ours_draw": lambda i: jax.block_until_ready(study_draw(keys[i], 1.0, 1.0))}
+  timed = {"peak": (peak_fn, (a,)),
            "dp": (lambda: jax.block_until_ready([dp(b) for b in b_list]), ()),
            "dp_cap": (lambda: jax.block_until_ready([dp_cap(b) for b in b_list]), ())}
+  for name in one_seed:
+    one_seed[name](0)                     # compile / warm
   for fn, args in timed.values():
-    jax.block_until_ready(fn(*args))      # compile / warm
-  per_round = {name: [] for name in timed}
+    jax.block_until_ready(fn(*args))
+  per_round = {name: [] for name in list(one_seed) + list(timed)}
+  pairs = {"ours": [], "ours_draw": []}   # (ours, peer) times of one seed, back to back
   for _ in range(rounds):
+    # ours, the peer and ours with ``draw`` alternate seed by seed, so that load changes
+    # on a shared machine (seconds) hit the three alike; the target is judged on the
+    # median over (round, seed) of ours / peer for the same seed
+    totals = dict.fromkeys(one_seed, 0.0)
+    for i in range(seeds):
+      t = {}
+      for name, fn in one_seed.items():
+        start = time.perf_counter()
+        fn(i)
+        t[name] = time.perf_counter() - start
+        totals[name] += t[name]
+      for name in pairs:
+        pairs[name].append(t[name] / t["peer"])
+    for name, total in totals.items():
+      per_round[name].append(total)
     for name, (fn, args) in timed.items():
       per_round[name].append(best_time(fn, *args, reps=reps, warm=False))
-  ratios = sorted(o / p for o, p in zip(per_round["ours"], per_round["peer"]))
-  draw_ratios = sorted(o / p for o, p in zip(per_round["ours_draw"], per_round["peer"]))
+  ratios, draw_ratios = sorted(pairs["ours"]), sorted(pairs["ours_draw"])
   best = {k: min(v) for k, v in per_round.items()}
   peak = 2 * n_peak ** 3 / best["peak"] / 1e9
   dp_gflops = len(b_list) * L * (L + 1) / 2 * 2 * d ** 3 / best["dp"] / 1e9
@@ -432,9 +448,9 @@ average {', '.join(f'{x:.1f}' for x in r['load_avg'])}.
 |---|---|
 | ours per seed (draw + study) | {r['ours_per_seed']:.3f} s |
 | torch.func peer per seed | {r['peer_per_seed']:.3f} s |
-| ours / peer, per round: median (min, max) | {r['ratio_median']:.2f} ({rr[0]:.2f}, {rr[-1]:.2f}) (target <= 0.5: {ok}) |
+| ours / peer, per seed (same seed back to back): median (min, max) | {r['ratio_median']:.2f} ({rr[0]:.2f}, {rr[-1]:.2f}) (target <= 0.5: {ok}) |
 | ours with `draw="{r['draw']}"` per seed | {r['ours_draw_per_seed']:.3f} s |
-| ours (`draw="{r['draw']}"`) / peer, per round: median (min, max) | {r['draw_ratio_median']:.2f} ({dr[0]:.2f}, {dr[-1]:.2f}) (target <= 0.5: {ok_draw}) |
+| ours (`draw="{r['draw']}"`) / peer, per seed: median (min, max) | {r['draw_ratio_median']:.2f} ({dr[0]:.2f}, {dr[-1]:.2f}) (target <= 0.5: {ok_draw}) |
 | path-sum DP ({r['num_chunks']} block groups) vs same-run matmul peak | {r['dp_gflops']:.1f} / {r['peak_gflops']:.1f} GFLOP/s = {100 * r['dp_fraction_of_peak']:.0f}% (target >= 80%: {ok_dp}) |
 | DP per seed, all orders | {r['dp_time']:.3f} s ({r['full_work']:.2f} of the triangle's GEMM blocks; reconstruction error {r['full_reconstruction_error']:.1e}) |
 | DP per seed, orders <= {r['cap']} + aggregated tail (`max_order`{'' if r['cap'] < r['L'] else '; no order is below eps here, so no cap'}) | {r['dp_cap_time']:.3f} s ({r['cap_work']:.2f} of the triangle; tail {r['cap_tail_fraction']:.1e} of the mass; reconstruction error {r['cap_reconstruction_error']:.1e}) |
