@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -61,9 +60,7 @@ def init_sites(model, params, tokens_BxT) -> dict[str, jax.Array]:
 
 
 def import_sibling(name: str):
-  """Imports ``experiments.postnorm_collapse.<name>`` (works when run as a script)."""
-  if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+  """Imports ``experiments.postnorm_collapse.<name>`` (run scripts with ``python -m``)."""
   import importlib
   return importlib.import_module(f"experiments.postnorm_collapse.{name}")
 

@@ -21,24 +21,21 @@ every number, the seed-0 vs seed-1 comparison, where alpha peaks (``alpha_peak``
 one layer? one update?), and a check that per-update diagnostics do not change the
 trajectory (the seed-0 run vs the Fig 6 run, when that run is in ``out_dir``).
 
-Run:  python experiments/postnorm_collapse/fig10_fig11_second_seed.py --out runs/collapse
+Run:  python -m experiments.postnorm_collapse.fig10_fig11_second_seed --out runs/collapse
 (trains 3 runs if missing: about 2 + 2 + 5 CPU-minutes).
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import fig3_fig5_transition as f35  # noqa: E402
-from experiments.postnorm_collapse import seed_lr_runs as sl  # noqa: E402
+from experiments.postnorm_collapse import collapse_study
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import fig3_fig5_transition as f35
+from experiments.postnorm_collapse import seed_lr_runs as sl
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)

@@ -22,8 +22,8 @@ outputs, ``--mask-threshold 1e-10`` applies App F.4's masking (needs the
 [t-4, t+6] around the transition t (the paper's Fig 5 window 2640-2650 around 2644)
 instead of the +-30-update window.
 
-Run:  python experiments/postnorm_collapse/fig3_fig5_transition.py --out runs/collapse
-      python experiments/postnorm_collapse/fig3_fig5_transition.py --out runs/collapse \
+Run:  python -m experiments.postnorm_collapse.fig3_fig5_transition --out runs/collapse
+      python -m experiments.postnorm_collapse.fig3_fig5_transition --out runs/collapse \
           --run-dir runs/collapse/runs/post_warmup_lr0.015 --tag post_warmup_lr0.015
 """
 from __future__ import annotations
@@ -31,17 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
-from rankjax.measure import gradients as gr  # noqa: E402
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import collapse_study
+from rankjax.measure import gradients as gr
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
 ONSET_SIM = 0.99

@@ -13,24 +13,21 @@ against the stream's frequency loss.
 The one-batch / one-sequence runs use the training step of ``rankjax.train.state``
 (``make_step``) on a fixed batch, the same update as ``rankjax train``.
 
-Run:  python experiments/postnorm_collapse/fig6_frequency_loss.py --out runs/collapse
+Run:  python -m experiments.postnorm_collapse.fig6_frequency_loss --out runs/collapse
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import collapse_study
 
 FIXED_STEPS = 150
 WARMUP_STEPS = 20

@@ -14,7 +14,7 @@ check it against Monte Carlo, and plot
   (c) Delta_attn(s = 1/9) and Delta_FFN(xi = 1/9) against t for n = 2048
       [not in the paper's Fig 7: the comparison its Thm 3.4 remark makes in words].
 
-Run:  python experiments/postnorm_collapse/fig7_swiglu_moment.py --out runs/fig7
+Run:  python -m experiments.postnorm_collapse.fig7_swiglu_moment --out runs/fig7
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ over the vocabulary (the paper uses C4 text; see EXPECTED.md). We also record th
 batch-mean token similarity of ``X_1^l`` and ``sqrt(E ||P - C_n||_F^2)/||C_n||_F``
 (the single-sample error, to separate sampling noise from bias).
 
-Run:  python experiments/postnorm_collapse/fig8_fig9_init_attention.py --out runs/fig89
+Run:  python -m experiments.postnorm_collapse.fig8_fig9_init_attention --out runs/fig89
 """
 from __future__ import annotations
 

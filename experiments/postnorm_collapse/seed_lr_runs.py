@@ -14,18 +14,14 @@ Settings (see EXPECTED.md, "Figures 10-11" and "Figures 12-20" for the reasons):
     + learning_rate, warmup_steps=20 (linear), then constant, total_steps=60
   no warmup: configs/collapse_post_quick.json as is (LR 1e-2, 150 updates)
 
-Run:  python experiments/postnorm_collapse/seed_lr_runs.py --out runs/collapse [--only a,b]
+Run:  python -m experiments.postnorm_collapse.seed_lr_runs --out runs/collapse [--only a,b]
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
+from experiments.postnorm_collapse import collapse_study
 
 CONFIG = "collapse_post_quick"
 DIAGS = 'diagnostics=["basic","postnorm","postnorm_sublayer_norms"]'

@@ -13,7 +13,7 @@ our "repair" and "balance" certificates, the Cor 3.4(5) bound 1 - p_max^2 and, f
 the middle, host code), the exact theta and each certificate's gap to it. All in
 float64, so that 1 - theta_cert is resolved.
 
-Run:  python experiments/softmax_sensitivity/certificates_large_L.py --out runs/certs
+Run:  python -m experiments.softmax_sensitivity.certificates_large_L --out runs/certs
 """
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ seeds; entropy and p_max curves = mean over layers of the per-layer row mean, av
 over seeds; final loss = mean over the last 50 updates; spikes = ``gradient_spikes``
 (window 50, first 10 excluded); +- = sample std over seeds (ddof 1).
 
-Run:  python experiments/softmax_sensitivity/prepost_training.py --out runs/prepost --scale quick
-      python experiments/softmax_sensitivity/prepost_training.py --out runs/prepost_sharpen \
+Run:  python -m experiments.softmax_sensitivity.prepost_training --out runs/prepost --scale quick
+      python -m experiments.softmax_sensitivity.prepost_training --out runs/prepost_sharpen \
           --scale quick_sharpen --seeds 42
 """
 from __future__ import annotations

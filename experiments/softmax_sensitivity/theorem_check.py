@@ -13,7 +13,7 @@ maximized over all 2^L sign vectors; the right side is subset enumeration; both 
 float64. We also cross-check the meet-in-the-middle theta, add tau in {0.5, 2} (not in
 the paper) and report our "balance" certificate next to the paper's greedy prefix.
 
-Run:  python experiments/softmax_sensitivity/theorem_check.py --out runs/theorem_check
+Run:  python -m experiments.softmax_sensitivity.theorem_check --out runs/theorem_check
 """
 from __future__ import annotations
 

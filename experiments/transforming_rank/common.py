@@ -2,8 +2,8 @@
 
 Every script exposes ``run(out_dir, scale="quick"|"paper", **overrides) -> dict`` and
 writes ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
-``summary`` list of rows ``{"item", "paper", "ours", "note"}`` that ``reproduce.py``
-collects into ``summary.md``. Settings come from the script's ``SCALES`` table; any
+``summary`` list of rows (``row``: item, paper, ours, status, seeds, spread, note) that
+``experiments.runner`` collects into ``summary.json`` and ``summary.md``. Settings come from the script's ``SCALES`` table; any
 keyword argument overrides one setting.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402,F401
 
 import jax  # noqa: E402
 
+from experiments import runner  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
 
@@ -84,8 +85,10 @@ def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dic
   return result
 
 
-def row(item: str, paper: Any, ours: Any, note: str = "") -> dict:
-  return {"item": item, "paper": paper, "ours": ours, "note": note}
+def row(item: str, paper: Any, ours: Any, note: str = "", *, status: str | None = None,
+        seeds: int | None = None, spread: Any = None) -> dict:
+  """A summary row (``experiments.runner.row``); ``status=None``: automatic."""
+  return runner.row(item, paper, ours, status, seeds=seeds, spread=spread, note=note)
 
 
 def fmt(x: float, digits: int = 3) -> str:

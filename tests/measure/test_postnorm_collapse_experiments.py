@@ -139,7 +139,7 @@ def test_reproduce_aliases():
   assert set(reproduce.ALIASES.values()) <= set(reproduce.SCRIPTS)
   assert reproduce.ALIASES["fig11"] == "fig10" and reproduce.ALIASES["fig17"] == "fig12"
   assert {"fig10", "fig12"} <= reproduce.TRAINING
-  with pytest.raises(ValueError, match="unknown scripts"):
+  with pytest.raises(ValueError, match="unknown experiment 'fig99'"):
     reproduce.run_all("/nonexistent", "quick", only=["fig99"])
 
 

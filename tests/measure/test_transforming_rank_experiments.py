@@ -30,6 +30,9 @@ def test_small_experiment_and_summary(tmp_path):
   saved = json.loads((tmp_path / "table3_projections.json").read_text())
   assert 0.5 < saved["table"]["0.1"][0] <= 1.0 and res["summary"]
   out = reproduce.run_all(str(tmp_path / "all"), "quick", only="table1")
-  assert "error" not in out["table1"]
+  assert out["failed"] == [] and "error" not in out["results"]["table1"]
   text = (tmp_path / "all" / "summary.md").read_text()
   assert "| table1 | Table 1 relu" in text
+  rows = json.loads((tmp_path / "all" / "summary.json").read_text())
+  status = {r["item"].split(":")[0]: r["status"] for r in rows}
+  assert status["Table 1 relu"] == "match" and status["Table 1 tanh"] == "mismatch"  # EXPECTED.md
