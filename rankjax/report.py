@@ -154,12 +154,14 @@ def fig_contraction(runs: dict, out: pathlib.Path):
                        label=f"{name} layer {layer + 1}")
       axes[1].semilogy(steps, r[:, layer], ls=ls, color=_color(run))
   axes[0].axhline(1.0, color="k", lw=0.8)
-  axes[0].set(xlabel="update", ylabel="c = alpha sqrt(d)/||y||", title="FFN contraction c_2^l")
+  axes[0].set(xlabel="update", ylabel="c = alpha max|g| max_i sqrt(d)/||y_i||",
+              title="FFN contraction bound c_2^l")
   axes[1].set(xlabel="update", ylabel="sqrt(d)/||y_2^l||", title="RMSNorm factor")
   axes[0].legend(fontsize=7)
   return _save(fig, out, "contraction"), (
-      "Thm 3.6: below the line c < 1 the backward signal contracts at every layer; the "
-      "RMSNorm factor falls as the residual norm grows.")
+      "Thm 3.6 / Prop D.1: below the line the bound c (largest row factor, learned gain) "
+      "is < 1 and the backward signal contracts; the RMSNorm factor (token mean) falls as "
+      "the residual norm grows.")
 
 
 def fig_attention(runs: dict, out: pathlib.Path):
