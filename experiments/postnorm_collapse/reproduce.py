@@ -102,7 +102,15 @@ def _triples(name: str, res: dict[str, Any]) -> list[tuple[str, str, str]]:
              f"{_fmt(o.get('alpha_max'))}; "
              f"{_fmt(o.get('contraction_1_frac_below1_post'))}, "
              f"{_fmt(o.get('contraction_2_frac_below1_post'))}; "
-             f"{_fmt(o.get('grad_first_layer_drop'))}")]
+             f"{_fmt(o.get('grad_first_layer_drop'))}"),
+            ("Thm 3.6 / Prop D.1: share of (step, layer) entries whose measured ratio "
+             "||dX_k||/||dX_k+1|| exceeds c: bound c (attn / ffn)", "0 / 0",
+             f"{_fmt(o.get('contraction_1_ratio_exceeds_c'))} / "
+             f"{_fmt(o.get('contraction_2_ratio_exceeds_c'))}"),
+            ("token-mean c (no bound): c < 1 yet measured ratio > 1 (attn / ffn)",
+             "not in the paper (a statistic)",
+             f"{_fmt(o.get('contraction_mean_1_below1_but_ratio_above1'))} / "
+             f"{_fmt(o.get('contraction_mean_2_below1_but_ratio_above1'))}")]
   if name == "fig6":
     return [(f"Fig 6 {k}: loss tail vs freq loss", "near", f"{_fmt(v['final_loss_tail_mean'])} "
              f"vs {_fmt(v['freq_loss'])} (gap {_fmt(v['gap'])})") for k, v in o.items()]

@@ -166,3 +166,21 @@ def test_analyze_everything_masked(monkeypatch):
   a = f35.analyze("fake", mask_threshold=10.0)    # all norms (1.0) below: all masked
   assert a["alpha_max"] is None and a["alpha_2_peak"] == {"max": None}
   assert a["alpha_2_max_post"] is None and a["transition_step"] == 40
+
+
+def test_contraction_bound_check_counts_ratios_above_the_factor():
+  # 3 steps x 2 layers; k = 1 ratio dx1/dx2, k = 2 ratio dx2[l]/dx1[l+1] (one layer)
+  dx1 = np.array([[2.0, 1.0], [1.0, 1.0], [0.5, 1.0]])
+  dx2 = np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+  norms = {"dx_norm_1": dx1, "dx_norm_2": dx2}
+  d = {"contraction_1": np.full((3, 2), 2.5),               # a bound: ratios 2, 1, 0.5, 1
+       "contraction_mean_1": np.full((3, 2), 0.8),          # < 1 everywhere, ratio > 1 once
+       "contraction_2": np.full((3, 2), 1.5), "contraction_mean_2": np.full((3, 2), 0.9)}
+  out = f35.contraction_bound_check(d, norms)
+  assert out["contraction_1_ratio_exceeds_c"] == 0.0
+  assert out["contraction_1_below1_but_ratio_above1"] is None     # c is never below 1
+  assert out["contraction_mean_1_ratio_exceeds_c"] == pytest.approx(5 / 6)  # all but 0.5
+  assert out["contraction_mean_1_below1_but_ratio_above1"] == pytest.approx(1 / 6)
+  # k = 2: dx2[:, 0] / dx1[:, 1] = 1, 1, 1 -> above 0.9, not above 1
+  assert out["contraction_mean_2_ratio_exceeds_c"] == 1.0
+  assert out["contraction_mean_2_below1_but_ratio_above1"] == 0.0
