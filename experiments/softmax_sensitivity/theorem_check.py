@@ -29,9 +29,10 @@ import numpy as np
 from rankjax.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
-    # logit vectors per length; the paper uses 500.
-    "quick": dict(num=100),
-    "paper": dict(num=500),
+    # logit vectors per length (the paper uses 500); spread_seeds: how many seeds
+    # (0, 1, ...) of the same protocol give the certificate match rates' spread.
+    "quick": dict(num=100, spread_seeds=10),
+    "paper": dict(num=500, spread_seeds=40),
 }
 LENGTHS = (8, 16)        # App D.2
 PAPER_TAU = 1.0          # App D.2, step 1
@@ -44,6 +45,36 @@ def _certificate_stats(theta: np.ndarray, cert: np.ndarray) -> dict[str, float]:
   return dict(match_fraction=float(np.mean(gap <= MATCH_RTOL * theta)),
               worst_gap=float(gap.max()), mean_gap=float(gap.mean()),
               max_excess=float(max(0.0, -gap.min())))
+
+
+def certificate_match_rates(seed: int, num: int) -> dict[str, dict[str, float]]:
+  """App D.2's match rates for one seed of the protocol: ``num`` vectors u ~ N(0, I_L)
+  for L = 8 then L = 16 from ``default_rng(seed)``, p = softmax(u) (tau = 1), the
+  fraction where the greedy-prefix certificate (the paper's) and the balance
+  certificate (ours) equal the exact theta (subset enumeration, float64)."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  with jax.enable_x64(True):
+    for L in LENGTHS:
+      p = np.asarray(jax.nn.softmax(rng.standard_normal((num, L)) / PAPER_TAU, axis=-1),
+                     np.float64)
+      theta = np.asarray(sens.theta_exact(p))
+      out[str(L)] = {m: _certificate_stats(theta, np.asarray(sens.theta_certificate(p, m)))
+                     ["match_fraction"] for m in ("greedy_prefix", "balance")}
+  return out
+
+
+def match_rate_spread(seeds: int, num: int) -> dict[str, Any]:
+  """Mean and sample sd over ``seeds`` seeds of ``certificate_match_rates``."""
+  per_seed = [certificate_match_rates(s, num) for s in range(seeds)]
+  out: dict[str, Any] = {"seeds": seeds, "num": num}
+  for L in map(str, LENGTHS):
+    for m in ("greedy_prefix", "balance"):
+      x = np.array([r[L][m] for r in per_seed])
+      out[f"L={L}/{m}"] = dict(mean=float(x.mean()), sd=float(x.std(ddof=1)) if seeds > 1
+                               else 0.0, min=float(x.min()), max=float(x.max()),
+                               per_seed=x.tolist())
+  return out
 
 
 def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
@@ -77,6 +108,9 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
         if tau == PAPER_TAU:
           plots[L] = (rel, theta, greedy, balance)
       results["per_length"][str(L)] = per_tau
+  t0 = time.time()
+  results["match_rate_spread"] = match_rate_spread(cfg["spread_seeds"], cfg["num"])
+  results["match_rate_spread"]["seconds"] = time.time() - t0
   results["seconds"] = time.time() - start
   with open(os.path.join(out_dir, "theorem_check.json"), "w") as f:
     json.dump(results, f, indent=2)
