@@ -26,7 +26,6 @@ Run:  python -m experiments.postnorm_collapse.fig10_fig11_second_seed --out runs
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -41,7 +40,7 @@ WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
 NOWARMUP_SEED1 = "post_collapse_seed1_diag1"
 NOWARMUP_SEED0 = "post_collapse"          # collapse_study.RUNS, diagnostics every 5
-FIG6_SEED0 = f"post_warmup_lr{sl.MAIN_WARMUP_LR}"   # fig6_frequency_loss, every 10
+DIAG10_SEED0 = sl.DIAG10_RUN   # the seed-0 warmup run, diagnostics every 10
 PAPER = {
     "main_transition_step": 2644, "second_seed_transition_step": 1979,
     "alpha": "stays below 2.5 (main run, Sec 4.2)",
@@ -96,9 +95,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                            for k in COMPARE_KEYS},
       "order": "[seed 0, seed 1]",
   }
-  fig6_wd = os.path.join(out_dir, "runs", FIG6_SEED0)
-  check = (same_trajectory(workdirs[WARMUP_SEED0], fig6_wd)
-           if os.path.isfile(os.path.join(fig6_wd, "config.json")) else None)
+  check = same_trajectory(workdirs[WARMUP_SEED0], sl.train(DIAG10_SEED0, out_dir))
   result = {"figure": "postnorm_collapse Figs 10-11 (App F.3), quick scale", "scale": scale,
             "paper": PAPER, "ours": ours, "seed_comparison": comparison,
             "diag_interval_check": check, "files": files, "seconds": time.time() - start}
