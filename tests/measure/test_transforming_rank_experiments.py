@@ -34,5 +34,13 @@ def test_small_experiment_and_summary(tmp_path):
   text = (tmp_path / "all" / "summary.md").read_text()
   assert "| table1 | Table 1 relu" in text
   rows = json.loads((tmp_path / "all" / "summary.json").read_text())
-  status = {r["item"].split(":")[0]: r["status"] for r in rows}
+  status = {r["item"].split(":")[0]: r["status"] for r in rows if "c / 1/c" in r["item"]}
   assert status["Table 1 relu"] == "match" and status["Table 1 tanh"] == "mismatch"  # EXPECTED.md
+  # EXPECTED.md's Table 1 numbers (d=256, n=1024, 3 seeds), to their stated digits
+  table = out["results"]["table1"]["table"]
+  for act, (c, st) in {"abs": (0.637, 1.56), "relu": (0.318, 3.11), "gelu": (0.187, 5.21),
+                       "silu": (0.120, 7.99), "tanh": (0.0, 57.12)}.items():
+    assert table[act]["coherence"] == pytest.approx(c, abs=5e-4)
+    assert table[act]["measured_stable_rank"] == pytest.approx(st, abs=0.006)
+  n_dep = out["results"]["table1"]["n_dependence"]
+  assert [round(n_dep["tanh"][n]["mean"], 1) for n in ("512", "1024")] == [49.5, 57.1]
