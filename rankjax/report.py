@@ -172,7 +172,7 @@ def fig_attention(runs: dict, out: pathlib.Path):
   for name, run in items:
     steps = run.diagnostic_steps
     last = -1  # the last measured layer
-    for ax, key, title in ((axes[0], "theta_cert", "theta certificate"),
+    for ax, key, title in ((axes[0], "theta_cert", "greedy-prefix certificate theta_cert"),
                            (axes[1], "entropy_norm", "normalized entropy")):
       mid = np.asarray(run.diagnostics[f"attention/{key}_p50"])[:, last]
       lo = np.asarray(run.diagnostics.get(f"attention/{key}_p5", mid[:, None]))
@@ -182,8 +182,8 @@ def fig_attention(runs: dict, out: pathlib.Path):
       ax.set(xlabel="update", ylabel=title, title=f"{title} (last layer, 5-95%)")
   axes[0].legend(fontsize=7)
   return _save(fig, out, "attention"), (
-      "Attention rows' exact-sensitivity certificate theta (softmax paper Thm 3.2) and "
-      "entropy: sharpening attention lowers both.")
+      "Attention rows' greedy-prefix certificate of theta (softmax paper Thm 3.2, the "
+      "paper's App D.2 certificate) and entropy: sharpening attention lowers both.")
 
 
 def fig_jacobian(jac: dict, out: pathlib.Path):
