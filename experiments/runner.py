@@ -243,6 +243,54 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
   return {"results": results, "rows": rows, "failed": failed, "seconds": seconds}
 
 
+def to_jsonable(x: Any) -> Any:
+  """Dicts, lists, numpy / jax arrays and scalars as plain JSON values (NaN -> null)."""
+  if isinstance(x, dict):
+    return {str(k): to_jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [to_jsonable(v) for v in x]
+  if hasattr(x, "tolist") and hasattr(x, "dtype"):   # numpy / jax arrays and scalars
+    return to_jsonable(x.tolist())
+  if isinstance(x, float):
+    return None if math.isnan(x) else x
+  return x
+
+
+def write_json(out_dir: str | pathlib.Path, name: str, obj: Any) -> pathlib.Path:
+  """``out_dir/name`` (``.json`` added when missing) holding ``to_jsonable(obj)``."""
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  path = out / (name if name.endswith(".json") else f"{name}.json")
+  path.write_text(json.dumps(to_jsonable(obj), indent=1) + "\n")
+  return path
+
+
+def script_main(run: Callable[..., dict], doc: str, *, default_out: str,
+                scales: Sequence[str] = ("quick", "paper"),
+                show: Callable[[dict], Any] | None = None,
+                options: dict[str, dict[str, Any]] | None = None,
+                argv: Sequence[str] | None = None) -> None:
+  """The command line of one experiment script (``python -m experiments.<study>.<name>``):
+  ``--out``, ``--scale`` and the script's ``options`` (``{"--seed": {"type": int,
+  "default": 0}}``, passed to ``run`` by name); prints the result's rows (or
+  ``show(result)`` as JSON) and the wall time."""
+  parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+  parser.add_argument("--out", default=default_out, help="output folder")
+  parser.add_argument("--scale", default=scales[0], choices=list(scales))
+  for flag, kw in (options or {}).items():
+    parser.add_argument(flag, **kw)
+  args = vars(parser.parse_args(argv))
+  out, scale = args.pop("out"), args.pop("scale")
+  start = time.time()
+  result = run(out, scale, **args)
+  if show is not None:
+    print(json.dumps(to_jsonable(show(result)), indent=2))
+  for r in result.get("summary", []) if isinstance(result.get("summary"), list) else []:
+    if isinstance(r, dict) and "item" in r:
+      print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note') or ''}")
+  print(f"done in {time.time() - start:.1f} s -> {out}")
+
+
 def _cell(x: Any) -> str:
   return "" if x is None else str(x).replace("|", "\\|").replace("\n", " ")
 

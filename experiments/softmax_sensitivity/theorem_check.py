@@ -17,8 +17,6 @@ Run:  python -m experiments.softmax_sensitivity.theorem_check --out runs/theorem
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from experiments import runner
 from rankjax.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -112,8 +111,7 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
   results["match_rate_spread"] = match_rate_spread(cfg["spread_seeds"], cfg["num"])
   results["match_rate_spread"]["seconds"] = time.time() - t0
   results["seconds"] = time.time() - start
-  with open(os.path.join(out_dir, "theorem_check.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  runner.write_json(out_dir, "theorem_check.json", results)
   _plot(plots, os.path.join(out_dir, "theorem_check.png"))
   return results
 
@@ -140,20 +138,24 @@ def _plot(plots, path: str) -> None:
   plt.close(fig)
 
 
+def _show(res: dict[str, Any]) -> dict[str, Any]:
+  """What the command line prints: per length and tau the error and the match rates."""
+  out = {f"L={L} {tau}": dict(max_rel_error=r["max_rel_error"],
+                              greedy_match=r["greedy_prefix"]["match_fraction"],
+                              greedy_worst_gap=r["greedy_prefix"]["worst_gap"],
+                              balance_match=r["balance"]["match_fraction"],
+                              balance_worst_gap=r["balance"]["worst_gap"])
+         for L, per_tau in res["per_length"].items() for tau, r in per_tau.items()}
+  out["match_rate_spread"] = {k: {m: v[m] for m in ("mean", "sd")}
+                              for k, v in res["match_rate_spread"].items()
+                              if isinstance(v, dict) and "mean" in v}
+  return out
+
+
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", required=True)
-  parser.add_argument("--scale", default="quick", choices=sorted(SCALES))
-  parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args()
-  res = run(args.out, args.scale, args.seed)
-  for L, per_tau in res["per_length"].items():
-    for tau, r in per_tau.items():
-      print(f"L={L} {tau}: max rel err {r['max_rel_error']:.2e}; greedy match "
-            f"{r['greedy_prefix']['match_fraction']:.3f} worst gap "
-            f"{r['greedy_prefix']['worst_gap']:.4f}; balance match "
-            f"{r['balance']['match_fraction']:.3f} worst gap {r['balance']['worst_gap']:.2e}")
-  print(f"{res['seconds']:.1f} s")
+  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/theorem_check",
+                     scales=("quick", "paper"), show=_show,
+                     options={"--seed": dict(type=int, default=0)})
 
 
 if __name__ == "__main__":
