@@ -184,3 +184,21 @@ def test_contraction_bound_check_counts_ratios_above_the_factor():
   # k = 2: dx2[:, 0] / dx1[:, 1] = 1, 1, 1 -> above 0.9, not above 1
   assert out["contraction_mean_2_ratio_exceeds_c"] == 1.0
   assert out["contraction_mean_2_below1_but_ratio_above1"] == 0.0
+
+
+def test_fig7_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Figure 7 (quick scale, ~2 s): m(0), m(1), xi m(1), the near-linear
+  fit and panel (c)'s extremes, to the digits EXPECTED.md states; the quadrature
+  agrees with Monte Carlo (|z| < 3)."""
+  from experiments.postnorm_collapse import fig7_swiglu_moment as f7
+  o = f7.run(str(tmp_path), "quick")["ours"]
+  assert o["m0"] == pytest.approx(0.0059806, abs=5e-8)
+  assert o["m1"] == pytest.approx(0.0997717, abs=5e-8)
+  assert o["xi_m1"] == pytest.approx(0.011086, abs=5e-7)
+  assert o["m_increasing"] and o["rho_m_increasing"]
+  assert o["linear_fit"]["r2"] == pytest.approx(0.9991, abs=1e-4)
+  assert o["max_dev_from_chord_rel"] == pytest.approx(0.028, abs=5e-4)
+  assert o["max_delta_attn"] == pytest.approx(0.0263, abs=5e-5)
+  assert o["min_delta_ffn"] == pytest.approx(-0.00272, abs=5e-6)
+  assert o["delta_ffn_all_negative_on_open_interval"]
+  assert o["monte_carlo"]["max_abs_z"] < 3
