@@ -2,6 +2,7 @@
 import importlib
 import json
 
+import numpy as np
 import pytest
 
 from experiments.transforming_rank import reproduce
@@ -44,3 +45,41 @@ def test_small_experiment_and_summary(tmp_path):
     assert table[act]["measured_stable_rank"] == pytest.approx(st, abs=0.006)
   n_dep = out["results"]["table1"]["n_dependence"]
   assert [round(n_dep["tanh"][n]["mean"], 1) for n in ("512", "1024")] == [49.5, 57.1]
+
+
+def _ours(result, item_start):
+  """The numbers of the summary row whose item starts with ``item_start``."""
+  row = next(r for r in result["summary"] if r["item"].startswith(item_start))
+  return [float(x) for x in row["ours"].replace(",", " ").replace("/", " ").split()
+          if x.replace(".", "", 1).replace("-", "", 1).replace("e", "", 1).isdigit()]
+
+
+def test_table3_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Table 3 (quick = paper size here, ~4 s), to its 3 stated digits."""
+  from experiments.transforming_rank import table3_projections
+  res = table3_projections.run(str(tmp_path), "quick")
+  for eps, want in (("0.01", [0.996] * 4), ("0.3", [0.996, 0.996, 0.995, 0.995]),
+                    ("0.6", [0.993, 0.990, 0.984, 0.972])):
+    np.testing.assert_allclose(_ours(res, f"Table 3: eps={eps},")[-4:], want, atol=5e-4)
+
+
+def test_table6_and_fig2_quick_pin_expected(tmp_path):
+  """EXPECTED.md, Table 6 (d = 128 equals the paper's row) and Fig 2 (~15 s together)."""
+  from experiments.transforming_rank import fig2_branch_scale, table6_width
+  t6 = table6_width.run(str(tmp_path), "quick")
+  np.testing.assert_allclose(_ours(t6, "Table 6: d=128")[-5:], [0.216, 0.097, 0.044, 0.023, 0.015],
+                             atol=5e-4)
+  np.testing.assert_allclose(_ours(t6, "Table 6: d=64")[-5:], [0.210, 0.104, 0.055, 0.034, 0.024],
+                             atol=5e-4)
+  f2 = fig2_branch_scale.run(str(tmp_path), "quick")
+  np.testing.assert_allclose(_ours(f2, "Fig 2: erank_L/d"), [0.465, 0.103], atol=5e-4)
+  assert max(_ours(f2, "Fig 2b/d")) < 1e-5      # the beta*alpha^2 symmetry, float32 rounding
+
+
+@pytest.mark.slow
+def test_fig15_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Fig 15 at quick width (d = 64; ~15 s)."""
+  from experiments.transforming_rank import fig15_output_norm
+  res = fig15_output_norm.run(str(tmp_path), "quick")
+  np.testing.assert_allclose(_ours(res, "Fig 15a"), [0.024, 0.087], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 15b"), [0.024, 0.023, 0.767, 0.768], atol=5e-4)
