@@ -188,8 +188,9 @@ def preflight(study: Study, names: Sequence[str], scale: str) -> list[str]:
                      f"{list(study.scales)}")
   missing = [n for n in names if scale not in study.experiments[n].scales]
   if missing:
-    print(f"{study.name}: no {scale}-scale path for {', '.join(missing)} "
-          f"({study.experiments[missing[0]].why_missing}); recorded as missing", flush=True)
+    print(f"{study.name}: no {scale}-scale path for "
+          + "; ".join(f"{n} ({study.experiments[n].why_missing})" for n in missing)
+          + "; recorded as missing", flush=True)
   lacks = []
   for n in names:
     exp = study.experiments[n]

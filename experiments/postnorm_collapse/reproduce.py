@@ -158,8 +158,10 @@ def _experiment(name: str) -> runner.Experiment:
   return runner.Experiment(module, lambda res, n=name: _rows(n, res), folder=folder,
                            scales=scales,
                            why_missing="training runs are quick-scale only on CPU; the paper's "
-                                       "48-layer C4 setup is experiments/configs/"
-                                       "postnorm_48l_d512_c4.json on an accelerator")
+                                       "48-layer C4 setup is rankjax train --config "
+                                       "experiments/configs/postnorm_48l_d512_c4.json on an "
+                                       "accelerator, with C4 prepared by tfds build c4/en "
+                                       "--file_format array_record")
 
 
 STUDY = runner.Study(name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",
