@@ -67,6 +67,18 @@ def iso_rank_exponent(alphas: np.ndarray, erank_AxL: np.ndarray, depths: np.ndar
   return float(np.polyfit(np.log(depths[ok]), np.log(c[ok]), 1)[0]), contour
 
 
+SLOPE_FROM = 48   # Fig 5b's log-log slope is fitted over l in [48, L]
+
+
+def _loglog_slope(accumulated_L: np.ndarray, start: int) -> float:
+  """Slope of log(accumulated branch / skip) against log(l), l = start..L (Fig 5b:
+  0.5 for a random walk of constant increments, less when the increments shrink)."""
+  a = np.asarray(accumulated_L, float)
+  ls = np.arange(1, len(a) + 1)
+  keep = ls >= start
+  return float(np.polyfit(np.log(ls[keep]), np.log(a[keep]), 1)[0])
+
+
 def _sd(values) -> float:
   """Sample sd of the finite values (nan with fewer than two)."""
   x = np.asarray(values, float)
@@ -162,6 +174,11 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       common.row(f"Fig 5b: accumulated branch / skip at L={L}, alpha=1 (post / pre)",
                  "14x / 2.4x",
                  f"{r1('post')['accumulated'][-1]:.1f}x / {r1('pre')['accumulated'][-1]:.1f}x"),
+      common.row(f"Fig 5b: log-log slope of the accumulated branch / skip over l in "
+                 f"[{SLOPE_FROM}, {L}], alpha=1: post", "0.5 (grows as sqrt(L))",
+                 f"{_loglog_slope(r1('post')['accumulated'], SLOPE_FROM):.3f}"),
+      common.row(f"Fig 5b: the same slope, pre", "flattens (below 0.5)",
+                 f"{_loglog_slope(r1('pre')['accumulated'], SLOPE_FROM):.3f}"),
       common.row("Fig 5b: accumulated / uncorrelated prediction at L (post / pre)", "1.00 (Fig 12 init)",
                  f"{r1('post')['accumulated'][-1] / r1('post')['accumulated_uncorrelated'][-1]:.2f}"
                  f" / {r1('pre')['accumulated'][-1] / r1('pre')['accumulated_uncorrelated'][-1]:.2f}"),
