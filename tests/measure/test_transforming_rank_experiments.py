@@ -83,3 +83,12 @@ def test_fig15_quick_pins_expected(tmp_path):
   res = fig15_output_norm.run(str(tmp_path), "quick")
   np.testing.assert_allclose(_ours(res, "Fig 15a"), [0.024, 0.087], atol=5e-4)
   np.testing.assert_allclose(_ours(res, "Fig 15b"), [0.024, 0.023, 0.767, 0.768], atol=5e-4)
+
+
+def test_fig5b_loglog_slope_and_per_seed_sd():
+  from experiments.transforming_rank import fig5_depth_law as f5
+  ls = np.arange(1, 385)
+  assert f5._loglog_slope(3.0 * np.sqrt(ls), 48) == pytest.approx(0.5, abs=1e-12)
+  assert f5._loglog_slope(np.log1p(ls), 48) < 0.5               # a flattening curve
+  assert f5._sd([-0.48, -0.63, float("nan")]) == pytest.approx(np.std([-0.48, -0.63], ddof=1))
+  assert np.isnan(f5._sd([-0.5]))
