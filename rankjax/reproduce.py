@@ -78,9 +78,15 @@ def _split_all(only: list[str]) -> dict[str, list[str]]:
   return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in known}
 
 
+def _runner():
+  """``experiments.runner`` of this checkout (imported from its location)."""
+  _experiments_package()
+  return importlib.import_module("experiments.runner")
+
+
 def _run_one(name: str, out_dir, scale: str, only) -> dict:
-  from experiments import runner
   from rankjax.report import build_report
+  runner = _runner()
   out = pathlib.Path(out_dir) / name
   print(f"reproduce {name} ({scale} scale) -> {out}", flush=True)
   res = runner.run_study(study(name), out, scale, only, checked=True)
@@ -96,8 +102,8 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   in every study that has them (``fig3`` is a figure of each paper), and studies with
   none of them are skipped; every study is checked (scale, names, data) before any runs.
   """
-  from experiments import runner
   from rankjax.report import build_report
+  runner = _runner()
   plan = (_split_all(only) if only else {s: None for s in studies()}) if name == "all" \
       else {name: only}
   plan = {s: names for s, names in plan.items() if names is None or names}

@@ -95,3 +95,23 @@ def test_studies_are_the_folders():
   for name in reproduce.studies():
     st = reproduce.study(name)
     assert st.name == name and st.experiments and set(st.aliases.values()) <= set(st.experiments)
+
+
+def test_studies_import_without_experiments_on_sys_path(tmp_path):
+  """The checkout's experiments/ is found next to the rankjax package, not on sys.path
+  (a clone run from anywhere): a fresh interpreter that sees only a link to rankjax."""
+  import pathlib
+  import subprocess
+  import sys
+  root = pathlib.Path(reproduce.__file__).resolve().parents[1]
+  (tmp_path / "pp").mkdir()
+  (tmp_path / "pp" / "rankjax").symlink_to(root / "rankjax")
+  code = ("import sys; sys.path = [p for p in sys.path if p not in ('', %r)]\n"
+          "import importlib.util; assert importlib.util.find_spec('experiments') is None\n"
+          "from rankjax import reproduce\n"
+          "print(reproduce.study('softmax_sensitivity').name, reproduce._runner().__name__)"
+          % str(root))
+  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, env={"PYTHONPATH": str(tmp_path / "pp"), "PATH": "/usr/bin"})
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == ["softmax_sensitivity", "experiments.runner"]
