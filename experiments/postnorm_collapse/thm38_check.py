@@ -30,10 +30,9 @@ from rankjax.models.transformer import DecoderLM
 
 
 def pre_head_hidden(model, params, tokens) -> jax.Array:
-  """X^H: the output of the final norm (input of the LM head), (B, T, d)."""
-  _, state = model.apply({"params": params}, tokens, mutable=["intermediates"],
-                         capture_intermediates=lambda mdl, _: mdl.name == "norm_final")
-  return state["intermediates"]["norm_final"]["__call__"][0]
+  """X^H: the input of the LM head (after the last norm, whichever it is), (B, T, d)."""
+  hidden, _ = model.apply({"params": params}, tokens, return_hidden=True)
+  return hidden
 
 
 def gradient_vanishing(mcfg) -> dict[str, Any]:
