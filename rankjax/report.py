@@ -333,12 +333,17 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
     sim = run.diagnostics.get("postnorm/last_tsim", run.diagnostics.get("basic/tsim_y2"))
     last_sim = float(np.ravel(sim[-1])[-1]) if sim is not None else float("nan")
     freq_v = float(np.mean(freq)) if freq is not None else float("nan")
+    speed = [r for r in run.history if "tokens_per_s_avg" in r]
+    tok_s = f"{speed[-1]['tokens_per_s_avg']:.4g}" if speed else "-"
+    mfu = f"{speed[-1]['mfu']:.1%}" if speed and "mfu" in speed[-1] else "n/a"
     rows.append(f"<tr><td>{html.escape(name)}</td><td>{run.step}</td><td>{loss:.3f}</td>"
-                f"<td>{freq_v:.3f}</td><td>{last_sim:.3f}</td></tr>")
+                f"<td>{freq_v:.3f}</td><td>{last_sim:.3f}</td><td>{tok_s}</td>"
+                f"<td>{mfu}</td></tr>")
   body = []
   if rows:
     body.append("<table><tr><th>run</th><th>updates</th><th>final loss</th>"
-                "<th>frequency loss</th><th>last-layer similarity</th></tr>"
+                "<th>frequency loss</th><th>last-layer similarity</th><th>tokens/s (last "
+                "log step)</th><th>MFU (spec peak; n/a without one)</th></tr>"
                 + "".join(rows) + "</table>")
   body += [_figure(path, caption) for path, caption in figures]
   page = out / "report.html"
