@@ -37,7 +37,7 @@ case "$cmd" in
     gcloud compute tpus tpu-vm scp /tmp/rankjax_src.tgz "$tpu":/tmp/rankjax_src.tgz \
       --zone "$zone" "${project_flag[@]}" --worker=all
     ssh_all "mkdir -p $remote_dir && tar -xzf /tmp/rankjax_src.tgz -C $remote_dir && \
-      $py -m pip install -q -U 'jax[tpu]' -e $remote_dir"
+      $py -m pip install -q -U 'jax[tpu]' gcsfs -e $remote_dir"
     ;;
   train)
     [[ $# -ge 2 ]] || usage
@@ -46,7 +46,10 @@ case "$cmd" in
     extra=""
     for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
     # nohup + setsid: the run survives the ssh session; one log per worker.
-    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 setsid nohup $py -m rankjax.cli train \
+    # the compilation cache next to the run: a restarted slice loads the compiled step
+    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 \
+      JAX_COMPILATION_CACHE_DIR=\${JAX_COMPILATION_CACHE_DIR:-$(printf '%q' "$workdir")/xla_cache} \
+      setsid nohup $py -m rankjax.cli train \
       --config $(printf '%q' "$config") --workdir $(printf '%q' "$workdir")$extra \
       > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
       echo started on \$(hostname)"

@@ -239,6 +239,9 @@ class TransformerConfig:
       pass), never holding all B*T*V float32 logits; 0: one chunk.
     prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
       default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
+    scan_unroll: layers per iteration of the layer scan (the parameters stay stacked
+      either way; ``num_layers`` unrolls it fully, which lets XLA fuse across layers
+      and slice the stacked weights statically, at the cost of compile time).
   """
 
   vocab_size: int = 257
@@ -275,6 +278,7 @@ class TransformerConfig:
   vocab_multiple: int = 1
   loss_chunk: int = 0
   prng_impl: PRNGImpl = "threefry"
+  scan_unroll: int = 1
 
   def __post_init__(self):
     if isinstance(self.remat, bool):                 # configs written before the policy field
@@ -310,6 +314,7 @@ class TransformerConfig:
     _rate("attn_dropout_rate", self.attn_dropout_rate)
     _positive_int("vocab_multiple", self.vocab_multiple)
     _non_negative_int("loss_chunk", self.loss_chunk)
+    _positive_int("scan_unroll", self.scan_unroll)
 
   @property
   def d_head(self) -> int:
@@ -379,7 +384,11 @@ class TrainConfig:
       cifar10 when prepared in data_dir, else the offline fallback), tokenizer None
       is byte-level (257 ids: the LM's vocab_size must be at least that).
     mesh_data, mesh_fsdp: device mesh (data, fsdp); mesh_data=0 uses all devices
-      not taken by fsdp. Parameters are sharded over fsdp, the batch over both.
+      not taken by fsdp. Parameters are sharded over fsdp (the d_model axis of every
+      matrix, ``rankjax.train.sharding.PARAM_RULES``), the batch over both.
+    zero1: also shard the optimizer moments over ``data`` (ZeRO stage 1).
+    compilation_cache_dir: JAX persistent compilation cache (a restart after a
+      preemption loads the compiled step instead of compiling it); "" = off.
     log_every: console / TensorBoard cadence (metrics.jsonl gets every step).
     diag_every: run the diagnostics step at update 1 and every ``diag_every``
       updates (0: never).
@@ -416,6 +425,8 @@ class TrainConfig:
   tokenizer: str | None = None
   mesh_data: int = 0
   mesh_fsdp: int = 1
+  zero1: bool = False
+  compilation_cache_dir: str = ""
   log_every: int = 10
   diag_every: int = 0
   diagnostics: tuple[str, ...] = ("basic",)
@@ -513,9 +524,12 @@ def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
 
 
 def to_json(cfg: Any, path: str | pathlib.Path | None = None) -> str:
+  """The JSON text of ``cfg``; with ``path`` (local or an ``etils.epath`` URL) also
+  written there."""
   text = json.dumps(to_dict(cfg), indent=2, sort_keys=True)
   if path is not None:
-    pathlib.Path(path).write_text(text + "\n")
+    from etils import epath
+    epath.Path(path).write_text(text + "\n")
   return text
 
 
@@ -523,7 +537,8 @@ def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
   """Loads ``cls`` from a JSON file path or a JSON string."""
   text = str(path_or_text)
   if not text.lstrip().startswith("{"):
-    path = pathlib.Path(text)
+    from rankjax.train import paths
+    path = paths.as_path(text, "config file")
     if not path.is_file():
       raise ValueError(f"config file {path} does not exist")
     text = path.read_text()

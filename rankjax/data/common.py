@@ -29,6 +29,8 @@ def cache_root() -> pathlib.Path:
 def tfds_data_dir(data_dir: str | os.PathLike | None) -> str:
   """The data_dir tfds reads: the argument, else ``$TFDS_DATA_DIR``, else its default."""
   if data_dir:
+    if "://" in str(data_dir):   # gs://..., read by tfds through etils.epath
+      return str(data_dir)
     return str(pathlib.Path(data_dir).expanduser())
   return str(pathlib.Path(
       os.environ.get("TFDS_DATA_DIR", os.path.join("~", "tensorflow_datasets"))).expanduser())
@@ -97,27 +99,44 @@ class IndexedSource:
 class EpochBatches:
   """Whole batches of an in-memory set, one random-access element per batch.
 
-  Element e is batch ``e % n`` of epoch ``e // n`` (n batches per epoch): this host's
-  items (a strided shard of the first ``len - len % shard_count``, so every host has
-  the same number) in an order drawn afresh each epoch from (seed, shard, epoch),
-  gathered with one ``fetch(indices)`` call. A grain iterator over it saves its
-  position as one integer. ``drop_remainder=False`` keeps a last short batch per epoch.
+  Element e is this host's part of global batch ``e % n`` of epoch ``e // n`` (n
+  global batches per epoch). The global batch of ``batch_size * shard_count`` items
+  is a slice of one order of all items, drawn afresh each epoch from (seed, epoch)
+  and the same on every host; host i takes, of each of its ``micro_batches``
+  consecutive micro-batches, the i-th of ``shard_count`` equal parts (so after
+  ``rankjax.train.sharding.global_batch`` reassembles them, micro-batch j is the
+  same examples in the same order whatever the number of hosts). One host reads
+  the order itself, exactly as before hosts shared it. A grain iterator over it
+  saves its position as one integer, the same on every host (which is what lets a
+  run resume with another number of processes: ``rankjax.train.checkpoint``).
+  ``drop_remainder=False`` keeps a last short global batch per epoch (split into
+  equal contiguous parts; the fewer than ``shard_count`` items left over dropped, so
+  every host has the same number).
   """
 
   def __init__(self, num_items: int, fetch: Callable[[np.ndarray], Any], *, batch_size: int,
                seed: int, shuffle: bool, num_epochs: int | None, drop_remainder: bool,
-               shard_index: int, shard_count: int, what: str):
-    self._items = np.arange(shard_index, num_items - num_items % shard_count, shard_count)
+               shard_index: int, shard_count: int, what: str, micro_batches: int = 1):
+    if batch_size % micro_batches:
+      raise ValueError(f"batch_size={batch_size} is not divisible by "
+                       f"micro_batches={micro_batches}")
+    self._items = np.arange(num_items)
     self._fetch = fetch
     self._batch_size = batch_size
-    self._seed = (seed % 2**32, shard_index)
+    self._global = batch_size * shard_count
+    self._shard = (shard_index, shard_count)
+    self._seed = (seed % 2**32, 0)
     self._shuffle = shuffle
-    count = len(self._items)
-    self.batches_per_epoch = (count // batch_size if drop_remainder
-                              else math.ceil(count / batch_size))
+    part = batch_size // micro_batches
+    micro = part * shard_count
+    self._rows = np.concatenate([j * micro + shard_index * part + np.arange(part)
+                                 for j in range(micro_batches)])
+    usable = num_items - num_items % shard_count
+    self.batches_per_epoch = (num_items // self._global if drop_remainder
+                              else math.ceil(usable / self._global))
     if self.batches_per_epoch == 0:
-      raise ValueError(f"{what} gives shard {shard_index} of {shard_count} {count} items, "
-                       f"too few for one batch of {batch_size}")
+      raise ValueError(f"{what} has {num_items} items, too few for one batch of "
+                       f"{batch_size} on each of {shard_count} host(s)")
     self._len = sys.maxsize if num_epochs is None else self.batches_per_epoch * num_epochs
     self._order_cache: tuple[int, np.ndarray] | None = None
 
@@ -137,8 +156,13 @@ class EpochBatches:
     if not 0 <= e < self._len:
       raise IndexError(e)
     epoch, position = divmod(e, self.batches_per_epoch)
-    start = position * self._batch_size
-    return self._fetch(self._order(epoch)[start:start + self._batch_size])
+    start = position * self._global
+    block = self._order(epoch)[start:start + self._global]
+    if len(block) == self._global:
+      return self._fetch(block[self._rows])
+    index, count = self._shard     # a last short batch: equal parts, the rest dropped
+    part = len(block) // count
+    return self._fetch(block[index * part:(index + 1) * part])
 
 
 def epoch_batches_dataset(source: EpochBatches) -> grain.IterDataset:

@@ -12,8 +12,10 @@ function of ``seed`` (and the shard). Training: the defaults (shuffle, repeat fo
 Evaluation: ``split="validation", shuffle=False, num_epochs=1`` (add
 ``drop_remainder=False`` to keep a last short batch). In-memory sets (the default
 corpus, text folders up to 64 MiB, fashion_mnist, digits) and cifar10 give every
-host the same number of examples; streamed text (tfds, ArrayRecord) is sharded by
-document, so a finite pass can give hosts different numbers of batches.
+host its part of the same global batches (the run does not depend on the number of
+hosts; ``common.EpochBatches``); streamed text (tfds, ArrayRecord) is sharded by
+document, so a finite pass can give hosts different numbers of batches (the
+training loop's evaluation stops when the first host runs out).
 
 Check a model config against the data before training::
 
@@ -99,6 +101,7 @@ def make_iterator(
     text_feature: str = "text",
     drop_remainder: bool = True,
     num_threads: int | None = None,
+    micro_batches: int = 1,
 ) -> grain.DatasetIterator:
   """Batches of ``kind`` data for this host, as a checkpointable grain iterator.
 
@@ -125,6 +128,10 @@ def make_iterator(
     drop_remainder: drop a last partial batch (only reached when num_epochs is set).
     num_threads: reader threads for streamed sources (tfds, ArrayRecord, large text
       folders); default min(16, 2 * cpus).
+    micro_batches: the batch's micro-batches (gradient accumulation). In-memory sets
+      then give hosts their parts of each global micro-batch, so the global batches
+      (and the training run) do not depend on the number of hosts
+      (``common.EpochBatches``); streamed sets shard by document and do.
 
   Returns:
     a ``grain.DatasetIterator`` yielding dicts of numpy arrays (see module doc);
@@ -149,12 +156,14 @@ def make_iterator(
         dataset=dataset, split=split, seq_len=seq_len, batch_size=batch_size,
         tokenizer=tokenizer, data_dir=data_dir, seed=seed, shuffle=shuffle,
         num_epochs=num_epochs, shard_index=shard_index, shard_count=shard_count,
-        drop_remainder=drop_remainder, text_feature=text_feature, num_threads=num_threads)
+        drop_remainder=drop_remainder, text_feature=text_feature, num_threads=num_threads,
+        micro_batches=micro_batches)
   else:
     ds, _ = images_lib.image_dataset(
         dataset=dataset, split=split, batch_size=batch_size, data_dir=data_dir, seed=seed,
         shuffle=shuffle, num_epochs=num_epochs, shard_index=shard_index,
-        shard_count=shard_count, drop_remainder=drop_remainder, num_threads=num_threads)
+        shard_count=shard_count, drop_remainder=drop_remainder, num_threads=num_threads,
+        micro_batches=micro_batches)
   return iter(ds)
 
 

@@ -277,6 +277,7 @@ def text_dataset(
     shard_index: int,
     shard_count: int,
     drop_remainder: bool = True,
+    micro_batches: int = 1,
     text_feature: str = "text",
     num_threads: int | None = None,
 ) -> tuple[grain.IterDataset, str, Tokenizer]:
@@ -291,7 +292,7 @@ def text_dataset(
     batches = common.EpochBatches(
         num_chunks, _ChunkBatch(chunks), batch_size=batch_size, seed=seed, shuffle=shuffle,
         num_epochs=num_epochs, drop_remainder=drop_remainder, shard_index=shard_index,
-        shard_count=shard_count,
+        shard_count=shard_count, micro_batches=micro_batches,
         what=f"{source.name} {split} ({num_chunks} sequences of {length} tokens)")
     return common.epoch_batches_dataset(batches), source.name, tok
   ds = grain.MapDataset.source(source.docs)

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.config import MLPConfig
+from rankjax import partitioning
 from rankjax.models import norms
 
 ACTIVATIONS = {
@@ -168,6 +169,7 @@ def stack_forward(blocks: dict, h0: jax.Array, cfg: MLPConfig) -> tuple[jax.Arra
 
   def step(carry, xs):
     h, h_start = carry
+    h = partitioning.constrain(h, ("batch", "embed"))
     params, closes = xs
     h_new = block_fn(params, h, h_start, closes, cfg)
     h_start = jnp.where(closes, h_new, h_start)

@@ -33,6 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models import blocks
 from rankjax.models.attention import CausalSelfAttention, matrix_init
@@ -104,6 +105,7 @@ class DecoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, h: jax.Array, _=None):
+    h = partitioning.constrain(h, ("batch", "length", "embed"))
     cfg = self.cfg
     ops = dict(zip("pbr", cfg.norm_ops))
     names = norm_names(cfg)
@@ -157,7 +159,7 @@ class DecoderLM(nn.Module):
     embed_std = cfg.embed_std or (1.0 if cfg.init == "paper_collapse" else 0.02)
     embed = nn.Embed(cfg.padded_vocab_size, cfg.d_model, param_dtype=pdt,
                      embedding_init=nn.initializers.normal(embed_std), name="embed")
-    h = embed(tokens_BxT).astype(dtype)
+    h = partitioning.constrain(embed(tokens_BxT).astype(dtype), ("batch", "length", "embed"))
     if cfg.pos_embedding == "learned":
       pos = self.param("pos_embed", nn.initializers.normal(embed_std),
                        (cfg.max_seq_len, cfg.d_model), pdt)
@@ -176,6 +178,7 @@ class DecoderLM(nn.Module):
         variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},
         split_rngs={"params": True, "dropout": True},
         length=cfg.num_layers,
+        unroll=min(cfg.scan_unroll, cfg.num_layers),
     )
     h, _ = stack(cfg, capture=capture, capture_probs=capture_probs,
                  deterministic=deterministic, name="layers")(h, None)

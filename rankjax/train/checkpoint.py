@@ -1,31 +1,48 @@
 """Checkpoints of a run: one ``orbax.checkpoint.CheckpointManager`` over the workdir.
 
-Layout of ``WORKDIR``::
+Layout of ``WORKDIR`` (a local path or any ``etils.epath`` URL such as ``gs://...``)::
 
   config.json            the run's TrainConfig (written before the first step)
   metrics.jsonl          one JSON line per update (rankjax.train.logging)
+  metrics_replaced.jsonl lines a resumed run rewrote (after the restored step): kept
   checkpoints/<step>/    Orbax step directories, each with four items:
     state/               TrainState: params, opt_state, step, rng (StandardSave)
     data/                the grain iterator state, one file per process
+                         (``process_{i}-of-{n}.json``)
     diagnostics/         the whole diagnostics history up to <step>:
                          {"steps": (n,), <diagnostic>: {<key>: (n, ...)}}
                          (absent while no diagnostics step has run)
     metrics/             JSON: config, loss, throughput at <step>
+  corrupt_checkpoints/   steps set aside by a resume (never deleted)
 
 Every checkpoint holds the full diagnostics history, so ``max_to_keep`` deleting old
-steps loses none of it. Saving is asynchronous (Orbax writes a temporary directory
-and renames it when complete), so a half-written step is never listed. A step that
-is listed but cannot be read (files lost or corrupted) is moved to
-``WORKDIR/corrupt_checkpoints/`` and the previous step is restored, with a warning
-naming both.
+steps loses none of it. Saving is asynchronous; Orbax marks a finished step (and each
+finished item) with ``commit_success.txt``.
+
+Restoring never destroys a run (``restore_with_fallback``):
+
+* a step that is provably incomplete (its commit marker, ``_CHECKPOINT_METADATA`` or
+  an item directory is missing) is skipped and moved to ``corrupt_checkpoints/``;
+* a complete step whose data cannot be read (an integrity failure: unparsable
+  metadata, truncated or missing array chunks; ``is_integrity_failure``) is skipped
+  with a warning naming it; once an earlier step restored, it is moved to
+  ``corrupt_checkpoints/`` too (the resumed run writes that step number again);
+* any other error (a transient storage error, permissions, a state that does not
+  fit) stops the restore with one line, nothing moved;
+* when steps exist but none is readable the run refuses to start (nothing moved).
+
+A checkpoint written by another number of processes restores the train state (Orbax
+reshards it onto the current mesh) and rebuilds the data iterator deterministically
+(``rebuild_data_state``); a data set whose iterator cannot be re-sharded is refused
+with one line naming both process counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-import pathlib
-import shutil
+import re
 import time
 import warnings
 from typing import Any, Callable, Mapping
@@ -34,28 +51,35 @@ import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
+from rankjax.train import paths
 
 log = logging.getLogger("rankjax.train")
 
 # Fields that may change when a run resumes: they do not change the trajectory.
 RESUMABLE_FIELDS = frozenset({
     "log_every", "checkpoint_every", "max_to_keep", "async_checkpointing",
-    "mesh_data", "mesh_fsdp", "eval_every", "eval_batches", "eval_split",
+    "mesh_data", "mesh_fsdp", "zero1", "eval_every", "eval_batches", "eval_split",
+    "compilation_cache_dir",
 })
 
-
-def checkpoint_dir(workdir: str | pathlib.Path) -> pathlib.Path:
-  return pathlib.Path(workdir) / "checkpoints"
-
-
-def config_path(workdir: str | pathlib.Path) -> pathlib.Path:
-  return pathlib.Path(workdir) / "config.json"
+COMMIT_MARKER = "commit_success.txt"
+REQUIRED_ITEMS = ("state", "data", "metrics")
+_DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 
 
-def check_workdir_config(workdir: str | pathlib.Path, cfg: TrainConfig) -> bool:
+def checkpoint_dir(workdir: str | epath.PathLike) -> epath.Path:
+  return paths.as_path(workdir) / "checkpoints"
+
+
+def config_path(workdir: str | epath.PathLike) -> epath.Path:
+  return paths.as_path(workdir) / "config.json"
+
+
+def check_workdir_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> bool:
   """Refuses a workdir whose run has another config; True when one is saved there.
 
   Raises:
@@ -64,7 +88,7 @@ def check_workdir_config(workdir: str | pathlib.Path, cfg: TrainConfig) -> bool:
   path = config_path(workdir)
   if not path.exists():
     return False
-  saved = config_lib.from_json(TrainConfig, path)
+  saved = config_lib.from_json(TrainConfig, path.read_text())
   differ = {k: v for k, v in config_lib.diff(saved, cfg).items() if k not in RESUMABLE_FIELDS}
   if differ:
     fields = ", ".join(f"{k}: {a!r} (saved) vs {b!r} (given)" for k, (a, b) in differ.items())
@@ -73,10 +97,12 @@ def check_workdir_config(workdir: str | pathlib.Path, cfg: TrainConfig) -> bool:
   return True
 
 
-def write_config(workdir: str | pathlib.Path, cfg: TrainConfig) -> None:
+def write_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> None:
+  """config.json, written by process 0 atomically (temporary file + rename); all
+  processes wait for it at a barrier, so none reads a half-written file."""
   if jax.process_index() == 0:
-    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
-    config_lib.to_json(cfg, config_path(workdir))
+    paths.write_text_atomic(config_path(workdir), config_lib.to_json(cfg) + "\n")
+  paths.barrier("rankjax_config_written")
 
 
 def handlers() -> dict[str, Any]:
@@ -93,24 +119,168 @@ def _short(e: BaseException) -> str:
   return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
-def restore_with_fallback(directory: pathlib.Path, steps: list[int],
+def _chain(e: BaseException) -> list[BaseException]:
+  out, seen = [], set()
+  while e is not None and id(e) not in seen:
+    out.append(e)
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return out
+
+
+# tensorstore / Orbax status codes that say the stored bytes are bad, and those that
+# say the storage is (perhaps only for now) not reachable.
+_INTEGRITY = ("DATA_LOSS", "OUT_OF_RANGE", "Error reading", "Truncated", "corrupt",
+              "checksum", "Unexpected end", "does not exist", "No such file")
+_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED",
+              "RESOURCE_EXHAUSTED", "ABORTED", "CANCELLED")
+
+
+def is_integrity_failure(e: BaseException) -> bool:
+  """Whether ``e`` (raised reading a step) says the step's bytes are bad.
+
+  True for unparsable JSON metadata, truncated / missing array chunks and similar;
+  False for transient storage errors, permissions and errors of the caller (a state
+  that does not fit the checkpoint), which must not make a resume skip a step.
+  """
+  chain = _chain(e)
+  text = " ".join(str(x) for x in chain)
+  if any(code in text for code in _TRANSIENT) or any(
+      isinstance(x, (PermissionError, TimeoutError, ConnectionError)) for x in chain):
+    return False
+  if any(isinstance(x, (json.JSONDecodeError, UnicodeDecodeError, EOFError)) for x in chain):
+    return True
+  return any(marker in text for marker in _INTEGRITY)
+
+
+def incomplete_reason(step_dir: epath.Path) -> str | None:
+  """Why ``step_dir`` is provably incomplete (a missing marker or item), else None."""
+  paths.refresh(step_dir)
+  if not step_dir.is_dir():
+    return f"{step_dir} is missing"
+  for name in (COMMIT_MARKER, "_CHECKPOINT_METADATA"):
+    if not (step_dir / name).exists():
+      return f"{name} is missing"
+  for item in REQUIRED_ITEMS:
+    if not (step_dir / item).is_dir():
+      return f"item {item}/ is missing"
+    if not (step_dir / item / COMMIT_MARKER).exists():
+      return f"item {item}/ has no {COMMIT_MARKER}"
+  return None
+
+
+class IncompleteStep(Exception):
+  """A step that lacks a file every finished step has."""
+
+
+class RestoreError(RuntimeError):
+  """A step could not be read for a reason that is not its integrity; nothing moved."""
+
+
+class ProcessCountError(ValueError):
+  """A step of another process count whose data iterator cannot be re-sharded."""
+
+
+def restore_with_fallback(directory: epath.Path, steps: list[int],
                           restore: Callable[[int], Any],
-                          on_corrupt: Callable[[int], None] | None = None) -> tuple[int, Any] | None:
-  """Tries ``restore(step)`` from the newest step down; warns naming bad and used steps."""
+                          on_skipped: Callable[[int, bool], None] | None = None,
+                          ) -> tuple[int, Any] | None:
+  """Tries ``restore(step)`` from the newest step down.
+
+  A step is skipped (with a warning naming it and the step used instead) only when
+  ``restore`` raises ``IncompleteStep`` or an integrity failure
+  (``is_integrity_failure``); ``on_skipped(step, incomplete)`` is called for each
+  skipped step once a restore succeeded (or at once for an incomplete step). Any
+  other error is raised as ``RestoreError`` naming the step; nothing is skipped.
+
+  Returns:
+    (step, restored) or None when ``steps`` is empty.
+
+  Raises:
+    RestoreError: a non-integrity failure, or steps exist and none is readable.
+  """
   steps = sorted(steps, reverse=True)
+  unreadable: list[tuple[int, str]] = []
   for i, step in enumerate(steps):
     try:
-      return step, restore(step)
-    except Exception as e:  # noqa: BLE001 - any failure means this step is unusable
-      nxt = f"using step {steps[i + 1]} instead" if i + 1 < len(steps) else \
-          "no earlier checkpoint: starting from scratch"
-      message = (f"checkpoint at step {step} in {directory} is corrupt or incomplete "
-                 f"({_short(e)}); {nxt}")
-      warnings.warn(message, RuntimeWarning, stacklevel=2)
-      log.warning(message)
-      if on_corrupt is not None:
-        on_corrupt(step)
+      out = restore(step)
+    except IncompleteStep as e:
+      reason, incomplete = str(e), True
+    except ProcessCountError:
+      raise
+    except ValueError as e:
+      if not is_integrity_failure(e):  # a refusal (e.g. process counts): as it is
+        raise
+      reason, incomplete = _short(e), False
+    except Exception as e:  # noqa: BLE001 - classified below
+      if not is_integrity_failure(e):
+        raise RestoreError(
+            f"could not read checkpoint step {step} in {directory} ({_short(e)}); "
+            "this is not a sign of a damaged checkpoint, so nothing was skipped or moved: "
+            "fix the cause and run again") from e
+      reason, incomplete = _short(e), False
+    else:
+      if on_skipped is not None:
+        for bad, _ in unreadable:
+          on_skipped(bad, False)
+      return step, out
+    kind = "incomplete" if incomplete else "unreadable"
+    nxt = f"using step {steps[i + 1]} instead" if i + 1 < len(steps) else "no earlier step"
+    message = f"checkpoint at step {step} in {directory} is {kind} ({reason}); {nxt}"
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    log.warning(message)
+    if incomplete:
+      if on_skipped is not None:
+        on_skipped(step, True)
+    else:
+      unreadable.append((step, reason))
+  if unreadable:
+    listed = "; ".join(f"step {s}: {r}" for s, r in unreadable)
+    raise RestoreError(
+        f"no checkpoint in {directory} could be read ({listed}); nothing was moved: "
+        f"move {directory} aside to start this run from scratch")
   return None
+
+
+def saved_process_count(data_dir: epath.Path) -> int | None:
+  """The process count a step's ``data/`` item was written by (None: no files)."""
+  counts = {int(m.group(2)) for f in data_dir.iterdir()
+            if (m := _DATA_FILE.search(f.name))}
+  if len(counts) > 1:
+    raise IncompleteStep(f"data/ holds files of several process counts {sorted(counts)}")
+  return counts.pop() if counts else None
+
+
+def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dict[str, Any]:
+  """The iterator state for this process when ``saved_count`` processes wrote the step.
+
+  Only a position-only state (``{"next_index": k}``: in-memory text and image sets,
+  ``rankjax.data.common.EpochBatches``) can be re-sharded. There every host reads
+  its part of the same global batches, drawn from one order of the whole set per
+  epoch, and k counts global batches, so every process of the new run continues at
+  global batch k: no example is repeated or skipped, and the run continues exactly
+  as with the old process count (same global batch size). Deterministic: a
+  function of (seed, k). Streamed sets (documents sharded by process) are refused.
+
+  Raises:
+    ProcessCountError (a ValueError; one line naming both counts) for any other state.
+  """
+  now = jax.process_count()
+  refuse = (f"checkpoint step {step} was written by {saved_count} process(es) and this "
+            f"run has {now}; the data iterator of this data set cannot be re-sharded: "
+            f"resume with {saved_count} process(es), or train in a new --workdir")
+  states = []
+  for i in range(saved_count):
+    f = data_dir / f"process_{i}-of-{saved_count}.json"
+    if not f.exists():
+      raise IncompleteStep(f"data/{f.name} is missing")
+    states.append(json.loads(f.read_text()))
+  if not all(isinstance(s, dict) and set(s) == {"next_index"} for s in states):
+    raise ProcessCountError(refuse)
+  positions = {int(s["next_index"]) for s in states}
+  if len(positions) != 1:
+    raise ProcessCountError(refuse + f" (the processes were at batches {sorted(positions)})")
+  return {"next_index": positions.pop()}
 
 
 @dataclasses.dataclass
@@ -119,19 +289,20 @@ class Restored:
   state: Any
   diagnostics: dict[str, Any] | None
   metrics: dict[str, Any]
+  saved_process_count: int | None = None
 
 
 class Checkpointer:
   """Saves and restores the four items of a run's steps under ``WORKDIR/checkpoints``."""
 
-  def __init__(self, workdir: str | pathlib.Path, *, max_to_keep: int = 3,
+  def __init__(self, workdir: str | epath.PathLike, *, max_to_keep: int = 3,
                async_save: bool = True):
-    self.workdir = pathlib.Path(workdir)
+    self.workdir = paths.as_path(workdir)
     self.directory = checkpoint_dir(workdir)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
-        cleanup_tmp_directories=True)
-    self.manager = ocp.CheckpointManager(self.directory.absolute(), options=options,
+        cleanup_tmp_directories=True, enable_background_delete=paths.is_remote(self.directory))
+    self.manager = ocp.CheckpointManager(paths.absolute(self.directory), options=options,
                                          item_handlers=handlers())
 
   def all_steps(self) -> list[int]:
@@ -159,29 +330,44 @@ class Checkpointer:
     """The newest readable step (state into ``abstract_state``'s shardings), or None."""
 
     def restore(step: int) -> Restored:
+      step_dir = self.directory / str(step)
+      reason = incomplete_reason(step_dir)
+      if reason is not None:
+        raise IncompleteStep(reason)
+      count = saved_process_count(step_dir / "data")
+      if count is None:
+        raise IncompleteStep("data/ holds no iterator state")
+      data_state = None
+      own = step_dir / "data" / f"process_{jax.process_index()}-of-{count}.json"
+      if count == jax.process_count() and not own.exists():
+        raise IncompleteStep(f"data/{own.name} is missing")
+      if count != jax.process_count():
+        data_state = rebuild_data_state(step_dir / "data", count, step)
       items = {"state": ocp.args.StandardRestore(abstract_state),
                "metrics": ocp.args.JsonRestore()}
       if self._has_item(step, "diagnostics"):
         items["diagnostics"] = ocp.args.StandardRestore()
       out = self.manager.restore(step, args=ocp.args.Composite(**items))
-      self.manager.restore(step, args=ocp.args.Composite(
-          data=grain.checkpoint.CheckpointRestore(data_iter)))
+      if data_state is None:
+        self.manager.restore(step, args=ocp.args.Composite(
+            data=grain.checkpoint.CheckpointRestore(data_iter)))
+      else:
+        data_iter.set_state(data_state)
       diagnostics = out.get("diagnostics") if "diagnostics" in items else None
-      return Restored(step, out.state, diagnostics, out.metrics)
+      return Restored(step, out.state, diagnostics, out.metrics, count)
 
-    found = restore_with_fallback(self.directory, self.all_steps(), restore, self._quarantine)
+    found = restore_with_fallback(self.directory, self.all_steps(), restore, self._set_aside)
     return None if found is None else found[1]
 
-  def _quarantine(self, step: int) -> None:
-    """Moves an unreadable step out of the manager's way (so it can be saved again)."""
+  def _set_aside(self, step: int, incomplete: bool) -> None:
+    """Moves a skipped step to ``corrupt_checkpoints/`` (so it can be saved again)."""
     if jax.process_index() == 0:
-      dest = self.workdir / "corrupt_checkpoints" / f"{step}-{int(time.time())}"
+      kind = "incomplete" if incomplete else "unreadable"
+      dest = self.workdir / "corrupt_checkpoints" / f"{step}-{kind}-{int(time.time())}"
       dest.parent.mkdir(parents=True, exist_ok=True)
-      shutil.move(str(self.directory / str(step)), str(dest))
-      log.warning("moved the unreadable checkpoint %s to %s", step, dest)
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      multihost_utils.sync_global_devices(f"rankjax_quarantine_{step}")
+      paths.move(self.directory / str(step), dest)
+      log.warning("moved the %s checkpoint %s to %s", kind, step, dest)
+    paths.barrier(f"rankjax_set_aside_{step}")
     self.manager.reload()
 
   def wait(self) -> None:

@@ -3,7 +3,9 @@
 Running the same command again with the same workdir resumes from the newest
 readable checkpoint (a workdir holding a run with another config is refused).
 Exit codes: 0 done (or stopped by SIGTERM / Ctrl-C with a checkpoint saved), 1 the loss
-became NaN/Inf, 2 bad input (one line on stderr).
+became NaN/Inf, 2 bad input (one line on stderr), 3 the checkpoints could not be read
+for a reason that is not their integrity, or none could be read (one line; nothing
+was moved).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
+  from rankjax.train.checkpoint import RestoreError
   from rankjax.train.loop import NonFiniteLossError, train
 
   cfg = config_lib.override(config_lib.from_json(TrainConfig, args.config), args.overrides)
@@ -42,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
   except NonFiniteLossError as e:
     print(f"rankjax train: {e}", file=sys.stderr)
     return 1
+  except RestoreError as e:
+    print(f"rankjax train: {e}", file=sys.stderr)
+    return 3
   if result.status == "preempted":
     print(f"rankjax train: stopped (SIGTERM or Ctrl-C) at step {result.step}; checkpoint saved in "
           f"{args.workdir}; run the same command to resume", file=sys.stderr)

@@ -10,11 +10,15 @@ progress bar shows step, loss and tokens/s; otherwise one line is printed every
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
 from typing import Any, Mapping, TextIO
 
 import jax
+from etils import epath
+
+from rankjax.train import paths
+
+REPLACED = "metrics_replaced.jsonl"
 
 
 def _clean(v: Any) -> Any:
@@ -25,11 +29,12 @@ def _clean(v: Any) -> Any:
 class MetricsWriter:
   """Appends metrics to metrics.jsonl (+ TensorBoard) and reports progress."""
 
-  def __init__(self, workdir: str | pathlib.Path, *, total_steps: int, log_every: int,
+  def __init__(self, workdir: str | epath.PathLike, *, total_steps: int, log_every: int,
                start_step: int = 0, stream: TextIO | None = None,
                progress_bar: bool | None = None):
     self.enabled = jax.process_index() == 0
-    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    workdir = paths.as_path(workdir, "workdir")
+    self.path = workdir / "metrics.jsonl"
     self.log_every = log_every
     self.stream = stream or sys.stdout
     self._tb = None
@@ -37,12 +42,14 @@ class MetricsWriter:
     if not self.enabled:
       return
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._file = open(self.path, "a", buffering=1)  # line-buffered: survives SIGKILL
+    self._file = self._open()
     try:
       from tensorboardX import SummaryWriter  # optional
-      self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
+      self._tb = SummaryWriter(str(workdir / "tensorboard"))
     except ImportError:
       pass
+    except Exception as e:  # noqa: BLE001 - e.g. a URL tensorboardX cannot write to
+      self.stream.write(f"TensorBoard off: cannot write to {workdir / 'tensorboard'} ({e})\n")
     if progress_bar is None:
       progress_bar = self.stream.isatty()
     if progress_bar:
@@ -50,20 +57,39 @@ class MetricsWriter:
       self._bar = tqdm(total=total_steps, initial=start_step, file=self.stream,
                        dynamic_ncols=True, desc="train")
 
+  def _open(self):
+    """Local: a line-buffered append (every line survives SIGKILL). Object stores
+    cannot append: lines are kept and the whole object rewritten at each ``flush``
+    (before every checkpoint save and at the end), so a kill loses at most the lines
+    after the last checkpoint, which the resumed run writes again."""
+    if not paths.is_remote(self.path):
+      return open(self.path, "a", buffering=1)
+    return _RewrittenObject(self.path)
+
   @staticmethod
-  def truncate(workdir: str | pathlib.Path, step: int) -> None:
-    """Drops lines after ``step`` (a resumed run rewrites them); process 0 only."""
-    path = pathlib.Path(workdir) / "metrics.jsonl"
+  def truncate(workdir: str | epath.PathLike, step: int) -> None:
+    """Drops lines after ``step`` (a resumed run rewrites them); process 0 only.
+
+    No line up to ``step`` is lost: the file is replaced atomically
+    (``paths.write_text_atomic``), and the dropped lines (those after ``step``, and
+    a last line cut short by a kill) are appended to ``metrics_replaced.jsonl``
+    first.
+    """
+    path = paths.as_path(workdir) / "metrics.jsonl"
     if jax.process_index() != 0 or not path.exists():
       return
-    keep = []
+    keep, dropped = [], []
     for line in path.read_text().splitlines():
       try:
-        if json.loads(line).get("step", 0) <= step:
-          keep.append(line)
+        (keep if json.loads(line).get("step", 0) <= step else dropped).append(line)
       except json.JSONDecodeError:
-        pass
-    path.write_text("".join(f"{line}\n" for line in keep))
+        dropped.append(line)
+    if not dropped:
+      return
+    replaced = path.parent / REPLACED
+    old = replaced.read_text() if replaced.exists() else ""
+    paths.write_text_atomic(replaced, old + "".join(f"{line}\n" for line in dropped))
+    paths.write_text_atomic(path, "".join(f"{line}\n" for line in keep))
 
   def write(self, step: int, metrics: Mapping[str, Any], kind: str = "train") -> None:
     if not self.enabled:
@@ -95,7 +121,7 @@ class MetricsWriter:
     parts = [f"step {row['step']}"]
     for key, label, fmt in (("loss", "loss", ".4f"), ("grad_norm", "grad_norm", ".3g"),
                             ("lr", "lr", ".3g"), ("accuracy", "accuracy", ".3f"),
-                            ("tokens_per_s_avg", "tokens/s", ".4g")):
+                            ("tokens_per_s_avg", "tokens/s", ".4g"), ("mfu", "MFU", ".1%")):
       if isinstance(row.get(key), float):
         parts.append(f"{label} {row[key]:{fmt}}")
     return "  ".join(parts)
@@ -123,3 +149,24 @@ class MetricsWriter:
       self._tb.close()
     if self._bar is not None:
       self._bar.close()
+
+
+class _RewrittenObject:
+  """A file-like append target on an object store: ``flush`` rewrites the object."""
+
+  def __init__(self, path: epath.Path):
+    self.path = path
+    self._text = path.read_text() if path.exists() else ""
+    self._dirty = False
+
+  def write(self, text: str) -> None:
+    self._text += text
+    self._dirty = True
+
+  def flush(self) -> None:
+    if self._dirty:
+      self.path.write_text(self._text)
+      self._dirty = False
+
+  def close(self) -> None:
+    self.flush()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import pathlib
 import signal
 import threading
 import time
@@ -31,11 +30,14 @@ from typing import Any, Callable, TextIO
 
 import jax
 import numpy as np
+from etils import epath
 
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.data import pipeline as data_pipeline
 from rankjax.train import diagnostics as diag_lib
+from rankjax.train import mfu as mfu_lib
+from rankjax.train import paths
 from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
 from rankjax.train.checkpoint import Checkpointer, DiagnosticsHistory
@@ -52,7 +54,7 @@ class NonFiniteLossError(RuntimeError):
 class TrainResult:
   """How a ``train`` call ended: ``status`` is "completed" or "preempted"."""
 
-  workdir: pathlib.Path
+  workdir: epath.Path
   step: int
   status: str
   metrics: dict[str, Any]
@@ -84,16 +86,16 @@ def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
   tx = make_optimizer(cfg, task.stacked_roots)
   init = make_init(task, tx, cfg.seed)
   abstract = jax.eval_shape(init)
-  shardings = shard_lib.state_shardings(abstract, mesh, task.stacked_roots)
+  shardings = shard_lib.state_shardings(abstract, mesh, task.stacked_roots, zero1=cfg.zero1)
   batch_sh = shard_lib.batch_sharding(mesh)
   repl = shard_lib.replicated(mesh)
 
   def jit_step(diags_):
-    fn = make_step(task, cfg, tx, diags_, grad_shardings=shardings.params)
+    fn = make_step(task, cfg, tx, diags_, grad_shardings=shardings.params, mesh=mesh)
     return jax.jit(fn, in_shardings=(shardings, batch_sh), out_shardings=(shardings, repl, repl),
                    donate_argnums=(0,))
 
-  eval_step = jax.jit(make_eval_step(task),
+  eval_step = jax.jit(make_eval_step(task, mesh),
                       in_shardings=(shardings.params, shard_lib.eval_batch_sharding(mesh)),
                       out_shardings=repl)
   return Compiled(task=task, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sh,
@@ -110,7 +112,8 @@ def _build_cached(cfg: TrainConfig, diags: tuple[diag_lib.Diagnostic, ...],
 
 # Fields that ``build`` does not read: runs differing only in these share a build.
 _NOT_BUILT = ("log_every", "checkpoint_every", "max_to_keep", "async_checkpointing",
-              "eval_every", "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer")
+              "eval_every", "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer",
+              "compilation_cache_dir")
 
 
 def build_for_run(cfg: TrainConfig) -> Compiled:
@@ -131,7 +134,20 @@ def make_data_iterator(cfg: TrainConfig, task: task_lib.Task, *, split: str = "t
       batch_size=shard_lib.host_batch_size(batch_size or cfg.batch_size),
       seed=cfg.seed, shuffle=not eval_mode, num_epochs=1 if eval_mode else None,
       shard_index=jax.process_index(), shard_count=jax.process_count(),
-      **task_lib.data_kwargs(cfg, task))
+      micro_batches=1 if eval_mode else cfg.grad_accum, **task_lib.data_kwargs(cfg, task))
+
+
+def enable_compilation_cache(directory: str) -> None:
+  """JAX's persistent compilation cache in ``directory`` (local or gs://): a run
+  restarted after a preemption loads its compiled steps instead of compiling them.
+  Takes effect for programs compiled after the call (``rankjax train`` calls it
+  before compiling anything)."""
+  from jax.experimental.compilation_cache import compilation_cache
+  path = paths.as_path(directory, "compilation_cache_dir")
+  if jax.config.jax_compilation_cache_dir != str(paths.absolute(path)):
+    jax.config.update("jax_compilation_cache_dir", str(paths.absolute(path)))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()
 
 
 class _Preemption:
@@ -177,7 +193,7 @@ class _Preemption:
     self._old = {}
 
 
-def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
+def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
           on_step: Callable[[int], None] | None = None, stream: TextIO | None = None,
           progress_bar: bool | None = None) -> TrainResult:
   """Trains ``cfg`` in ``workdir``, resuming from its newest readable checkpoint.
@@ -194,8 +210,11 @@ def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
       different run), before anything is written.
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = paths.as_path(workdir, "workdir")
+  if cfg.compilation_cache_dir:
+    enable_compilation_cache(cfg.compilation_cache_dir)
   compiled = build_for_run(cfg)
+  shard_lib.check_batch(cfg.batch_size, cfg.grad_accum, compiled.mesh)  # also when cached
   task = compiled.task
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
   data_pipeline.check_model_fits(info, **task_lib.model_requirements(task))
@@ -208,12 +227,16 @@ def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
                           jax.eval_shape(compiled.init), compiled.state_shardings)
   had_steps = bool(ckpt.all_steps())
   restored = ckpt.restore(abstract, data_it)
+  resharded = ""
   if restored is not None:
     state, start = restored.state, restored.step
+    if restored.saved_process_count not in (None, jax.process_count()):
+      resharded = (f" (checkpoint written by {restored.saved_process_count} process(es); "
+                   "data iterator re-sharded, see rankjax.train.checkpoint.rebuild_data_state)")
     history = DiagnosticsHistory.from_tree(restored.diagnostics)
     history.truncate(start)
   else:
-    if had_steps:  # every step was unreadable; a failed restore may have moved the iterator
+    if had_steps:  # every step was incomplete (moved aside); the iterator may have moved
       data_it = make_data_iterator(cfg, task)
     state, start, history = compiled.init(), 0, DiagnosticsHistory()
   MetricsWriter.truncate(workdir, start)
@@ -222,7 +245,7 @@ def train(cfg: TrainConfig, workdir: str | pathlib.Path, *,
   writer.message(
       f"{'resumed' if restored is not None else 'started'} {workdir} at step {start}: "
       f"{task.kind} on {info.name}, mesh {dict(compiled.mesh.shape)}, "
-      f"{jax.process_count()} process(es)")
+      f"{jax.process_count()} process(es){resharded}")
   loop = _Loop(cfg, compiled, ckpt, writer, history, data_it)
   loop.data_name = info.name
   try:
@@ -242,6 +265,9 @@ class _Loop:
     self.cfg, self.c, self.ckpt, self.writer = cfg, compiled, ckpt, writer
     self.history, self.data_it = history, data_it
     self.tokens_per_step = cfg.batch_size * compiled.task.tokens_per_example
+    n_params = task_lib.count_params(jax.eval_shape(compiled.init).params)
+    self.flops_per_step = compiled.task.flops_per_example(n_params) * cfg.batch_size
+    self.peak_flops = mfu_lib.local_spec_peak(cfg.compute_dtype)   # None: no spec peak
     self.last_metrics: dict[str, Any] = {}
     self.data_name = ""
     self._window: list[float] = []
@@ -299,6 +325,10 @@ class _Loop:
     if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
       window, self._window = self._window, []
       metrics["tokens_per_s_avg"] = self.tokens_per_step * len(window) / max(sum(window), 1e-9)
+      mfu = mfu_lib.mfu(self.flops_per_step, sum(window) / len(window), self.c.mesh.size,
+                        self.peak_flops)
+      if mfu is not None:             # model FLOPs / spec peak of the devices (train/mfu.py)
+        metrics["mfu"] = mfu
     self.writer.write(step, metrics)
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
       self.writer.flush()
@@ -324,6 +354,7 @@ class _Loop:
         "grad_norm": self.last_metrics.get("grad_norm"),
         "tokens_per_s": self.last_metrics.get("tokens_per_s_avg",
                                               self.last_metrics.get("tokens_per_s")),
+        "mfu": self.last_metrics.get("mfu"),
         "elapsed_s": time.perf_counter() - self._t_start,
         "time": time.time(),
         "diagnostic_steps": len(self.history),
@@ -338,7 +369,10 @@ class _Loop:
     sharding = shard_lib.eval_batch_sharding(c.mesh)
     totals: dict[str, float] = {}
     n = 0
-    for _, local in zip(range(cfg.eval_batches), it):
+    for _ in range(cfg.eval_batches):
+      local = next(it, None)
+      if not shard_lib.all_hosts_have(local is not None):
+        break      # a streamed set ran out on some host: every host stops here
       out = jax.device_get(c.eval_step(params, shard_lib.global_eval_batch(local, sharding)))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)

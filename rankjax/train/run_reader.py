@@ -10,16 +10,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import pathlib
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.train import checkpoint as ckpt_lib
+from rankjax.train import paths
 
 
 @dataclasses.dataclass
@@ -40,7 +41,7 @@ class Run:
       eval_loss, ...).
   """
 
-  workdir: pathlib.Path
+  workdir: epath.Path
   config: TrainConfig
   step: int
   params: Any
@@ -50,9 +51,10 @@ class Run:
   history: list[dict[str, Any]]
 
 
-def read_metrics_jsonl(path: str | pathlib.Path, up_to: int | None = None) -> list[dict[str, Any]]:
+def read_metrics_jsonl(path: str | epath.PathLike,
+                       up_to: int | None = None) -> list[dict[str, Any]]:
   """Lines of ``metrics.jsonl``; for a step logged twice (a resumed run) the last one."""
-  path = pathlib.Path(path)
+  path = paths.as_path(path)
   if not path.exists():
     return []
   by_step: dict[tuple[int, str], dict[str, Any]] = {}
@@ -66,17 +68,18 @@ def read_metrics_jsonl(path: str | pathlib.Path, up_to: int | None = None) -> li
   return [by_step[k] for k in sorted(by_step)]
 
 
-def load_run(workdir: str | pathlib.Path, step: int | None = None) -> Run:
+def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   """Reads the newest readable checkpoint of ``workdir`` (or ``step``).
 
   Raises:
     FileNotFoundError: no run or no checkpoint in ``workdir``.
+    ValueError: a URL whose filesystem package is missing.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = paths.as_path(workdir, "workdir")
   cfg_path = ckpt_lib.config_path(workdir)
   if not cfg_path.exists():
     raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json)")
-  cfg = config_lib.from_json(TrainConfig, cfg_path)
+  cfg = config_lib.from_json(TrainConfig, cfg_path.read_text())
   directory = ckpt_lib.checkpoint_dir(workdir)
   if not directory.is_dir():
     raise FileNotFoundError(f"{workdir} holds no checkpoint yet ({directory} is missing)")
@@ -84,7 +87,7 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> Run:
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)
   try:
-    manager = ocp.CheckpointManager(directory.absolute(),
+    manager = ocp.CheckpointManager(paths.absolute(directory),
                                     options=ocp.CheckpointManagerOptions(read_only=True),
                                     item_handlers=ckpt_lib.handlers())
   finally:
@@ -92,6 +95,9 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> Run:
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 
   def restore(s: int) -> dict[str, Any]:
+    reason = ckpt_lib.incomplete_reason(directory / str(s))
+    if reason is not None:
+      raise ckpt_lib.IncompleteStep(reason)
     meta = manager.item_metadata(s)["state"]
     meta = getattr(meta, "tree", meta)
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta)
@@ -104,8 +110,12 @@ def load_run(workdir: str | pathlib.Path, step: int | None = None) -> Run:
   steps = [step] if step is not None else list(manager.all_steps())
   if not steps:
     raise FileNotFoundError(f"{workdir} holds no checkpoint yet")
-  found = ckpt_lib.restore_with_fallback(directory, steps, restore)
-  manager.close()
+  try:
+    found = ckpt_lib.restore_with_fallback(directory, steps, restore)
+  except ckpt_lib.RestoreError as e:
+    raise FileNotFoundError(str(e)) from e
+  finally:
+    manager.close()
   if found is None:
     raise FileNotFoundError(f"no readable checkpoint in {directory}")
   s, out = found

@@ -1,12 +1,26 @@
-"""Device mesh, parameter and batch shardings, multi-host start-up and batches.
+"""Device mesh, sharding by logical axes, multi-host start-up and batches.
 
-The mesh has two axes, ``("data", "fsdp")``. Every array of the train state
-(parameters and the optimizer moments alike) is sharded over ``fsdp`` along its
-largest dimension that ``fsdp`` divides, never along the leading layer axis of a
-stacked (scanned) parameter, so a layer's weights are gathered one layer at a time;
-arrays with no such dimension are replicated. Parameters are replicated over
-``data``. Batches arrive as (grad_accum, micro_batch, ...) and are split along the
-micro-batch axis over ``("data", "fsdp")``, all devices together.
+The mesh has two axes, ``("data", "fsdp")``. Sharding is by logical axes:
+
+* parameters: ``PARAM_RULES`` names the logical axes of every parameter by its
+  name (``embed`` is the d_model axis of the residual stream, ``mlp`` the hidden
+  width, ``heads`` the H*d_head axis, ``vocab``, ...); ``MESH_RULES`` maps
+  ``embed`` to ``fsdp`` and every other logical axis (the stacked ``layers`` axis
+  included) to no mesh axis. So each matrix is split over ``fsdp`` along its d_model
+  axis and replicated over ``data``; inside the layer scan each layer's slice is
+  all-gathered when that layer runs (FSDP / ZeRO-3), and its gradient
+  reduce-scattered back. Norm gains and vectors are replicated;
+* activations: ``rankjax.partitioning.constrain`` pins the residual stream at every
+  block input to batch over ``("data", "fsdp")`` (``ACTIVATION_RULES``), so the
+  batch is never gathered;
+* the optimizer moments are sharded like their parameters; with ``zero1`` they are
+  also split over ``data`` (``zero1_spec``: ZeRO stage 1);
+* batches arrive as (grad_accum, micro_batch, ...) and are split along the
+  micro-batch axis over ``("data", "fsdp")``, all devices together.
+
+A parameter no rule names (a new module) falls back to its largest dimension that
+``fsdp`` divides; a dimension a rule shards but ``fsdp`` does not divide stays
+whole (``param_spec``).
 
 Multi-host: ``maybe_initialize_distributed`` calls ``jax.distributed.initialize()``
 when the environment says several processes run (SLURM with more than one task, a
@@ -29,10 +43,45 @@ from rankjax.train.tasks import is_stacked
 AXES = ("data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
 
+# Logical axes of each parameter (without the stacked layer axis), by its name.
+PARAM_RULES: dict[str, tuple[str, ...]] = {
+    # DecoderLM (rankjax.models.transformer / attention)
+    "embedding": ("vocab", "embed"),
+    "pos_embed": ("length", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "w_q": ("embed", "heads"), "w_k": ("embed", "heads"), "w_v": ("embed", "heads"),
+    "w_o": ("heads", "embed"),
+    "w_1": ("embed", "mlp"), "w_3": ("embed", "mlp"), "w_2": ("mlp", "embed"),
+    "scale": ("norm",), "bias": ("norm",),
+    # ResidualMLP (rankjax.models.mlp / blocks)
+    "w_in": ("input", "embed"), "w_out": ("embed", "classes"),
+    "w_up": ("embed", "mlp"), "w_gate": ("embed", "mlp"), "w_down": ("mlp", "embed"),
+    "w": ("embed", "mlp"),
+    "p_scale": ("norm",), "b_scale": ("norm",), "r_scale": ("norm",),
+}
+# Parameters read by a gather (a token lookup): all-gathered whole where the loss
+# uses them (``gather_lookup_tables``), so the lookup is local and its output keeps
+# the batch sharding; otherwise GSPMD gathers the token ids and all-to-alls the
+# embedded activations.
+LOOKUP_TABLES = ("embedding",)
+# Logical axis -> mesh axis (absent: not sharded).
+MESH_RULES: dict[str, str] = {"embed": "fsdp"}
+# Activations: logical axis -> mesh axes (rankjax.partitioning.constrain).
+ACTIVATION_RULES: dict[str, tuple[str, ...]] = {"batch": BATCH_AXES}
 
-def multi_host_env() -> str | None:
+
+def _tpu_chips() -> int:
+  """TPU chips attached to this machine (PCI scan; starts no backend)."""
+  try:
+    from jax._src import hardware_utils
+    return int(hardware_utils.num_available_tpu_chips_and_device_id()[0])
+  except Exception:  # noqa: BLE001 - a JAX without the helper: no TPU detection
+    return 0
+
+
+def multi_host_env(env: Mapping[str, str] | None = None) -> str | None:
   """The reason to call ``jax.distributed.initialize()``, or None on one host."""
-  env = os.environ
+  env = os.environ if env is None else env
   if env.get("RANKJAX_DISTRIBUTED") == "1":
     return "RANKJAX_DISTRIBUTED=1"
   if env.get("JAX_COORDINATOR_ADDRESS"):
@@ -44,25 +93,85 @@ def multi_host_env() -> str | None:
     return f"TPU slice with {hosts.count(',') + 1} workers"
   if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
     return f"Open MPI with {env['OMPI_COMM_WORLD_SIZE']} processes"
+  if env is os.environ and "JAX_PLATFORMS" not in env and _tpu_chips() > 0:
+    return "Cloud TPU VM (JAX asks the TPU metadata server for the workers)"
   return None
+
+
+def _tasks_per_node(env: Mapping[str, str]) -> int:
+  """SLURM tasks on this node: SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE
+  ("8(x2),4"; this node's entry is not known, so the first)."""
+  if env.get("SLURM_NTASKS_PER_NODE"):
+    return int(env["SLURM_NTASKS_PER_NODE"])
+  first = env.get("SLURM_TASKS_PER_NODE", "1").split(",")[0]
+  return int(first.split("(")[0] or 1)
+
+
+def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
+  """The GPU ordinals this SLURM task drives, for ``jax.distributed.initialize``.
+
+  JAX's SLURM detection sets ``local_device_ids=[SLURM_LOCALID]``, wrong in both
+  launcher modes: with one task per GPU and ``--gpus-per-task=1`` each task sees
+  one GPU (ordinal 0) so local ranks 1-7 ask for a missing device; with one task
+  per node it drives 1 of 8 GPUs. Here:
+
+  * ``RANKJAX_LOCAL_DEVICE_IDS="0,1"`` wins when set;
+  * one task per node: every visible GPU (``CUDA_VISIBLE_DEVICES``, else
+    ``SLURM_GPUS_ON_NODE``);
+  * several tasks per node: ``[0]`` when the task sees one GPU, else its
+    ``SLURM_LOCALID``-th equal block of the visible GPUs.
+
+  None when not under SLURM or the GPU count is unknown (JAX's default).
+  """
+  if env.get("RANKJAX_LOCAL_DEVICE_IDS"):
+    return [int(i) for i in env["RANKJAX_LOCAL_DEVICE_IDS"].split(",")]
+  if "SLURM_PROCID" not in env:
+    return None
+  visible = env.get("CUDA_VISIBLE_DEVICES")
+  if visible:
+    count = len([v for v in visible.split(",") if v.strip()])
+  elif env.get("SLURM_GPUS_ON_NODE"):
+    count = int(env["SLURM_GPUS_ON_NODE"])
+  else:
+    return None
+  tasks = _tasks_per_node(env)
+  if tasks <= 1:
+    return list(range(count))
+  if count == 1:
+    return [0]
+  per_task = max(count // tasks, 1)
+  local = int(env.get("SLURM_LOCALID", "0"))
+  return list(range(local * per_task, (local + 1) * per_task))
 
 
 def maybe_initialize_distributed() -> bool:
   """Calls ``jax.distributed.initialize()`` (cluster auto-detection) when multi-host.
 
-  Must run before any other JAX call. Returns whether it initialized.
+  Must run before any other JAX call. Explicit ``JAX_COORDINATOR_ADDRESS`` /
+  ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` win; under SLURM the local devices are
+  ``slurm_local_device_ids``; on a Cloud TPU VM JAX's own detection finds the
+  workers (a single-worker VM then trains alone). Returns whether it initialized.
   """
   reason = multi_host_env()
   if reason is None or jax.distributed.is_initialized():
     return False
-  address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+  env = os.environ
+  local = slurm_local_device_ids(env)
+  address = env.get("JAX_COORDINATOR_ADDRESS")
   if address:
     jax.distributed.initialize(
         coordinator_address=address,
-        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-        process_id=int(os.environ["JAX_PROCESS_ID"]))
+        num_processes=int(env["JAX_NUM_PROCESSES"]),
+        process_id=int(env["JAX_PROCESS_ID"]), local_device_ids=local)
+  elif reason.startswith("Cloud TPU VM"):
+    try:
+      jax.distributed.initialize()
+    except (ValueError, RuntimeError) as e:  # one worker: nothing to join
+      import logging
+      logging.getLogger("rankjax.train").info("single TPU worker (%s)", e)
+      return False
   else:
-    jax.distributed.initialize()
+    jax.distributed.initialize(local_device_ids=local)
   return True
 
 
@@ -82,7 +191,8 @@ def make_mesh(data: int = 0, fsdp: int = 1, devices: Any = None) -> Mesh:
 
 
 def spec_for(shape: tuple[int, ...], fsdp: int, stacked: bool) -> P:
-  """Shard the largest dimension ``fsdp`` divides (ties: the later one)."""
+  """Fallback for a parameter no rule names: the largest dimension ``fsdp`` divides
+  (ties: the later one), never the stacked layer axis."""
   if fsdp == 1:
     return P()
   first = 1 if stacked and len(shape) > 1 else 0
@@ -97,12 +207,88 @@ def spec_for(shape: tuple[int, ...], fsdp: int, stacked: bool) -> P:
   return P(*spec)
 
 
-def state_shardings(abstract: Any, mesh: Mesh, stacked_roots: tuple[str, ...]) -> Any:
-  """NamedShardings for every leaf of a state/params pytree (of ShapeDtypeStructs)."""
-  fsdp = mesh.shape["fsdp"]
+def _leaf_name(path: tuple[Any, ...]) -> str | None:
+  for key in reversed(path):
+    name = getattr(key, "key", getattr(key, "name", None))
+    if isinstance(name, str):
+      return name
+  return None
+
+
+def logical_axes(path: tuple[Any, ...], ndim: int,
+                 stacked_roots: tuple[str, ...]) -> tuple[str, ...] | None:
+  """The logical axes of a parameter (or of its optimizer moment) at ``path``:
+  ``("layers", *PARAM_RULES[name])`` for a stacked one; None when no rule fits."""
+  rule = PARAM_RULES.get(_leaf_name(path))
+  lead = ("layers",) if is_stacked(path, stacked_roots) and ndim >= 1 else ()
+  if rule is None or len(lead) + len(rule) != ndim:
+    return None
+  return (*lead, *rule)
+
+
+def param_spec(path: tuple[Any, ...], shape: tuple[int, ...], mesh_shape: Mapping[str, int],
+               stacked_roots: tuple[str, ...]) -> P:
+  """The PartitionSpec of a parameter by ``PARAM_RULES`` / ``MESH_RULES``."""
+  axes = logical_axes(path, len(shape), stacked_roots)
+  if axes is None:
+    return spec_for(shape, mesh_shape["fsdp"], is_stacked(path, stacked_roots))
+  spec = []
+  for size, name in zip(shape, axes):
+    mesh_axis = MESH_RULES.get(name)
+    ok = mesh_axis is not None and mesh_shape[mesh_axis] > 1 and size % mesh_shape[mesh_axis] == 0
+    spec.append(mesh_axis if ok else None)
+  return P(*spec) if any(spec) else P()
+
+
+def gather_lookup_tables(params: Any, mesh: Mesh | None) -> Any:
+  """``params`` with every ``LOOKUP_TABLES`` leaf constrained to be replicated (call
+  inside the differentiated loss: the forward all-gathers the table once per
+  micro-batch, the backward reduces its gradient back to the shards)."""
+  if mesh is None or mesh.size == 1:
+    return params
 
   def leaf(path, x):
-    return NamedSharding(mesh, spec_for(tuple(x.shape), fsdp, is_stacked(path, stacked_roots)))
+    if _leaf_name(path) in LOOKUP_TABLES:
+      return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P()))
+    return x
+
+  return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+def zero1_spec(spec: P, shape: tuple[int, ...], data: int, fsdp: int, stacked: bool) -> P:
+  """ZeRO-1: an optimizer moment's spec with ``data`` added on its largest free
+  dimension ``data`` divides (or on its fsdp dimension when that divides by both)."""
+  if data == 1 or not shape:
+    return spec
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  first = 1 if stacked and len(shape) > 1 else 0
+  free = [a for a in range(first, len(shape)) if entries[a] is None and shape[a] % data == 0]
+  if free:
+    entries[max(free, key=lambda a: (shape[a], a))] = "data"
+    return P(*entries)
+  for a, e in enumerate(entries):
+    if e == "fsdp" and shape[a] % (data * fsdp) == 0:
+      entries[a] = ("data", "fsdp")
+      return P(*entries)
+  return spec
+
+
+def state_shardings(abstract: Any, mesh: Mesh, stacked_roots: tuple[str, ...],
+                    zero1: bool = False) -> Any:
+  """NamedShardings for every leaf of a TrainState / params pytree (of
+  ShapeDtypeStructs): parameters by ``param_spec``; optimizer moments the same, plus
+  ``data`` with ``zero1``; scalars (step, counts) and the rng replicated."""
+  shape = dict(mesh.shape)
+
+  def leaf(path, x):
+    names = [getattr(k, "name", None) for k in path]
+    spec = param_spec(path, tuple(x.shape), shape, stacked_roots)
+    if zero1 and "opt_state" in names:
+      spec = zero1_spec(spec, tuple(x.shape), shape["data"], shape["fsdp"],
+                        is_stacked(path, stacked_roots))
+    if "rng" in names[:1] or "step" in names[:1]:
+      spec = P()
+    return NamedSharding(mesh, spec)
 
   return jax.tree_util.tree_map_with_path(leaf, abstract)
 
@@ -153,6 +339,16 @@ def global_batch(local: Mapping[str, np.ndarray], grad_accum: int,
     shape = (grad_accum, micro.shape[1] * hosts, *x.shape[1:])
     out[key] = jax.make_array_from_process_local_data(sharding, micro, shape)
   return out
+
+
+def all_hosts_have(have: bool) -> bool:
+  """Whether every process has ``have`` (one tiny all-gather when there are several),
+  so hosts whose evaluation sets give different batch counts stop together instead
+  of one waiting forever in the collective eval step."""
+  if jax.process_count() == 1:
+    return have
+  from jax.experimental import multihost_utils
+  return bool(np.min(multihost_utils.process_allgather(np.int32(have))))
 
 
 def global_eval_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:

@@ -27,8 +27,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rankjax import partitioning
 from rankjax.config import TrainConfig
 from rankjax.train import diagnostics as diag_lib
+from rankjax.train.sharding import ACTIVATION_RULES, gather_lookup_tables
 from rankjax.train.tasks import Task, is_stacked
 
 Array = jax.Array
@@ -100,24 +104,73 @@ def make_init(task: Task, tx: optax.GradientTransformation, seed: int) -> Callab
 
 
 def accumulate_grads(task: Task, params: Any, batch: Any, rng: Array,
-                     grad_shardings: Any = None) -> tuple[Any, dict[str, Array]]:
-  """Mean gradient and mean metrics over the leading micro-batch axis of ``batch``."""
+                     grad_shardings: Any = None, mesh: Mesh | None = None,
+                     ) -> tuple[Any, dict[str, Array]]:
+  """Mean gradient and mean metrics over the leading micro-batch axis of ``batch``.
+
+  With a mesh whose ``data`` axis has G > 1 devices and k > 1 micro-batches, each
+  micro-batch is split into G equal groups (one per data shard) and the gradients
+  are accumulated per group (``jax.vmap`` with ``spmd_axis_name="data"``, a (G, ...)
+  accumulator sharded over ``data``): nothing is reduced over ``data`` inside the
+  scan, and the one reduction is the sum over groups after it. Equal groups make
+  the mean over groups the micro-batch mean. Dropout keys are then
+  ``fold_in(fold_in(rng, i), g)`` per group g, so with dropout the masks (not their
+  distribution) depend on ``mesh_data``.
+  """
   k = jax.tree.leaves(batch)[0].shape[0]
-  grad_fn = jax.grad(task.loss, has_aux=True)
-  if k == 1:
-    return grad_fn(params, jax.tree.map(lambda x: x[0], batch), jax.random.fold_in(rng, 0))
+
+  def loss(p, micro, key):
+    return task.loss(gather_lookup_tables(p, mesh), micro, key)
+
+  grad_fn = jax.grad(loss, has_aux=True)
+  groups = mesh.shape["data"] if mesh is not None and k > 1 else 1
+  if groups > 1:
+    return _accumulate_grouped(grad_fn, params, batch, rng, grad_shardings, mesh, k, groups)
+  with partitioning.activation_sharding(mesh, ACTIVATION_RULES):
+    if k == 1:
+      return grad_fn(params, jax.tree.map(lambda x: x[0], batch), jax.random.fold_in(rng, 0))
+
+    def body(acc, xs):
+      micro, i = xs
+      g, aux = grad_fn(params, micro, jax.random.fold_in(rng, i))
+      acc = jax.tree.map(jnp.add, acc, g)
+      if grad_shardings is not None:
+        acc = jax.lax.with_sharding_constraint(acc, grad_shardings)
+      return acc, aux
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    total, aux = jax.lax.scan(body, zeros, (batch, jnp.arange(k)))
+  return jax.tree.map(lambda g: g / k, total), jax.tree.map(jnp.mean, aux)
+
+
+def _accumulate_grouped(grad_fn, params, batch, rng, grad_shardings, mesh, k, groups):
+  """``accumulate_grads`` with one accumulator per data shard (see there)."""
+  grouped = jax.tree.map(
+      lambda x: x.reshape(k, groups, x.shape[1] // groups, *x.shape[2:]), batch)
+  grouped = jax.lax.with_sharding_constraint(
+      grouped, NamedSharding(mesh, P(None, "data", "fsdp")))
+  group_grad = jax.vmap(grad_fn, in_axes=(None, 0, 0), spmd_axis_name="data")
+  inner_rules = {**ACTIVATION_RULES, "batch": ("fsdp",)}   # "data" is the vmapped axis
+  if grad_shardings is None:
+    grad_shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+  acc_shardings = jax.tree.map(lambda s: NamedSharding(mesh, P("data", *s.spec)),
+                               grad_shardings)
 
   def body(acc, xs):
     micro, i = xs
-    g, aux = grad_fn(params, micro, jax.random.fold_in(rng, i))
-    acc = jax.tree.map(jnp.add, acc, g)
-    if grad_shardings is not None:
-      acc = jax.lax.with_sharding_constraint(acc, grad_shardings)
+    keys = jax.vmap(lambda g: jax.random.fold_in(jax.random.fold_in(rng, i), g))(
+        jnp.arange(groups))
+    with partitioning.activation_sharding(mesh, inner_rules):
+      g, aux = group_grad(params, micro, keys)
+    acc = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, acc, g), acc_shardings)
     return acc, aux
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  total, aux = jax.lax.scan(body, zeros, (batch, jnp.arange(k)))
-  return jax.tree.map(lambda g: g / k, total), jax.tree.map(jnp.mean, aux)
+  zeros = jax.lax.with_sharding_constraint(
+      jax.tree.map(lambda p: jnp.zeros((groups, *p.shape), p.dtype), params), acc_shardings)
+  total, aux = jax.lax.scan(body, zeros, (grouped, jnp.arange(k)))
+  grads = jax.tree.map(lambda g: g.sum(0) / (k * groups), total)
+  grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
+  return grads, jax.tree.map(jnp.mean, aux)
 
 
 def clip_by_norm(grads: Any, norm: Array, max_norm: float) -> Any:
@@ -128,17 +181,20 @@ def clip_by_norm(grads: Any, norm: Array, max_norm: float) -> Any:
 
 
 def make_step(task: Task, cfg: TrainConfig, tx: optax.GradientTransformation,
-              diags: Sequence[diag_lib.Diagnostic] = (), grad_shardings: Any = None):
+              diags: Sequence[diag_lib.Diagnostic] = (), grad_shardings: Any = None,
+              mesh: Mesh | None = None):
   """``step(state, batch) -> (state, metrics, diagnostics)``; pure, for ``jax.jit``.
 
   ``batch`` leaves are (grad_accum, micro_batch, ...). With ``diags`` the step also
   runs them (the diagnostics variant); otherwise the diagnostics output is ``{}``.
+  With ``mesh`` the activations are constrained by ``ACTIVATION_RULES``
+  (``rankjax.partitioning``) and gradients accumulated per data shard.
   """
   schedule = make_schedule(cfg)
 
   def step(state: TrainState, batch: Any):
     rng = jax.random.fold_in(state.rng, state.step)
-    grads, aux = accumulate_grads(task, state.params, batch, rng, grad_shardings)
+    grads, aux = accumulate_grads(task, state.params, batch, rng, grad_shardings, mesh)
     grad_norm = optax.tree.norm(grads)
     clipped = clip_by_norm(grads, grad_norm, cfg.clip_norm) if cfg.clip_norm > 0 else grads
     updates, opt_state = tx.update(clipped, state.opt_state, state.params)
@@ -168,10 +224,11 @@ def run_diagnostics(task: Task, cfg: TrainConfig, diags: Sequence[diag_lib.Diagn
   return diag_lib.compute(diags, inputs)
 
 
-def make_eval_step(task: Task):
+def make_eval_step(task: Task, mesh: Mesh | None = None):
   """``eval_step(params, batch) -> metrics`` on one (B, ...) batch, deterministic."""
 
   def eval_step(params, batch):
-    return task.loss(params, batch, None, deterministic=True)[1]
+    with partitioning.activation_sharding(mesh, ACTIVATION_RULES):
+      return task.loss(params, batch, None, deterministic=True)[1]
 
   return eval_step

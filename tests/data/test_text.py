@@ -59,10 +59,13 @@ def test_shards_partition_the_data(source, request):
   if source == "txt_dir":  # small: chunks are sharded, equal counts per host
     full = one_pass(str(root), seq_len=7)
     assert len({len(s) for s in shards}) == 1
-    # host s gets chunks s, s+3, ... of the first len - len % 3
+    # of each global batch (3 hosts x 3) of the first len - len % 3 chunks, host s
+    # gets the s-th third (common.EpochBatches: hosts share one order)
     kept = full[:len(full) - len(full) % 3]
     for s, chunks in enumerate(shards):
-      np.testing.assert_array_equal(chunks, kept[s::3])
+      expected = [block[s * (len(block) // 3):(s + 1) * (len(block) // 3)]
+                  for block in (kept[i:i + 9] for i in range(0, len(kept), 9))]
+      np.testing.assert_array_equal(chunks, np.concatenate(expected))
   else:  # streamed: documents are sharded
     for s, chunks in enumerate(shards):
       expected = byte_stream(train[s::3])
@@ -197,3 +200,20 @@ def test_model_too_small_for_tokenizer():
     data.check_model_fits(info, vocab_size=256)
   with pytest.raises(ValueError, match="seq_len=128 is longer"):
     data.check_model_fits(info, max_seq_len=64)
+
+
+def test_global_batches_do_not_depend_on_the_host_count():
+  """With gradient accumulation: hosts' parts, reassembled as the training loop does
+  (micro-batch j of every host, host after host), give the one-host batches."""
+  def host_batches(index, count, n=3):
+    it = data.make_iterator("text", batch_size=8 // count, seq_len=8, seed=3,
+                            shard_index=index, shard_count=count, micro_batches=2)
+    return collect(it, n)
+
+  one = host_batches(0, 1)
+  for count in (2, 4):
+    parts = [host_batches(i, count) for i in range(count)]
+    for step in range(3):
+      micro = [np.concatenate([p[step]["inputs"].reshape(2, -1, 8)[j] for p in parts])
+               for j in range(2)]
+      np.testing.assert_array_equal(np.concatenate(micro), one[step]["inputs"])

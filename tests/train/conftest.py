@@ -77,9 +77,10 @@ class Worker:
   def __init__(self, env: dict[str, str], tmp: pathlib.Path):
     self.env, self.tmp = env, tmp
 
-  def __call__(self, cfg: TrainConfig, workdir: pathlib.Path, *args: str,
+  def __call__(self, cfg: TrainConfig, workdir: pathlib.Path | str, *args: str,
                timeout: float = 600) -> tuple[int, dict | None, str]:
-    path = self.tmp / f"{workdir.name}-{len(list(self.tmp.glob('*.json')))}.json"
+    name = pathlib.PurePosixPath(str(workdir)).name
+    path = self.tmp / f"{name}-{len(list(self.tmp.glob('*.json')))}.json"
     config_lib.to_json(cfg, path)
     proc = subprocess.run([sys.executable, str(WORKER), str(path), str(workdir), *args],
                           env=self.env, capture_output=True, text=True, timeout=timeout,

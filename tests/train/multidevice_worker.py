@@ -30,8 +30,8 @@ def main() -> None:
   tokens = rng.integers(0, 257, size=(16, cfg.seq_len + 1)).astype(np.int32)
   host_batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
-  def run(mesh, sharded_init: bool, init_host=None):
-    c = build(cfg, mesh=mesh)
+  def run(mesh, sharded_init: bool, init_host=None, zero1=False):
+    c = build(dataclasses.replace(cfg, zero1=zero1), mesh=mesh)
     if sharded_init:
       state = c.init()
     else:
@@ -40,15 +40,17 @@ def main() -> None:
     batch = shard_lib.global_batch(host_batch, cfg.grad_accum, c.batch_sharding)
     state, metrics, _ = c.step(state, batch)
     specs = {jax.tree_util.keystr(p): str(s.spec) for p, s in
-             jax.tree_util.tree_leaves_with_path(c.state_shardings.params)}
+             jax.tree_util.tree_leaves_with_path(c.state_shardings)}
     return init, jax.device_get(state), jax.device_get(metrics), specs
 
   devices = jax.devices()
   init1, state1, metrics1, _ = run(shard_lib.make_mesh(1, 1, devices[:1]), True)
   out = {"loss_1": float(metrics1["loss"]), "grad_norm_1": float(metrics1["grad_norm"])}
-  for data, fsdp, sharded_init in ((2, 4, True), (8, 1, False)):
-    init, state, metrics, specs = run(shard_lib.make_mesh(data, fsdp), sharded_init, init1)
-    key = f"{data}x{fsdp}"
+  for data, fsdp, sharded_init, zero1 in ((2, 4, True, False), (8, 1, False, False),
+                                          (2, 4, True, True)):
+    init, state, metrics, specs = run(shard_lib.make_mesh(data, fsdp), sharded_init, init1,
+                                      zero1)
+    key = f"{data}x{fsdp}" + ("_zero1" if zero1 else "")
     out[f"init_max_diff_{key}"] = max(float(np.max(np.abs(a - b))) for a, b in
                                       zip(jax.tree.leaves(init1), jax.tree.leaves(init)))
     out[f"loss_{key}"] = float(metrics["loss"])

@@ -83,3 +83,38 @@ def test_mlp_needs_input_and_class_counts(tmp_path):
                     weight_decay=0.0, batch_size=4, warmup_steps=0)
   with pytest.raises(ValueError, match="set mlp.input_dim and mlp.num_classes"):
     train(cfg, tmp_path / "run")
+
+
+def test_compilation_cache_dir_is_filled_by_a_run(worker, tmp_path):
+  from tests.train.conftest import tiny_mlp
+  cache = tmp_path / "xla_cache"
+  code, result, err = worker(tiny_mlp(total_steps=2, compilation_cache_dir=str(cache)),
+                             tmp_path / "run")
+  assert code == 0, err[-2000:]
+  assert result["step"] == 2
+  assert any(cache.iterdir())            # compiled programs stored for the next start
+
+
+def test_gs_workdir_without_gcsfs_and_unreadable_checkpoints_are_one_line(
+    cli, config_file, tmp_path, capsys, monkeypatch):
+  import importlib.util as iu
+  real = iu.find_spec
+  monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "gcsfs" else real(name, *a))
+  assert cli(["train", "--config", str(config_file), "--workdir", "gs://bucket/run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["rankjax train: error: workdir gs://bucket/run needs the gcsfs package "
+                 "(pip install gcsfs)"], err
+  monkeypatch.undo()
+
+  from rankjax.train import checkpoint as ckpt_lib
+
+  def refuse(*a, **k):
+    raise ckpt_lib.RestoreError("no checkpoint in X could be read (step 8: bad); nothing was moved")
+
+  monkeypatch.setattr(ckpt_lib, "restore_with_fallback", refuse)
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "8").mkdir(parents=True)
+  assert cli(["train", "--config", str(config_file), "--workdir", str(workdir),
+              "--set", "total_steps=8"]) == 3
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "rankjax train: no checkpoint in X could be read (step 8: bad); nothing was moved"]

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -58,15 +59,116 @@ def test_step_on_1_and_8_devices_agrees():
       "multidevice_worker.py"))], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
-  for key in ("2x4", "8x1"):
+  for key in ("2x4", "8x1", "2x4_zero1"):
     assert out[f"init_max_diff_{key}"] == 0.0
     assert out[f"loss_{key}"] == pytest.approx(out["loss_1"], rel=1e-6)
     assert out[f"grad_norm_{key}"] == pytest.approx(out["grad_norm_1"], rel=1e-5)
     assert out[f"param_max_rel_diff_{key}"] < 1e-5
     assert out[f"step_{key}"] == 1
   specs = out["specs_2x4"]
-  assert specs["['layers']['ffn']['w_1']"] == "P(None, None, 'fsdp')"  # (L, 16, 32)
-  assert specs["['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
+  assert specs[".params['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"  # (L, d=16, 32)
+  assert specs[".params['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
+  assert specs[".opt_state[0].mu['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"
   assert set(out["specs_8x1"].values()) == {"P()"}
+  zero1 = out["specs_2x4_zero1"]    # moments also over data, parameters as without
+  assert zero1[".opt_state[0].mu['layers']['ffn']['w_1']"] == "P(None, 'fsdp', 'data')"
+  assert zero1[".params['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"
   assert out["batch_error"] == ("batch_size=12 / grad_accum=1 = 12 examples per micro-batch "
                                 "is not divisible by the 8 devices (mesh data=8 x fsdp=1)")
+
+
+def test_compiled_step_collectives_fsdp_and_data_parallel():
+  """The optimized HLO of one update (3 layers, d=32, d_ff=64, vocab 257, micro-batch
+  16 x 16 tokens, grad_accum=2) on 8 CPU devices.
+
+  fsdp=8: every all-gather is of a weight: one layer's (32, 32) / (32, 64) / (64, 32)
+  slice inside the layer scan (forward and backward), or the unstacked embedding /
+  LM head; never a whole stacked weight, never an activation; no all-to-all.
+  data=8: no all-gather; all-reduces only outside every loop (one reduction per
+  update, after the micro-batch scan), of exactly the gradients plus a few scalars.
+  """
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py"))],
+                        env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  params = [tuple(s) for s in out["param_shapes"]]
+  per_layer = {s[1:] for s in params if len(s) == 3 and s[0] == 3}
+  unstacked = {s for s in params if len(s) == 2 and s[0] != 3}   # (3, 32): stacked gains
+  assert per_layer == {(32, 32), (32, 64), (64, 32)} and unstacked == {(257, 32), (32, 257)}
+
+  fsdp = out["1x8"]
+  gathers = [c for c in fsdp if c["op"] == "all-gather"]
+  assert not [c for c in fsdp if c["op"] in ("all-to-all", "collective-permute")]
+  for c in gathers:
+    for shape in map(tuple, c["shapes"]):
+      assert shape in per_layer | unstacked, c                  # weights only
+      if shape in per_layer:
+        assert c["loop_depth"] == 2, c       # inside the micro-batch and layer scans
+  in_layer_scan = [c for c in gathers if c["loop_depth"] == 2]
+  assert len(in_layer_scan) >= 2 * 7          # forward and backward, 7 matrices per layer
+  for c in fsdp:                              # no collective moves an activation
+    for shape in c["shapes"]:
+      assert len(shape) <= 2, c
+
+  data = out["8x1"]
+  assert {c["op"] for c in data} == {"all-reduce"}
+  assert all(c["loop_depth"] == 0 for c in data), data
+  reduced = sorted(tuple(s) for c in data for s in c["shapes"] if s)
+  assert reduced == sorted(params)                           # each gradient exactly once
+
+
+def test_rule_table_names_every_parameter_and_shards_d_model():
+  import jax
+  from rankjax.train import tasks
+  from tests.train.conftest import tiny_lm, tiny_mlp
+  mesh = {"data": 2, "fsdp": 4}
+  for cfg in (tiny_lm(), tiny_mlp()):
+    task = tasks.make_task(cfg)
+    params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+    for path, x in jax.tree_util.tree_leaves_with_path(params):
+      axes = shard_lib.logical_axes(path, x.ndim, task.stacked_roots)
+      assert axes is not None, jax.tree_util.keystr(path)        # no fallback today
+      spec = shard_lib.param_spec(path, x.shape, mesh, task.stacked_roots)
+      want = tuple("fsdp" if a == "embed" else None for a in axes)
+      assert spec == (P(*want) if any(want) else P()), (jax.tree_util.keystr(path), spec)
+  # a dimension fsdp does not divide stays whole; an unknown leaf falls back
+  path = (jax.tree_util.DictKey("w_q"),)
+  assert shard_lib.param_spec(path, (18, 16), {"data": 1, "fsdp": 4}, ()) == P()
+  path = (jax.tree_util.DictKey("new_weight"),)
+  assert shard_lib.param_spec(path, (8, 64), {"data": 1, "fsdp": 4}, ()) == P(None, "fsdp")
+
+
+def test_zero1_adds_data_to_a_free_dimension():
+  assert shard_lib.zero1_spec(P("fsdp", None), (16, 64), 2, 4, False) == P("fsdp", "data")
+  assert shard_lib.zero1_spec(P(None, "fsdp", None), (3, 16, 5), 2, 4, True) == \
+      P(None, ("data", "fsdp"), None)
+  assert shard_lib.zero1_spec(P(), (7,), 2, 1, False) == P()
+  assert shard_lib.zero1_spec(P(), (8,), 1, 1, False) == P()
+
+
+def test_slurm_local_device_ids_in_both_launcher_modes():
+  ids = shard_lib.slurm_local_device_ids
+  per_gpu = {"SLURM_PROCID": "11", "SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "8"}
+  assert ids({**per_gpu, "CUDA_VISIBLE_DEVICES": "3"}) == [0]            # --gpus-per-task=1
+  assert ids({**per_gpu, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}) == [3]
+  assert ids({**per_gpu, "SLURM_GPUS_ON_NODE": "8"}) == [3]
+  per_node = {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1(x2)"}
+  assert ids({**per_node, "SLURM_GPUS_ON_NODE": "8"}) == list(range(8))
+  assert ids({**per_node, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == [0, 1, 2, 3]
+  two_per_node = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2(x4)",
+                  "SLURM_GPUS_ON_NODE": "8"}
+  assert ids(two_per_node) == [4, 5, 6, 7]
+  assert ids({**per_gpu, "RANKJAX_LOCAL_DEVICE_IDS": "0,1"}) == [0, 1]
+  assert ids({}) is None and ids({"SLURM_PROCID": "0"}) is None
+
+
+def test_tpu_vm_detected_without_launcher_variables(monkeypatch):
+  for var in ("RANKJAX_DISTRIBUTED", "JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "SLURM_PROCID",
+              "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE", "JAX_PLATFORMS"):
+    monkeypatch.delenv(var, raising=False)
+  monkeypatch.setattr(shard_lib, "_tpu_chips", lambda: 4)
+  assert shard_lib.multi_host_env().startswith("Cloud TPU VM")
+  monkeypatch.setattr(shard_lib, "_tpu_chips", lambda: 0)
+  assert shard_lib.multi_host_env() is None

@@ -6,7 +6,9 @@
 ``--kill-at S``: after update S, SIGKILL this process (no cleanup of any kind);
 with ``--wait-checkpoint N`` it first waits until checkpoint N is committed on disk.
 ``--term-at S``: after update S, send SIGTERM to this process (the loop saves and
-returns). Prints one JSON line with the result.
+returns). Prints one JSON line with the result. With ``JAX_COORDINATOR_ADDRESS``,
+``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` set it is one process of a
+multi-process run (``jax.distributed`` on localhost).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import signal
 import sys
 import time
@@ -28,6 +29,8 @@ def main() -> None:
   parser.add_argument("--term-at", type=int)
   parser.add_argument("--wait-checkpoint", type=int)
   args = parser.parse_args()
+  from rankjax.train import sharding
+  sharding.maybe_initialize_distributed()   # JAX_COORDINATOR_ADDRESS etc.: several processes
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
   from rankjax.train.loop import train
@@ -37,9 +40,14 @@ def main() -> None:
   def on_step(step: int) -> None:
     if step == args.kill_at:
       if args.wait_checkpoint is not None:
-        done = pathlib.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
+        from etils import epath
+        done = epath.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
         deadline = time.time() + 120
-        while not done.is_dir() and time.time() < deadline:
+        from rankjax.train import paths
+        while time.time() < deadline:
+          paths.refresh(done.parent)       # gcsfs caches listings: see new files
+          if (done / "commit_success.txt").exists():
+            break
           time.sleep(0.05)
       os.kill(os.getpid(), signal.SIGKILL)
     if step == args.term_at:

@@ -1,0 +1,63 @@
+"""Activation sharding constraints by logical axes, for code inside the models.
+
+A model marks an activation with its logical axes::
+
+  h = partitioning.constrain(h, ("batch", "length", "embed"))
+
+Outside ``activation_sharding(mesh, rules)`` (single-device use, the measurement
+code, tests of the models) ``constrain`` returns ``h`` unchanged. The training step
+traces the loss inside that context (``rankjax.train.state.make_step``), so the
+residual stream is pinned to ``rules`` (``rankjax.train.sharding.ACTIVATION_RULES``:
+batch over ``("data", "fsdp")``, every other axis whole) at each block input: GSPMD
+then gathers the (small, per-layer) weights rather than the activations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator, Mapping, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh | None,
+                        rules: Mapping[str, Sequence[str]]) -> Iterator[None]:
+  """While tracing inside, ``constrain`` applies ``rules`` on ``mesh``."""
+  previous = getattr(_state, "value", None)
+  _state.value = None if mesh is None else (mesh, dict(rules))
+  try:
+    yield
+  finally:
+    _state.value = previous
+
+
+def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
+  """``with_sharding_constraint`` of ``x`` by its logical axes (see module doc).
+
+  When a dimension is not divisible by its mesh axes (e.g. the few examples the
+  diagnostics look at) ``x`` is left unconstrained, as it is outside the context.
+  """
+  value = getattr(_state, "value", None)
+  if value is None:
+    return x
+  mesh, rules = value
+  if len(logical) != x.ndim:
+    raise ValueError(f"constrain: {len(logical)} logical axes {tuple(logical)} for an "
+                     f"array of shape {x.shape}")
+  spec = []
+  for size, name in zip(x.shape, logical):
+    axes = tuple(rules.get(name, ())) if name is not None else ()
+    n = 1
+    for a in axes:
+      n *= mesh.shape[a]
+    if n > 1 and size % n:
+      return x
+    spec.append((axes if len(axes) > 1 else axes[0]) if n > 1 else None)
+  if all(s is None for s in spec):
+    return x
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))

@@ -1,0 +1,194 @@
+"""Real multi-process training: 2 processes x 2 CPU devices joined by jax.distributed
+on localhost (gloo collectives), against 1 process x 4 devices.
+
+Each run is ``tests/train/train_worker.py`` per process with
+``JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT JAX_NUM_PROCESSES=n JAX_PROCESS_ID=i`` and
+``XLA_FLAGS=--xla_force_host_platform_device_count=d`` (a free port per run; every
+run bounded in time, all its processes killed on timeout). This is the environment
+handling each launcher in ``launch/`` reproduces on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rankjax import config as config_lib
+from tests.train.conftest import ROOT, WORKER, losses, tiny_lm
+
+pytestmark = pytest.mark.slow
+TIMEOUT = 420
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch(env, cfg, workdir, tmp_path, *, processes: int, devices: int,
+           args_of=lambda i: (), slurm: bool = False) -> list[tuple[int, dict | None, str]]:
+  """Starts ``processes`` workers of one run and waits for all (bounded).
+
+  ``slurm``: the environment ``srun`` gives the tasks of ``launch/slurm.sbatch``
+  (one node, ``RANKJAX_DISTRIBUTED=1``; JAX's SLURM detection finds the coordinator,
+  ``JAX_COORDINATOR_PORT`` only makes its port a free one) instead of the explicit
+  ``JAX_COORDINATOR_ADDRESS`` variables.
+  """
+  path = tmp_path / f"cfg-{time.monotonic_ns()}.json"
+  config_lib.to_json(cfg, path)
+  port = _free_port()
+  procs = []
+  for i in range(processes):
+    e = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+    if slurm:
+      e.update(RANKJAX_DISTRIBUTED="1", JAX_COORDINATOR_PORT=str(port), SLURM_JOB_ID="4242",
+               SLURM_STEP_NODELIST="localhost", SLURM_NTASKS=str(processes),
+               SLURM_NTASKS_PER_NODE=str(processes), SLURM_PROCID=str(i),
+               SLURM_LOCALID=str(i), SLURM_STEP_NUM_NODES="1")
+    elif processes > 1:
+      e.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
+               JAX_PROCESS_ID=str(i))
+    procs.append(subprocess.Popen(
+        [sys.executable, str(WORKER), str(path), str(workdir), *args_of(i)], env=e, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  deadline = time.time() + TIMEOUT
+  out = []
+  try:
+    for p in procs:
+      stdout, stderr = p.communicate(timeout=max(1, deadline - time.time()))
+      result = next((json.loads(l) for l in reversed(stdout.splitlines()) if l.startswith("{")),
+                    None)
+      out.append((p.returncode, result, stderr))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return out
+
+
+def _cfg():
+  return tiny_lm(batch_size=8, grad_accum=2, eval_every=4, eval_batches=2, max_to_keep=3)
+
+
+@pytest.fixture(scope="module")
+def runs(worker_env, tmp_path_factory):
+  """Uninterrupted runs: 1 process x 4 devices and 2 processes x 2 devices."""
+  tmp = tmp_path_factory.mktemp("multiprocess")
+  out = {}
+  for name, n, d in (("1x4", 1, 4), ("2x2", 2, 2)):
+    workdir = tmp / name
+    results = launch(worker_env, _cfg(), workdir, tmp, processes=n, devices=d)
+    for code, result, err in results:
+      assert code == 0, err[-3000:]
+      assert (result["status"], result["step"]) == ("completed", 8)
+    out[name] = workdir
+  return out
+
+
+def test_two_processes_give_the_losses_of_one_process(runs):
+  one, two = losses(runs["1x4"]), losses(runs["2x2"])
+  assert sorted(two) == list(range(1, 9))
+  for step in range(1, 9):
+    assert two[step] == pytest.approx(one[step], rel=1e-6, abs=0), step
+
+
+def test_sigkill_both_then_resume_is_bitwise(runs, worker_env, tmp_path):
+  workdir = tmp_path / "killed"
+  killed = launch(worker_env, _cfg(), workdir, tmp_path, processes=2, devices=2,
+                  args_of=lambda i: ("--kill-at", "6", "--wait-checkpoint", "4"))
+  assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2, killed[0][2][-2000:]
+  copy = tmp_path / "killed_copy"
+  shutil.copytree(workdir, copy)
+  resumed = launch(worker_env, _cfg(), workdir, tmp_path, processes=2, devices=2)
+  for code, result, err in resumed:
+    assert code == 0, err[-3000:]
+    assert (result["start_step"], result["step"]) == (4, 8)
+  assert losses(workdir) == losses(runs["2x2"])
+
+  # the same checkpoint resumed by 1 process x 4 devices: state restored, data
+  # iterator re-sharded (exactly: in-memory sets share one global order)
+  other = launch(worker_env, _cfg(), copy, tmp_path, processes=1, devices=4)
+  code, result, err = other[0]
+  assert code == 0, err[-3000:]
+  assert (result["start_step"], result["step"]) == (4, 8)
+  after, reference = losses(copy), losses(runs["2x2"])
+  for step in range(1, 9):
+    assert after[step] == pytest.approx(reference[step], rel=1e-6, abs=0), step
+  assert not (copy / "corrupt_checkpoints").exists()
+
+
+def test_sigterm_to_one_process_saves_the_same_step_on_all(worker_env, tmp_path):
+  workdir = tmp_path / "term"
+  results = launch(worker_env, _cfg(), workdir, tmp_path, processes=2, devices=2,
+                   args_of=lambda i: ("--term-at", "3") if i == 1 else ())
+  for code, result, err in results:
+    assert code == 0, err[-3000:]
+  steps = {result["step"] for _, result, _ in results}
+  statuses = {result["status"] for _, result, _ in results}
+  assert statuses == {"preempted"} and len(steps) == 1, results
+  (step,) = steps
+  assert 3 <= step < 8
+  saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved[-1] == step
+  data = sorted(p.name for p in (workdir / "checkpoints" / str(step) / "data").iterdir()
+                if p.suffix == ".json")
+  assert data == ["process_0-of-2.json", "process_1-of-2.json"]
+
+
+def test_slurm_environment_of_the_launcher(runs, worker_env, tmp_path):
+  """The per-GPU mode's environment (2 tasks on one node), on CPU: same run."""
+  workdir = tmp_path / "slurm"
+  results = launch(worker_env, _cfg(), workdir, tmp_path, processes=2, devices=2, slurm=True)
+  for code, result, err in results:
+    assert code == 0, err[-3000:]
+    assert (result["status"], result["step"]) == ("completed", 8)
+  data = sorted(p.name for p in (workdir / "checkpoints" / "8" / "data").iterdir()
+                if p.suffix == ".json")
+  assert data == ["process_0-of-2.json", "process_1-of-2.json"]
+  assert losses(workdir) == losses(runs["2x2"])
+
+
+def test_streamed_eval_with_uneven_hosts_and_refused_reshard(worker_env, tmp_path):
+  """A streamed set (ArrayRecord, sharded by document): the hosts' validation shards
+  give different batch counts, evaluation asks for more than either has, and every
+  host stops together (no hang). Its iterator cannot be re-sharded: resuming with
+  one process is refused with one line naming both counts, nothing moved."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  from rankjax import data
+  from tests.data.util import make_docs
+  root = tmp_path / "records"
+  root.mkdir()
+  writer = ArrayRecordWriter(str(root / "docs.array_record"), "group_size:1")
+  for doc in make_docs(40, seed=1):
+    writer.write(doc.encode("utf-8"))
+  writer.close()
+  cfg = tiny_lm(dataset=str(root), batch_size=8, grad_accum=2, eval_every=4, eval_batches=10**6,
+                diag_every=0, total_steps=4)
+  counts = [sum(1 for _ in data.make_iterator(
+      "text", dataset=str(root), split="validation", batch_size=2, seq_len=cfg.seq_len,
+      shuffle=False, num_epochs=1, shard_index=i, shard_count=2)) for i in range(2)]
+  assert counts[0] != counts[1], counts           # the hosts really differ
+  workdir = tmp_path / "streamed"
+  for code, result, err in launch(worker_env, cfg, workdir, tmp_path, processes=2, devices=2):
+    assert code == 0, err[-3000:]
+    assert result["step"] == 4
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r.get("kind") == "eval"] == [4]
+
+  before = sorted(str(p) for p in workdir.rglob("*"))
+  (code, _, err), = launch(worker_env, cfg, workdir, tmp_path, processes=1, devices=4)
+  assert code != 0
+  assert ("checkpoint step 4 was written by 2 process(es) and this run has 1; the data "
+          "iterator of this data set cannot be re-sharded: resume with 2 process(es)") in err
+  assert sorted(str(p) for p in workdir.rglob("*")) == before

@@ -1,0 +1,172 @@
+"""Restore never destroys a run: what is skipped, moved, refused or re-sharded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from rankjax.train import checkpoint as ckpt_lib
+from rankjax.train.loop import train
+from rankjax.train.run_reader import load_run
+from tests.train.conftest import losses, tiny_mlp
+
+
+@pytest.fixture(scope="module")
+def reference(compile_cache, tmp_path_factory):
+  """An 8-update MLP run with checkpoints at 4 and 8."""
+  workdir = tmp_path_factory.mktemp("restore_ref")
+  result = train(tiny_mlp(), workdir, progress_bar=False)
+  assert result.step == 8
+  return workdir
+
+
+def _copy(reference, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(reference, workdir)
+  return workdir
+
+
+def _listing(workdir):
+  return sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))
+
+
+def test_incomplete_step_is_moved_aside_and_the_run_resumes(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  (workdir / "checkpoints" / "8" / "state" / "commit_success.txt").unlink()
+  with pytest.warns(RuntimeWarning, match=r"step 8 .* is incomplete .*commit_success.*"
+                                          r"using step 4 instead"):
+    result = train(tiny_mlp(), workdir, progress_bar=False)
+  assert (result.start_step, result.step) == (4, 8)
+  moved = list((workdir / "corrupt_checkpoints").iterdir())
+  assert len(moved) == 1 and moved[0].name.startswith("8-incomplete-")
+  assert (moved[0] / "state").is_dir()                      # kept whole
+  assert losses(workdir) == losses(reference)
+
+
+def test_non_integrity_error_skips_and_moves_nothing(reference, tmp_path, monkeypatch):
+  """A transient storage error must not make a resume fall back or move a step."""
+  workdir = _copy(reference, tmp_path)
+  before = _listing(workdir)
+  metrics_before = (workdir / "metrics.jsonl").read_text()
+  import orbax.checkpoint as ocp
+
+  def unavailable(self, *a, **k):
+    raise ValueError("UNAVAILABLE: Error reading \"state\" from gs://bucket: 503")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", unavailable)
+  with pytest.raises(ValueError, match="UNAVAILABLE"):
+    train(tiny_mlp(), workdir, progress_bar=False)
+  monkeypatch.undo()
+  assert _listing(workdir) == before
+  assert (workdir / "metrics.jsonl").read_text() == metrics_before
+
+
+def test_other_exception_is_one_line_and_nothing_moved(reference, tmp_path, monkeypatch):
+  workdir = _copy(reference, tmp_path)
+  before = _listing(workdir)
+  import orbax.checkpoint as ocp
+
+  def denied(self, *a, **k):
+    raise PermissionError("403 Forbidden")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", denied)
+  with pytest.raises(ckpt_lib.RestoreError, match=r"could not read checkpoint step 8 .*"
+                                                  r"nothing was skipped or moved"):
+    train(tiny_mlp(), workdir, progress_bar=False)
+  monkeypatch.undo()
+  assert _listing(workdir) == before
+
+
+def test_every_step_unreadable_refuses_and_moves_nothing(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  for step in ("4", "8"):
+    (workdir / "checkpoints" / step / "state" / "_METADATA").write_text("{ half")
+  before = _listing(workdir)
+  metrics_before = (workdir / "metrics.jsonl").read_text()
+  with pytest.warns(RuntimeWarning, match="unreadable"):
+    with pytest.raises(ckpt_lib.RestoreError, match=r"no checkpoint in .* could be read "
+                                                    r"\(step 8: .*; step 4: .*nothing was moved"):
+      train(tiny_mlp(), workdir, progress_bar=False)
+  assert _listing(workdir) == before
+  assert (workdir / "metrics.jsonl").read_text() == metrics_before
+
+
+def _as_if_written_by(workdir, step: int, count: int, state=None):
+  data = workdir / "checkpoints" / str(step) / "data"
+  saved = json.loads((data / "process_0-of-1.json").read_text())
+  (data / "process_0-of-1.json").unlink()
+  for i in range(count):
+    (data / f"process_{i}-of-{count}.json").write_text(json.dumps(state or saved))
+  return saved
+
+
+def test_checkpoint_of_another_process_count_restores_and_reshards(reference, tmp_path):
+  """A step written by 2 processes resumes on 1: state bitwise, data iterator at the
+  same position (with one process the shard is the whole set, so the losses match)."""
+  workdir = _copy(reference, tmp_path)
+  shutil.rmtree(workdir / "checkpoints" / "8")
+  saved = _as_if_written_by(workdir, 4, 2)
+  assert saved == {"next_index": 4}
+  result = train(tiny_mlp(), workdir, progress_bar=False)
+  assert (result.start_step, result.step) == (4, 8)
+  assert not (workdir / "corrupt_checkpoints").exists()
+  assert losses(workdir) == losses(reference)
+
+
+def test_unreshardable_iterator_is_refused_naming_both_counts(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  _as_if_written_by(workdir, 8, 2, state={"parent": {"next_index": 3}, "buffer": []})
+  before = _listing(workdir)
+  with pytest.raises(ValueError, match=r"^checkpoint step 8 was written by 2 process\(es\) "
+                                       r"and this run has 1; .*resume with 2 process"):
+    train(tiny_mlp(), workdir, progress_bar=False)
+  assert _listing(workdir) == before
+
+
+def test_truncation_keeps_replaced_lines(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  shutil.rmtree(workdir / "checkpoints" / "8")
+  original = (workdir / "metrics.jsonl").read_text().splitlines()
+  train(tiny_mlp(total_steps=8), workdir, progress_bar=False)
+  replaced = (workdir / "metrics_replaced.jsonl").read_text().splitlines()
+  assert replaced == [l for l in original if json.loads(l)["step"] > 4]
+  assert load_run(workdir).step == 8
+
+
+def test_integrity_classification():
+  assert ckpt_lib.is_integrity_failure(json.JSONDecodeError("x", "{", 1))
+  assert ckpt_lib.is_integrity_failure(ValueError(
+      'OUT_OF_RANGE: Error reading "params.w_in/0.0" in OCDBT database'))
+  assert not ckpt_lib.is_integrity_failure(ValueError("UNAVAILABLE: Error reading x: 503"))
+  assert not ckpt_lib.is_integrity_failure(PermissionError("denied"))
+  assert not ckpt_lib.is_integrity_failure(ValueError("shape (4, 16) does not match (8, 16)"))
+
+
+def test_missing_iterator_file_is_incomplete(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  (workdir / "checkpoints" / "8" / "data" / "process_0-of-1.json").unlink()
+  with pytest.warns(RuntimeWarning, match=r"step 8 .* is incomplete \(data/ holds no "
+                                          r"iterator state\); using step 4"):
+    result = train(tiny_mlp(), workdir, progress_bar=False)
+  assert (result.start_step, result.step) == (4, 8)
+  assert losses(workdir) == losses(reference)
+
+
+def test_bad_input_touches_nothing(reference, tmp_path, monkeypatch):
+  """A mesh that does not match the devices, a batch the devices do not divide:
+  one line each, before anything is moved, truncated or written."""
+  workdir = _copy(reference, tmp_path)
+  (workdir / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half")
+  before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  with pytest.raises(ValueError, match=r"^mesh data=2 x fsdp=1 = 2 devices, but 1 are "
+                                       r"available; set mesh_data=0 to use all of them$"):
+    train(tiny_mlp(mesh_data=2), workdir, progress_bar=False)
+  import jax
+  monkeypatch.setattr(jax, "process_count", lambda: 3)     # as if 3 hosts had started
+  with pytest.raises(ValueError, match=r"^batch_size=16 is not divisible by the 3 hosts$"):
+    train(tiny_mlp(), workdir, progress_bar=False)
+  monkeypatch.undo()
+  after = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  assert after == before
