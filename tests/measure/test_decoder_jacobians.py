@@ -28,14 +28,14 @@ def close(a, b):
   np.testing.assert_allclose(a, b, rtol=0, atol=TOL * max(np.abs(b).max(), 1.0))
 
 
-def _setup(x64, kw):
+def _setup(kw):
   cfg = TransformerConfig(**{**TINY, **kw})
   tokens = jax.random.randint(jax.random.key(1), (T,), 0, cfg.vocab_size)
-  params = DecoderLM_init(cfg, tokens)
+  params = _init_params(cfg, tokens)
   return cfg, tokens, params
 
 
-def DecoderLM_init(cfg, tokens):
+def _init_params(cfg, tokens):
   params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens[None])["params"]
   # perturb every gain and bias so that they enter the Jacobians
   return jax.tree_util.tree_map_with_path(
@@ -71,7 +71,7 @@ def _at(fn, h_TxD, t):
 
 @pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: "-".join(map(str, kw.values())))
 def test_token_jacobians_match_the_model(x64, kw):
-  cfg, tokens, params = _setup(x64, kw)
+  cfg, tokens, params = _setup(kw)
   got = dj.sublayer_jacobians(cfg, params, tokens, POS)
   d, eye = cfg.d_model, np.eye(cfg.d_model)
   for l, (layer, h) in enumerate(_layers(cfg, params, tokens)):
@@ -94,7 +94,7 @@ def test_token_jacobians_match_the_model(x64, kw):
 
 @pytest.mark.parametrize("kw", CONFIGS[:2], ids=lambda kw: kw["norm_position"])
 def test_sequence_jacobians_match_the_model(x64, kw):
-  cfg, tokens, params = _setup(x64, kw)
+  cfg, tokens, params = _setup(kw)
   seq = dj.sequence_jacobians(cfg, params, tokens)
   tok = dj.sublayer_jacobians(cfg, params, tokens, POS)
   d = cfg.d_model
@@ -111,7 +111,7 @@ def test_sequence_jacobians_match_the_model(x64, kw):
 
 
 def test_traced_position_and_bad_input(x64):
-  cfg, tokens, params = _setup(x64, CONFIGS[0])
+  cfg, tokens, params = _setup(CONFIGS[0])
   a = dj.sublayer_jacobians(cfg, params, tokens, 2)
   b = jax.jit(lambda p: dj.sublayer_jacobians(cfg, params, tokens, p))(jnp.asarray(2))
   np.testing.assert_allclose(np.asarray(a["ffn"]), np.asarray(b["ffn"]), rtol=1e-12)
