@@ -1,6 +1,6 @@
 """rankjax: rank collapse in deep residual networks and Transformers, in JAX/Flax.
 
-Re-exports only; the code lives in the modules below (see ARCHITECTURE.md).
+Re-exports only; the code lives in the modules below (map: docs/architecture.md).
 """
 
 from rankjax.config import MLPConfig, TrainConfig, TransformerConfig

@@ -269,6 +269,9 @@ class TransformerConfig(JsonConfig):
       pass), never holding all B*T*V float32 logits; 0: one chunk.
     prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
       default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
+    scan_unroll: layers per iteration of the layer scan (the parameters stay stacked
+      either way; ``num_layers`` unrolls it fully, which lets XLA fuse across layers
+      and slice the stacked weights statically, at the cost of compile time).
   """
 
   vocab_size: int = 257
@@ -305,6 +308,7 @@ class TransformerConfig(JsonConfig):
   vocab_multiple: int = 1
   loss_chunk: int = 0
   prng_impl: PRNGImpl = "threefry"
+  scan_unroll: int = 1
 
   def __post_init__(self):
     if isinstance(self.remat, bool):                 # configs written before the policy field
@@ -340,6 +344,7 @@ class TransformerConfig(JsonConfig):
     _rate("attn_dropout_rate", self.attn_dropout_rate)
     _positive_int("vocab_multiple", self.vocab_multiple)
     _non_negative_int("loss_chunk", self.loss_chunk)
+    _positive_int("scan_unroll", self.scan_unroll)
 
   @property
   def d_head(self) -> int:

@@ -155,12 +155,14 @@ def fig_contraction(runs: dict, out: pathlib.Path):
                        label=f"{name} layer {layer + 1}")
       axes[1].semilogy(steps, r[:, layer], ls=ls, color=_color(run))
   axes[0].axhline(1.0, color="k", lw=0.8)
-  axes[0].set(xlabel="update", ylabel="c = alpha sqrt(d)/||y||", title="FFN contraction c_2^l")
+  axes[0].set(xlabel="update", ylabel="c = alpha max|g| max_i sqrt(d)/||y_i||",
+              title="FFN contraction bound c_2^l")
   axes[1].set(xlabel="update", ylabel="sqrt(d)/||y_2^l||", title="RMSNorm factor")
   axes[0].legend(fontsize=7)
   return _save(fig, out, "contraction"), (
-      "Thm 3.6: below the line c < 1 the backward signal contracts at every layer; the "
-      "RMSNorm factor falls as the residual norm grows.")
+      "Thm 3.6 / Prop D.1: below the line the bound c (largest row factor, learned gain) "
+      "is < 1 and the backward signal contracts; the RMSNorm factor (token mean) falls as "
+      "the residual norm grows.")
 
 
 def fig_attention(runs: dict, out: pathlib.Path):
@@ -171,7 +173,7 @@ def fig_attention(runs: dict, out: pathlib.Path):
   for name, run in items:
     steps = run.diagnostic_steps
     last = -1  # the last measured layer
-    for ax, key, title in ((axes[0], "theta_cert", "theta certificate"),
+    for ax, key, title in ((axes[0], "theta_cert", "greedy-prefix certificate theta_cert"),
                            (axes[1], "entropy_norm", "normalized entropy")):
       mid = np.asarray(run.diagnostics[f"attention/{key}_p50"])[:, last]
       lo = np.asarray(run.diagnostics.get(f"attention/{key}_p5", mid[:, None]))
@@ -181,8 +183,8 @@ def fig_attention(runs: dict, out: pathlib.Path):
       ax.set(xlabel="update", ylabel=title, title=f"{title} (last layer, 5-95%)")
   axes[0].legend(fontsize=7)
   return _save(fig, out, "attention"), (
-      "Attention rows' exact-sensitivity certificate theta (softmax paper Thm 3.2) and "
-      "entropy: sharpening attention lowers both.")
+      "Attention rows' greedy-prefix certificate of theta (softmax paper Thm 3.2, the "
+      "paper's App D.2 certificate) and entropy: sharpening attention lowers both.")
 
 
 def fig_jacobian(jac: dict, out: pathlib.Path):
@@ -226,62 +228,48 @@ def _figure(path: pathlib.Path, caption: str, name: str | None = None) -> str:
           f"<figcaption>{html.escape(caption)} ({html.escape(name)})</figcaption></figure>")
 
 
-def markdown_to_html(text: str) -> str:
-  """The subset of Markdown the studies' ``summary.md`` files use: ``#`` headings,
-  pipe tables (the ``|---|`` rule line dropped) and paragraphs; everything escaped."""
+STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "qualitative": "#eef", "missing": "#eee",
+                 "failed": "#f99"}
+ROW_FIELDS = ("experiment", "item", "paper", "ours", "status", "scale", "seeds", "spread", "note")
+
+
+def rows_to_html(rows: list[dict]) -> str:
+  """The rows of a study's ``summary.json`` as one table (every cell escaped), with
+  the status counts above it."""
   import html
-  out, table, para = [], [], []
-
-  def flush():
-    if table:
-      cells = [[html.escape(c.strip()) for c in row.strip().strip("|").split("|")]
-               for row in table if not set(row.replace("|", "").strip()) <= set("-: ")]
-      head, *rows = cells
-      out.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
-                 + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>"
-                           for r in rows) + "</table>")
-      table.clear()
-    if para:
-      out.append(f"<p>{html.escape(' '.join(para))}</p>")
-      para.clear()
-
-  for line in text.splitlines():
-    stripped = line.strip()
-    if stripped.startswith("|"):
-      if para:
-        flush()
-      table.append(stripped)
-      continue
-    if table or not stripped:
-      flush()
-    if stripped.startswith("#"):
-      level = min(len(stripped) - len(stripped.lstrip("#")) + 1, 6)
-      out.append(f"<h{level}>{html.escape(stripped.lstrip('#').strip())}</h{level}>")
-    elif stripped:
-      para.append(stripped)
-  flush()
-  return "\n".join(out)
+  counts = {}
+  for r in rows:
+    counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+  head = "".join(f"<th>{f}</th>" for f in ROW_FIELDS)
+  body = "".join(
+      f"<tr style='background:{STATUS_COLORS.get(r.get('status'), '#fff')}'>"
+      + "".join(f"<td>{html.escape('' if r.get(f) is None else str(r.get(f)))}</td>"
+                for f in ROW_FIELDS) + "</tr>" for r in rows)
+  tally = ", ".join(f"{html.escape(str(k))} {v}" for k, v in counts.items())
+  return f"<p>status: {tally}</p><table><tr>{head}</tr>{body}</table>"
 
 
 def study_dirs(workdir: pathlib.Path) -> dict[str, pathlib.Path]:
-  """Output folders of ``rankjax reproduce`` (each holds a ``summary.md``)."""
-  if (workdir / "summary.md").is_file():
+  """Output folders of ``rankjax reproduce`` (each holds a ``summary.json``)."""
+  if (workdir / "summary.json").is_file():
     return {workdir.name: workdir}
   return {p.name: p for p in sorted(workdir.iterdir())
-          if p.is_dir() and (p / "summary.md").is_file()}
+          if p.is_dir() and (p / "summary.json").is_file()}
 
 
 def build_study_report(workdir: pathlib.Path, studies: dict[str, pathlib.Path]) -> pathlib.Path:
   """``WORKDIR/report/report.html`` for ``rankjax reproduce`` output: per study, its
-  paper-vs-measured tables (``summary.md``) and every figure it wrote, embedded."""
+  paper-vs-measured rows (``summary.json``) and every figure it wrote, embedded."""
+  import html
+  import json
   out = workdir / "report"
   out.mkdir(exist_ok=True)
   body = []
   for name, folder in studies.items():
-    summary = (folder / "summary.md").read_text()
-    if not summary.lstrip().startswith("#"):   # the summary's own title names the study
-      body.append(f"<h2>{name}</h2>")
-    body.append(markdown_to_html(summary))
+    rows = json.loads((folder / "summary.json").read_text())
+    scales = sorted({str(r.get("scale")) for r in rows})
+    body.append(f"<h2>{html.escape(name)} ({html.escape(', '.join(scales))} scale)</h2>")
+    body.append(rows_to_html(rows))
     for png in sorted(folder.rglob("*.png")):
       if out in png.parents or (folder / "report") in png.parents:
         continue
@@ -296,7 +284,7 @@ def build_study_report(workdir: pathlib.Path, studies: dict[str, pathlib.Path]) 
 def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   """Builds ``WORKDIR/report/report.html`` (figures embedded) from what is saved:
   training runs and a tour's ``jacobians.json``, or ``rankjax reproduce`` output
-  (folders with a ``summary.md``).
+  (folders with a ``summary.json``).
 
   Raises FileNotFoundError / ValueError with one line when the workdir does not exist,
   holds no run, or holds a run with no readable checkpoint. Writes only under
@@ -320,7 +308,7 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   jac_path = workdir / "jacobians.json"
   if not run_dirs and not jac_path.is_file():
     raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json, jacobians.json "
-                            "or reproduce summary.md)")
+                            "or reproduce summary.json)")
   runs = {}
   for name, path in run_dirs.items():
     try:
@@ -345,12 +333,17 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
     sim = run.diagnostics.get("postnorm/last_tsim", run.diagnostics.get("basic/tsim_y2"))
     last_sim = float(np.ravel(sim[-1])[-1]) if sim is not None else float("nan")
     freq_v = float(np.mean(freq)) if freq is not None else float("nan")
+    speed = [r for r in run.history if "tokens_per_s_avg" in r]
+    tok_s = f"{speed[-1]['tokens_per_s_avg']:.4g}" if speed else "-"
+    mfu = f"{speed[-1]['mfu']:.1%}" if speed and "mfu" in speed[-1] else "n/a"
     rows.append(f"<tr><td>{html.escape(name)}</td><td>{run.step}</td><td>{loss:.3f}</td>"
-                f"<td>{freq_v:.3f}</td><td>{last_sim:.3f}</td></tr>")
+                f"<td>{freq_v:.3f}</td><td>{last_sim:.3f}</td><td>{tok_s}</td>"
+                f"<td>{mfu}</td></tr>")
   body = []
   if rows:
     body.append("<table><tr><th>run</th><th>updates</th><th>final loss</th>"
-                "<th>frequency loss</th><th>last-layer similarity</th></tr>"
+                "<th>frequency loss</th><th>last-layer similarity</th><th>tokens/s (last "
+                "log step)</th><th>MFU (spec peak; n/a without one)</th></tr>"
                 + "".join(rows) + "</table>")
   body += [_figure(path, caption) for path, caption in figures]
   page = out / "report.html"

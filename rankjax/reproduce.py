@@ -1,21 +1,24 @@
 """``rankjax reproduce STUDY --scale quick|paper``: runs a paper's experiments.
 
-Each study folder ``experiments/<study>/`` has ``reproduce.py`` with
-``run_all(out_dir, scale, only=None) -> dict``, which writes figures, JSON and a
-``summary.md`` (paper vs measured); this command then builds the same self-contained
-HTML report as ``rankjax report`` (``<out>/<study>/report/report.html``: the tables
-and every figure, embedded; for ``all`` also ``<out>/report/report.html``). The
-experiments ship with the source checkout
-(not with an installed wheel), so this command runs from a clone.
+A study is a folder ``experiments/<study>/`` of the source checkout whose
+``reproduce.py`` defines ``STUDY`` (``experiments.runner.Study``); the folders are
+found here, not listed, so a new study is a new folder. Each run writes, under
+``<out>/<study>/``, the experiments' figures and JSON, ``summary.json`` (rows
+``{experiment, item, paper, ours, status, scale, seeds, spread, note}``) and
+``summary.md`` rendered from them, then the self-contained HTML report of ``rankjax
+report`` (``<out>/<study>/report/report.html``; for ``all`` also
+``<out>/report/report.html``). The command exits 1 naming every failed experiment;
+a data set the scale needs and lacks stops it before anything runs (exit 2). The
+experiments ship with the source checkout (not with an installed wheel), so this
+command runs from a clone.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pathlib
 import sys
-
-STUDIES = ("postnorm_collapse", "softmax_sensitivity", "transforming_rank")
 
 
 def experiments_root() -> pathlib.Path:
@@ -27,59 +30,113 @@ def experiments_root() -> pathlib.Path:
   return root
 
 
-def _study_module(study: str):
+def studies() -> tuple[str, ...]:
+  """The study folders: ``experiments/<name>/`` holding ``__init__.py`` and ``reproduce.py``."""
+  try:
+    root = experiments_root()
+  except FileNotFoundError:
+    return ()
+  return tuple(sorted(p.name for p in root.iterdir() if p.is_dir()
+                      and (p / "__init__.py").is_file() and (p / "reproduce.py").is_file()))
+
+
+def _experiments_package():
+  """The ``experiments`` package of this checkout, imported from its location (no
+  ``sys.path`` edit); an ``experiments`` from elsewhere is an error."""
   root = experiments_root()
-  if str(root.parent) not in sys.path:
-    sys.path.insert(0, str(root.parent))
-  return importlib.import_module(f"experiments.{study}.reproduce")
+  module = sys.modules.get("experiments")
+  if module is None:
+    spec = importlib.util.spec_from_file_location(
+        "experiments", root / "__init__.py", submodule_search_locations=[str(root)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["experiments"] = module
+    spec.loader.exec_module(module)
+  if root.resolve() not in [pathlib.Path(p).resolve() for p in getattr(module, "__path__", [])]:
+    raise ValueError(f"a different 'experiments' package is imported ({module}); "
+                     f"reproduce needs {root}")
+  return module
+
+
+def study(name: str):
+  """The ``STUDY`` of ``experiments/<name>/reproduce.py``."""
+  known = studies()
+  if name not in known:
+    raise ValueError(f"study {name!r} is not known; choose one of {list(known) + ['all']}")
+  _experiments_package()
+  return importlib.import_module(f"experiments.{name}.reproduce").STUDY
 
 
 def _split_all(only: list[str]) -> dict[str, list[str]]:
-  """For ``all``: each study gets the ``only`` names it knows (``names()`` of its
-  reproduce module); a name no study knows fails before anything runs."""
+  """For ``all``: each study gets the ``only`` names it knows; a name no study knows
+  fails before anything runs."""
   wanted = [p.strip() for n in only for p in n.split(",") if p.strip()]
-  known = {s: {k.lower(): k for k in _study_module(s).names()} for s in STUDIES}  # any case
+  known = {s: {k.lower(): k for k in study(s).names()} for s in studies()}  # any case
   unknown = [n for n in wanted if not any(n.lower() in k for k in known.values())]
   if unknown:
     raise ValueError(f"--only {unknown}: no study has such an experiment; "
                      + "; ".join(f"{s}: {sorted(k.values())}" for s, k in known.items()))
-  return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in STUDIES}
+  return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in known}
 
 
-def run(study: str, out_dir: str | pathlib.Path, scale: str = "quick",
+def _runner():
+  """``experiments.runner`` of this checkout (imported from its location)."""
+  _experiments_package()
+  return importlib.import_module("experiments.runner")
+
+
+def _run_one(name: str, out_dir, scale: str, only) -> dict:
+  from rankjax.report import build_report
+  runner = _runner()
+  out = pathlib.Path(out_dir) / name
+  print(f"reproduce {name} ({scale} scale) -> {out}", flush=True)
+  res = runner.run_study(study(name), out, scale, only, checked=True)
+  print(f"report: {build_report(out)}")
+  return res
+
+
+def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
         only: list[str] | None = None) -> dict:
   """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report.
 
-  With ``all``, ``only`` names run in every study that has them (``fig3`` is a figure
-  of each paper), and studies with none of them are skipped.
+  Returns ``{study: runner.run_study(...) result}``. With ``all``, ``only`` names run
+  in every study that has them (``fig3`` is a figure of each paper), and studies with
+  none of them are skipped; every study is checked (scale, names, data) before any runs.
   """
   from rankjax.report import build_report
-
-  if study == "all":
-    plan = _split_all(only) if only else {s: None for s in STUDIES}
-    results = {s: run(s, out_dir, scale, names) for s, names in plan.items()
-               if names is None or names}
+  runner = _runner()
+  plan = (_split_all(only) if only else {s: None for s in studies()}) if name == "all" \
+      else {name: only}
+  plan = {s: names for s, names in plan.items() if names is None or names}
+  for s, names in plan.items():   # every check before the first experiment runs
+    runner.preflight(study(s), study(s).resolve(names), scale)
+  results = {s: _run_one(s, out_dir, scale, names) for s, names in plan.items()}
+  if name == "all":
     print(f"report: {build_report(out_dir)}")
-    return results
-  if study not in STUDIES:
-    raise ValueError(f"study {study!r} is not known; choose one of {list(STUDIES) + ['all']}")
-  if scale not in ("quick", "paper"):
-    raise ValueError(f"--scale {scale!r} is not known; choose 'quick' or 'paper'")
-  module = _study_module(study)
-  out = pathlib.Path(out_dir) / study
-  out.mkdir(parents=True, exist_ok=True)
-  print(f"reproduce {study} ({scale} scale) -> {out}")
-  results = module.run_all(str(out), scale=scale, only=only)
-  print(f"report: {build_report(out)}")
   return results
+
+
+def failed(results: dict) -> list[str]:
+  """``study/experiment`` of every failed experiment in ``run``'s result."""
+  return [f"{s}/{n}" for s, res in results.items() for n in res["failed"]]
+
+
+def _command(args) -> int:
+  results = run(args.study, args.out, args.scale, args.only)
+  bad = failed(results)
+  if bad:
+    print(f"rankjax reproduce: FAILED: {', '.join(bad)} (tracebacks in the summary rows' "
+          "notes and each study's summary.md)", file=sys.stderr)
+    return 1
+  return 0
 
 
 def add_parser(sub) -> None:
   p = sub.add_parser("reproduce", help="run a paper's experiments and write figures and "
-                                       "a paper-vs-measured summary")
-  p.add_argument("study", choices=STUDIES + ("all",))
-  p.add_argument("--scale", default="quick", choices=("quick", "paper"))
+                                       "a paper-vs-measured summary (summary.json, .md)")
+  p.add_argument("study", choices=studies() + ("all",))
+  p.add_argument("--scale", default="quick",
+                 help="quick (default) or paper; a study may name more (see its reproduce.py)")
   p.add_argument("--out", default="runs/reproduce", help="output directory")
   p.add_argument("--only", action="append", default=None, metavar="NAME",
                  help="run only this experiment (e.g. fig3); repeatable")
-  p.set_defaults(func=lambda a: run(a.study, a.out, a.scale, a.only) and 0)
+  p.set_defaults(func=_command)

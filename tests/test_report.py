@@ -1,6 +1,7 @@
 """The report of ``rankjax reproduce`` output: paper-vs-measured tables and figures."""
 
 import base64
+import json
 import re
 
 import matplotlib
@@ -10,19 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from rankjax import cli, reproduce  # noqa: E402
-from rankjax.report import markdown_to_html  # noqa: E402
+from rankjax.report import rows_to_html  # noqa: E402
 
-SUMMARY = """# Study: paper vs ours (quick scale)
-
-Quick scale: widths
-scaled down.
-
-| quantity | paper | ours |
-|---|---|---|
-| erank at L=48 | 0.41 | 0.39 <ok> |
-| slope | 0.5 | 0.49 |
-Seconds per script: fig1 3
-"""
+ROWS = [
+    {"experiment": "fig1", "item": "erank at L=48", "paper": "0.41", "ours": "0.39 <ok>",
+     "status": "match", "scale": "quick", "seeds": 3, "spread": None, "note": ""},
+    {"experiment": "fig2", "item": "slope", "paper": "0.5", "ours": "0.2",
+     "status": "mismatch", "scale": "quick", "seeds": 1, "spread": "sd 0.1", "note": "a|b"},
+]
 
 
 def _png(path):
@@ -33,26 +29,23 @@ def _png(path):
   plt.close(fig)
 
 
-def test_markdown_tables_headings_paragraphs_escaped():
-  page = markdown_to_html(SUMMARY)
-  assert "<h2>Study: paper vs ours (quick scale)</h2>" in page
-  assert "<p>Quick scale: widths scaled down.</p>" in page
-  assert "<tr><th>quantity</th><th>paper</th><th>ours</th></tr>" in page
-  assert "<tr><td>erank at L=48</td><td>0.41</td><td>0.39 &lt;ok&gt;</td></tr>" in page
-  assert "---" not in page
-  assert page.count("<table>") == 1 and page.count("<tr>") == 3
-  assert "<p>Seconds per script: fig1 3</p>" in page   # the line after the table
+def test_rows_render_as_one_escaped_table_with_status_counts():
+  page = rows_to_html(ROWS)
+  assert page.count("<table>") == 1 and page.count("<tr") == 3
+  assert "<th>experiment</th><th>item</th><th>paper</th><th>ours</th><th>status</th>" in page
+  assert "<td>0.39 &lt;ok&gt;</td>" in page and "<td>a|b</td>" in page
+  assert "status: match 1, mismatch 1" in page
 
 
 def test_report_of_reproduce_output_embeds_tables_and_every_figure(tmp_path, capsys):
   for study in ("study_a", "study_b"):
     (tmp_path / study).mkdir()
-    (tmp_path / study / "summary.md").write_text(SUMMARY.replace("Study", study))
+    (tmp_path / study / "summary.json").write_text(json.dumps(ROWS))
     _png(tmp_path / study / "fig1.png")
     _png(tmp_path / study / "fig3" / "orders.png")
   assert cli.main(["report", str(tmp_path)]) == 0
   page = (tmp_path / "report" / "report.html").read_text()
-  assert page.count("<table>") == 2 and "study_b: paper vs ours" in page
+  assert page.count("<table>") == 2 and "<h2>study_b (quick scale)</h2>" in page
   for alt in ("fig1.png", "fig3/orders.png"):
     assert page.count(f"alt='{alt}'") == 2
   embedded = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
@@ -72,6 +65,8 @@ def test_reproduce_writes_summary_and_report(tmp_path, capsys):
   out = tmp_path / "transforming_rank"
   summary = (out / "summary.md").read_text()
   assert "| table1 |" in summary
+  rows = json.loads((out / "summary.json").read_text())
+  assert {r["experiment"] for r in rows} == {"table1"} and all(r["seeds"] == 3 for r in rows)
   page = (out / "report" / "report.html").read_text()
   assert "<td>table1</td>" in page and "alt='table1_coherence.png'" in page
   assert f"report: {out / 'report' / 'report.html'}" in capsys.readouterr().out

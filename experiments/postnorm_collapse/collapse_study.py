@@ -13,21 +13,18 @@ frequency loss of the training stream (Def 3.7, aggregated labels), last-layer t
 similarity, the first/last per-layer gradient-norm ratio, the transition step
 (``rankjax.measure.gradients.detect_transition``) and the first collapse-alarm step.
 
-Run:  python experiments/postnorm_collapse/collapse_study.py --out runs/collapse
+Run:  python -m experiments.postnorm_collapse.collapse_study --out runs/collapse
 Figs 3-6 (``fig3_fig5_transition.py``, ``fig6_frequency_loss.py``) reuse these runs.
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
+from experiments.postnorm_collapse import common
 
 RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse": ("collapse_post_quick", []),

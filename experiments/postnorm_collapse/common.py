@@ -1,15 +1,14 @@
 """Helpers shared by the Post-Norm collapse scripts: init-time captures, runs, plots."""
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import sys
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from experiments import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
@@ -18,13 +17,11 @@ CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
 def main(run: Callable[[str, str], dict], doc: str, default_out: str,
          scales: Sequence[str] = ("quick",),
          show: Callable[[dict], Any] = lambda result: result) -> None:
-  """The command line of a script: ``--out`` and ``--scale``; prints ``show(result)``."""
-  import argparse
-  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-  parser.add_argument("--out", default=default_out)
-  parser.add_argument("--scale", choices=sorted(scales), default="quick")
-  args = parser.parse_args()
-  print(json.dumps(show(run(args.out, args.scale)), indent=2, default=float))
+  """A script's command line (``runner.script_main``): ``--out`` and ``--scale``;
+  prints ``show(result)``."""
+  ordered = list(dict.fromkeys(["quick", *sorted(scales)]).keys() & set(scales))
+  ordered.sort(key=lambda x: (x != "quick", x))      # --scale defaults to quick
+  runner.script_main(run, doc, default_out=default_out, scales=ordered, show=show)
 
 
 def pyplot():
@@ -35,10 +32,7 @@ def pyplot():
   return plt
 
 
-def write_json(out_dir: str, name: str, obj: dict[str, Any]) -> None:
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, name), "w") as f:
-    json.dump(obj, f, indent=2, default=float)
+write_json = runner.write_json
 
 
 def init_sites(model, params, tokens_BxT) -> dict[str, jax.Array]:
@@ -61,9 +55,7 @@ def init_sites(model, params, tokens_BxT) -> dict[str, jax.Array]:
 
 
 def import_sibling(name: str):
-  """Imports ``experiments.postnorm_collapse.<name>`` (works when run as a script)."""
-  if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+  """Imports ``experiments.postnorm_collapse.<name>`` (run scripts with ``python -m``)."""
   import importlib
   return importlib.import_module(f"experiments.postnorm_collapse.{name}")
 

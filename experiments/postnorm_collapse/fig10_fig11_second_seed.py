@@ -21,30 +21,26 @@ every number, the seed-0 vs seed-1 comparison, where alpha peaks (``alpha_peak``
 one layer? one update?), and a check that per-update diagnostics do not change the
 trajectory (the seed-0 run vs the Fig 6 run, when that run is in ``out_dir``).
 
-Run:  python experiments/postnorm_collapse/fig10_fig11_second_seed.py --out runs/collapse
+Run:  python -m experiments.postnorm_collapse.fig10_fig11_second_seed --out runs/collapse
 (trains 3 runs if missing: about 2 + 2 + 5 CPU-minutes).
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import fig3_fig5_transition as f35  # noqa: E402
-from experiments.postnorm_collapse import seed_lr_runs as sl  # noqa: E402
+from experiments.postnorm_collapse import collapse_study
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import fig3_fig5_transition as f35
+from experiments.postnorm_collapse import seed_lr_runs as sl
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
 NOWARMUP_SEED1 = "post_collapse_seed1_diag1"
 NOWARMUP_SEED0 = "post_collapse"          # collapse_study.RUNS, diagnostics every 5
-FIG6_SEED0 = f"post_warmup_lr{sl.MAIN_WARMUP_LR}"   # fig6_frequency_loss, every 10
+DIAG10_SEED0 = sl.DIAG10_RUN   # the seed-0 warmup run, diagnostics every 10
 PAPER = {
     "main_transition_step": 2644, "second_seed_transition_step": 1979,
     "alpha": "stays below 2.5 (main run, Sec 4.2)",
@@ -99,9 +95,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                            for k in COMPARE_KEYS},
       "order": "[seed 0, seed 1]",
   }
-  fig6_wd = os.path.join(out_dir, "runs", FIG6_SEED0)
-  check = (same_trajectory(workdirs[WARMUP_SEED0], fig6_wd)
-           if os.path.isfile(os.path.join(fig6_wd, "config.json")) else None)
+  check = same_trajectory(workdirs[WARMUP_SEED0], sl.train(DIAG10_SEED0, out_dir))
   result = {"figure": "postnorm_collapse Figs 10-11 (App F.3), quick scale", "scale": scale,
             "paper": PAPER, "ours": ours, "seed_comparison": comparison,
             "diag_interval_check": check, "files": files, "seconds": time.time() - start}

@@ -22,22 +22,19 @@ Writes per LR ``fig12/13/14_lr0.02.png``, ``fig15/16/17_lr0.025.png``,
 last-layer similarity of the three runs and the main 1.5e-2 run) and
 ``fig12_fig20.json``.
 
-Run:  python experiments/postnorm_collapse/fig12_fig20_lr_ablation.py --out runs/collapse
+Run:  python -m experiments.postnorm_collapse.fig12_fig20_lr_ablation --out runs/collapse
 (trains 3 runs of 60 updates if missing: about 2 CPU-minutes each).
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import fig3_fig5_transition as f35  # noqa: E402
-from experiments.postnorm_collapse import seed_lr_runs as sl  # noqa: E402
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import fig3_fig5_transition as f35
+from experiments.postnorm_collapse import seed_lr_runs as sl
 
 FIG_NAMES: dict[float, tuple[str, str, str]] = {
     lr: (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")

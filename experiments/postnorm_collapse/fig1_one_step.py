@@ -14,12 +14,11 @@ attention ``s^l = n d^2 sigma_W^2 / ||h^l||_F^2`` (Post-Norm: ``d sigma_W^2``), 
 Theorem 3.4 ``Delta_FFN(xi^l, t_2^l)`` with ``xi^l = xi n d / ||Z^l||_F^2`` (our Pre-Norm
 analogue of ``s^l``; Post-Norm: ``xi``) and ``var_u = init_scale / 3``.
 
-Run:  python experiments/postnorm_collapse/fig1_one_step.py --out runs/fig1 [--scale paper]
+Run:  python -m experiments.postnorm_collapse.fig1_one_step --out runs/fig1 [--scale paper]
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
@@ -27,13 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from rankjax.config import TransformerConfig  # noqa: E402
-from rankjax.measure import theory as th  # noqa: E402
-from rankjax.measure.similarity import token_similarity  # noqa: E402
-from rankjax.models.transformer import DecoderLM  # noqa: E402
+from experiments.postnorm_collapse import common
+from rankjax.config import TransformerConfig
+from rankjax.measure import theory as th
+from rankjax.measure.similarity import token_similarity
+from rankjax.models.transformer import DecoderLM
 
 SCALES: dict[str, dict[str, Any]] = {
     # the paper's depth and heads; narrow and short so it runs on a CPU in ~1 minute

@@ -8,25 +8,22 @@ latter with Corollary 3.3's ``Delta_de(s, t^l, alpha)`` at the measured ``t^l``.
 The paper (Fig 2): growth is suppressed uniformly as alpha grows; alpha = 1 removes
 most of the increment.
 
-Run:  python experiments/postnorm_collapse/fig2_prefix_removal.py --out runs/fig2
+Run:  python -m experiments.postnorm_collapse.fig2_prefix_removal --out runs/fig2
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import fig1_one_step as fig1  # noqa: E402
-from rankjax.measure import theory as th  # noqa: E402
-from rankjax.measure.similarity import token_similarity  # noqa: E402
-from rankjax.models.transformer import DecoderLM  # noqa: E402
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import fig1_one_step as fig1
+from rankjax.measure import theory as th
+from rankjax.measure.similarity import token_similarity
+from rankjax.models.transformer import DecoderLM
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SCALES: dict[str, dict[str, Any]] = {

@@ -22,8 +22,8 @@ outputs, ``--mask-threshold 1e-10`` applies App F.4's masking (needs the
 [t-4, t+6] around the transition t (the paper's Fig 5 window 2640-2650 around 2644)
 instead of the +-30-update window.
 
-Run:  python experiments/postnorm_collapse/fig3_fig5_transition.py --out runs/collapse
-      python experiments/postnorm_collapse/fig3_fig5_transition.py --out runs/collapse \
+Run:  python -m experiments.postnorm_collapse.fig3_fig5_transition --out runs/collapse
+      python -m experiments.postnorm_collapse.fig3_fig5_transition --out runs/collapse \
           --run-dir runs/collapse/runs/post_warmup_lr0.015 --tag post_warmup_lr0.015
 """
 from __future__ import annotations
@@ -31,17 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
-from rankjax.measure import gradients as gr  # noqa: E402
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import collapse_study
+from rankjax.measure import gradients as gr
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
 ONSET_SIM = 0.99
@@ -78,6 +75,32 @@ def mask_vanishing(values_SxL: np.ndarray, dx_norm_SxL: np.ndarray, dy_norm_SxL:
   masked = (small_x & small_y) if rule == "both" else (small_x | small_y)
   out = np.array(values_SxL, np.float64)
   out[masked] = np.nan
+  return out
+
+
+def contraction_bound_check(d: dict[str, np.ndarray], norms: dict[str, np.ndarray]
+                            ) -> dict[str, float]:
+  """How often the measured one-step ratio ``||dL/dX_k|| / ||dL/dX_{k+1}||`` exceeds the
+  logged factor: Thm 3.6's bound ``contraction_k`` (never, up to float error) and the
+  token mean ``contraction_mean_k`` (it is no bound). ``X_3^l = X_1^{l+1}``: for k = 2
+  the last layer has no next input and is left out. Fractions of (step, layer) entries
+  whose ratio is defined (nonzero denominator) and whose factor is below 1."""
+  out = {}
+  dx1, dx2 = norms["dx_norm_1"], norms["dx_norm_2"]
+  ratios = {1: (dx1, dx2), 2: (dx2[:, :-1], dx1[:, 1:])}
+  for k, (num, den) in ratios.items():
+    ok = den > MASK_THRESHOLD
+    ratio = np.where(ok, num / np.where(ok, den, 1.0), np.nan)
+    for key in (f"contraction_{k}", f"contraction_mean_{k}"):
+      if key not in d:
+        continue
+      c = d[key][:, :ratio.shape[1]]
+      below = ok & np.isfinite(c) & (c < 1)
+      out[f"{key}_below1_but_ratio_above1"] = (float(np.mean(ratio[below] > 1))
+                                               if below.any() else None)
+      valid = ok & np.isfinite(c)
+      out[f"{key}_ratio_exceeds_c"] = (float(np.mean(ratio[valid] > c[valid] * (1 + 1e-4)))
+                                       if valid.any() else None)
   return out
 
 
@@ -229,10 +252,14 @@ def analyze(workdir: str, mask_threshold: float | None = None,
     if mask_threshold is not None:
       if not norms:
         raise ValueError(f"{workdir}: masking needs the {SUBLAYER_NORMS!r} diagnostic")
-      for key in (f"alpha_{k}", f"contraction_{k}"):
+      for key in (f"alpha_{k}", f"contraction_{k}", f"contraction_mean_{k}"):
+        if key not in d:    # contraction_mean_k: runs logged after the bound's fix
+          continue
         d[key] = mask_vanishing(d[key], norms[f"dx_norm_{k}"], norms[f"dy_norm_{k}"],
                                 mask_threshold)
   out["mask_threshold"] = mask_threshold
+  if norms:
+    out.update(contraction_bound_check(d, norms))
   high = np.flatnonzero(d["last_tsim"] >= ONSET_SIM)
   out["first_high_sim_step"] = int(steps[high[0]]) if len(high) else None
   onset = collapse_onset(d["last_tsim"])
@@ -288,6 +315,9 @@ def analyze(workdir: str, mask_threshold: float | None = None,
       out[f"contraction_{k}_frac_below1_pre"] = _finite_mean(c[pre] < 1, c[pre])
       out[f"contraction_{k}_frac_below1_post"] = _finite_mean(c[post] < 1, c[post])
       out[f"contraction_{k}_layer1_post_mean"] = _finite_mean(c[post, 0], c[post, 0])
+      if f"contraction_mean_{k}" in d:   # the token-mean statistic, named apart
+        cm = d[f"contraction_mean_{k}"]
+        out[f"contraction_mean_{k}_frac_below1_post"] = _finite_mean(cm[post] < 1, cm[post])
     gn = d["grad_norm"]
     out["grad_first_over_last_before"] = float(gn[i - 1, 0] / gn[i - 1, -1])
     out["grad_first_over_last_after"] = float(gn[post, 0].mean() / gn[post, -1].mean())

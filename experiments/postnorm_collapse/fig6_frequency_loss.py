@@ -7,35 +7,35 @@ aggregated labels) of the same label collection:
   * one batch: the same config trained on one fixed batch, against that batch's
     frequency loss;
   * one sequence: trained on one fixed sequence (batch size 1).
-Right panel: Post-Norm runs with warmup at three learning rates (``WARMUP_LRS``),
-against the stream's frequency loss.
+Right panel: Post-Norm runs with warmup at three learning rates, against the stream's
+frequency loss. As in the paper (Sec 4.3 and App F.4 both use 1.2e-3 / 1.5e-3 /
+1.8e-3), they are the same three runs as Figs 12-20: ``seed_lr_runs.ABLATION_LRS``
+(trained once, shared with ``fig12_fig20_lr_ablation``).
 
 The one-batch / one-sequence runs use the training step of ``rankjax.train.state``
 (``make_step``) on a fixed batch, the same update as ``rankjax train``.
 
-Run:  python experiments/postnorm_collapse/fig6_frequency_loss.py --out runs/collapse
+Run:  python -m experiments.postnorm_collapse.fig6_frequency_loss --out runs/collapse
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import collapse_study
+from experiments.postnorm_collapse import seed_lr_runs as sl
 
 FIXED_STEPS = 150
-WARMUP_STEPS = 20
-WARMUP_TOTAL = 60
-WARMUP_LRS = (0.01, 0.015, 0.02)
+WARMUP_STEPS = sl.WARMUP_STEPS
+WARMUP_TOTAL = sl.WARMUP_TOTAL
+WARMUP_LRS = sl.ABLATION_LRS   # the paper's Fig 6-right LRs are its Figs 12-20 LRs
 
 
 def fixed_batch_run(cfg, batch_size: int, steps: int) -> dict[str, Any]:
@@ -87,12 +87,7 @@ def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[s
   right = {}
   if warmup_panel:
     for lr in WARMUP_LRS:
-      name = f"post_warmup_lr{lr:g}"
-      wd_lr = collapse_study.train_run(
-          name, out_dir, config=base,
-          overrides=[f"learning_rate={lr}", f"warmup_steps={WARMUP_STEPS}",
-                     f"total_steps={WARMUP_TOTAL}", "diag_every=10"])
-      r = load_run(wd_lr)
+      r = load_run(sl.train(sl.warmup_run_name(lr, 0), out_dir))
       h = [x for x in r.history if x.get("kind", "train") == "train"]
       right[f"{lr:g}"] = {"step": [x["step"] for x in h], "loss": [x["loss"] for x in h],
                           "last_tsim_final": float(r.diagnostics["postnorm/last_tsim"][-1])}

@@ -14,12 +14,10 @@ check it against Monte Carlo, and plot
   (c) Delta_attn(s = 1/9) and Delta_FFN(xi = 1/9) against t for n = 2048
       [not in the paper's Fig 7: the comparison its Thm 3.4 remark makes in words].
 
-Run:  python experiments/postnorm_collapse/fig7_swiglu_moment.py --out runs/fig7
+Run:  python -m experiments.postnorm_collapse.fig7_swiglu_moment --out runs/fig7
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from typing import Any
@@ -28,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.postnorm_collapse import common
 from rankjax.measure import theory as th
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -147,19 +146,9 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   plt.close(fig)
 
   result["seconds"] = time.time() - start
-  with open(os.path.join(out_dir, "fig7.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  common.write_json(out_dir, "fig7.json", result)
   return result
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/fig7")
-  parser.add_argument("--scale", choices=sorted(SCALES), default="quick")
-  args = parser.parse_args()
-  res = run(args.out, args.scale)
-  print(json.dumps(res["ours"], indent=2))
-
-
 if __name__ == "__main__":
-  main()
+  common.main(run, __doc__, "runs/postnorm_collapse/fig7", SCALES, lambda r: r["ours"])

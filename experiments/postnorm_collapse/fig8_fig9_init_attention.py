@@ -19,12 +19,10 @@ over the vocabulary (the paper uses C4 text; see EXPECTED.md). We also record th
 batch-mean token similarity of ``X_1^l`` and ``sqrt(E ||P - C_n||_F^2)/||C_n||_F``
 (the single-sample error, to separate sampling noise from bias).
 
-Run:  python experiments/postnorm_collapse/fig8_fig9_init_attention.py --out runs/fig89
+Run:  python -m experiments.postnorm_collapse.fig8_fig9_init_attention --out runs/fig89
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from typing import Any
@@ -33,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.postnorm_collapse import common
 from rankjax.config import TransformerConfig
 from rankjax.measure.similarity import prefix_average_matrix, token_similarity
 from rankjax.models.transformer import DecoderLM
@@ -184,19 +183,9 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   plt.close(fig)
 
   result["seconds"] = time.time() - start
-  with open(os.path.join(out_dir, "fig8_fig9.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  common.write_json(out_dir, "fig8_fig9.json", result)
   return result
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/fig8_fig9")
-  parser.add_argument("--scale", choices=sorted(SCALES), default="quick")
-  args = parser.parse_args()
-  res = run(args.out, args.scale)
-  print(json.dumps(res["ours"], indent=2))
-
-
 if __name__ == "__main__":
-  main()
+  common.main(run, __doc__, "runs/postnorm_collapse/fig8_fig9", SCALES, lambda r: r["ours"])

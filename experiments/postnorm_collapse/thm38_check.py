@@ -11,12 +11,10 @@ sequence of a batch, ``CE >= L_freq(y) - 2/sqrt(n) ||W_lm||_2 eps`` with
 ``eps = ||X^H - Pi_1 X^H||_F`` of the pre-head hidden state; we report the slack and
 the size of the correction term. Also at initialization (not collapsed).
 
-Run:  python experiments/postnorm_collapse/thm38_check.py --out runs/collapse
+Run:  python -m experiments.postnorm_collapse.thm38_check --out runs/collapse
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 from typing import Any
 
@@ -24,20 +22,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from experiments.postnorm_collapse import common  # noqa: E402
-from experiments.postnorm_collapse import collapse_study  # noqa: E402
-from rankjax.measure import gradients as gr  # noqa: E402
-from rankjax.measure.losses import cross_entropy, frequency_logits, frequency_loss  # noqa: E402
-from rankjax.models.transformer import DecoderLM  # noqa: E402
+from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import collapse_study
+from rankjax.measure import gradients as gr
+from rankjax.measure.losses import cross_entropy, frequency_logits, frequency_loss
+from rankjax.models.transformer import DecoderLM
 
 
 def pre_head_hidden(model, params, tokens) -> jax.Array:
-  """X^H: the output of the final norm (input of the LM head), (B, T, d)."""
-  _, state = model.apply({"params": params}, tokens, mutable=["intermediates"],
-                         capture_intermediates=lambda mdl, _: mdl.name == "norm_final")
-  return state["intermediates"]["norm_final"]["__call__"][0]
+  """X^H: the input of the LM head (after the last norm, whichever it is), (B, T, d)."""
+  hidden, _ = model.apply({"params": params}, tokens, return_hidden=True)
+  return hidden
 
 
 def gradient_vanishing(mcfg) -> dict[str, Any]:

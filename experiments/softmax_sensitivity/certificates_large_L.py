@@ -13,12 +13,10 @@ our "repair" and "balance" certificates, the Cor 3.4(5) bound 1 - p_max^2 and, f
 the middle, host code), the exact theta and each certificate's gap to it. All in
 float64, so that 1 - theta_cert is resolved.
 
-Run:  python experiments/softmax_sensitivity/certificates_large_L.py --out runs/certs
+Run:  python -m experiments.softmax_sensitivity.certificates_large_L --out runs/certs
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from experiments import runner
 from rankjax.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -84,8 +83,7 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
         per_length[str(L)] = row
       results["per_scale"][f"{s:g}"] = per_length
   results["seconds"] = time.time() - start
-  with open(os.path.join(out_dir, "certificates_large_L.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  runner.write_json(out_dir, "certificates_large_L.json", results)
   _plot(results, os.path.join(out_dir, "certificates_large_L.png"))
   return results
 
@@ -120,28 +118,19 @@ def _plot(results: dict[str, Any], path: str) -> None:
   plt.close(fig)
 
 
+def _show(res: dict[str, Any]) -> dict[str, Any]:
+  """What the command line prints: per logit scale and L, each certificate's median and
+  worst row (and, where the exact theta is known, its match rate)."""
+  keys = ("greedy_prefix", "repair", "balance")
+  return {f"scale {s} L={L}": {k: {m: r[k][m] for m in ("median", "min", "match_fraction")
+                                   if m in r[k]} for k in keys}
+          for s, rows in res["per_scale"].items() for L, r in rows.items()}
+
+
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", required=True)
-  parser.add_argument("--scale", default="quick", choices=sorted(SCALES))
-  parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args()
-  res = run(args.out, args.scale, args.seed)
-  for s, rows in res["per_scale"].items():
-    for L, r in rows.items():
-      line = (f"scale {s} L={L}: greedy median {r['greedy_prefix']['median']:.10f} min "
-              f"{r['greedy_prefix']['min']:.6f}; repair median {r['repair']['median']:.10f} "
-              f"min {r['repair']['min']:.6f}; balance median {r['balance']['median']:.12f} "
-              f"min {r['balance']['min']:.6f}; 1-pmax^2 min {r['one_minus_pmax_sq']['min']:.6f}")
-      if "exact" in r:
-        line += (f"; exact min {r['exact']['min']:.6f}, greedy match "
-                 f"{r['greedy_prefix']['match_fraction']:.3f} worst gap "
-                 f"{r['greedy_prefix']['worst_gap']:.2e}, repair match "
-                 f"{r['repair']['match_fraction']:.3f} worst gap {r['repair']['worst_gap']:.2e}, "
-                 f"balance match "
-                 f"{r['balance']['match_fraction']:.3f} worst gap {r['balance']['worst_gap']:.2e}")
-      print(line)
-  print(f"{res['seconds']:.1f} s")
+  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/certificates_large_L",
+                     scales=("quick", "paper"), show=_show,
+                     options={"--seed": dict(type=int, default=0)})
 
 
 if __name__ == "__main__":

@@ -32,20 +32,20 @@ seeds; entropy and p_max curves = mean over layers of the per-layer row mean, av
 over seeds; final loss = mean over the last 50 updates; spikes = ``gradient_spikes``
 (window 50, first 10 excluded); +- = sample std over seeds (ddof 1).
 
-Run:  python experiments/softmax_sensitivity/prepost_training.py --out runs/prepost --scale quick
-      python experiments/softmax_sensitivity/prepost_training.py --out runs/prepost_sharpen \
+Run:  python -m experiments.softmax_sensitivity.prepost_training --out runs/prepost --scale quick
+      python -m experiments.softmax_sensitivity.prepost_training --out runs/prepost_sharpen \
           --scale quick_sharpen --seeds 42
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import time
 from typing import Any
 
 import numpy as np
+
+from experiments import runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = {"quick": os.path.join(HERE, "configs", "quick.json"),
@@ -274,21 +274,18 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS,
   res.update(scale=scale, seeds=list(seeds), config=CONFIGS[scale], overrides=overrides or {},
              paper=PAPER, train_seconds=seconds, seconds=time.time() - t0)
   res["figures"] = _plot(runs, res, out_dir)
-  with open(os.path.join(out_dir, "prepost_training.json"), "w") as f:
-    json.dump(res, f, indent=1)
+  runner.write_json(out_dir, "prepost_training.json", res)
   return res
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/prepost")
-  parser.add_argument("--scale", default="quick", choices=sorted(CONFIGS))
-  parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-  args = parser.parse_args()
-  res = run(args.out, args.scale, tuple(int(s) for s in args.seeds.split(",")))
-  print(json.dumps({"table1": res["table1"], "fig3": {a: {k: v for k, v in d.items()
-        if not isinstance(v, list) or len(v) <= 3} for a, d in res["fig3"].items()},
-        "fig4": res["fig4"], "seconds": res["seconds"]}, indent=1))
+  runner.script_main(
+      lambda out, scale, seeds: run(out, scale, tuple(int(x) for x in seeds.split(","))),
+      __doc__, default_out="runs/softmax_sensitivity/prepost_training",
+      scales=("quick", *sorted(set(CONFIGS) - {"quick"})),
+      show=lambda res: {"table1": res["table1"], "fig4": res["fig4"],
+                        "seconds": res["seconds"]},
+      options={"--seeds": dict(default=",".join(map(str, SEEDS)))})
 
 
 if __name__ == "__main__":

@@ -13,12 +13,10 @@ maximized over all 2^L sign vectors; the right side is subset enumeration; both 
 float64. We also cross-check the meet-in-the-middle theta, add tau in {0.5, 2} (not in
 the paper) and report our "balance" certificate next to the paper's greedy prefix.
 
-Run:  python experiments/softmax_sensitivity/theorem_check.py --out runs/theorem_check
+Run:  python -m experiments.softmax_sensitivity.theorem_check --out runs/theorem_check
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from typing import Any
@@ -26,12 +24,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from experiments import runner
 from rankjax.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
-    # logit vectors per length; the paper uses 500.
-    "quick": dict(num=100),
-    "paper": dict(num=500),
+    # logit vectors per length (the paper uses 500); spread_seeds: how many seeds
+    # (0, 1, ...) of the same protocol give the certificate match rates' spread.
+    "quick": dict(num=100, spread_seeds=10),
+    "paper": dict(num=500, spread_seeds=40),
 }
 LENGTHS = (8, 16)        # App D.2
 PAPER_TAU = 1.0          # App D.2, step 1
@@ -44,6 +44,36 @@ def _certificate_stats(theta: np.ndarray, cert: np.ndarray) -> dict[str, float]:
   return dict(match_fraction=float(np.mean(gap <= MATCH_RTOL * theta)),
               worst_gap=float(gap.max()), mean_gap=float(gap.mean()),
               max_excess=float(max(0.0, -gap.min())))
+
+
+def certificate_match_rates(seed: int, num: int) -> dict[str, dict[str, float]]:
+  """App D.2's match rates for one seed of the protocol: ``num`` vectors u ~ N(0, I_L)
+  for L = 8 then L = 16 from ``default_rng(seed)``, p = softmax(u) (tau = 1), the
+  fraction where the greedy-prefix certificate (the paper's) and the balance
+  certificate (ours) equal the exact theta (subset enumeration, float64)."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  with jax.enable_x64(True):
+    for L in LENGTHS:
+      p = np.asarray(jax.nn.softmax(rng.standard_normal((num, L)) / PAPER_TAU, axis=-1),
+                     np.float64)
+      theta = np.asarray(sens.theta_exact(p))
+      out[str(L)] = {m: _certificate_stats(theta, np.asarray(sens.theta_certificate(p, m)))
+                     ["match_fraction"] for m in ("greedy_prefix", "balance")}
+  return out
+
+
+def match_rate_spread(seeds: int, num: int) -> dict[str, Any]:
+  """Mean and sample sd over ``seeds`` seeds of ``certificate_match_rates``."""
+  per_seed = [certificate_match_rates(s, num) for s in range(seeds)]
+  out: dict[str, Any] = {"seeds": seeds, "num": num}
+  for L in map(str, LENGTHS):
+    for m in ("greedy_prefix", "balance"):
+      x = np.array([r[L][m] for r in per_seed])
+      out[f"L={L}/{m}"] = dict(mean=float(x.mean()), sd=float(x.std(ddof=1)) if seeds > 1
+                               else 0.0, min=float(x.min()), max=float(x.max()),
+                               per_seed=x.tolist())
+  return out
 
 
 def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
@@ -77,9 +107,11 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
         if tau == PAPER_TAU:
           plots[L] = (rel, theta, greedy, balance)
       results["per_length"][str(L)] = per_tau
+  t0 = time.time()
+  results["match_rate_spread"] = match_rate_spread(cfg["spread_seeds"], cfg["num"])
+  results["match_rate_spread"]["seconds"] = time.time() - t0
   results["seconds"] = time.time() - start
-  with open(os.path.join(out_dir, "theorem_check.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  runner.write_json(out_dir, "theorem_check.json", results)
   _plot(plots, os.path.join(out_dir, "theorem_check.png"))
   return results
 
@@ -106,20 +138,24 @@ def _plot(plots, path: str) -> None:
   plt.close(fig)
 
 
+def _show(res: dict[str, Any]) -> dict[str, Any]:
+  """What the command line prints: per length and tau the error and the match rates."""
+  out = {f"L={L} {tau}": dict(max_rel_error=r["max_rel_error"],
+                              greedy_match=r["greedy_prefix"]["match_fraction"],
+                              greedy_worst_gap=r["greedy_prefix"]["worst_gap"],
+                              balance_match=r["balance"]["match_fraction"],
+                              balance_worst_gap=r["balance"]["worst_gap"])
+         for L, per_tau in res["per_length"].items() for tau, r in per_tau.items()}
+  out["match_rate_spread"] = {k: {m: v[m] for m in ("mean", "sd")}
+                              for k, v in res["match_rate_spread"].items()
+                              if isinstance(v, dict) and "mean" in v}
+  return out
+
+
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", required=True)
-  parser.add_argument("--scale", default="quick", choices=sorted(SCALES))
-  parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args()
-  res = run(args.out, args.scale, args.seed)
-  for L, per_tau in res["per_length"].items():
-    for tau, r in per_tau.items():
-      print(f"L={L} {tau}: max rel err {r['max_rel_error']:.2e}; greedy match "
-            f"{r['greedy_prefix']['match_fraction']:.3f} worst gap "
-            f"{r['greedy_prefix']['worst_gap']:.4f}; balance match "
-            f"{r['balance']['match_fraction']:.3f} worst gap {r['balance']['worst_gap']:.2e}")
-  print(f"{res['seconds']:.1f} s")
+  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/theorem_check",
+                     scales=("quick", "paper"), show=_show,
+                     options={"--seed": dict(type=int, default=0)})
 
 
 if __name__ == "__main__":

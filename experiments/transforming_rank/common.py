@@ -2,20 +2,17 @@
 
 Every script exposes ``run(out_dir, scale="quick"|"paper", **overrides) -> dict`` and
 writes ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
-``summary`` list of rows ``{"item", "paper", "ours", "note"}`` that ``reproduce.py``
-collects into ``summary.md``. Settings come from the script's ``SCALES`` table; any
+``summary`` list of rows (``row``: item, paper, ours, status, seeds, spread, note) that
+``experiments.runner`` collects into ``summary.json`` and ``summary.md``. Settings come from the script's ``SCALES`` table; any
 keyword argument overrides one setting.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import pathlib
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -29,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402,F401
 
 import jax  # noqa: E402
 
+from experiments import runner  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
 
@@ -58,25 +56,12 @@ def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> 
   return out
 
 
-def to_jsonable(x: Any) -> Any:
-  if isinstance(x, dict):
-    return {str(k): to_jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [to_jsonable(v) for v in x]
-  if isinstance(x, (np.ndarray, jax.Array)):
-    return to_jsonable(np.asarray(x).tolist())
-  if isinstance(x, (np.floating, float)):
-    x = float(x)
-    return None if math.isnan(x) else x
-  if isinstance(x, np.integer):
-    return int(x)
-  return x
+to_jsonable = runner.to_jsonable
 
 
 def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dict:
   out = pathlib.Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / f"{name}.json").write_text(json.dumps(to_jsonable(result), indent=1) + "\n")
+  runner.write_json(out, name, result)
   if fig is not None:
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)
@@ -84,8 +69,10 @@ def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dic
   return result
 
 
-def row(item: str, paper: Any, ours: Any, note: str = "") -> dict:
-  return {"item": item, "paper": paper, "ours": ours, "note": note}
+def row(item: str, paper: Any, ours: Any, note: str = "", *, status: str | None = None,
+        seeds: int | None = None, spread: Any = None) -> dict:
+  """A summary row (``experiments.runner.row``); ``status=None``: automatic."""
+  return runner.row(item, paper, ours, status, seeds=seeds, spread=spread, note=note)
 
 
 def fmt(x: float, digits: int = 3) -> str:
@@ -112,12 +99,5 @@ def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, 
 
 
 def main(run: Callable[..., dict], description: str) -> None:
-  parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--out", default="runs/transforming_rank", help="output folder")
-  parser.add_argument("--scale", default="quick", choices=["quick", "paper"])
-  args = parser.parse_args()
-  start = time.time()
-  result = run(args.out, scale=args.scale)
-  for r in result.get("summary", []):
-    print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note', '')}")
-  print(f"done in {time.time() - start:.1f} s -> {args.out}")
+  """A script's command line (``runner.script_main``): ``--out``, ``--scale``."""
+  runner.script_main(run, description, default_out="runs/transforming_rank")

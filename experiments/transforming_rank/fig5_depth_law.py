@@ -67,6 +67,55 @@ def iso_rank_exponent(alphas: np.ndarray, erank_AxL: np.ndarray, depths: np.ndar
   return float(np.polyfit(np.log(depths[ok]), np.log(c[ok]), 1)[0]), contour
 
 
+SLOPE_FROM = 48   # Fig 5b's log-log slope is fitted over l in [48, L]
+
+
+def _loglog_slope(accumulated_L: np.ndarray, start: int) -> float:
+  """Slope of log(accumulated branch / skip) against log(l), l = start..L (Fig 5b:
+  0.5 for a random walk of constant increments, less when the increments shrink)."""
+  a = np.asarray(accumulated_L, float)
+  ls = np.arange(1, len(a) + 1)
+  keep = ls >= start
+  if keep.sum() < 2:   # a network shallower than the fit range
+    return float("nan")
+  return float(np.polyfit(np.log(ls[keep]), np.log(a[keep]), 1)[0])
+
+
+def _fig11(out_dir: str, ms: dict, kappas: dict, kappa: float, L: int) -> None:
+  """Fig 11 (``fig11_stream_growth.png``): (a) rms(h_l)^2 of the Pre-Norm 1x stream
+  against depth, measured (solid) and the fit rms(h_0)^2 + kappa (beta alpha^M)^2 l
+  (dashed, per alpha); (b) rms(h_l)^2 - rms(h_0)^2 against (beta alpha^M)^2 l with
+  the line of slope kappa (the mean over alpha). beta = 1, M = 2."""
+  import pathlib
+  fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8))
+  ls = np.arange(L + 1)
+  for i, a in enumerate((0.5, 1.0, 2.0)):
+    y = ms[("pre", a)]
+    axes[0].plot(ls, y, color=f"C{i}", label=f"alpha={a:g} measured")
+    axes[0].plot(ls, y[0] + kappas[a] * a ** 4 * ls, "--", color=f"C{i}",
+                 label=f"fit kappa={kappas[a]:.3f}")
+    axes[1].plot(a ** 4 * ls, y - y[0], color=f"C{i}", label=f"alpha={a:g}")
+  x = np.array([0.0, 16.0 * L])
+  axes[1].plot(x, kappa * x, "k--", lw=0.8, label=f"slope kappa={kappa:.3f}")
+  axes[0].set(xlabel="layer l", ylabel="rms(h_l)^2", yscale="log",
+              title="Fig 11a: Pre-Norm stream growth")
+  axes[1].set(xlabel="(beta alpha^M)^2 l", ylabel="rms(h_l)^2 - rms(h_0)^2", xscale="log",
+              yscale="log", title="Fig 11b: one line of slope kappa")
+  for ax in axes:
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
+  fig.savefig(pathlib.Path(out_dir) / "fig11_stream_growth.png", dpi=110)
+  common.plt.close(fig)
+
+
+def _sd(values) -> float:
+  """Sample sd of the finite values (nan with fewer than two)."""
+  x = np.asarray(values, float)
+  x = x[np.isfinite(x)]
+  return float(x.std(ddof=1)) if len(x) > 1 else float("nan")
+
+
 def stream_mean_square(cfg: MLPConfig, alpha: float, seeds: int, inputs: int) -> np.ndarray:
   """``E[rms(h_l)^2]``, l = 0..L, over seeds and Gaussian inputs (forward pass only)."""
 
@@ -92,9 +141,15 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       runs = [common.jacobian_samples(cfg, KEY, a, 1.0, num_seeds=s["seeds"]) for a in alphas]
       er = np.array([r["erank"].mean(axis=(0, 1))[depths - 1] for r in runs])   # (A, depths)
       exps = {lvl: iso_rank_exponent(alphas, er, depths, lvl) for lvl in s["levels"]}
+      # the same fit on each seed's own rank surface: the exponents' spread over seeds
+      er_seed = np.array([r["erank"].mean(axis=1)[:, depths - 1] for r in runs])  # (A, S, D)
+      per_seed = {lvl: [iso_rank_exponent(alphas, er_seed[:, i], depths, lvl)[0]
+                        for i in range(er_seed.shape[1])] for lvl in s["levels"]}
       pick = {a: runs[int(np.argmin(np.abs(alphas - a)))] for a in (0.5, 1.0, 2.0)}
       results[(pos, e)] = {
           "erank": er, "exponents": {lvl: v[0] for lvl, v in exps.items()},
+          "exponents_per_seed": per_seed,
+          "exponent_sd": {lvl: _sd(v) for lvl, v in per_seed.items()},
           "contours": {lvl: v[1] for lvl, v in exps.items()},
           "stream_rms": {a: r["stream_rms"].mean(axis=(0, 1)) for a, r in pick.items()},
           "nominal_ratio": {a: r["branch_to_skip"].mean(axis=(0, 1)) / math.sqrt(p)
@@ -138,13 +193,22 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
               ("post", 1.0): "-0.51 / -0.50 / -0.49", ("post", 4.0): "-0.52 / -0.50 / -0.50"}
   for (pos, e), res in results.items():
     summary.append(common.row(
-        f"Table 4: iso-rank exponent s, {pos}-norm {e:g}x, r*=0.4/0.5/0.6",
+        f"Table 4: iso-rank exponent s, {pos}-norm {e:g}x, r*=0.4/0.5/0.6 (fit on the "
+        "seed-mean rank)",
         paper_t4.get((pos, e), "~ -0.5"),
-        " / ".join(common.fmt(res["exponents"][l], 2) for l in s["levels"])))
+        " / ".join(common.fmt(res["exponents"][l], 2) for l in s["levels"]),
+        seeds=s["seeds"],
+        spread="sd over per-seed fits " + " / ".join(common.fmt(res["exponent_sd"][l], 2)
+                                                   for l in s["levels"])))
   summary += [
       common.row(f"Fig 5b: accumulated branch / skip at L={L}, alpha=1 (post / pre)",
                  "14x / 2.4x",
                  f"{r1('post')['accumulated'][-1]:.1f}x / {r1('pre')['accumulated'][-1]:.1f}x"),
+      common.row(f"Fig 5b: log-log slope of the accumulated branch / skip over l in "
+                 f"[{SLOPE_FROM}, {L}], alpha=1: post", "0.5 (grows as sqrt(L))",
+                 f"{_loglog_slope(r1('post')['accumulated'], SLOPE_FROM):.3f}"),
+      common.row(f"Fig 5b: the same slope, pre", "flattens (below 0.5)",
+                 f"{_loglog_slope(r1('pre')['accumulated'], SLOPE_FROM):.3f}"),
       common.row("Fig 5b: accumulated / uncorrelated prediction at L (post / pre)", "1.00 (Fig 12 init)",
                  f"{r1('post')['accumulated'][-1] / r1('post')['accumulated_uncorrelated'][-1]:.2f}"
                  f" / {r1('pre')['accumulated'][-1] / r1('pre')['accumulated_uncorrelated'][-1]:.2f}"),
@@ -186,6 +250,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                           "(c) iso-rank contours beta*alpha^M", "(d) erank vs beta*alpha^M sqrt(L)")):
     ax.set_title(t)
     ax.legend(fontsize=5)
+  _fig11(out_dir, ms, kappas, kappa, L)
   result = {"settings": s, "kappa": kappa, "kappa_by_alpha": kappas,
             "stream_mean_square": {f"{p}/alpha={a}": v for (p, a), v in ms.items()},
             "results": {f"{pos}/{e:g}x": v for (pos, e), v in results.items()},

@@ -8,7 +8,8 @@ Sec 5 / App C numbers. (a) cos(m_l, m_{l+1}) of consecutive branch means; (b) ||
 and its growth exponent over l in [50, 512] with the n-sample noise floor; (c) the top
 16 singular values of Z_L and the top-direction energy; (d) erank(Z_l)/d. Fig 14: all
 pairs cos(m_l, m_l') sampled every 8 layers, off-diagonal mean. App C: cos(m_l, 1) ->
-sqrt(c) and cos(mu_l, 1) -> 1.
+sqrt(c) and cos(mu_l, 1) -> 1. Probe sizes per panel as the paper gives them
+(``SCALES``: 32768 for (b), 4096 for (a) and Fig 14, 512 for (c, d)).
 
   python -m experiments.transforming_rank.fig7_mean_spike --scale quick --out runs/tr
 """
@@ -22,10 +23,16 @@ from rankjax.config import MLPConfig
 from rankjax.measure import representations, spectra
 
 NAME = "fig7_mean_spike"
+# Probe sizes per panel (App C, "Probe sizes in Figure 7"): the mean-magnitude panel
+# (b) n = 32768, the alignment panel (a) and Fig 14 n = 4096, the rank and spectrum
+# panels (c, d) n = 512. Quick scale uses one n = 1024 for all.
 SCALES = {
-    "quick": dict(depth=512, width=64, seeds=2, inputs=1024, layer_every=8, fit_from=50),
-    "paper": dict(depth=512, width=256, seeds=3, inputs=4096, layer_every=8, fit_from=50),
+    "quick": dict(depth=512, width=64, seeds=2, inputs_mean=1024, inputs_align=1024,
+                  inputs_rank=1024, layer_every=8, fit_from=50),
+    "paper": dict(depth=512, width=256, seeds=3, inputs_mean=32768, inputs_align=4096,
+                  inputs_rank=512, layer_every=8, fit_from=50),
 }
+PANEL_INPUTS = {"mean": "inputs_mean", "align": "inputs_align", "rank": "inputs_rank"}
 CONFIGS = {
     "M=1 relu": dict(branch_matrices=1, activation="relu"),
     "M=2 relu": dict(branch_matrices=2, expansion=1.0, activation="relu"),
@@ -42,23 +49,26 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   with common.single_blas_thread():
     for name, kw in CONFIGS.items():
       cfg = MLPConfig(depth=L, width=s["width"], norm_position="pre", **kw)
-      st = representations.mlp_representation_study(cfg, jax.random.PRNGKey(7), s["inputs"],
-                                                     s["seeds"], layers)
-      st = jax.tree.map(np.asarray, st)
+      by_n = {}   # one study per distinct probe size, shared by the panels that use it
+      for n in dict.fromkeys(s[k] for k in PANEL_INPUTS.values()):
+        st = representations.mlp_representation_study(cfg, jax.random.PRNGKey(7), n,
+                                                       s["seeds"], layers)
+        by_n[n] = jax.tree.map(np.asarray, st)
+      mean, align, rank = (by_n[s[PANEL_INPUTS[k]]] for k in ("mean", "align", "rank"))
       ls = np.arange(L + 1)
-      sampled = st.branch_cosine[np.ix_(np.array(layers) - 1, np.array(layers) - 1)]
+      sampled = align.branch_cosine[np.ix_(np.array(layers) - 1, np.array(layers) - 1)]
       deep = slice(s["fit_from"], None)
       res[name] = {
-          "consecutive_cos_deep": float(np.mean(st.consecutive_cosine[deep])),
+          "consecutive_cos_deep": float(np.mean(align.consecutive_cosine[deep])),
           "pairwise_offdiag_mean": float(representations.off_diagonal_mean(sampled)),
-          "cos_ones_deep": float(np.mean(st.cosine_ones[deep])),
-          "stream_cos_ones_L": float(st.stream_cosine_ones[-1]),
+          "cos_ones_deep": float(np.mean(align.cosine_ones[deep])),
+          "stream_cos_ones_L": float(align.stream_cosine_ones[-1]),
           "growth_exponent": representations.growth_exponent(
-              st.mean_spike[1:], ls[1:], s["fit_from"], L),
-          "top_energy_L": float(st.top_energy[-1]),
-          "erank_L": float(st.erank[-1]),
-          "erank": st.erank, "mean_spike": st.mean_spike, "noise_floor": st.noise_floor,
-          "consecutive_cos": st.consecutive_cosine, "top16": st.top_singular_values[-1][:16],
+              mean.mean_spike[1:], ls[1:], s["fit_from"], L),
+          "top_energy_L": float(rank.top_energy[-1]),
+          "erank_L": float(rank.erank[-1]),
+          "erank": rank.erank, "mean_spike": mean.mean_spike, "noise_floor": mean.noise_floor,
+          "consecutive_cos": align.consecutive_cosine, "top16": rank.top_singular_values[-1][:16],
           "pairwise": sampled,
       }
   c = {a: spectra.coherence_constant(a) for a in ("relu", "gelu")}

@@ -2,7 +2,7 @@
 
   python -m experiments.transforming_rank.reproduce --scale quick --out runs/tr [--only fig3]
 
-``run_all(out_dir, scale, only)`` is what ``rankjax reproduce transforming_rank`` calls.
+``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``experiments.runner``).
 Quick scale keeps the paper's depths, ratios and sweeps with the width scaled down
 (mostly d=256 -> 64) and fewer seeds; paper scale uses the paper's settings. The
 trainability experiments (Fig 6, 13, 16, Table 5: ``fig6_trainability``) train on
@@ -16,12 +16,9 @@ initialization (quick: depths 12 / 24, width scaled down); pretrained weights ne
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import pathlib
-import time
-import traceback
 from typing import Sequence
+
+from experiments import runner
 
 EXPERIMENTS = {
     "fig1": "fig1_skip_spacing",
@@ -46,78 +43,45 @@ ALIASES = {"fig10": "fig4", "fig11": "fig5", "table4": "fig5", "fig14": "fig7",
            "fig13": "fig6", "fig16": "fig6", "table5": "fig6"}
 
 
+def _rows(result: dict) -> list[dict]:
+  """A script's ``summary`` rows (``common.row``), as the runner takes them."""
+  return list(result.get("summary", []))
+
+
+def _needs_cifar10(scale: str) -> str | None:
+  """Paper scale trains on CIFAR-10 (never a fallback set): one line when tfds lacks it."""
+  if scale != "paper":
+    return None
+  from rankjax.data import images
+  return images.missing_image_set_line("cifar10", None)
+
+
+STUDY = runner.Study(
+    name="transforming_rank",
+    title="Transforming Rank: paper vs rankjax",
+    experiments={name: runner.Experiment(module, _rows,
+                                         needs=_needs_cifar10 if name == "fig6" else None)
+                 for name, module in EXPERIMENTS.items()},
+    aliases=ALIASES,
+    notes={"quick": "Quick scale: the paper's depths, ratios (m/d, beta*alpha^M, L) and sweeps "
+                    "with width mostly 256 -> 64 and fewer seeds; width-dependent numbers (e.g. "
+                    "a one-direction rank loss, 1/d) are expected to differ. See EXPECTED.md."})
+
+
 def names() -> set[str]:
   """Every name ``run_all(only=...)`` accepts (experiments and aliases)."""
-  return set(EXPERIMENTS) | set(ALIASES)
+  return STUDY.names()
 
 
 def resolve(only: str | Sequence[str] | None) -> list[str]:
-  if only is None:
-    return list(EXPERIMENTS)
-  names = [only] if isinstance(only, str) else list(only)
-  out = []
-  for n in names:
-    for part in n.split(","):
-      part = ALIASES.get(part.strip().lower(), part.strip().lower())
-      if part not in EXPERIMENTS:
-        raise ValueError(f"unknown experiment {part!r}; choose from "
-                         f"{sorted(EXPERIMENTS) + sorted(ALIASES)}")
-      if part not in out:
-        out.append(part)
-  return out
-
-
-def _cell(x) -> str:
-  return str(x).replace("|", "\\|").replace("\n", " ")
+  return STUDY.resolve(only)
 
 
 def run_all(out_dir: str, scale: str = "quick", only: str | Sequence[str] | None = None) -> dict:
-  """Runs the selected experiments into ``out_dir`` and writes ``summary.md``.
-
-  Returns ``{name: result dict or {"error": traceback}}``. A failing experiment is
-  recorded in the summary and does not stop the others.
-  """
-  out = pathlib.Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  results, times = {}, {}
-  for name in resolve(only):
-    module = importlib.import_module(f"experiments.transforming_rank.{EXPERIMENTS[name]}")
-    start = time.time()
-    try:
-      results[name] = module.run(str(out), scale=scale)
-    except Exception:   # keep going; the summary shows the failure
-      results[name] = {"error": traceback.format_exc()}
-    times[name] = time.time() - start
-    print(f"[{name}] {times[name]:.0f} s", flush=True)
-
-  lines = [f"# Transforming Rank: paper vs rankjax ({scale} scale)", ""]
-  if scale == "quick":
-    lines += ["Quick scale: the paper's depths, ratios (m/d, beta*alpha^M, L) and sweeps with "
-              "width mostly 256 -> 64 and fewer seeds; width-dependent numbers (e.g. a "
-              "one-direction rank loss, 1/d) are expected to differ. See EXPECTED.md.", ""]
-  lines += ["| experiment | item | paper | ours | note |", "|---|---|---|---|---|"]
-  for name, res in results.items():
-    if "error" in res:
-      last = res["error"].strip().splitlines()[-1]
-      lines.append(f"| {name} | FAILED | | | {_cell(last)} |")
-      continue
-    for r in res.get("summary", []):
-      lines.append(f"| {name} | {_cell(r['item'])} | {_cell(r['paper'])} | {_cell(r['ours'])} | "
-                   f"{_cell(r.get('note', ''))} |")
-  lines += ["", "Run times (s): " + ", ".join(f"{n} {t:.0f}" for n, t in times.items()), ""]
-  (out / "summary.md").write_text("\n".join(lines))
-  return results
-
-
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--out", default="runs/transforming_rank")
-  parser.add_argument("--scale", default="quick", choices=["quick", "paper"])
-  parser.add_argument("--only", default=None, help="comma-separated, e.g. fig3,table1")
-  args = parser.parse_args()
-  run_all(args.out, args.scale, args.only)
-  print((pathlib.Path(args.out) / "summary.md").read_text())
+  """Runs the selected experiments into ``out_dir``; writes ``summary.json`` and
+  ``summary.md`` (``experiments.runner.run_study``)."""
+  return runner.run_study(STUDY, out_dir, scale, only)
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(runner.main(STUDY))

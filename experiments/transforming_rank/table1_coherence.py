@@ -3,8 +3,12 @@
 c by half-range Gauss-Hermite quadrature (``rankjax.measure.spectra``), and the
 measured post-activation stable rank st(sigma(W h)) at initialization: n probe inputs
 h ~ N(0, I_d) normalized to unit rms (the Pre-Norm branch input), W ~ N(0, 1/d),
-d = 256, mean over 3 seeds. The paper does not state n; we use n = 4d = 1024 (the
-same order as its Table 6 probes). Cheap: runs at the paper's size at both scales.
+d = 256, mean over 3 seeds. The paper does not state n for Table 1; we use n = 1024
+(its Table 6 rule n = max(1024, 2d)). The uncentered activations' stable rank is
+n-independent (the mean spike), a centered activation's is not (no spike: st grows
+with n/d), so ``n_sweep`` measures abs / relu / tanh at several n (tanh: ~49 at
+n = 512, the Fig 7 rank-panel size; ~57 at 1024; the paper's 50.66 lies between).
+Cheap: runs at the paper's size at both scales.
 
   python -m experiments.transforming_rank.table1_coherence --scale quick --out runs/tr
 """
@@ -19,8 +23,8 @@ from rankjax.measure import representations, spectra
 
 NAME = "table1_coherence"
 SCALES = {
-    "quick": dict(width=256, inputs=1024, seeds=3),
-    "paper": dict(width=256, inputs=1024, seeds=3),
+    "quick": dict(width=256, inputs=1024, seeds=3, n_sweep=(256, 512, 1024, 2048, 4096)),
+    "paper": dict(width=256, inputs=1024, seeds=3, n_sweep=(256, 512, 1024, 2048, 4096)),
 }
 PAPER = {"abs": (0.637, 1.57, 1.56), "relu": (0.318, 3.14, 3.09), "gelu": (0.187, 5.35, 5.16),
          "silu": (0.120, 8.33, 7.86), "tanh": (0.0, float("inf"), 50.66)}
@@ -45,6 +49,12 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       table[act] = {"coherence": mom.coherence, "spike_bound": mom.spike_bound,
                     "measured_stable_rank": float(np.mean(st)), "survival": mom.survival,
                     "kappa": mom.kappa}
+    sweep = {act: {n: [measured_stable_rank(k, act, s["width"], n)
+                       for k in jax.random.split(jax.random.PRNGKey(8), s["seeds"])]
+                   for n in s["n_sweep"]} for act in ("abs", "relu", "tanh")}
+  n_dependence = {act: {str(n): {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1))
+                                 if len(v) > 1 else 0.0} for n, v in per_n.items()}
+                  for act, per_n in sweep.items()}
   summary = []
   for act, (c, sb, st) in PAPER.items():
     t = table[act]
@@ -52,6 +62,15 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                               f"{c:.3f} / {sb:.2f} / {st:.2f}",
                               f"{t['coherence']:.3f} / {t['spike_bound']:.2f} / "
                               f"{t['measured_stable_rank']:.2f}"))
+  ns = [str(n) for n in s["n_sweep"]]
+  for act in ("relu", "tanh"):
+    summary.append(common.row(
+        f"Table 1 {act}: measured st(sigma(Wh)) at n = {' / '.join(ns)} (n not stated)",
+        f"{PAPER[act][2]:.2f} at the paper's n",
+        " / ".join(f"{n_dependence[act][n]['mean']:.2f}" for n in ns), status="qualitative",
+        spread="sd over seeds " + " / ".join(f"{n_dependence[act][n]['sd']:.2f}" for n in ns),
+        note="n-independent (mean spike)" if act == "relu" else
+        "grows with n (no spike): the paper's value lies between n = 512 and 768"))
   summary.append(common.row("Sec 6 / App D.4: p = E[sigma'^2], gelu / silu", "0.46 / 0.38",
                             f"{table['gelu']['survival']:.4f} / {table['silu']['survival']:.4f}"))
   fig, ax = common.plt.subplots(figsize=(5, 3.5))
@@ -63,7 +82,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   ax.plot([1, 9], [1, 9], "k--", lw=0.8)
   ax.set_xlabel("bound 1/c")
   ax.set_ylabel("measured stable rank")
-  result = {"settings": s, "table": table, "summary": summary}
+  result = {"settings": s, "table": table, "n_dependence": n_dependence, "summary": summary}
   return common.write(out_dir, NAME, result, fig)
 
 

@@ -13,7 +13,8 @@ training-set standard deviation; images are flattened in (H, W, C) order.
                      D = 784, 10 classes; held-out splits read its t10k files.
   "digits"           scikit-learn's bundled 8x8 digits (no download), D = 64, 10
                      classes; 1797 images, every 10th is held out.
-  None / "auto"      the first of cifar10, fashion_mnist, digits that is available.
+  None / "auto"      the first of cifar10, fashion_mnist, digits that is available; a
+                     fallback past cifar10 warns, naming the set taken.
 
 The set actually used is ``ImageSource.name`` (and ``DataInfo.name``).
 """
@@ -25,6 +26,7 @@ import gzip
 import importlib.util
 import os
 import pathlib
+import warnings
 from typing import Any, Callable, Sequence
 
 import grain
@@ -228,15 +230,33 @@ def _cifar10_available(data_dir: str | None) -> bool:
   return True
 
 
+def missing_image_set_line(dataset: str, data_dir: str | None) -> str | None:
+  """None when ``dataset`` can be read, else one line naming it and the command that
+  prepares it (what a run that must not fall back stops with)."""
+  try:
+    image_source(dataset, "train", data_dir=data_dir)
+  except common.DataUnavailableError as e:
+    return str(e).splitlines()[0]
+  return None
+
+
+def _fell_back(name: str, passed_over: Sequence[str]) -> str:
+  """Says (a warning, never silently) which set ``auto`` took and which it passed over."""
+  warnings.warn(f"image set 'auto' -> {name!r}: {', '.join(passed_over)} not available "
+                f"(every output names the set used)", stacklevel=3)
+  return name
+
+
 def resolve_image_set(dataset: str | None, data_dir: str | None) -> str:
-  """The image set ``dataset`` names; for None/"auto", the first one available."""
+  """The image set ``dataset`` names; for None/"auto", the first one available (a
+  warning names the set when it is not CIFAR-10)."""
   if dataset in (None, "", "auto"):
     if _cifar10_available(data_dir):
       return "cifar10"
     if fashion_mnist_available():
-      return "fashion_mnist"
+      return _fell_back("fashion_mnist", ["cifar10"])
     if digits_available():
-      return "digits"
+      return _fell_back("digits", ["cifar10", "fashion_mnist"])
     raise common.DataUnavailableError(
         f"no image set is available: prepare cifar10 (tfds build cifar10 --data_dir "
         f"{common.tfds_data_dir(data_dir)} --file_format array_record), or apt-get install "

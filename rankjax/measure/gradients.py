@@ -10,7 +10,10 @@ loss gradients with respect to them as ``(L, B, T, d)`` arrays.
 * Sec 3.2 / Theorem 3.6: the RMSNorm Jacobian at a row ``y`` is
   ``sqrt(d)/||y|| (I - y y^T/||y||^2)``; its prefactor ``sqrt(d)/||y||`` is the
   "RMSNorm factor", and the contraction ``c(y, alpha) = alpha sqrt(d)/||y||`` bounds
-  ``||dL/dX_k^l||_F <= c ||dL/dX_{k+1}^l||_F`` under exact collapse (App D.1).
+  ``||dL/dX_k^l||_F <= c ||dL/dX_{k+1}^l||_F`` under exact collapse (App D.1). Off
+  exact collapse the bound takes the largest row factor and the norm's learned gain,
+  ``contraction_bound`` (App D.1's row sum, Prop D.1); ``contraction`` is the token
+  mean, a separately named statistic.
 * Sec 4.2 (Figs 3-5): the transition window, where last-layer token similarity and
   the training loss rise sharply; ``detect_transition`` makes it a precise rule.
 * Definition 3.7 / Theorem 3.8: a collapsed network's loss is bounded below by the
@@ -93,9 +96,45 @@ def rms_factor_stats(y_LxBxTxD: Array, eps: float = 0.0) -> tuple[Array, Array]:
 
 
 def contraction(alpha: Array, rms_factor_mean: Array) -> Array:
-  """``c(y, alpha) = alpha sqrt(d)/||y||`` (Thm 3.6); < 1 means the sublayer shrinks
-  the backward signal from ``X_{k+1}`` to ``X_k`` under exact collapse."""
+  """``alpha * mean_i sqrt(d)/||y_i||``: Thm 3.6's ``c(y, alpha) = alpha sqrt(d)/||y||``
+  with the token mean of the RMSNorm factor and no gain. Equal to the bound only under
+  exact collapse (identical rows, unit gains); a descriptive statistic otherwise, not a
+  bound (see ``contraction_bound``)."""
   return jnp.asarray(alpha) * jnp.asarray(rms_factor_mean)
+
+
+def rms_factor_max(y_LxBxTxD: Array, eps: float = 0.0) -> Array:
+  """``max_i sqrt(d)/||y_i||`` over the ``B*T`` rows of a batch, ``(...)`` (e.g. ``(L,)``).
+
+  It is the largest spectral norm of the gain-free RMSNorm Jacobian over the rows
+  (with ``eps``: ``1/sqrt(||y_i||^2/d + eps)``, still the exact spectral norm)."""
+  return jnp.max(rms_factor(y_LxBxTxD, eps), axis=(-2, -1))
+
+
+def contraction_bound(alpha: Array, y_LxBxTxD: Array, gain_LxD: Array | None = None,
+                      eps: float = 0.0) -> Array:
+  """The contraction factor that bounds the backward step (Thm 3.6, App D.1, Prop D.1):
+
+  ``c = alpha * max_j |g_j| * max_i sqrt(d)/||y_i||``, so that
+  ``||dL/dX_k||_F <= c ||dL/dX_{k+1}||_F`` for any rows, collapsed or not.
+
+  App D.1 bounds each row by ``||J_RMS(y_i)||_2 ||dL/d(X_{k+1})_i||_2`` and sums the
+  squares over rows; without exact collapse the rows differ, so the row factor that
+  bounds the sum is its maximum (Prop D.1 bounds that maximum by
+  ``c_0 (1 + 2 sqrt(n delta/(1-delta)))`` near collapse). A learned gain ``g``
+  multiplies the Jacobian, ``diag(g) J``, whose norm is at most ``max_j |g_j|`` times
+  ``J``'s. ``alpha`` is Def 3.5's batch ratio.
+
+  Args:
+    alpha: ``(...)`` sublayer gradient contribution (``sublayer_grad_contribution``).
+    y_LxBxTxD: the residual sums ``Y_k^l`` that the norm reads.
+    gain_LxD: that norm's gains ``(..., d)``, or None for a gain-free norm.
+    eps: the norm's stabilizer.
+  """
+  factor = rms_factor_max(y_LxBxTxD, eps)
+  if gain_LxD is not None:
+    factor = factor * jnp.max(jnp.abs(jnp.asarray(gain_LxD, jnp.float32)), axis=-1)
+  return jnp.asarray(alpha) * factor
 
 
 def _leaf_name(path: tuple[Any, ...]) -> list[str]:

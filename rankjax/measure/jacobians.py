@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rankjax.config import MLPConfig
 from rankjax.measure import host_svd, paths, spectra
 from rankjax.measure import precision as precision_lib
-from rankjax.measure import seed_devices
+from rankjax.measure import seed_devices, weight_draws
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -363,17 +363,20 @@ def init_blocks(cfg: MLPConfig, key: Array, alpha: Array | float | None = None) 
 
 
 def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
-                 alpha: Array | float | None = None) -> tuple[dict, Array]:
+                 alpha: Array | float | None = None,
+                 draw: str = "threefry") -> tuple[dict, Array]:
   """One weight draw (``init_blocks``) and ``num_inputs`` inputs h_0 ~ N(0, I_d) (Sec 2).
 
-  Everything comes from one ``jax.random.normal`` draw. ``alpha`` may be traced, so an
-  alpha sweep reuses one compiled function.
+  Everything comes from one standard normal draw (``weight_draws.standard_normal``
+  with the bit generator ``draw``, one of ``weight_draws.DRAWS``: the same
+  distribution, different numbers). ``alpha`` may be traced, so an alpha sweep reuses
+  one compiled function.
   """
   dtype = jnp.dtype(cfg.param_dtype)
   alpha = cfg.alpha if alpha is None else alpha
   shapes = sorted(blocks_lib.matrix_shapes(cfg).items())
   sizes = [cfg.depth * a * b for _, (a, b) in shapes] + [num_inputs * cfg.width]
-  flat = jax.random.normal(key, (sum(sizes),), dtype)
+  flat = weight_draws.standard_normal(key, (sum(sizes),), dtype, draw)
   pieces = jnp.split(flat, np.cumsum(sizes)[:-1])
   out = {}
   for (name, shape), piece in zip(shapes, pieces):
@@ -390,12 +393,12 @@ def _beta_is_static(method: BlockJacobianMethod, reference: str) -> bool:
 
 
 def _per_seed(keys, alpha, beta, cfg, num_inputs, with_paths, method, reference, num_chunks,
-              seed_batch):
+              seed_batch, draw):
   if _beta_is_static(method, reference):
     beta = cfg.beta
 
   def one_seed(key):
-    blocks, h0 = seed_samples(cfg, key, num_inputs, alpha)
+    blocks, h0 = seed_samples(cfg, key, num_inputs, alpha, draw)
     fn = lambda h: sample_measurements(blocks, h, cfg, beta, with_paths=with_paths,
                                        method=method, reference=reference,
                                        num_chunks=num_chunks)
@@ -410,7 +413,7 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
                   path_sums: bool = True, method: str = "closed_form",
                   reference: str = "product", num_chunks: int | None = None,
                   devices: tuple | None = None, seed_batch: int | None = None,
-                  precision: str | None = None):
+                  precision: str | None = None, draw: str = "threefry"):
   """A jitted ``fn(key, alpha, beta) -> per-sample dict`` for configs like ``cfg``.
 
   alpha and beta are traced, so one compilation serves a whole (alpha, beta) sweep
@@ -421,10 +424,12 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   seeds in ``lax.map`` groups of ``seed_batch`` vmapped seeds
   (``seed_devices.default_seed_batch``:
   1 on CPU for d >= 128, memory-bounded on GPU/TPU). Every dot is traced at
-  ``precision``. Cached on its (hashable) arguments.
+  ``precision``. Weights and inputs come from the bit generator ``draw``
+  (``seed_samples``). Cached on its (hashable) arguments.
   """
   if reference not in ("product", "network"):
     raise ValueError(f"reference={reference!r}; choose 'product' or 'network'")
+  weight_draws.check_draw(draw)
   precision = precision_lib.check_precision(precision)
   method = BlockJacobianMethod(method)
   with_paths = bool(path_sums) and supports_path_sums(cfg)
@@ -438,7 +443,7 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   def on_device(ks, a, b):
     with precision_lib.matmul_precision(precision):   # every dot traced in the study
       return _per_seed(ks, a, b, cfg, num_inputs, with_paths, method, reference,
-                       num_chunks, min(seed_batch, local_seeds))
+                       num_chunks, min(seed_batch, local_seeds), draw)
 
   per_device = jax.shard_map(
       on_device,
@@ -463,7 +468,8 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
                        path_sums: bool = True, method: str = "closed_form",
                        reference: str = "product", num_chunks: int | None = None,
                        devices=None, seed_batch: int | None = None,
-                       return_samples: bool = False, precision: str | None = None):
+                       return_samples: bool = False, precision: str | None = None,
+                       draw: str = "threefry"):
   """Measures a residual MLP config at initialization (Sec 2-4, App A-B).
 
   Each of ``num_seeds`` weight draws (seed s uses ``jax.random.split(key, S)[s]``)
@@ -491,6 +497,9 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
     return_samples: also return the per-(seed, input) arrays.
     precision: matmul precision of every dot (``rankjax.measure.precision``; default
       'highest', full float32 on every backend).
+    draw: the bit generator of the weights and inputs (``weight_draws.DRAWS``; default
+      "threefry", the recorded numbers; "xla_threefry" is 2.4x cheaper on CPU). Every
+      option draws the same distribution; the numbers differ.
 
   Returns:
     ``JacobianStudy`` (and the dict of per-sample arrays with leading
@@ -503,7 +512,7 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
   fn = make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums, method=method.value,
                      reference=reference, num_chunks=num_chunks,
                      devices=None if devices is None else tuple(devices),
-                     seed_batch=seed_batch, precision=precision)
+                     seed_batch=seed_batch, precision=precision, draw=draw)
   samples = fn(key, cfg.alpha, cfg.beta)
   study = summarize(samples, num_inputs=num_inputs, num_seeds=num_seeds)
   return (study, samples) if return_samples else study

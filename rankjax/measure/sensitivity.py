@@ -494,7 +494,7 @@ def _balance(s_RxL: Array) -> Array:
 
 
 @functools.partial(jax.jit, static_argnames="method")
-def theta_certificate(p: Array, method: CertificateMethod = "balance") -> Array:
+def theta_certificate(p: Array, method: CertificateMethod = "greedy_prefix") -> Array:
   """Lower-bound certificate ``4 p(S)(1 - p(S)) <= theta(p)`` of a feasible subset S.
 
   Any subset gives a valid lower bound (Sec 5, "Certificates for theta(p) at large L").
@@ -527,7 +527,8 @@ def theta_certificate(p: Array, method: CertificateMethod = "balance") -> Array:
 
   Args:
     p: ``(..., L)`` probabilities.
-    method: ``"balance"`` (default), ``"repair"`` or ``"greedy_prefix"``.
+    method: ``"greedy_prefix"`` (default: the paper's, so that paper numbers use it),
+      ``"repair"`` or ``"balance"`` (ours; name them where they are used).
   Returns:
     ``(...)`` certificates.
   """
@@ -645,13 +646,13 @@ def _summary(x_R: Array, percentiles: Sequence[float]) -> dict[str, Array]:
 def attention_statistics(probs_BxHxTxT: Array, key: Array, num_rows: int = 512,
                          min_query: int = 16,
                          percentiles: Sequence[float] = (5, 25, 50, 75, 95),
-                         method: CertificateMethod = "balance") -> dict:
+                         method: CertificateMethod = "greedy_prefix") -> dict:
   """Attention-row statistics of Sec 5 ("Attention measurements"); jit-able.
 
   Samples ``num_rows`` rows without replacement, pooled over batch and heads, with
   query position ``t >= min_query``; each row is restricted to its causal support
   ``j <= t`` (and renormalized there). For each row: the certificate
-  ``theta_certificate(row, method)`` (the paper uses ``"greedy_prefix"``; our default
+  ``theta_certificate(row, method)`` (default the paper's ``"greedy_prefix"``; our
   ``"balance"`` is never lower), ``p_max`` and the normalized entropy
   ``H_norm = -sum_j p_j log p_j / log(t + 1)`` (0 when ``t = 0``).
 

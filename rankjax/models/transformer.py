@@ -178,6 +178,7 @@ class DecoderLM(nn.Module):
         variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},
         split_rngs={"params": True, "dropout": True},
         length=cfg.num_layers,
+        unroll=min(cfg.scan_unroll, cfg.num_layers),
     )
     h, _ = stack(cfg, capture=capture, capture_probs=capture_probs,
                  deterministic=deterministic, name="layers")(h, None)

@@ -10,7 +10,14 @@ with ``rankjax.load_run`` as ``"postnorm/<key>"`` and summarise them with
   last_tsim                           ()   tsim_y2 of the last layer
   alpha_1, alpha_2                    (L,) ||dL/dX_k^l||_F / ||dL/dY_k^l||_F (Def 3.5)
   rms_factor_mean_k, rms_factor_std_k (L,) sqrt(d)/||y_k^l|| over the tokens (Thm 3.6)
-  contraction_1, contraction_2        (L,) alpha_k^l * rms_factor_mean_k (Thm 3.6)
+  rms_factor_max_k                    (L,) max over the tokens of sqrt(d)/||y_k^l||
+  gain_max_k                          (L,) max_j |g_j| of the norm reading Y_k^l
+                                      (Post-Norm; 1 for other placements)
+  contraction_1, contraction_2        (L,) the bound's factor alpha_k^l * gain_max_k *
+                                      rms_factor_max_k (Thm 3.6 / App D.1 / Prop D.1:
+                                      ||dL/dX_k|| <= c ||dL/dX_{k+1}|| for any rows)
+  contraction_mean_1, _2              (L,) alpha_k^l * rms_factor_mean_k: the token
+                                      mean without gain (a statistic, not a bound)
   grad_norm                           (L,) per-layer parameter-gradient norm (Fig 5)
   grad_norm_<block>                   (L,) per block (attn, ffn, norm_*), and () for
                                       embed / lm_head / norm_final
@@ -67,10 +74,15 @@ def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
   for k in (1, 2):
     alpha = gr.sublayer_grad_contribution(grads[f"x{k}"], grads[f"y{k}"])
     mean, std = gr.rms_factor_stats(acts[f"y{k}"], eps)
+    gain = _norm_gain(d, k)
     out[f"alpha_{k}"] = alpha
     out[f"rms_factor_mean_{k}"] = mean
     out[f"rms_factor_std_{k}"] = std
-    out[f"contraction_{k}"] = gr.contraction(alpha, mean)
+    out[f"rms_factor_max_{k}"] = gr.rms_factor_max(acts[f"y{k}"], eps)
+    out[f"gain_max_{k}"] = (jnp.max(jnp.abs(gain.astype(jnp.float32)), axis=-1)
+                            if gain is not None else jnp.ones_like(alpha))
+    out[f"contraction_{k}"] = gr.contraction_bound(alpha, acts[f"y{k}"], gain, eps)
+    out[f"contraction_mean_{k}"] = gr.contraction(alpha, mean)
   out["grad_norm"] = gr.layer_grad_norms(d.grads, d.stacked_roots)
   for name, v in gr.block_grad_norms(d.grads, d.stacked_roots).items():
     out[f"grad_norm_{name}"] = v
@@ -85,6 +97,23 @@ def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
       out["loss_examples"], out["freq_loss"], out["last_tsim"], rel_tol=ALARM_REL_TOL,
       sim_min=ALARM_SIM_MIN).astype(jnp.float32)
   return out
+
+
+# the norm that reads Y_k^l in a Post-Norm layer (k = 1: before the FFN; k = 2: the
+# layer's output norm, whose output is X_1^{l+1})
+NORM_AFTER_Y = {1: "norm_ffn_in", 2: "norm_out"}
+
+
+def _norm_gain(d: diagnostics.DiagInputs, k: int) -> Array | None:
+  """The (L, d) gains of the norm that reads ``Y_k`` (Post-Norm), else None: in the
+  other placements no norm sits on the skip path and Thm 3.6 does not apply."""
+  if d.model.cfg.norm_position != "post":
+    return None
+  for root in d.stacked_roots:
+    scale = d.params.get(root, {}).get(NORM_AFTER_Y[k], {}).get("scale")
+    if scale is not None:
+      return jnp.asarray(scale)
+  return None
 
 
 SUBLAYER_NORMS = "postnorm_sublayer_norms"

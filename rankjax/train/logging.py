@@ -143,7 +143,7 @@ class MetricsWriter:
     parts = [f"step {row['step']}"]
     for key, label, fmt in (("loss", "loss", ".4f"), ("grad_norm", "grad_norm", ".3g"),
                             ("lr", "lr", ".3g"), ("accuracy", "accuracy", ".3f"),
-                            ("tokens_per_s_avg", "tokens/s", ".4g")):
+                            ("tokens_per_s_avg", "tokens/s", ".4g"), ("mfu", "MFU", ".1%")):
       if isinstance(row.get(key), float):
         parts.append(f"{label} {row[key]:{fmt}}")
     return "  ".join(parts)

@@ -40,6 +40,7 @@ from rankjax.config import TrainConfig
 from rankjax.data import pipeline as data_pipeline
 from rankjax.data.common import DataUnavailableError
 from rankjax.train import diagnostics as diag_lib
+from rankjax.train import mfu as mfu_lib
 from rankjax.train import paths
 from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
@@ -333,6 +334,9 @@ class _Loop:
     self.cfg, self.c, self.ckpt, self.writer = cfg, compiled, ckpt, writer
     self.history, self.data_it = history, data_it
     self.tokens_per_step = cfg.batch_size * compiled.task.tokens_per_example
+    n_params = task_lib.count_params(jax.eval_shape(compiled.init).params)
+    self.flops_per_step = compiled.task.flops_per_example(n_params) * cfg.batch_size
+    self.peak_flops = mfu_lib.local_spec_peak(cfg.compute_dtype)   # None: no spec peak
     self.last_metrics: dict[str, Any] = {}
     self.data_name = ""
     self.param_dtype = ""
@@ -423,6 +427,10 @@ class _Loop:
     if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
       window, self._window = self._window, []
       metrics["tokens_per_s_avg"] = self.tokens_per_step * len(window) / max(sum(window), 1e-9)
+      mfu = mfu_lib.mfu(self.flops_per_step, sum(window) / len(window), self.c.mesh.size,
+                        self.peak_flops)
+      if mfu is not None:             # model FLOPs / spec peak of the devices (train/mfu.py)
+        metrics["mfu"] = mfu
     self.writer.write(step, metrics)
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
       self.writer.flush()
@@ -450,6 +458,7 @@ class _Loop:
         "grad_norm": self.last_metrics.get("grad_norm"),
         "tokens_per_s": self.last_metrics.get("tokens_per_s_avg",
                                               self.last_metrics.get("tokens_per_s")),
+        "mfu": self.last_metrics.get("mfu"),
         "elapsed_s": time.perf_counter() - self._t_start,
         "time": time.time(),
         "diagnostic_steps": len(self.history),

@@ -96,3 +96,23 @@ def test_bad_image_inputs():
     data.check_model_fits(info, input_dim=3072)
   with pytest.raises(ValueError, match="kind='audio' is not allowed"):
     data.make_iterator("audio", batch_size=2)
+
+
+def test_auto_fallback_warns_naming_the_set(monkeypatch):
+  monkeypatch.setattr(images_lib, "_cifar10_available", lambda data_dir: False)
+  monkeypatch.setattr(images_lib, "fashion_mnist_available", lambda: False)
+  monkeypatch.setattr(images_lib, "digits_available", lambda: True)
+  with pytest.warns(UserWarning, match=r"'auto' -> 'digits': cifar10, fashion_mnist not"):
+    assert images_lib.resolve_image_set("auto", None) == "digits"
+  assert images_lib.resolve_image_set("digits", None) == "digits"    # named: no warning
+
+
+def test_missing_image_set_line_names_the_set_and_its_command(monkeypatch):
+  def not_prepared(split, data_dir):
+    raise images_lib.common.DataUnavailableError(
+        "tfds data set 'cifar10' split 'train' is not prepared\nmore")
+  monkeypatch.setattr(images_lib, "_cifar10", not_prepared)
+  assert images_lib.missing_image_set_line("cifar10", None) == (
+      "tfds data set 'cifar10' split 'train' is not prepared")
+  if images_lib.digits_available():
+    assert images_lib.missing_image_set_line("digits", None) is None

@@ -276,3 +276,30 @@ def test_theorem_3_8_lower_bound(x64):
   eps = gr.collapse_distance(xh[0])
   ce = cross_entropy(model.apply({"params": params}, tokens), tokens)
   assert float(ce) >= float(gr.collapsed_loss_lower_bound(tokens[0], params["lm_head"], eps))
+
+
+def test_contraction_bound_holds_off_collapse_with_gains_where_the_token_mean_fails():
+  """App D.1's row argument with a learned gain: for RMSNorm X = g * y sqrt(d)/||y||
+  (row-wise) and any upstream gradient G, ||dL/dY||_F <= max|g| max_i sqrt(d)/||y_i||
+  ||G||_F. Rows of very different norms and a gain above 1 make the token-mean factor
+  without gain too small, so it is not a bound."""
+  rng = np.random.default_rng(0)
+  n, d = 16, 8
+  y = rng.standard_normal((1, 1, n, d)) * np.r_[np.full(n - 1, 10.0), 0.2][None, None, :, None]
+  gain = 1 + rng.uniform(0, 2, (1, d))
+  upstream = rng.standard_normal((n, d))
+
+  def norm_out(v):
+    return jnp.sum(upstream * gain[0] * v / jnp.sqrt(jnp.mean(v * v, -1, keepdims=True)))
+
+  with jax.enable_x64(True):
+    dy = np.asarray(jax.grad(norm_out)(jnp.asarray(y[0, 0])))
+  ratio = np.linalg.norm(dy) / np.linalg.norm(upstream)       # what c must bound (alpha = 1)
+  bound = float(gr.contraction_bound(1.0, y, gain)[0])
+  want = np.max(np.abs(gain)) * np.max(np.sqrt(d) / np.linalg.norm(y[0, 0], axis=-1))
+  np.testing.assert_allclose(bound, want, rtol=1e-5)
+  assert ratio <= bound * (1 + 1e-6)
+  mean, _ = gr.rms_factor_stats(y)
+  assert float(gr.contraction(1.0, mean)[0]) < ratio          # the token mean is no bound
+  np.testing.assert_allclose(gr.rms_factor_max(y), [np.sqrt(d) / np.linalg.norm(y, axis=-1).min()],
+                             rtol=1e-5)

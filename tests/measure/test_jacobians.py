@@ -89,7 +89,7 @@ def _brute_force_orders(k_LxDxD, b_LxDxD):
   return sums
 
 
-@pytest.mark.parametrize("num_chunks", [1, 3, None])
+@pytest.mark.parametrize("num_chunks", [1, 3, paths.LARGE_NUM_CHUNKS, None])
 def test_path_sums_equal_brute_force_subset_sums(x64, num_chunks):
   num, d, beta = 8, 6, 0.7
   rng = np.random.default_rng(0)

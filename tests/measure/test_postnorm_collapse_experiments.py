@@ -139,7 +139,7 @@ def test_reproduce_aliases():
   assert set(reproduce.ALIASES.values()) <= set(reproduce.SCRIPTS)
   assert reproduce.ALIASES["fig11"] == "fig10" and reproduce.ALIASES["fig17"] == "fig12"
   assert {"fig10", "fig12"} <= reproduce.TRAINING
-  with pytest.raises(ValueError, match="unknown scripts"):
+  with pytest.raises(ValueError, match="unknown experiment 'fig99'"):
     reproduce.run_all("/nonexistent", "quick", only=["fig99"])
 
 
@@ -166,3 +166,39 @@ def test_analyze_everything_masked(monkeypatch):
   a = f35.analyze("fake", mask_threshold=10.0)    # all norms (1.0) below: all masked
   assert a["alpha_max"] is None and a["alpha_2_peak"] == {"max": None}
   assert a["alpha_2_max_post"] is None and a["transition_step"] == 40
+
+
+def test_contraction_bound_check_counts_ratios_above_the_factor():
+  # 3 steps x 2 layers; k = 1 ratio dx1/dx2, k = 2 ratio dx2[l]/dx1[l+1] (one layer)
+  dx1 = np.array([[2.0, 1.0], [1.0, 1.0], [0.5, 1.0]])
+  dx2 = np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+  norms = {"dx_norm_1": dx1, "dx_norm_2": dx2}
+  d = {"contraction_1": np.full((3, 2), 2.5),               # a bound: ratios 2, 1, 0.5, 1
+       "contraction_mean_1": np.full((3, 2), 0.8),          # < 1 everywhere, ratio > 1 once
+       "contraction_2": np.full((3, 2), 1.5), "contraction_mean_2": np.full((3, 2), 0.9)}
+  out = f35.contraction_bound_check(d, norms)
+  assert out["contraction_1_ratio_exceeds_c"] == 0.0
+  assert out["contraction_1_below1_but_ratio_above1"] is None     # c is never below 1
+  assert out["contraction_mean_1_ratio_exceeds_c"] == pytest.approx(5 / 6)  # all but 0.5
+  assert out["contraction_mean_1_below1_but_ratio_above1"] == pytest.approx(1 / 6)
+  # k = 2: dx2[:, 0] / dx1[:, 1] = 1, 1, 1 -> above 0.9, not above 1
+  assert out["contraction_mean_2_ratio_exceeds_c"] == 1.0
+  assert out["contraction_mean_2_below1_but_ratio_above1"] == 0.0
+
+
+def test_fig7_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Figure 7 (quick scale, ~2 s): m(0), m(1), xi m(1), the near-linear
+  fit and panel (c)'s extremes, to the digits EXPECTED.md states; the quadrature
+  agrees with Monte Carlo (|z| < 3)."""
+  from experiments.postnorm_collapse import fig7_swiglu_moment as f7
+  o = f7.run(str(tmp_path), "quick")["ours"]
+  assert o["m0"] == pytest.approx(0.0059806, abs=5e-8)
+  assert o["m1"] == pytest.approx(0.0997717, abs=5e-8)
+  assert o["xi_m1"] == pytest.approx(0.011086, abs=5e-7)
+  assert o["m_increasing"] and o["rho_m_increasing"]
+  assert o["linear_fit"]["r2"] == pytest.approx(0.9991, abs=1e-4)
+  assert o["max_dev_from_chord_rel"] == pytest.approx(0.028, abs=5e-4)
+  assert o["max_delta_attn"] == pytest.approx(0.0263, abs=5e-5)
+  assert o["min_delta_ffn"] == pytest.approx(-0.00272, abs=5e-6)
+  assert o["delta_ffn_all_negative_on_open_interval"]
+  assert o["monte_carlo"]["max_abs_z"] < 3

@@ -492,7 +492,8 @@ def test_attention_statistics_matches_numpy():
   logits = 2.0 * rng.standard_normal((B, H, T, T))
   logits = np.where(np.tril(np.ones((T, T), bool)), logits, -np.inf)
   probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1), np.float32)
-  out = sens.attention_statistics(probs, jax.random.PRNGKey(0), num_rows=n)
+  out = sens.attention_statistics(probs, jax.random.PRNGKey(0), num_rows=n, method="balance")
+  default = sens.attention_statistics(probs, jax.random.PRNGKey(0), num_rows=n)["rows"]
   rows = out["rows"]
   b, h, t = (np.asarray(rows[k]) for k in "bht")
   assert np.all(t >= 16) and len(set(zip(b, h, t))) == n
@@ -514,6 +515,8 @@ def test_attention_statistics_matches_numpy():
     np.testing.assert_allclose(out[name]["mean"], np.mean(vals), rtol=2e-5)
   cert = np.asarray(rows["theta_cert"])
   assert np.all(cert >= np.array(greedy) - 1e-6)
+  # the default is the paper's greedy-prefix certificate (App D.2)
+  np.testing.assert_allclose(default["theta_cert"], greedy, rtol=2e-5, atol=2e-6)
   assert np.all(cert <= sens.theta_mitm(np.stack(support)) + 1e-5)
 
 

@@ -2,6 +2,7 @@
 import importlib
 import json
 
+import numpy as np
 import pytest
 
 from experiments.transforming_rank import reproduce
@@ -30,6 +31,64 @@ def test_small_experiment_and_summary(tmp_path):
   saved = json.loads((tmp_path / "table3_projections.json").read_text())
   assert 0.5 < saved["table"]["0.1"][0] <= 1.0 and res["summary"]
   out = reproduce.run_all(str(tmp_path / "all"), "quick", only="table1")
-  assert "error" not in out["table1"]
+  assert out["failed"] == [] and "error" not in out["results"]["table1"]
   text = (tmp_path / "all" / "summary.md").read_text()
   assert "| table1 | Table 1 relu" in text
+  rows = json.loads((tmp_path / "all" / "summary.json").read_text())
+  status = {r["item"].split(":")[0]: r["status"] for r in rows if "c / 1/c" in r["item"]}
+  assert status["Table 1 relu"] == "match" and status["Table 1 tanh"] == "mismatch"  # EXPECTED.md
+  # EXPECTED.md's Table 1 numbers (d=256, n=1024, 3 seeds), to their stated digits
+  table = out["results"]["table1"]["table"]
+  for act, (c, st) in {"abs": (0.637, 1.56), "relu": (0.318, 3.11), "gelu": (0.187, 5.21),
+                       "silu": (0.120, 7.99), "tanh": (0.0, 57.12)}.items():
+    assert table[act]["coherence"] == pytest.approx(c, abs=5e-4)
+    assert table[act]["measured_stable_rank"] == pytest.approx(st, abs=0.006)
+  n_dep = out["results"]["table1"]["n_dependence"]
+  assert [round(n_dep["tanh"][n]["mean"], 1) for n in ("512", "1024")] == [49.5, 57.1]
+
+
+def _ours(result, item_start):
+  """The numbers of the summary row whose item starts with ``item_start``."""
+  row = next(r for r in result["summary"] if r["item"].startswith(item_start))
+  return [float(x) for x in row["ours"].replace(",", " ").replace("/", " ").split()
+          if x.replace(".", "", 1).replace("-", "", 1).replace("e", "", 1).isdigit()]
+
+
+def test_table3_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Table 3 (quick = paper size here, ~4 s), to its 3 stated digits."""
+  from experiments.transforming_rank import table3_projections
+  res = table3_projections.run(str(tmp_path), "quick")
+  for eps, want in (("0.01", [0.996] * 4), ("0.3", [0.996, 0.996, 0.995, 0.995]),
+                    ("0.6", [0.993, 0.990, 0.984, 0.972])):
+    np.testing.assert_allclose(_ours(res, f"Table 3: eps={eps},")[-4:], want, atol=5e-4)
+
+
+def test_table6_and_fig2_quick_pin_expected(tmp_path):
+  """EXPECTED.md, Table 6 (d = 128 equals the paper's row) and Fig 2 (~15 s together)."""
+  from experiments.transforming_rank import fig2_branch_scale, table6_width
+  t6 = table6_width.run(str(tmp_path), "quick")
+  np.testing.assert_allclose(_ours(t6, "Table 6: d=128")[-5:], [0.216, 0.097, 0.044, 0.023, 0.015],
+                             atol=5e-4)
+  np.testing.assert_allclose(_ours(t6, "Table 6: d=64")[-5:], [0.210, 0.104, 0.055, 0.034, 0.024],
+                             atol=5e-4)
+  f2 = fig2_branch_scale.run(str(tmp_path), "quick")
+  np.testing.assert_allclose(_ours(f2, "Fig 2: erank_L/d"), [0.465, 0.103], atol=5e-4)
+  assert max(_ours(f2, "Fig 2b/d")) < 1e-5      # the beta*alpha^2 symmetry, float32 rounding
+
+
+@pytest.mark.slow
+def test_fig15_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Fig 15 at quick width (d = 64; ~15 s)."""
+  from experiments.transforming_rank import fig15_output_norm
+  res = fig15_output_norm.run(str(tmp_path), "quick")
+  np.testing.assert_allclose(_ours(res, "Fig 15a"), [0.024, 0.087], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 15b"), [0.024, 0.023, 0.767, 0.768], atol=5e-4)
+
+
+def test_fig5b_loglog_slope_and_per_seed_sd():
+  from experiments.transforming_rank import fig5_depth_law as f5
+  ls = np.arange(1, 385)
+  assert f5._loglog_slope(3.0 * np.sqrt(ls), 48) == pytest.approx(0.5, abs=1e-12)
+  assert f5._loglog_slope(np.log1p(ls), 48) < 0.5               # a flattening curve
+  assert f5._sd([-0.48, -0.63, float("nan")]) == pytest.approx(np.std([-0.48, -0.63], ddof=1))
+  assert np.isnan(f5._sd([-0.5]))

@@ -157,6 +157,22 @@ def test_every_remat_policy_gives_the_same_gradients(position):
     chex.assert_trees_all_close(grads(policy), ref, rtol=2e-5, atol=2e-6)   # float32 rounding
 
 
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_layer_scan_unroll_keeps_outputs_gradients_and_params(unroll):
+  cfg, tokens, params = _setup(norm_position="post", num_layers=3)
+  model = DecoderLM(cfg)
+  unrolled = DecoderLM(dataclasses.replace(cfg, scan_unroll=unroll))
+  chex.assert_trees_all_equal_shapes(
+      unrolled.init(jax.random.key(0), tokens)["params"], params)   # still stacked
+
+  def value_and_grads(m):
+    loss = lambda p: jnp.sum(m.apply({"params": p}, tokens) ** 2)
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  chex.assert_trees_all_close(value_and_grads(unrolled), value_and_grads(model),
+                              rtol=2e-5, atol=2e-6)   # float32 rounding only
+
+
 def test_old_remat_booleans_still_load():
   assert TransformerConfig(remat=True).remat == "full"
   assert config_lib.from_dict(TransformerConfig, {"remat": False}).remat == "none"

@@ -53,7 +53,16 @@ def test_postnorm_diagnostic_step_matches_direct_grads():
     np.testing.assert_allclose(out[f"alpha_{k}"], want, rtol=1e-4)
     mean, _ = gr.rms_factor_stats(sites[f"y{k}"], lm.norm_eps)
     np.testing.assert_allclose(out[f"rms_factor_mean_{k}"], mean, rtol=1e-5)
-    np.testing.assert_allclose(out[f"contraction_{k}"], np.array(want) * mean, rtol=1e-4)
+    np.testing.assert_allclose(out[f"contraction_mean_{k}"], np.array(want) * mean, rtol=1e-4)
+    # the bound's factor: alpha * max_j |g_j| * max over the rows of sqrt(d)/||y_i||
+    y = np.asarray(sites[f"y{k}"], np.float64)
+    row_max = np.max(1 / np.sqrt(np.mean(y * y, -1) + lm.norm_eps), axis=(-2, -1))
+    gain = np.asarray(params["layers"][diagnostics_postnorm.NORM_AFTER_Y[k]]["scale"])
+    g_max = np.max(np.abs(gain), axis=-1)
+    np.testing.assert_allclose(out[f"rms_factor_max_{k}"], row_max, rtol=1e-5)
+    np.testing.assert_allclose(out[f"gain_max_{k}"], g_max, rtol=1e-6)
+    np.testing.assert_allclose(out[f"contraction_{k}"], np.array(want) * g_max * row_max,
+                               rtol=1e-4)
   assert out["grad_norm"].shape == (2,)
   assert out["grad_norm_attn"].shape == (2,) and out["grad_norm_embed"].shape == ()
   from rankjax.measure.losses import frequency_loss

@@ -35,3 +35,35 @@ def test_mfu_arithmetic():
   peak = mfu.spec_peak("NVIDIA H200", "bfloat16")
   assert mfu.mfu(0.5 * 8 * 989e12, 1.0, 8, peak) == pytest.approx(0.5)
   assert mfu.mfu(1e12, 0.0, 1, peak) is None
+
+
+def test_training_logs_mfu_against_the_spec_peak(tmp_path, monkeypatch):
+  """With a spec peak (faked for the CPU), every log step records mfu = model FLOPs /
+  mean step time / (devices * peak); without one (the CPU) no mfu is logged."""
+  import json
+
+  import jax
+
+  from rankjax.train import loop
+  from rankjax.train.tasks import count_params
+  from tests.train.conftest import tiny_lm
+
+  cfg = tiny_lm(log_every=2, total_steps=4, diag_every=0, eval_every=0)
+  monkeypatch.setattr(mfu, "local_spec_peak", lambda dtype: 1e9)
+  loop.train(cfg, tmp_path / "run", progress_bar=False)
+  rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+  train_rows = [r for r in rows if r.get("kind", "train") == "train"]
+  compiled = loop.build_for_run(cfg)
+  n = count_params(jax.eval_shape(compiled.init).params)
+  flops = compiled.task.flops_per_example(n) * cfg.batch_size
+  logged = [r for r in train_rows if "mfu" in r]
+  assert [r["step"] for r in logged] == [2, 4]
+  for r in logged:
+    # the mean step time of the window is tokens_per_step / tokens_per_s_avg
+    mean_dt = cfg.batch_size * cfg.seq_len / r["tokens_per_s_avg"]
+    assert r["mfu"] == pytest.approx(flops / mean_dt / (jax.device_count() * 1e9), rel=1e-6)
+
+  monkeypatch.undo()
+  loop.train(cfg, tmp_path / "cpu", progress_bar=False)
+  rows = [json.loads(line) for line in (tmp_path / "cpu" / "metrics.jsonl").open()]
+  assert not any("mfu" in r for r in rows)

@@ -1,0 +1,336 @@
+"""The one runner convention of every study under ``experiments/``.
+
+A study is a folder ``experiments/<study>/`` whose ``reproduce.py`` defines ``STUDY``
+(a :class:`Study`): its experiments by name, each an :class:`Experiment` naming the
+module whose ``run(out_dir, scale) -> dict`` it calls and the function that turns that
+result into rows. ``rankjax reproduce`` finds the folders itself; nothing lists them.
+
+Every run writes, into the study's output folder,
+
+- ``summary.json``: a list of rows ``{experiment, item, paper, ours, status, scale,
+  seeds, spread, note}`` (``status`` one of :data:`STATUSES`);
+- ``summary.md``: the same rows rendered as a table (nothing parses it back; the HTML
+  report of ``rankjax report`` is rendered from ``summary.json``).
+
+An experiment that raises is one ``failed`` row and the others still run;
+:func:`run_study` returns the failed names so the command exits non-zero. An
+experiment with no path at the chosen scale is one ``missing`` row, announced before
+anything runs; one whose data are not prepared stops the study before anything runs
+(:class:`NotPrepared`, one line naming the data set and the command that prepares it).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import pathlib
+import re
+import sys
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+STATUSES = ("match", "mismatch", "qualitative", "missing", "failed")
+FIELDS = ("experiment", "item", "paper", "ours", "status", "scale", "seeds", "spread", "note")
+AUTO_RTOL = 0.05   # the automatic status: numbers within 5% (or the paper's last digit)
+
+
+class NotPrepared(ValueError):
+  """A data set the chosen scale needs is not prepared (raised before anything runs)."""
+
+
+def row(item: str, paper: Any, ours: Any, status: str | None = None, *,
+        seeds: int | None = None, spread: Any = None, note: str = "") -> dict[str, Any]:
+  """One paper-vs-ours row as an experiment returns it (the runner adds ``experiment``
+  and ``scale``). ``status=None`` leaves it to :func:`auto_status`."""
+  if status is not None and status not in STATUSES:
+    raise ValueError(f"status={status!r}; choose one of {list(STATUSES)}")
+  return {"item": item, "paper": paper, "ours": ours, "status": status, "seeds": seeds,
+          "spread": spread, "note": note}
+
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def _numbers(text: Any) -> list[tuple[float, float]] | None:
+  """``(value, half of the last stated digit)`` of each ``/``-separated number in
+  ``text`` (``~`` and ``%`` allowed), or None when any part is not a plain number."""
+  if isinstance(text, (int, float)) and not isinstance(text, bool):
+    return [(float(text), 0.0)]
+  parts = [p.strip().lstrip("~").rstrip("%").strip() for p in str(text).split("/")]
+  out = []
+  for p in parts:
+    if p.lower() in ("inf", "nan"):
+      out.append((float(p), 0.0))
+      continue
+    if not re.fullmatch(_NUMBER, p):
+      return None
+    mantissa = p.lower().split("e")[0]
+    exponent = int(p.lower().split("e")[1]) if "e" in p.lower() else 0
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    out.append((float(p), 0.5 * 10.0 ** (exponent - decimals)))
+  return out
+
+
+def auto_status(paper: Any, ours: Any, rtol: float = AUTO_RTOL) -> str:
+  """``match`` / ``mismatch`` when the paper states plain numbers (``a / b / c``) and
+  ours has as many: each within ``rtol`` relative or half the paper's last stated
+  digit; a bound ``< x`` / ``> x`` is checked as stated. Anything else (a trend, a
+  figure, words) is ``qualitative``."""
+  text = str(paper).strip()
+  bound = re.fullmatch(r"(<=?|>=?)\s*(" + _NUMBER + ")", text)
+  theirs = _numbers(ours)
+  if bound and theirs and len(theirs) == 1:
+    x, limit = theirs[0][0], float(bound.group(2))
+    ok = {"<": x < limit, "<=": x <= limit, ">": x > limit, ">=": x >= limit}[bound.group(1)]
+    return "match" if ok else "mismatch"
+  mine = _numbers(paper)
+  if mine is None or theirs is None or len(mine) != len(theirs):
+    return "qualitative"
+  for (p, half_digit), (o, _) in zip(mine, theirs):
+    if math.isinf(p) or math.isinf(o) or math.isnan(o):
+      if p != o:
+        return "mismatch"
+    elif abs(o - p) > max(rtol * abs(p), half_digit):
+      return "mismatch"
+  return "match"
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """One experiment of a study.
+
+  module: the study package's module whose ``run(out_dir, scale)`` runs it.
+  rows: result dict -> list of :func:`row` dicts.
+  folder: output sub-folder of the study folder ("" = the study folder itself).
+  scales: the scales it has a path for; at another scale it is a ``missing`` row.
+  needs: scale -> None, or one line naming an unprepared data set (and its command).
+  """
+  module: str
+  rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
+  folder: str = ""
+  scales: tuple[str, ...] = ("quick", "paper")
+  needs: Callable[[str], str | None] | None = None
+  why_missing: str = "no path at this scale"
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  name: str
+  title: str
+  experiments: dict[str, Experiment]
+  aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+  scales: tuple[str, ...] = ("quick", "paper")
+  notes: dict[str, str] = dataclasses.field(default_factory=dict)   # scale -> summary note
+  package: str = ""   # where the modules are; "" = experiments.<name>
+
+  def names(self) -> set[str]:
+    """Every name ``only`` accepts (experiments and aliases)."""
+    return set(self.experiments) | set(self.aliases)
+
+  def resolve(self, only: str | Sequence[str] | None) -> list[str]:
+    """Experiment names to run, in the study's order; ``only`` takes names, aliases
+    and comma-separated lists in any case; a name run twice runs once."""
+    if not only:
+      return list(self.experiments)
+    lower = {n.lower(): n for n in self.names()}
+    wanted = []
+    for part in ([only] if isinstance(only, str) else list(only)):
+      for name in (p.strip() for p in part.split(",")):
+        if not name:
+          continue
+        if name.lower() not in lower:
+          raise ValueError(f"{self.name}: unknown experiment {name!r}; choose from "
+                           f"{sorted(self.names())}")
+        name = lower[name.lower()]
+        name = self.aliases.get(name, name)
+        if name not in wanted:
+          wanted.append(name)
+    return [n for n in self.experiments if n in wanted]
+
+
+def _jsonable(x: Any) -> Any:
+  if isinstance(x, float) and math.isnan(x):
+    return None
+  if isinstance(x, (str, int, float, bool)) or x is None:
+    return x
+  if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+    return _jsonable(x.item())
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  return str(x)
+
+
+def _complete(name: str, r: dict[str, Any], scale: str, result: dict[str, Any]) -> dict:
+  """A row with every field: the experiment's name, the scale, the status (automatic
+  when the experiment left it open) and the seeds from its settings when unstated."""
+  out = {k: r.get(k) for k in FIELDS}
+  out["experiment"], out["scale"] = name, scale
+  out["note"] = r.get("note") or ""
+  if out["status"] is None:
+    out["status"] = auto_status(out["paper"], out["ours"])
+  if out["status"] not in STATUSES:
+    raise ValueError(f"{name}: row {out['item']!r} has status {out['status']!r}")
+  if out["seeds"] is None:
+    settings = result.get("settings") if isinstance(result.get("settings"), dict) else {}
+    seeds = settings.get("seeds", result.get("seeds"))
+    out["seeds"] = len(seeds) if isinstance(seeds, (list, tuple)) else seeds
+  return {k: _jsonable(v) for k, v in out.items()}
+
+
+def preflight(study: Study, names: Sequence[str], scale: str) -> list[str]:
+  """Before anything runs: the experiments without a path at ``scale`` (returned, and
+  announced); raises :class:`NotPrepared` when a data set is missing."""
+  if scale not in study.scales:
+    raise ValueError(f"{study.name}: --scale {scale!r} is not known; choose one of "
+                     f"{list(study.scales)}")
+  missing = [n for n in names if scale not in study.experiments[n].scales]
+  if missing:
+    print(f"{study.name}: no {scale}-scale path for "
+          + "; ".join(f"{n} ({study.experiments[n].why_missing})" for n in missing)
+          + "; recorded as missing", flush=True)
+  lacks = []
+  for n in names:
+    exp = study.experiments[n]
+    line = exp.needs(scale) if exp.needs and n not in missing else None
+    if line and line not in lacks:
+      lacks.append(line)
+  if lacks:
+    raise NotPrepared(f"{study.name} --scale {scale}: " + "; ".join(lacks))
+  return missing
+
+
+def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
+              only: str | Sequence[str] | None = None, checked: bool = False
+              ) -> dict[str, Any]:
+  """Runs the experiments into ``out_dir``, writes ``summary.json`` and ``summary.md``.
+  ``checked``: the caller ran :func:`preflight` already (no second announcement).
+
+  Returns ``{"results": {name: result or {"error": traceback}}, "rows": [...],
+  "failed": [names], "seconds": {name: s}}``.
+  """
+  names = study.resolve(only)
+  missing = (preflight(study, names, scale) if not checked else
+             [n for n in names if scale not in study.experiments[n].scales])
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  package = study.package or f"{__package__ or 'experiments'}.{study.name}"
+  results, rows, failed, seconds = {}, [], [], {}
+  for name in names:
+    exp = study.experiments[name]
+    if name in missing:
+      rows.append(_complete(name, row("(not run)", "", "", "missing", note=exp.why_missing),
+                            scale, {}))
+      continue
+    start = time.time()
+    try:
+      module = importlib.import_module(f"{package}.{exp.module}")
+      result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale)
+      rows.extend(_complete(name, r, scale, result) for r in exp.rows(result))
+      results[name] = result
+    except Exception as e:  # noqa: BLE001 (recorded as a failed row; the others still run)
+      results[name] = {"error": traceback.format_exc()}
+      failed.append(name)
+      rows.append(_complete(name, row("FAILED", "", "", "failed",
+                                      note=f"{type(e).__name__}: {e}".splitlines()[0][:300]),
+                            scale, {}))
+    seconds[name] = time.time() - start
+    print(f"[{study.name}/{name}] {seconds[name]:.0f} s"
+          + (" FAILED" if name in failed else ""), flush=True)
+  (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+  (out / "summary.md").write_text(summary_markdown(study, rows, scale, seconds))
+  return {"results": results, "rows": rows, "failed": failed, "seconds": seconds}
+
+
+def to_jsonable(x: Any) -> Any:
+  """Dicts, lists, numpy / jax arrays and scalars as plain JSON values (NaN -> null)."""
+  if isinstance(x, dict):
+    return {str(k): to_jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [to_jsonable(v) for v in x]
+  if hasattr(x, "tolist") and hasattr(x, "dtype"):   # numpy / jax arrays and scalars
+    return to_jsonable(x.tolist())
+  if isinstance(x, float):
+    return None if math.isnan(x) else x
+  return x
+
+
+def write_json(out_dir: str | pathlib.Path, name: str, obj: Any) -> pathlib.Path:
+  """``out_dir/name`` (``.json`` added when missing) holding ``to_jsonable(obj)``."""
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  path = out / (name if name.endswith(".json") else f"{name}.json")
+  path.write_text(json.dumps(to_jsonable(obj), indent=1) + "\n")
+  return path
+
+
+def script_main(run: Callable[..., dict], doc: str, *, default_out: str,
+                scales: Sequence[str] = ("quick", "paper"),
+                show: Callable[[dict], Any] | None = None,
+                options: dict[str, dict[str, Any]] | None = None,
+                argv: Sequence[str] | None = None) -> None:
+  """The command line of one experiment script (``python -m experiments.<study>.<name>``):
+  ``--out``, ``--scale`` and the script's ``options`` (``{"--seed": {"type": int,
+  "default": 0}}``, passed to ``run`` by name); prints the result's rows (or
+  ``show(result)`` as JSON) and the wall time."""
+  parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+  parser.add_argument("--out", default=default_out, help="output folder")
+  parser.add_argument("--scale", default=scales[0], choices=list(scales))
+  for flag, kw in (options or {}).items():
+    parser.add_argument(flag, **kw)
+  args = vars(parser.parse_args(argv))
+  out, scale = args.pop("out"), args.pop("scale")
+  start = time.time()
+  result = run(out, scale, **args)
+  if show is not None:
+    print(json.dumps(to_jsonable(show(result)), indent=2))
+  for r in result.get("summary", []) if isinstance(result.get("summary"), list) else []:
+    if isinstance(r, dict) and "item" in r:
+      print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note') or ''}")
+  print(f"done in {time.time() - start:.1f} s -> {out}")
+
+
+def _cell(x: Any) -> str:
+  return "" if x is None else str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(study: Study, rows: list[dict[str, Any]], scale: str,
+                     seconds: dict[str, float]) -> str:
+  """``summary.md``: the rows as one table, the status counts and run times."""
+  counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+  lines = [f"# {study.title} ({scale} scale)", ""]
+  if study.notes.get(scale):
+    lines += [study.notes[scale], ""]
+  lines += ["Status counts: " + ", ".join(f"{s} {n}" for s, n in counts.items()) + ". "
+            f"A status the experiment does not judge itself is automatic: the paper's "
+            f"numbers within {AUTO_RTOL:.0%} (or its last stated digit) match; words and "
+            "trends are qualitative. Machine-readable: summary.json.", ""]
+  lines += ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
+  lines += ["| " + " | ".join(_cell(r[k]) for k in FIELDS) + " |" for r in rows]
+  if seconds:
+    lines += ["", "Run times (s): " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.items())]
+  return "\n".join(lines) + "\n"
+
+
+def main(study: Study, argv: Sequence[str] | None = None) -> int:
+  """The command line of a study's ``reproduce.py`` (``python -m
+  experiments.<study>.reproduce``): ``--out``, ``--scale``, ``--only``; exits non-zero
+  naming the failed experiments."""
+  parser = argparse.ArgumentParser(description=study.title)
+  parser.add_argument("--out", default=f"runs/{study.name}")
+  parser.add_argument("--scale", default="quick", choices=list(study.scales))
+  parser.add_argument("--only", default=None,
+                      help="comma-separated names: " + ",".join(sorted(study.names())))
+  args = parser.parse_args(argv)
+  try:
+    res = run_study(study, args.out, args.scale, args.only)
+  except ValueError as e:
+    print(f"{study.name}: error: {e}", file=sys.stderr)
+    return 2
+  print((pathlib.Path(args.out) / "summary.md").read_text())
+  if res["failed"]:
+    print(f"{study.name}: FAILED: {', '.join(res['failed'])}", file=sys.stderr)
+    return 1
+  return 0

@@ -1,0 +1,123 @@
+"""DecoderLM per-token and whole-sequence sublayer Jacobians (measure.decoder_jacobians)
+against direct ``jax.jacobian`` (reverse mode) of the model's own DecoderBlock in float64.
+
+The model's attention softmax runs in float32 even for float64 params
+(``jax.nn.dot_product_attention``'s XLA path and the einsum path both cast the logits
+to float32), so forward- and reverse-mode Jacobians agree to float32 rounding of the
+probabilities: the tolerance is ``TOL`` times the largest entry."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rankjax.config import TransformerConfig
+from rankjax.measure import decoder_jacobians as dj
+from rankjax.models import transformer
+
+TINY = dict(vocab_size=37, num_layers=2, d_model=8, num_heads=2, d_ff=12, max_seq_len=8,
+            param_dtype="float64", compute_dtype="float64", norm_eps=1e-6)
+CONFIGS = [dict(norm_position=p) for p in ("pre", "post", "output", "peri", "none")] + [
+    dict(norm_position="pre", norm_op="layer", norm_bias=True, pos_embedding="rope",
+         ffn="gelu", beta=0.5)]
+T, POS = 5, 3
+TOL = 1e-6
+
+
+def close(a, b):
+  a, b = np.asarray(a), np.asarray(b)
+  np.testing.assert_allclose(a, b, rtol=0, atol=TOL * max(np.abs(b).max(), 1.0))
+
+
+def _setup(kw):
+  cfg = TransformerConfig(**{**TINY, **kw})
+  tokens = jax.random.randint(jax.random.key(1), (T,), 0, cfg.vocab_size)
+  params = _init_params(cfg, tokens)
+  return cfg, tokens, params
+
+
+def _init_params(cfg, tokens):
+  params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens[None])["params"]
+  # perturb every gain and bias so that they enter the Jacobians
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x + 0.3 * jax.random.normal(jax.random.key(len(str(path))), x.shape,
+                                                  x.dtype)
+      if getattr(path[-1], "key", None) in ("scale", "bias") else x, params)
+
+
+def _layers(cfg, params, tokens):
+  """Each layer's params and input stream, by the real DecoderBlock."""
+  h = transformer.first_layer_input(cfg, params, tokens[None])[0]
+  out = []
+  for l in range(cfg.num_layers):
+    layer = jax.tree.map(lambda x: x[l], params["layers"])
+    out.append((layer, h))
+    h = block_out(cfg, layer, h)
+  return out
+
+
+def block_out(cfg, layer, h_TxD):
+  return transformer.DecoderBlock(cfg).apply({"params": layer}, h_TxD[None])[0][0]
+
+
+def block_y(cfg, layer, h_TxD, name):
+  _, state = transformer.DecoderBlock(cfg, capture=True).apply(
+      {"params": layer}, h_TxD[None], mutable=["intermediates", "perturbations"])
+  return state["intermediates"][name][0][0]
+
+
+def _at(fn, h_TxD, t):
+  return lambda x: fn(h_TxD.at[t].set(x))[t]
+
+
+@pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: "-".join(map(str, kw.values())))
+def test_token_jacobians_match_the_model(x64, kw):
+  cfg, tokens, params = _setup(kw)
+  got = dj.sublayer_jacobians(cfg, params, tokens, POS)
+  d, eye = cfg.d_model, np.eye(cfg.d_model)
+  for l, (layer, h) in enumerate(_layers(cfg, params, tokens)):
+    mid, out = dj.layer_forward(cfg, layer, h)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(block_out(cfg, layer, h)),
+                               rtol=1e-12, atol=1e-12)
+    attn, ffn = np.asarray(got["attention"][l]), np.asarray(got["ffn"][l])
+    attn_sub, ffn_sub = np.asarray(got["attention_sublayer"][l]), np.asarray(got["ffn_sublayer"][l])
+    assert attn.shape == ffn.shape == (d, d)
+    # Y_1 = h + beta B(Attn(P(h))), captured by the model
+    dy1 = jax.jacobian(_at(lambda x: block_y(cfg, layer, x, "y1"), h, POS))(h[POS])
+    close(attn, np.asarray(dy1) - eye)
+    # Y_2 = h' + beta B(FFN(P(h'))) with h' = R(Y_1): dY_2/dh = (I + ffn) attention_sublayer
+    dy2 = jax.jacobian(_at(lambda x: block_y(cfg, layer, x, "y2"), h, POS))(h[POS])
+    close((eye + ffn) @ attn_sub, dy2)
+    # the layer, directly: ffn_sublayer @ attention_sublayer
+    dout = jax.jacobian(_at(lambda x: block_out(cfg, layer, x), h, POS))(h[POS])
+    close(ffn_sub @ attn_sub, dout)
+
+
+@pytest.mark.parametrize("kw", CONFIGS[:2], ids=lambda kw: kw["norm_position"])
+def test_sequence_jacobians_match_the_model(x64, kw):
+  cfg, tokens, params = _setup(kw)
+  seq = dj.sequence_jacobians(cfg, params, tokens)
+  tok = dj.sublayer_jacobians(cfg, params, tokens, POS)
+  d = cfg.d_model
+  for l, (layer, h) in enumerate(_layers(cfg, params, tokens)):
+    branch = np.asarray(seq["attention"][l])
+    assert branch.shape == (T, d, T, d)
+    dy1 = np.asarray(jax.jacobian(lambda x: block_y(cfg, layer, x, "y1"))(h))
+    close(branch, dy1 - np.eye(T * d).reshape(T, d, T, d))
+    np.testing.assert_allclose(branch[POS, :, POS], np.asarray(tok["attention"][l]), atol=1e-12)
+    np.testing.assert_allclose(np.asarray(seq["attention_sublayer"][l])[POS, :, POS],
+                               np.asarray(tok["attention_sublayer"][l]), atol=1e-12)
+    causal = np.triu(np.ones((T, T), bool), 1)          # s > t
+    assert np.all(branch.transpose(0, 2, 1, 3)[causal] == 0)
+
+
+def test_traced_position_and_bad_input(x64):
+  cfg, tokens, params = _setup(CONFIGS[0])
+  a = dj.sublayer_jacobians(cfg, params, tokens, 2)
+  b = jax.jit(lambda p: dj.sublayer_jacobians(cfg, params, tokens, p))(jnp.asarray(2))
+  np.testing.assert_allclose(np.asarray(a["ffn"]), np.asarray(b["ffn"]), rtol=1e-12)
+  with pytest.raises(ValueError, match="outside a sequence"):
+    dj.sublayer_jacobians(cfg, params, tokens, T)
+  with pytest.raises(ValueError, match="one token sequence"):
+    dj.sublayer_jacobians(cfg, params, tokens[None], 0)
+  with pytest.raises(ValueError, match="'layers'"):
+    dj.sublayer_jacobians(cfg, {"embed": params["embed"]}, tokens, 0)
