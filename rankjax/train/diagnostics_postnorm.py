@@ -1,13 +1,16 @@
 """The Post-Norm collapse diagnostics (paper Sec 4.2-4.3, Figs 3-6, 10-21).
 
-Registers ``"postnorm"`` (LM runs only; needs the capture). Train with
+The diagnostic ``"postnorm"`` (LM runs only; needs the capture; listed in
+``rankjax.train.diagnostics.BUILTIN``). Train with
 ``--set 'diagnostics=["basic","postnorm"]' --set diag_every=N``; read the series back
 with ``rankjax.load_run`` as ``"postnorm/<key>"`` and summarise them with
 ``summarize_run``. Keys (``L`` = layers; k = 1 attention, k = 2 FFN):
 
-  tsim_x1, tsim_y1, tsim_x2, tsim_y2  (L,) token similarity of X_k^l / Y_k^l, mean
-                                      over the diagnostic examples (Def 2.1)
-  last_tsim                           ()   tsim_y2 of the last layer
+  last_tsim                           ()   token similarity of Y_2 of the last layer,
+                                      mean over the diagnostic examples (Def 2.1)
+
+The per-layer token similarities of X_k^l / Y_k^l are one series, ``basic/tsim_x1``
+... ``basic/tsim_y2`` (``"basic"``, in the default ``diagnostics``, shares this capture).
   alpha_1, alpha_2                    (L,) ||dL/dX_k^l||_F / ||dL/dY_k^l||_F (Def 3.5)
   rms_factor_mean_k, rms_factor_std_k (L,) sqrt(d)/||y_k^l|| over the tokens (Thm 3.6)
   rms_factor_max_k                    (L,) max over the tokens of sqrt(d)/||y_k^l||
@@ -32,7 +35,7 @@ with ``rankjax.load_run`` as ``"postnorm/<key>"`` and summarise them with
 examples (their mean loss), not from the update's full batch; parameter-gradient
 norms come from the update's gradients.
 
-Also registers ``"postnorm_sublayer_norms"`` (LM runs; shares the capture), the parts
+Also ``"postnorm_sublayer_norms"`` (LM runs; shares the capture), the parts
 of alpha that App F.4's masking rule needs ("when the submodule's input and output
 gradient norm fall below 1e-10", Figs 12-20), read back as
 ``"postnorm_sublayer_norms/<key>"``:
@@ -60,16 +63,13 @@ ALARM_REL_TOL = 0.05
 ALARM_SIM_MIN = 0.95
 
 
-@diagnostics.register("postnorm", needs_capture=True)
 def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
   """Sublayer gradient factors, RMSNorm factors, contraction, frequency loss."""
   if d.kind != "lm" or d.activations is None or d.activation_grads is None:
     raise ValueError("the 'postnorm' diagnostic needs an LM run (model='lm')")
   acts, grads = d.activations, d.activation_grads
   out: dict[str, Array] = {}
-  for k in ("x1", "y1", "x2", "y2"):
-    out[f"tsim_{k}"] = jnp.mean(token_similarity(acts[k]), axis=-1)
-  out["last_tsim"] = out["tsim_y2"][-1]
+  out["last_tsim"] = jnp.mean(token_similarity(acts["y2"][-1]), axis=-1)
   eps = float(d.model.cfg.norm_eps)
   for k in (1, 2):
     alpha = gr.sublayer_grad_contribution(grads[f"x{k}"], grads[f"y{k}"])
@@ -124,7 +124,6 @@ def _fro_norm_L(x_LxBxTxD: Array) -> Array:
   return jnp.sqrt(jnp.sum(x * x, axis=(-3, -2, -1)))
 
 
-@diagnostics.register(SUBLAYER_NORMS, needs_capture=True)
 def sublayer_norms(d: diagnostics.DiagInputs) -> dict[str, Array]:
   """||dL/dX_k^l||_F and ||dL/dY_k^l||_F per layer (the parts of Def 3.5's alpha)."""
   if d.kind != "lm" or d.activation_grads is None:
