@@ -44,6 +44,7 @@ class MetricsWriter:
     self.stream = stream or sys.stdout
     self._tb = None
     self._bar = None
+    self._backfilled: set[tuple[str, int]] = set()
     if not self.enabled:
       return
     self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +129,54 @@ class MetricsWriter:
       self.stream.write(self.format(row) + "\n")
       self.stream.flush()
 
+
+  def backfill(self, up_to: int, history: Any = None) -> int:
+    """Writes to TensorBoard what step ``up_to`` (the restored checkpoint) covers but
+    the event files lack; returns the number of scalars written.
+
+    tensorboardX queues events for a writer thread and its ``flush`` does not wait
+    for the queue, so a killed run can lose events that metrics.jsonl (line-buffered)
+    and the checkpoint's diagnostics history hold. A resumed run rewrites those from
+    metrics.jsonl (train rows every ``log_every`` steps, eval rows) and ``history``
+    (a ``checkpoint.DiagnosticsHistory``). Local workdirs only.
+    """
+    if not self.enabled or self._tb is None or not up_to or paths.is_remote(self.path):
+      return 0
+    # on disk, plus what an earlier call queued (tensorboardX writes asynchronously)
+    have = {(tag, s) for tag, series in tb_lib.read_scalars(self._tb.logdir).items()
+            for s, _ in series} | self._backfilled
+    written = 0
+    lines = self.path.read_text().splitlines() if self.path.exists() else []
+    for line in lines:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      step, kind = int(row.get("step", 0)), row.get("kind", "train")
+      if step > up_to or (kind == "train" and step % self.log_every):
+        continue
+      for k, v in row.items():
+        tag = f"{kind}/{k}"
+        if k not in ("step", "kind") and isinstance(v, float) and (tag, step) not in have:
+          self._tb.add_scalar(tag, v, step)
+          have.add((tag, step))
+          written += 1
+    if history is not None:
+      for i, step in enumerate(history.steps):
+        if step > up_to:
+          continue
+        diag = {name: {key: values[i] for key, values in keys.items()}
+                for name, keys in history.series.items()}
+        missing = [(t, v) for t, v in tb_lib.diagnostic_scalars(diag) if (t, step) not in have]
+        for tag, value in missing:
+          self._tb.add_scalar(tag, value, step)
+          have.add((tag, step))
+        if missing:             # the step's histograms went with its scalars
+          for tag, values in tb_lib.diagnostic_histograms(diag):
+            self._tb.add_histogram(tag, values, step)
+        written += len(missing)
+    self._backfilled = have
+    return written
 
   def write_diagnostics(self, step: int, diag: Mapping[str, Mapping[str, Any]]) -> None:
     """One diagnostics step ({diagnostic: {key: array}}, host arrays) to TensorBoard."""

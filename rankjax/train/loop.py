@@ -310,6 +310,7 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
   MetricsWriter.truncate(workdir, start)
   writer = MetricsWriter(workdir, total_steps=cfg.total_steps, log_every=cfg.log_every,
                          start_step=start, stream=stream, progress_bar=progress_bar)
+  writer.backfill(start, history)   # events a kill lost before they reached the files
   writer.message(
       f"{'resumed' if restored is not None else 'started'} {workdir} at step {start}: "
       f"{task.kind} on {info.name}, mesh {dict(compiled.mesh.shape)}, "

@@ -12,7 +12,10 @@ Tags (the same names as ``metrics.jsonl`` and ``rankjax.load_run``):
 A resumed run continues from a checkpoint step s that is older than the last step
 the killed run wrote: ``purge_after(logdir, s)`` rewrites the existing event files
 without their events of steps > s (the resumed run writes them again), so every step
-is in the files once. Readers need no TensorBoard install: ``read_scalars``.
+is in the files once. tensorboardX writes from a queue that its ``flush`` does not
+drain, so a kill can also lose events up to s that metrics.jsonl and the checkpoint
+hold: ``MetricsWriter.backfill`` writes those again. Readers need no TensorBoard
+install: ``read_scalars``.
 """
 
 from __future__ import annotations

@@ -66,12 +66,14 @@ def test_sweep_writes_one_table_and_one_figure(tmp_path):
   assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_bad_sweep_is_one_line(capsys, tmp_path):
-  for sweep, message in (("depth", "--sweep expects field=v1,v2"),
-                         ("dept=2,3", "unknown config key 'dept'")):
-    assert cli.main(["measure", "mlp", "--sweep", sweep, "--out", str(tmp_path / "x.json")]) == 2
+def test_bad_sweep_or_import_is_one_line(capsys, tmp_path):
+  for argv, message in ((["--sweep", "depth"], "--sweep expects field=v1,v2"),
+                        (["--sweep", "dept=2,3"], "unknown config key 'dept'"),
+                        (["--import", "no_such_pieces"], "--import no_such_pieces: no module")):
+    assert cli.main(["measure", "mlp", *argv, "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err, err
+  assert not (tmp_path / "x.json").exists()
 
 
 def test_float64_is_computed_in_float64(tmp_path):

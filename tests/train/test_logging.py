@@ -84,3 +84,32 @@ def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):
   hist = [e.step for e in tb.read_events(str(tmp_path / "tensorboard"))
           if any(v.HasField("histo") for v in e.summary.value)]
   assert hist == [3, 6]
+
+
+def test_resume_backfills_events_a_kill_lost(tmp_path):
+  """metrics.jsonl and the diagnostics history have steps 1-4, the event files only
+  1-2 (tensorboardX's queue died with the process): the resumed writer adds 3-4 once."""
+  pytest.importorskip("tensorboardX")
+  import numpy as np
+  from rankjax.train import tensorboard as tb
+  from rankjax.train.checkpoint import DiagnosticsHistory
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
+  for step in (1, 2):
+    w.write(step, {"loss": float(step)})
+  w.close()
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    for step in (3, 4):
+      f.write(json.dumps({"step": step, "loss": float(step)}) + "\n")
+    f.write(json.dumps({"step": 4, "eval_loss": 0.5, "kind": "eval"}) + "\n")
+  history = DiagnosticsHistory()
+  for step in (2, 4):
+    history.append(step, {"basic": {"tsim_x1": np.array([0.1, 0.2]) * step}})
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=1, start_step=4, stream=io.StringIO())
+  assert w.backfill(4, history) == 3 + 4       # loss 3, 4, eval 4; 2 layers x 2 steps
+  assert w.backfill(4, history) == 0           # nothing twice
+  w.close()
+  scalars = tb.read_scalars(str(tmp_path / "tensorboard"))
+  assert sorted(scalars["train/loss"]) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+  assert scalars["eval/eval_loss"] == [(4, 0.5)]
+  assert sorted(scalars["diagnostics/basic/tsim_x1/layer_01"]) == [
+      (2, pytest.approx(0.4)), (4, pytest.approx(0.8))]
