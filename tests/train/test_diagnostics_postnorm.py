@@ -17,8 +17,11 @@ from tests.measure.test_gradients import _forward_sites, _from
 
 
 def _cfg() -> TrainConfig:
+  # embed_norm=False, final_norm=True: the Post-Norm variant that the direct
+  # re-implementation of tests/measure/test_gradients.py mirrors (as its _cfg)
   lm = TransformerConfig(vocab_size=11, num_layers=2, d_model=8, num_heads=2, d_ff=16,
-                         max_seq_len=8, norm_position="post", init="paper_collapse")
+                         max_seq_len=8, norm_position="post", init="paper_collapse",
+                         embed_norm=False, final_norm=True)
   return TrainConfig(model="lm", lm=lm, seq_len=8, batch_size=4, total_steps=2,
                      warmup_steps=0, diag_every=1, diagnostics=("postnorm",), diag_examples=3)
 
