@@ -28,8 +28,7 @@ def add_parser(subparsers) -> None:
   sub = parser.add_subparsers(dest="target", metavar="TARGET")
   sub.required = True
   mlp = sub.add_parser("mlp", help="Jacobian spectra and path sums of a residual MLP",
-                       description=__doc__.split("\n\n")[0],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description=__doc__.split("\n\n", 1)[1])
   mlp.add_argument("--config", help="MLPConfig JSON file (default: the paper's defaults)")
   mlp.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override an MLPConfig field; repeatable")
@@ -38,10 +37,10 @@ def add_parser(subparsers) -> None:
                    help="measure every value of an MLPConfig field (repeatable: the "
                         "cartesian product); writes a table (.csv, .md) and one figure")
   mlp.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
-                   help="independent weight draws (the spread's sample)")
+                   help="independent weight draws (the spread's sample; default %(default)s)")
   mlp.add_argument("--inputs", type=int, default=DEFAULT_INPUTS,
-                   help="random inputs h_0 ~ N(0, I) per weight draw")
-  mlp.add_argument("--seed", type=int, default=0, help="PRNG seed")
+                   help="random inputs h_0 ~ N(0, I) per weight draw (default %(default)s)")
+  mlp.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
   mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP")
   mlp.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import a module first (one that registers your own pieces)")

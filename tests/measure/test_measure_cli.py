@@ -22,8 +22,9 @@ def test_defaults_are_several_seeds_and_inputs_and_shown_in_help(capsys):
   except SystemExit:
     pass
   text = " ".join(capsys.readouterr().out.split())
-  assert "independent weight draws (the spread's sample) (default: 4)" in text
-  assert "per weight draw (default: 4)" in text
+  assert "independent weight draws (the spread's sample; default 4)" in text
+  assert "per weight draw (default 4)" in text
+  assert "--sweep FIELD=V1,V2,..." in text and "sd, sd of the seed means, min" in text
 
 
 def test_spread_matches_numpy_over_the_samples(tmp_path):
