@@ -20,7 +20,7 @@ CONFIGS = [dict(norm_position=p) for p in ("pre", "post", "output", "peri", "non
     dict(norm_position="pre", norm_op="layer", norm_bias=True, pos_embedding="rope",
          ffn="gelu", beta=0.5)]
 T, POS = 5, 3
-TOL = 1e-6
+TOL = 1e-10   # float64 throughout (the attention logits too)
 
 
 def close(a, b):
