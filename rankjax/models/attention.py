@@ -56,13 +56,15 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
   Position m rotates each pair ``(x_{2i}, x_{2i+1})`` of a head by the angle
   ``m * theta_i``, ``theta_i = base^(-2i/d_head)``: ``R_m = diag(R(m theta_0), ...)``
   with ``R(a) = [[cos a, -sin a], [sin a, cos a]]``, so ``<R_m q, R_n k>`` depends on
-  ``m - n`` only. Computed in float32, returned in the input's dtype.
+  ``m - n`` only. Computed in float32 (float64 for float64 input), returned in the
+  input's dtype.
   """
   _, t, _, dh = x_BxTxHxD.shape
-  theta = base ** (-jnp.arange(0, dh, 2, dtype=jnp.float32) / dh)        # (dh/2,)
-  angle = jnp.arange(t, dtype=jnp.float32)[:, None] * theta[None, :]     # (T, dh/2)
+  acc = jnp.promote_types(x_BxTxHxD.dtype, jnp.float32)
+  theta = base ** (-jnp.arange(0, dh, 2, dtype=acc) / dh)                # (dh/2,)
+  angle = jnp.arange(t, dtype=acc)[:, None] * theta[None, :]             # (T, dh/2)
   cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]      # (T, 1, dh/2)
-  x = x_BxTxHxD.astype(jnp.float32).reshape(*x_BxTxHxD.shape[:-1], dh // 2, 2)
+  x = x_BxTxHxD.astype(acc).reshape(*x_BxTxHxD.shape[:-1], dh // 2, 2)
   even, odd = x[..., 0], x[..., 1]
   out = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
   return out.reshape(x_BxTxHxD.shape).astype(x_BxTxHxD.dtype)
@@ -84,8 +86,9 @@ def fused_impl(cfg: TransformerConfig, dtype) -> str:
 def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
   """``C_n V`` without C_n: row i is the mean of rows 1..i (in float32)."""
   t = v_BxTxHxD.shape[1]
-  counts = jnp.arange(1, t + 1, dtype=jnp.float32)[None, :, None, None]
-  return jnp.cumsum(v_BxTxHxD.astype(jnp.float32), axis=1) / counts
+  acc = jnp.promote_types(v_BxTxHxD.dtype, jnp.float32)
+  counts = jnp.arange(1, t + 1, dtype=acc)[None, :, None, None]
+  return jnp.cumsum(v_BxTxHxD.astype(acc), axis=1) / counts
 
 
 class CausalSelfAttention(nn.Module):
@@ -115,23 +118,26 @@ class CausalSelfAttention(nn.Module):
     if cfg.pos_embedding == "rope":
       q, k = rope(q, cfg.rope_base), rope(k, cfg.rope_base)
     drop_probs = bool(cfg.attn_dropout_rate) and not deterministic
-    if capture_probs or drop_probs or cfg.attention_impl == "einsum":
+    # float64 (the checks in x64) keeps float64 logits: only the einsum path has them
+    wide = jnp.dtype(dtype) == jnp.float64
+    if capture_probs or drop_probs or wide or cfg.attention_impl == "einsum":
       out = self._einsum(q, k, v, capture_probs, drop_probs)
     else:
       out = jax.nn.dot_product_attention(
           q, k, v, is_causal=True, scale=1.0 / (math.sqrt(dh) * cfg.tau),
           implementation=fused_impl(cfg, dtype))
       if cfg.prefix_avg_removal:
-        out = (out.astype(jnp.float32)
+        out = (out.astype(jnp.promote_types(dtype, jnp.float32))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
     return out.reshape(b, t, d) @ proj("w_o", output_proj=True)
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:
     cfg, dtype, t = self.cfg, q.dtype, q.shape[1]
-    logits_BxHxTxT = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+    acc = jnp.promote_types(dtype, jnp.float32)     # float32, or float64 under x64
+    logits_BxHxTxT = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(acc)
     logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(cfg.d_head) * cfg.tau)
     causal = jnp.tril(jnp.ones((t, t), bool))
-    logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(jnp.float32).min)
+    logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(acc).min)
     probs = jax.nn.softmax(logits_BxHxTxT, axis=-1)
     if cfg.prefix_avg_removal:
       probs = probs - cfg.prefix_avg_removal * prefix_average_matrix(t, probs.dtype)
