@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
-import platform
-import re
 import resource
 import sys
 import time
@@ -48,11 +45,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+import common  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import host_svd, jacobians, paths  # noqa: E402
 from rankjax.models import blocks as blocks_lib  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 
 
 def best_time(fn, *args, reps: int, warm: bool = True) -> float:
@@ -73,16 +70,6 @@ def memory_bytes(jitted, *args) -> dict:
             "argument": int(mem.argument_size_in_bytes)}
   except Exception:   # not every backend reports it
     return {}
-
-
-def cpu_model() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
 
 
 def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
@@ -173,7 +160,7 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
       "weight_bytes_per_seed": 2 * L * d * cfg.hidden_width * 4,
       "dp_quadratic_bytes_per_seed": L * (L + 1) * d * d * 4,
       "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-      "machine": cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
+      "machine": common.cpu_name(), "cores": os.cpu_count(), "jax": jax.__version__,
       "backend": jax.default_backend(), "load_avg": os.getloadavg(),
   }
 
@@ -271,13 +258,7 @@ def why(r: dict) -> str:
 
 
 def write_section(text: str, title: str = "Jacobian engine") -> None:
-  old = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
-  pattern = re.compile(r"^## " + re.escape(title) + r"\n.*?(?=^## |\Z)", re.S | re.M)
-  if pattern.search(old):
-    new = pattern.sub(lambda _: text.rstrip() + "\n\n", old)
-  else:
-    new = old.rstrip() + "\n\n" + text
-  RESULTS.write_text(new.rstrip() + "\n")
+  common.write_section("## " + title, text)
 
 
 # ---------------------------------------------------------------------------
@@ -423,7 +404,7 @@ def run_peer(small: bool = False, reps: int = 1, rounds: int = 3,
           "draw_ratio_median": draw_ratios[len(draw_ratios) // 2],
           "dp_gflops": dp_gflops, "dp_fraction_of_peak": dp_gflops / peak,
           "torch": torch.__version__, "threads": torch.get_num_threads(),
-          "load_avg": os.getloadavg(), "machine": cpu_model()}
+          "load_avg": os.getloadavg(), "machine": common.cpu_name()}
 
 
 def markdown_peer(r: dict) -> str:
@@ -466,7 +447,7 @@ def run_matrix_free(small: bool = False, reps: int = 1) -> dict:
   matrix-free estimates of dh_L/dh_0, time and error; plus the matrix-free estimate
   alone at a width where L dense d x d matrices are not formed."""
   import numpy as np
-  from rankjax.measure import matrix_free, spectra
+  from rankjax.measure import matrix_free
   out = {"rows": []}
   sizes = [(8, 64)] if small else [(48, 256), (48, 512)]
   for L, d in sizes:

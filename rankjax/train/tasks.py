@@ -83,6 +83,10 @@ class Task:
     """Model FLOPs of one forward+backward pass over one example."""
     raise NotImplementedError
 
+  def data_requirements(self) -> dict[str, Any]:
+    """What the data must match (``rankjax.data.check_model_fits`` keywords)."""
+    return {}
+
 
 def dropout_key(rng: Array, impl: str) -> Array:
   """``rng`` as a key of the PRNG implementation ``impl`` (``TransformerConfig.prng_impl``).
@@ -167,10 +171,6 @@ class ClassifierTask(Task):
 
   def flops_per_example(self, num_params: int) -> float:
     return 6.0 * num_params
-
-  def data_requirements(self) -> dict[str, Any]:
-    """What the data must match (``rankjax.data.check_model_fits`` keywords)."""
-    return {}
 
 
 def data_kwargs(cfg: TrainConfig, task: Task) -> dict[str, Any]:

@@ -205,3 +205,16 @@ def test_float64_parameters_without_x64_are_refused_and_dtype_is_recorded(runs, 
       train(dc.replace(cfg, mlp=dc.replace(cfg.mlp, param_dtype="float64")), tmp_path / "x")
     assert not (tmp_path / "x").exists()
   assert load_run(runs["lm"][0]).metrics["param_dtype"] == "float32"
+
+
+def test_classifier_with_the_wrong_input_dim_is_refused_before_training(tmp_path):
+  import dataclasses
+
+  from rankjax.train import loop
+  from tests.train.conftest import tiny_mlp
+
+  cfg = tiny_mlp()
+  bad = dataclasses.replace(cfg, mlp=dataclasses.replace(cfg.mlp, input_dim=cfg.mlp.input_dim + 1))
+  with pytest.raises(ValueError, match=f"model input_dim={bad.mlp.input_dim} does not match"):
+    loop.train(bad, tmp_path / "run", progress_bar=False)
+  assert not (tmp_path / "run" / "checkpoints").exists()
