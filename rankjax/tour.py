@@ -135,7 +135,7 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
       print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
             f"lr {cfg.learning_rate:g})", flush=True)
       result = train(cfg, workdir / name)
-      if result.status != "completed":
+      if result.status == "preempted":
         print(f"rankjax tour: stopped at update {result.step} of {name}, checkpoint saved; "
               "run the same command again to continue", file=sys.stderr)
         return 130
