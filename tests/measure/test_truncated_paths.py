@@ -1,6 +1,4 @@
 """Path sums with an order cap and an aggregated tail (paths.path_sums(max_order=K))."""
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,18 +6,7 @@ import pytest
 
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, paths
-
-
-def _brute_force_orders(k_LxDxD, b_LxDxD):
-  """sum over all 2^L skip/branch choices, grouped by order (Eq. 5, 11), float64."""
-  num, d, _ = b_LxDxD.shape
-  sums = np.zeros((num + 1, d, d))
-  for choice in itertools.product([0, 1], repeat=num):
-    prod = np.eye(d)
-    for l, c in enumerate(choice):
-      prod = (b_LxDxD[l] if c else k_LxDxD[l]) @ prod
-    sums[sum(choice)] += prod
-  return sums
+from tests.measure.test_jacobians import _brute_force_orders  # sum over all 2^L paths
 
 
 def _dense(ps):
