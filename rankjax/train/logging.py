@@ -6,9 +6,9 @@ evaluation rows carry ``"kind": "eval"``). TensorBoard event files go to
 ``log_every`` updates, every evaluation, and every diagnostics step's arrays and
 per-layer profile images (tags and layout in ``rankjax.train.tensorboard``); a resumed
 run first drops the events after its checkpoint step, so each step is in the files
-once. On a terminal (a TTY) a tqdm
-progress bar shows step, loss and tokens/s; otherwise (a log file, SLURM) one plain
-line is printed every ``log_every`` updates. Only process 0 writes.
+once. On a terminal (a TTY) a tqdm progress bar shows step, loss and tokens/s;
+otherwise (a log file, SLURM) one plain line is printed every ``log_every`` updates.
+Only process 0 writes.
 """
 
 from __future__ import annotations

@@ -174,6 +174,7 @@ def test_matplotlib_is_imported_only_to_draw_an_image(tmp_path):
   """Scalars alone never import matplotlib; drawing uses the Agg canvas without
   pyplot, so no process-wide backend is chosen."""
   pytest.importorskip("tensorboardX")
+  import os
   import subprocess
   import sys
   from tests.train.conftest import ROOT
@@ -189,7 +190,6 @@ w.close()
 print("matplotlib" in sys.modules, "matplotlib.pyplot" in sys.modules)
 """
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        timeout=120, cwd=ROOT, env={**__import__("os").environ,
-                                                   "PYTHONPATH": str(ROOT)})
+                        timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.split() == ["False", "True", "False"]
