@@ -82,6 +82,7 @@ def render_profiles(title: str, profiles: list[tuple[str, np.ndarray]]) -> np.nd
   """One figure, a panel per ``(key, profile)``, as an (H, W, 3) uint8 RGB image."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
+  from matplotlib.ticker import MaxNLocator
   cols = min(PANEL_COLUMNS, len(profiles))
   rows = -(-len(profiles) // cols)
   width, height = PANEL_INCHES[0] * cols, PANEL_INCHES[1] * rows + 0.4
@@ -100,6 +101,7 @@ def render_profiles(title: str, profiles: list[tuple[str, np.ndarray]]) -> np.nd
       ax.set_yscale("log")
     ax.set_title(key, fontsize=9)
     ax.set_xlabel("layer", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=7)
   canvas.draw()
   return np.asarray(canvas.buffer_rgba())[..., :3].copy()
