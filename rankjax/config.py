@@ -22,11 +22,15 @@ DType = Literal["float32", "float64", "bfloat16"]
 RematPolicy = Literal["none", "dots", "full"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
+MLPActivation = Literal["relu", "gelu", "silu", "abs", "tanh", "swiglu"]
+BranchMatrices = Literal[1, 2]
+Optimizer = Literal["adamw", "adam"]
+LRSchedule = Literal["cosine", "constant"]
+ComputeDType = Literal["float32", "bfloat16"]
 
 NORM_POSITIONS = typing.get_args(NormPosition)
 NORM_OPS = typing.get_args(NormOp)
-MLP_ACTIVATIONS = ("relu", "gelu", "silu", "abs", "tanh", "swiglu")
-DTYPES = typing.get_args(DType)
+MLP_ACTIVATIONS = typing.get_args(MLPActivation)
 
 # Where the shorthand ``norm_position`` puts ``norm_op`` inside a residual block
 # R(h + beta * B(f(P(h)))) (Transforming Rank, Eq. 17): P, B and/or R.
@@ -37,7 +41,8 @@ C = TypeVar("C")
 
 
 def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
-  if value not in allowed:
+  is_bool = isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed)
+  if is_bool or value not in allowed:      # true is not the choice 1
     raise ValueError(f"{name}={value!r} is not allowed; choose one of {list(allowed)}")
 
 
@@ -153,13 +158,13 @@ class MLPConfig(JsonConfig):
   depth: int = 48
   width: int = 256
   expansion: float = 4.0
-  branch_matrices: int = 2
-  activation: str = "relu"
-  norm_position: str = "pre"
-  norm_op: str = "rms"
-  p_norm: str | None = None
-  b_norm: str | None = None
-  r_norm: str | None = None
+  branch_matrices: BranchMatrices = 2
+  activation: MLPActivation = "relu"
+  norm_position: NormPosition = "pre"
+  norm_op: NormOp = "rms"
+  p_norm: NormOp | None = None
+  b_norm: NormOp | None = None
+  r_norm: NormOp | None = None
   norm_gain: bool = False
   norm_eps: float = 0.0
   alpha: float = 1.0
@@ -167,20 +172,13 @@ class MLPConfig(JsonConfig):
   skip_every: int = 1
   input_dim: int | None = None
   num_classes: int | None = None
-  param_dtype: str = "float32"
+  param_dtype: DType = "float32"
 
   def __post_init__(self):
+    _literal_choices(self)
     _positive_int("depth", self.depth)
     _positive_int("width", self.width)
     _positive("expansion", self.expansion)
-    _choice("branch_matrices", self.branch_matrices, (1, 2))
-    _choice("activation", self.activation, MLP_ACTIVATIONS)
-    _choice("norm_position", self.norm_position, NORM_POSITIONS)
-    _choice("norm_op", self.norm_op, NORM_OPS)
-    for name in ("p_norm", "b_norm", "r_norm"):
-      value = getattr(self, name)
-      if value is not None:
-        _choice(name, value, NORM_OPS)
     _non_negative("norm_eps", self.norm_eps)
     _non_negative("alpha", self.alpha)
     _non_negative("beta", self.beta)
@@ -190,7 +188,6 @@ class MLPConfig(JsonConfig):
       _positive_int("input_dim", self.input_dim)
     if self.num_classes is not None:
       _positive_int("num_classes", self.num_classes)
-    _choice("param_dtype", self.param_dtype, DTYPES)
     if self.hidden_width < 1:
       raise ValueError(f"expansion={self.expansion!r} gives a hidden width below 1")
 
@@ -434,13 +431,13 @@ class TrainConfig(JsonConfig):
   model: str = "lm"
   lm: TransformerConfig = dataclasses.field(default_factory=TransformerConfig)
   mlp: MLPConfig = dataclasses.field(default_factory=MLPConfig)
-  optimizer: str = "adamw"
+  optimizer: Optimizer = "adamw"
   learning_rate: float = 6e-4
   b1: float = 0.9
   b2: float = 0.95
   eps: float = 1e-8
   weight_decay: float = 0.1
-  lr_schedule: str = "cosine"
+  lr_schedule: LRSchedule = "cosine"
   warmup_steps: int = 2000
   total_steps: int = 40000
   min_lr_ratio: float = 0.0
@@ -448,7 +445,7 @@ class TrainConfig(JsonConfig):
   batch_size: int = 256
   grad_accum: int = 1
   seq_len: int = 2048
-  compute_dtype: str = "float32"
+  compute_dtype: ComputeDType = "float32"
   seed: int = 0
   dataset: str | None = _field(None, build=False)
   data_dir: str | None = _field(None, build=False)
@@ -474,7 +471,7 @@ class TrainConfig(JsonConfig):
       raise ValueError(f"model={self.model!r} is not allowed; choose one of {sorted(TASKS)} "
                        "(or register your own: rankjax.train.tasks.register_task, "
                        "loaded with --import MODULE)")
-    _choice("optimizer", self.optimizer, ("adamw", "adam"))
+    _literal_choices(self)
     _positive("learning_rate", self.learning_rate)
     _rate("b1", self.b1)
     _rate("b2", self.b2)
@@ -483,7 +480,6 @@ class TrainConfig(JsonConfig):
     if self.optimizer == "adam" and self.weight_decay:
       raise ValueError(f"weight_decay={self.weight_decay!r} needs optimizer='adamw'; "
                        "plain adam has no weight decay (set weight_decay=0)")
-    _choice("lr_schedule", self.lr_schedule, ("cosine", "constant"))
     _non_negative_int("warmup_steps", self.warmup_steps)
     _positive_int("total_steps", self.total_steps)
     if self.warmup_steps > self.total_steps:
@@ -498,7 +494,6 @@ class TrainConfig(JsonConfig):
     if self.batch_size % self.grad_accum:
       raise ValueError(
           f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
-    _choice("compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
     if self.model == "lm":
       if self.seq_len > self.lm.max_seq_len:
         raise ValueError(

@@ -56,6 +56,56 @@ def test_choice_errors_list_allowed_values():
     MLPConfig(activation="sigmoid")
 
 
+def _literal_fields(cls):
+  """(field, allowed values, optional) of every Literal-typed field, from the hints."""
+  import types
+  import typing
+  out = []
+  for name, hint in typing.get_type_hints(cls).items():
+    args = typing.get_args(hint)
+    union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    optional = union and type(None) in args
+    if optional:
+      hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is typing.Literal:
+      out.append((name, typing.get_args(hint), optional))
+  return out
+
+
+@pytest.mark.parametrize("cls", [MLPConfig, TransformerConfig, TrainConfig])
+def test_every_string_choice_is_a_literal_checked_from_its_annotation(cls):
+  """Each typed choice accepts exactly its Literal's values (and null when optional):
+  a value outside them, or true for the choice 1, is one ValueError listing them."""
+  fields = _literal_fields(cls)
+  names = {n for n, _, _ in fields}
+  expected = {MLPConfig: {"branch_matrices", "activation", "norm_position", "norm_op",
+                          "p_norm", "b_norm", "r_norm", "param_dtype"},
+              TrainConfig: {"optimizer", "lr_schedule", "compute_dtype"}}.get(cls)
+  if expected is not None:
+    assert names == expected
+  base = {TrainConfig: dict(optimizer="adam", weight_decay=0.0)}.get(cls, {})
+  for name, allowed, optional in fields:
+    for value in allowed + ((None,) if optional else ()):
+      if cls is TrainConfig and name == "optimizer" and value == "adamw":
+        cls(**{name: value})                        # adamw with its default weight decay
+      else:
+        assert getattr(cls(**{**base, name: value}), name) == value
+    bad = True if 1 in allowed else "no_such_choice"
+    with pytest.raises(ValueError, match=rf"^{name}={bad!r} is not allowed; choose one of") as e:
+      cls(**{**base, name: bad})
+    assert str(allowed[0]) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_train_config_choices_from_json_and_set():
+  cfg = config.override(TrainConfig(), ["optimizer=adam", "weight_decay=0", "lr_schedule=constant",
+                                        "compute_dtype=bfloat16", "mlp.activation=swiglu"])
+  assert (cfg.optimizer, cfg.lr_schedule, cfg.compute_dtype) == ("adam", "constant", "bfloat16")
+  assert config.from_json(TrainConfig, config.to_json(cfg)) == cfg
+  with pytest.raises(ValueError, match=r"lr_schedule='linear' is not allowed; choose one of "
+                                       r"\['cosine', 'constant'\]"):
+    config.override(cfg, ["lr_schedule=linear"])
+
+
 def test_heads_must_divide_d_model():
   with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=4"):
     TransformerConfig(d_model=10, num_heads=4)

@@ -11,8 +11,9 @@ training-set standard deviation; images are flattened in (H, W, C) order.
   "fashion_mnist"    Debian's ``dataset-fashion-mnist`` files under
                      ``/usr/share/datasets/fashion-mnist/`` (or ``$RANKJAX_FASHION_MNIST``),
                      D = 784, 10 classes; held-out splits read its t10k files.
-  "digits"           scikit-learn's bundled 8x8 digits (no download), D = 64, 10
-                     classes; 1797 images, every 10th is held out.
+  "digits"           scikit-learn's bundled 8x8 digits (no download; scikit-learn is a
+                     dependency, so every install has them), D = 64, 10 classes;
+                     1797 images, every 10th is held out.
   None / "auto"      the first of cifar10, fashion_mnist, digits that is available; a
                      fallback past cifar10 warns, naming the set taken.
 
@@ -168,8 +169,8 @@ def _fashion_mnist(split: str) -> ImageSource:
     raise common.DataUnavailableError(
         f"Fashion-MNIST files are not in {root}; install them with: "
         f"apt-get install dataset-fashion-mnist (or set RANKJAX_FASHION_MNIST to a folder "
-        f"of its four idx files), or use the 8x8 digits: --set dataset=digits "
-        f"--set mlp.input_dim=64 (needs scikit-learn)")
+        f"of its four idx files), or train on scikit-learn's 8x8 digits: --set "
+        f"dataset=digits --set mlp.input_dim=64 (experiments/configs/mlp_classifier.json)")
 
   def load(prefix: str) -> tuple[np.ndarray, np.ndarray]:
     images = _read_idx(_fashion_file(root, f"{prefix}-images-idx3-ubyte"))

@@ -3,11 +3,12 @@
 Every update appends one JSON line (``{"step", "loss", "grad_norm", "lr", ...}``;
 evaluation rows carry ``"kind": "eval"``). TensorBoard event files go to
 ``WORKDIR/tensorboard`` when ``tensorboardX`` is installed: train scalars every
-``log_every`` updates, every evaluation, and every diagnostics step's arrays (tags and
-layout in ``rankjax.train.tensorboard``); a resumed run first drops the events after
-its checkpoint step, so each step is in the files once. On a terminal (a TTY) a tqdm
-progress bar shows step, loss and tokens/s; otherwise (a log file, SLURM) one plain
-line is printed every ``log_every`` updates. Only process 0 writes.
+``log_every`` updates, every evaluation, and every diagnostics step's arrays and
+per-layer profile images (tags and layout in ``rankjax.train.tensorboard``); a resumed
+run first drops the events after its checkpoint step, so each step is in the files
+once. On a terminal (a TTY) a tqdm progress bar shows step, loss and tokens/s;
+otherwise (a log file, SLURM) one plain line is printed every ``log_every`` updates.
+Only process 0 writes.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class MetricsWriter:
 
   def backfill(self, up_to: int, history: Any = None) -> int:
     """Writes to TensorBoard what step ``up_to`` (the restored checkpoint) covers but
-    the event files lack; returns the number of scalars written.
+    the event files lack; returns the number of scalars written (a diagnostics step's
+    histograms and per-layer images that the files lack are written too).
 
     tensorboardX queues events for a writer thread and its ``flush`` does not wait
     for the queue, so a killed run can lose events that metrics.jsonl (line-buffered)
@@ -143,8 +145,7 @@ class MetricsWriter:
     if not self.enabled or self._tb is None or not up_to or paths.is_remote(self.path):
       return 0
     # on disk, plus what an earlier call queued (tensorboardX writes asynchronously)
-    have = {(tag, s) for tag, series in tb_lib.read_scalars(self._tb.logdir).items()
-            for s, _ in series} | self._backfilled
+    have = tb_lib.written_summaries(self._tb.logdir) | self._backfilled
     written = 0
     lines = self.path.read_text().splitlines() if self.path.exists() else []
     for line in lines:
@@ -171,10 +172,8 @@ class MetricsWriter:
         for tag, value in missing:
           self._tb.add_scalar(tag, value, step)
           have.add((tag, step))
-        if missing:             # the step's histograms went with its scalars
-          for tag, values in tb_lib.diagnostic_histograms(diag):
-            self._tb.add_histogram(tag, values, step)
         written += len(missing)
+        self._write_arrays(step, diag, skip=have)
     self._backfilled = have
     return written
 
@@ -184,8 +183,21 @@ class MetricsWriter:
       return
     for tag, value in tb_lib.diagnostic_scalars(diag):
       self._tb.add_scalar(tag, value, step)
+    self._write_arrays(step, diag)
+
+  def _write_arrays(self, step: int, diag: Mapping[str, Mapping[str, Any]],
+                    skip: set[tuple[str, int]] | None = None) -> None:
+    """A diagnostics step's histograms and per-layer profile images, except the
+    (tag, step) pairs in ``skip`` (which gains those written)."""
     for tag, values in tb_lib.diagnostic_histograms(diag):
-      self._tb.add_histogram(tag, values, step)
+      if skip is None or (tag, step) not in skip:
+        self._tb.add_histogram(tag, values, step)
+        if skip is not None:
+          skip.add((tag, step))
+    for tag, image in tb_lib.diagnostic_images(step, diag, skip=skip):
+      self._tb.add_image(tag, image, step, dataformats="HWC")
+      if skip is not None:
+        skip.add((tag, step))
 
   @staticmethod
   def format(row: Mapping[str, Any]) -> str:

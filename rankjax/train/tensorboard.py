@@ -7,7 +7,15 @@ Tags (the same names as ``metrics.jsonl`` and ``rankjax.load_run``):
   series ``load_run`` returns as ``"<diagnostic>/<key>"`` (``rankjax report`` plots
   those): a scalar value as one scalar; a per-layer profile (L,) as one scalar per
   layer, ``.../layer_00`` ... (TensorBoard's regex filter ``tsim_y2/layer`` overlays
-  them), plus a histogram of the profile; larger arrays as a histogram.
+  them), plus a histogram of the profile; larger arrays as a histogram;
+* ``diagnostics/<diagnostic>/per_layer`` (Images tab) at every diagnostics step: one
+  PNG per diagnostic with a panel per per-layer profile (value against layer; a log
+  axis for a positive profile spanning more than two decades), so TensorBoard's step
+  slider shows how e.g. the token similarity or the gradient norm evolves along the
+  depth. Rendered with matplotlib's Agg canvas (``matplotlib.figure.Figure``, no
+  pyplot, no process-wide backend), imported the first time an image is drawn. A
+  figure took about 0.1 s per panel on a loaded CPU core (4 panels 0.4 s, 22 panels
+  1.9 s); the loop draws it while the next update runs on the device.
 
 A resumed run continues from a checkpoint step s that is older than the last step
 the killed run wrote: ``purge_after(logdir, s)`` rewrites the existing event files
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Iterator, Mapping
+from typing import Any, Container, Iterator, Mapping
 
 import numpy as np
 
@@ -49,6 +57,66 @@ def diagnostic_histograms(diag: Mapping[str, Mapping[str, Any]]) -> Iterator[tup
       a = np.asarray(v, np.float64)
       if a.ndim >= 1 and np.isfinite(a).any():
         yield f"diagnostics/{name}/{key}", a[np.isfinite(a)].reshape(-1)
+
+
+def per_layer_profiles(diag: Mapping[str, Mapping[str, Any]]
+                       ) -> Iterator[tuple[str, list[tuple[str, np.ndarray]]]]:
+  """(image tag, [(key, (L,) profile), ...]) of every diagnostic with per-layer
+  profiles: 1-D arrays of 2 to ``MAX_LAYER_SCALARS`` values, some finite."""
+  for name, values in diag.items():
+    profiles = []
+    for key, v in values.items():
+      a = np.asarray(v, np.float64)
+      if a.ndim == 1 and 2 <= a.size <= MAX_LAYER_SCALARS and np.isfinite(a).any():
+        profiles.append((key, a))
+    if profiles:
+      yield f"diagnostics/{name}/per_layer", profiles
+
+
+PANEL_COLUMNS = 3
+PANEL_INCHES = (3.2, 2.3)
+IMAGE_DPI = 80
+
+
+def render_profiles(title: str, profiles: list[tuple[str, np.ndarray]]) -> np.ndarray:
+  """One figure, a panel per ``(key, profile)``, as an (H, W, 3) uint8 RGB image."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  from matplotlib.ticker import MaxNLocator
+  cols = min(PANEL_COLUMNS, len(profiles))
+  rows = -(-len(profiles) // cols)
+  width, height = PANEL_INCHES[0] * cols, PANEL_INCHES[1] * rows + 0.4
+  fig = Figure(figsize=(width, height), dpi=IMAGE_DPI)
+  canvas = FigureCanvasAgg(fig)
+  # fixed margins in inches (a constrained layout costs a third more time)
+  fig.subplots_adjust(left=0.55 / width, right=1 - 0.15 / width, bottom=0.45 / height,
+                      top=1 - 0.65 / height, wspace=0.35, hspace=0.55)
+  fig.suptitle(title, y=1 - 0.1 / height, va="top")
+  for i, (key, profile) in enumerate(profiles):
+    ax = fig.add_subplot(rows, cols, i + 1)
+    layers = np.arange(len(profile))
+    ax.plot(layers, profile, marker="o", markersize=2.5, linewidth=1.0)
+    finite = profile[np.isfinite(profile)]
+    if finite.size and finite.min() > 0 and finite.max() > 100 * finite.min():
+      ax.set_yscale("log")
+    ax.set_title(key, fontsize=9)
+    ax.set_xlabel("layer", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=7)
+  canvas.draw()
+  return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def diagnostic_images(step: int, diag: Mapping[str, Mapping[str, Any]],
+                      skip: Container[tuple[str, int]] | None = None
+                      ) -> Iterator[tuple[str, np.ndarray]]:
+  """(tag, (H, W, 3) uint8 image) of every diagnostic with per-layer profiles; those
+  whose (tag, step) is in ``skip`` are not drawn."""
+  for tag, profiles in per_layer_profiles(diag):
+    if skip is not None and (tag, step) in skip:
+      continue
+    name = tag.split("/")[1]
+    yield tag, render_profiles(f"{name}, update {step}", profiles)
 
 
 def _records(path: str) -> Iterator[bytes]:
@@ -88,6 +156,23 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     for value in event.summary.value:
       if value.HasField("simple_value"):
         out.setdefault(value.tag, []).append((int(event.step), float(value.simple_value)))
+  return out
+
+
+def written_summaries(logdir: str) -> set[tuple[str, int]]:
+  """(tag, step) of every summary value (scalar, histogram, image) in the files."""
+  return {(value.tag, int(event.step)) for event in read_events(logdir)
+          for value in event.summary.value}
+
+
+def read_images(logdir: str) -> dict[str, list[tuple[int, tuple[int, int]]]]:
+  """{tag: [(step, (height, width)), ...]} of every image event, in the order written."""
+  out: dict[str, list[tuple[int, tuple[int, int]]]] = {}
+  for event in read_events(logdir):
+    for value in event.summary.value:
+      if value.HasField("image"):
+        size = (int(value.image.height), int(value.image.width))
+        out.setdefault(value.tag, []).append((int(event.step), size))
   return out
 
 

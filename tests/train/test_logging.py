@@ -84,6 +84,9 @@ def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):
   hist = [e.step for e in tb.read_events(str(tmp_path / "tensorboard"))
           if any(v.HasField("histo") for v in e.summary.value)]
   assert hist == [3, 6]
+  images = tb.read_images(str(tmp_path / "tensorboard"))
+  assert list(images) == ["diagnostics/basic/per_layer"]     # the scalar `loss` has none
+  assert [s for s, _ in images["diagnostics/basic/per_layer"]] == [3, 6]
 
 
 def test_resume_backfills_events_a_kill_lost(tmp_path):
@@ -113,3 +116,80 @@ def test_resume_backfills_events_a_kill_lost(tmp_path):
   assert scalars["eval/eval_loss"] == [(4, 0.5)]
   assert sorted(scalars["diagnostics/basic/tsim_x1/layer_01"]) == [
       (2, pytest.approx(0.4)), (4, pytest.approx(0.8))]
+  images = tb.read_images(str(tmp_path / "tensorboard"))   # drawn once per step
+  assert sorted(s for s, _ in images["diagnostics/basic/per_layer"]) == [2, 4]
+
+
+def test_backfill_draws_only_the_images_a_kill_lost(tmp_path):
+  """Scalars and histograms of step 4 reached the files, its image did not (the tail
+  of tensorboardX's queue): the resumed writer draws that image alone."""
+  pytest.importorskip("tensorboardX")
+  import numpy as np
+  from rankjax.train import tensorboard as tb
+  from rankjax.train.checkpoint import DiagnosticsHistory
+  diag = {"basic": {"tsim_x1": np.array([0.1, 0.2, 0.4])}}
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
+  w.write_diagnostics(2, diag)
+  for tag, value in tb.diagnostic_scalars(diag):
+    w._tb.add_scalar(tag, value, 4)
+  for tag, values in tb.diagnostic_histograms(diag):
+    w._tb.add_histogram(tag, values, 4)
+  w.close()
+  history = DiagnosticsHistory()
+  for step in (2, 4):
+    history.append(step, diag)
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=1, start_step=4, stream=io.StringIO())
+  assert w.backfill(4, history) == 0               # no scalar was missing
+  w.close()
+  logdir = str(tmp_path / "tensorboard")
+  assert [s for s, _ in tb.read_images(logdir)["diagnostics/basic/per_layer"]] == [2, 4]
+  hist = sorted(e.step for e in tb.read_events(logdir)
+                if any(v.HasField("histo") for v in e.summary.value))
+  assert hist == [2, 4]
+
+
+def test_per_layer_profiles_pick_the_layer_arrays():
+  """Images get the (L,) profiles with a finite value; scalars, one-layer and 2-D
+  arrays, and all-NaN profiles are left to the scalars and histograms."""
+  import numpy as np
+  from rankjax.train import tensorboard as tb
+  diag = {"basic": {"tsim": np.array([0.5, 0.9]), "loss": np.float32(1.0),
+                    "one": np.array([1.0]), "grid": np.ones((2, 3)),
+                    "nan": np.full(3, np.nan), "grad": np.array([1e-4, np.nan, 1.0])},
+          "empty": {"loss": 2.0}}
+  picked = list(tb.per_layer_profiles(diag))
+  assert [(tag, [k for k, _ in p]) for tag, p in picked] == [
+      ("diagnostics/basic/per_layer", ["tsim", "grad"])]
+  (tag, image), = tb.diagnostic_images(5, diag)
+  assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+  height, width = image.shape[:2]
+  cols, rows = 2, 1                                  # two panels side by side
+  assert (height, width) == (round((tb.PANEL_INCHES[1] * rows + 0.4) * tb.IMAGE_DPI),
+                             round(tb.PANEL_INCHES[0] * cols * tb.IMAGE_DPI))
+  assert len(np.unique(image.reshape(-1, 3), axis=0)) > 2    # something is drawn
+  assert list(tb.diagnostic_images(5, diag, skip={(tag, 5)})) == []
+
+
+def test_matplotlib_is_imported_only_to_draw_an_image(tmp_path):
+  """Scalars alone never import matplotlib; drawing uses the Agg canvas without
+  pyplot, so no process-wide backend is chosen."""
+  pytest.importorskip("tensorboardX")
+  import os
+  import subprocess
+  import sys
+  from tests.train.conftest import ROOT
+  code = f"""
+import io, sys
+import numpy as np
+from rankjax.train.logging import MetricsWriter
+w = MetricsWriter({str(tmp_path)!r}, total_steps=2, log_every=1, stream=io.StringIO())
+w.write(1, {{"loss": 1.0}})
+print("matplotlib" in sys.modules)
+w.write_diagnostics(1, {{"basic": {{"tsim_x1": np.array([0.1, 0.2])}}}})
+w.close()
+print("matplotlib" in sys.modules, "matplotlib.pyplot" in sys.modules)
+"""
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == ["False", "True", "False"]

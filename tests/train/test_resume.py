@@ -145,6 +145,27 @@ def test_tensorboard_holds_each_step_once_after_kill_and_resume(runs):
       np.testing.assert_allclose([v for _, v in series], values[:, 0], rtol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
+def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, tmp_path):
+  """MLP, diagnostics at 1, 2, 4, 6, 8: SIGKILL after update 6 (checkpoint 4), resume.
+  The per-layer profile image is in the event files once at each diagnostics step,
+  as in the uninterrupted run."""
+  from rankjax.train import tensorboard as tb
+  pytest.importorskip("tensorboardX")
+  cfg = tiny_mlp(diag_every=2, diag_examples=4)
+  full = train(cfg, tmp_path / "full", progress_bar=False)
+  assert full.step == 8
+  code, _, err = worker(cfg, tmp_path / "killed", "--kill-at", "6", "--wait-checkpoint", "4")
+  assert code == -signal.SIGKILL, err
+  resumed = train(cfg, tmp_path / "killed", progress_bar=False)
+  assert (resumed.start_step, resumed.step) == (4, 8)
+  tag = "diagnostics/basic/per_layer"
+  for run in ("full", "killed"):
+    images = tb.read_images(str(tmp_path / run / "tensorboard"))
+    assert list(images) == [tag], (run, list(images))
+    assert sorted(s for s, _ in images[tag]) == [1, 2, 4, 6, 8], run
+
+
 def test_error_after_training_started_saves_the_latest_step(runs, tmp_path):
   """An exception at update 3 (not a checkpoint step) leaves checkpoint 3; the rerun
   continues from it and matches the uninterrupted run."""

@@ -36,16 +36,52 @@ def test_weight_decay_mask_skips_vectors_and_the_layer_axis():
                   "layers": {"attn": {"w_q": True}, "norm": {"scale": False}}}
 
 
-def test_clip_matches_optax_and_norm_is_pre_clip():
+def _clip_as_runs_did(grads, norm, max_norm):
+  """The step's clipping before it called optax (the hand-written rule earlier runs
+  used): ``g`` below the threshold, else ``(g / norm) * max_norm``."""
+  return jax.tree.map(lambda g: jnp.where(norm < max_norm, g, (g / norm) * max_norm), grads)
+
+
+def test_clip_is_optax_and_bit_equal_to_the_rule_earlier_runs_used():
+  """300 gradient trees with norms from 1e-3 to 1e3 around the threshold 1: the
+  step's clipping (optax.clip_by_global_norm) gives the old rule's bits."""
+  clip = state_lib.make_clip(1.0)
+  key = jax.random.key(0)
+  for _ in range(300):
+    k1, k2, k3, key = jax.random.split(key, 4)
+    scale = 10.0 ** jax.random.uniform(k3, (), minval=-3.0, maxval=3.0)
+    grads = {"w": jax.random.normal(k1, (7, 5)) * scale, "b": {"v": jax.random.normal(k2, (11,))}}
+    expected = _clip_as_runs_did(grads, optax.tree.norm(grads), 1.0)
+    for ours, old in zip(jax.tree.leaves(clip(grads)), jax.tree.leaves(expected)):
+      np.testing.assert_array_equal(ours, old)
   grads = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}
-  norm = optax.tree.norm(grads)
-  assert float(norm) == 13.0
-  ours = state_lib.clip_by_norm(grads, norm, 1.0)
-  theirs, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
-  for k in grads:
-    np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
-  same = state_lib.clip_by_norm(grads, norm, 100.0)
-  assert all(np.array_equal(same[k], grads[k]) for k in grads)
+  assert float(optax.tree.norm(grads)) == 13.0
+  np.testing.assert_allclose(float(optax.tree.norm(clip(grads))), 1.0, rtol=1e-6)
+  for big in (state_lib.make_clip(100.0), state_lib.make_clip(0.0)):   # below / off
+    assert all(np.array_equal(big(grads)[k], grads[k]) for k in grads)
+
+
+@pytest.mark.parametrize("warmup,total,ratio", [(100, 600, 0.0), (2000, 40000, 0.0),
+                                                (50, 600, 0.1), (0, 600, 0.0), (7, 333, 0.05)])
+def test_schedule_is_optax_warmup_cosine_up_to_rounding(warmup, total, ratio):
+  """Updates 1..700 (count + 1): optax's warmup-cosine (and warmup-constant) schedule
+  is the same function, to 4 float32 ulps of the peak; not its bits (make_schedule says
+  why)."""
+  peak = 6e-4
+  cfg = TrainConfig(learning_rate=peak, warmup_steps=warmup, total_steps=total,
+                    min_lr_ratio=ratio)
+  counts = jnp.arange(700)
+  optax_cosine = optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total,
+                                                    end_value=peak * ratio)
+  optax_constant = optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.constant_schedule(peak)],
+      [warmup])
+  for kind, reference in (("cosine", optax_cosine), ("constant", optax_constant)):
+    ours = jax.vmap(state_lib.make_schedule(dataclasses.replace(cfg, lr_schedule=kind)))(counts)
+    theirs = jax.vmap(lambda c: reference(c + 1))(counts)
+    ulp = float(np.spacing(np.float32(peak)))   # 5.8e-11
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=0, atol=4 * ulp,
+                               err_msg=kind)
 
 
 def test_grad_accumulation_equals_one_large_batch():
