@@ -20,7 +20,7 @@ LMInit = Literal["paper_collapse", "gpt2"]
 PosEmbedding = Literal["learned", "rope", "none"]
 DType = Literal["float32", "float64", "bfloat16"]
 RematPolicy = Literal["none", "dots", "full"]
-AttentionImpl = Literal["auto", "xla", "cudnn", "einsum"]
+AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
 MLPActivation = Literal["relu", "gelu", "silu", "abs", "tanh", "swiglu"]
 BranchMatrices = Literal[1, 2]
@@ -254,8 +254,9 @@ class TransformerConfig(JsonConfig):
       the matmul outputs, recompute the rest) or full (save only the layer input).
       Old configs' true / false read as full / none.
     attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
-      flash attention on GPU when it applies, XLA otherwise), xla, cudnn (GPU only),
-      or einsum (the explicit probability matrix; always used for captured
+      flash attention on GPU when it applies, Pallas splash attention on TPU when the
+      sequence length is a multiple of 128, XLA otherwise), xla, cudnn (GPU only),
+      splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum (the explicit probability matrix; always used for captured
       probabilities and attention-probability dropout).
     vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
       ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's

@@ -36,6 +36,13 @@ def activation_sharding(mesh: Mesh | None,
     _state.value = previous
 
 
+def current() -> tuple[Mesh, dict] | None:
+  """The ``(mesh, rules)`` of the enclosing ``activation_sharding``, or None outside it
+  (for code that must place a computation itself, e.g. a Pallas kernel under
+  ``shard_map``)."""
+  return getattr(_state, "value", None)
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   """``with_sharding_constraint`` of ``x`` by its logical axes (see module doc).
 
