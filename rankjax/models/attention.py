@@ -12,8 +12,9 @@ Two paths compute the same function:
 
   fused   ``jax.nn.dot_product_attention`` (causal, scale ``1/(sqrt(d_head) tau)``):
           cuDNN flash attention on GPU (``attention_impl`` cudnn, or auto with a
-          16-bit dtype and a d_head cuDNN takes), XLA elsewhere. Pallas splash
-          attention on TPU is not used (it cannot be tested on CPU): TPU runs XLA.
+          16-bit dtype and a d_head cuDNN takes), XLA elsewhere; or Pallas splash
+          attention (``splash_attention.py``; auto on TPU when T is a multiple of
+          128), tested here in Pallas' interpreter and lowered for TPU by jax.export.
   einsum  the explicit (B, H, T, T) probabilities; used only where they are needed:
           ``capture_probs`` (diagnostics), attention-probability dropout in training
           (no jax.nn kernel drops probabilities), and ``attention_impl="einsum"``
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
+from rankjax.models import splash_attention
 from rankjax.measure.similarity import prefix_average_matrix
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -70,17 +72,24 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
   return out.reshape(x_BxTxHxD.shape).astype(x_BxTxHxD.dtype)
 
 
-def fused_impl(cfg: TransformerConfig, dtype) -> str:
-  """The ``jax.nn.dot_product_attention`` implementation for ``cfg.attention_impl``.
+def fused_impl(cfg: TransformerConfig, dtype, seq_len: int | None = None) -> str:
+  """The fused kernel for ``cfg.attention_impl``: a ``jax.nn.dot_product_attention``
+  implementation (xla, cudnn) or splash (``rankjax.models.splash_attention``).
 
   auto: cudnn on a GPU backend when the dtype is 16-bit and d_head a multiple of 8 up
-  to 128 (cuDNN flash attention's limits), else xla.
+  to 128 (cuDNN flash attention's limits); splash on a TPU backend when ``seq_len`` is
+  a multiple of 128 (the kernel's blocks); else xla.
   """
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
+  backend = jax.default_backend()
   ok = (jnp.dtype(dtype) in [jnp.dtype(d) for d in CUDNN_DTYPES]
         and cfg.d_head % 8 == 0 and cfg.d_head <= 128)
-  return "cudnn" if ok and jax.default_backend() == "gpu" else "xla"
+  if backend == "gpu" and ok:
+    return "cudnn"
+  if backend == "tpu" and seq_len is not None and splash_attention.supported(seq_len):
+    return "splash"
+  return "xla"
 
 
 def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
@@ -123,9 +132,12 @@ class CausalSelfAttention(nn.Module):
     if capture_probs or drop_probs or wide or cfg.attention_impl == "einsum":
       out = self._einsum(q, k, v, capture_probs, drop_probs)
     else:
-      out = jax.nn.dot_product_attention(
-          q, k, v, is_causal=True, scale=1.0 / (math.sqrt(dh) * cfg.tau),
-          implementation=fused_impl(cfg, dtype))
+      scale, impl = 1.0 / (math.sqrt(dh) * cfg.tau), fused_impl(cfg, dtype, t)
+      if impl == "splash":
+        out = splash_attention.causal_attention(q, k, v, scale)
+      else:
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                           implementation=impl)
       if cfg.prefix_avg_removal:
         out = (out.astype(jnp.promote_types(dtype, jnp.float32))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)

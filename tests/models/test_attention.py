@@ -140,3 +140,39 @@ def test_cudnn_step_has_no_txt_buffer():
   # the einsum reference does build (B, H, T, T) scores: the check can see them
   ref = _step_text(dataclasses.replace(BF16, attention_impl="einsum"))
   assert re.findall(rf"tensor<{B}x{BF16.num_heads}x{T}x{T}x", ref)
+
+
+def test_auto_is_splash_on_tpu_where_its_blocks_tile_the_sequence():
+  with mock.patch.object(jax, "default_backend", return_value="tpu"):
+    assert attention.fused_impl(CFG, jnp.bfloat16, 256) == "splash"
+    assert attention.fused_impl(CFG, jnp.bfloat16, 100) == "xla"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tau,alpha,pos", [(0.6, 0.0, "rope"), (1.3, 0.7, "none")])
+def test_splash_module_equals_einsum_outputs_and_gradients(tau, alpha, pos):
+  """The attention module on the splash path (Pallas' interpreter on this CPU), with
+  temperature, RoPE and P - alpha C_n, against the explicit probabilities."""
+  cfg = dataclasses.replace(CFG, max_seq_len=128, tau=tau, prefix_avg_removal=alpha,
+                            pos_embedding=pos)
+  x = jax.random.normal(jax.random.key(0), (1, 128, 16))
+  splash = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="splash"))
+  ref = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="einsum"))
+  params = splash.init(jax.random.key(1), x)
+
+  def grads(module):
+    return jax.jit(jax.grad(lambda p, v: jnp.sum(jnp.sin(module.apply(p, v))),
+                            argnums=(0, 1)))(params, x)
+
+  np.testing.assert_allclose(splash.apply(params, x), ref.apply(params, x), rtol=1e-5,
+                             atol=1e-6)
+  chex.assert_trees_all_close(grads(splash), grads(ref), rtol=1e-4, atol=1e-6)
+
+
+def test_splash_step_lowered_for_tpu_has_no_txt_buffer():
+  """The whole LM loss gradient under bf16 compute, exported for a TPU from this CPU:
+  the Mosaic splash kernels, no (T, T) tensor anywhere."""
+  text = _step_text(dataclasses.replace(BF16, attention_impl="splash"), platform="tpu")
+  assert text.count("tpu_custom_call") >= 2     # forward and backward, in the layer scan
+  txt = re.findall(rf"tensor<(?:\d+x)*{T}x{T}x[a-z0-9]+>", text)
+  assert txt == [], txt
