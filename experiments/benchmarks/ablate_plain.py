@@ -1,0 +1,90 @@
+"""Where rankjax's plain step loses to the plain flax step on a CPU (issue #14).
+
+Same process, alternating rounds, median of steps per round; four programs per shape:
+the full update of each side (``train_throughput.versus_plain``'s pair) and the loss
+gradient alone (no optimizer, no metrics) of each side, so that
+(full - grad) is the optimizer + metrics cost and grad/grad the model's own ratio.
+
+Run:  python experiments/benchmarks/ablate_plain.py [--steps 5] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import numpy as np
+
+import plain_flax
+from train_throughput import plain_config
+from rankjax.train import sharding as shard_lib
+from rankjax.train.loop import build
+
+SHAPES = ((128, 4, 8, 512, 128, 16), (256, 4, 4, 1024, 256, 8))
+
+
+def programs(shape):
+  d, heads, layers, d_ff, seq_len, batch = shape
+  cfg = plain_config(*shape)
+  c = build(cfg)
+  holder = {"rj": c.init()}
+  tokens = np.random.default_rng(0).integers(0, 257, (batch, seq_len + 1)).astype(np.int32)
+  rj_batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
+                                    1, c.batch_sharding)
+  init, plain_step = plain_flax.make(257, d, heads, d_ff, layers, seq_len, cfg.learning_rate,
+                                     cfg.warmup_steps, cfg.total_steps, cfg.clip_norm,
+                                     cfg.weight_decay)
+  holder["plain"] = init(jax.random.key(0))
+  plain_tokens = jax.numpy.asarray(tokens)
+  micro = jax.tree.map(lambda x: x[0], rj_batch)
+  rj_grad = jax.jit(jax.grad(lambda p, b: c.task.loss(p, b, None, deterministic=True)[0]))
+  model = plain_flax.PlainLM(257, d, heads, d_ff, layers, seq_len)
+
+  def plain_loss(params, toks):
+    import optax
+    logits = model.apply({"params": params}, toks[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, toks[:, 1:]).mean()
+
+  plain_grad = jax.jit(jax.grad(plain_loss))
+
+  def rj():
+    holder["rj"], m, _ = c.step(holder["rj"], rj_batch)
+    return m
+
+  def plain():
+    holder["plain"], loss = plain_step(holder["plain"], plain_tokens)
+    return loss
+
+  return {"rj_step": rj, "plain_step": plain,
+          "rj_grad": lambda: rj_grad(holder["rj"].params, micro),
+          "plain_grad": lambda: plain_grad(holder["plain"][0], plain_tokens)}
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--steps", type=int, default=5)
+  ap.add_argument("--rounds", type=int, default=3)
+  args = ap.parse_args()
+  for shape in SHAPES:
+    fns = programs(shape)
+    for f in fns.values():
+      jax.block_until_ready(f()); jax.block_until_ready(f())
+    per = {k: [] for k in fns}
+    for _ in range(args.rounds):
+      for k, f in fns.items():
+        ts = []
+        for _ in range(args.steps):
+          t = time.perf_counter(); jax.block_until_ready(f()); ts.append(time.perf_counter() - t)
+        per[k].append(statistics.median(ts))
+    best = {k: min(v) for k, v in per.items()}
+    print(shape, {k: f"{1e3 * v:.1f} ms" for k, v in best.items()},
+          "step ratio plain/rj %.3f" % (best["plain_step"] / best["rj_step"]),
+          "grad ratio plain/rj %.3f" % (best["plain_grad"] / best["rj_grad"]),
+          "optimizer+metrics rj %.1f ms plain %.1f ms" % (
+              1e3 * (best["rj_step"] - best["rj_grad"]),
+              1e3 * (best["plain_step"] - best["plain_grad"])))
+
+
+if __name__ == "__main__":
+  main()
