@@ -153,8 +153,6 @@ def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   res: dict[str, Any] = {"step": r.step, "layers": lb}
   ratios = np.array([x["thm41_over_measured"] for x in lb])
   res["summary"] = {
-      "thm41_holds": bool(all(x["measured_upper"] <= x["thm41_bound"] * (1 + 1e-5)
-                              or x["measured_lower"] <= x["thm41_bound"] for x in lb)),
       "measured_lower_le_thm41": bool(all(x["measured_lower"] <= x["thm41_bound"] for x in lb)),
       "measured_upper_le_thm41": bool(all(x["measured_upper"] <= x["thm41_bound"] for x in lb)),
       "cor42_ge_thm41": bool(all(x["cor42_bound"] >= x["thm41_bound"] * (1 - 1e-6)
