@@ -338,6 +338,8 @@ def inf_rms_operator_norm_bracket(jac_TxDxTxD, iters: int = 30, restarts: int = 
   """
   import numpy as np
   jac = np.asarray(jac_TxDxTxD, np.float64)
+  if jac.ndim != 4 or jac.shape[1] != jac.shape[3]:
+    raise ValueError(f"expected a (T, d, T', d) Jacobian, got shape {jac.shape}")
   T, d = jac.shape[:2]
   rng = np.random.default_rng(seed)
   upper = float(np.max(np.sum(np.linalg.norm(jac.transpose(0, 2, 1, 3), ord=2, axis=(-2, -1)),

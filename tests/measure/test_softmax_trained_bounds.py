@@ -32,6 +32,8 @@ def test_inf_rms_norm_bracket_closed_forms():
   # in general lower <= upper, and the lower end is a feasible value
   lo, hi = sb.inf_rms_operator_norm_bracket(rng.standard_normal((T, d, T, d)))
   assert 0 < lo <= hi
+  with pytest.raises(ValueError, match="Jacobian"):
+    sb.inf_rms_operator_norm_bracket(np.zeros((3, 4, 12)))
 
 
 def _small_post_lm():
