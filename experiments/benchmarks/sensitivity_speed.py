@@ -34,6 +34,8 @@ import numpy as np
 
 import common
 from rankjax.measure import sensitivity as sens
+from rankjax.measure import sensitivity_certificates as certs
+from rankjax.measure import sensitivity_exact
 
 SECTION = "## softmax sensitivity"
 QUICK_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -117,7 +119,7 @@ def run(seed: int = 0) -> dict[str, Any]:
   sens.theta_exact(p32)
   res["exact_L32_1000_s"] = time.perf_counter() - t0
   res["exact_L32_1000_cpu_s"] = time.process_time() - c0  # summed over its threads
-  res["exact_workers"] = sens._default_workers()
+  res["exact_workers"] = sensitivity_exact._default_workers()
   p40 = _rows(rng, 3, 40)
   t0 = time.perf_counter()
   sens.theta_mitm(p40)
@@ -126,7 +128,7 @@ def run(seed: int = 0) -> dict[str, Any]:
   res["enumerate_L16_1000"] = _timed(lambda: sens.theta_enumerate(p16), 3)
   p1024 = jnp.asarray(_rows(rng, 512, 1024), jnp.float32)
   res["greedy_passes_512x1024"] = int(
-      jax.jit(lambda q: sens._greedy_boundary(sens._nonneg(q))[3])(p1024))
+      jax.jit(lambda q: certs._greedy_boundary(certs._nonneg(q))[3])(p1024))
   logits = rng.standard_normal((1, 8, 1024, 1024)).astype(np.float32)
   probs = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((1024, 1024), bool)), logits, -jnp.inf), -1)
   key = jax.random.PRNGKey(0)

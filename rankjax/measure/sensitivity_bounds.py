@@ -318,3 +318,43 @@ def _ln_product(y_KxTxD, gamma_KxD, eps, center, key, power_iters):
               log_bound_layer=jnp.sum(jnp.max(log_a, axis=-1)),
               log_norm_T=log_norm_T, log_norm=jnp.max(log_norm_T))
 
+
+
+# ------------------------------------------------- measured (inf,rms) operator norms
+
+
+def inf_rms_operator_norm_bracket(jac_TxDxTxD, iters: int = 30, restarts: int = 2,
+                                  seed: int = 0) -> tuple[float, float]:
+  """``(lower, upper)`` of ``||J||_{inf,rms -> inf,rms}`` for a Jacobian ``(T, d, T, d)``
+  (output token, feature, input token, feature); the left side of Thm 4.1 measured.
+
+  With ``||X||_{inf,rms} = max_i ||x_i||_2 / sqrt(d)`` (Def 2.2) the norm is
+  ``max_i sup_{||h_j||_2 <= sqrt(d)} ||sum_j J_ij h_j||_2 / sqrt(d)``, the maximum of a
+  convex function over a product of balls. ``upper = max_i sum_j ||J_ij||_2`` (triangle
+  inequality; spectral norms of the ``d x d`` blocks). ``lower``: the value of feasible
+  inputs, per output row ``i`` an ascent ``g -> h_j = sqrt(d) J_ij^T g / ||J_ij^T g||
+  -> g = sum_j J_ij h_j`` from ``restarts`` Gaussian starts (it never decreases
+  ``||g||``), plus random sign-free Gaussian probes; host numpy, float64.
+  """
+  import numpy as np
+  jac = np.asarray(jac_TxDxTxD, np.float64)
+  if jac.ndim != 4 or jac.shape[1] != jac.shape[3]:
+    raise ValueError(f"expected a (T, d, T', d) Jacobian, got shape {jac.shape}")
+  T, d = jac.shape[:2]
+  rng = np.random.default_rng(seed)
+  upper = float(np.max(np.sum(np.linalg.norm(jac.transpose(0, 2, 1, 3), ord=2, axis=(-2, -1)),
+                              axis=-1)))
+  best = 0.0
+  for _ in range(8):
+    h = rng.standard_normal((T, d))
+    h *= math.sqrt(d) / np.linalg.norm(h, axis=-1, keepdims=True)
+    best = max(best, float(np.linalg.norm(np.einsum("adsk,sk->ad", jac, h), axis=-1).max()))
+  for i in range(T):
+    for _ in range(restarts):
+      g = rng.standard_normal(d)
+      for _ in range(iters):
+        jt = np.einsum("dsk,d->sk", jac[i], g / max(np.linalg.norm(g), 1e-300))
+        h = math.sqrt(d) * jt / np.maximum(np.linalg.norm(jt, axis=-1, keepdims=True), 1e-300)
+        g = np.einsum("dsk,sk->d", jac[i], h)
+      best = max(best, float(np.linalg.norm(g)))
+  return best / math.sqrt(d), upper

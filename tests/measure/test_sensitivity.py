@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from rankjax.measure import sensitivity as sens
+from rankjax.measure import sensitivity_certificates as certs
 from rankjax.measure import sensitivity_bounds as bounds
 
 
@@ -250,7 +251,7 @@ def test_greedy_prefix_hard_rows_and_pass_bound(dtype):
       p = np.concatenate([hard, soft.astype(dtype)])
       got = np.asarray(sens.theta_certificate(p, "greedy_prefix"))
       np.testing.assert_allclose(got, _greedy_numpy(p), rtol=rtol, atol=1e-30)
-      passes = int(jax.jit(lambda q: sens._greedy_boundary(sens._nonneg(q))[3])(p))
+      passes = int(jax.jit(lambda q: certs._greedy_boundary(certs._nonneg(q))[3])(p))
       assert passes <= (34 if dtype == "float32" else 66)
 
 

@@ -1,0 +1,102 @@
+"""Sec 4.3 of the Post-Norm collapse paper: which frequency loss the collapsed loss meets.
+
+Theorem 3.8's frequency loss (Def 3.7) is for one label collection. For many sequences
+the paper considers (Sec 4.3) "aggregate": pool the labels of all sequences and take
+the entropy of the pooled histogram; "per sequence": each sequence's own frequency
+loss, averaged. "In our experiments, the first one matches the post-collapse training
+loss more closely". We measure both against the training loss of every update after
+the collapse onset, for the collapse study's ``post_collapse`` run (no warmup) and the
+three warmup runs of Fig 6-right / Figs 12-20. The training loss of update ``t`` is the
+loss of batch ``t`` (16 sequences x 64 labels), replayed from the data iterator, so
+per update there are three references:
+
+* ``aggregate_stream``: labels of ``collapse_study.STREAM_FREQ_BATCHES`` batches pooled
+  (the Fig 6 reference; constant);
+* ``aggregate_batch``: the labels of batch ``t`` pooled (1024 labels);
+* ``per_sequence_batch``: the mean of the 16 per-sequence frequency losses of batch ``t``
+  (64 labels each; never above ``aggregate_batch``, concavity of entropy).
+
+A network that collapses every sequence to one vector of its own could reach
+``per_sequence_batch``; one whose output ignores the input reaches at best
+``aggregate_batch`` on batch ``t``, and ``aggregate_stream`` on average.
+
+Run:  python -m experiments.postnorm_collapse.sec43_frequency_reference --out runs/collapse
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from experiments.postnorm_collapse import collapse_study, common, fig3_fig5_transition
+from experiments.postnorm_collapse import seed_lr_runs as sl
+
+REFERENCES = ("aggregate_stream", "aggregate_batch", "per_sequence_batch")
+
+
+def batch_references(cfg, num_updates: int) -> dict[str, np.ndarray]:
+  """Per update ``t = 1..num_updates``: aggregate and per-sequence frequency loss of
+  the batch the run trained on at ``t`` (the data iterator replayed from the start)."""
+  from rankjax.measure.losses import frequency_loss
+  from rankjax.train import loop, tasks
+  it = loop.make_data_iterator(cfg, tasks.make_task(cfg))
+  agg, per = [], []
+  for _ in range(num_updates):
+    y = np.asarray(next(it)["targets"])
+    agg.append(float(frequency_loss(y, vocab_size=cfg.lm.vocab_size)))
+    per.append(float(frequency_loss(y, mode="per_sequence", vocab_size=cfg.lm.vocab_size)))
+  return {"aggregate_batch": np.asarray(agg), "per_sequence_batch": np.asarray(per)}
+
+
+def compare(workdir: str, stream_freq: float) -> dict[str, Any]:
+  """Training loss after the collapse onset against the three references."""
+  from rankjax.train.run_reader import load_run
+  r = load_run(workdir)
+  hist = [h for h in r.history if h.get("kind", "train") == "train" and "loss" in h]
+  steps = np.asarray([h["step"] for h in hist])
+  loss = np.asarray([h["loss"] for h in hist])
+  idx = fig3_fig5_transition.collapse_onset(np.ravel(r.diagnostics["postnorm/last_tsim"]))
+  onset = None if idx is None else int(r.diagnostic_steps[idx])
+  refs = batch_references(r.config, int(steps.max()))
+  refs = {k: v[steps - 1] for k, v in refs.items()}
+  refs["aggregate_stream"] = np.full(loss.shape, stream_freq)
+  after = steps >= onset if onset is not None else np.zeros(loss.shape, bool)
+  out: dict[str, Any] = {"onset_step": onset, "updates_after_onset": int(after.sum())}
+  if not after.any():
+    return out
+  for name in REFERENCES:
+    gap = loss[after] - refs[name][after]
+    out[name] = {"mean_gap": float(gap.mean()), "mean_abs_gap": float(np.abs(gap).mean()),
+                 "mean_reference": float(refs[name][after].mean())}
+  out["mean_loss_after_onset"] = float(loss[after].mean())
+  out["closest"] = min(REFERENCES, key=lambda n: out[n]["mean_abs_gap"])
+  return out
+
+
+def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
+  """The comparison for ``post_collapse`` and the three warmup runs; ``sec43.json``."""
+  if scale != "quick":
+    raise ValueError("only the quick scale runs here (it reuses the quick collapse runs)")
+  start = time.time()
+  cfg = common.load_config(collapse_study.RUNS["post_collapse"][0])
+  stream_freq = collapse_study.stream_frequency_loss(cfg)
+  runs = {"post_collapse": collapse_study.train_run("post_collapse", out_dir)}
+  for lr in sl.ABLATION_LRS:
+    runs[f"warmup_lr{lr:g}"] = sl.train(sl.warmup_run_name(lr, 0), out_dir)
+  ours = {name: compare(wd, stream_freq) for name, wd in runs.items()}
+  result = {"figure": "postnorm_collapse Sec 4.3 aggregate vs per-sequence frequency loss",
+            "scale": scale,
+            "paper": {"claim": "the aggregate frequency loss matches the post-collapse "
+                               "training loss more closely than the per-sequence one"},
+            "settings": {"stream_freq_batches": collapse_study.STREAM_FREQ_BATCHES,
+                         "stream_freq_loss": stream_freq,
+                         "onset": "first logged update from which last-layer t_sim stays "
+                                  ">= 0.99 (fig3_fig5_transition.collapse_onset)"},
+            "ours": ours, "seconds": time.time() - start}
+  common.write_json(out_dir, "sec43.json", result)
+  return result
+
+
+if __name__ == "__main__":
+  common.main(run, __doc__, "runs/postnorm_collapse/collapse", show=lambda r: r["ours"])

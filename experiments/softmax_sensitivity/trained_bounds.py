@@ -1,0 +1,203 @@
+"""Sec 4 bounds on trained checkpoints: Thm 4.1 / Cor 4.2 vs measured MHA Jacobian
+norms, Cor A.3's Post-LN contraction condition, per-row (certificate, p_max) records.
+
+Paper: "Exact Attention Sensitivity and the Geometry of Transformer Stability".
+For the final parameters of the quick Pre-LN and Post-LN runs of ``prepost_training``
+(trained there, or here when missing), on the first ``SEQS`` sequences of one training
+batch, first ``T`` tokens (the attention is causal, so the first ``T`` outputs are
+those of the full sequence), per layer:
+
+* the MHA input ``U`` is the captured sublayer input ``X_1`` (``LN(h)`` in Pre-LN,
+  the stream ``h`` in Post-LN); the model's ``(d, d)`` projections are split per head
+  (``w_q[:, h d_h:(h+1) d_h]``, the model's reshape order; ``W^O`` acts on the head
+  concatenation), and the split MHA is checked against the model's attention module;
+* measured ``Lambda_MHA(U) = ||D MHA(U)||_{inf,rms -> inf,rms}`` from the autodiff
+  Jacobian, bracketed (``sensitivity_bounds.inf_rms_operator_norm_bracket``: feasible
+  inputs below, the block row-sum above);
+* Thm 4.1's local bound with exact ``theta`` on each causal row (``mha_local_bound``),
+  and Cor 4.2's ``L_MHA^(B)`` at ``B = ||U||_{inf,rms}`` (Cor 4.2 holds on the whole
+  ball, so it is >= Thm 4.1's bound with theta <= 1);
+* for Post-LN, Cor A.3: ``a_{k,i} = ||gamma_k||_inf / sigma_k(y_{k,i})`` over the 2L
+  in-block LayerNorms (inputs ``Y_1``, ``Y_2`` of every layer, all tokens of the batch),
+  the worst-token factor ``max_i a_{k,i}`` per module (the condition is that it stays
+  ``<= 1 - eta``), the bound ``log max_i prod_k a_{k,i}`` and the measured
+  ``log ||prod_k J_LN,k||_2`` (``layernorm_only_product``);
+* per-row records at every layer: ``attention_statistics`` rows (greedy-prefix
+  certificate, the paper's) with ``p_max``, entropy and the balance certificate (ours)
+  of the same rows, saved to ``rows_<run>.json``.
+
+Run:  python -m experiments.softmax_sensitivity.trained_bounds --out runs/softmax_sensitivity
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import runner
+from experiments.softmax_sensitivity import prepost_training as pt
+
+SEED = 42
+SEQS = 2     # sequences per layer for the Jacobian
+T = 32       # tokens per sequence for the Jacobian
+ROWS = 256   # attention rows per layer for the records
+
+
+def split_heads(w_attn: dict[str, Any], heads: int):
+  """The model's ``(d, d)`` projections as Sec 4.1's per-head ``(H, d, d_h)`` and
+  ``W^O`` ``(H d_h, d)`` (columns ``h d_h .. (h+1) d_h - 1`` of ``w_q`` are head ``h``,
+  as ``reshape(b, t, heads, d_h)`` in ``models/attention.py``)."""
+  def per_head(w):
+    d = w.shape[0]
+    return jnp.asarray(w).reshape(d, heads, d // heads).transpose(1, 0, 2)
+  return (per_head(w_attn["w_q"]), per_head(w_attn["w_k"]), per_head(w_attn["w_v"]),
+          jnp.asarray(w_attn["w_o"]))
+
+
+def split_mha(u_TxD, wq, wk, wv, wo):
+  """Causal MHA from per-head weights (Sec 4.1), tau = 1: ``[A_h U W_h^V]_h W^O``."""
+  from rankjax.measure.sensitivity_bounds import mha_attention_probs
+  probs = mha_attention_probs(u_TxD, wq, wk, 1.0, causal=True)
+  out = jnp.einsum("hts,sd,hdk->thk", probs, u_TxD, wv)
+  return out.reshape(u_TxD.shape[0], -1) @ wo
+
+
+def _captures(model, params, tokens):
+  _, state = model.apply({"params": params}, tokens, capture=True, capture_probs=True,
+                         mutable=["intermediates"])
+  inter = state["intermediates"]["layers"]
+  return {k: inter[k][0] for k in ("x1", "y1", "y2")}, inter["attn"]["attn_probs"][0]
+
+
+def layer_bounds(mcfg, params, x1_LxBxTxD) -> list[dict[str, Any]]:
+  """Thm 4.1 / Cor 4.2 against the measured Jacobian norm, per layer and sequence."""
+  from rankjax.measure import sensitivity_bounds as sb
+  from rankjax.models.attention import CausalSelfAttention
+  attn = CausalSelfAttention(mcfg)
+  out = []
+  for layer in range(mcfg.num_layers):
+    w = jax.tree.map(lambda a: a[layer], params["layers"]["attn"])
+    wq, wk, wv, wo = split_heads(w, mcfg.num_heads)
+    for b in range(SEQS):
+      u = jnp.asarray(x1_LxBxTxD[layer, b, :T], jnp.float32)
+      model_out = attn.apply({"params": w}, u[None])[0]
+      split_err = float(jnp.max(jnp.abs(split_mha(u, wq, wk, wv, wo) - model_out))
+                        / jnp.max(jnp.abs(model_out)))
+      jac = jax.jacfwd(lambda x: split_mha(x, wq, wk, wv, wo))(u)
+      lower, upper = sb.inf_rms_operator_norm_bracket(jac)
+      loc = sb.mha_local_bound(u, wq, wk, wv, wo, causal=True, theta="exact")
+      B = float(sb.block_inf_rms_norm(u))
+      cor = float(sb.mha_lipschitz_bound(wq, wk, wv, wo, B))
+      out.append({"layer": layer, "seq": b, "measured_lower": lower, "measured_upper": upper,
+                  "thm41_bound": float(loc["bound"]), "cor42_bound": cor,
+                  "thm41_over_measured": float(loc["bound"]) / lower,
+                  "theta_tilde_per_head": [float(x) for x in loc["theta_tilde"]],
+                  "value_term_share": float(jnp.sum(loc["value_term"]) / jnp.sum(
+                      loc["value_term"] + loc["attention_term"])),
+                  "block_inf_rms_U": B, "split_vs_model_rel_err": split_err})
+  return out
+
+
+def cor_a3(mcfg, params, y1_LxBxTxD, y2_LxBxTxD) -> dict[str, Any]:
+  """Cor A.3 on the Post-LN in-block LayerNorms, every token of the batch."""
+  from rankjax.measure.sensitivity_bounds import layernorm_only_product
+  L, B, Tn, d = y1_LxBxTxD.shape
+  y = jnp.stack([y1_LxBxTxD, y2_LxBxTxD], 1).reshape(2 * L, B * Tn, d)
+  g = jnp.stack([params["layers"]["norm_ffn_in"]["scale"],
+                 params["layers"]["norm_out"]["scale"]], 1).reshape(2 * L, d)
+  r = layernorm_only_product(y, g, mcfg.norm_eps, "layer")
+  worst = np.asarray(r["worst_token_factor_K"], np.float64)
+  return {"worst_token_factor": worst.tolist(),
+          "frac_modules_worst_below_1": float(np.mean(worst < 1.0)),
+          "max_worst_token_factor": float(worst.max()),
+          "log_bound_token": float(r["log_bound_token"]),
+          "log_bound_layer": float(r["log_bound_layer"]),
+          "log_norm_measured": float(r["log_norm"]),
+          "median_a": float(np.median(np.asarray(r["a_KxT"])))}
+
+
+def row_records(probs_LxBxHxTxT, key) -> list[dict[str, Any]]:
+  """Per layer: sampled causal rows with (greedy certificate, p_max, entropy) as in
+  Sec 5 and our balance certificate of the same rows."""
+  from rankjax.measure import sensitivity as sens
+  recs = []
+  for layer in range(probs_LxBxHxTxT.shape[0]):
+    p = probs_LxBxHxTxT[layer]
+    st = sens.attention_statistics(p, jax.random.fold_in(key, layer), num_rows=ROWS)
+    r = jax.device_get(st["rows"])
+    rows = p[r["b"], r["h"], r["t"]]
+    rows = jnp.where(jnp.arange(p.shape[-1])[None] <= r["t"][:, None], rows, 0.0)
+    bal = jax.device_get(sens.theta_certificate(rows / rows.sum(-1, keepdims=True), "balance"))
+    recs += [{"layer": layer, "b": int(r["b"][i]), "h": int(r["h"][i]), "t": int(r["t"][i]),
+              "theta_cert_greedy": float(r["theta_cert"][i]), "p_max": float(r["p_max"][i]),
+              "entropy_norm": float(r["entropy_norm"][i]),
+              "theta_cert_balance": float(bal[i])} for i in range(len(r["t"]))]
+  return recs
+
+
+def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  from rankjax.models.transformer import DecoderLM
+  from rankjax.train import loop, tasks
+  from rankjax.train.run_reader import load_run
+  r = load_run(workdir)
+  cfg = r.config
+  params = jax.tree.map(jnp.asarray, r.params)
+  batch = next(loop.make_data_iterator(cfg, tasks.make_task(cfg)))
+  tokens = jnp.asarray(batch["inputs"]).reshape(-1, cfg.seq_len)[:8]
+  caps, probs = _captures(DecoderLM(cfg.lm), params, tokens)
+  lb = layer_bounds(cfg.lm, params, caps["x1"])
+  res: dict[str, Any] = {"step": r.step, "layers": lb}
+  ratios = np.array([x["thm41_over_measured"] for x in lb])
+  res["summary"] = {
+      "measured_lower_le_thm41": bool(all(x["measured_lower"] <= x["thm41_bound"] for x in lb)),
+      "measured_upper_le_thm41": bool(all(x["measured_upper"] <= x["thm41_bound"] for x in lb)),
+      "cor42_ge_thm41": bool(all(x["cor42_bound"] >= x["thm41_bound"] * (1 - 1e-6)
+                                 for x in lb)),
+      "thm41_over_measured_median": float(np.median(ratios)),
+      "thm41_over_measured_range": [float(ratios.min()), float(ratios.max())],
+      "cor42_over_thm41_median": float(np.median([x["cor42_bound"] / x["thm41_bound"]
+                                                  for x in lb])),
+      "theta_tilde_range": [float(min(min(x["theta_tilde_per_head"]) for x in lb)),
+                            float(max(max(x["theta_tilde_per_head"]) for x in lb))],
+      "value_term_share_median": float(np.median([x["value_term_share"] for x in lb])),
+      "max_split_vs_model_rel_err": float(max(x["split_vs_model_rel_err"] for x in lb))}
+  if cfg.lm.norm_position == "post":
+    res["cor_a3"] = cor_a3(cfg.lm, params, caps["y1"], caps["y2"])
+  recs = row_records(probs, jax.random.PRNGKey(0))
+  res["rows_summary"] = {"num_rows": len(recs), "frac_p_max_ge_half": float(np.mean(
+      [x["p_max"] >= 0.5 for x in recs])), "median_theta_cert_greedy": float(np.median(
+      [x["theta_cert_greedy"] for x in recs]))}
+  return res, recs
+
+
+def run(out_dir: str, scale: str = "quick", seed: int = SEED) -> dict[str, Any]:
+  """Both placements at ``seed``; writes ``trained_bounds.json`` and the row records."""
+  if scale not in ("quick", "quick_sharpen"):
+    raise ValueError(f"scale {scale!r}: only quick and quick_sharpen run here (it reads the "
+                     "prepost_training checkpoints of that scale)")
+  start = time.time()
+  train_dir = os.path.join(os.path.dirname(os.path.abspath(out_dir)), "prepost_training")
+  pt.use_compile_cache(os.path.join(train_dir, "jax_cache"))
+  ours = {}
+  for arch in pt.ARCHS:
+    wd = os.path.join(train_dir, "runs", f"{arch}_s{seed}")
+    pt.train_one(pt.make_config(scale, arch, seed), wd)      # reuses a finished run
+    res, recs = analyze_run(wd)
+    runner.write_json(out_dir, f"rows_{arch}_s{seed}.json", {"rows": recs})
+    ours[arch] = res
+  result = {"figure": "softmax_sensitivity Thm 4.1 / Cor 4.2 / Cor A.3 on trained checkpoints",
+            "scale": scale, "seed": seed,
+            "settings": {"seqs": SEQS, "tokens": T, "rows_per_layer": ROWS,
+                         "runs": os.path.join(train_dir, "runs")},
+            "ours": ours, "seconds": time.time() - start}
+  runner.write_json(out_dir, "trained_bounds.json", result)
+  return result
+
+
+if __name__ == "__main__":
+  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/trained_bounds",
+                     scales=["quick", "quick_sharpen"], show=lambda r: {a: v["summary"] for a, v in r["ours"].items()})
