@@ -10,6 +10,7 @@ Run:  python experiments/benchmarks/ablate_plain.py [--steps 5] [--rounds 3]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -24,7 +25,7 @@ from rankjax.train.loop import build
 SHAPES = ((128, 4, 8, 512, 128, 16), (256, 4, 4, 1024, 256, 8))
 
 
-def programs(shape):
+def programs(shape, variants=()):
   d, heads, layers, d_ff, seq_len, batch = shape
   cfg = plain_config(*shape)
   c = build(cfg)
@@ -56,18 +57,31 @@ def programs(shape):
     holder["plain"], loss = plain_step(holder["plain"], plain_tokens)
     return loss
 
-  return {"rj_step": rj, "plain_step": plain,
-          "rj_grad": lambda: rj_grad(holder["rj"].params, micro),
-          "plain_grad": lambda: plain_grad(holder["plain"][0], plain_tokens)}
+  out = {"rj_step": rj, "plain_step": plain,
+         "rj_grad": lambda: rj_grad(holder["rj"].params, micro),
+         "plain_grad": lambda: plain_grad(holder["plain"][0], plain_tokens)}
+  for field, value in variants:      # rankjax's gradient with one TransformerConfig field changed
+    vc = build(dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, **{field: value})))
+    vg = jax.jit(jax.grad(lambda p, b, vc=vc: vc.task.loss(p, b, None, deterministic=True)[0]))
+    vp = vc.init().params
+    out[f"rj_grad[{field}={value}]"] = lambda vg=vg, vp=vp: vg(vp, micro)
+  return out
 
 
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--steps", type=int, default=5)
   ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--variant", action="append", default=[],
+                  help="FIELD=VALUE of TransformerConfig, e.g. attention_impl=einsum, "
+                       "scan_unroll=8 (an int where it parses as one)")
   args = ap.parse_args()
+  variants = []
+  for v in args.variant:
+    k, val = v.split("=", 1)
+    variants.append((k, int(val) if val.lstrip("-").isdigit() else val))
   for shape in SHAPES:
-    fns = programs(shape)
+    fns = programs(shape, variants)
     for f in fns.values():
       jax.block_until_ready(f()); jax.block_until_ready(f())
     per = {k: [] for k in fns}
@@ -81,6 +95,7 @@ def main():
     print(shape, {k: f"{1e3 * v:.1f} ms" for k, v in best.items()},
           "step ratio plain/rj %.3f" % (best["plain_step"] / best["rj_step"]),
           "grad ratio plain/rj %.3f" % (best["plain_grad"] / best["rj_grad"]),
+          {k: "%.3f" % (best["plain_grad"] / v) for k, v in best.items() if k.startswith("rj_grad[")},
           "optimizer+metrics rj %.1f ms plain %.1f ms" % (
               1e3 * (best["rj_step"] - best["rj_grad"]),
               1e3 * (best["plain_step"] - best["plain_grad"])))
