@@ -35,13 +35,13 @@ import numpy as np
 
 from rankjax.measure.losses import frequency_loss
 from rankjax.measure.similarity import mean_projection
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
 
 def _sq_norm(x: Array, axes: tuple[int, ...]) -> Array:
-  x = jnp.asarray(x)
-  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  x = as_float(x)
   return jnp.sum(x * x, axis=axes)
 
 

@@ -40,6 +40,7 @@ from rankjax.measure import host_svd, paths, spectra
 from rankjax.measure import precision as precision_lib
 from rankjax.measure import seed_devices, weight_draws
 from rankjax.models import blocks as blocks_lib
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
@@ -325,7 +326,7 @@ def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
   ts = input_output_jacobians(bj, cfg)
   # L * seeds SVDs, a thread per core on CPU (host_svd): 0.94 s against 1.29 s for XLA's
   # batched SVD in the benchmark's study (L=48, d=256, 8 seeds, 2 cores).
-  sv = host_svd.singular_values_threaded(ts.astype(jnp.promote_types(ts.dtype, jnp.float32)))
+  sv = host_svd.singular_values_threaded(as_float(ts))
   acc, unc = paths.accumulated_branch(bj.relative_branch)
   out = {
       "erank": spectra.effective_rank_from_singular_values(sv) / d,

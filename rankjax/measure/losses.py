@@ -22,12 +22,10 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from rankjax.numerics import float_dtype
+
 Array = jax.Array
 FrequencyMode = Literal["aggregate", "per_sequence"]
-
-
-def _acc_dtype(x: Array) -> jnp.dtype:
-  return jnp.promote_types(jnp.asarray(x).dtype, jnp.float32)
 
 
 @jax.jit
@@ -48,7 +46,7 @@ def cross_entropy(logits: Array, labels: Array, mask: Array | None = None) -> Ar
     Scalar mean negative log-likelihood in nats.
   """
   z = jnp.asarray(logits)
-  z = z.astype(_acc_dtype(z))
+  z = z.astype(float_dtype(z))
   labels = jnp.asarray(labels)
   lse = jax.nn.logsumexp(z, axis=-1)
   z_y = jnp.take_along_axis(z, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]

@@ -26,15 +26,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rankjax.numerics import as_float
+
 Array = jax.Array
-
-
-def _float_dtype(x: Array) -> jnp.dtype:
-  """At least float32 (float64 stays float64; integers get the default float)."""
-  dtype = jnp.asarray(x).dtype
-  if not jnp.issubdtype(dtype, jnp.floating):
-    return jnp.result_type(float)
-  return jnp.promote_types(dtype, jnp.float32)
 
 
 @jax.jit
@@ -49,8 +43,7 @@ def token_similarity(x_NxD: Array) -> Array:
     float32. The zero matrix has numerator 0 and is given similarity 0 (the ratio
     is undefined there); the gradient stays finite.
   """
-  x = jnp.asarray(x_NxD)
-  x = x.astype(_float_dtype(x))
+  x = as_float(x_NxD)
   n = x.shape[-2]
   mean_D = jnp.mean(x, axis=-2)
   num = n * jnp.sum(mean_D * mean_D, axis=-1)              # ||Pi_1 X||_F^2

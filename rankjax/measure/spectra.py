@@ -42,6 +42,7 @@ import numpy as np
 from scipy import special
 
 from rankjax.measure import precision as precision_lib
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
@@ -52,8 +53,7 @@ Array = jax.Array
 @precision_lib.measured
 def singular_values(a_NxM: Array) -> Array:
   """Singular values (descending) over the last two axes, in at least float32."""
-  a = jnp.asarray(a_NxM)
-  a = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+  a = as_float(a_NxM)
   return jnp.linalg.svd(a, compute_uv=False)
 
 

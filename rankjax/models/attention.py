@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
+from rankjax.numerics import float_dtype
 from rankjax.measure.similarity import prefix_average_matrix
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -60,7 +61,7 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
   input's dtype.
   """
   _, t, _, dh = x_BxTxHxD.shape
-  acc = jnp.promote_types(x_BxTxHxD.dtype, jnp.float32)
+  acc = float_dtype(x_BxTxHxD.dtype)
   theta = base ** (-jnp.arange(0, dh, 2, dtype=acc) / dh)                # (dh/2,)
   angle = jnp.arange(t, dtype=acc)[:, None] * theta[None, :]             # (T, dh/2)
   cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]      # (T, 1, dh/2)
@@ -86,7 +87,7 @@ def fused_impl(cfg: TransformerConfig, dtype) -> str:
 def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
   """``C_n V`` without C_n: row i is the mean of rows 1..i (in float32)."""
   t = v_BxTxHxD.shape[1]
-  acc = jnp.promote_types(v_BxTxHxD.dtype, jnp.float32)
+  acc = float_dtype(v_BxTxHxD.dtype)
   counts = jnp.arange(1, t + 1, dtype=acc)[None, :, None, None]
   return jnp.cumsum(v_BxTxHxD.astype(acc), axis=1) / counts
 
@@ -127,13 +128,13 @@ class CausalSelfAttention(nn.Module):
           q, k, v, is_causal=True, scale=1.0 / (math.sqrt(dh) * cfg.tau),
           implementation=fused_impl(cfg, dtype))
       if cfg.prefix_avg_removal:
-        out = (out.astype(jnp.promote_types(dtype, jnp.float32))
+        out = (out.astype(float_dtype(dtype))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
     return out.reshape(b, t, d) @ proj("w_o", output_proj=True)
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:
     cfg, dtype, t = self.cfg, q.dtype, q.shape[1]
-    acc = jnp.promote_types(dtype, jnp.float32)     # float32, or float64 under x64
+    acc = float_dtype(dtype)     # float32, or float64 under x64
     logits_BxHxTxT = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(acc)
     logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(cfg.d_head) * cfg.tau)
     causal = jnp.tril(jnp.ones((t, t), bool))

@@ -18,6 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rankjax.numerics import as_float
+
 
 def rms(x: jax.Array, eps: float = 0.0) -> jax.Array:
   """Root mean square over the last axis, keepdims."""
@@ -61,7 +63,7 @@ class Norm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = normalize(x.astype(jnp.promote_types(x.dtype, jnp.float32)), self.op, self.eps)
+    y = normalize(as_float(x), self.op, self.eps)
     if self.gain and has_gain(self.op):
       scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
       y = y * scale
