@@ -40,6 +40,7 @@ from rankjax.measure import host_svd, paths, spectra
 from rankjax.measure import precision as precision_lib
 from rankjax.measure import seed_devices, weight_draws
 from rankjax.models import blocks as blocks_lib
+from rankjax.models import norms
 from rankjax.numerics import as_float
 
 Array = jax.Array
@@ -50,7 +51,8 @@ class BlockJacobianMethod(enum.Enum):
 
   CLOSED_FORM: ``J_f = W_down^T diag(sigma'(pre)) W_up^T`` (Eq. 9, 25; row-vector
     code ``x @ W``), one ``d x m x d`` GEMM per block, and every norm Jacobian applied
-    as its rank-one/two update (Eq. 19-20, Table 2) in O(d^2). Default; about half
+    as its rank-one/two update (Eq. 19-20, Table 2) in O(d^2)
+    (``models.norms.jacobian_left/right``). Default; about half
     the FLOPs of JACFWD.
   JACFWD: ``jax.jacfwd`` of ``blocks.block_fn`` with respect to (h, h_skip) and of
     ``blocks.branch_out`` (for G): 2d forward tangents per block, each costing one
@@ -85,56 +87,6 @@ def identity_skip(cfg: MLPConfig) -> bool:
 
 def supports_path_sums(cfg: MLPConfig) -> bool:
   return cfg.skip_every in (0, 1)
-
-
-# ---------------------------------------------------------------------------
-# Norm Jacobians applied in O(d^2) (App B.1, Eq. 19-20, Table 2)
-
-
-def _rms_parts(x: Array, eps: float) -> tuple[Array, Array]:
-  r = jnp.sqrt(jnp.mean(jnp.square(x)) + eps)
-  return r, x / (jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype)) * r)
-
-
-def norm_jacobian_left(m_DxK: Array, x_D: Array, op: str, eps: float,
-                       scale_D: Array | None = None) -> Array:
-  """``J_op(x) @ M`` without forming J_op (J of ``normalize(x, op) * scale``)."""
-  if op == "none":
-    out = m_DxK
-  elif op == "detached_rms":
-    out = m_DxK / jnp.sqrt(jnp.mean(jnp.square(x_D)) + eps)
-  elif op == "mean":
-    out = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
-  elif op in ("rms", "layer"):
-    if op == "layer":
-      m_DxK = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
-      x_D = x_D - jnp.mean(x_D)
-    r, v = _rms_parts(x_D, eps)              # J = (1/r)(I - v v^T)
-    out = (m_DxK - v[:, None] * (v @ m_DxK)[None, :]) / r
-  else:
-    raise ValueError(f"unknown norm op {op!r}")
-  return out if scale_D is None else scale_D[:, None] * out
-
-
-def norm_jacobian_right(m_KxD: Array, x_D: Array, op: str, eps: float,
-                        scale_D: Array | None = None) -> Array:
-  """``M @ J_op(x)`` without forming J_op."""
-  if scale_D is not None:
-    m_KxD = m_KxD * scale_D[None, :]
-  if op == "none":
-    return m_KxD
-  if op == "detached_rms":
-    return m_KxD / jnp.sqrt(jnp.mean(jnp.square(x_D)) + eps)
-  if op == "mean":
-    return m_KxD - jnp.mean(m_KxD, axis=1, keepdims=True)
-  if op in ("rms", "layer"):
-    xc = x_D - jnp.mean(x_D) if op == "layer" else x_D
-    r, v = _rms_parts(xc, eps)
-    out = (m_KxD - (m_KxD @ v)[:, None] * v[None, :]) / r
-    if op == "layer":
-      out = out - jnp.mean(out, axis=1, keepdims=True)
-    return out
-  raise ValueError(f"unknown norm op {op!r}")
 
 
 def _elementwise_derivative(fn, z: Array) -> Array:
@@ -174,19 +126,19 @@ def _block_closed_form(params, h, h_start, closes, cfg, beta):
   eps = cfg.norm_eps
   z = blocks_lib._norm(params, "p", p_op, h, eps)
   f, jf = branch_core_jacobian(params, z, cfg)
-  jfp = norm_jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
+  jfp = norms.jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
   u = blocks_lib._norm(params, "b", b_op, f, eps)
-  jbfp = norm_jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))
+  jbfp = norms.jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))
   beta_eff = jnp.where(closes, beta, 1.0).astype(h.dtype)
   g = beta_eff * jbfp
   pre_r = jnp.where(closes, h_start + beta * u, u)
   h_new = blocks_lib._norm(params, "r", r_op, pre_r, eps)
-  b = norm_jacobian_left(g, pre_r, r_op, eps, params.get("r_scale"))
+  b = norms.jacobian_left(g, pre_r, r_op, eps, params.get("r_scale"))
   if identity_skip(cfg):
     k = None
   else:
     eye = jnp.eye(h.shape[-1], dtype=h.dtype) * closes.astype(h.dtype)
-    k = norm_jacobian_left(eye, pre_r, r_op, eps, params.get("r_scale"))
+    k = norms.jacobian_left(eye, pre_r, r_op, eps, params.get("r_scale"))
   return h_new, k, b, g
 
 

@@ -12,20 +12,21 @@ that are orthogonal with equal norms give ``1/n``.
 
 The prefix-average matrix ``C_n`` (Sec 3.1, Eq. (3), Assumption C.2) is causal
 attention with uniform weights over each prefix: ``(C_n)_ij = 1/i`` for ``i >= j``
-(1-indexed) and 0 above the diagonal.
+(1-indexed) and 0 above the diagonal; it is defined with the attention that uses it
+(``rankjax.models.attention.prefix_average_matrix``) and re-exported here.
 
 All functions are pure ``jnp`` functions of arrays, batched over leading axes and
 safe under ``jax.jit`` / ``jax.vmap``.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from rankjax.models.attention import prefix_average_matrix  # noqa: F401 (re-export)
 from rankjax.numerics import as_float
 
 Array = jax.Array
@@ -50,26 +51,6 @@ def token_similarity(x_NxD: Array) -> Array:
   den = jnp.sum(x * x, axis=(-2, -1))                      # ||X||_F^2
   safe_den = jnp.where(den > 0, den, 1.0)
   return jnp.where(den > 0, num / safe_den, 0.0)
-
-
-@functools.partial(jax.jit, static_argnames=("n", "dtype"))
-def prefix_average_matrix(n: int, dtype: Any = jnp.float32) -> Array:
-  """The causal prefix-average matrix ``C_n`` (paper Eq. (3), Assumption C.2).
-
-  ``(C_n)_ij = 1/i`` for ``i >= j`` and ``0`` otherwise (1-indexed rows ``i``), i.e.
-  row ``i`` averages the first ``i`` tokens. Identities used by Thm C.3:
-  ``||C_n||_F^2 = H_n`` and ``||Pi_1 C_n||_F^2 = 2 - H_n / n``.
-
-  Args:
-    n: sequence length (static).
-    dtype: output dtype.
-
-  Returns:
-    ``(n, n)`` lower-triangular row-stochastic matrix.
-  """
-  i_N = jnp.arange(1, n + 1, dtype=dtype)
-  mask_NxN = jnp.tril(jnp.ones((n, n), dtype=bool))
-  return jnp.where(mask_NxN, 1.0 / i_N[:, None], 0.0).astype(dtype)
 
 
 def mean_projection(x_NxD: Array) -> Array:

@@ -22,7 +22,9 @@ Two paths compute the same function:
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -30,7 +32,6 @@ import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
 from rankjax.numerics import float_dtype
-from rankjax.measure.similarity import prefix_average_matrix
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -69,6 +70,44 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
   even, odd = x[..., 0], x[..., 1]
   out = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
   return out.reshape(x_BxTxHxD.shape).astype(x_BxTxHxD.dtype)
+
+
+def causal_probabilities(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array,
+                         tau: float = 1.0) -> jax.Array:
+  """``P = softmax_row(Q K^T / (sqrt(d_head) tau) + M_causal)`` per head (postnorm
+  Eq. 2), ``(B, H, T, T)`` in ``float_dtype(q)``: the one einsum attention of the
+  library (``CausalSelfAttention``'s einsum path, the GPT-2 reader's forward pass and
+  ``flax_capture.causal_probs`` call it). The logits are formed in q's dtype and
+  accumulated in at least float32; keys after the query get ``finfo.min`` (zero
+  probability: every row keeps its diagonal)."""
+  t, dh = q_BxTxHxD.shape[-3], q_BxTxHxD.shape[-1]
+  acc = float_dtype(q_BxTxHxD.dtype)
+  logits_BxHxTxT = jnp.einsum("...qhd,...khd->...hqk", q_BxTxHxD, k_BxTxHxD).astype(acc)
+  logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(dh) * tau)
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(acc).min)
+  return jax.nn.softmax(logits_BxHxTxT, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "dtype"))
+def prefix_average_matrix(n: int, dtype: Any = jnp.float32) -> jax.Array:
+  """The causal prefix-average matrix ``C_n`` (postnorm Eq. (3), Assumption C.2).
+
+  ``(C_n)_ij = 1/i`` for ``i >= j`` and ``0`` otherwise (1-indexed rows ``i``), i.e.
+  row ``i`` averages the first ``i`` tokens. Identities used by Thm C.3:
+  ``||C_n||_F^2 = H_n`` and ``||Pi_1 C_n||_F^2 = 2 - H_n / n``. Also
+  ``rankjax.prefix_average_matrix`` and ``rankjax.measure.similarity``'s.
+
+  Args:
+    n: sequence length (static).
+    dtype: output dtype.
+
+  Returns:
+    ``(n, n)`` lower-triangular row-stochastic matrix.
+  """
+  i_N = jnp.arange(1, n + 1, dtype=dtype)
+  mask_NxN = jnp.tril(jnp.ones((n, n), dtype=bool))
+  return jnp.where(mask_NxN, 1.0 / i_N[:, None], 0.0).astype(dtype)
 
 
 def fused_impl(cfg: TransformerConfig, dtype) -> str:
@@ -134,12 +173,7 @@ class CausalSelfAttention(nn.Module):
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:
     cfg, dtype, t = self.cfg, q.dtype, q.shape[1]
-    acc = float_dtype(dtype)     # float32, or float64 under x64
-    logits_BxHxTxT = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(acc)
-    logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(cfg.d_head) * cfg.tau)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(acc).min)
-    probs = jax.nn.softmax(logits_BxHxTxT, axis=-1)
+    probs = causal_probabilities(q, k, cfg.tau)     # float32, or float64 under x64
     if cfg.prefix_avg_removal:
       probs = probs - cfg.prefix_avg_removal * prefix_average_matrix(t, probs.dtype)
     if capture_probs:
