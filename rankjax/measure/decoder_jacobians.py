@@ -11,7 +11,7 @@ Each layer of the decoder is two residual sublayers of "Transforming Rank" Eq. 1
     Jacobian through the layer: the FFN acts on each token alone, so
     ``d h'_t / d h_t = ffn_sublayer @ attention_sublayer`` at fixed other tokens.
 
-These are the decoder's analogue of ``gpt2.sublayer_jacobians`` (the Pre-LN GPT-2 FFN
+These are the decoder's analogue of ``gpt2_jacobians.sublayer_jacobians`` (the Pre-LN GPT-2 FFN
 and attention Jacobians of App B.3 / D.5) for any ``cfg.norm_ops``.
 ``sequence_jacobians`` gives the whole-sequence attention Jacobians
 ``d [.]_t / d h_s`` over all positions (memory ``L T^2 d^2``: small T).
