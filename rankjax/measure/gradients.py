@@ -69,15 +69,19 @@ def sublayer_grad_contribution(dx_LxBxTxD: Array, dy_LxBxTxD: Array,
   return _safe_div(jnp.sqrt(_sq_norm(dx_LxBxTxD, axes)), jnp.sqrt(_sq_norm(dy_LxBxTxD, axes)))
 
 
-def rms_factor(y_TxD: Array, eps: float = 0.0) -> Array:
+def rms_factor(y_TxD: Array, eps: Array | float = 0.0) -> Array:
   """Per-token RMSNorm factor ``sqrt(d)/||y_i||`` (Sec 3.2, Thm 3.6), ``(..., T)``.
 
   It is the spectral norm of the RMSNorm Jacobian at row ``y_i`` (without gain);
-  ``eps`` adds RMSNorm's stabilizer: ``1/sqrt(||y||^2/d + eps)``.
+  ``eps`` adds RMSNorm's stabilizer: ``1/sqrt(||y||^2/d + eps)``. The library's one
+  RMS factor: also the diagonal ``T_ii`` of the Post-Norm paper's App C.5 (Thm C.6,
+  ``theory.rms_spread``). A zero row gives 0 at ``eps = 0``; ``eps`` may be traced.
   """
   d = jnp.shape(y_TxD)[-1]
   ms = _sq_norm(y_TxD, (-1,)) / d
-  return jax.lax.rsqrt(ms + eps) if eps else _safe_div(1.0, jnp.sqrt(ms))
+  if isinstance(eps, (int, float)) and eps == 0:
+    return _safe_div(1.0, jnp.sqrt(ms))
+  return jax.lax.rsqrt(ms + as_float(eps))
 
 
 def rms_factor_stats(y_LxBxTxD: Array, eps: float = 0.0) -> tuple[Array, Array]:

@@ -79,7 +79,7 @@ def _entropy_of_counts(counts_V: Array) -> Array:
   """``-sum_i p_i log p_i`` with ``p = c / sum(c)`` and ``0 log 0 = 0``."""
   total = jnp.sum(counts_V, axis=-1, keepdims=True)
   p = counts_V / total
-  return -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+  return jnp.sum(jax.scipy.special.entr(p), axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("vocab_size", "mode"))

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rankjax.measure import precision as precision_lib
+from rankjax.measure import similarity
 from rankjax.numerics import as_float
 
 Array = jax.Array
@@ -287,6 +288,4 @@ def accumulated_branch(g_LxDxD: Array) -> tuple[Array, Array]:
 @precision_lib.measured
 def block_cosines(g_LxDxD: Array) -> Array:
   """Pairwise ``<G_i, G_j> / (||G_i|| ||G_j||)`` between blocks (Fig 12a); (..., L, L)."""
-  flat = g_LxDxD.reshape(*g_LxDxD.shape[:-2], -1)
-  flat = flat / jnp.linalg.norm(flat, axis=-1, keepdims=True)
-  return flat @ jnp.swapaxes(flat, -1, -2)
+  return similarity.cosine_matrix(g_LxDxD.reshape(*g_LxDxD.shape[:-2], -1))

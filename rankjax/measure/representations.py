@@ -4,7 +4,8 @@ Representation side (Sec 5, App C): the residual representation ``Z_l`` (rows: t
 stream h_l of n probe inputs), its effective rank and top-direction energy, the mean
 spike ``mu_l = mean_n h_l`` (= m_1 + ... + m_l for an identity skip), the branch means
 ``m_l`` (the across-input mean of block l's increment beta B(f(P(h)))), their
-alignments ``cos(m_l, m_l')`` and ``cos(m_l, 1)``, and the growth exponent of ``||mu_l||``.
+alignments ``cos(m_l, m_l')`` and ``cos(m_l, 1)`` (``similarity.cosine`` /
+``cosine_matrix``), and the growth exponent of ``||mu_l||``.
 
 Branch side (Sec 6, App D): the masked up-projection ``D W_up`` with
 ``D = diag(sigma'(W_up x))``, its Gram matrix ``G = (D W_up)^T (D W_up) / n_eff`` with
@@ -28,6 +29,7 @@ import numpy as np
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, spectra
 from rankjax.measure import precision as precision_lib
+from rankjax.measure.similarity import cosine, cosine_matrix
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -35,19 +37,6 @@ Array = jax.Array
 
 # ---------------------------------------------------------------------------
 # Pure measurements
-
-
-def cosine(a: Array, b: Array) -> Array:
-  """Cosine similarity over the last axis."""
-  num = jnp.sum(a * b, axis=-1)
-  return num / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
-
-
-@precision_lib.measured
-def cosine_matrix(m_LxD: Array) -> Array:
-  """All-pairs ``cos(m_l, m_l')`` (Fig 14), ``(..., L, L)``."""
-  unit = m_LxD / jnp.linalg.norm(m_LxD, axis=-1, keepdims=True)
-  return unit @ jnp.swapaxes(unit, -1, -2)
 
 
 def consecutive_cosine(m_LxD: Array) -> Array:

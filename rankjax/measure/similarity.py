@@ -15,7 +15,8 @@ attention with uniform weights over each prefix: ``(C_n)_ij = 1/i`` for ``i >= j
 (1-indexed) and 0 above the diagonal; it is defined with the attention that uses it
 (``rankjax.models.attention.prefix_average_matrix``) and re-exported here.
 
-All functions are pure ``jnp`` functions of arrays, batched over leading axes and
+``cosine`` and ``cosine_matrix`` are the library's cosines (of rows, of flattened
+Jacobians). All functions are pure ``jnp`` functions of arrays, batched over leading axes and
 safe under ``jax.jit`` / ``jax.vmap``.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rankjax.measure import precision as precision_lib
 from rankjax.models.attention import prefix_average_matrix  # noqa: F401 (re-export)
 from rankjax.numerics import as_float
 
@@ -51,6 +53,20 @@ def token_similarity(x_NxD: Array) -> Array:
   den = jnp.sum(x * x, axis=(-2, -1))                      # ||X||_F^2
   safe_den = jnp.where(den > 0, den, 1.0)
   return jnp.where(den > 0, num / safe_den, 0.0)
+
+
+def cosine(a: Array, b: Array) -> Array:
+  """Cosine similarity ``<a, b> / (||a|| ||b||)`` over the last axis."""
+  num = jnp.sum(a * b, axis=-1)
+  return num / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
+
+
+@precision_lib.measured
+def cosine_matrix(m_LxD: Array) -> Array:
+  """All-pairs cosines ``cos(m_l, m_l')`` of the rows, ``(..., L, L)`` (Transforming
+  Rank Fig 14 for branch means, Fig 12a for flattened block Jacobians)."""
+  unit = m_LxD / jnp.linalg.norm(m_LxD, axis=-1, keepdims=True)
+  return unit @ jnp.swapaxes(unit, -1, -2)
 
 
 def mean_projection(x_NxD: Array) -> Array:

@@ -66,8 +66,7 @@ def effective_rank_from_singular_values(s_N: Array) -> Array:
   s = jnp.abs(jnp.asarray(s_N))
   total = jnp.sum(s, axis=-1, keepdims=True)
   p = s / jnp.where(total > 0, total, 1.0)
-  plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
-  erank = jnp.exp(-jnp.sum(plogp, axis=-1))
+  erank = jnp.exp(jnp.sum(jax.scipy.special.entr(p), axis=-1))   # entr(0) = 0
   return jnp.where(total[..., 0] > 0, erank, 0.0)
 
 

@@ -400,12 +400,6 @@ def rms_spread(scale_N: Array) -> Array:
   return jnp.max(jnp.abs(s - mu[..., None]), axis=-1) / mu
 
 
-def rms_factors(y_NxD: Array, eps: ArrayLike = 0.0) -> Array:
-  """RMSNorm factors ``T_ii = 1/sqrt(||Y_i||^2/d + eps)`` (App C.5); ``(..., n)``."""
-  y = as_float(y_NxD)
-  return jax.lax.rsqrt(jnp.mean(y * y, axis=-1) + as_float(eps))
-
-
 def rms_spread_from_row_norms(row_norm_sq_N: ArrayLike, d: int,
                               eps: ArrayLike = 0.0) -> Array:
   """``eta`` of Thm C.6 from (expected) squared row norms, e.g. Lemma C.5's ``a + b/i``."""
