@@ -20,10 +20,9 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from rankjax.measure import precision as precision_lib
-from rankjax.models import gpt2, norms
+from rankjax.models import blocks, gpt2, norms
 
 Array = jax.Array
 
@@ -34,7 +33,7 @@ def ffn_jacobian(block: dict, h_D: Array) -> Array:
   LN Jacobian, Table 2): ``W_proj^T diag(gelu'(z)) W_fc^T J_LN(h)``."""
   x = gpt2.layer_norm(h_D, block["ln_2_scale"], block["ln_2_bias"])
   z = x @ block["fc_w"] + block["fc_b"]
-  dgelu = jax.jvp(lambda u: jax.nn.gelu(u, approximate=True), (z,), (jnp.ones_like(z),))[1]
+  dgelu = blocks.derivative(lambda u: jax.nn.gelu(u, approximate=True), z)
   up_MxD = norms.jacobian_right(block["fc_w"].T, h_D, "layer", gpt2.LN_EPS,
                                 scale_D=block["ln_2_scale"])
   return block["proj_w"].T @ (dgelu[:, None] * up_MxD)

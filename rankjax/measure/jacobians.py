@@ -89,29 +89,32 @@ def supports_path_sums(cfg: MLPConfig) -> bool:
   return cfg.skip_every in (0, 1)
 
 
-def _elementwise_derivative(fn, z: Array) -> Array:
-  return jax.jvp(fn, (z,), (jnp.ones_like(z),))[1]
+def branch_jacobian(params: dict, z_D: Array, activation: str) -> tuple[Array, Array]:
+  """``(f, J_f)``: the branch core ``f(z)`` and its Jacobian in z (Eq. 9, 25), the
+  library's one branch Jacobian of an MLP branch.
 
-
-def branch_core_jacobian(params: dict, z_D: Array, cfg: MLPConfig) -> tuple[Array, Array]:
-  """``(f, J_f)``: the branch core ``f(z)`` and its Jacobian in z (Eq. 9, 25).
-
-  ``J_f[i, j] = d f_i / d z_j``; for M=2, ``W_down^T diag(sigma'(z W_up)) W_up^T``.
+  Convention: ``J_f[i, j] = d f_i / d z_j`` (rows are outputs: ``J = dB/dh``), with the
+  weights in the code's row layout ``x @ W`` (``blocks.matrix_shapes``): ``w_up``
+  (d, m), ``w_down`` (m, d), or one ``w`` (d, d); ``w_gate`` like ``w_up`` for swiglu.
+  The paper's column-layout matrices are their transposes (``W_up = w_up^T``, m x d),
+  so for M=2 ``J_f = W_down diag(sigma'(W_up z)) W_up = w_down^T diag(sigma'(z w_up))
+  w_up^T``.
   """
-  w_in = params["w_up"] if cfg.branch_matrices == 2 else params["w"]
+  two = "w_up" in params
+  w_in = params["w_up"] if two else params["w"]
   pre = z_D @ w_in
   # da_DxM = d a / d z laid out like w_in: da_DxM[j, i] = d a_i / d z_j.
-  if cfg.activation == "swiglu":
+  if activation == "swiglu":
     gate = z_D @ params["w_gate"]
     silu_g = jax.nn.silu(gate)
     act = silu_g * pre
-    dgate = _elementwise_derivative(jax.nn.silu, gate) * pre
+    dgate = blocks_lib.derivative(jax.nn.silu, gate) * pre
     da_DxM = params["w_gate"] * dgate[None, :] + w_in * silu_g[None, :]
   else:
-    fn = blocks_lib.ACTIVATIONS[cfg.activation]
+    fn = blocks_lib.ACTIVATIONS[activation]
     act = fn(pre)
-    da_DxM = w_in * _elementwise_derivative(fn, pre)[None, :]
-  if cfg.branch_matrices == 2:
+    da_DxM = w_in * blocks_lib.derivative(fn, pre)[None, :]
+  if two:
     # J_f^T = da (d x m) @ W_down (m x d), then transposed: XLA:CPU runs this
     # (d x m)(m x d) product at about twice the rate of J_f = W_down^T da^T (a
     # transposed-operand dot), 0.12 vs 0.19 s for L=48, d=256, 4x on one core; the
@@ -125,7 +128,7 @@ def _block_closed_form(params, h, h_start, closes, cfg, beta):
   p_op, b_op, r_op = cfg.norm_ops
   eps = cfg.norm_eps
   z = blocks_lib._norm(params, "p", p_op, h, eps)
-  f, jf = branch_core_jacobian(params, z, cfg)
+  f, jf = branch_jacobian(params, z, cfg.activation)
   jfp = norms.jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
   u = blocks_lib._norm(params, "b", b_op, f, eps)
   jbfp = norms.jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))

@@ -25,11 +25,10 @@ import pathlib
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rankjax.measure import precision as precision_lib
-from rankjax.models import gpt2, norms
+from rankjax.models import blocks, gpt2, norms
 
 Array = jax.Array
 DEFAULT_RMS_EPS = 1e-5   # LlamaConfig.rms_norm_eps for Llama 2/3; read from config.json
@@ -122,7 +121,7 @@ def ffn_jacobian(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array
   """``J = dFFN(RMSNorm(h))/dh`` in closed form, (d, d) (module docstring; Eq. 9, 19)."""
   x = norms.normalize(h_D, "rms", eps) * block["ln_scale"]
   g, u = block["gate_w"] @ x, block["up_w"] @ x
-  dsilu = jax.jvp(jax.nn.silu, (g,), (jnp.ones_like(g),))[1]
+  dsilu = blocks.derivative(jax.nn.silu, g)
   core_MxD = (dsilu * u)[:, None] * block["gate_w"] + jax.nn.silu(g)[:, None] * block["up_w"]
   core_MxD = norms.jacobian_right(core_MxD, h_D, "rms", eps,
                                  scale_D=block["ln_scale"])

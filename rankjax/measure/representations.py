@@ -9,9 +9,10 @@ alignments ``cos(m_l, m_l')`` and ``cos(m_l, 1)`` (``similarity.cosine`` /
 
 Branch side (Sec 6, App D): the masked up-projection ``D W_up`` with
 ``D = diag(sigma'(W_up x))``, its Gram matrix ``G = (D W_up)^T (D W_up) / n_eff`` with
-``n_eff = sum_i sigma'(z_i)^2`` (Fig 9, App D.4), the branch Jacobian core
-``J_f = W_down D W_up`` (Eq. 9, 25), smallest Gram eigenvalues and conditioning
-(App D.7). These follow the paper's column convention: ``W_up`` is ``m x d``.
+``n_eff = sum_i sigma'(z_i)^2`` (Fig 9, App D.4), smallest Gram eigenvalues and
+conditioning (App D.7). These follow the paper's column convention: ``W_up`` is
+``m x d``. The branch Jacobian core ``J_f = W_down D W_up`` (Eq. 9, 25) is
+``jacobians.branch_jacobian`` (the code's row layout, ``w_up = W_up^T``).
 
 The measurements are pure functions of arrays; ``trace_representations`` and
 ``mlp_representation_study`` connect them to a residual MLP config.
@@ -77,8 +78,7 @@ def growth_exponent(values: np.ndarray, layers: np.ndarray, lo: float = 0.0,
 
 def activation_derivative(activation: str, z: Array) -> Array:
   """``sigma'(z)`` elementwise for a pointwise activation of ``blocks.ACTIVATIONS``."""
-  fn = blocks_lib.ACTIVATIONS[activation]
-  return jax.jvp(fn, (z,), (jnp.ones_like(z),))[1]
+  return blocks_lib.derivative(blocks_lib.ACTIVATIONS[activation], z)
 
 
 def masked_up_projection(w_up_MxD: Array, x_D: Array, activation: str) -> tuple[Array, Array]:
@@ -99,14 +99,6 @@ def masked_gram_eigenvalues(w_up_MxD: Array, x_D: Array, activation: str
   a, n_eff = masked_up_projection(w_up_MxD, x_D, activation)
   gram = a.T @ a / n_eff
   return jnp.linalg.eigvalsh(gram), n_eff / w_up_MxD.shape[-1]
-
-
-@precision_lib.measured
-def branch_jacobian_core(w_up_MxD: Array, w_down_DxM: Array, x_D: Array,
-                         activation: str) -> Array:
-  """``J_f = W_down diag(sigma'(W_up x)) W_up`` (Eq. 9, 25), ``d x d``."""
-  dsig = activation_derivative(activation, w_up_MxD @ x_D)
-  return w_down_DxM @ (dsig[:, None] * w_up_MxD)
 
 
 @precision_lib.measured
