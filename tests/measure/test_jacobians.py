@@ -18,16 +18,7 @@ from rankjax.models import blocks as blocks_lib
 from rankjax.models.mlp import ResidualMLP
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_blas_thread():
-  """LAPACK (SVD) with OpenBLAS worker threads thrashes on a loaded 2-core machine."""
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:
-    yield
-    return
-  with threadpool_limits(1):
-    yield
+pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 
 BLOCK_CONFIGS = [
