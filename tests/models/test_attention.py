@@ -13,9 +13,8 @@ import pytest
 from jax import export
 
 from rankjax.config import TransformerConfig
-from rankjax.measure.similarity import prefix_average_matrix
 from rankjax.models import attention
-from rankjax.models.attention import CausalSelfAttention
+from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
 
 CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24,
                         max_seq_len=12)
@@ -144,11 +143,10 @@ def test_cudnn_step_has_no_txt_buffer():
 
 def test_causal_probabilities_against_numpy(x64):
   """The one einsum attention: softmax(q k^T / (sqrt(d_head) tau)) over keys j <= i."""
-  from rankjax.models.attention import causal_probabilities
   rng = np.random.default_rng(0)
   b, t, h, dh, tau = 2, 5, 3, 4, 0.7
   q, k = rng.normal(size=(2, b, t, h, dh))
-  got = np.asarray(causal_probabilities(jnp.asarray(q), jnp.asarray(k), tau))
+  got = np.asarray(attention.causal_probabilities(jnp.asarray(q), jnp.asarray(k), tau))
   logits = np.einsum("bqhd,bkhd->bhqk", q, k) / (np.sqrt(dh) * tau)
   logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
   want = np.exp(logits - logits.max(-1, keepdims=True))
