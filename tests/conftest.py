@@ -26,10 +26,6 @@ def single_blas_thread():
   """Host LAPACK (SVD, eigh) single-threaded for a module (``pytestmark =
   pytest.mark.usefixtures("single_blas_thread")``): OpenBLAS worker threads thrash on a
   loaded 2-core machine (SVD/eigh 20x slower). No-op without threadpoolctl."""
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:
-    yield
-    return
-  with threadpool_limits(1):
+  from rankjax.measure import host_svd
+  with host_svd.single_blas_thread():
     yield

@@ -17,6 +17,7 @@ takes float32 and float64, ``singular_values_threaded`` threads float32 only.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import math
@@ -141,6 +142,20 @@ def _svdvals_range(a_BxNxM: np.ndarray, out_BxK: np.ndarray, start: int, stop: i
     _call(dtype, rows, cols, a, out_BxK[i], dummy, work, lwork, iwork, info)
     if info.value != 0:   # no convergence, or NaN/inf input
       out_BxK[i] = np.nan
+
+
+@contextlib.contextmanager
+def single_blas_thread():
+  """Host LAPACK (SVD, eigh) single-threaded inside the block: OpenBLAS worker threads
+  thrash on a loaded small machine (measured 20x slower SVDs). No-op without
+  threadpoolctl. (``singular_values_threaded`` sets one thread per worker itself.)"""
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:
+    yield
+    return
+  with threadpool_limits(1):
+    yield
 
 
 def _num_workers() -> int:
