@@ -1,4 +1,5 @@
-"""Figures from saved measurements (matplotlib, Agg backend unless pyplot was already loaded: ``rankjax.plotting``).
+"""Figures from saved measurements (matplotlib on first use, Agg backend unless pyplot
+was already loaded: ``rankjax.plotting``).
 
 Each function takes plain dicts/arrays as saved in JSON and writes one PNG.
 """

@@ -17,11 +17,12 @@ the Pre-Norm input Jacobian, Table 2).
 The forward pass is built from the library's pieces (``norms.normalize`` for the
 LayerNorm, ``attention.causal_probabilities`` for the attention); the Jacobians of it
 are measurements and live in ``rankjax.measure.gpt2_jacobians``. Parameters are a
-plain dict with blocks stacked over depth (``blocks["fc_w"]`` is (L, d, m)); ``load_gpt2`` fills it from a checkpoint, ``init_gpt2`` draws GPT-2's
-initialization. Files are read and written by the ``safetensors`` package, after a
-validation of the header here (the format: an 8-byte little-endian header length, a
-JSON header of ``{name: {dtype, shape, data_offsets}}``, then the raw little-endian
-bytes) that turns a bad file into a one-line ValueError. PyTorch ``.bin`` (pickle)
+plain dict with blocks stacked over depth (``blocks["fc_w"]`` is (L, d, m));
+``load_gpt2`` fills it from a checkpoint, ``init_gpt2`` draws GPT-2's initialization.
+Files are read and written by the ``safetensors`` package, after a validation of the
+header here (the format: an 8-byte little-endian header length, a JSON header of
+``{name: {dtype, shape, data_offsets}}``, then the raw little-endian bytes) that turns
+a bad file into a one-line ValueError. PyTorch ``.bin`` (pickle)
 checkpoints are not read: they need torch.
 """
 from __future__ import annotations

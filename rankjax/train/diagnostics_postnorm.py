@@ -124,7 +124,8 @@ def sublayer_norms(d: diagnostics.DiagInputs) -> dict[str, Array]:
   if d.kind != "lm" or d.activation_grads is None:
     raise ValueError(f"the {SUBLAYER_NORMS!r} diagnostic needs an LM run (model='lm')")
   g = d.activation_grads
-  return {f"d{s}_norm_{k}": jnp.sqrt(gr.sq_norm(g[f"{s}{k}"], (-3, -2, -1))) for k in (1, 2) for s in ("x", "y")}
+  return {f"d{s}_norm_{k}": jnp.sqrt(gr.sq_norm(g[f"{s}{k}"], (-3, -2, -1)))
+          for k in (1, 2) for s in ("x", "y")}
 
 
 def summarize_run(diag: dict[str, np.ndarray], steps: np.ndarray, *,

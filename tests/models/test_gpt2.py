@@ -176,7 +176,8 @@ def test_sublayer_and_sequence_jacobians(x64):
     np.testing.assert_allclose(per["attention"], seq[:, t, :, t, :], rtol=1e-12, atol=1e-13)
     np.testing.assert_array_equal(seq[:, t, :, t + 1:, :], 0.0)    # causal
   h_LxTxD = gpt2_jacobians.ffn_inputs(params, tokens, num_heads=2)
-  np.testing.assert_allclose(per["ffn"], gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, 3]),
+  np.testing.assert_allclose(per["ffn"],
+                             gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, 3]),
                              rtol=1e-12, atol=1e-13)
   # the first token attends only to itself: Attn(x)_0 = v_0 W_proj + b, so the Jacobian is
   # W_proj^T W_v^T J_LN(h_0) in closed form (Table 2 for J_LN)
