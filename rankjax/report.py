@@ -1,4 +1,5 @@
-"""Figures from saved measurements (matplotlib, Agg backend; no display needed).
+"""Figures from saved measurements (matplotlib on first use, Agg backend unless pyplot
+was already loaded: ``rankjax.plotting``).
 
 Each function takes plain dicts/arrays as saved in JSON and writes one PNG.
 """
@@ -7,11 +8,9 @@ from __future__ import annotations
 
 import pathlib
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from rankjax import plotting
 
 
 # ---------------------------------------------------------------------------
@@ -46,6 +45,7 @@ def _color(run) -> str | None:
 
 
 def _save(fig, out: pathlib.Path, name: str) -> pathlib.Path:
+  plt = plotting.pyplot()
   path = out / f"{name}.png"
   fig.tight_layout()
   with path.open("wb") as f:  # an etils.epath path: local or gs://
@@ -55,6 +55,7 @@ def _save(fig, out: pathlib.Path, name: str) -> pathlib.Path:
 
 
 def fig_loss(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
   fig, ax = plt.subplots(figsize=(7, 4))
   freq = []
   for name, run in runs.items():
@@ -74,6 +75,7 @@ def fig_loss(runs: dict, out: pathlib.Path):
 
 
 def fig_similarity(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
   items = [(n, r, _series(r, "basic/tsim_y2")) for n, r in runs.items()]
   items = [i for i in items if i[2] is not None]
   if not items:
@@ -92,6 +94,7 @@ def fig_similarity(runs: dict, out: pathlib.Path):
 
 
 def fig_grad_profile(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
   items = [(n, r, _series(r, "basic/grad_norm")) for n, r in runs.items()]
   items = [i for i in items if i[2] is not None]
   if not items:
@@ -110,6 +113,7 @@ def fig_grad_profile(runs: dict, out: pathlib.Path):
 
 
 def fig_contraction(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
   items = [(n, r, _series(r, "postnorm/contraction_2"), _series(r, "postnorm/rms_factor_mean_2"))
            for n, r in runs.items()]
   items = [i for i in items if i[2] is not None and i[3] is not None]
@@ -133,6 +137,7 @@ def fig_contraction(runs: dict, out: pathlib.Path):
 
 
 def fig_attention(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
   items = [(n, r) for n, r in runs.items() if "attention/theta_cert_p50" in r.diagnostics]
   if not items:
     return None
@@ -155,6 +160,7 @@ def fig_attention(runs: dict, out: pathlib.Path):
 
 
 def fig_jacobian(jac: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
   for position, study in jac["studies"].items():
     erank = np.asarray(study["erank"])

@@ -8,7 +8,6 @@ keyword argument overrides one setting.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -29,19 +28,7 @@ import jax  # noqa: E402
 from experiments import runner  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
-
-
-@contextlib.contextmanager
-def single_blas_thread():
-  """Host LAPACK (SVD, eigh) single-threaded: OpenBLAS worker threads thrash on a
-  loaded small machine (measured 20x slower SVDs). No-op without threadpoolctl."""
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:
-    yield
-    return
-  with threadpool_limits(1):
-    yield
+from rankjax.measure.host_svd import single_blas_thread  # noqa: E402,F401
 
 
 def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> dict:

@@ -2,8 +2,8 @@
 coherence, at GPT-2 initialization and, given checkpoints, with pretrained weights.
 
 Fig 12: the FFN branch Jacobians ``J_l = dFFN(LN_2(h_l))/dh_l`` (closed form,
-``rankjax.models.gpt2.ffn_jacobian``) along the residual stream of a fixed prompt, at
-one probe token; GPT-2 Small (L=12, d=768) and Medium (L=24, d=1024):
+``rankjax.measure.gpt2_jacobians.ffn_jacobian``) along the residual stream of a fixed
+prompt, at one probe token; GPT-2 Small (L=12, d=768) and Medium (L=24, d=1024):
 (a) pairwise block cosines <J_i, J_j>/(|J_i| |J_j|) (random baseline ~1/d; paper:
     off-diagonal mean 0.18 / 0.15 pretrained);
 (b) accumulated branch ||sum_{l<=k} J_l||_F against the uncorrelated prediction
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.transforming_rank import common
-from rankjax.measure import paths, spectra
+from rankjax.measure import gpt2_jacobians, paths, spectra
 from rankjax.models import gpt2
 
 NAME = "fig12_gpt2_ffn"
@@ -86,9 +86,10 @@ def measure(params: dict, tokens_T: np.ndarray, probe: int, top_k: int) -> dict:
   blocks = params["blocks"]
   d = blocks["fc_w"].shape[1]
   heads = gpt2.default_num_heads(d)
-  h_LxTxD = jax.jit(gpt2.ffn_inputs, static_argnums=2)(params, jnp.asarray(tokens_T), heads)
+  h_LxTxD = jax.jit(gpt2_jacobians.ffn_inputs, static_argnums=2)(params, jnp.asarray(tokens_T),
+                                                                 heads)
   h_LxD = h_LxTxD[:, probe]
-  jac_LxDxD = jax.jit(gpt2.ffn_jacobians)(blocks, h_LxD)
+  jac_LxDxD = jax.jit(gpt2_jacobians.ffn_jacobians)(blocks, h_LxD)
   norms = np.asarray(jnp.linalg.norm(jac_LxDxD, axis=(-2, -1)))
   cos_LxL = np.asarray(paths.block_cosines(jac_LxDxD))
   measured, uncorrelated = (np.asarray(a) for a in paths.accumulated_branch(jac_LxDxD[1:]))

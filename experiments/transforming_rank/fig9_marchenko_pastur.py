@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.transforming_rank import common
-from rankjax.measure import representations, spectra
+from rankjax.measure import jacobians, representations, spectra
 
 NAME = "fig9_marchenko_pastur"
 ACTS = ("relu", "gelu", "silu", "abs")
@@ -60,7 +60,8 @@ def _d7(key, d, m, seeds):
     x = x / jnp.linalg.norm(x)
     eig, gamma = representations.masked_gram_eigenvalues(w, x, "relu")
     w_down = jax.random.normal(k3, (d, m)) / jnp.sqrt(m)
-    jf = representations.branch_jacobian_core(w / jnp.sqrt(d), w_down, x * jnp.sqrt(d), "relu")
+    _, jf = jacobians.branch_jacobian({"w_up": (w / jnp.sqrt(d)).T, "w_down": w_down.T},
+                                      x * jnp.sqrt(d), "relu")
     return (eig[0], gamma, representations.smallest_gram_eigenvalue(jf),
             spectra.effective_rank(jf) / d)
   return [np.asarray(v) for v in jax.jit(jax.vmap(one))(jax.random.split(key, seeds))]

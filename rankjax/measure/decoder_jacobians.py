@@ -11,16 +11,16 @@ Each layer of the decoder is two residual sublayers of "Transforming Rank" Eq. 1
     Jacobian through the layer: the FFN acts on each token alone, so
     ``d h'_t / d h_t = ffn_sublayer @ attention_sublayer`` at fixed other tokens.
 
-These are the decoder's analogue of ``gpt2.sublayer_jacobians`` (the Pre-LN GPT-2 FFN
+These are the decoder's analogue of ``gpt2_jacobians.sublayer_jacobians`` (the Pre-LN GPT-2 FFN
 and attention Jacobians of App B.3 / D.5) for any ``cfg.norm_ops``.
 ``sequence_jacobians`` gives the whole-sequence attention Jacobians
 ``d [.]_t / d h_s`` over all positions (memory ``L T^2 d^2``: small T).
 
-The sublayers are evaluated with the model's own pieces (``CausalSelfAttention``,
-``FeedForward``, ``make_norm`` under the parameter names of ``norm_names``, and
-``blocks.residual_sublayer``) on one layer's slice of ``params["layers"]``;
-``layer_forward`` composes them and is tested equal to ``DecoderBlock``. Attention has
-no closed form here: every Jacobian is ``jax.jacfwd`` (d tangents at a position).
+The sublayers are the model's own (``transformer.apply_sublayer``: ``DecoderBlock``'s
+modules and norm wiring on one layer's slice of ``params["layers"]``);
+``transformer.layer_forward`` composes them and is tested equal to ``DecoderBlock``.
+Attention has no closed form here: every Jacobian is ``jax.jacfwd`` (d tangents at a
+position).
 Evaluation mode (no dropout).
 """
 from __future__ import annotations
@@ -32,9 +32,7 @@ import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
 from rankjax.measure import precision as precision_lib
-from rankjax.models import blocks
 from rankjax.models import transformer
-from rankjax.models.attention import CausalSelfAttention
 
 Array = jax.Array
 SUBLAYERS = ("attention", "ffn")
@@ -42,34 +40,11 @@ SUBLAYERS = ("attention", "ffn")
 
 def _sublayer(cfg: TransformerConfig, layer: dict, which: str, h_TxD: Array
               ) -> tuple[Array, Array]:
-  """``(branch, h_new)`` of one sublayer on a ``(T, d)`` stream: ``branch =
-  beta B(f(P(h)))`` (= Y - h) and ``h_new = R(Y)``, as ``DecoderBlock`` computes them."""
-  ops = dict(zip("pbr", cfg.norm_ops))
-  names = transformer.norm_names(cfg)
-  sub = "attn" if which == "attention" else "ffn"
-
-  def norm(loc, x):
-    name = names.get((sub, loc))
-    if name is None:
-      return x
-    return transformer.make_norm(cfg, ops[loc], None).apply(
-        {"params": layer.get(name, {})}, x)
-
-  if which == "attention":
-    mod = CausalSelfAttention(cfg)
-    f = lambda x: mod.apply({"params": layer["attn"]}, x[None], deterministic=True)[0]
-  else:
-    mod = transformer.FeedForward(cfg)
-    f = lambda x: mod.apply({"params": layer["ffn"]}, x)
-  _, y, h_new = blocks.residual_sublayer(h_TxD, f, norm, cfg.beta)
+  """``(branch, h_new)``: ``branch = beta B(f(P(h))) = Y - h`` and ``h_new = R(Y)``
+  (``transformer.apply_sublayer``, the model's own sublayer)."""
+  y, h_new = transformer.apply_sublayer(cfg, layer, "attn" if which == "attention" else "ffn",
+                                        h_TxD)
   return y - h_TxD, h_new
-
-
-def layer_forward(cfg: TransformerConfig, layer: dict, h_TxD: Array) -> tuple[Array, Array]:
-  """``(h_mid, h_out)``: the stream after the attention sublayer and after the layer."""
-  _, mid = _sublayer(cfg, layer, "attention", h_TxD)
-  _, out = _sublayer(cfg, layer, "ffn", mid)
-  return mid, out
 
 
 def _check(cfg: TransformerConfig, params: dict, tokens_T: Array) -> None:
@@ -96,7 +71,7 @@ def _token_jacobians(cfg, params, tokens_T, position):
       return jax.jacfwd(fn)(stream[position])
 
     attn, attn_sub = at("attention", h_TxD)
-    mid, out = layer_forward(cfg, layer, h_TxD)
+    mid, out = transformer.layer_forward(cfg, layer, h_TxD)
     ffn, ffn_sub = at("ffn", mid)
     return out, (attn, ffn, attn_sub, ffn_sub)
 
@@ -131,7 +106,7 @@ def sublayer_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array,
 def _sequence_jacobians(cfg, params, tokens_T):
   def step(h_TxD, layer):
     branch, sub = jax.jacfwd(lambda x: _sublayer(cfg, layer, "attention", x))(h_TxD)
-    _, out = layer_forward(cfg, layer, h_TxD)
+    _, out = transformer.layer_forward(cfg, layer, h_TxD)
     return out, (branch, sub)
 
   _, (branch, sub) = jax.lax.scan(step, _first_stream(cfg, params, tokens_T),

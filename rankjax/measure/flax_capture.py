@@ -47,6 +47,7 @@ computations.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 
 import flax
@@ -57,6 +58,7 @@ import jax.numpy as jnp
 from rankjax.measure import gradients as gr
 from rankjax.measure import sensitivity as sens
 from rankjax.measure.similarity import token_similarity
+from rankjax.models.attention import causal_probabilities
 
 Array = jax.Array
 Selector = Callable[[nn.Module, str], bool]
@@ -172,14 +174,13 @@ def residual_statistics(acts: Mapping[str, Array],
 def causal_probs(q_LxBxTxHxK: Array, k_LxBxTxHxK: Array, scale: float | None = None) -> Array:
   """Causal softmax attention probabilities (L, B, H, T, T) from captured queries and
   keys: ``softmax(q k^T * scale)`` over keys ``j <= t`` (scale 1/sqrt(head dim) by
-  default), the attention of the recipe's model recomputed from its projections."""
+  default), the attention of the recipe's model recomputed from its projections by
+  the library's one einsum attention (``models.attention.causal_probabilities``, the
+  scale as its temperature ``tau = 1/(scale sqrt(head dim))``), in float32."""
   dh = q_LxBxTxHxK.shape[-1]
-  scale = dh ** -0.5 if scale is None else scale
-  logits = jnp.einsum("lbqhd,lbkhd->lbhqk", q_LxBxTxHxK.astype(jnp.float32),
-                      k_LxBxTxHxK.astype(jnp.float32)) * scale
-  t = logits.shape[-1]
-  mask = jnp.tril(jnp.ones((t, t), bool))
-  return jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
+  tau = 1.0 if scale is None else 1.0 / (scale * math.sqrt(dh))
+  return causal_probabilities(q_LxBxTxHxK.astype(jnp.float32),
+                              k_LxBxTxHxK.astype(jnp.float32), tau)
 
 
 def attention_statistics(probs_LxBxHxTxT: Array, key: Array, num_rows: int = 512,

@@ -35,13 +35,15 @@ import numpy as np
 
 from rankjax.measure.losses import frequency_loss
 from rankjax.measure.similarity import mean_projection
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
 
-def _sq_norm(x: Array, axes: tuple[int, ...]) -> Array:
-  x = jnp.asarray(x)
-  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+def sq_norm(x: Array, axes: tuple[int, ...]) -> Array:
+  """Sum of squares over ``axes``, accumulated in ``numerics.float_dtype`` (the
+  squared Frobenius norms of this module and of the training diagnostics)."""
+  x = as_float(x)
   return jnp.sum(x * x, axis=axes)
 
 
@@ -66,18 +68,22 @@ def sublayer_grad_contribution(dx_LxBxTxD: Array, dy_LxBxTxD: Array,
     denominator gives 0.
   """
   axes = (-2, -1) if per_example else (-3, -2, -1)
-  return _safe_div(jnp.sqrt(_sq_norm(dx_LxBxTxD, axes)), jnp.sqrt(_sq_norm(dy_LxBxTxD, axes)))
+  return _safe_div(jnp.sqrt(sq_norm(dx_LxBxTxD, axes)), jnp.sqrt(sq_norm(dy_LxBxTxD, axes)))
 
 
-def rms_factor(y_TxD: Array, eps: float = 0.0) -> Array:
+def rms_factor(y_TxD: Array, eps: Array | float = 0.0) -> Array:
   """Per-token RMSNorm factor ``sqrt(d)/||y_i||`` (Sec 3.2, Thm 3.6), ``(..., T)``.
 
   It is the spectral norm of the RMSNorm Jacobian at row ``y_i`` (without gain);
-  ``eps`` adds RMSNorm's stabilizer: ``1/sqrt(||y||^2/d + eps)``.
+  ``eps`` adds RMSNorm's stabilizer: ``1/sqrt(||y||^2/d + eps)``. The library's one
+  RMS factor: also the diagonal ``T_ii`` of the Post-Norm paper's App C.5 (Thm C.6,
+  ``theory.rms_spread``). A zero row gives 0 at ``eps = 0``; ``eps`` may be traced.
   """
   d = jnp.shape(y_TxD)[-1]
-  ms = _sq_norm(y_TxD, (-1,)) / d
-  return jax.lax.rsqrt(ms + eps) if eps else _safe_div(1.0, jnp.sqrt(ms))
+  ms = sq_norm(y_TxD, (-1,)) / d
+  if isinstance(eps, (int, float)) and eps == 0:
+    return _safe_div(1.0, jnp.sqrt(ms))
+  return jax.lax.rsqrt(ms + as_float(eps))
 
 
 def rms_factor_stats(y_LxBxTxD: Array, eps: float = 0.0) -> tuple[Array, Array]:
@@ -141,6 +147,19 @@ def _leaf_name(path: tuple[Any, ...]) -> list[str]:
   return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
 
 
+def layer_sq_norms(tree: Any, stacked_roots: Sequence[str] = ("layers",)) -> Array | None:
+  """Per-layer sum of squares of every leaf under the stacked roots, ``(L,)``; None
+  when ``tree`` has none of them (``layer_grad_norms`` squared, for any tree)."""
+  total = None
+  for root in stacked_roots:
+    if not isinstance(tree, Mapping) or root not in tree:
+      continue
+    for leaf in jax.tree.leaves(tree[root]):
+      sq = sq_norm(leaf, tuple(range(1, jnp.ndim(leaf))))
+      total = sq if total is None else total + sq
+  return total
+
+
 def layer_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> Array:
   """Per-layer Frobenius norm of all parameter gradients of a layer, ``(L,)``.
 
@@ -148,13 +167,7 @@ def layer_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> 
   leading layer axis (``nn.scan``); everything of layer ``l`` counts together
   (paper Sec 4.2, Fig 5).
   """
-  total = None
-  for root in stacked_roots:
-    if root not in grads:
-      continue
-    for leaf in jax.tree.leaves(grads[root]):
-      sq = _sq_norm(leaf, tuple(range(1, jnp.ndim(leaf))))
-      total = sq if total is None else total + sq
+  total = layer_sq_norms(grads, stacked_roots)
   if total is None:
     raise ValueError(f"no stacked root {tuple(stacked_roots)} in the gradient tree")
   return jnp.sqrt(total)
@@ -173,10 +186,10 @@ def block_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> 
     stacked = name in stacked_roots
     if stacked and isinstance(sub, Mapping):
       for block, tree in sub.items():
-        sq = sum(_sq_norm(x, tuple(range(1, jnp.ndim(x)))) for x in jax.tree.leaves(tree))
+        sq = sum(sq_norm(x, tuple(range(1, jnp.ndim(x)))) for x in jax.tree.leaves(tree))
         out[str(block)] = jnp.sqrt(sq)
     else:
-      sq = sum(_sq_norm(x, tuple(range(jnp.ndim(x)))) for x in jax.tree.leaves(sub))
+      sq = sum(sq_norm(x, tuple(range(jnp.ndim(x)))) for x in jax.tree.leaves(sub))
       out[str(name)] = jnp.sqrt(sq)
   return out
 
@@ -184,7 +197,7 @@ def block_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> 
 def collapse_distance(x_NxD: Array) -> Array:
   """``||X - Pi_1 X||_F`` (the epsilon of Thm 3.8 (i)), ``(...)``."""
   x = jnp.asarray(x_NxD)
-  return jnp.sqrt(_sq_norm(x - mean_projection(x), (-2, -1)))
+  return jnp.sqrt(sq_norm(x - mean_projection(x), (-2, -1)))
 
 
 def collapsed_loss_lower_bound(labels_N: Array, w_lm_DxV: Array, eps: Array) -> Array:

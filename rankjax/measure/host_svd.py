@@ -17,6 +17,7 @@ takes float32 and float64, ``singular_values_threaded`` threads float32 only.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import math
@@ -27,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg.cython_lapack as _cython_lapack
 
 Array = jax.Array
 
@@ -45,13 +45,27 @@ def _capsule_function(name: str):
   api.PyCapsule_GetName.argtypes = [ctypes.py_object]
   api.PyCapsule_GetPointer.restype = ctypes.c_void_p
   api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-  capsule = _cython_lapack.__pyx_capi__[name]
+  import scipy.linalg.cython_lapack as cython_lapack
+  capsule = cython_lapack.__pyx_capi__[name]
   pointer = api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
   return ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * _GESDD_ARGS)(pointer)
 
 
-_GESDD = {np.dtype(np.float32): _capsule_function("sgesdd"),
-          np.dtype(np.float64): _capsule_function("dgesdd")}
+GESDD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_gesdd: dict[np.dtype, object] = {}     # filled on first use (nothing loads at import)
+_gesdd_lock = threading.Lock()
+
+
+def _gesdd_function(dtype: np.dtype):
+  """The ctypes ``?gesdd`` of ``dtype``, created on first use."""
+  fn = _gesdd.get(dtype)
+  if fn is None:
+    with _gesdd_lock:
+      if not _gesdd:
+        _gesdd.update({np.dtype(np.float32): _capsule_function("sgesdd"),
+                       np.dtype(np.float64): _capsule_function("dgesdd")})
+      fn = _gesdd[dtype]
+  return fn
 
 
 def _openblas_one_thread_here():
@@ -70,7 +84,16 @@ def _openblas_one_thread_here():
   return lambda: None
 
 
-_one_thread = _openblas_one_thread_here()
+_one_thread_fn = None
+
+
+def _one_thread() -> None:
+  """One OpenBLAS thread for the calling thread (the library is looked up once)."""
+  global _one_thread_fn
+  if _one_thread_fn is None:
+    _one_thread_fn = _openblas_one_thread_here()
+  _one_thread_fn()
+
 _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -100,7 +123,7 @@ def _workspace(dtype: np.dtype, rows: int, cols: int):
 def _call(dtype, rows, cols, a, s, dummy, work, lwork, iwork, info) -> None:
   ref = ctypes.byref
   one = _c_int(1)
-  _GESDD[dtype](ref(ctypes.c_char(b"N")), ref(_c_int(rows)), ref(_c_int(cols)),
+  _gesdd_function(dtype)(ref(ctypes.c_char(b"N")), ref(_c_int(rows)), ref(_c_int(cols)),
                 a.ctypes.data, ref(_c_int(max(1, rows))), s.ctypes.data,
                 dummy.ctypes.data, ref(one), dummy.ctypes.data, ref(one),
                 work.ctypes.data, ref(_c_int(lwork)), iwork.ctypes.data, ref(info))
@@ -121,6 +144,20 @@ def _svdvals_range(a_BxNxM: np.ndarray, out_BxK: np.ndarray, start: int, stop: i
       out_BxK[i] = np.nan
 
 
+@contextlib.contextmanager
+def single_blas_thread():
+  """Host LAPACK (SVD, eigh) single-threaded inside the block: OpenBLAS worker threads
+  thrash on a loaded small machine (measured 20x slower SVDs). No-op without
+  threadpoolctl. (``singular_values_threaded`` sets one thread per worker itself.)"""
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:
+    yield
+    return
+  with threadpool_limits(1):
+    yield
+
+
 def _num_workers() -> int:
   try:
     return len(os.sched_getaffinity(0))
@@ -133,7 +170,7 @@ def host_singular_values(a: np.ndarray, workers: int | None = None) -> np.ndarra
   array, the batch split over ``workers`` threads (default: the available cores)."""
   global _pool
   a = np.ascontiguousarray(a)
-  if a.dtype not in _GESDD:
+  if a.dtype not in GESDD_DTYPES:
     raise TypeError(f"host_singular_values takes float32 or float64, not {a.dtype}")
   n, m = a.shape[-2:]
   a_BxNxM = a.reshape(-1, n, m)

@@ -40,6 +40,8 @@ from rankjax.measure import host_svd, paths, spectra
 from rankjax.measure import precision as precision_lib
 from rankjax.measure import seed_devices, weight_draws
 from rankjax.models import blocks as blocks_lib
+from rankjax.models import norms
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
@@ -49,7 +51,8 @@ class BlockJacobianMethod(enum.Enum):
 
   CLOSED_FORM: ``J_f = W_down^T diag(sigma'(pre)) W_up^T`` (Eq. 9, 25; row-vector
     code ``x @ W``), one ``d x m x d`` GEMM per block, and every norm Jacobian applied
-    as its rank-one/two update (Eq. 19-20, Table 2) in O(d^2). Default; about half
+    as its rank-one/two update (Eq. 19-20, Table 2) in O(d^2)
+    (``models.norms.jacobian_left/right``). Default; about half
     the FLOPs of JACFWD.
   JACFWD: ``jax.jacfwd`` of ``blocks.block_fn`` with respect to (h, h_skip) and of
     ``blocks.branch_out`` (for G): 2d forward tangents per block, each costing one
@@ -86,79 +89,32 @@ def supports_path_sums(cfg: MLPConfig) -> bool:
   return cfg.skip_every in (0, 1)
 
 
-# ---------------------------------------------------------------------------
-# Norm Jacobians applied in O(d^2) (App B.1, Eq. 19-20, Table 2)
+def branch_jacobian(params: dict, z_D: Array, activation: str) -> tuple[Array, Array]:
+  """``(f, J_f)``: the branch core ``f(z)`` and its Jacobian in z (Eq. 9, 25), the
+  library's one branch Jacobian of an MLP branch.
 
-
-def _rms_parts(x: Array, eps: float) -> tuple[Array, Array]:
-  r = jnp.sqrt(jnp.mean(jnp.square(x)) + eps)
-  return r, x / (jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype)) * r)
-
-
-def norm_jacobian_left(m_DxK: Array, x_D: Array, op: str, eps: float,
-                       scale_D: Array | None = None) -> Array:
-  """``J_op(x) @ M`` without forming J_op (J of ``normalize(x, op) * scale``)."""
-  if op == "none":
-    out = m_DxK
-  elif op == "detached_rms":
-    out = m_DxK / jnp.sqrt(jnp.mean(jnp.square(x_D)) + eps)
-  elif op == "mean":
-    out = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
-  elif op in ("rms", "layer"):
-    if op == "layer":
-      m_DxK = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
-      x_D = x_D - jnp.mean(x_D)
-    r, v = _rms_parts(x_D, eps)              # J = (1/r)(I - v v^T)
-    out = (m_DxK - v[:, None] * (v @ m_DxK)[None, :]) / r
-  else:
-    raise ValueError(f"unknown norm op {op!r}")
-  return out if scale_D is None else scale_D[:, None] * out
-
-
-def norm_jacobian_right(m_KxD: Array, x_D: Array, op: str, eps: float,
-                        scale_D: Array | None = None) -> Array:
-  """``M @ J_op(x)`` without forming J_op."""
-  if scale_D is not None:
-    m_KxD = m_KxD * scale_D[None, :]
-  if op == "none":
-    return m_KxD
-  if op == "detached_rms":
-    return m_KxD / jnp.sqrt(jnp.mean(jnp.square(x_D)) + eps)
-  if op == "mean":
-    return m_KxD - jnp.mean(m_KxD, axis=1, keepdims=True)
-  if op in ("rms", "layer"):
-    xc = x_D - jnp.mean(x_D) if op == "layer" else x_D
-    r, v = _rms_parts(xc, eps)
-    out = (m_KxD - (m_KxD @ v)[:, None] * v[None, :]) / r
-    if op == "layer":
-      out = out - jnp.mean(out, axis=1, keepdims=True)
-    return out
-  raise ValueError(f"unknown norm op {op!r}")
-
-
-def _elementwise_derivative(fn, z: Array) -> Array:
-  return jax.jvp(fn, (z,), (jnp.ones_like(z),))[1]
-
-
-def branch_core_jacobian(params: dict, z_D: Array, cfg: MLPConfig) -> tuple[Array, Array]:
-  """``(f, J_f)``: the branch core ``f(z)`` and its Jacobian in z (Eq. 9, 25).
-
-  ``J_f[i, j] = d f_i / d z_j``; for M=2, ``W_down^T diag(sigma'(z W_up)) W_up^T``.
+  Convention: ``J_f[i, j] = d f_i / d z_j`` (rows are outputs: ``J = dB/dh``), with the
+  weights in the code's row layout ``x @ W`` (``blocks.matrix_shapes``): ``w_up``
+  (d, m), ``w_down`` (m, d), or one ``w`` (d, d); ``w_gate`` like ``w_up`` for swiglu.
+  The paper's column-layout matrices are their transposes (``W_up = w_up^T``, m x d),
+  so for M=2 ``J_f = W_down diag(sigma'(W_up z)) W_up = w_down^T diag(sigma'(z w_up))
+  w_up^T``.
   """
-  w_in = params["w_up"] if cfg.branch_matrices == 2 else params["w"]
+  two = "w_up" in params
+  w_in = params["w_up"] if two else params["w"]
   pre = z_D @ w_in
   # da_DxM = d a / d z laid out like w_in: da_DxM[j, i] = d a_i / d z_j.
-  if cfg.activation == "swiglu":
+  if activation == "swiglu":
     gate = z_D @ params["w_gate"]
     silu_g = jax.nn.silu(gate)
     act = silu_g * pre
-    dgate = _elementwise_derivative(jax.nn.silu, gate) * pre
+    dgate = blocks_lib.derivative(jax.nn.silu, gate) * pre
     da_DxM = params["w_gate"] * dgate[None, :] + w_in * silu_g[None, :]
   else:
-    fn = blocks_lib.ACTIVATIONS[cfg.activation]
+    fn = blocks_lib.ACTIVATIONS[activation]
     act = fn(pre)
-    da_DxM = w_in * _elementwise_derivative(fn, pre)[None, :]
-  if cfg.branch_matrices == 2:
+    da_DxM = w_in * blocks_lib.derivative(fn, pre)[None, :]
+  if two:
     # J_f^T = da (d x m) @ W_down (m x d), then transposed: XLA:CPU runs this
     # (d x m)(m x d) product at about twice the rate of J_f = W_down^T da^T (a
     # transposed-operand dot), 0.12 vs 0.19 s for L=48, d=256, 4x on one core; the
@@ -172,20 +128,20 @@ def _block_closed_form(params, h, h_start, closes, cfg, beta):
   p_op, b_op, r_op = cfg.norm_ops
   eps = cfg.norm_eps
   z = blocks_lib._norm(params, "p", p_op, h, eps)
-  f, jf = branch_core_jacobian(params, z, cfg)
-  jfp = norm_jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
+  f, jf = branch_jacobian(params, z, cfg.activation)
+  jfp = norms.jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
   u = blocks_lib._norm(params, "b", b_op, f, eps)
-  jbfp = norm_jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))
+  jbfp = norms.jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))
   beta_eff = jnp.where(closes, beta, 1.0).astype(h.dtype)
   g = beta_eff * jbfp
   pre_r = jnp.where(closes, h_start + beta * u, u)
   h_new = blocks_lib._norm(params, "r", r_op, pre_r, eps)
-  b = norm_jacobian_left(g, pre_r, r_op, eps, params.get("r_scale"))
+  b = norms.jacobian_left(g, pre_r, r_op, eps, params.get("r_scale"))
   if identity_skip(cfg):
     k = None
   else:
     eye = jnp.eye(h.shape[-1], dtype=h.dtype) * closes.astype(h.dtype)
-    k = norm_jacobian_left(eye, pre_r, r_op, eps, params.get("r_scale"))
+    k = norms.jacobian_left(eye, pre_r, r_op, eps, params.get("r_scale"))
   return h_new, k, b, g
 
 
@@ -325,7 +281,7 @@ def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
   ts = input_output_jacobians(bj, cfg)
   # L * seeds SVDs, a thread per core on CPU (host_svd): 0.94 s against 1.29 s for XLA's
   # batched SVD in the benchmark's study (L=48, d=256, 8 seeds, 2 cores).
-  sv = host_svd.singular_values_threaded(ts.astype(jnp.promote_types(ts.dtype, jnp.float32)))
+  sv = host_svd.singular_values_threaded(as_float(ts))
   acc, unc = paths.accumulated_branch(bj.relative_branch)
   out = {
       "erank": spectra.effective_rank_from_singular_values(sv) / d,

@@ -25,12 +25,10 @@ import pathlib
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from rankjax.measure import jacobians
 from rankjax.measure import precision as precision_lib
-from rankjax.models import gpt2
+from rankjax.models import blocks, gpt2, norms
 
 Array = jax.Array
 DEFAULT_RMS_EPS = 1e-5   # LlamaConfig.rms_norm_eps for Llama 2/3; read from config.json
@@ -112,25 +110,21 @@ def llama_ffn_tensors(ffn: dict, prefix: str = "model.") -> dict[str, np.ndarray
           for k, v in FFN_TENSORS.items() for i in range(np.shape(ffn[k])[0])}
 
 
-def rms_norm(h_D: Array, scale_D: Array, eps: float) -> Array:
-  return h_D / jnp.sqrt(jnp.mean(jnp.square(h_D)) + eps) * scale_D
-
-
 def ffn_branch(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array:
   """``FFN(RMSNorm(h))`` of one block (SwiGLU)."""
-  x = rms_norm(h_D, block["ln_scale"], eps)
+  x = norms.normalize(h_D, "rms", eps) * block["ln_scale"]
   return block["down_w"] @ (jax.nn.silu(block["gate_w"] @ x) * (block["up_w"] @ x))
 
 
 @precision_lib.measured
 def ffn_jacobian(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array:
   """``J = dFFN(RMSNorm(h))/dh`` in closed form, (d, d) (module docstring; Eq. 9, 19)."""
-  x = rms_norm(h_D, block["ln_scale"], eps)
+  x = norms.normalize(h_D, "rms", eps) * block["ln_scale"]
   g, u = block["gate_w"] @ x, block["up_w"] @ x
-  dsilu = jax.jvp(jax.nn.silu, (g,), (jnp.ones_like(g),))[1]
+  dsilu = blocks.derivative(jax.nn.silu, g)
   core_MxD = (dsilu * u)[:, None] * block["gate_w"] + jax.nn.silu(g)[:, None] * block["up_w"]
-  core_MxD = jacobians.norm_jacobian_right(core_MxD, h_D, "rms", eps,
-                                           scale_D=block["ln_scale"])
+  core_MxD = norms.jacobian_right(core_MxD, h_D, "rms", eps,
+                                 scale_D=block["ln_scale"])
   return block["down_w"] @ core_MxD
 
 

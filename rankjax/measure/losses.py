@@ -22,12 +22,10 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from rankjax.numerics import float_dtype
+
 Array = jax.Array
 FrequencyMode = Literal["aggregate", "per_sequence"]
-
-
-def _acc_dtype(x: Array) -> jnp.dtype:
-  return jnp.promote_types(jnp.asarray(x).dtype, jnp.float32)
 
 
 @jax.jit
@@ -48,7 +46,7 @@ def cross_entropy(logits: Array, labels: Array, mask: Array | None = None) -> Ar
     Scalar mean negative log-likelihood in nats.
   """
   z = jnp.asarray(logits)
-  z = z.astype(_acc_dtype(z))
+  z = z.astype(float_dtype(z))
   labels = jnp.asarray(labels)
   lse = jax.nn.logsumexp(z, axis=-1)
   z_y = jnp.take_along_axis(z, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -81,7 +79,7 @@ def _entropy_of_counts(counts_V: Array) -> Array:
   """``-sum_i p_i log p_i`` with ``p = c / sum(c)`` and ``0 log 0 = 0``."""
   total = jnp.sum(counts_V, axis=-1, keepdims=True)
   p = counts_V / total
-  return -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+  return jnp.sum(jax.scipy.special.entr(p), axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("vocab_size", "mode"))

@@ -158,7 +158,7 @@ def rank_estimates(apply_a: Callable[[Array], Array], d: int, key: Array, *,
     op = apply_a
   lam_q = jnp.maximum(theta_q, 0.0)
   sq_q = jnp.sqrt(lam_q)
-  f_q = 0.5 * sq_q * jnp.log(jnp.where(lam_q > 0, lam_q, 1.0))
+  f_q = 0.5 * jax.scipy.special.xlogy(sq_q, lam_q)     # 0 ln 0 = 0
   z = jax.random.rademacher(k_probe, (num_probes, d), dtype)
   if defl > 0:
     z = jax.vmap(project)(z)       # probes of the deflated space (still unbiased there)

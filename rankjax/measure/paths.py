@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rankjax.measure import precision as precision_lib
+from rankjax.measure import similarity
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
@@ -207,7 +209,7 @@ def path_sums(a_LxDxD: Array, b: Array | float | None = None, *,
     b_arr = jnp.asarray(b)
     if k_arr is not None and k_arr.shape != b_arr.shape:
       raise ValueError(f"K {k_arr.shape} and B {b_arr.shape} must have the same shape")
-  b_arr = b_arr.astype(jnp.promote_types(b_arr.dtype, jnp.float32))
+  b_arr = as_float(b_arr)
   if k_arr is not None:
     k_arr = k_arr.astype(b_arr.dtype)
   if b_arr.ndim < 3 or b_arr.shape[-1] != b_arr.shape[-2]:
@@ -286,6 +288,4 @@ def accumulated_branch(g_LxDxD: Array) -> tuple[Array, Array]:
 @precision_lib.measured
 def block_cosines(g_LxDxD: Array) -> Array:
   """Pairwise ``<G_i, G_j> / (||G_i|| ||G_j||)`` between blocks (Fig 12a); (..., L, L)."""
-  flat = g_LxDxD.reshape(*g_LxDxD.shape[:-2], -1)
-  flat = flat / jnp.linalg.norm(flat, axis=-1, keepdims=True)
-  return flat @ jnp.swapaxes(flat, -1, -2)
+  return similarity.cosine_matrix(g_LxDxD.reshape(*g_LxDxD.shape[:-2], -1))

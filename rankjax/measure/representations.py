@@ -4,13 +4,15 @@ Representation side (Sec 5, App C): the residual representation ``Z_l`` (rows: t
 stream h_l of n probe inputs), its effective rank and top-direction energy, the mean
 spike ``mu_l = mean_n h_l`` (= m_1 + ... + m_l for an identity skip), the branch means
 ``m_l`` (the across-input mean of block l's increment beta B(f(P(h)))), their
-alignments ``cos(m_l, m_l')`` and ``cos(m_l, 1)``, and the growth exponent of ``||mu_l||``.
+alignments ``cos(m_l, m_l')`` and ``cos(m_l, 1)`` (``similarity.cosine`` /
+``cosine_matrix``), and the growth exponent of ``||mu_l||``.
 
 Branch side (Sec 6, App D): the masked up-projection ``D W_up`` with
 ``D = diag(sigma'(W_up x))``, its Gram matrix ``G = (D W_up)^T (D W_up) / n_eff`` with
-``n_eff = sum_i sigma'(z_i)^2`` (Fig 9, App D.4), the branch Jacobian core
-``J_f = W_down D W_up`` (Eq. 9, 25), smallest Gram eigenvalues and conditioning
-(App D.7). These follow the paper's column convention: ``W_up`` is ``m x d``.
+``n_eff = sum_i sigma'(z_i)^2`` (Fig 9, App D.4), smallest Gram eigenvalues and
+conditioning (App D.7). These follow the paper's column convention: ``W_up`` is
+``m x d``. The branch Jacobian core ``J_f = W_down D W_up`` (Eq. 9, 25) is
+``jacobians.branch_jacobian`` (the code's row layout, ``w_up = W_up^T``).
 
 The measurements are pure functions of arrays; ``trace_representations`` and
 ``mlp_representation_study`` connect them to a residual MLP config.
@@ -28,6 +30,7 @@ import numpy as np
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, spectra
 from rankjax.measure import precision as precision_lib
+from rankjax.measure.similarity import cosine, cosine_matrix
 from rankjax.models import blocks as blocks_lib
 
 Array = jax.Array
@@ -35,19 +38,6 @@ Array = jax.Array
 
 # ---------------------------------------------------------------------------
 # Pure measurements
-
-
-def cosine(a: Array, b: Array) -> Array:
-  """Cosine similarity over the last axis."""
-  num = jnp.sum(a * b, axis=-1)
-  return num / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
-
-
-@precision_lib.measured
-def cosine_matrix(m_LxD: Array) -> Array:
-  """All-pairs ``cos(m_l, m_l')`` (Fig 14), ``(..., L, L)``."""
-  unit = m_LxD / jnp.linalg.norm(m_LxD, axis=-1, keepdims=True)
-  return unit @ jnp.swapaxes(unit, -1, -2)
 
 
 def consecutive_cosine(m_LxD: Array) -> Array:
@@ -88,8 +78,7 @@ def growth_exponent(values: np.ndarray, layers: np.ndarray, lo: float = 0.0,
 
 def activation_derivative(activation: str, z: Array) -> Array:
   """``sigma'(z)`` elementwise for a pointwise activation of ``blocks.ACTIVATIONS``."""
-  fn = blocks_lib.ACTIVATIONS[activation]
-  return jax.jvp(fn, (z,), (jnp.ones_like(z),))[1]
+  return blocks_lib.derivative(blocks_lib.ACTIVATIONS[activation], z)
 
 
 def masked_up_projection(w_up_MxD: Array, x_D: Array, activation: str) -> tuple[Array, Array]:
@@ -110,14 +99,6 @@ def masked_gram_eigenvalues(w_up_MxD: Array, x_D: Array, activation: str
   a, n_eff = masked_up_projection(w_up_MxD, x_D, activation)
   gram = a.T @ a / n_eff
   return jnp.linalg.eigvalsh(gram), n_eff / w_up_MxD.shape[-1]
-
-
-@precision_lib.measured
-def branch_jacobian_core(w_up_MxD: Array, w_down_DxM: Array, x_D: Array,
-                         activation: str) -> Array:
-  """``J_f = W_down diag(sigma'(W_up x)) W_up`` (Eq. 9, 25), ``d x d``."""
-  dsig = activation_derivative(activation, w_up_MxD @ x_D)
-  return w_down_DxM @ (dsig[:, None] * w_up_MxD)
 
 
 @precision_lib.measured

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from rankjax.measure import host_svd, paths, spectra
 from rankjax.measure import precision as precision_lib
+from rankjax.numerics import as_float
 
 Array = jax.Array
 BlockFn = Callable[[object, Array], Array]
@@ -111,7 +112,7 @@ def network_study(params, h0_D: Array, branch: BlockFn, skip: BlockFn | None = N
   nj = network_block_jacobians(params, h0_D, branch, skip, **split)
   d = nj.branch.shape[-1]
   ts = running_product(nj)
-  sv = host_svd.singular_values_threaded(ts.astype(jnp.promote_types(ts.dtype, jnp.float32)))
+  sv = host_svd.singular_values_threaded(as_float(ts))
   out = {"erank": spectra.effective_rank_from_singular_values(sv) / d,
          "stable_rank": spectra.stable_rank_from_singular_values(sv) / d,
          "branch_to_skip": jnp.linalg.norm(nj.branch, axis=(-2, -1)) / jnp.sqrt(d),

@@ -12,29 +12,26 @@ that are orthogonal with equal norms give ``1/n``.
 
 The prefix-average matrix ``C_n`` (Sec 3.1, Eq. (3), Assumption C.2) is causal
 attention with uniform weights over each prefix: ``(C_n)_ij = 1/i`` for ``i >= j``
-(1-indexed) and 0 above the diagonal.
+(1-indexed) and 0 above the diagonal; it is defined with the attention that uses it
+(``rankjax.models.attention.prefix_average_matrix``) and re-exported here.
 
-All functions are pure ``jnp`` functions of arrays, batched over leading axes and
+``cosine`` and ``cosine_matrix`` are the library's cosines (of rows, of flattened
+Jacobians). All functions are pure ``jnp`` functions of arrays, batched over leading axes and
 safe under ``jax.jit`` / ``jax.vmap``.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from rankjax.measure import precision as precision_lib
+from rankjax.models.attention import prefix_average_matrix  # noqa: F401 (re-export)
+from rankjax.numerics import as_float
+
 Array = jax.Array
-
-
-def _float_dtype(x: Array) -> jnp.dtype:
-  """At least float32 (float64 stays float64; integers get the default float)."""
-  dtype = jnp.asarray(x).dtype
-  if not jnp.issubdtype(dtype, jnp.floating):
-    return jnp.result_type(float)
-  return jnp.promote_types(dtype, jnp.float32)
 
 
 @jax.jit
@@ -49,8 +46,7 @@ def token_similarity(x_NxD: Array) -> Array:
     float32. The zero matrix has numerator 0 and is given similarity 0 (the ratio
     is undefined there); the gradient stays finite.
   """
-  x = jnp.asarray(x_NxD)
-  x = x.astype(_float_dtype(x))
+  x = as_float(x_NxD)
   n = x.shape[-2]
   mean_D = jnp.mean(x, axis=-2)
   num = n * jnp.sum(mean_D * mean_D, axis=-1)              # ||Pi_1 X||_F^2
@@ -59,24 +55,18 @@ def token_similarity(x_NxD: Array) -> Array:
   return jnp.where(den > 0, num / safe_den, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("n", "dtype"))
-def prefix_average_matrix(n: int, dtype: Any = jnp.float32) -> Array:
-  """The causal prefix-average matrix ``C_n`` (paper Eq. (3), Assumption C.2).
+def cosine(a: Array, b: Array) -> Array:
+  """Cosine similarity ``<a, b> / (||a|| ||b||)`` over the last axis."""
+  num = jnp.sum(a * b, axis=-1)
+  return num / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
 
-  ``(C_n)_ij = 1/i`` for ``i >= j`` and ``0`` otherwise (1-indexed rows ``i``), i.e.
-  row ``i`` averages the first ``i`` tokens. Identities used by Thm C.3:
-  ``||C_n||_F^2 = H_n`` and ``||Pi_1 C_n||_F^2 = 2 - H_n / n``.
 
-  Args:
-    n: sequence length (static).
-    dtype: output dtype.
-
-  Returns:
-    ``(n, n)`` lower-triangular row-stochastic matrix.
-  """
-  i_N = jnp.arange(1, n + 1, dtype=dtype)
-  mask_NxN = jnp.tril(jnp.ones((n, n), dtype=bool))
-  return jnp.where(mask_NxN, 1.0 / i_N[:, None], 0.0).astype(dtype)
+@precision_lib.measured
+def cosine_matrix(m_LxD: Array) -> Array:
+  """All-pairs cosines ``cos(m_l, m_l')`` of the rows, ``(..., L, L)`` (Transforming
+  Rank Fig 14 for branch means, Fig 12a for flattened block Jacobians)."""
+  unit = m_LxD / jnp.linalg.norm(m_LxD, axis=-1, keepdims=True)
+  return unit @ jnp.swapaxes(unit, -1, -2)
 
 
 def mean_projection(x_NxD: Array) -> Array:

@@ -42,6 +42,7 @@ import numpy as np
 from scipy import special
 
 from rankjax.measure import precision as precision_lib
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
@@ -52,8 +53,7 @@ Array = jax.Array
 @precision_lib.measured
 def singular_values(a_NxM: Array) -> Array:
   """Singular values (descending) over the last two axes, in at least float32."""
-  a = jnp.asarray(a_NxM)
-  a = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+  a = as_float(a_NxM)
   return jnp.linalg.svd(a, compute_uv=False)
 
 
@@ -66,8 +66,7 @@ def effective_rank_from_singular_values(s_N: Array) -> Array:
   s = jnp.abs(jnp.asarray(s_N))
   total = jnp.sum(s, axis=-1, keepdims=True)
   p = s / jnp.where(total > 0, total, 1.0)
-  plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
-  erank = jnp.exp(-jnp.sum(plogp, axis=-1))
+  erank = jnp.exp(jnp.sum(jax.scipy.special.entr(p), axis=-1))   # entr(0) = 0
   return jnp.where(total[..., 0] > 0, erank, 0.0)
 
 

@@ -28,6 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from rankjax import plotting
+
 # per-sample fields with leading (seeds, inputs) axes
 SAMPLE_FIELDS = ("erank", "stable_rank", "order_profile", "order_log_mass", "mean_order",
                  "stream_rms", "branch_to_skip", "accumulated_branch",
@@ -125,9 +127,7 @@ def _band(ax, x, result, field, label, color=None):
 def plot_study(result: Mapping[str, Any], path: pathlib.Path, title: str = "") -> pathlib.Path:
   """erank/d and stable rank/d of dh_l/dh_0 (Eq. 3, Fig 1), mu_k / max mu_k (Fig 3a,
   from ln masses) and rms(h_l) (Fig 5a): means, min-max over samples shaded."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = plotting.pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
   layers = np.arange(1, len(result["erank"]) + 1)
   _band(axes[0], layers, result, "erank", "effective rank / d")
@@ -157,9 +157,7 @@ def plot_sweep(points: Sequence[Mapping[str, Any]], results: Sequence[Mapping[st
                path: pathlib.Path) -> pathlib.Path:
   """erank/d of dh_l/dh_0 against depth fraction l/L for every sweep point (min-max
   shaded), and the final erank/d per point with sd error bars."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = plotting.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   labels = [", ".join(f"{k}={v}" for k, v in p.items()) or "config" for p in points]
   for label, result in zip(labels, results):

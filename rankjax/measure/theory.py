@@ -31,18 +31,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rankjax.numerics import as_float
+
 Array = jax.Array
 ArrayLike = Any
 
 STANDARD_SWIGLU_VAR_U = 1.0 / 3.0   # sigma_W1^2 d under the standard init (Sec 2)
-
-
-def _f(x: ArrayLike) -> Array:
-  """As a float array: integers -> the default float, floats -> at least float32."""
-  x = jnp.asarray(x)
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    return x.astype(jnp.result_type(float))
-  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 # ---------------------------------------------------------------------------
@@ -57,7 +51,7 @@ def folded_attention_variance(d: int, var_v: ArrayLike | None = None,
   """
   var_v = 1.0 / (3 * d) if var_v is None else var_v
   var_o = 1.0 / (3 * d) if var_o is None else var_o
-  return _f(d * _f(var_v) * _f(var_o))
+  return as_float(d * as_float(var_v) * as_float(var_o))
 
 
 def swiglu_xi(d: int, d_ff: int, var_w2: ArrayLike | None = None,
@@ -68,7 +62,7 @@ def swiglu_xi(d: int, d_ff: int, var_w2: ArrayLike | None = None,
   """
   var_w2 = 1.0 / (3 * d_ff) if var_w2 is None else var_w2
   var_w3 = 1.0 / (3 * d) if var_w3 is None else var_w3
-  return _f(d * d_ff * _f(var_w2) * _f(var_w3))
+  return as_float(d * d_ff * as_float(var_w2) * as_float(var_w3))
 
 
 # ---------------------------------------------------------------------------
@@ -76,7 +70,7 @@ def swiglu_xi(d: int, d_ff: int, var_w2: ArrayLike | None = None,
 
 def harmonic_number(n: ArrayLike) -> Array:
   """``H_n = sum_{k=1}^n 1/k`` (Thm 3.2), via ``digamma(n + 1) + gamma_euler``."""
-  n = _f(n)
+  n = as_float(n)
   return jax.scipy.special.digamma(n + 1.0) + np.euler_gamma
 
 
@@ -86,12 +80,12 @@ def rho_from_similarity(t: ArrayLike, n: int) -> Array:
   ``t = 1/n`` gives ``rho = 0``, ``t = 1`` gives ``rho = 1``; ``t in [0, 1/n)``
   gives the negative correlations ``rho in [-1/(n-1), 0)``.
   """
-  return (n * _f(t) - 1.0) / (n - 1.0)
+  return (n * as_float(t) - 1.0) / (n - 1.0)
 
 
 def similarity_from_rho(rho: ArrayLike, n: int) -> Array:
   """Inverse of :func:`rho_from_similarity`: ``t = ((n - 1) rho + 1)/n``."""
-  return ((n - 1.0) * _f(rho) + 1.0) / n
+  return ((n - 1.0) * as_float(rho) + 1.0) / n
 
 
 @functools.partial(jax.jit, static_argnames=("n", "d"))
@@ -160,9 +154,9 @@ def amount_of_attention(x_NxD: Array, sigma_w2: ArrayLike) -> Array:
   ``rankjax.models.transformer``'s Pre-Norm, that stream is the previous layer's
   ``y2``, or the embeddings at layer 1; the captured ``x1`` is already normalized.)
   """
-  x = _f(x_NxD)
+  x = as_float(x_NxD)
   n, d = x.shape[-2], x.shape[-1]
-  return n * d * d * _f(sigma_w2) / jnp.sum(x * x, axis=(-2, -1))
+  return n * d * d * as_float(sigma_w2) / jnp.sum(x * x, axis=(-2, -1))
 
 
 def amount_of_attention_postnorm(d: int, sigma_w2: ArrayLike) -> Array:
@@ -170,7 +164,7 @@ def amount_of_attention_postnorm(d: int, sigma_w2: ArrayLike) -> Array:
 
   ``1/9`` under the standard initialization.
   """
-  return d * _f(sigma_w2)
+  return d * as_float(sigma_w2)
 
 
 def amount_of_attention_prenorm(layer: ArrayLike, s_post: ArrayLike,
@@ -186,8 +180,8 @@ def amount_of_attention_prenorm(layer: ArrayLike, s_post: ArrayLike,
   ``s_post f_2(t) + xi m(1)`` to ``||X||_F^2/(n d)`` in expectation (Thm C.3,
   Lemma C.4); :func:`prenorm_growth_per_layer` computes it.
   """
-  layer = _f(layer)
-  return _f(s_post) / (_f(init_sq_norm) + _f(growth_per_layer) * (layer - 1.0))
+  layer = as_float(layer)
+  return as_float(s_post) / (as_float(init_sq_norm) + as_float(growth_per_layer) * (layer - 1.0))
 
 
 def prenorm_growth_per_layer(s_post: ArrayLike, t: ArrayLike, n: int,
@@ -198,7 +192,7 @@ def prenorm_growth_per_layer(s_post: ArrayLike, t: ArrayLike, n: int,
   branch input RMS-normalized); SwiGLU branch: ``xi m(1)`` (Lemma C.4). Cross
   terms vanish in expectation. ``m_one`` is ``swiglu_moment(1.0)``.
   """
-  return _f(s_post) * f2(t, n) + _f(xi) * _f(m_one)
+  return as_float(s_post) * f2(t, n) + as_float(xi) * as_float(m_one)
 
 
 # ---------------------------------------------------------------------------
@@ -207,7 +201,7 @@ def prenorm_growth_per_layer(s_post: ArrayLike, t: ArrayLike, n: int,
 @functools.partial(jax.jit, static_argnames=("n",))
 def f1(t: ArrayLike, n: int) -> Array:
   """``f_1(t) = (1 - t)(n - H_n)(n t + 1) / (n (n - 1))`` (Thm 3.2)."""
-  t = _f(t)
+  t = as_float(t)
   h = harmonic_number(n)
   return (1.0 - t) * (n - h) * (n * t + 1.0) / (n * (n - 1.0))
 
@@ -219,7 +213,7 @@ def f2(t: ArrayLike, n: int) -> Array:
   Equals ``rho + (1 - rho) H_n / n = ||C_n X||_F^2 / ||X||_F^2`` under the closure
   (App C.3, C.7).
   """
-  t = _f(t)
+  t = as_float(t)
   h = harmonic_number(n)
   return ((n - h) * t + h - 1.0) / (n - 1.0)
 
@@ -232,7 +226,7 @@ def delta_attn(s: ArrayLike, t: ArrayLike, n: int) -> Array:
   the closure and the ratio-of-expectations surrogate. Positive for
   ``t in [1/n, 1)`` and ``s > 0``.
   """
-  s = _f(s)
+  s = as_float(s)
   return s * f1(t, n) / (1.0 + s * f2(t, n))
 
 
@@ -244,8 +238,8 @@ def delta_de(s: ArrayLike, t: ArrayLike, n: int, alpha: ArrayLike) -> Array:
   :func:`delta_attn` at ``lambda_alpha s``, ``lambda_alpha = (1 - alpha)^2``
   (App C.3). Vanishes at ``alpha = 1``.
   """
-  lam = (1.0 - _f(alpha)) ** 2
-  return delta_attn(lam * _f(s), t, n)
+  lam = (1.0 - as_float(alpha)) ** 2
+  return delta_attn(lam * as_float(s), t, n)
 
 
 class SecondMoments(NamedTuple):
@@ -272,7 +266,7 @@ def attention_second_moments(t: ArrayLike, n: int, d: int,
   with ``s = d sigma_W^2`` after dividing by ``n d`` this must read
   ``d^2 sigma_W^2 lambda_alpha``, which is what Thm C.3 has.)
   """
-  t, sw = _f(t), _f(sigma_w2)
+  t, sw = as_float(t), as_float(sigma_w2)
   rho = rho_from_similarity(t, n)
   h = harmonic_number(n)
   proj = n * d * t + d * d * sw * (rho * n + (1.0 - rho) * (2.0 - h / n))
@@ -289,7 +283,7 @@ def attention_conditional_moments(x_NxD: Array, p_NxN: Array,
   ``W`` is ``d x d``). No closure and no prefix averaging: use it with measured
   ``X_1`` and attention ``P`` (e.g. ``P - alpha C_n``). Batched over leading axes.
   """
-  x, p, sw = _f(x_NxD), _f(p_NxN), _f(sigma_w2)
+  x, p, sw = as_float(x_NxD), as_float(p_NxN), as_float(sigma_w2)
   d = x.shape[-1]
   px = p @ x
   sq = lambda a: jnp.sum(a * a, axis=(-2, -1))
@@ -321,7 +315,7 @@ def swiglu_moment(rho: ArrayLike, var_u: ArrayLike = STANDARD_SWIGLU_VAR_U,
   ``m(0) = E[SiLU(u)]^2`` and ``m(1) = E[SiLU(u)^2]``. Broadcasts over ``rho``
   and ``var_u``; ``rho`` must lie in ``[-1, 1]``.
   """
-  rho, var_u = _f(rho), _f(var_u)
+  rho, var_u = as_float(rho), as_float(var_u)
   dtype = jnp.result_type(rho, var_u)
   x_np, w_np = _hermegauss(num_nodes)
   z = jnp.asarray(x_np, dtype)
@@ -345,7 +339,7 @@ def delta_ffn(xi: ArrayLike, t: ArrayLike, n: int,
   closure and the ratio-of-expectations surrogate. Negative for ``t in (1/n, 1)``
   because ``m`` increases on ``[0, 1]`` (Fig 7); ``|Delta_FFN| <= xi m(1)``.
   """
-  t, xi = _f(t), _f(xi)
+  t, xi = as_float(t), as_float(xi)
   m_rho = swiglu_moment(rho_from_similarity(t, n), var_u, num_nodes)
   m_one = swiglu_moment(1.0, var_u, num_nodes)
   return xi * (t - 1.0 / n) * (m_rho - m_one) / (1.0 + xi * m_one)
@@ -361,7 +355,7 @@ def ffn_second_moments(t: ArrayLike, n: int, d: int, xi: ArrayLike,
   ``E||Y_2||^2 = n d + n d xi m(1)``. Exact over ``W_1, W_2, W_3`` for any ``X_2``
   with ``X_2 X_2^T = R_eq(t)``.
   """
-  t, xi = _f(t), _f(xi)
+  t, xi = as_float(t), as_float(xi)
   rho = rho_from_similarity(t, n)
   m_rho = swiglu_moment(rho, var_u, num_nodes)
   m_one = swiglu_moment(1.0, var_u, num_nodes)
@@ -379,7 +373,7 @@ def attention_row_norms_sq(t: ArrayLike, n: int, d: int,
 
   ``a = d + d^2 rho sigma_W^2``, ``b = d^2 sigma_W^2 (1 - rho)``.
   """
-  t, sw = _f(t), _f(sigma_w2)
+  t, sw = as_float(t), as_float(sigma_w2)
   rho = rho_from_similarity(t, n)[..., None]
   sw = sw[..., None]
   i = jnp.arange(1, n + 1, dtype=rho.dtype)
@@ -392,7 +386,7 @@ def ffn_row_norm_sq(d: int, xi: ArrayLike, m_one: ArrayLike) -> Array:
   (The paper writes ``d + d_ff d^2 sigma_W3^2 sigma_W2^2 m(1)``, which is
   ``d + d xi m(1)``.)
   """
-  return d + d * _f(xi) * _f(m_one)
+  return d + d * as_float(xi) * as_float(m_one)
 
 
 def rms_spread(scale_N: Array) -> Array:
@@ -401,21 +395,15 @@ def rms_spread(scale_N: Array) -> Array:
   For a diagonal ``T`` the spectral norm is ``max_i |T_ii - mu|``. Batched over
   leading axes of ``scale_N`` (``(..., n)``).
   """
-  s = _f(scale_N)
+  s = as_float(scale_N)
   mu = jnp.mean(s, axis=-1)
   return jnp.max(jnp.abs(s - mu[..., None]), axis=-1) / mu
-
-
-def rms_factors(y_NxD: Array, eps: ArrayLike = 0.0) -> Array:
-  """RMSNorm factors ``T_ii = 1/sqrt(||Y_i||^2/d + eps)`` (App C.5); ``(..., n)``."""
-  y = _f(y_NxD)
-  return jax.lax.rsqrt(jnp.mean(y * y, axis=-1) + _f(eps))
 
 
 def rms_spread_from_row_norms(row_norm_sq_N: ArrayLike, d: int,
                               eps: ArrayLike = 0.0) -> Array:
   """``eta`` of Thm C.6 from (expected) squared row norms, e.g. Lemma C.5's ``a + b/i``."""
-  return rms_spread(jax.lax.rsqrt(_f(row_norm_sq_N) / d + _f(eps)))
+  return rms_spread(jax.lax.rsqrt(as_float(row_norm_sq_N) / d + as_float(eps)))
 
 
 def rms_similarity_bounds(t: ArrayLike, eta: ArrayLike) -> tuple[Array, Array]:
@@ -425,7 +413,7 @@ def rms_similarity_bounds(t: ArrayLike, eta: ArrayLike) -> tuple[Array, Array]:
   valid for ``eta < 1`` (both bounds are NaN for ``eta >= 1``). The upper bound is
   returned as stated and can exceed the trivial bound 1.
   """
-  t, eta = _f(t), _f(eta)
+  t, eta = as_float(t), as_float(eta)
   rt = jnp.sqrt(t)
   lower = jnp.maximum(rt - eta, 0.0) ** 2 / (1.0 + eta) ** 2
   upper = (rt + eta) ** 2 / (1.0 - eta) ** 2

@@ -23,7 +23,9 @@ Two paths compute the same function:
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -31,7 +33,7 @@ import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
 from rankjax.models import splash_attention
-from rankjax.measure.similarity import prefix_average_matrix
+from rankjax.numerics import float_dtype
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
@@ -62,7 +64,7 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
   input's dtype.
   """
   _, t, _, dh = x_BxTxHxD.shape
-  acc = jnp.promote_types(x_BxTxHxD.dtype, jnp.float32)
+  acc = float_dtype(x_BxTxHxD.dtype)
   theta = base ** (-jnp.arange(0, dh, 2, dtype=acc) / dh)                # (dh/2,)
   angle = jnp.arange(t, dtype=acc)[:, None] * theta[None, :]             # (T, dh/2)
   cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]      # (T, 1, dh/2)
@@ -70,6 +72,44 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
   even, odd = x[..., 0], x[..., 1]
   out = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
   return out.reshape(x_BxTxHxD.shape).astype(x_BxTxHxD.dtype)
+
+
+def causal_probabilities(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array,
+                         tau: float = 1.0) -> jax.Array:
+  """``P = softmax_row(Q K^T / (sqrt(d_head) tau) + M_causal)`` per head (postnorm
+  Eq. 2), ``(B, H, T, T)`` in ``float_dtype(q)``: the one einsum attention of the
+  library (``CausalSelfAttention``'s einsum path, the GPT-2 reader's forward pass and
+  ``flax_capture.causal_probs`` call it). The logits are formed in q's dtype and
+  accumulated in at least float32; keys after the query get ``finfo.min`` (zero
+  probability: every row keeps its diagonal)."""
+  t, dh = q_BxTxHxD.shape[-3], q_BxTxHxD.shape[-1]
+  acc = float_dtype(q_BxTxHxD.dtype)
+  logits_BxHxTxT = jnp.einsum("...qhd,...khd->...hqk", q_BxTxHxD, k_BxTxHxD).astype(acc)
+  logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(dh) * tau)
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(acc).min)
+  return jax.nn.softmax(logits_BxHxTxT, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "dtype"))
+def prefix_average_matrix(n: int, dtype: Any = jnp.float32) -> jax.Array:
+  """The causal prefix-average matrix ``C_n`` (postnorm Eq. (3), Assumption C.2).
+
+  ``(C_n)_ij = 1/i`` for ``i >= j`` and ``0`` otherwise (1-indexed rows ``i``), i.e.
+  row ``i`` averages the first ``i`` tokens. Identities used by Thm C.3:
+  ``||C_n||_F^2 = H_n`` and ``||Pi_1 C_n||_F^2 = 2 - H_n / n``. Also
+  ``rankjax.prefix_average_matrix`` and ``rankjax.measure.similarity``'s.
+
+  Args:
+    n: sequence length (static).
+    dtype: output dtype.
+
+  Returns:
+    ``(n, n)`` lower-triangular row-stochastic matrix.
+  """
+  i_N = jnp.arange(1, n + 1, dtype=dtype)
+  mask_NxN = jnp.tril(jnp.ones((n, n), dtype=bool))
+  return jnp.where(mask_NxN, 1.0 / i_N[:, None], 0.0).astype(dtype)
 
 
 def fused_impl(cfg: TransformerConfig, dtype, seq_len: int | None = None) -> str:
@@ -95,7 +135,7 @@ def fused_impl(cfg: TransformerConfig, dtype, seq_len: int | None = None) -> str
 def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
   """``C_n V`` without C_n: row i is the mean of rows 1..i (in float32)."""
   t = v_BxTxHxD.shape[1]
-  acc = jnp.promote_types(v_BxTxHxD.dtype, jnp.float32)
+  acc = float_dtype(v_BxTxHxD.dtype)
   counts = jnp.arange(1, t + 1, dtype=acc)[None, :, None, None]
   return jnp.cumsum(v_BxTxHxD.astype(acc), axis=1) / counts
 
@@ -139,18 +179,13 @@ class CausalSelfAttention(nn.Module):
         out = jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                            implementation=impl)
       if cfg.prefix_avg_removal:
-        out = (out.astype(jnp.promote_types(dtype, jnp.float32))
+        out = (out.astype(float_dtype(dtype))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
     return out.reshape(b, t, d) @ proj("w_o", output_proj=True)
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:
     cfg, dtype, t = self.cfg, q.dtype, q.shape[1]
-    acc = jnp.promote_types(dtype, jnp.float32)     # float32, or float64 under x64
-    logits_BxHxTxT = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(acc)
-    logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(cfg.d_head) * cfg.tau)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(acc).min)
-    probs = jax.nn.softmax(logits_BxHxTxT, axis=-1)
+    probs = causal_probabilities(q, k, cfg.tau)     # float32, or float64 under x64
     if cfg.prefix_avg_removal:
       probs = probs - cfg.prefix_avg_removal * prefix_average_matrix(t, probs.dtype)
     if capture_probs:

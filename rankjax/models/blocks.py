@@ -42,6 +42,11 @@ ACTIVATIONS = {
 }
 
 
+def derivative(fn: Callable[[jax.Array], jax.Array], z: jax.Array) -> jax.Array:
+  """``fn'(z)`` of an elementwise ``fn`` (one forward tangent of ones)."""
+  return jax.jvp(fn, (z,), (jnp.ones_like(z),))[1]
+
+
 def matrix_shapes(cfg: MLPConfig) -> dict[str, tuple[int, int]]:
   """Shapes (fan_in, fan_out) of one block's branch matrices."""
   d, m = cfg.width, cfg.hidden_width

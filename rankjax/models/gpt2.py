@@ -1,5 +1,6 @@
 """GPT-2 weights (Hugging Face ``model.safetensors``) and the forward pass the FFN
-Jacobian measurements need ("Transforming Rank", App B.3 Fig 12, App D.5 Fig 8c).
+Jacobian measurements (``rankjax.measure.gpt2_jacobians``) need ("Transforming Rank",
+App B.3 Fig 12, App D.5 Fig 8c).
 
 GPT-2 (Radford et al. 2019) is a Pre-LayerNorm decoder; per layer, on the residual
 stream h (T tokens x d),
@@ -13,14 +14,15 @@ stream entering the FFN sublayer; in its notation W_up = W_fc^T (m x d) and
 W_down = W_proj^T (d x m), so ``J_l = W_down diag(gelu'(z)) W_up J_LN(h)`` (Eq. 9 with
 the Pre-Norm input Jacobian, Table 2).
 
-``sublayer_jacobians`` gives the per-token attention and FFN branch Jacobians of every
-block at one position, ``sequence_jacobians`` the whole-sequence attention Jacobians
-(small T). Parameters are a plain dict with blocks stacked over depth (``blocks["fc_w"]`` is
-(L, d, m)); ``load_gpt2`` fills it from a checkpoint, ``init_gpt2`` draws GPT-2's
-initialization. Files are read and written by the ``safetensors`` package, after a
-validation of the header here (the format: an 8-byte little-endian header length, a
-JSON header of ``{name: {dtype, shape, data_offsets}}``, then the raw little-endian
-bytes) that turns a bad file into a one-line ValueError. PyTorch ``.bin`` (pickle)
+The forward pass is built from the library's pieces (``norms.normalize`` for the
+LayerNorm, ``attention.causal_probabilities`` for the attention); the Jacobians of it
+are measurements and live in ``rankjax.measure.gpt2_jacobians``. Parameters are a
+plain dict with blocks stacked over depth (``blocks["fc_w"]`` is (L, d, m));
+``load_gpt2`` fills it from a checkpoint, ``init_gpt2`` draws GPT-2's initialization.
+Files are read and written by the ``safetensors`` package, after a validation of the
+header here (the format: an 8-byte little-endian header length, a JSON header of
+``{name: {dtype, shape, data_offsets}}``, then the raw little-endian bytes) that turns
+a bad file into a one-line ValueError. PyTorch ``.bin`` (pickle)
 checkpoints are not read: they need torch.
 """
 from __future__ import annotations
@@ -41,8 +43,8 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from rankjax.measure import jacobians
-from rankjax.measure import precision as precision_lib
+from rankjax.models import attention as attention_lib
+from rankjax.models import norms
 
 Array = jax.Array
 HEAD_DIM = 64            # every OpenAI GPT-2 size (small 12 heads of 64, medium 16, ...)
@@ -251,25 +253,29 @@ def init_gpt2(key: Array, num_layers: int, d_model: int, d_ff: int | None = None
 
 
 # ---------------------------------------------------------------------------
-# Forward pass and the FFN branch Jacobian
+# Forward pass (the Jacobians: rankjax.measure.gpt2_jacobians)
 
 
 def layer_norm(x: Array, scale: Array, bias: Array, eps: float = LN_EPS) -> Array:
-  mu = jnp.mean(x, axis=-1, keepdims=True)
-  var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
-  return (x - mu) / jnp.sqrt(var + eps) * scale + bias
+  """GPT-2's LayerNorm: ``norms.normalize(x, "layer", eps) * scale + bias``."""
+  return norms.normalize(x, "layer", eps) * scale + bias
 
 
-def _attention(block: dict, x_TxD: Array, num_heads: int) -> Array:
+def attention(block: dict, x_TxD: Array, num_heads: int) -> Array:
+  """Causal self-attention of one block on ``(T, d)`` (biased c_attn / c_proj), through
+  the model's ``attention.causal_probabilities``."""
   t, d = x_TxD.shape
   qkv = x_TxD @ block["attn_w"] + block["attn_b"]
-  q, k, v = (a.reshape(t, num_heads, d // num_heads).transpose(1, 0, 2)
-             for a in jnp.split(qkv, 3, axis=-1))
-  logits_HxTxT = q @ k.transpose(0, 2, 1) / math.sqrt(d // num_heads)
-  causal = jnp.tril(jnp.ones((t, t), bool))
-  probs = jax.nn.softmax(jnp.where(causal, logits_HxTxT, -jnp.inf), axis=-1)
-  out = (probs @ v).transpose(1, 0, 2).reshape(t, d)
+  q, k, v = (a.reshape(1, t, num_heads, d // num_heads) for a in jnp.split(qkv, 3, axis=-1))
+  probs_1xHxTxT = attention_lib.causal_probabilities(q, k)
+  out = jnp.einsum("bhqk,bkhd->bqhd", probs_1xHxTxT, v).reshape(t, d)
   return out @ block["attn_proj_w"] + block["attn_proj_b"]
+
+
+def attention_branch(block: dict, h_TxD: Array, num_heads: int) -> Array:
+  """The attention branch ``Attn(LN_1(h))`` of one block on the stream ``(T, d)``."""
+  return attention(block, layer_norm(h_TxD, block["ln_1_scale"], block["ln_1_bias"]),
+                   num_heads)
 
 
 def ffn_branch(block: dict, h_D: Array) -> Array:
@@ -279,100 +285,16 @@ def ffn_branch(block: dict, h_D: Array) -> Array:
       + block["proj_b"]
 
 
-@precision_lib.measured
-def ffn_jacobian(block: dict, h_D: Array) -> Array:
-  """``J = dFFN(LN_2(h))/dh`` in closed form, (d, d) (Eq. 9 with the LN Jacobian,
-  Table 2): ``W_proj^T diag(gelu'(z)) W_fc^T J_LN(h)``, one d x m x d GEMM."""
-  x = layer_norm(h_D, block["ln_2_scale"], block["ln_2_bias"])
-  z = x @ block["fc_w"] + block["fc_b"]
-  dgelu = jax.jvp(lambda u: jax.nn.gelu(u, approximate=True), (z,), (jnp.ones_like(z),))[1]
-  up_MxD = jacobians.norm_jacobian_right(block["fc_w"].T, h_D, "layer", LN_EPS,
-                                         scale_D=block["ln_2_scale"])
-  return block["proj_w"].T @ (dgelu[:, None] * up_MxD)
-
-
 def default_num_heads(d_model: int) -> int:
   return max(1, d_model // HEAD_DIM)
 
 
-@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
-@precision_lib.measured
-def ffn_inputs(params: dict, tokens_T: Array, num_heads: int | None = None) -> Array:
-  """The residual stream entering each block's FFN sublayer, ``(L, T, d)``:
-  ``h + Attn(LN_1(h))`` with h the block input (token + position embeddings first)."""
-  d = params["wte"].shape[1]
-  heads = default_num_heads(d) if num_heads is None else num_heads
-  h = params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
-
-  def step(h_TxD, block):
-    h_TxD = h_TxD + _attention(block, layer_norm(h_TxD, block["ln_1_scale"],
-                                                 block["ln_1_bias"]), heads)
-    return h_TxD + ffn_branch(block, h_TxD), h_TxD
-
-  _, streams = jax.lax.scan(step, h, params["blocks"])
-  return streams
+def embed(params: dict, tokens_T: Array) -> Array:
+  """Token plus position embeddings, the stream entering block 1, ``(T, d)``."""
+  return params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
 
 
-@functools.partial(jax.jit, static_argnames=("precision",))
-@precision_lib.measured
-def ffn_jacobians(blocks: dict, h_LxD: Array) -> Array:
-  """``J_l`` of every block at its stream ``h_l``, ``(L, d, d)``, jitted (``lax.map``:
-  one block's d x m intermediate in memory at a time)."""
-  return jax.lax.map(lambda a: ffn_jacobian(*a), (blocks, h_LxD))
-
-
-# ---------------------------------------------------------------------------
-# Per-token and whole-sequence sublayer Jacobians of the decoder
-
-
-def _attention_branch(block: dict, h_TxD: Array, num_heads: int) -> Array:
-  return _attention(block, layer_norm(h_TxD, block["ln_1_scale"], block["ln_1_bias"]),
-                    num_heads)
-
-
-@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
-@precision_lib.measured
-def sublayer_jacobians(params: dict, tokens_T: Array, position: Array | int,
-                       num_heads: int | None = None) -> dict[str, Array]:
-  """Per-token branch Jacobians of every block at ``position`` (jitted; ``position``
-  may be traced), ``(L, d, d)`` each:
-
-    ``attention``: ``d Attn(LN_1(h))_t / d h_t``, the stream of the other tokens held
-      fixed (the diagonal block of ``sequence_jacobians``), by ``jax.jacfwd`` (no closed
-      form is used for attention);
-    ``ffn``: ``d FFN(LN_2(h'))_t / d h'_t`` at the FFN input h' (closed form,
-      ``ffn_jacobian``; the FFN acts on each token alone).
-  """
-  heads = default_num_heads(params["wte"].shape[1]) if num_heads is None else num_heads
-  d = params["wte"].shape[1]
-  h = params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
-
-  def step(h_TxD, block):
-    def at_position(x_D):
-      row = h_TxD.at[position].set(x_D)
-      return _attention_branch(block, row, heads)[position]
-    attn_jac = jax.jacfwd(at_position)(h_TxD[position])
-    mid = h_TxD + _attention_branch(block, h_TxD, heads)
-    ffn_jac = ffn_jacobian(block, mid[position])
-    return mid + ffn_branch(block, mid), (attn_jac.reshape(d, d), ffn_jac)
-
-  _, (attn, ffn) = jax.lax.scan(step, h, params["blocks"])
-  return {"attention": attn, "ffn": ffn}
-
-
-@functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
-@precision_lib.measured
-def sequence_jacobians(params: dict, tokens_T: Array, num_heads: int | None = None) -> Array:
-  """Whole-sequence Jacobian of every block's attention branch, ``(L, T, d, T, d)``:
-  ``[l, t, :, s, :] = d Attn(LN_1(h))_t / d h_s`` (zero for s > t, causal), by
-  ``jax.jacfwd`` over all T d inputs; for small T (memory L T^2 d^2)."""
-  heads = default_num_heads(params["wte"].shape[1]) if num_heads is None else num_heads
-  h = params["wte"][tokens_T] + params["wpe"][jnp.arange(tokens_T.shape[0])]
-
-  def step(h_TxD, block):
-    jac = jax.jacfwd(lambda x: _attention_branch(block, x, heads))(h_TxD)
-    mid = h_TxD + _attention_branch(block, h_TxD, heads)
-    return mid + ffn_branch(block, mid), jac
-
-  _, jac = jax.lax.scan(step, h, params["blocks"])
-  return jac
+def block_forward(block: dict, h_TxD: Array, num_heads: int) -> tuple[Array, Array]:
+  """``(h_mid, h_out)``: the stream after the attention sublayer and after the block."""
+  mid = h_TxD + attention_branch(block, h_TxD, num_heads)
+  return mid, mid + ffn_branch(block, mid)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rankjax.numerics import float_dtype
+
 
 @jax.custom_vjp
 def _low_precision_matmul(h: jax.Array, w: jax.Array) -> jax.Array:
@@ -49,7 +51,7 @@ def head_logits(h: jax.Array, w_DxV: jax.Array, vocab_size: int | None = None) -
   if jnp.finfo(h.dtype).bits < 32:
     z = _low_precision_matmul(h, w_DxV)
   else:
-    z = jnp.matmul(h, w_DxV, preferred_element_type=jnp.promote_types(h.dtype, jnp.float32))
+    z = jnp.matmul(h, w_DxV, preferred_element_type=float_dtype(h.dtype))
   v = z.shape[-1] if vocab_size is None else vocab_size
   if v < z.shape[-1]:
     z = jnp.where(jnp.arange(z.shape[-1]) < v, z, -jnp.inf)
@@ -76,7 +78,7 @@ def head_cross_entropy(h_NxD: jax.Array, w_DxV: jax.Array, labels_N: jax.Array,
     return jnp.sum(w_C * (jax.nn.logsumexp(z, axis=-1) - z_y))
 
   n = h_NxD.shape[0]
-  acc = jnp.promote_types(h_NxD.dtype, jnp.float32)
+  acc = float_dtype(h_NxD.dtype)
   if chunk <= 0 or chunk >= n:
     return nll_sum(h_NxD, labels_N, jnp.ones((n,), acc)) / n
   pad = -n % chunk

@@ -10,6 +10,14 @@ Transforming Rank, App B.1 and Table 2, at gain one (``x_hat = x/||x||``):
 
 With ``eps > 0`` the RMS is ``sqrt(mean(x^2) + eps)`` (the training form); the theory
 uses ``eps = 0``. All functions normalize over the last axis.
+
+The Jacobians live here too, next to the operations they differentiate, and are the
+only closed-form norm Jacobians of the library (the MLP Jacobian engine, the GPT-2 and
+Llama FFN Jacobians use them). Convention: ``J[i, j] = d N(x)_i / d x_j`` (rows are
+outputs); ``jacobian_left(M, x) = J M`` and ``jacobian_right(M, x) = M J`` apply it in
+O(d^2) per column as the rank-one/two update above, with the ``eps`` form
+``J = (1/r)(I - v v^T)``, ``r = rms(x, eps)``, ``v = x / (sqrt(d) r)`` (App B.1), and a
+gain ``g`` as ``diag(g) J``.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from rankjax.numerics import as_float
 
 
 def rms(x: jax.Array, eps: float = 0.0) -> jax.Array:
@@ -41,6 +51,53 @@ def normalize(x: jax.Array, op: str, eps: float = 0.0) -> jax.Array:
                    "['rms', 'layer', 'mean', 'detached_rms', 'none']")
 
 
+def _rms_parts(x_D: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+  """``(r, v)`` of the rms Jacobian ``(1/r)(I - v v^T)`` at a single vector ``x_D``."""
+  r = rms(x_D, eps)[..., 0]
+  return r, x_D / (jnp.sqrt(jnp.asarray(x_D.shape[-1], x_D.dtype)) * r)
+
+
+def jacobian_left(m_DxK: jax.Array, x_D: jax.Array, op: str, eps: float,
+                  scale_D: jax.Array | None = None) -> jax.Array:
+  """``J_op(x) @ M`` without forming J_op (J of ``normalize(x, op) * scale``), ``(d, K)``."""
+  if op == "none":
+    out = m_DxK
+  elif op == "detached_rms":
+    out = m_DxK / rms(x_D, eps)[..., 0]
+  elif op == "mean":
+    out = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
+  elif op in ("rms", "layer"):
+    if op == "layer":
+      m_DxK = m_DxK - jnp.mean(m_DxK, axis=0, keepdims=True)
+      x_D = x_D - jnp.mean(x_D)
+    r, v = _rms_parts(x_D, eps)              # J = (1/r)(I - v v^T)
+    out = (m_DxK - v[:, None] * (v @ m_DxK)[None, :]) / r
+  else:
+    raise ValueError(f"unknown norm op {op!r}")
+  return out if scale_D is None else scale_D[:, None] * out
+
+
+def jacobian_right(m_KxD: jax.Array, x_D: jax.Array, op: str, eps: float,
+                   scale_D: jax.Array | None = None) -> jax.Array:
+  """``M @ J_op(x)`` without forming J_op, ``(K, d)``."""
+  if scale_D is not None:
+    m_KxD = m_KxD * scale_D[None, :]
+  if op == "none":
+    return m_KxD
+  if op == "detached_rms":
+    return m_KxD / rms(x_D, eps)[..., 0]
+  if op == "mean":
+    return m_KxD - jnp.mean(m_KxD, axis=1, keepdims=True)
+  if op in ("rms", "layer"):
+    xc = x_D - jnp.mean(x_D) if op == "layer" else x_D
+    r, v = _rms_parts(xc, eps)
+    out = (m_KxD - (m_KxD @ v)[:, None] * v[None, :]) / r
+    if op == "layer":
+      out = out - jnp.mean(out, axis=1, keepdims=True)
+    return out
+  raise ValueError(f"unknown norm op {op!r}")
+
+
 def has_gain(op: str) -> bool:
   """Whether a learned gain makes sense for ``op`` (the rescaling operations)."""
   return op in ("rms", "layer", "detached_rms")
@@ -61,7 +118,7 @@ class Norm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = normalize(x.astype(jnp.promote_types(x.dtype, jnp.float32)), self.op, self.eps)
+    y = normalize(as_float(x), self.op, self.eps)
     if self.gain and has_gain(self.op):
       scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
       y = y * scale

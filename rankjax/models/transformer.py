@@ -64,6 +64,20 @@ def make_norm(cfg: TransformerConfig, op: str, name: str) -> Norm:
               bias=cfg.norm_bias, name=name)
 
 
+def sublayer_norm(cfg: TransformerConfig, sub: str, apply_norm):
+  """``norm(loc, x)`` of sublayer ``sub`` ("attn" or "ffn") for ``residual_sublayer``:
+  the identity where ``cfg`` has no operation at ``loc``, else
+  ``apply_norm(op, name, x)`` with the parameter name of ``norm_names``. The one
+  wiring of the norms, used by ``DecoderBlock`` and by ``apply_sublayer``."""
+  ops = dict(zip("pbr", cfg.norm_ops))
+  names = norm_names(cfg)
+
+  def norm(loc, x):
+    name = names.get((sub, loc))
+    return x if name is None else apply_norm(ops[loc], name, x)
+  return norm
+
+
 class FeedForward(nn.Module):
   """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2``."""
 
@@ -108,7 +122,6 @@ class DecoderBlock(nn.Module):
     h = partitioning.constrain(h, ("batch", "length", "embed"))
     cfg = self.cfg
     ops = dict(zip("pbr", cfg.norm_ops))
-    names = norm_names(cfg)
     attn = CausalSelfAttention(cfg, name="attn")
     ffn = FeedForward(cfg, name="ffn")
     branches = (
@@ -117,9 +130,7 @@ class DecoderBlock(nn.Module):
         ("ffn", lambda x: self._drop(ffn(x))),
     )
     for k, (sub, branch) in enumerate(branches, start=1):
-      def norm(loc, x, sub=sub):
-        name = names.get((sub, loc))
-        return x if name is None else make_norm(cfg, ops[loc], name)(x)
+      norm = sublayer_norm(cfg, sub, lambda op, name, x: make_norm(cfg, op, name)(x))
 
       # Without a P norm X_k is the stream itself and also the skip (Y_k = X_k + ...):
       # it is captured before the sublayer so that dL/dX_k includes the skip path.
@@ -193,6 +204,32 @@ class DecoderLM(nn.Module):
     if return_hidden:
       return h, w_DxV
     return head_logits(h, w_DxV)[..., :cfg.vocab_size]
+
+
+def apply_sublayer(cfg: TransformerConfig, layer: dict, sub: str, h_TxD: jax.Array
+                   ) -> tuple[jax.Array, jax.Array]:
+  """``(y, h_new)`` of sublayer ``sub`` ("attn" or "ffn") of one layer on a ``(T, d)``
+  stream, from that layer's slice of ``params["layers"]`` (evaluation mode):
+  ``y = h + beta B(f(P(h)))`` and ``h_new = R(y)``, the modules and wiring of
+  ``DecoderBlock`` (tested equal). For the Jacobians of ``measure.decoder_jacobians``."""
+  norm = sublayer_norm(cfg, sub, lambda op, name, x: make_norm(cfg, op, None).apply(
+      {"params": layer.get(name, {})}, x))
+  if sub == "attn":
+    mod = CausalSelfAttention(cfg)
+    f = lambda x: mod.apply({"params": layer["attn"]}, x[None], deterministic=True)[0]
+  else:
+    mod = FeedForward(cfg)
+    f = lambda x: mod.apply({"params": layer["ffn"]}, x)
+  _, y, h_new = blocks.residual_sublayer(h_TxD, f, norm, cfg.beta)
+  return y, h_new
+
+
+def layer_forward(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+  """``(h_mid, h_out)``: the stream after the attention sublayer and after the layer."""
+  _, mid = apply_sublayer(cfg, layer, "attn", h_TxD)
+  _, out = apply_sublayer(cfg, layer, "ffn", mid)
+  return mid, out
 
 
 def first_layer_input(cfg: TransformerConfig, params, tokens_BxT: jax.Array) -> jax.Array:

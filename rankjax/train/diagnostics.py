@@ -47,6 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rankjax.measure import gradients as gr
 from rankjax.measure.similarity import token_similarity
 
 Array = jax.Array
@@ -161,18 +162,6 @@ def compute(diags: Sequence[Diagnostic], inputs: DiagInputs) -> dict[str, dict[s
 # helpers and the built-in diagnostic
 
 
-def per_layer_sq_norms(tree: Any, roots: Sequence[str]) -> Array | None:
-  """Sum of squares per layer over every leaf under the stacked roots: (L,)."""
-  total = None
-  for root in roots:
-    if not isinstance(tree, Mapping) or root not in tree:
-      continue
-    for leaf in jax.tree.leaves(tree[root]):
-      sq = jnp.sum(jnp.square(leaf.astype(jnp.float32)), axis=tuple(range(1, leaf.ndim)))
-      total = sq if total is None else total + sq
-  return total
-
-
 def basic(d: DiagInputs) -> dict[str, Array]:
   """Per-layer parameter and gradient norms; per-layer token similarity.
 
@@ -186,16 +175,15 @@ def basic(d: DiagInputs) -> dict[str, Array]:
   stream h_l (rows = examples).
   """
   out = {}
-  g = per_layer_sq_norms(d.grads, d.stacked_roots)
+  g = gr.layer_sq_norms(d.grads, d.stacked_roots)
   if g is not None:
     out["grad_norm"] = jnp.sqrt(g)
-    out["param_norm"] = jnp.sqrt(per_layer_sq_norms(d.params, d.stacked_roots))
+    out["param_norm"] = jnp.sqrt(gr.layer_sq_norms(d.params, d.stacked_roots))
   for k, x in (d.activations or {}).items():
     if x.ndim == 4:      # (L, B, T, d): tokens of each example
       out[f"tsim_{k}"] = jnp.mean(token_similarity(x), axis=-1)
     elif x.ndim == 3:    # (L, B, d): the examples of a batch
       out[f"batch_similarity_{k}"] = token_similarity(x)
   for k, g in (d.activation_grads or {}).items():
-    out[f"act_grad_norm_{k}"] = jnp.sqrt(
-        jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1, g.ndim))))
+    out[f"act_grad_norm_{k}"] = jnp.sqrt(gr.sq_norm(g, tuple(range(1, g.ndim))))
   return out

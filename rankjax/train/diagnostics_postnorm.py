@@ -119,17 +119,13 @@ def _norm_gain(d: diagnostics.DiagInputs, k: int) -> Array | None:
 SUBLAYER_NORMS = "postnorm_sublayer_norms"
 
 
-def _fro_norm_L(x_LxBxTxD: Array) -> Array:
-  x = jnp.asarray(x_LxBxTxD, jnp.float32)
-  return jnp.sqrt(jnp.sum(x * x, axis=(-3, -2, -1)))
-
-
 def sublayer_norms(d: diagnostics.DiagInputs) -> dict[str, Array]:
   """||dL/dX_k^l||_F and ||dL/dY_k^l||_F per layer (the parts of Def 3.5's alpha)."""
   if d.kind != "lm" or d.activation_grads is None:
     raise ValueError(f"the {SUBLAYER_NORMS!r} diagnostic needs an LM run (model='lm')")
   g = d.activation_grads
-  return {f"d{s}_norm_{k}": _fro_norm_L(g[f"{s}{k}"]) for k in (1, 2) for s in ("x", "y")}
+  return {f"d{s}_norm_{k}": jnp.sqrt(gr.sq_norm(g[f"{s}{k}"], (-3, -2, -1)))
+          for k in (1, 2) for s in ("x", "y")}
 
 
 def summarize_run(diag: dict[str, np.ndarray], steps: np.ndarray, *,

@@ -74,7 +74,7 @@ def test_token_jacobians_match_the_model(x64, kw):
   got = dj.sublayer_jacobians(cfg, params, tokens, POS)
   d, eye = cfg.d_model, np.eye(cfg.d_model)
   for l, (layer, h) in enumerate(_layers(cfg, params, tokens)):
-    mid, out = dj.layer_forward(cfg, layer, h)
+    mid, out = transformer.layer_forward(cfg, layer, h)
     np.testing.assert_allclose(np.asarray(out), np.asarray(block_out(cfg, layer, h)),
                                rtol=1e-12, atol=1e-12)
     attn, ffn = np.asarray(got["attention"][l]), np.asarray(got["ffn"][l])

@@ -303,3 +303,11 @@ def test_contraction_bound_holds_off_collapse_with_gains_where_the_token_mean_fa
   assert float(gr.contraction(1.0, mean)[0]) < ratio          # the token mean is no bound
   np.testing.assert_allclose(gr.rms_factor_max(y), [np.sqrt(d) / np.linalg.norm(y, axis=-1).min()],
                              rtol=1e-5)
+
+
+def test_rms_factor_takes_a_traced_eps():
+  y = jax.random.normal(jax.random.PRNGKey(3), (2, 4, 8))
+  got = jax.jit(gr.rms_factor)(y, jnp.float32(1e-2))
+  want = 1.0 / np.sqrt(np.mean(np.square(np.asarray(y, np.float64)), -1) + 1e-2)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(gr.rms_factor(jnp.zeros((3, 4)))), 0.0)

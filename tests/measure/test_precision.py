@@ -7,7 +7,7 @@ import pytest
 from jax import export
 
 from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, paths, representations
+from rankjax.measure import gpt2_jacobians, jacobians, paths, representations
 from rankjax.measure import precision as precision_lib
 from rankjax.models import gpt2
 
@@ -40,13 +40,14 @@ def test_other_entry_points_lower_at_highest_for_cuda():
   blocks, h0 = jacobians.seed_samples(CFG, jax.random.PRNGKey(0), 4)
   bj = jacobians.block_jacobians(blocks, h0[0], CFG)
   params = gpt2.init_gpt2(jax.random.PRNGKey(0), 2, 64, vocab_size=50, max_positions=8)
-  h_LxTxD = gpt2.ffn_inputs(params, jnp.arange(5), num_heads=2)
+  h_LxTxD = gpt2_jacobians.ffn_inputs(params, jnp.arange(5), num_heads=2)
   cases = [
       (jax.jit(lambda b: paths.path_sums(b, 0.5).unit), (bj.branch,)),
       (jax.jit(lambda b, h: jacobians.input_output_jacobians(
           jacobians.block_jacobians(b, h, CFG), CFG)), (blocks, h0[0])),
-      (gpt2.ffn_jacobians, (params["blocks"], h_LxTxD[:, -1])),
-      (jax.jit(lambda p, t: gpt2.ffn_inputs(p, t, num_heads=2)), (params, jnp.arange(5))),
+      (gpt2_jacobians.ffn_jacobians, (params["blocks"], h_LxTxD[:, -1])),
+      (jax.jit(lambda p, t: gpt2_jacobians.ffn_inputs(p, t, num_heads=2)),
+       (params, jnp.arange(5))),
       (jax.jit(lambda b, x: representations.trace_representations(b, x, CFG, [1, 3])),
        (blocks, h0)),
   ]

@@ -10,17 +10,7 @@ from scipy import integrate, special
 from rankjax.measure import spectra
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_blas_thread():
-  """OpenBLAS worker threads thrash on a loaded 2-core machine (LAPACK SVD/eigh 20x
-  slower); run this module's host linear algebra single-threaded."""
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:
-    yield
-    return
-  with threadpool_limits(1):
-    yield
+pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 
 def _np_erank(a):

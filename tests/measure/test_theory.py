@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import integrate, special
 
+from rankjax.measure import gradients as gr
 from rankjax.measure import similarity as sim
 from rankjax.measure import theory as th
 
@@ -257,7 +258,7 @@ def test_rms_similarity_bounds_hold(x64):
 def test_rms_spread_and_factors(x64):
   assert float(th.rms_spread(np.array([1.0, 2.0, 3.0]))) == pytest.approx(0.5)
   y = np.array([[2.0, 0.0], [0.0, 1.0]])
-  np.testing.assert_allclose(np.asarray(th.rms_factors(y)), [1 / np.sqrt(2), np.sqrt(2)])
+  np.testing.assert_allclose(np.asarray(gr.rms_factor(y)), [1 / np.sqrt(2), np.sqrt(2)])
   rows = th.attention_row_norms_sq(0.5, N, D, th.folded_attention_variance(D))
   eta = float(th.rms_spread_from_row_norms(rows, D))
   assert 0 < eta < 0.1                      # small spread: first rows are a bit longer

@@ -13,9 +13,8 @@ import pytest
 from jax import export
 
 from rankjax.config import TransformerConfig
-from rankjax.measure.similarity import prefix_average_matrix
 from rankjax.models import attention
-from rankjax.models.attention import CausalSelfAttention
+from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
 
 CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24,
                         max_seq_len=12)
@@ -140,6 +139,21 @@ def test_cudnn_step_has_no_txt_buffer():
   # the einsum reference does build (B, H, T, T) scores: the check can see them
   ref = _step_text(dataclasses.replace(BF16, attention_impl="einsum"))
   assert re.findall(rf"tensor<{B}x{BF16.num_heads}x{T}x{T}x", ref)
+
+
+def test_causal_probabilities_against_numpy(x64):
+  """The one einsum attention: softmax(q k^T / (sqrt(d_head) tau)) over keys j <= i."""
+  rng = np.random.default_rng(0)
+  b, t, h, dh, tau = 2, 5, 3, 4, 0.7
+  q, k = rng.normal(size=(2, b, t, h, dh))
+  got = np.asarray(attention.causal_probabilities(jnp.asarray(q), jnp.asarray(k), tau))
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / (np.sqrt(dh) * tau)
+  logits = np.where(np.tril(np.ones((t, t), bool)), logits, -np.inf)
+  want = np.exp(logits - logits.max(-1, keepdims=True))
+  want /= want.sum(-1, keepdims=True)
+  assert got.dtype == np.float64 and got.shape == (b, h, t, t)
+  np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+  assert np.all(got[..., np.triu_indices(t, 1)[0], np.triu_indices(t, 1)[1]] == 0.0)
 
 
 def test_auto_is_splash_on_tpu_where_its_blocks_tile_the_sequence():

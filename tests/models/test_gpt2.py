@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from rankjax.measure import gpt2_jacobians
 from rankjax.models import gpt2
 
 L, D, M, V, P = 2, 16, 64, 50, 32
@@ -107,9 +108,9 @@ def test_bad_checkpoints_raise_one_clear_error(tmp_path):
 
 def test_ffn_jacobian_matches_jacfwd(x64):
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), _params(1))
-  h_LxTxD = gpt2.ffn_inputs(params, jnp.array([3, 1, 4, 1, 5]), num_heads=2)
+  h_LxTxD = gpt2_jacobians.ffn_inputs(params, jnp.array([3, 1, 4, 1, 5]), num_heads=2)
   assert h_LxTxD.shape == (L, 5, D) and h_LxTxD.dtype == jnp.float64
-  jac_LxDxD = gpt2.ffn_jacobians(params["blocks"], h_LxTxD[:, -1])
+  jac_LxDxD = gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, -1])
   for l in range(L):
     block = jax.tree.map(lambda a: a[l], params["blocks"])
     ref = jax.jacfwd(lambda x: gpt2.ffn_branch(block, x))(h_LxTxD[l, -1])
@@ -118,8 +119,8 @@ def test_ffn_jacobian_matches_jacfwd(x64):
 
 def test_ffn_inputs_are_causal_and_follow_the_residual_recursion():
   params = jax.tree.map(jnp.asarray, _params(2))
-  h = gpt2.ffn_inputs(params, jnp.array([1, 2, 3, 4]), num_heads=2)
-  h_changed = gpt2.ffn_inputs(params, jnp.array([1, 2, 3, 9]), num_heads=2)
+  h = gpt2_jacobians.ffn_inputs(params, jnp.array([1, 2, 3, 4]), num_heads=2)
+  h_changed = gpt2_jacobians.ffn_inputs(params, jnp.array([1, 2, 3, 9]), num_heads=2)
   np.testing.assert_allclose(h[:, :3], h_changed[:, :3], rtol=1e-6)
   # Token 0 attends to itself only: attention output is v (through c_proj).
   b0 = jax.tree.map(lambda a: a[0], params["blocks"])
@@ -168,14 +169,15 @@ def test_fig12_runs_on_a_checkpoint(tmp_path):
 def test_sublayer_and_sequence_jacobians(x64):
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), _params(3))
   tokens = jnp.array([3, 1, 4, 1])
-  seq = gpt2.sequence_jacobians(params, tokens, num_heads=2)       # (L, T, d, T, d)
+  seq = gpt2_jacobians.sequence_jacobians(params, tokens, num_heads=2)       # (L, T, d, T, d)
   assert seq.shape == (L, 4, D, 4, D)
   for t in range(4):
-    per = gpt2.sublayer_jacobians(params, tokens, t, num_heads=2)
+    per = gpt2_jacobians.sublayer_jacobians(params, tokens, t, num_heads=2)
     np.testing.assert_allclose(per["attention"], seq[:, t, :, t, :], rtol=1e-12, atol=1e-13)
     np.testing.assert_array_equal(seq[:, t, :, t + 1:, :], 0.0)    # causal
-  h_LxTxD = gpt2.ffn_inputs(params, tokens, num_heads=2)
-  np.testing.assert_allclose(per["ffn"], gpt2.ffn_jacobians(params["blocks"], h_LxTxD[:, 3]),
+  h_LxTxD = gpt2_jacobians.ffn_inputs(params, tokens, num_heads=2)
+  np.testing.assert_allclose(per["ffn"],
+                             gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, 3]),
                              rtol=1e-12, atol=1e-13)
   # the first token attends only to itself: Attn(x)_0 = v_0 W_proj + b, so the Jacobian is
   # W_proj^T W_v^T J_LN(h_0) in closed form (Table 2 for J_LN)
@@ -183,5 +185,5 @@ def test_sublayer_and_sequence_jacobians(x64):
   h0 = params["wte"][3] + params["wpe"][0]
   w_v = b0["attn_w"][:, 2 * D:]
   j_ln = jax.jacfwd(lambda x: gpt2.layer_norm(x, b0["ln_1_scale"], b0["ln_1_bias"]))(h0)
-  first = gpt2.sublayer_jacobians(params, tokens, 0, num_heads=2)["attention"][0]
+  first = gpt2_jacobians.sublayer_jacobians(params, tokens, 0, num_heads=2)["attention"][0]
   np.testing.assert_allclose(first, b0["attn_proj_w"].T @ w_v.T @ j_ln, rtol=1e-11, atol=1e-12)

@@ -73,3 +73,22 @@ def test_norm_module_gain_is_learned_and_starts_at_one():
   doubled = jax.tree.map(lambda s: 2 * s, variables)
   np.testing.assert_allclose(module.apply(doubled, x), 2 * norms.normalize(x, "rms"), rtol=1e-6)
   assert "params" not in norms.Norm("mean", gain=True).init(jax.random.key(0), x)
+
+
+@pytest.mark.parametrize("op", ["rms", "detached_rms", "mean", "layer", "none"])
+def test_jacobian_products_match_jacfwd(op, x64):
+  """``jacobian_left(M) = J M`` and ``jacobian_right(M) = M J`` with a gain and eps, J
+  of ``normalize(x, op, eps) * g`` by autodiff in float64."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=D) * 3.0 + 0.5)
+  g = jnp.asarray(rng.uniform(0.5, 2.0, size=D))
+  eps = 1e-3
+  jac = jax.jacfwd(lambda v: norms.normalize(v, op, eps) * g)(x)
+  m_left = jnp.asarray(rng.normal(size=(D, 5)))
+  m_right = jnp.asarray(rng.normal(size=(5, D)))
+  np.testing.assert_allclose(norms.jacobian_left(m_left, x, op, eps, g), jac @ m_left,
+                             rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(norms.jacobian_right(m_right, x, op, eps, g), m_right @ jac,
+                             rtol=1e-12, atol=1e-12)
+  with pytest.raises(ValueError, match="unknown norm op"):
+    norms.jacobian_left(m_left, x, "batch", eps)

@@ -13,8 +13,7 @@ import pytest
 
 from rankjax.config import TransformerConfig
 from rankjax.models import norms
-from rankjax.measure.similarity import prefix_average_matrix
-from rankjax.models.attention import CausalSelfAttention
+from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
 from rankjax.models.transformer import DecoderLM, intermediate_grads
 
 TINY = dict(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_seq_len=12)
