@@ -26,47 +26,43 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.measure import sensitivity
+from rankjax.numerics import as_float
 
 Array = jax.Array
 ThetaMode = Literal["exact", "bracket", "one"]
 NormOp = Literal["layer", "rms"]
 
 
-def _float(x) -> Array:
-  x = jnp.asarray(x)
-  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
-
-
 def block_inf_rms_norm(x_TxD: Array) -> Array:
   """Def 2.2: ``||X||_{inf,rms} = max_i ||x_i||_2 / sqrt(d)``; ``(..., T, d) -> (...)``."""
-  x = _float(x_TxD)
+  x = as_float(x_TxD)
   return jnp.max(jnp.linalg.norm(x, axis=-1), axis=-1) / math.sqrt(x.shape[-1])
 
 
 def inf_2_norm(z_TxK: Array) -> Array:
   """Sec 2.2: unnormalized row norm ``||Z||_{inf,2} = max_i ||z_i||_2``."""
-  return jnp.max(jnp.linalg.norm(_float(z_TxK), axis=-1), axis=-1)
+  return jnp.max(jnp.linalg.norm(as_float(z_TxK), axis=-1), axis=-1)
 
 
 def spectral_norm(w: Array) -> Array:
   """``||W||_2`` of the last two axes, batched over leading axes."""
-  return jnp.linalg.norm(_float(w), ord=2, axis=(-2, -1))
+  return jnp.linalg.norm(as_float(w), ord=2, axis=(-2, -1))
 
 
 def _heads(w: Array) -> Array:
-  w = _float(w)
+  w = as_float(w)
   return w[None] if w.ndim == 2 else w
 
 
 def _w_out(w_o: Array) -> Array:
-  w_o = _float(w_o)
+  w_o = as_float(w_o)
   return w_o.reshape(-1, w_o.shape[-1]) if w_o.ndim == 3 else w_o
 
 
 def mha_attention_probs(u_TxD: Array, w_q: Array, w_k: Array, tau: float = 1.0,
                         causal: bool = False) -> Array:
   """``A_h = softmax(Q_h K_h^T / (tau sqrt(d_h)))`` (Sec 4.1); ``(..., H, T, T)``."""
-  u = _float(u_TxD)
+  u = as_float(u_TxD)
   w_q, w_k = _heads(w_q), _heads(w_k)
   q = jnp.einsum("...td,hdk->...htk", u, w_q)
   k = jnp.einsum("...td,hdk->...htk", u, w_k)
@@ -121,7 +117,7 @@ def mha_local_bound(u_TxD: Array, w_q: Array, w_k: Array, w_v: Array, w_o: Array
 
 @jax.jit
 def _mha_parts(u_TxD, w_q, w_k, w_v, w_o, tau, causal):
-  u = _float(u_TxD)
+  u = as_float(u_TxD)
   wq, wk, wv, wo = _heads(w_q), _heads(w_k), _heads(w_v), _w_out(w_o)
   b_bar = inf_2_norm(u)
   nq, nk, nv, no = spectral_norm(wq), spectral_norm(wk), spectral_norm(wv), spectral_norm(wo)
@@ -150,9 +146,9 @@ def layernorm_constants(gamma_JxD: Array, beta_JxD: Array | None,
   ``L_LN = max_j ||gamma_j||_inf / sqrt(eps_j)`` (Lemma A.1), over the LayerNorm
   modules ``j`` (rows of ``gamma_JxD``; ``beta=None`` means no bias; ``eps`` is a
   scalar or ``(J,)``)."""
-  g = jnp.max(jnp.abs(_float(gamma_JxD)), axis=-1)
-  b = 0.0 if beta_JxD is None else jnp.max(jnp.abs(_float(beta_JxD)), axis=-1)
-  return jnp.max(g + b), jnp.max(g / jnp.sqrt(_float(eps)))
+  g = jnp.max(jnp.abs(as_float(gamma_JxD)), axis=-1)
+  b = 0.0 if beta_JxD is None else jnp.max(jnp.abs(as_float(beta_JxD)), axis=-1)
+  return jnp.max(g + b), jnp.max(g / jnp.sqrt(as_float(eps)))
 
 
 def gelu_lipschitz() -> float:
@@ -228,12 +224,12 @@ def layernorm_jacobian(y_D: Array, gamma_D: Array, eps: float,
 
 @jax.jit
 def _layernorm_jacobian(y_D, gamma_D, eps, center):
-  y = _float(y_D)
+  y = as_float(y_D)
   d = y.shape[-1]
   y_hat, sigma = _norm_stats(y, eps, center)
   proj = jnp.eye(d, dtype=y.dtype) - center / d
   inner = proj - y_hat[..., :, None] * y_hat[..., None, :] / d
-  return _float(gamma_D)[..., :, None] * inner / sigma[..., None]
+  return as_float(gamma_D)[..., :, None] * inner / sigma[..., None]
 
 
 def _ln_apply(v: Array, y_hat: Array, sigma: Array, gamma: Array, center,
@@ -282,10 +278,10 @@ def layernorm_only_product(y_KxTxD: Array, gamma_KxD: Array, eps,
 
 @functools.partial(jax.jit, static_argnames="power_iters")
 def _ln_product(y_KxTxD, gamma_KxD, eps, center, key, power_iters):
-  y = _float(y_KxTxD)
+  y = as_float(y_KxTxD)
   K, T, d = y.shape
-  gamma = _float(gamma_KxD)
-  eps_K = jnp.broadcast_to(_float(eps), (K,))
+  gamma = as_float(gamma_KxD)
+  eps_K = jnp.broadcast_to(as_float(eps), (K,))
   y_hat, sigma = _norm_stats(y, eps_K[:, None, None], center)
   g_inf_K = jnp.max(jnp.abs(gamma), axis=-1)
   a_KxT = g_inf_K[:, None] / sigma[..., 0]

@@ -20,7 +20,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from rankjax.measure.sensitivity_exact import _float
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
@@ -332,7 +332,7 @@ def theta_certificate(p: Array, method: CertificateMethod = "greedy_prefix") -> 
   Returns:
     ``(...)`` certificates.
   """
-  p = _float(p)
+  p = as_float(p)
   lead, L = p.shape[:-1], p.shape[-1]
   if method not in ("greedy_prefix", "repair", "balance"):
     raise ValueError(f"method {method!r} is not allowed; choose 'greedy_prefix', "
@@ -358,7 +358,7 @@ def theta_bracket(p: Array, method: CertificateMethod = "balance") -> tuple[Arra
   ``method``: ``"balance"`` (default, tightest), ``"repair"`` (cheap, about the cost
   of ``"greedy_prefix"``) or ``"greedy_prefix"`` (App D.2); see ``theta_certificate``.
   """
-  p = _float(p)
+  p = as_float(p)
   p_max = jnp.max(p, axis=-1)
   dominant = 4.0 * p_max * (1.0 - p_max)
   lower = jnp.maximum(theta_certificate(p, method), 1.0 - p_max ** 2)

@@ -35,17 +35,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rankjax.numerics import as_float
+
 Array = jax.Array
 
 MAX_ENUMERATE_L = 16  # 2^(L-1) subsets on the jnp path
 MAX_MITM_L = 44       # 2^21 half-sums per side on the host path
 MAX_SIGN_L = 20       # 2^L sign vectors in softmax_jacobian_inf_to_one
 _HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _float(x) -> Array:
-  x = jnp.asarray(x)
-  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def _bits(idx: Array, n: int, dtype) -> Array:
@@ -71,7 +68,7 @@ def theta_enumerate(p: Array, block: int = 4096) -> Array:
   Returns:
     ``(...)`` theta values.
   """
-  p = _float(p)
+  p = as_float(p)
   L = p.shape[-1]
   if L > MAX_ENUMERATE_L:
     raise ValueError(f"theta_enumerate handles L <= {MAX_ENUMERATE_L}, got {L}; "
@@ -236,7 +233,7 @@ def softmax_jacobian_inf_to_one(u: Array, tau: float = 1.0) -> Array:
   Returns:
     ``(...)`` operator norms.
   """
-  u = _float(u)
+  u = as_float(u)
   L = u.shape[-1]
   if L > MAX_SIGN_L:
     raise ValueError(f"sign enumeration handles L <= {MAX_SIGN_L}, got {L}")
@@ -272,11 +269,11 @@ def theta_top_k_uniform(k) -> Array:
 def theta_dominant_atom(p_max: Array) -> Array:
   """Cor 3.4(3): top atom of mass ``1 - kappa``, ``kappa <= 1/2``: ``theta =
   4 kappa (1 - kappa)``. NaN where ``p_max < 1/2`` (the formula does not apply)."""
-  p_max = _float(p_max)
+  p_max = as_float(p_max)
   return jnp.where(p_max >= 0.5, 4.0 * p_max * (1.0 - p_max), jnp.nan)
 
 
 @jax.jit
 def theta_lower_bound_pmax(p_max: Array) -> Array:
   """Cor 3.4(5): ``theta(p) >= 1 - p_max^2``."""
-  return 1.0 - _float(p_max) ** 2
+  return 1.0 - as_float(p_max) ** 2

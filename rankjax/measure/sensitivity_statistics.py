@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.scipy.special import entr
 
 from rankjax.measure.sensitivity_certificates import CertificateMethod, theta_certificate
-from rankjax.measure.sensitivity_exact import _float
+from rankjax.numerics import as_float
 
 Array = jax.Array
 
@@ -59,7 +59,7 @@ def attention_statistics(probs_BxHxTxT: Array, key: Array, num_rows: int = 512,
     raise ValueError(f"num_rows={num_rows} exceeds the {pool} rows with t >= {min_query}")
   flat = jax.random.choice(key, pool, (num_rows,), replace=False)
   b, h, t = flat // (H * nq), (flat // nq) % H, flat % nq + min_query
-  rows_RxT = _float(probs_BxHxTxT[b, h, t, :])
+  rows_RxT = as_float(probs_BxHxTxT[b, h, t, :])
   rows_RxT = jnp.where(jnp.arange(T)[None, :] <= t[:, None], rows_RxT, 0.0)
   p_RxT = rows_RxT / jnp.sum(rows_RxT, axis=-1, keepdims=True)
   theta = theta_certificate(p_RxT, method)
@@ -92,7 +92,7 @@ def gradient_spikes(grad_norms: Array, window: int = 50, warmup: int = 10,
   Returns:
     boolean ``(..., N)``.
   """
-  g = _float(grad_norms)
+  g = as_float(grad_norms)
   N = g.shape[-1]
   steps = jnp.arange(N)
   j_NxW = steps[:, None] - 1 - jnp.arange(window)[None, :]
