@@ -92,3 +92,32 @@ def test_fig5b_loglog_slope_and_per_seed_sd():
   assert f5._loglog_slope(np.log1p(ls), 48) < 0.5               # a flattening curve
   assert f5._sd([-0.48, -0.63, float("nan")]) == pytest.approx(np.std([-0.48, -0.63], ddof=1))
   assert np.isnan(f5._sd([-0.5]))
+
+
+
+def test_fig14_panels_drawn_and_separation_means(tmp_path):
+  """Fig 14 (a, b, c) is its own figure; the near/far pair means read the right pairs."""
+  from experiments.transforming_rank import fig7_mean_spike as f7
+  c = np.array([[1.0, 0.3, 0.1], [0.3, 1.0, 0.5], [0.1, 0.5, 1.0]])
+  near, far = f7.separation_means(c, [8, 16, 264], near=8, far=256)
+  assert near == pytest.approx(0.3) and far == pytest.approx(0.1)
+  assert np.isnan(f7.separation_means(c, [8, 16, 24], near=8, far=256)[1])
+  layers = tuple(range(8, 65, 8))
+  res = {n: {"pairwise": np.eye(len(layers)), "pairwise_offdiag_mean": 0.0}
+         for n in f7.FIG14_PANELS}
+  f7._fig14(str(tmp_path), res, layers, dict(width=16, depth=64, inputs_align=32, seeds=1,
+                                             layer_every=8))
+  assert (tmp_path / "fig14_pairwise_cosines.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_fig7_fig14_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Fig 7 / Fig 14 at quick scale (d=64, 2 seeds, n=1024; ~35 s)."""
+  from experiments.transforming_rank import fig7_mean_spike as f7
+  res = f7.run(str(tmp_path), "quick")
+  assert (tmp_path / "fig14_pairwise_cosines.png").is_file()
+  np.testing.assert_allclose(_ours(res, "Fig 14: pairwise"), [0.324, 0.004, 0.000], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 14a/b"), [0.325, 0.325, 0.004, 0.007], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 7a"), [0.325, 0.004, 0.002], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 7b"), [1.00, 0.56], atol=5e-3)
+  np.testing.assert_allclose(_ours(res, "Fig 7d"), [0.024, 0.531, 0.601], atol=5e-4)
