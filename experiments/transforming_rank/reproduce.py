@@ -36,6 +36,7 @@ EXPERIMENTS = {
     "fig12": "fig12_gpt2_ffn",
     "fig6": "fig6_trainability",
     "appc": "appc_backward",
+    "appa2": "appa2_skip_scale",
 }
 # What each script also covers, for --only lookups.
 ALIASES = {"fig10": "fig4", "fig11": "fig5", "table4": "fig5", "fig14": "fig7",

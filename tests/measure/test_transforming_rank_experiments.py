@@ -121,3 +121,25 @@ def test_fig7_fig14_quick_pins_expected(tmp_path):
   np.testing.assert_allclose(_ours(res, "Fig 7a"), [0.325, 0.004, 0.002], atol=5e-4)
   np.testing.assert_allclose(_ours(res, "Fig 7b"), [1.00, 0.56], atol=5e-3)
   np.testing.assert_allclose(_ours(res, "Fig 7d"), [0.024, 0.531, 0.601], atol=5e-4)
+
+
+def test_appa2_skip_path_is_lambda_to_the_L(tmp_path):
+  """App A.2 (Eq. 13): the order-0 path of prod (lambda I + beta J_l) is lambda^L I for
+  every draw and beta; at beta = 1/L and lambda > 1 the skip path carries nearly all
+  of the Jacobian; lambda = 1 keeps the skip path at 1."""
+  from experiments.transforming_rank import appa2_skip_scale as a2
+  res = a2.run(str(tmp_path), width=16, depth=12, seeds=2, lambdas=(0.8, 1.0, 1.25),
+               betas=("1", "1/L"))
+  assert (tmp_path / "appa2_skip_scale.png").is_file()
+  r = res["results"]
+  for key, v in r.items():
+    assert v["log_mu0_error"] < 1e-4, key
+    assert v["reconstruction_error"] < 1e-4, key
+  # the order-0 mass alone at beta = 1/L: ||dh_L/dh_0|| -> lambda^L (not beta-correctable)
+  np.testing.assert_allclose(10 ** r["lambda=1.25/beta=1/L"]["log10_jacobian_norm_L"],
+                             1.25 ** 12, rtol=0.15)
+  assert np.all(r["lambda=0.8/beta=1"]["skip_mass_share"]
+                < r["lambda=1/beta=1"]["skip_mass_share"])
+  assert res["summary"][0]["status"] == "match"
+  with pytest.raises(ValueError, match="beta"):
+    a2.run(str(tmp_path), betas=("2",))
