@@ -1,5 +1,7 @@
 """The Transforming Rank experiment scripts parse their settings and run end to end."""
+import dataclasses
 import importlib
+import math
 import json
 
 import numpy as np
@@ -143,3 +145,61 @@ def test_appa2_skip_path_is_lambda_to_the_L(tmp_path):
   assert res["summary"][0]["status"] == "match"
   with pytest.raises(ValueError, match="beta"):
     a2.run(str(tmp_path), betas=("2",))
+
+
+@pytest.mark.slow
+def test_appa2_quick_pins_expected(tmp_path):
+  """EXPECTED.md, App A.2 at quick scale (d=64, 3 seeds; ~15-20 s)."""
+  from experiments.transforming_rank import appa2_skip_scale as a2
+  res = a2.run(str(tmp_path), "quick")
+  rows = {r["item"].split(",")[0]: r for r in res["summary"]}
+  assert float(res["summary"][0]["ours"]) < 1e-5
+  share = [float(rows[f"App A.2: lambda={l}"]["ours"].split(";")[1]) for l in
+           ("0.9", "0.95", "1", "1.05", "1.1")]
+  np.testing.assert_allclose(share, [0.00101, 0.0101, 0.0642, 0.165, 0.247], rtol=5e-3)
+  jn = [float(rows[f"App A.2: lambda={l}"]["ours"].split(";")[3]) for l in ("0.9", "1", "1.1")]
+  np.testing.assert_allclose(jn, [0.301, 0.747, 2.28], atol=5e-3)
+  r = res["results"]
+  assert float(np.mean(r["lambda=1.1/beta=1/L"]["log10_jacobian_norm_L"])) == pytest.approx(
+      math.log10(1.1 ** 48), abs=0.02)
+
+
+def test_appa4_rate_rules():
+  """App A.4's rescaling rules for a branch matrix after alpha <- lambda alpha."""
+  from experiments.transforming_rank import appa4_training_symmetry as a4
+  assert a4.branch_hyperparameters("adam", "symmetric", 1e-3, 1e-8, 3.0) == pytest.approx((3e-3, 1e-8 / 3))
+  assert a4.branch_hyperparameters("sgd", "symmetric", 0.1, 0.0, 3.0)[0] == pytest.approx(0.9)
+  assert a4.branch_hyperparameters("sgd", "sgd_linear", 0.1, 0.0, 3.0)[0] == pytest.approx(0.3)
+  with pytest.raises(ValueError, match="rule"):
+    a4.branch_hyperparameters("sgd", "adam_eps_kept", 0.1, 0.0, 3.0)
+  with pytest.raises(ValueError, match="multiple"):
+    a4.run("unused", steps=30, record_every=20)
+
+
+@pytest.mark.slow
+def test_appa4_rescaled_rates_keep_the_trajectory():
+  """App A.4: (alpha, beta) -> (3 alpha, beta / 9) with Adam (3 eta, eps / 3) trains
+  along the same trajectory (float64: to rounding); the unscaled rate does not (~10 s
+  idle: three compiles)."""
+  import jax
+  import jax.numpy as jnp
+  from experiments.transforming_rank import appa4_training_symmetry as a4
+  from rankjax.config import MLPConfig
+  from rankjax.models.mlp import ResidualMLP
+  s = dict(examples=64, input_dim=4, classes=3, probe=8)
+  with jax.enable_x64(True):
+    cfg = MLPConfig(depth=2, width=4, expansion=1.0, input_dim=4, num_classes=3,
+                    param_dtype="float64")
+    x, y, probe = a4.make_task(jax.random.PRNGKey(0), s, jnp.float64)
+    params = ResidualMLP(cfg).init(jax.random.PRNGKey(1), x[:1])["params"]
+    lam = 3.0
+    p_l = dict(params, blocks=jax.tree.map(lambda w: lam * w, params["blocks"]))
+    cfg_l = dataclasses.replace(cfg, beta=lam ** -2)
+    fit = lambda c, p, h: a4.train(c, "adam", p, h, x, y, probe, jax.random.PRNGKey(2),
+                                   steps=20, batch=8, record_every=10)
+    base = fit(cfg, params, (0.01, 1e-8, 0.01, 1e-8))
+    same = a4.compare(base, fit(cfg_l, p_l, a4.branch_hyperparameters("adam", "symmetric", 0.01, 1e-8, lam)
+                                + (0.01, 1e-8)), lam)
+    off = a4.compare(base, fit(cfg_l, p_l, (0.01, 1e-8, 0.01, 1e-8)), lam)
+  assert same["loss_gap_max"] < 1e-12 and same["weight_gap_final"] < 1e-12
+  assert off["weight_gap_final"] > 1e-3
