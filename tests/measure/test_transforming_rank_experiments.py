@@ -203,3 +203,25 @@ def test_appa4_rescaled_rates_keep_the_trajectory():
     off = a4.compare(base, fit(cfg_l, p_l, (0.01, 1e-8, 0.01, 1e-8)), lam)
   assert same["loss_gap_max"] < 1e-12 and same["weight_gap_final"] < 1e-12
   assert off["weight_gap_final"] > 1e-3
+
+
+def test_appd3_rank_equality_and_binomial_prediction():
+  """App D.1 / D.3: rank J_f = rank(D W_up) = min(#survivors, d) on relu draws; the
+  predicted rank of Binomial(m, 1/2) survivors against its closed form at m = 2d."""
+  import jax
+  import jax.numpy as jnp
+  from experiments.transforming_rank import appd3_rank_equality as d3
+  d = 16
+  e_rank, p_full = d3.predicted_rank(d, 2 * d, 0.5)
+  assert p_full == pytest.approx(0.5 + 0.5 * math.comb(2 * d, d) / 4 ** d, abs=1e-12)
+  assert d3.predicted_rank(d, d // 2, 1.0) == pytest.approx((0.5, 0.0))
+  with jax.enable_x64(True):
+    s = jnp.array([3.0, 1.0, 1e-3, 1e-17])
+    rank, margin = d3.numerical_rank(s, (4, 4))
+    assert int(rank) == 3 and float(margin) == pytest.approx(np.log10(1e-3 / (3 * 4 * 2.0 ** -52)))
+    out = jax.vmap(lambda k: d3.rank_sample(k, d, 2 * d, "relu"))(
+        jax.random.split(jax.random.PRNGKey(0), 4))
+  out = {k: np.asarray(v) for k, v in out.items()}
+  np.testing.assert_array_equal(out["rank_jacobian"], out["rank_masked"])
+  np.testing.assert_array_equal(out["rank_masked"], np.minimum(out["survivors"], d))
+  assert out["margin_jacobian"].min() > 3       # the counted singular values are clear
