@@ -134,7 +134,8 @@ def _rows(res: dict, s: dict) -> list[dict]:
         spread="sd of rank/d " + " / ".join(f"{q:.3f}" for q in sd),
         note=("paper: E[min(K, d)]/d and P(K >= d) with K ~ Binomial(m, p) survivors "
               f"(D.1), p = {p:g}" + ("" if act in ("relu", "abs") else
-                                     " (smooth: sigma' never 0, every row survives)"))))
+                                     " (smooth: sigma' vanishes only at one point, gelu z = -0.75, silu z = -1.28, so "
+                                     "almost surely every row survives)"))))
   return rows
 
 
