@@ -28,7 +28,6 @@ Block Jacobians, their running product and the path sums come from
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -77,8 +76,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       raise ValueError(f"beta {b!r}; choose from {sorted(BETAS)}")
   L, d = s["depth"], s["width"]
   cfg = MLPConfig(depth=L, width=d, expansion=s["expansion"], branch_matrices=2,
-                  activation="relu", norm_position="pre", norm_op="rms")
-  cfg = dataclasses.replace(cfg, alpha=1.0, beta=1.0)
+                  activation="relu", norm_position="pre", norm_op="rms", alpha=1.0, beta=1.0)
   study = jax.jit(lambda k, lam, beta: scaled_skip_study(cfg, k, lam, beta))
   keys = jax.random.split(KEY, s["seeds"])
   res = {}

@@ -242,7 +242,7 @@ def _rows(res: dict, s: dict) -> list[dict]:
           " ; ".join(_gap_text(v) for v in gaps.values()), status="match" if ok else "mismatch",
           seeds=seeds,
           note=(f"base {kind} loss {base['loss_first']:.2f} -> {base['loss_last']:.2f} over "
-                f"{s['steps']} steps ({s['dtypes'][0]})" if base else "")))
+                f"{s['steps']} steps ({s['dtypes'][0]}, max over seeds)" if base else "")))
       if "float32" in s["dtypes"] and other_lams:
         rows.append(common.row(
             f"App A.4: {pl}-norm, {kind} ({rule_name}), float32, lambda = "
