@@ -72,7 +72,7 @@ def _fig14(out_dir: str, res: dict, layers, s: dict) -> None:
                    extent=(ext[0], ext[1], ext[1], ext[0]))
     ax.set_title(f"({tag}) {name}\noff-diagonal mean {res[name]['pairwise_offdiag_mean']:+.3f}",
                  fontsize=9)
-    ax.set(xlabel="layer l'", ylabel="layer l")
+    ax.set(xlabel="layer l'", ylabel="layer l" if tag == "a" else "")
   fig.colorbar(im, ax=list(axes), shrink=0.8, label="cos(m_l, m_l')")
   fig.suptitle(f"Fig 14: pairwise branch-mean cosines (d={s['width']}, L={s['depth']}, "
                f"n={s['inputs_align']}, {s['seeds']} seeds, every {s['layer_every']} layers)",
