@@ -1,5 +1,7 @@
 """The Transforming Rank experiment scripts parse their settings and run end to end."""
+import dataclasses
 import importlib
+import math
 import json
 
 import numpy as np
@@ -92,3 +94,134 @@ def test_fig5b_loglog_slope_and_per_seed_sd():
   assert f5._loglog_slope(np.log1p(ls), 48) < 0.5               # a flattening curve
   assert f5._sd([-0.48, -0.63, float("nan")]) == pytest.approx(np.std([-0.48, -0.63], ddof=1))
   assert np.isnan(f5._sd([-0.5]))
+
+
+
+def test_fig14_panels_drawn_and_separation_means(tmp_path):
+  """Fig 14 (a, b, c) is its own figure; the near/far pair means read the right pairs."""
+  from experiments.transforming_rank import fig7_mean_spike as f7
+  c = np.array([[1.0, 0.3, 0.1], [0.3, 1.0, 0.5], [0.1, 0.5, 1.0]])
+  near, far = f7.separation_means(c, [8, 16, 264], near=8, far=256)
+  assert near == pytest.approx(0.3) and far == pytest.approx(0.1)
+  assert np.isnan(f7.separation_means(c, [8, 16, 24], near=8, far=256)[1])
+  layers = tuple(range(8, 65, 8))
+  res = {n: {"pairwise": np.eye(len(layers)), "pairwise_offdiag_mean": 0.0}
+         for n in f7.FIG14_PANELS}
+  f7._fig14(str(tmp_path), res, layers, dict(width=16, depth=64, inputs_align=32, seeds=1,
+                                             layer_every=8))
+  assert (tmp_path / "fig14_pairwise_cosines.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_fig7_fig14_quick_pins_expected(tmp_path):
+  """EXPECTED.md, Fig 7 / Fig 14 at quick scale (d=64, 2 seeds, n=1024; ~35 s)."""
+  from experiments.transforming_rank import fig7_mean_spike as f7
+  res = f7.run(str(tmp_path), "quick")
+  assert (tmp_path / "fig14_pairwise_cosines.png").is_file()
+  np.testing.assert_allclose(_ours(res, "Fig 14: pairwise"), [0.324, 0.004, 0.000], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 14a/b"), [0.325, 0.325, 0.004, 0.007], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 7a"), [0.325, 0.004, 0.002], atol=5e-4)
+  np.testing.assert_allclose(_ours(res, "Fig 7b"), [1.00, 0.56], atol=5e-3)
+  np.testing.assert_allclose(_ours(res, "Fig 7d"), [0.024, 0.531, 0.601], atol=5e-4)
+
+
+def test_appa2_skip_path_is_lambda_to_the_L(tmp_path):
+  """App A.2 (Eq. 13): the order-0 path of prod (lambda I + beta J_l) is lambda^L I for
+  every draw and beta; at beta = 1/L and lambda > 1 the skip path carries nearly all
+  of the Jacobian; lambda = 1 keeps the skip path at 1."""
+  from experiments.transforming_rank import appa2_skip_scale as a2
+  res = a2.run(str(tmp_path), width=16, depth=12, seeds=2, lambdas=(0.8, 1.0, 1.25),
+               betas=("1", "1/L"))
+  assert (tmp_path / "appa2_skip_scale.png").is_file()
+  r = res["results"]
+  for key, v in r.items():
+    assert v["log_mu0_error"] < 1e-4, key
+    assert v["reconstruction_error"] < 1e-4, key
+  # the order-0 mass alone at beta = 1/L: ||dh_L/dh_0|| -> lambda^L (not beta-correctable)
+  np.testing.assert_allclose(10 ** r["lambda=1.25/beta=1/L"]["log10_jacobian_norm_L"],
+                             1.25 ** 12, rtol=0.15)
+  assert np.all(r["lambda=0.8/beta=1"]["skip_mass_share"]
+                < r["lambda=1/beta=1"]["skip_mass_share"])
+  assert res["summary"][0]["status"] == "match"
+  with pytest.raises(ValueError, match="beta"):
+    a2.run(str(tmp_path), betas=("2",))
+
+
+@pytest.mark.slow
+def test_appa2_quick_pins_expected(tmp_path):
+  """EXPECTED.md, App A.2 at quick scale (d=64, 3 seeds; ~15-20 s)."""
+  from experiments.transforming_rank import appa2_skip_scale as a2
+  res = a2.run(str(tmp_path), "quick")
+  rows = {r["item"].split(",")[0]: r for r in res["summary"]}
+  assert float(res["summary"][0]["ours"]) < 1e-5
+  share = [float(rows[f"App A.2: lambda={l}"]["ours"].split(";")[1]) for l in
+           ("0.9", "0.95", "1", "1.05", "1.1")]
+  np.testing.assert_allclose(share, [0.00101, 0.0101, 0.0642, 0.165, 0.247], rtol=5e-3)
+  jn = [float(rows[f"App A.2: lambda={l}"]["ours"].split(";")[3]) for l in ("0.9", "1", "1.1")]
+  np.testing.assert_allclose(jn, [0.301, 0.747, 2.28], atol=5e-3)
+  r = res["results"]
+  assert float(np.mean(r["lambda=1.1/beta=1/L"]["log10_jacobian_norm_L"])) == pytest.approx(
+      math.log10(1.1 ** 48), abs=0.02)
+
+
+def test_appa4_rate_rules():
+  """App A.4's rescaling rules for a branch matrix after alpha <- lambda alpha."""
+  from experiments.transforming_rank import appa4_training_symmetry as a4
+  assert a4.branch_hyperparameters("adam", "symmetric", 1e-3, 1e-8, 3.0) == pytest.approx((3e-3, 1e-8 / 3))
+  assert a4.branch_hyperparameters("sgd", "symmetric", 0.1, 0.0, 3.0)[0] == pytest.approx(0.9)
+  assert a4.branch_hyperparameters("sgd", "sgd_linear", 0.1, 0.0, 3.0)[0] == pytest.approx(0.3)
+  with pytest.raises(ValueError, match="rule"):
+    a4.branch_hyperparameters("sgd", "adam_eps_kept", 0.1, 0.0, 3.0)
+  with pytest.raises(ValueError, match="multiple"):
+    a4.run("unused", steps=30, record_every=20)
+
+
+@pytest.mark.slow
+def test_appa4_rescaled_rates_keep_the_trajectory():
+  """App A.4: (alpha, beta) -> (3 alpha, beta / 9) with Adam (3 eta, eps / 3) trains
+  along the same trajectory (float64: to rounding); the unscaled rate does not (~10 s
+  idle: three compiles)."""
+  import jax
+  import jax.numpy as jnp
+  from experiments.transforming_rank import appa4_training_symmetry as a4
+  from rankjax.config import MLPConfig
+  from rankjax.models.mlp import ResidualMLP
+  s = dict(examples=64, input_dim=4, classes=3, probe=8)
+  with jax.enable_x64(True):
+    cfg = MLPConfig(depth=2, width=4, expansion=1.0, input_dim=4, num_classes=3,
+                    param_dtype="float64")
+    x, y, probe = a4.make_task(jax.random.PRNGKey(0), s, jnp.float64)
+    params = ResidualMLP(cfg).init(jax.random.PRNGKey(1), x[:1])["params"]
+    lam = 3.0
+    p_l = dict(params, blocks=jax.tree.map(lambda w: lam * w, params["blocks"]))
+    cfg_l = dataclasses.replace(cfg, beta=lam ** -2)
+    fit = lambda c, p, h: a4.train(c, "adam", p, h, x, y, probe, jax.random.PRNGKey(2),
+                                   steps=20, batch=8, record_every=10)
+    base = fit(cfg, params, (0.01, 1e-8, 0.01, 1e-8))
+    same = a4.compare(base, fit(cfg_l, p_l, a4.branch_hyperparameters("adam", "symmetric", 0.01, 1e-8, lam)
+                                + (0.01, 1e-8)), lam)
+    off = a4.compare(base, fit(cfg_l, p_l, (0.01, 1e-8, 0.01, 1e-8)), lam)
+  assert same["loss_gap_max"] < 1e-12 and same["weight_gap_final"] < 1e-12
+  assert off["weight_gap_final"] > 1e-3
+
+
+def test_appd3_rank_equality_and_binomial_prediction():
+  """App D.1 / D.3: rank J_f = rank(D W_up) = min(#survivors, d) on relu draws; the
+  predicted rank of Binomial(m, 1/2) survivors against its closed form at m = 2d."""
+  import jax
+  import jax.numpy as jnp
+  from experiments.transforming_rank import appd3_rank_equality as d3
+  d = 16
+  e_rank, p_full = d3.predicted_rank(d, 2 * d, 0.5)
+  assert p_full == pytest.approx(0.5 + 0.5 * math.comb(2 * d, d) / 4 ** d, abs=1e-12)
+  assert d3.predicted_rank(d, d // 2, 1.0) == pytest.approx((0.5, 0.0))
+  with jax.enable_x64(True):
+    s = jnp.array([3.0, 1.0, 1e-3, 1e-17])
+    rank, margin = d3.numerical_rank(s, (4, 4))
+    assert int(rank) == 3 and float(margin) == pytest.approx(np.log10(1e-3 / (3 * 4 * 2.0 ** -52)))
+    out = jax.vmap(lambda k: d3.rank_sample(k, d, 2 * d, "relu"))(
+        jax.random.split(jax.random.PRNGKey(0), 4))
+  out = {k: np.asarray(v) for k, v in out.items()}
+  np.testing.assert_array_equal(out["rank_jacobian"], out["rank_masked"])
+  np.testing.assert_array_equal(out["rank_masked"], np.minimum(out["survivors"], d))
+  assert out["margin_jacobian"].min() > 3       # the counted singular values are clear
