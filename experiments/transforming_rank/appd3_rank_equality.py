@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.transforming_rank import common
-from rankjax.measure import representations
+from rankjax.measure import jacobians, representations
 
 NAME = "appd3_rank_equality"
 SCALES = {
@@ -67,7 +67,8 @@ def rank_sample(key: jax.Array, d: int, m: int, activation: str) -> dict:
   x = jax.random.normal(kx, (d,), jnp.float64)
   x = x / jnp.linalg.norm(x)
   dw, _ = representations.masked_up_projection(w_up, x, activation)
-  jf = representations.branch_jacobian_core(w_up, w_down, x, activation)
+  # the library's one branch Jacobian takes the code's row layout (x @ W): transposes
+  _, jf = jacobians.branch_jacobian({"w_up": w_up.T, "w_down": w_down.T}, x, activation)
   survivors = jnp.sum(representations.activation_derivative(activation, w_up @ x) != 0)
   r_dw, m_dw = numerical_rank(jnp.linalg.svd(dw, compute_uv=False), (m, d))
   r_j, m_j = numerical_rank(jnp.linalg.svd(jf, compute_uv=False), (d, d))
