@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.measure import sensitivity
+from rankjax.models import norms
 from rankjax.numerics import as_float
 
 Array = jax.Array
@@ -218,32 +219,27 @@ def _norm_stats(y: Array, eps, center) -> tuple[Array, Array]:
 def layernorm_jacobian(y_D: Array, gamma_D: Array, eps: float,
                        op: NormOp = "layer") -> Array:
   """Lemma A.1: ``J_LN(y) = Diag(gamma) / sigma(y) (P - y_hat y_hat^T / d)``,
-  ``P = I - 1 1^T / d`` (``P = I`` for ``op="rms"``); ``(..., d) -> (..., d, d)``."""
-  return _layernorm_jacobian(y_D, gamma_D, eps, _centering(op))
-
-
-@jax.jit
-def _layernorm_jacobian(y_D, gamma_D, eps, center):
+  ``P = I - 1 1^T / d`` (``P = I`` for ``op="rms"``); ``(..., d) -> (..., d, d)``.
+  The library's one norm Jacobian (``rankjax.models.norms.jacobian_left``) applied to
+  the identity, per vector."""
+  _centering(op)
   y = as_float(y_D)
-  d = y.shape[-1]
-  y_hat, sigma = _norm_stats(y, eps, center)
-  proj = jnp.eye(d, dtype=y.dtype) - center / d
-  inner = proj - y_hat[..., :, None] * y_hat[..., None, :] / d
-  return as_float(gamma_D)[..., :, None] * inner / sigma[..., None]
+  gamma = jnp.broadcast_to(as_float(gamma_D), y.shape)
+  eye = jnp.eye(y.shape[-1], dtype=y.dtype)
+  fn = lambda y1, g1: norms.jacobian_left(eye, y1, op, eps, g1)
+  flat = jax.vmap(fn)(y.reshape(-1, y.shape[-1]), gamma.reshape(-1, y.shape[-1]))
+  return flat.reshape(*y.shape, y.shape[-1])
 
 
-def _ln_apply(v: Array, y_hat: Array, sigma: Array, gamma: Array, center,
+def _ln_apply(v_TxD: Array, y_TxD: Array, gamma_D: Array, eps, op: str,
               transpose: bool) -> Array:
-  """``J v`` (or ``J^T v``) with ``J = Diag(gamma)/sigma (P - y_hat y_hat^T / d)``."""
-  d = v.shape[-1]
-
-  def inner(z):
-    z = z - center * jnp.mean(z, axis=-1, keepdims=True)
-    return z - y_hat * jnp.sum(y_hat * z, axis=-1, keepdims=True) / d
-
-  if transpose:
-    return inner(gamma * v / sigma)
-  return gamma * inner(v) / sigma
+  """``J v`` (or ``J^T v``) per token, ``J = J_LN(y_i)`` (Lemma A.1), through the one
+  norm Jacobian (``norms.jacobian_left`` / ``jacobian_right``) in O(d) per token."""
+  if transpose:       # J^T v = (v^T J)^T, and v^T Diag(g) J_op is jacobian_right's M Diag(g) J
+    fn = lambda v, y: norms.jacobian_right(v[None, :], y, op, eps, gamma_D)[0]
+  else:
+    fn = lambda v, y: norms.jacobian_left(v[:, None], y, op, eps, gamma_D)[:, 0]
+  return jax.vmap(fn)(v_TxD, y_TxD)
 
 
 def layernorm_only_product(y_KxTxD: Array, gamma_KxD: Array, eps,
@@ -273,11 +269,13 @@ def layernorm_only_product(y_KxTxD: Array, gamma_KxD: Array, eps,
     tokens).
   """
   key = jax.random.PRNGKey(0) if key is None else key
-  return _ln_product(y_KxTxD, gamma_KxD, eps, _centering(op), key, power_iters)
+  _centering(op)
+  return _ln_product(y_KxTxD, gamma_KxD, eps, op, key, power_iters)
 
 
-@functools.partial(jax.jit, static_argnames="power_iters")
-def _ln_product(y_KxTxD, gamma_KxD, eps, center, key, power_iters):
+@functools.partial(jax.jit, static_argnames=("op", "power_iters"))
+def _ln_product(y_KxTxD, gamma_KxD, eps, op, key, power_iters):
+  center = _centering(op)
   y = as_float(y_KxTxD)
   K, T, d = y.shape
   gamma = as_float(gamma_KxD)
@@ -286,12 +284,13 @@ def _ln_product(y_KxTxD, gamma_KxD, eps, center, key, power_iters):
   g_inf_K = jnp.max(jnp.abs(gamma), axis=-1)
   a_KxT = g_inf_K[:, None] / sigma[..., 0]
   log_a = jnp.log(a_KxT)
-  layers = (y_hat, sigma, gamma[:, None, :])
+  layers = (y, gamma, eps_K)
 
   def chain(v_TxD, transpose):
     def step(carry, layer):
       v, log_n = carry
-      v = _ln_apply(v, *layer, center, transpose)
+      y_TxD, gamma_D, eps_k = layer
+      v = _ln_apply(v, y_TxD, gamma_D, eps_k, op, transpose)
       n = jnp.linalg.norm(v, axis=-1, keepdims=True)
       return (v / n, log_n + jnp.log(n[:, 0])), None
     xs = jax.tree.map(lambda x: x[::-1], layers) if transpose else layers
