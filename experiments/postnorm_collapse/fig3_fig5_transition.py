@@ -479,6 +479,13 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
   per_update = "_diag1" in run_name or run_name.endswith("_window")
   a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
   if run_name == HEADLINE_RUN:
+    # its first 60 updates are the Figs 10-11 seed-0 run's (when that run is there)
+    short = os.path.join(out_dir, "runs", seed_lr_runs.warmup_run_name(
+        seed_lr_runs.MAIN_WARMUP_LR, 0))
+    if os.path.isfile(os.path.join(short, "metrics.jsonl")):
+      from experiments.postnorm_collapse.fig10_fig11_second_seed import same_trajectory
+      a["same_trajectory_as_60_update_run"] = same_trajectory(os.path.join(
+          out_dir, "runs", run_name), short)
     a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
                                       else None) for n in SECONDARY_RUNS}
   result = {
