@@ -136,7 +136,7 @@ def _sharpening_rows(r: dict[str, Any], judged: str | None, note: str
     out.append(R(f"Fig 3 {arch}-LN per seed: normalized entropy first -> last, mean p_max "
                  "last, lowest per-layer certificate p5 last / any checkpoint, loss last 50",
                  paper[arch], cells, judged, seeds=len(per_seed), note=note))
-    if "fig3_spread" not in r:
+    if "fig3_spread" not in r or len(per_seed) < 2:   # one seed: no spread to show
       continue
     sp = r["fig3_spread"][arch]
     out.append(R(f"Fig 3 {arch}-LN over seeds: entropy last; mean p_max last; lowest p5 last",

@@ -84,3 +84,7 @@ def test_prepost_per_seed_sharpening_and_spread_rows():
   assert over["ours"].startswith("0.800 +- 0.100 [0.700, 0.900]")
   post = [r for k, r in rows.items() if k.startswith("Fig 3 post-LN over seeds")][0]
   assert post["ours"].startswith("1.000 +- 0.000 [1.000, 1.000]")
+  one = pt.analyze({a: {42: runs[a][42]} for a in runs}, warmup=25)
+  one.update(scale="quick_sharpen", seeds=[42], paper=pt.PAPER)
+  items = [r["item"] for r in reproduce._prepost_rows(one)]
+  assert sum("per seed" in i for i in items) == 2 and not any("over seeds" in i for i in items)
