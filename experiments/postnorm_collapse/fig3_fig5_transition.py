@@ -9,10 +9,15 @@ From the ``postnorm`` diagnostics of a run (``rankjax.train.diagnostics_postnorm
   Fig 5: per-layer parameter-gradient norms at the logged steps of the window.
 
 The transition step is ``rankjax.measure.gradients.detect_transition`` on the
-logged (last-layer similarity, loss) series. ``run`` trains the quick-scale
-collapsing run (``collapse_study.RUNS["post_collapse"]``) when it is missing; pass
-``--run NAME`` to plot another (``post_stable`` gives the non-collapsed control,
-Figs 21-22).
+logged (last-layer similarity, loss) series. ``run`` analyses, by default, the run
+that first learns and then collapses, as the paper's (``HEADLINE_RUN`` =
+``seed_lr_runs.HEADLINE_RUN``: ``configs/collapse_post_quick.json`` at LR 1.5e-2 after
+20 linear warmup updates, constant after, seed 0, 120 updates, diagnostics at every
+update, so Fig 5's window [t-4, t+6] has one row per update), and as the secondary
+runs the immediate collapse without warmup (``collapse_study``'s ``post_collapse``,
+LR 1e-2, onset at update ~5, and its per-update twin ``post_collapse_window``),
+training whatever is missing. ``--run NAME`` analyses another named run alone
+(``post_stable`` gives the non-collapsed control, Figs 21-22).
 
 ``--run-dir PATH`` analyses any finished run directory instead (no training), e.g.
 the Fig 6 warmup run ``runs/collapse/runs/post_warmup_lr0.015``; ``--tag`` names its
@@ -38,6 +43,7 @@ import numpy as np
 
 from experiments.postnorm_collapse import common
 from experiments.postnorm_collapse import collapse_study
+from experiments.postnorm_collapse import seed_lr_runs
 from rankjax.measure import gradients as gr
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
@@ -423,22 +429,65 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   return files
 
 
-def run(out_dir: str, scale: str = "quick", run_name: str = "post_collapse") -> dict[str, Any]:
-  """Trains (or reuses) ``run_name`` and writes ``fig3_fig5_<run>.json`` and PNGs."""
+def transition_table(a: dict[str, Any], centre_key: str = "transition_step",
+                     window: tuple[int, int] = GRAD_WINDOW) -> list[dict[str, float]]:
+  """Per logged update in [t - window[0], t + window[1]] around ``a[centre_key]``: loss,
+  last-layer t_sim and ||g_1|| / ||g_L|| (Fig 5's window, one row per update when the
+  run logs every update); [] when there is no such step."""
+  steps, d, _ = a["_series"]
+  t = a.get(centre_key)
+  if t is None:
+    return []
+  gn = d["grad_norm"]
+  return [{"step": int(steps[i]), "loss": float(d["loss"][i]),
+           "last_tsim": float(d["last_tsim"][i]),
+           "grad_first_over_last": float(gn[i, 0] / gn[i, -1])}
+          for i in np.flatnonzero(gradient_window(steps, t, *window))]
+
+
+def _train(name: str, out_dir: str) -> str:
+  if name in seed_lr_runs.RUNS:
+    return seed_lr_runs.train(name, out_dir)
+  return collapse_study.train_run(name, out_dir)
+
+
+def _analyze_run(name: str, out_dir: str, files: list[str],
+                 grad_window: tuple[int, int] | None) -> dict[str, Any]:
+  a = analyze(_train(name, out_dir), grad_window=grad_window)
+  files += plot(a, out_dir, name, grad_window=grad_window)
+  a["transition_table"] = transition_table(a)
+  a["onset_table"] = transition_table(a, "onset_step")
+  a.pop("_series")
+  return a
+
+
+# the default run of Figs 3-5: the warmup run that learns, then collapses (LR 1.5e-2
+# after 20 linear warmup updates, seed 0, 120 updates, diagnostics at every update)
+HEADLINE_RUN = seed_lr_runs.HEADLINE_RUN
+SECONDARY_RUNS = ("post_collapse", "post_collapse_window")   # no warmup: collapse at update ~5
+
+
+def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict[str, Any]:
+  """Trains (or reuses) ``run_name`` (default: ``HEADLINE_RUN``) and writes
+  ``fig3_fig5_<run>.json`` and the PNGs. For the headline run it also analyses the
+  immediate-collapse runs ``SECONDARY_RUNS`` (``ours["secondary"]``)."""
   if scale != "quick":
     raise ValueError("only the quick scale runs here (see collapse_study.py)")
   start = time.time()
-  wd = collapse_study.train_run(run_name, out_dir)
-  a = analyze(wd)
-  files = plot(a, out_dir, run_name)
-  a.pop("_series")
-  if run_name == "post_collapse":
-    # the same run's first steps with diagnostics at every step (Figs 4-5 resolution)
-    wdw = collapse_study.train_run("post_collapse_window", out_dir)
-    aw = analyze(wdw)
-    files += plot(aw, out_dir, "post_collapse_window")
-    aw.pop("_series")
-    a["window_run"] = aw
+  run_name = run_name or HEADLINE_RUN
+  files: list[str] = []
+  per_update = "_diag1" in run_name or run_name.endswith("_window")
+  a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
+  if run_name == HEADLINE_RUN:
+    # its first 60 updates are the Figs 10-11 seed-0 run's (when that run is there)
+    short = os.path.join(out_dir, "runs", seed_lr_runs.warmup_run_name(
+        seed_lr_runs.MAIN_WARMUP_LR, 0))
+    if os.path.isfile(os.path.join(short, "metrics.jsonl")):
+      from experiments.postnorm_collapse.fig10_fig11_second_seed import same_trajectory
+      a["same_trajectory_as_60_update_run"] = same_trajectory(os.path.join(
+          out_dir, "runs", run_name), short)
+    a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
+                                      else None) for n in SECONDARY_RUNS}
   result = {
       "figure": "postnorm_collapse Figs 3-5 (Sec 4.2), 10-22 at quick scale",
       "scale": scale, "run": run_name,
@@ -472,7 +521,10 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
   parser.add_argument("--scale", choices=["quick"], default="quick")
-  parser.add_argument("--run", default="post_collapse", choices=sorted(collapse_study.RUNS))
+  parser.add_argument("--run", default=None,
+                      choices=sorted({*collapse_study.RUNS, *collapse_study.WINDOW_RUNS,
+                                      *seed_lr_runs.RUNS}),
+                      help=f"default: the headline warmup run {HEADLINE_RUN}")
   parser.add_argument("--run-dir", default=None,
                       help="analyse this finished run directory instead (no training)")
   parser.add_argument("--tag", default=None, help="output name for --run-dir")

@@ -102,21 +102,7 @@ def _triples(name: str, res: dict[str, Any]) -> list[tuple]:
                    f"{_fmt(v['final_grad_ratio_first_over_last'])}"))
     return rows
   if name == "fig3_fig5":
-    return [("Fig 3-5 transition step (collapse onset); alpha max; frac c<1 after "
-             "(attn, ffn); first-layer grad drop", "~2644; <2.5; most; orders of magnitude",
-             f"{o.get('transition_step')} (onset {o.get('onset_step')}); "
-             f"{_fmt(o.get('alpha_max'))}; "
-             f"{_fmt(o.get('contraction_1_frac_below1_post'))}, "
-             f"{_fmt(o.get('contraction_2_frac_below1_post'))}; "
-             f"{_fmt(o.get('grad_first_layer_drop'))}"),
-            ("Thm 3.6 / Prop D.1: share of (step, layer) entries whose measured ratio "
-             "||dX_k||/||dX_k+1|| exceeds c: bound c (attn / ffn)", "0 / 0",
-             f"{_fmt(o.get('contraction_1_ratio_exceeds_c'))} / "
-             f"{_fmt(o.get('contraction_2_ratio_exceeds_c'))}"),
-            ("token-mean c (no bound): c < 1 yet measured ratio > 1 (attn / ffn)",
-             "not in the paper (a statistic)",
-             f"{_fmt(o.get('contraction_mean_1_below1_but_ratio_above1'))} / "
-             f"{_fmt(o.get('contraction_mean_2_below1_but_ratio_above1'))}")]
+    return _fig3_fig5_rows(res)
   if name == "fig6":
     return [(f"Fig 6 {k}: loss tail vs freq loss", "near", f"{_fmt(v['final_loss_tail_mean'])} "
              f"vs {_fmt(v['freq_loss'])} (gap {_fmt(v['gap'])})") for k, v in o.items()]
@@ -156,6 +142,53 @@ def _triples(name: str, res: dict[str, Any]) -> list[tuple]:
             ("Thm 3.8 (i) bound holds on collapsed run; min slack", "holds",
              f"{lb['holds_all']}; {_fmt(lb['min_slack'])}")]
   return []
+
+
+def _fig3_fig5_summary(o: dict[str, Any]) -> str:
+  return (f"{o.get('transition_step')} (onset {o.get('onset_step')}); "
+          f"{_fmt(o.get('alpha_max'))}; "
+          f"{_fmt(o.get('contraction_1_frac_below1_post'))}, "
+          f"{_fmt(o.get('contraction_2_frac_below1_post'))}; "
+          f"{_fmt(o.get('grad_first_layer_drop'))}")
+
+
+def _fig3_fig5_rows(res: dict[str, Any]) -> list[tuple]:
+  """The headline run (learns, then collapses), its Fig 5 window, the bound checks,
+  and one row per secondary (immediate-collapse) run."""
+  o = res.get("ours", {})
+  rows = [(f"Fig 3-5 {res.get('run')} (lr {o.get('learning_rate')}, warmup "
+           f"{o.get('warmup_steps')}): transition step (collapse onset); alpha max; frac c<1 "
+           "after (attn, ffn); first-layer grad drop", "~2644; <2.5; most; orders of magnitude",
+           _fig3_fig5_summary(o))]
+  if o.get("grad_window_layer1_drop") is not None:
+    rows.append((f"Fig 5 window {o.get('grad_window_steps')} around the transition: layer-1 / "
+                 "last-layer grad drop; ||g_1||/||g_L|| at its ends",
+                 "orders of magnitude / little (2640-2650)",
+                 f"{_fmt(o['grad_window_layer1_drop'])} / "
+                 f"{_fmt(o['grad_window_last_layer_drop'])}; "
+                 f"{' -> '.join(_fmt(x) for x in o['grad_window_first_over_last'])}"))
+  if o.get("grad_window_onset_layer1_drop") is not None:
+    rows.append((f"the same window around the onset {o.get('grad_window_onset_steps')}",
+                 "—", f"{_fmt(o['grad_window_onset_layer1_drop'])} / "
+                      f"{_fmt(o['grad_window_onset_last_layer_drop'])}; "
+                      f"{' -> '.join(_fmt(x) for x in o['grad_window_onset_first_over_last'])}"))
+  rows.append(("||g_1||/||g_L|| stays < 1e-2 from update; at the last update",
+               "early layers vanish after the transition",
+               f"{o.get('grad_collapse_step')}; {_fmt(o.get('final_grad_first_over_last'))}"))
+  rows += [("Thm 3.6 / Prop D.1: share of (step, layer) entries whose measured ratio "
+            "||dX_k||/||dX_k+1|| exceeds c: bound c (attn / ffn)", "0 / 0",
+            f"{_fmt(o.get('contraction_1_ratio_exceeds_c'))} / "
+            f"{_fmt(o.get('contraction_2_ratio_exceeds_c'))}"),
+           ("token-mean c (no bound): c < 1 yet measured ratio > 1 (attn / ffn)",
+            "not in the paper (a statistic)",
+            f"{_fmt(o.get('contraction_mean_1_below1_but_ratio_above1'))} / "
+            f"{_fmt(o.get('contraction_mean_2_below1_but_ratio_above1'))}")]
+  for name, v in o.get("secondary", {}).items():
+    rows.append((f"Fig 3-5 secondary {name} (lr {v.get('learning_rate')}, warmup "
+                 f"{v.get('warmup_steps')}, no learning phase): transition (onset); alpha max; "
+                 "frac c<1 after (attn, ffn); first-layer grad drop",
+                 "the paper's run learns first (~2644)", _fig3_fig5_summary(v)))
+  return rows
 
 
 PROPD2_TOL = 1e-10  # float64 at exact collapse: |cos|, formula and identity errors

@@ -111,6 +111,25 @@ def _mean_std(x) -> list[float]:
   return [float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else 0.0]
 
 
+def sharpening(r: dict[str, np.ndarray]) -> dict[str, float]:
+  """One run's Fig 3 read-outs (Sec 5): normalized entropy and mean p_max (mean over
+  the sampled layers of the row means) at the first and last checkpoint, and the
+  lowest per-layer greedy-certificate p5 (the envelope's low edge) at the last
+  checkpoint and at any checkpoint."""
+  ent, pmax = r["attention/entropy_norm_mean"], r["attention/p_max_mean"]
+  p5 = r["attention/theta_cert_p5"]
+  return dict(entropy_first=float(ent[0].mean()), entropy_last=float(ent[-1].mean()),
+              p_max_first=float(pmax[0].mean()), p_max_last=float(pmax[-1].mean()),
+              lowest_p5_last=float(p5[-1].min()), lowest_p5_any=float(p5.min()))
+
+
+def seed_spread(x) -> dict[str, float]:
+  """Mean, sample sd (ddof 1; 0 for one seed), min and max over seeds."""
+  x = np.asarray(x, np.float64)
+  return dict(mean=float(x.mean()), sd=float(x.std(ddof=1)) if x.size > 1 else 0.0,
+              min=float(x.min()), max=float(x.max()))
+
+
 def analyze(runs: dict[str, dict[int, dict[str, np.ndarray]]], warmup: int) -> dict[str, Any]:
   """Table 1, Fig 1/3/4 numbers from the per-run series."""
   from rankjax.measure.sensitivity import gradient_spikes
@@ -131,7 +150,8 @@ def analyze(runs: dict[str, dict[int, dict[str, np.ndarray]]], warmup: int) -> d
           last_p_max_median=float(r["attention/p_max_p50"][-1].mean()),
           last_p_max_mean=float(r["attention/p_max_mean"][-1].mean()),
           uniform_p_max_mean=float(r["attention/p_max_uniform_mean"][-1].mean()),
-          last_block_grad_norm=r["basic/grad_norm"][-1].tolist())
+          last_block_grad_norm=r["basic/grad_norm"][-1].tolist(),
+          **sharpening(r))
     res["per_seed"][arch] = per_seed
     stack = lambda k: np.stack([by_seed[s][k] for s in seeds])  # (S, n_diag, n_layers)
     med, p5, p95 = stack("attention/theta_cert_p50"), stack("attention/theta_cert_p5"), \
@@ -145,6 +165,10 @@ def analyze(runs: dict[str, dict[int, dict[str, np.ndarray]]], warmup: int) -> d
         max_grad_norm=max(per_seed[s]["max_grad_norm"] for s in seeds),
         last_theta_cert=float(med[:, -1].mean()),
         last_theta_balance=float(bal[:, -1].mean()))
+    res["fig3_spread"] = res.get("fig3_spread", {})
+    res["fig3_spread"][arch] = {k: seed_spread([per_seed[s][k] for s in seeds])
+                                for k in ("entropy_last", "p_max_last", "lowest_p5_last",
+                                          "lowest_p5_any", "final_loss")}
     diag_steps = by_seed[seeds[0]]["diag_step"]
     res["fig3"][arch] = dict(
         steps=diag_steps.tolist(),

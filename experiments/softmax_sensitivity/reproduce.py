@@ -102,6 +102,7 @@ def _prepost_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
   add("Post-LN sampled-row p_max at the last checkpoint, median / mean vs uniform support "
       "(per seed)", f"{paper['post_plateau_p_max']} (two plateaued seeds)",
       "; ".join(f"{a:.4f} / {b:.4f} vs {c:.4f}" for a, b, c in pm))
+  out += _sharpening_rows(r, judged, note)
   for arch in ("pre", "post"):
     g = r["fig1"][arch]["fig1d_block_grad_norm"]
     out.append(R(f"Fig 1(d) {arch}-LN per-block grad norm, seed {r['fig1'][arch]['fig1d_seed']}, "
@@ -114,6 +115,36 @@ def _prepost_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(R(f"Fig 4 {arch}-LN seed {f4['seed']}: median [p5, p95] per layer",
                  "medians near 1; Pre-LN middle-layer p5 ~0.35", cells, "qualitative", seeds=1,
                  note=note))
+  return out
+
+
+def _sharpening_rows(r: dict[str, Any], judged: str | None, note: str
+                     ) -> list[dict[str, Any]]:
+  """Fig 3 per seed and over seeds, for each placement: does Pre-LN attention sharpen
+  (the paper: entropy 0.987 -> 0.726, p_max 0.010 -> 0.174, envelope down to 0.26) and
+  does Post-LN stay at uniform attention with a narrow envelope (its plateaued seeds)?"""
+  out = []
+  paper = {"pre": "entropy 0.726, p_max 0.174, envelope low edge 0.26 (sharpens)",
+           "post": "plateaued seeds: entropy ~1, p_max = uniform, envelope near 1"}
+  for arch in ("pre", "post"):
+    per_seed = r["per_seed"][arch]
+    cells = "; ".join(f"seed {s}: {d['entropy_first']:.3f} -> {d['entropy_last']:.3f}, "
+                      f"{d['p_max_last']:.3f} (uniform {d['uniform_p_max_mean']:.3f}), "
+                      f"{d['lowest_p5_last']:.3f} / {d['lowest_p5_any']:.3f}, "
+                      f"loss {d['final_loss']:.3f}"
+                      for s, d in sorted(per_seed.items(), key=lambda kv: int(kv[0])))
+    out.append(R(f"Fig 3 {arch}-LN per seed: normalized entropy first -> last, mean p_max "
+                 "last, lowest per-layer certificate p5 last / any checkpoint, loss last 50",
+                 paper[arch], cells, judged, seeds=len(per_seed), note=note))
+    if "fig3_spread" not in r or len(per_seed) < 2:   # one seed: no spread to show
+      continue
+    sp = r["fig3_spread"][arch]
+    out.append(R(f"Fig 3 {arch}-LN over seeds: entropy last; mean p_max last; lowest p5 last",
+                 paper[arch],
+                 "; ".join(f"{sp[k]['mean']:.3f} +- {sp[k]['sd']:.3f} [{sp[k]['min']:.3f}, "
+                           f"{sp[k]['max']:.3f}]"
+                           for k in ("entropy_last", "p_max_last", "lowest_p5_last")),
+                 judged, seeds=len(per_seed), spread="mean +- sd [min, max]", note=note))
   return out
 
 

@@ -2,6 +2,7 @@
 series where the answer is known: the 1e-10 masking rule, the gradient window, the
 alpha-peak attribution, ``analyze`` end to end, the extra sublayer-norm diagnostic
 and the reproduce.py aliases."""
+import dataclasses
 import types
 
 import jax.numpy as jnp
@@ -202,3 +203,39 @@ def test_fig7_quick_pins_expected(tmp_path):
   assert o["min_delta_ffn"] == pytest.approx(-0.00272, abs=5e-6)
   assert o["delta_ffn_all_negative_on_open_interval"]
   assert o["monte_carlo"]["max_abs_z"] < 3
+
+
+def test_fig3_fig5_run_defaults_to_the_warmup_run(monkeypatch, tmp_path):
+  """Figs 3-5's headline is the run that learns first; the no-warmup collapse runs are
+  secondary; the per-update table around the transition and the summary rows."""
+  trained = []
+  monkeypatch.setattr(f35, "_train", lambda name, out: trained.append(name) or name)
+  monkeypatch.setattr(f35, "_load", lambda wd: _synthetic_run())
+  monkeypatch.setattr(f35, "plot", lambda a, out, tag, names=None, grad_window=None: [tag])
+  res = f35.run(str(tmp_path))
+  assert res["run"] == f35.HEADLINE_RUN and trained == [f35.HEADLINE_RUN, *f35.SECONDARY_RUNS]
+  o = res["ours"]
+  assert set(o["secondary"]) == set(f35.SECONDARY_RUNS)
+  assert o["grad_window_steps"] == [36, 46]           # diagnostics every update: window on
+  table = o["transition_table"]
+  assert [r["step"] for r in table] == list(range(36, 47))
+  assert table[0]["loss"] == pytest.approx(2.8) and table[-1]["last_tsim"] == 0.999
+  assert table[-1]["grad_first_over_last"] == pytest.approx(1e-21, rel=1e-6)
+  assert (tmp_path / f"fig3_fig5_{f35.HEADLINE_RUN}.json").is_file()
+  rows = reproduce._triples("fig3_fig5", res)
+  assert rows[0][0].startswith(f"Fig 3-5 {f35.HEADLINE_RUN} (lr 0.02, warmup 20)")
+  assert rows[0][2].startswith("40 (onset 40)")
+  assert "1e+21 / 1" in rows[1][2]
+  assert sum(r[0].startswith("Fig 3-5 secondary") for r in rows) == 2
+
+
+def test_headline_run_config_is_the_main_warmup_run():
+  """The headline run is the 60-update main warmup run (Figs 10-11, seed 0) continued:
+  the same overrides up to total_steps, a constant LR after warmup."""
+  from experiments.postnorm_collapse import common
+  from experiments.postnorm_collapse import seed_lr_runs as sl
+  cfg_h = common.load_config(*sl.RUNS[sl.HEADLINE_RUN])
+  cfg_60 = common.load_config(*sl.RUNS[sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)])
+  assert cfg_h.total_steps == sl.HEADLINE_TOTAL > cfg_60.total_steps
+  assert dataclasses.replace(cfg_h, total_steps=cfg_60.total_steps) == cfg_60
+  assert (cfg_h.lr_schedule, cfg_h.warmup_steps, cfg_h.diag_every) == ("constant", 20, 1)
