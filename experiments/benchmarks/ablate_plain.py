@@ -15,11 +15,10 @@ import statistics
 import time
 
 import jax
-import numpy as np
+import optax
 
 import plain_flax
-from train_throughput import plain_config
-from rankjax.train import sharding as shard_lib
+from train_throughput import step_pair
 from rankjax.train.loop import build
 
 SHAPES = ((128, 4, 8, 512, 128, 16), (256, 4, 4, 1024, 256, 8))
@@ -27,39 +26,20 @@ SHAPES = ((128, 4, 8, 512, 128, 16), (256, 4, 4, 1024, 256, 8))
 
 def programs(shape, variants=()):
   d, heads, layers, d_ff, seq_len, batch = shape
-  cfg = plain_config(*shape)
-  c = build(cfg)
-  holder = {"rj": c.init()}
-  tokens = np.random.default_rng(0).integers(0, 257, (batch, seq_len + 1)).astype(np.int32)
-  rj_batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
-                                    1, c.batch_sharding)
-  init, plain_step = plain_flax.make(257, d, heads, d_ff, layers, seq_len, cfg.learning_rate,
-                                     cfg.warmup_steps, cfg.total_steps, cfg.clip_norm,
-                                     cfg.weight_decay)
-  holder["plain"] = init(jax.random.key(0))
-  plain_tokens = jax.numpy.asarray(tokens)
-  micro = jax.tree.map(lambda x: x[0], rj_batch)
+  pair = step_pair(shape)
+  cfg, c, holder, tokens = pair["cfg"], pair["compiled"], pair["holder"], pair["tokens"]
+  micro = jax.tree.map(lambda x: x[0], pair["rj_batch"])
   rj_grad = jax.jit(jax.grad(lambda p, b: c.task.loss(p, b, None, deterministic=True)[0]))
   model = plain_flax.PlainLM(257, d, heads, d_ff, layers, seq_len)
 
   def plain_loss(params, toks):
-    import optax
     logits = model.apply({"params": params}, toks[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(logits, toks[:, 1:]).mean()
 
   plain_grad = jax.jit(jax.grad(plain_loss))
-
-  def rj():
-    holder["rj"], m, _ = c.step(holder["rj"], rj_batch)
-    return m
-
-  def plain():
-    holder["plain"], loss = plain_step(holder["plain"], plain_tokens)
-    return loss
-
-  out = {"rj_step": rj, "plain_step": plain,
+  out = {"rj_step": pair["rj"], "plain_step": pair["plain"],
          "rj_grad": lambda: rj_grad(holder["rj"].params, micro),
-         "plain_grad": lambda: plain_grad(holder["plain"][0], plain_tokens)}
+         "plain_grad": lambda: plain_grad(holder["plain"][0], tokens)}
   for field, value in variants:      # rankjax's gradient with one TransformerConfig field changed
     vc = build(dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, **{field: value})))
     vg = jax.jit(jax.grad(lambda p, b, vc=vc: vc.task.loss(p, b, None, deterministic=True)[0]))

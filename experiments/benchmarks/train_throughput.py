@@ -134,20 +134,21 @@ def plain_config(d: int, heads: int, layers: int, d_ff: int, seq_len: int, batch
                      total_steps=1000, diag_every=0)
 
 
-def versus_plain(shape: tuple[int, ...], steps: int, rounds: int) -> dict:
-  """rankjax's plain step vs the plain flax step at one shape, alternating rounds."""
+def step_pair(shape: tuple[int, ...]) -> dict:
+  """rankjax's plain step and the plain flax step at one shape, on the same tokens:
+  ``{"cfg", "compiled", "holder", "rj", "plain", "rj_batch", "tokens"}``, where ``rj()``
+  and ``plain()`` run one update each on the states kept in ``holder``."""
   d, heads, layers, d_ff, seq_len, batch = shape
   cfg = plain_config(*shape)
   c = build(cfg)
-  state = c.init()
   tokens = np.random.default_rng(0).integers(0, 257, (batch, seq_len + 1)).astype(np.int32)
   rj_batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
                                     1, c.batch_sharding)
   init, plain_step = plain_flax.make(257, d, heads, d_ff, layers, seq_len, cfg.learning_rate,
                                      cfg.warmup_steps, cfg.total_steps, cfg.clip_norm,
                                      cfg.weight_decay)
-  plain_state, plain_tokens = init(jax.random.key(0)), jax.numpy.asarray(tokens)
-  holder = {"rj": state, "plain": plain_state}
+  plain_tokens = jax.numpy.asarray(tokens)
+  holder = {"rj": c.init(), "plain": init(jax.random.key(0))}
 
   def rj():
     holder["rj"], metrics, _ = c.step(holder["rj"], rj_batch)
@@ -157,6 +158,14 @@ def versus_plain(shape: tuple[int, ...], steps: int, rounds: int) -> dict:
     holder["plain"], loss = plain_step(holder["plain"], plain_tokens)
     return loss
 
+  return dict(cfg=cfg, compiled=c, holder=holder, rj=rj, plain=plain, rj_batch=rj_batch,
+              tokens=plain_tokens)
+
+
+def versus_plain(shape: tuple[int, ...], steps: int, rounds: int) -> dict:
+  """rankjax's plain step vs the plain flax step at one shape, alternating rounds."""
+  pair = step_pair(shape)
+  rj, plain = pair["rj"], pair["plain"]
   for fn in (rj, plain, rj, plain):   # compile and warm up
     jax.block_until_ready(fn())
   per_round = []
