@@ -21,6 +21,7 @@ device); each device runs the kernel on its own sequences.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -79,10 +80,8 @@ def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.
     return run(q_BxTxHxD, k_BxTxHxD, v_BxTxHxD)
   mesh, rules = context
   axes = tuple(a for a in rules.get("batch", ()) if mesh.shape[a] > 1)
-  shards = 1
-  for a in axes:
-    shards *= mesh.shape[a]
-  if not axes or q_BxTxHxD.shape[0] % shards:
+  shards = math.prod(mesh.shape[a] for a in axes)
+  if shards == 1 or q_BxTxHxD.shape[0] % shards:
     return run(q_BxTxHxD, k_BxTxHxD, v_BxTxHxD)
   spec = P(axes if len(axes) > 1 else axes[0])
   return jax.shard_map(run, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
