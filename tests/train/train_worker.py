@@ -45,7 +45,7 @@ def main() -> None:
         deadline = time.time() + 120
         from rankjax.train import paths
         while time.time() < deadline:
-          paths.refresh(done.parent)       # gcsfs caches listings: see new files
+          paths.refresh(done)   # gcsfs caches listings (the step folder and its parents)
           if (done / "commit_success.txt").exists():
             break
           time.sleep(0.05)
