@@ -4,7 +4,8 @@
       [--wait-checkpoint N]
 
 ``--kill-at S``: after update S, SIGKILL this process (no cleanup of any kind);
-with ``--wait-checkpoint N`` it first waits until checkpoint N is committed on disk.
+with ``--wait-checkpoint N`` it first waits until checkpoint N is committed on disk
+(exit code 3 if it is not within 120 s).
 ``--term-at S``: after update S, send SIGTERM to this process (the loop saves and
 returns). Prints one JSON line with the result. With ``JAX_COORDINATOR_ADDRESS``,
 ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` set it is one process of a
@@ -44,11 +45,13 @@ def main() -> None:
         done = epath.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
         deadline = time.time() + 120
         from rankjax.train import paths
-        while time.time() < deadline:
-          paths.refresh(done)   # gcsfs caches listings (the step folder and its parents)
-          if (done / "commit_success.txt").exists():
-            break
+        while not (done / "commit_success.txt").exists():
+          if time.time() > deadline:     # say so (exit 3) rather than kill as if saved
+            print(f"checkpoint {args.wait_checkpoint} not committed in 120 s", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(3)
           time.sleep(0.05)
+          paths.refresh(done)   # gcsfs caches listings (the step folder and its parents)
       os.kill(os.getpid(), signal.SIGKILL)
     if step == args.term_at:
       os.kill(os.getpid(), signal.SIGTERM)
