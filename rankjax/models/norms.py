@@ -22,6 +22,8 @@ gain ``g`` as ``diag(g) J``.
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -34,19 +36,39 @@ def rms(x: jax.Array, eps: float = 0.0) -> jax.Array:
   return jnp.sqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def rescale(x: jax.Array, eps: float = 0.0) -> jax.Array:
+  """``x / rms(x, eps)`` over the last axis, differentiated by its closed form.
+
+  The tangent is ``J dx = (dx - y mean(y dx)) / r`` with ``y = x / r``, ``r = rms(x,
+  eps)`` (Eq. 19 with eps, App B.1): the same Jacobian autodiff would build, in fewer
+  operations, so a training step's norm backward (its transpose) is one pass of
+  elementwise work and two reductions. The value is computed exactly as without the
+  rule. Forward mode (jacfwd, jvp) and higher derivatives use the same rule.
+  """
+  return x / rms(x, eps)
+
+
+@rescale.defjvp
+def _rescale_jvp(eps, primals, tangents):
+  (x,), (dx,) = primals, tangents
+  r = rms(x, eps)
+  y = x / r
+  return y, (dx - y * jnp.mean(y * dx, axis=-1, keepdims=True)) / r
+
+
 def normalize(x: jax.Array, op: str, eps: float = 0.0) -> jax.Array:
   """Applies normalization ``op`` over the last axis (no gain)."""
   if op == "none":
     return x
   if op == "rms":
-    return x / rms(x, eps)
+    return rescale(x, eps)
   if op == "detached_rms":
     return x / jax.lax.stop_gradient(rms(x, eps))
   if op == "mean":
     return x - jnp.mean(x, axis=-1, keepdims=True)
   if op == "layer":
-    centered = x - jnp.mean(x, axis=-1, keepdims=True)
-    return centered / rms(centered, eps)
+    return rescale(x - jnp.mean(x, axis=-1, keepdims=True), eps)
   raise ValueError(f"norm op {op!r} is not allowed; choose one of "
                    "['rms', 'layer', 'mean', 'detached_rms', 'none']")
 

@@ -13,6 +13,11 @@ The bits depend on the XLA CPU compiler's options (its reductions' order), so
 sets, and "default", XLA's defaults (XLA_FLAGS set but empty). Under other flags the
 bitwise test is skipped (the tolerance test still runs).
 
+The gradient keys (``grad_sums``, ``captured_grad_sums``) were rewritten once, when rms
+and layer norms got their closed-form derivative rule (issue 14, ``norms.rescale``): the
+forward keys stayed bit-identical in both profiles (checked as they were rewritten), and
+test_norms.py holds the rule to autodiff of the plain formula in float64.
+
 Regenerate only on purpose (a deliberate change of the model's numerics), from the
 code whose numbers are to be pinned: ``XLA_FLAGS=<profile's flags> PYTHONPATH=<that
 code>:. python -m tests.models.test_lm_golden write <profile>``. Config fields the

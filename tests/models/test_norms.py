@@ -41,6 +41,61 @@ def test_norm_jacobian_matches_closed_form(op, x64):
     np.testing.assert_allclose(np.asarray(jac), _closed_form(op, x), rtol=1e-12, atol=1e-12)
 
 
+def _plain(v, op, eps):
+  """rms / layer by the formula alone (autodiff differentiates it, no custom rule)."""
+  if op == "layer":
+    v = v - jnp.mean(v, axis=-1, keepdims=True)
+  return v / jnp.sqrt(jnp.mean(v * v, axis=-1, keepdims=True) + eps)
+
+
+@pytest.mark.parametrize("op", ["rms", "layer"])
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_rescale_rule_equals_autodiff_of_the_formula(op, eps, x64):
+  """norms.rescale's custom JVP: forward, reverse and second order, with eps > 0 too."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=D) * 3.0 + 0.5)
+  w = jnp.asarray(rng.normal(size=D))
+  ours, plain = (lambda v: norms.normalize(v, op, eps)), (lambda v: _plain(v, op, eps))
+  np.testing.assert_array_equal(ours(x), plain(x))            # the value is untouched
+  for transform in (jax.jacfwd, jax.jacrev):
+    np.testing.assert_allclose(transform(ours)(x), transform(plain)(x), rtol=1e-12, atol=1e-13)
+  hess = lambda f: jax.hessian(lambda v: jnp.sin(f(v) @ w))(x)  # a non-linear scalar of N(x)
+  np.testing.assert_allclose(hess(ours), hess(plain), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("position,op", [("post", "rms"), ("pre", "layer")])
+def test_lm_gradient_with_the_rule_equals_plain_autodiff(position, op, x64, monkeypatch):
+  """The whole DecoderLM's float64 loss gradient is the same with norms.rescale's rule
+  as with autodiff of the formula: the rule changes float32 rounding only."""
+  from rankjax.config import TransformerConfig
+  from rankjax.models.transformer import DecoderLM
+  cfg = TransformerConfig(vocab_size=23, num_layers=3, d_model=16, num_heads=2, d_ff=24,
+                          max_seq_len=8, norm_position=position, norm_op=op,
+                          norm_eps=1e-5, compute_dtype="float64", param_dtype="float64")
+  model = DecoderLM(cfg)
+  tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, cfg.vocab_size)
+  params = model.init(jax.random.key(1), tokens)["params"]
+
+  def grad():
+    def loss(p):
+      logp = jax.nn.log_softmax(model.apply({"params": p}, tokens))
+      return -jnp.mean(jnp.take_along_axis(logp, jnp.roll(tokens, -1, 1)[..., None], -1))
+    return jax.grad(loss)(params)
+
+  ours = grad()
+  plain_normalize = lambda v, o, eps=0.0: _plain(v, o, eps) if o in ("rms", "layer") \
+      else ORIGINAL_NORMALIZE(v, o, eps)
+  monkeypatch.setattr(norms, "normalize", plain_normalize)
+  plain = grad()
+  leaves = jax.tree.leaves(ours)
+  assert leaves and all(a.dtype == jnp.float64 for a in leaves)
+  for a, b in zip(leaves, jax.tree.leaves(plain)):
+    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+
+
+ORIGINAL_NORMALIZE = norms.normalize
+
+
 @pytest.mark.parametrize("op", ["rms", "detached_rms", "layer"])
 def test_rescaling_ops_give_unit_rms(op):
   x = jax.random.normal(jax.random.key(0), (4, D)) * 7.0 + 1.0
