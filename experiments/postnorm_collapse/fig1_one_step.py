@@ -51,8 +51,10 @@ def model_config(cfg: dict[str, Any], norm_position: str, init_scale: float,
       prefix_avg_removal=prefix_avg_removal)
 
 
-def measure(cfg: dict[str, Any], mcfg: TransformerConfig, seed: int = 0) -> dict[str, np.ndarray]:
-  """Per-layer mean (over inits x sequences) of the measured changes and predictions."""
+def measure(cfg: dict[str, Any], mcfg: TransformerConfig, seed: int = 0
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+  """Per-layer mean (over inits x sequences) of the measured changes and predictions,
+  and the same per sequence, (L, inits x batch)."""
   model = DecoderLM(mcfg)
   n, d = cfg["seq_len"], cfg["d_model"]
   scale = mcfg.init_scale
@@ -78,8 +80,24 @@ def measure(cfg: dict[str, Any], mcfg: TransformerConfig, seed: int = 0) -> dict
 
   keys = jax.random.split(jax.random.PRNGKey(seed), cfg["num_inits"])
   outs = [jax.device_get(one(k)) for k in keys]
-  return {k: np.mean(np.concatenate([o[k] for o in outs], axis=1), axis=1)
-          for k in outs[0]}
+  per_seq = {k: np.concatenate([o[k] for o in outs], axis=1) for k in outs[0]}  # (L, S)
+  return {k: np.mean(v, axis=1) for k, v in per_seq.items()}, per_seq
+
+
+def sequence_spread(per_seq: dict[str, np.ndarray]) -> dict[str, Any]:
+  """Per-sequence (one per init at paper scale) summed increments, measured and
+  predicted, and their ratio: mean, sd and min-max over the sequences."""
+  out = {}
+  stats = lambda x: {"mean": float(np.mean(x)), "sd": float(np.std(x, ddof=1)) if len(x) > 1
+                     else float("nan"), "min": float(np.min(x)), "max": float(np.max(x))}
+  attn, pred = per_seq["attn"].sum(axis=0), per_seq["pred_attn"].sum(axis=0)
+  out["attn_sum"], out["pred_attn_sum"] = stats(attn), stats(pred)
+  out["attn_sum_ratio"] = stats(attn / pred)
+  out["ffn_over_attn_abs_ratio"] = stats(np.abs(per_seq["ffn"]).sum(axis=0)
+                                         / np.abs(per_seq["attn"]).sum(axis=0))
+  out["tsim_last_layer"] = stats(per_seq["tsim_x1"][-1])
+  out["sequences"] = int(attn.shape[0])
+  return out
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
@@ -90,7 +108,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   ours: dict[str, Any] = {}
   for pos in ("post", "pre"):
     for sc in cfg["scales"]:
-      m = measure(cfg, model_config(cfg, pos, sc))
+      m, per_seq = measure(cfg, model_config(cfg, pos, sc))
       key = f"{pos}_x{sc:g}"
       per[key] = {k: v.tolist() for k, v in m.items()}
       rel = lambda a, b: float(np.sum(np.abs(a - b)) / max(np.sum(np.abs(a)), 1e-30))
@@ -106,6 +124,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
           "ffn_over_attn_abs_ratio": float(np.sum(np.abs(m["ffn"]))
                                            / max(np.sum(np.abs(m["attn"])), 1e-30)),
           "tsim_last_layer": float(m["tsim_x1"][-1]),
+          "spread_over_sequences": sequence_spread(per_seq),
       }
   result = {
       "figure": "postnorm_collapse Fig 1 (Sec 4.1)",
