@@ -137,10 +137,10 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       common.row(f"Fig 7b: growth exponent of ||mu_l||, l in [{s['fit_from']}, {L}]: M=1 / M=2 relu",
                  "0.99 / 0.56",
                  f"{r('M=1 relu', 'growth_exponent'):.2f} / {r('M=2 relu', 'growth_exponent'):.2f}"),
-      common.row(f"Fig 7c: top-direction energy of Z_L: M=1 relu / M=2 relu / tanh", "1.00 / 0.70 / 0.08",
+      common.row("Fig 7c: top-direction energy of Z_L: M=1 relu / M=2 relu / tanh", "1.00 / 0.70 / 0.08",
                  " / ".join(common.fmt(r(n, "top_energy_L"), 2) for n in
                             ("M=1 relu", "M=2 relu", "M=1 tanh"))),
-      common.row(f"Fig 7d: erank(Z_L)/d: M=1 relu / M=2 relu / tanh",
+      common.row("Fig 7d: erank(Z_L)/d: M=1 relu / M=2 relu / tanh",
                  "collapses (0.010 at d=256, Table 6) / ~0.5 / finite",
                  " / ".join(common.fmt(r(n, "erank_L")) for n in ("M=1 relu", "M=2 relu", "M=1 tanh"))),
   ]

@@ -104,7 +104,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       "0.09 ... 0.57 (gamma 2 -> 16, d=512)",
       " / ".join(f"{v['submatrix_min_eig']:.3f}" for v in d7_summary.values())))
   summary.append(common.row(
-      "App D.7 relu: sigma_min(J_f)^2 (geometric mean)", f"~1e-6 at d=512 (~1/d^2 scale)",
+      "App D.7 relu: sigma_min(J_f)^2 (geometric mean)", "~1e-6 at d=512 (~1/d^2 scale)",
       " / ".join(f"{v['jf_min_eig']:.1e}" for v in d7_summary.values()) + f" at d={d}"))
   summary.append(common.row("App D.7 relu: erank(J_f)/d", "improves with width",
                             " / ".join(f"{v['jf_erank']:.3f}" for v in d7_summary.values())))

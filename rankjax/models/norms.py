@@ -41,7 +41,8 @@ def rescale(x: jax.Array, eps: float = 0.0) -> jax.Array:
   """``x / rms(x, eps)`` over the last axis, differentiated by its closed form.
 
   The tangent is ``J dx = (dx - y mean(y dx)) / r`` with ``y = x / r``, ``r = rms(x,
-  eps)`` (Eq. 19 with eps, App B.1): the same Jacobian autodiff would build, in fewer
+  eps)`` (Eq. 19 with eps, App B.1; the J that ``jacobian_left`` applies to a
+  matrix, here batched over the leading axes): the same Jacobian autodiff would build, in fewer
   operations, so a training step's norm backward (its transpose) is one pass of
   elementwise work and two reductions. The value is computed exactly as without the
   rule. Forward mode (jacfwd, jvp) and higher derivatives use the same rule.
