@@ -323,7 +323,7 @@ def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
                  draw: str = "threefry") -> tuple[dict, Array]:
   """One weight draw (``init_blocks``) and ``num_inputs`` inputs h_0 ~ N(0, I_d) (Sec 2).
 
-  Everything comes from one standard normal draw (``weight_draws.standard_normal``
+  Everything comes from one standard normal draw (``weight_draws.standard_normal_pieces``
   with the bit generator ``draw``, one of ``weight_draws.DRAWS``: the same
   distribution, different numbers). ``alpha`` may be traced, so an alpha sweep reuses
   one compiled function.
@@ -332,8 +332,7 @@ def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
   alpha = cfg.alpha if alpha is None else alpha
   shapes = sorted(blocks_lib.matrix_shapes(cfg).items())
   sizes = [cfg.depth * a * b for _, (a, b) in shapes] + [num_inputs * cfg.width]
-  flat = weight_draws.standard_normal(key, (sum(sizes),), dtype, draw)
-  pieces = jnp.split(flat, np.cumsum(sizes)[:-1])
+  pieces = weight_draws.standard_normal_pieces(key, sizes, dtype, draw)
   out = {}
   for (name, shape), piece in zip(shapes, pieces):
     std = jnp.asarray(alpha, dtype) / math.sqrt(shape[0])
@@ -454,7 +453,7 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
     precision: matmul precision of every dot (``rankjax.measure.precision``; default
       'highest', full float32 on every backend).
     draw: the bit generator of the weights and inputs (``weight_draws.DRAWS``; default
-      "threefry", the recorded numbers; "xla_threefry" is 2.4x cheaper on CPU). Every
+      "threefry", the recorded numbers, and the fastest on CPU). Every
       option draws the same distribution; the numbers differ.
 
   Returns:

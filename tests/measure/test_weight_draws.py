@@ -86,3 +86,32 @@ def test_default_chunks_grow_with_the_problem():
   assert paths.default_num_chunks(48, 256) == paths.LARGE_NUM_CHUNKS
   assert paths.default_num_chunks(16, 256) == paths.DEFAULT_NUM_CHUNKS
   assert paths.default_num_chunks(48, 64) == paths.DEFAULT_NUM_CHUNKS
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2 ** 31 + 5])
+def test_unrolled_threefry_is_jax_random_bit_for_bit(seed):
+  """``threefry_bits`` (the cipher unrolled) gives ``jax.random.bits``' words, raw and
+  typed keys, odd sizes, under vmap; so the default draw is ``jax.random.normal``."""
+  raw = jax.random.PRNGKey(seed)
+  for key in (raw, jax.random.wrap_key_data(raw)):
+    for n in (1, 2, 3, 1001):
+      np.testing.assert_array_equal(np.asarray(weight_draws.threefry_bits(key, n)),
+                                    np.asarray(jax.random.bits(key, (n,), jnp.uint32)))
+  keys = jax.random.split(raw, 3)
+  np.testing.assert_array_equal(
+      np.asarray(jax.jit(jax.vmap(lambda k: weight_draws.standard_normal(
+          k, (5, 7), jnp.float32)))(keys)),
+      np.asarray(jax.vmap(lambda k: jax.random.normal(k, (5, 7), jnp.float32))(keys)))
+
+
+def test_pieces_are_the_split_draw():
+  key = jax.random.PRNGKey(4)
+  sizes = [5, 1, 17]
+  for draw in weight_draws.DRAWS:
+    whole = np.asarray(weight_draws.standard_normal(key, (sum(sizes),), jnp.float32, draw))
+    pieces = weight_draws.standard_normal_pieces(key, sizes, jnp.float32, draw)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in pieces]), whole)
+  with jax.enable_x64(True):   # float64: jax.random.normal's own float64 draw
+    whole = weight_draws.standard_normal(key, (6,), jnp.float64)
+    np.testing.assert_array_equal(np.asarray(whole),
+                                  np.asarray(jax.random.normal(key, (6,), jnp.float64)))
