@@ -59,15 +59,16 @@ def _rotate_left(x: Array, r: int) -> Array:
 
 
 def threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Array]:
-  """The Threefry-2x32 block cipher with 20 rounds (Salmon et al., SC'11, Table 4's
-  rotations; the key schedule's parity word 0x1BD11BDA), JAX's ``threefry2x32``
-  written out round by round.
+  """The Threefry-2x32 block cipher with 20 rounds (Salmon et al., SC'11; the rotation
+  constants and the key-schedule parity word 0x1BD11BDA are JAX's), JAX's
+  ``threefry2x32`` written out round by round.
 
   JAX's CPU lowering of that primitive rolls the 5 groups of 4 rounds into a
   ``fori_loop`` (for compile time), so each group is one more pass over the whole
   counter arrays in memory; unrolled, XLA fuses the 20 rounds into one loop that stays
-  in registers (2.1x faster for 25M words on a 2-core CPU). Same words, bit for bit
-  (tested against ``jax.random.bits``).
+  in registers: the 25M normals of L=48, d=256 in 0.081 s against 0.27 s for
+  ``jax.random.normal`` on a 2-core CPU, and it compiles faster (0.09-0.11 against
+  0.17-0.19 s). Same words, bit for bit (tested against ``jax.random.bits``).
   """
   ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
   x1, x2 = x1 + ks[0], x2 + ks[1]
