@@ -31,11 +31,11 @@ import jax.numpy as jnp
 
 from rankjax.config import MLPConfig
 from rankjax import partitioning
-from rankjax.models import norms
+from rankjax.models import activations, norms
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
-    "gelu": lambda z: jax.nn.gelu(z, approximate=False),
+    "gelu": activations.gelu,
     "silu": jax.nn.silu,
     "abs": jnp.abs,
     "tanh": jnp.tanh,

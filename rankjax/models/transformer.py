@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from rankjax import partitioning
 from rankjax.config import TransformerConfig
-from rankjax.models import blocks
+from rankjax.models import activations, blocks
 from rankjax.models.attention import CausalSelfAttention, matrix_init
 from rankjax.models.lm_head import head_logits
 from rankjax.models.norms import Norm
@@ -93,7 +93,7 @@ class FeedForward(nn.Module):
       w3 = self.param("w_3", matrix_init(cfg, d), (d, f), pdt).astype(dtype)
       hidden = jax.nn.silu(x @ w1) * (x @ w3)
     else:
-      hidden = jax.nn.gelu(x @ w1, approximate=False)
+      hidden = activations.gelu(x @ w1)
     return hidden @ w2
 
 
