@@ -24,22 +24,32 @@ from rankjax.train.loop import build
 SHAPES = ((128, 4, 8, 512, 128, 16), (256, 4, 4, 1024, 256, 8))
 
 
-def programs(shape, variants=()):
-  d, heads, layers, d_ff, seq_len, batch = shape
-  pair = step_pair(shape)
+def loss_gradients(pair) -> dict:
+  """The loss gradient alone (no optimizer, no metrics) of each side of ``step_pair``'s
+  pair: ``{"rj": (jitted, args), "plain": (jitted, args)}`` on the same tokens, where
+  ``args()`` reads the side's current parameters (the steps donate and replace them)."""
   cfg, c, holder, tokens = pair["cfg"], pair["compiled"], pair["holder"], pair["tokens"]
+  lm = cfg.lm
   micro = jax.tree.map(lambda x: x[0], pair["rj_batch"])
   rj_grad = jax.jit(jax.grad(lambda p, b: c.task.loss(p, b, None, deterministic=True)[0]))
-  model = plain_flax.PlainLM(257, d, heads, d_ff, layers, seq_len)
+  model = plain_flax.PlainLM(lm.vocab_size, lm.d_model, lm.num_heads, lm.d_ff, lm.num_layers,
+                             cfg.seq_len)
 
   def plain_loss(params, toks):
     logits = model.apply({"params": params}, toks[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(logits, toks[:, 1:]).mean()
 
-  plain_grad = jax.jit(jax.grad(plain_loss))
+  return {"rj": (rj_grad, lambda: (holder["rj"].params, micro)),
+          "plain": (jax.jit(jax.grad(plain_loss)), lambda: (holder["plain"][0], tokens))}
+
+
+def programs(shape, variants=()):
+  pair = step_pair(shape)
+  cfg = pair["cfg"]
+  grads = loss_gradients(pair)
+  micro = grads["rj"][1]()[1]
   out = {"rj_step": pair["rj"], "plain_step": pair["plain"],
-         "rj_grad": lambda: rj_grad(holder["rj"].params, micro),
-         "plain_grad": lambda: plain_grad(holder["plain"][0], tokens)}
+         **{f"{side}_grad": (lambda f=f, a=a: f(*a())) for side, (f, a) in grads.items()}}
   for field, value in variants:      # rankjax's gradient with one TransformerConfig field changed
     vc = build(dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, **{field: value})))
     vg = jax.jit(jax.grad(lambda p, b, vc=vc: vc.task.loss(p, b, None, deterministic=True)[0]))

@@ -50,12 +50,19 @@ def matmul_peak(dtype, n: int, reps: int = 5, precision=None) -> float:
   return 2.0 * n ** 3 / best
 
 
+NOTES_MARK = "<!-- notes: kept when the script rewrites this section -->"
+
+
 def write_section(section: str, text: str, path: pathlib.Path | str = RESULTS) -> None:
-  """Replaces the ``section`` heading's part of ``path`` by ``text`` (or appends it)."""
+  """Replaces the ``section`` heading's part of ``path`` by ``text`` (or appends it).
+  Hand-written notes below a ``NOTES_MARK`` line in the old section are kept after the
+  new text."""
   path = pathlib.Path(path)
   old = path.read_text() if path.exists() else "# Benchmark results\n"
   pattern = re.compile(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
   text = text.rstrip("\n") + "\n\n"
-  new = pattern.sub(lambda _: text, old) if pattern.search(old) else \
-      old.rstrip("\n") + "\n\n" + text
+  found = pattern.search(old)
+  if found and NOTES_MARK in found.group(0):
+    text += found.group(0)[found.group(0).index(NOTES_MARK):].rstrip("\n") + "\n\n"
+  new = pattern.sub(lambda _: text, old) if found else old.rstrip("\n") + "\n\n" + text
   path.write_text(new.rstrip("\n") + "\n")
