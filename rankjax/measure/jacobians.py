@@ -39,6 +39,7 @@ from rankjax.config import MLPConfig
 from rankjax.measure import host_svd, paths, spectra
 from rankjax.measure import precision as precision_lib
 from rankjax.measure import seed_devices, weight_draws
+from rankjax.models import activations
 from rankjax.models import blocks as blocks_lib
 from rankjax.models import norms
 from rankjax.numerics import as_float
@@ -106,9 +107,9 @@ def branch_jacobian(params: dict, z_D: Array, activation: str) -> tuple[Array, A
   # da_DxM = d a / d z laid out like w_in: da_DxM[j, i] = d a_i / d z_j.
   if activation == "swiglu":
     gate = z_D @ params["w_gate"]
-    silu_g = jax.nn.silu(gate)
+    silu_g = activations.silu(gate)
     act = silu_g * pre
-    dgate = blocks_lib.derivative(jax.nn.silu, gate) * pre
+    dgate = activations.silu_derivative(gate) * pre
     da_DxM = params["w_gate"] * dgate[None, :] + w_in * silu_g[None, :]
   else:
     fn = blocks_lib.ACTIVATIONS[activation]

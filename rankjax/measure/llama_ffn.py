@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from rankjax.measure import precision as precision_lib
-from rankjax.models import blocks, gpt2, norms
+from rankjax.models import activations, gpt2, norms
 
 Array = jax.Array
 DEFAULT_RMS_EPS = 1e-5   # LlamaConfig.rms_norm_eps for Llama 2/3; read from config.json
@@ -113,7 +113,7 @@ def llama_ffn_tensors(ffn: dict, prefix: str = "model.") -> dict[str, np.ndarray
 def ffn_branch(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array:
   """``FFN(RMSNorm(h))`` of one block (SwiGLU)."""
   x = norms.normalize(h_D, "rms", eps) * block["ln_scale"]
-  return block["down_w"] @ (jax.nn.silu(block["gate_w"] @ x) * (block["up_w"] @ x))
+  return block["down_w"] @ (activations.silu(block["gate_w"] @ x) * (block["up_w"] @ x))
 
 
 @precision_lib.measured
@@ -121,8 +121,8 @@ def ffn_jacobian(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array
   """``J = dFFN(RMSNorm(h))/dh`` in closed form, (d, d) (module docstring; Eq. 9, 19)."""
   x = norms.normalize(h_D, "rms", eps) * block["ln_scale"]
   g, u = block["gate_w"] @ x, block["up_w"] @ x
-  dsilu = blocks.derivative(jax.nn.silu, g)
-  core_MxD = (dsilu * u)[:, None] * block["gate_w"] + jax.nn.silu(g)[:, None] * block["up_w"]
+  dsilu = activations.silu_derivative(g)
+  core_MxD = (dsilu * u)[:, None] * block["gate_w"] + activations.silu(g)[:, None] * block["up_w"]
   core_MxD = norms.jacobian_right(core_MxD, h_D, "rms", eps,
                                  scale_D=block["ln_scale"])
   return block["down_w"] @ core_MxD

@@ -36,7 +36,7 @@ from rankjax.models import activations, norms
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     "gelu": activations.gelu,
-    "silu": jax.nn.silu,
+    "silu": activations.silu,
     "abs": jnp.abs,
     "tanh": jnp.tanh,
 }
@@ -90,7 +90,7 @@ def _norm(params: dict, loc: str, op: str, x: jax.Array, eps: float) -> jax.Arra
 def activation(params: dict, z: jax.Array, pre: jax.Array, cfg: MLPConfig) -> jax.Array:
   """sigma applied to the pre-activation ``pre`` (swiglu gates with ``z @ w_gate``)."""
   if cfg.activation == "swiglu":
-    return jax.nn.silu(z @ params["w_gate"]) * pre
+    return activations.silu(z @ params["w_gate"]) * pre
   return ACTIVATIONS[cfg.activation](pre)
 
 

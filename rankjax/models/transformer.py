@@ -91,7 +91,7 @@ class FeedForward(nn.Module):
     w2 = self.param("w_2", matrix_init(cfg, f, output_proj=True), (f, d), pdt).astype(dtype)
     if cfg.ffn == "swiglu":
       w3 = self.param("w_3", matrix_init(cfg, d), (d, f), pdt).astype(dtype)
-      hidden = jax.nn.silu(x @ w1) * (x @ w3)
+      hidden = activations.silu(x @ w1) * (x @ w3)
     else:
       hidden = activations.gelu(x @ w1)
     return hidden @ w2
