@@ -1,6 +1,6 @@
 """Elementwise activations whose derivative is written in closed form: GELU and SiLU.
 
-``gelu(z) = z Phi(z)``, the exact (erf) GELU of Hendrycks & Gimpel (2016), Eq. 1,
+``gelu(z) = z Phi(z)``, the exact (erf) GELU of Hendrycks & Gimpel (2016, Sec. 2),
 with ``Phi`` the standard normal CDF. Its value is ``jax.nn.gelu(z, approximate=False)``
 bit for bit; its derivative is the closed form
 
@@ -18,7 +18,7 @@ was 12.8 ms of each layer's 37 ms backward pass. With the closed form the forwar
 pass computes ``gelu'(z)`` once, in the layout it is produced in, keeps that one
 array, and the backward pass multiplies the cotangent by it.
 
-``silu(z) = z sigmoid(z)`` (Elfwing et al. 2018, Eq. 3; the gate of SwiGLU, Shazeer
+``silu(z) = z sigmoid(z)`` (Elfwing et al. 2018; the gate of SwiGLU, Shazeer
 2020, and of postnorm Eq. 2) likewise: the value is ``jax.nn.silu(z)``, the derivative
 the closed form ``silu'(z) = s (1 + z (1 - s))``, ``s = sigmoid(z)``. Autodiff of
 ``jax.nn.silu`` keeps three arrays of z's size; the rule keeps ``silu'(z)`` alone.
@@ -37,7 +37,7 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 @jax.custom_jvp
 def gelu(z: jax.Array) -> jax.Array:
-  """Exact GELU ``z Phi(z)`` (Hendrycks & Gimpel 2016, Eq. 1); closed-form derivative."""
+  """Exact GELU ``z Phi(z)`` (Hendrycks & Gimpel 2016); closed-form derivative."""
   return jax.nn.gelu(z, approximate=False)
 
 
@@ -56,7 +56,7 @@ def _gelu_jvp(primals, tangents):
 
 @jax.custom_jvp
 def silu(z: jax.Array) -> jax.Array:
-  """SiLU ``z sigmoid(z)`` (Elfwing et al. 2018, Eq. 3); closed-form derivative."""
+  """SiLU ``z sigmoid(z)`` (Elfwing et al. 2018); closed-form derivative."""
   return jax.nn.silu(z)
 
 
