@@ -10,6 +10,11 @@ from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, paths, weight_draws
 
 N = 1 << 18
+# The integer bits are exact everywhere. Their float transform (uniform, erf_inv) is the
+# same formula as jax.random.normal's but compiled in another program, where a compiler
+# may contract or vectorize it differently: held to 2 ulp (equal bit for bit on the AMD
+# EPYC and Intel Xeon CPUs this ran on).
+MAX_ULP = 2
 
 
 @pytest.mark.parametrize("draw", weight_draws.DRAWS)
@@ -33,9 +38,9 @@ def test_xla_threefry_uses_the_jax_normal_transform():
   """The same bits through ``_normal_from_bits`` give ``jax.random.normal``'s numbers."""
   key = jax.random.PRNGKey(11)
   bits = jax.random.bits(key, (4096,), jnp.uint32)
-  np.testing.assert_allclose(
+  np.testing.assert_array_max_ulp(
       np.asarray(weight_draws._normal_from_bits(bits, jnp.float32)),
-      np.asarray(jax.random.normal(key, (4096,), jnp.float32)), rtol=0, atol=0)
+      np.asarray(jax.random.normal(key, (4096,), jnp.float32)), MAX_ULP)
   with pytest.raises(ValueError, match="float32 or narrower"):
     with jax.enable_x64(True):
       weight_draws.standard_normal(key, (4,), jnp.float64, "xla_threefry")
@@ -48,8 +53,8 @@ def test_draws_are_deterministic_and_differ():
   for d in weight_draws.DRAWS:
     np.testing.assert_array_equal(
         out[d], np.asarray(weight_draws.standard_normal(key, (64,), jnp.float32, d)))
-  np.testing.assert_array_equal(out["threefry"], np.asarray(
-      jax.random.normal(key, (64,), jnp.float32)))     # the default: the recorded numbers
+  np.testing.assert_array_max_ulp(out["threefry"], np.asarray(
+      jax.random.normal(key, (64,), jnp.float32)), MAX_ULP)   # the default: jax's numbers
   for d in weight_draws.DRAWS[1:]:
     assert not np.allclose(out[d], out["threefry"])
 
@@ -98,10 +103,10 @@ def test_unrolled_threefry_is_jax_random_bit_for_bit(seed):
       np.testing.assert_array_equal(np.asarray(weight_draws.threefry_bits(key, n)),
                                     np.asarray(jax.random.bits(key, (n,), jnp.uint32)))
   keys = jax.random.split(raw, 3)
-  np.testing.assert_array_equal(
+  np.testing.assert_array_max_ulp(
       np.asarray(jax.jit(jax.vmap(lambda k: weight_draws.standard_normal(
           k, (5, 7), jnp.float32)))(keys)),
-      np.asarray(jax.vmap(lambda k: jax.random.normal(k, (5, 7), jnp.float32))(keys)))
+      np.asarray(jax.vmap(lambda k: jax.random.normal(k, (5, 7), jnp.float32))(keys)), MAX_ULP)
 
 
 def test_pieces_are_the_split_draw():
@@ -110,7 +115,8 @@ def test_pieces_are_the_split_draw():
   for draw in weight_draws.DRAWS:
     whole = np.asarray(weight_draws.standard_normal(key, (sum(sizes),), jnp.float32, draw))
     pieces = weight_draws.standard_normal_pieces(key, sizes, jnp.float32, draw)
-    np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in pieces]), whole)
+    np.testing.assert_array_max_ulp(np.concatenate([np.asarray(p) for p in pieces]), whole,
+                                    MAX_ULP)
   with jax.enable_x64(True):   # float64: jax.random.normal's own float64 draw
     whole = weight_draws.standard_normal(key, (6,), jnp.float64)
     np.testing.assert_array_equal(np.asarray(whole),

@@ -1,39 +1,48 @@
-"""Golden values: DecoderLM's outputs and gradients are pinned bit for bit.
+"""Golden values: DecoderLM's outputs and gradients are pinned to recorded numbers.
 
-The values in ``lm_golden.json`` were computed by the DecoderLM as it was before the
-decoder block was rebuilt on the shared residual block (issue 17). Every config here
-must keep giving exactly those numbers (``assert_array_equal``, float32 bit patterns)
-on the reference attention path (``attention_impl="einsum"``, the explicit
-probabilities the model had then). The fused kernel (issue 14) rounds the same
-formula differently: it is held to the golden values within float32 tolerance here
-and to the einsum path in test_attention.py.
+``lm_golden.json`` holds, per config, a few float32 outputs of the model (a slice and
+the sum of the logits, the loss, the sum of every parameter gradient, the sums of the
+captured sublayer inputs/outputs and of their gradients) on the reference attention
+path (``attention_impl="einsum"``). It guards against unintended changes of the model's
+numerics in refactors. Its provenance is in the file (``"recorded"``): the values were
+first computed by the DecoderLM as it was before the decoder block was rebuilt on the
+shared residual block (issue 17), on a 2-core AMD EPYC VM with tests/conftest.py's XLA
+flags; the gradient keys were rewritten twice by deliberate numerics changes (the
+closed-form rms/layer-norm rule, ``norms.rescale``; the closed-form GELU/SiLU
+derivatives, ``models/activations.py``), each time with every forward key unchanged
+bit for bit and the new rule held to float64 autodiff in test_norms.py /
+test_activations.py.
 
-The bits depend on the XLA CPU compiler's options (its reductions' order), so
-``lm_golden.json`` holds one set per option profile: "opt0", the flags tests/conftest.py
-sets, and "default", XLA's defaults (XLA_FLAGS set but empty). Under other flags the
-bitwise test is skipped (the tolerance test still runs).
+**Tolerance, not bits.** float32 results are not bit-reproducible across machines: XLA
+picks vector widths, FMA contraction and reduction orders per CPU (AVX2 vs AVX-512,
+aarch64) and per compiler flag, and a GPU reorders again. Each recorded value ``v`` is
+therefore compared as ``|got - v| <= RTOL * scale``, where ``scale`` is what the value's
+rounding error is proportional to: for a sum, the sum of the absolute values of its
+terms (a sum that cancels to ~0 keeps the rounding of its large terms); for a logit, the
+largest logit magnitude; for the loss, the loss. ``RTOL = 1e-5`` for float32: on an
+Intel Xeon (AVX-512) against the AMD-recorded values, the largest difference of any
+float32 key is 1.3e-7 of its scale with tests/conftest.py's flags and 9.5e-7 with XLA's
+default flags (the old bitwise test failed there on one captured-gradient sum, 4e-7
+relative), while the smallest deliberate changes tried move some key by 25x the
+tolerance or more (rms eps 1e-6 -> 1e-5: 2.6e-4; alpha 1 -> 0.999: 3.0e-4; layer-norm
+eps 1e-5 -> 1e-6: 5.2e-3; tau 1.7 -> 1.71: 3.7e-3). The bfloat16 config is held to
+``RTOL_BF16 = 3e-2`` (bfloat16 keeps 8 bits: unit roundoff 3.9e-3, compounded over three
+layers; its values predate issue 14's float32-accumulated head, which moved its logits
+by up to 0.5% of their largest magnitude).
 
-The gradient keys (``grad_sums``, ``captured_grad_sums``) were rewritten once, when rms
-and layer norms got their closed-form derivative rule (issue 14, ``norms.rescale``): the
-forward keys stayed bit-identical in both profiles (checked as they were rewritten), and
-test_norms.py holds the rule to autodiff of the plain formula in float64. They were
-rewritten a second time when the exact GELU and SiLU (SwiGLU's gate) got their
-closed-form derivatives (issue 14, ``models/activations.py``): again every forward key
-stayed bit-identical in both profiles, the whole-model float32 gradients moved by at
-most 6e-7 of each leaf's largest entry, and test_activations.py holds the rules to
-float64 closed forms. (``pre_layer_gelu_bf16``, compared within tolerance only, keeps
-its values from before both rewrites.)
+The fused kernel (issue 14) rounds the same formula differently: it is held to the
+golden values within float32 tolerance in the slow test below and to the einsum path in
+test_attention.py.
 
-Regenerate only on purpose (a deliberate change of the model's numerics), from the
-code whose numbers are to be pinned: ``XLA_FLAGS=<profile's flags> PYTHONPATH=<that
-code>:. python -m tests.models.test_lm_golden write <profile>``. Config fields the
-code lacks are dropped (the pre-issue-17 model had no ``embed_norm`` and no
+Regenerate only on purpose (a deliberate change of the model's numerics), from the code
+whose numbers are to be pinned: ``python -m tests.models.test_lm_golden write`` (with
+tests/conftest.py's XLA flags in ``XLA_FLAGS``), and say in the commit why. Config fields
+the code lacks are dropped (the pre-issue-17 model had no ``embed_norm`` and no
 ``attention_impl`` and behaved as their values here).
 """
 
 import dataclasses
 import json
-import os
 import pathlib
 import sys
 
@@ -46,13 +55,7 @@ from rankjax.config import TransformerConfig
 from rankjax.models.transformer import DecoderLM, intermediate_grads
 
 GOLDEN = pathlib.Path(__file__).with_name("lm_golden.json")
-PROFILES = {"opt0": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-            "default": ""}
-
-
-def _profile() -> str | None:
-  flags = " ".join(os.environ.get("XLA_FLAGS", "").split())
-  return next((name for name, f in PROFILES.items() if f == flags), None)
+RTOL, RTOL_BF16 = 1e-5, 3e-2    # of each value's error scale; justified in the docstring
 SMALL = dict(vocab_size=41, num_layers=3, d_model=16, num_heads=2, d_ff=24, max_seq_len=10)
 
 # Post-Norm as it was: no norm on the embeddings, the last layer's norm and then the
@@ -96,7 +99,14 @@ def _hex(x) -> list[str]:
   return [float(v).hex() for v in np.asarray(x, np.float32).reshape(-1)]
 
 
-def _compute(name: str, attention_impl: str = "einsum") -> dict[str, list[str]]:
+def _sums(arrays) -> tuple[list[str], np.ndarray]:
+  """The sums of ``arrays`` (hex) and their error scales: the sums of |terms|."""
+  return (_hex(jnp.stack([jnp.sum(a) for a in arrays])),
+          np.array([float(jnp.sum(jnp.abs(a.astype(jnp.float32)))) for a in arrays]))
+
+
+def _compute(name: str, attention_impl: str = "einsum"):
+  """The recorded keys of config ``name`` (hex float32) and each value's error scale."""
   kwargs = {**SMALL, **{**CONFIGS, **DROPOUT}[name], "attention_impl": attention_impl}
   known = {f.name for f in dataclasses.fields(TransformerConfig)}
   cfg = TransformerConfig(**{k: v for k, v in kwargs.items() if k in known})
@@ -107,80 +117,75 @@ def _compute(name: str, attention_impl: str = "einsum") -> dict[str, list[str]]:
   dropout = name in DROPOUT
   rngs = {"dropout": jax.random.key(5)} if dropout else None
 
+  def ce(lg):
+    logp = jax.nn.log_softmax(lg.astype(jnp.float32))
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
   def loss(p):
     logits = model.apply({"params": p}, tokens, deterministic=not dropout, rngs=rngs)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1)), logits
+    return ce(logits), logits
 
   (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
   flat = jax.tree_util.tree_flatten_with_path(grads)[0]
-  out = {
-      "logits_slice": _hex(logits[:, ::4, :5]),
-      "logits_sum": _hex(jnp.sum(logits)),
-      "loss": _hex(value),
-      "grad_sums": _hex(jnp.stack([jnp.sum(g) for _, g in flat])),
-      "grad_paths": [jax.tree_util.keystr(p) for p, _ in flat],
-  }
+  logit_scale = float(jnp.max(jnp.abs(logits.astype(jnp.float32))))
+  out = {"logits_slice": _hex(logits[:, ::4, :5]), "loss": _hex(value),
+         "grad_paths": [jax.tree_util.keystr(p) for p, _ in flat]}
+  scales = {"logits_slice": np.full(len(out["logits_slice"]), logit_scale),
+            "loss": np.abs(_floats(out["loss"]))}
+  out["logits_sum"], scales["logits_sum"] = _sums([logits])
+  out["grad_sums"], scales["grad_sums"] = _sums([g for _, g in flat])
   if not dropout:
-    def ce(lg):
-      logp = jax.nn.log_softmax(lg.astype(jnp.float32))
-      return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
-
     _, _, igrads, acts = jax.jit(lambda p: intermediate_grads(model, p, tokens, ce))(params)
-    out["captured_sums"] = _hex(jnp.stack([jnp.sum(acts[k]) for k in ("x1", "y1", "x2", "y2")]))
-    out["captured_grad_sums"] = _hex(
-        jnp.stack([jnp.sum(igrads[k]) for k in ("x1", "y1", "x2", "y2")]))
-  return out
+    keys = ("x1", "y1", "x2", "y2")
+    out["captured_sums"], scales["captured_sums"] = _sums([acts[k] for k in keys])
+    out["captured_grad_sums"], scales["captured_grad_sums"] = _sums([igrads[k] for k in keys])
+  return out, scales
 
 
-# Deliberately changed by issue 14 (held to tolerance only): the bfloat16 run's LM head
-# rounded its logits to bfloat16 before; it now accumulates them in float32.
-HEAD_CHANGED = ("pre_layer_gelu_bf16",)
-# Also by issue 14: remat is now ``prevent_cse=False`` (under nn.scan) with an explicit
-# policy. With XLA's default CPU optimizations that lets the recomputation fuse
-# differently, changing float32 rounding only (bit-identical under "opt0"): held to
-# float32 tolerance there; tests/models/test_lm_block.py compares the remat policies.
-REMAT_REORDERED = {("default", "post_rms_swiglu_remat_prefix1")}
-
-
-@pytest.mark.parametrize("name", sorted(set(CONFIGS) - set(HEAD_CHANGED)) + sorted(DROPOUT))
-def test_lm_matches_golden_bits(name):
-  profile = _profile()
-  if profile is None:
-    pytest.skip(f"golden bits are recorded for the XLA_FLAGS profiles {sorted(PROFILES)}")
-  golden = json.loads(GOLDEN.read_text())[profile][name]
-  got = _compute(name)
+def _assert_matches(got, scales, golden, rtol):
   assert got["grad_paths"] == golden["grad_paths"]
-  for key in golden:
-    if key == "grad_paths":
-      continue
-    if (profile, name) in REMAT_REORDERED:
-      np.testing.assert_allclose(_floats(got[key]), _floats(golden[key]), rtol=1e-5,
-                                 atol=1e-7, err_msg=key)
-    else:
-      np.testing.assert_array_equal(np.array(got[key]), np.array(golden[key]), err_msg=key)
+  assert set(got) == set(golden)
+  for key in sorted(set(golden) - {"grad_paths"}):
+    err = np.abs(_floats(got[key]) - _floats(golden[key]))
+    bound = rtol * scales[key]
+    assert np.all(err <= bound), (f"{key}: |got - golden| {err.tolist()} exceeds "
+                                  f"{rtol:g} x scale {bound.tolist()}")
+
+
+# A fast subset (one each of post / pre / peri, rms and layer, swiglu and gelu, remat,
+# dropout); the rest run with -m slow.
+FAST = ("peri_rms_swiglu_tau_prefix", "post_rms_swiglu_remat_prefix1",
+        "pre_layer_gelu_learned_tied_gpt2", "post_dropout")
+
+
+@pytest.mark.parametrize("name", [
+    n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
+    for n in sorted({**CONFIGS, **DROPOUT})])
+def test_lm_matches_golden_values(name):
+  golden = json.loads(GOLDEN.read_text())["values"][name]
+  got, scales = _compute(name)
+  bf16 = CONFIGS.get(name, {}).get("compute_dtype") == "bfloat16"
+  _assert_matches(got, scales, golden, RTOL_BF16 if bf16 else RTOL)
 
 
 @pytest.mark.slow     # the module-level fused == einsum checks are in test_attention.py
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_fused_attention_matches_golden_values(name):
-  golden = json.loads(GOLDEN.read_text())["opt0"][name]
-  got = _compute(name, attention_impl="auto")   # the fused kernel (xla on CPU)
-  tol = 2e-2 if CONFIGS[name].get("compute_dtype") == "bfloat16" else 2e-5
-  for key in ("logits_slice", "loss"):
-    np.testing.assert_allclose(_floats(got[key]), _floats(golden[key]), rtol=tol, atol=tol,
-                               err_msg=key)
+  golden = json.loads(GOLDEN.read_text())["values"][name]
+  got, scales = _compute(name, attention_impl="auto")   # the fused kernel (xla on CPU)
+  bf16 = CONFIGS[name].get("compute_dtype") == "bfloat16"
+  for key in ("logits_slice", "loss"):   # the fused kernel rounds differently: 2e-5
+    err = np.abs(_floats(got[key]) - _floats(golden[key]))
+    assert np.all(err <= (RTOL_BF16 if bf16 else 2e-5) * np.maximum(scales[key], 1.0)), key
 
 
 def _floats(hexes: list[str]) -> np.ndarray:
   return np.array([float.fromhex(h) for h in hexes])
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "write":
-  profile = sys.argv[2]
-  if _profile() != profile:
-    raise SystemExit(f"set XLA_FLAGS={PROFILES.get(profile)!r} for profile {profile!r}")
-  data = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-  data[profile] = {n: _compute(n) for n in sorted({**CONFIGS, **DROPOUT})}
+if __name__ == "__main__" and sys.argv[1:] == ["write"]:
+  data = json.loads(GOLDEN.read_text())
+  data["values"] = {n: _compute(n)[0] for n in sorted({**CONFIGS, **DROPOUT})}
+  data["recorded"] = input("provenance (machine, CPU, jax version, XLA_FLAGS, why): ")
   GOLDEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-  print(f"wrote profile {profile} to {GOLDEN}")
+  print(f"wrote {GOLDEN}")
