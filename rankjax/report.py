@@ -274,6 +274,7 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
     workdir = pathlib.Path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"workdir {workdir} does not exist")
+  paths.check_output(workdir / "report", "report folder")
   studies = study_dirs(workdir)
   if studies:
     return build_study_report(workdir, studies)

@@ -86,6 +86,7 @@ def run_mlp(args: argparse.Namespace) -> int:
   from rankjax import plugins
   from rankjax.config import MLPConfig
   from rankjax.measure import summary
+  from rankjax.train import paths
 
   if args.seeds < 1 or args.inputs < 1:
     raise ValueError("--seeds and --inputs must be positive integers")
@@ -97,6 +98,7 @@ def run_mlp(args: argparse.Namespace) -> int:
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
     raise ValueError(f"--out {out} must end in .json")
+  paths.check_output(args.out, "--out", file=True)
   out.parent.mkdir(parents=True, exist_ok=True)
   points = [{k: getattr(cfg, k) for k, _ in sweeps} for cfg in configs]
   results = []

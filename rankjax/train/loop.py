@@ -268,9 +268,7 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
       different run), before anything is written.
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
-  workdir = paths.as_path(workdir, "workdir")
-  if workdir.exists() and not workdir.is_dir():
-    raise ValueError(f"workdir {workdir} is a file, not a directory")
+  workdir = paths.check_output(workdir, "workdir")
   if cfg.compilation_cache_dir:
     enable_compilation_cache(cfg.compilation_cache_dir)
   check_param_dtype(cfg)

@@ -193,3 +193,18 @@ def test_gs_paths_move_atomic_write_and_metrics_truncation(gcs_env):
   assert (root / "metrics.jsonl").read_text().splitlines() == lines[:4]
   assert (root / "metrics_replaced.jsonl").read_text().splitlines() == \
       lines[4:] + ["{\"step\": 7, \"lo"]
+
+
+@needs_emulator
+@pytest.mark.slow
+def test_output_on_a_missing_bucket_is_one_line_before_any_work(gcs_env, capsys):
+  from rankjax import cli
+  from rankjax.train import paths
+  assert paths.check_output(f"gs://{BUCKET}/new_run", "workdir").name == "new_run"
+  with pytest.raises(ValueError, match=r"^workdir gs://no-such-bucket/run: the bucket "
+                                       r"gs://no-such-bucket does not exist$"):
+    train(tiny_mlp(), "gs://no-such-bucket/run", progress_bar=False)
+  assert cli.main(["measure", "mlp", "--out", "gs://no-such-bucket/x.json"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "rankjax measure: error: --out gs://no-such-bucket/x.json: the bucket "
+      "gs://no-such-bucket does not exist"]
