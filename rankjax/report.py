@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 
-from rankjax import plotting
+from rankjax import plotting, plugins
 
 
 # ---------------------------------------------------------------------------
@@ -329,8 +329,10 @@ def add_parser(sub) -> None:
   p = sub.add_parser("report", help="build an HTML report (figures embedded) from a saved "
                                     "run or tour workdir")
   p.add_argument("workdir")
+  plugins.add_argument(p)    # a run of a model registered by a module of one's own
 
   def run(args) -> int:
+    plugins.import_modules(args.imports)
     page = build_report(args.workdir)
     print(f"report: {page}")
     return 0

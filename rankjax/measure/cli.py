@@ -19,6 +19,8 @@ import contextlib
 import json
 import pathlib
 
+from rankjax import plugins
+
 DEFAULT_SEEDS = 4
 DEFAULT_INPUTS = 4
 
@@ -42,8 +44,7 @@ def add_parser(subparsers) -> None:
                    help="random inputs h_0 ~ N(0, I) per weight draw (default %(default)s)")
   mlp.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
   mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP")
-  mlp.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="import a module first (one that registers your own pieces)")
+  plugins.add_argument(mlp)
   mlp.add_argument("--out", required=True, help="output JSON path (figure: same name .png)")
   mlp.set_defaults(func=run_mlp)
 
@@ -83,7 +84,6 @@ def measure_one(cfg, args) -> dict:
 
 def run_mlp(args: argparse.Namespace) -> int:
   from rankjax import config as config_lib
-  from rankjax import plugins
   from rankjax.config import MLPConfig
   from rankjax.measure import summary
   from rankjax.train import paths

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rankjax import plugins
+
 EXIT_PREEMPTED = 75   # sysexits.h EX_TEMPFAIL: "try again later"
 
 
@@ -31,11 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                       metavar="KEY=VALUE",
                       help="override a config field; dotted keys reach nested configs "
                            "(lm.num_layers=4); repeatable")
-  parser.add_argument("--import", dest="imports", action="append", default=[],
-                      metavar="MODULE",
-                      help="import a module (name or .py path) before reading the config: "
-                           "it may register diagnostics, tasks and models "
-                           "(rankjax.plugins); repeatable")
+  plugins.add_argument(parser)
   parser.add_argument("--workdir", required=True,
                       help="run directory: config.json, metrics.jsonl, checkpoints/")
   parser.set_defaults(func=run)
@@ -47,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
   sharding.maybe_initialize_distributed()  # before any other JAX call
 
   from rankjax import config as config_lib
-  from rankjax import plugins
   from rankjax.config import TrainConfig
   from rankjax.train.checkpoint import RestoreError
   from rankjax.train.loop import NonFiniteLossError, train
