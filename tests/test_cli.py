@@ -47,6 +47,10 @@ def test_measure_mlp_writes_json_and_figure(tmp_path):
     (["measure", "mlp", "--set", "dept=3", "--out", "x.json"], "unknown config key 'dept'"),
     (["measure", "mlp", "--config", "missing.json", "--out", "x.json"], "does not exist"),
     (["measure", "mlp", "--out", "x.txt"], "must end in .json"),
+    (["measure", "mlp", "--sweep", "depth=2,0", "--out", "x.json"],
+     "--sweep: depth=0 must be a positive integer"),
+    (["measure", "mlp", "--sweep", "dpth=1,2", "--out", "x.json"],
+     "unknown config key 'dpth' in --sweep"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
