@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 
 from rankjax.train.loop import train
-from tests.train.conftest import Worker, losses, tiny_mlp
+from tests.train.conftest import Worker, logs_warning, losses, tiny_mlp
 
 needs_emulator = pytest.mark.skipif(
     importlib.util.find_spec("gcp_storage_emulator") is None
@@ -78,7 +78,8 @@ def gcs_env(gcs, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.serial   # CI runs this test alone, after the others (it was where the
                       # emulator's missing preconditions showed: see gcs_emulator.py)
-def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, compile_cache):
+def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, compile_cache,
+                                            caplog):
   from etils import epath
   from rankjax.report import build_report
   from rankjax.train.run_reader import load_run
@@ -113,7 +114,7 @@ def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, comp
 
   # an unreadable step on gs:// is skipped with a warning naming it (read-only here)
   (root / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half-written")
-  with pytest.warns(RuntimeWarning, match=r"step 8 .* is unreadable .*using step 4 instead"):
+  with logs_warning(caplog, r"step 8 .* is unreadable .*using step 4 instead"):
     assert load_run(url).step == 4
   assert (root / "checkpoints" / "8" / "state").exists()
 
