@@ -94,7 +94,8 @@ def run_mlp(args: argparse.Namespace) -> int:
   base = config_lib.from_json(MLPConfig, args.config) if args.config else MLPConfig()
   base = config_lib.override(base, args.overrides)
   sweeps = summary.parse_sweeps(args.sweeps)
-  configs = [config_lib.override(base, point, "--sweep") for point in summary.sweep_points(sweeps)]
+  configs = [config_lib.override(base, point, "--sweep")
+             for point in summary.sweep_points(sweeps)]
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
     raise ValueError(f"--out {out} must end in .json")

@@ -186,7 +186,7 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
                           ) -> tuple[int, Any] | None:
   """Tries ``restore(step)`` from the newest step down.
 
-  A step is skipped (with one logged warning naming it and the step used instead) only when
+  A step is skipped (one logged warning names it and the step used instead) only when
   ``restore`` raises ``IncompleteStep`` or an integrity failure
   (``is_integrity_failure``); ``on_skipped(step, incomplete)`` is called for each
   skipped step once a restore succeeded (or at once for an incomplete step). Any
