@@ -579,31 +579,49 @@ def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
   return from_dict(cls, data)
 
 
-def override(cfg: C, assignments: Sequence[str]) -> C:
-  """Applies ``key=value`` strings (``--set``); dotted keys reach nested configs.
+def _json_or_text(raw: str) -> Any:
+  try:
+    return json.loads(raw)
+  except json.JSONDecodeError:
+    return raw
+
+
+def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
+  """Applies ``key=value`` strings (``--set``; ``option`` names the flag in errors);
+  dotted keys reach nested configs.
 
   Values are parsed as JSON when possible (``depth=48``, ``beta=0.5``,
-  ``p_norm=null``, ``norm_gain=true``), otherwise taken as strings.
+  ``p_norm=null``, ``norm_gain=true``), otherwise taken as strings. A list field
+  takes ``a,b`` (each item parsed the same way) or a JSON list (``["a", "b"]``).
+  ``cfg`` is valid, so a config the assignments make invalid is refused naming
+  ``option`` (and both list syntaxes when a list field was set).
   """
   data = to_dict(cfg)
+  lists = []
   for item in assignments:
     if "=" not in item:
-      raise ValueError(f"--set expects key=value, got {item!r}")
+      raise ValueError(f"{option} expects key=value, got {item!r}")
     key, raw = item.split("=", 1)
-    try:
-      value = json.loads(raw)
-    except json.JSONDecodeError:
-      value = raw
+    value = _json_or_text(raw)
     node, parts = data, key.strip().split(".")
     for part in parts[:-1]:
       if not isinstance(node.get(part), dict):
-        raise ValueError(f"unknown config key {key!r} in --set")
+        raise ValueError(f"unknown config key {key!r} in {option}")
       node = node[part]
     if parts[-1] not in node:
       raise ValueError(
-          f"unknown config key {key!r} in --set; known keys: {sorted(node)}")
+          f"unknown config key {key!r} in {option}; known keys: {sorted(node)}")
+    if isinstance(node[parts[-1]], (list, tuple)):
+      lists.append(key.strip())
+      if not isinstance(value, list):
+        value = [_json_or_text(v.strip()) for v in raw.split(",") if v.strip()]
     node[parts[-1]] = value
-  return from_dict(type(cfg), data)
+  try:
+    return from_dict(type(cfg), data)
+  except ValueError as e:
+    syntax = (f" (a list is written {option} {lists[0]}=a,b or {option} "
+              f"'{lists[0]}=[\"a\", \"b\"]')" if lists else "")
+    raise ValueError(f"{option}: {e}{syntax}") from None
 
 
 def diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:

@@ -1,8 +1,9 @@
 """``--import MODULE``: the user's own diagnostics, tasks and models, without editing
 the library.
 
-``rankjax train --import my_pieces`` (and ``rankjax measure mlp --import ...``) imports
-``my_pieces`` before the config is read; the module registers what it adds with the
+``rankjax train --import my_pieces`` (and ``rankjax measure mlp --import ...``,
+``rankjax report --import ...`` for a run of such a model) imports ``my_pieces``
+before the config is read; the module registers what it adds with the
 library's ``register`` calls (``rankjax.train.diagnostics.register``,
 ``rankjax.train.tasks.register_task``). MODULE is a module name found on the import path
 (``PYTHONPATH``, an installed package) or a path to a ``.py`` file. Example:
@@ -16,6 +17,15 @@ import importlib.util
 import pathlib
 import sys
 from typing import Sequence
+
+
+def add_argument(parser) -> None:
+  """The ``--import MODULE`` option (``args.imports``) of every command that takes it."""
+  parser.add_argument("--import", dest="imports", action="append", default=[],
+                      metavar="MODULE",
+                      help="import a module (name or .py path) before reading any config: "
+                           "it may register diagnostics, tasks and models "
+                           "(rankjax.plugins); repeatable")
 
 
 def import_module(name: str):

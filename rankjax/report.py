@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 
-from rankjax import plotting
+from rankjax import plotting, plugins
 
 
 # ---------------------------------------------------------------------------
@@ -259,8 +259,9 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   training runs and a tour's ``jacobians.json``, or ``rankjax reproduce`` output
   (folders with a ``summary.json``).
 
-  Raises FileNotFoundError / ValueError with one line when the workdir does not exist,
-  holds no run, or holds a run with no readable checkpoint. Writes only under
+  Raises FileNotFoundError / ValueError with one line when the workdir does not exist
+  or holds no run or a run with no complete checkpoint, ``RestoreError`` when a run's
+  checkpoints are all corrupt (or unreadable now). Writes only under
   ``WORKDIR/report/``.
   """
   import html
@@ -274,6 +275,7 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
     workdir = pathlib.Path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"workdir {workdir} does not exist")
+  paths.check_output(workdir / "report", "report folder")
   studies = study_dirs(workdir)
   if studies:
     return build_study_report(workdir, studies)
@@ -328,9 +330,18 @@ def add_parser(sub) -> None:
   p = sub.add_parser("report", help="build an HTML report (figures embedded) from a saved "
                                     "run or tour workdir")
   p.add_argument("workdir")
+  plugins.add_argument(p)    # a run of a model registered by a module of one's own
 
   def run(args) -> int:
-    page = build_report(args.workdir)
+    import sys
+
+    from rankjax.train.checkpoint import RestoreError
+    plugins.import_modules(args.imports)
+    try:
+      page = build_report(args.workdir)
+    except RestoreError as e:     # every checkpoint corrupt, or unreadable now: as train
+      print(f"rankjax report: {e}", file=sys.stderr)
+      return 3
     print(f"report: {page}")
     return 0
 

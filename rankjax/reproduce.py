@@ -103,6 +103,8 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   none of them are skipped; every study is checked (scale, names, data) before any runs.
   """
   from rankjax.report import build_report
+  from rankjax.train import paths
+  paths.check_output(out_dir, "--out")
   runner = _runner()
   plan = (_split_all(only) if only else {s: None for s in studies()}) if name == "all" \
       else {name: only}

@@ -126,9 +126,10 @@ def _sigterm_interrupts():
 def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
   """Runs (or continues) the tour in ``workdir``; 0 when done, 130 when interrupted."""
   from rankjax.report import build_report
+  from rankjax.train import paths
   from rankjax.train.loop import train
 
-  workdir = pathlib.Path(workdir)
+  workdir = pathlib.Path(paths.check_output(workdir, "--workdir"))
   workdir.mkdir(parents=True, exist_ok=True)
   with _sigterm_interrupts():
     for name, cfg in lm_configs(smoke).items():

@@ -47,6 +47,10 @@ def test_measure_mlp_writes_json_and_figure(tmp_path):
     (["measure", "mlp", "--set", "dept=3", "--out", "x.json"], "unknown config key 'dept'"),
     (["measure", "mlp", "--config", "missing.json", "--out", "x.json"], "does not exist"),
     (["measure", "mlp", "--out", "x.txt"], "must end in .json"),
+    (["measure", "mlp", "--sweep", "depth=2,0", "--out", "x.json"],
+     "--sweep: depth=0 must be a positive integer"),
+    (["measure", "mlp", "--sweep", "dpth=1,2", "--out", "x.json"],
+     "unknown config key 'dpth' in --sweep"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
@@ -61,3 +65,38 @@ def test_unknown_choice_is_rejected_by_argparse(capsys):
     cli.main(["reproduce", "nonexistent_study"])
   assert e.value.code == 2
   assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["tour", "--workdir", "F"], "--workdir F is a file, not a directory"),
+    (["reproduce", "transforming_rank", "--out", "F"], "--out F is a file, not a directory"),
+    (["measure", "mlp", "--out", "F/x.json"], "--out F/x.json: F is a file, not a directory"),
+    (["measure", "mlp", "--out", "D/x.json"], "--out D/x.json is a folder, not a file"),
+    (["report", "D"], "report folder D/report is a file, not a directory"),
+])
+def test_output_path_that_is_a_file_is_one_line_before_any_work(argv, message, capsys,
+                                                                tmp_path, monkeypatch):
+  """Every command checks where it writes (rankjax.train.paths.check_output) first."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "F").write_text("keep me")
+  (tmp_path / "D" / "x.json").mkdir(parents=True)
+  (tmp_path / "D" / "config.json").write_text("{}")
+  (tmp_path / "D" / "report").write_text("keep me")
+  before = sorted(p.name for p in tmp_path.rglob("*"))
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.splitlines() == [f"rankjax {argv[0]}: error: {message}"]
+  assert sorted(p.name for p in tmp_path.rglob("*")) == before
+  assert (tmp_path / "F").read_text() == "keep me"
+
+
+def test_unwritable_output_folder_is_one_line(capsys, tmp_path, monkeypatch):
+  import os
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "ro").mkdir()
+  real = os.access
+  monkeypatch.setattr(os, "access", lambda p, mode: os.fspath(p) != "ro" and real(p, mode))
+  assert cli.main(["measure", "mlp", "--out", "ro/new/x.json"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "rankjax measure: error: --out ro/new/x.json: ro is not writable"]
+  assert not (tmp_path / "ro" / "new").exists()

@@ -173,6 +173,18 @@ def test_override_parses_values_and_nested_keys():
     config.override(MLPConfig(), ["depth=0"])
 
 
+def test_list_field_takes_a_comma_list_or_json_and_says_both_when_it_refuses():
+  for value in ("basic,postnorm", " basic , postnorm ", '["basic", "postnorm"]'):
+    cfg = config.override(TrainConfig(), [f"diagnostics={value}"])
+    assert cfg.diagnostics == ("basic", "postnorm")
+  assert config.override(TrainConfig(), ["diagnostics=basic"]).diagnostics == ("basic",)
+  with pytest.raises(ValueError) as e:
+    config.override(TrainConfig(), ["diagnostics=[1]"])
+  assert str(e.value) == ("--set: diagnostics=[1] must be a list of diagnostic names (a list "
+                          "is written --set diagnostics=a,b or --set "
+                          "'diagnostics=[\"a\", \"b\"]')")
+
+
 def test_diff_names_differing_fields():
   a = TrainConfig(learning_rate=6e-4, lm=TransformerConfig(num_layers=48))
   b = dataclasses.replace(a, learning_rate=1e-3, lm=dataclasses.replace(a.lm, num_layers=4))

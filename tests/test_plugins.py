@@ -103,3 +103,20 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
   scalars = tb.read_scalars(str(workdir / "tensorboard"))
   assert [s for s, _ in scalars["diagnostics/logit_margin/margin"]] == [1, 2, 4]
   json.loads((workdir / "config.json").read_text())
+
+
+def test_report_imports_the_module_of_a_plugin_model(tmp_path, capsys):
+  """``rankjax report --import MODULE WORKDIR``: a run of a user's model is reported."""
+  from rankjax import cli
+  from rankjax.train.loop import train
+  plugins.import_module(str(EXAMPLE))
+  cfg = config_lib.override(
+      TrainConfig.from_json(ROOT / "experiments" / "configs" / "mlp_classifier.json"),
+      ["model=plain_mlp", "mlp.depth=1", "mlp.width=8", "total_steps=2", "batch_size=8",
+       "diag_every=0", "checkpoint_every=2", "eval_every=0", "log_every=1"])
+  workdir = tmp_path / "run"
+  train(cfg, workdir, progress_bar=False)
+  assert cli.main(["report", "--import", str(EXAMPLE), str(workdir)]) == 0
+  assert (workdir / "report" / "report.html").is_file()
+  assert cli.main(["report", "--import", "no_such_pieces", str(workdir)]) == 2
+  assert "--import no_such_pieces: no module named" in capsys.readouterr().err

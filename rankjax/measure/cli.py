@@ -19,6 +19,8 @@ import contextlib
 import json
 import pathlib
 
+from rankjax import plugins
+
 DEFAULT_SEEDS = 4
 DEFAULT_INPUTS = 4
 
@@ -42,8 +44,7 @@ def add_parser(subparsers) -> None:
                    help="random inputs h_0 ~ N(0, I) per weight draw (default %(default)s)")
   mlp.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
   mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP")
-  mlp.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="import a module first (one that registers your own pieces)")
+  plugins.add_argument(mlp)
   mlp.add_argument("--out", required=True, help="output JSON path (figure: same name .png)")
   mlp.set_defaults(func=run_mlp)
 
@@ -83,9 +84,9 @@ def measure_one(cfg, args) -> dict:
 
 def run_mlp(args: argparse.Namespace) -> int:
   from rankjax import config as config_lib
-  from rankjax import plugins
   from rankjax.config import MLPConfig
   from rankjax.measure import summary
+  from rankjax.train import paths
 
   if args.seeds < 1 or args.inputs < 1:
     raise ValueError("--seeds and --inputs must be positive integers")
@@ -93,10 +94,12 @@ def run_mlp(args: argparse.Namespace) -> int:
   base = config_lib.from_json(MLPConfig, args.config) if args.config else MLPConfig()
   base = config_lib.override(base, args.overrides)
   sweeps = summary.parse_sweeps(args.sweeps)
-  configs = [config_lib.override(base, point) for point in summary.sweep_points(sweeps)]
+  configs = [config_lib.override(base, point, "--sweep")
+             for point in summary.sweep_points(sweeps)]
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
     raise ValueError(f"--out {out} must end in .json")
+  paths.check_output(args.out, "--out", file=True)
   out.parent.mkdir(parents=True, exist_ok=True)
   points = [{k: getattr(cfg, k) for k, _ in sweeps} for cfg in configs]
   results = []

@@ -44,7 +44,6 @@ import json
 import logging
 import re
 import time
-import warnings
 from typing import Any, Callable, Mapping
 
 import grain
@@ -112,8 +111,11 @@ def handlers() -> dict[str, Any]:
 
 
 def _short(e: BaseException) -> str:
-  text = str(e).strip().splitlines()
-  return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+  """The root cause of ``e`` in one line (an outer error of Orbax may print a whole
+  TensorStore spec through a pybind repr; the storage's own error is the cause)."""
+  root = _chain(e)[-1]
+  text = str(root).strip().splitlines()
+  return f"{type(root).__name__}: {text[0][:200] if text else ''}"
 
 
 def _chain(e: BaseException) -> list[BaseException]:
@@ -184,7 +186,7 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
                           ) -> tuple[int, Any] | None:
   """Tries ``restore(step)`` from the newest step down.
 
-  A step is skipped (with a warning naming it and the step used instead) only when
+  A step is skipped (one logged warning names it and the step used instead) only when
   ``restore`` raises ``IncompleteStep`` or an integrity failure
   (``is_integrity_failure``); ``on_skipped(step, incomplete)`` is called for each
   skipped step once a restore succeeded (or at once for an incomplete step). Any
@@ -223,9 +225,7 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
       return step, out
     kind = "incomplete" if incomplete else "unreadable"
     nxt = f"using step {steps[i + 1]} instead" if i + 1 < len(steps) else "no earlier step"
-    message = f"checkpoint at step {step} in {directory} is {kind} ({reason}); {nxt}"
-    warnings.warn(message, RuntimeWarning, stacklevel=2)
-    log.warning(message)
+    log.warning(f"checkpoint at step {step} in {directory} is {kind} ({reason}); {nxt}")
     if incomplete:
       if on_skipped is not None:
         on_skipped(step, True)
@@ -234,8 +234,8 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
   if unreadable:
     listed = "; ".join(f"step {s}: {r}" for s, r in unreadable)
     raise RestoreError(
-        f"no checkpoint in {directory} could be read ({listed}); nothing was moved: "
-        f"move {directory} aside to start this run from scratch")
+        f"no checkpoint in {directory} could be read: every step is corrupt ({listed}); "
+        f"nothing was moved: move {directory} aside to start this run from scratch")
   return None
 
 

@@ -9,14 +9,19 @@ Exit codes (for requeue scripts: requeue on 75, never on 0):
   3   the checkpoints could not be read for a reason that is not their integrity, or
       none could be read (one line; nothing was moved);
   75  stopped by SIGTERM (preemption, ``scancel``) or Ctrl-C after saving a checkpoint
-      of the current step: run the same command to resume (EX_TEMPFAIL);
+      of the current step (one that comes before the first update has nothing to
+      save): run the same command to resume (EX_TEMPFAIL);
   any other error after training started saves the newest finite step first.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+
+from rankjax import plugins
 
 EXIT_PREEMPTED = 75   # sysexits.h EX_TEMPFAIL: "try again later"
 
@@ -31,23 +36,43 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                       metavar="KEY=VALUE",
                       help="override a config field; dotted keys reach nested configs "
                            "(lm.num_layers=4); repeatable")
-  parser.add_argument("--import", dest="imports", action="append", default=[],
-                      metavar="MODULE",
-                      help="import a module (name or .py path) before reading the config: "
-                           "it may register diagnostics, tasks and models "
-                           "(rankjax.plugins); repeatable")
+  plugins.add_argument(parser)
   parser.add_argument("--workdir", required=True,
                       help="run directory: config.json, metrics.jsonl, checkpoints/")
   parser.set_defaults(func=run)
   return parser
 
 
+class _StoppedBeforeStart(Exception):
+  """SIGTERM before ``train`` took the signal over (imports, reading the config)."""
+
+
+def _stop_before_start(signum, frame):
+  del frame
+  raise _StoppedBeforeStart(signal.Signals(signum).name)
+
+
 def run(args: argparse.Namespace) -> int:
+  """SIGTERM exits 75 from the first instant: until ``train`` installs its handler
+  (which saves a step first) it stops the command here, with nothing to save."""
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _stop_before_start) if main else None
+  try:
+    return _run(args)
+  except _StoppedBeforeStart as e:
+    print(f"rankjax train: stopped ({e}) before training started; nothing to save: run the "
+          f"same command to start (exit {EXIT_PREEMPTED})", file=sys.stderr)
+    return EXIT_PREEMPTED
+  finally:
+    if main:
+      signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
   from rankjax.train import sharding
   sharding.maybe_initialize_distributed()  # before any other JAX call
 
   from rankjax import config as config_lib
-  from rankjax import plugins
   from rankjax.config import TrainConfig
   from rankjax.train.checkpoint import RestoreError
   from rankjax.train.loop import NonFiniteLossError, train
@@ -63,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"rankjax train: {e}", file=sys.stderr)
     return 3
   if result.status == "preempted":
-    print(f"rankjax train: stopped (SIGTERM or Ctrl-C) at step {result.step}; checkpoint saved in "
-          f"{args.workdir}; run the same command to resume (exit {EXIT_PREEMPTED})",
-          file=sys.stderr)
+    saved = ("nothing new to save" if result.step == result.start_step
+             else f"checkpoint saved in {args.workdir}")
+    print(f"rankjax train: stopped (SIGTERM or Ctrl-C) at step {result.step}; {saved}; run "
+          f"the same command to resume (exit {EXIT_PREEMPTED})", file=sys.stderr)
     return EXIT_PREEMPTED
   return 0

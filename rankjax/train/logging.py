@@ -2,7 +2,8 @@
 
 Every update appends one JSON line (``{"step", "loss", "grad_norm", "lr", ...}``;
 evaluation rows carry ``"kind": "eval"``). TensorBoard event files go to
-``WORKDIR/tensorboard`` when ``tensorboardX`` is installed: train scalars every
+``WORKDIR/tensorboard`` when ``tensorboardX`` is installed (else the run's first lines
+say TensorBoard is off): train scalars every
 ``log_every`` updates, every evaluation, and every diagnostics step's arrays and
 per-layer profile images (tags and layout in ``rankjax.train.tensorboard``); a resumed
 run first drops the events after its checkpoint step, so each step is in the files
@@ -62,7 +63,8 @@ class MetricsWriter:
       self._tb = SummaryWriter(logdir, purge_step=start_step + 1 if start_step else None,
                                filename_suffix=f".{os.getpid()}.{start_step}")
     except ImportError:
-      pass
+      self.stream.write("TensorBoard off: tensorboardX is not installed "
+                        "(pip install \"rankjax[logging]\"); metrics.jsonl has every metric\n")
     except Exception as e:  # noqa: BLE001 - e.g. a URL tensorboardX cannot write to
       self.stream.write(f"TensorBoard off: cannot write to {workdir / 'tensorboard'} ({e})\n")
     if progress_bar is None:

@@ -268,9 +268,14 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
       different run), before anything is written.
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
-  workdir = paths.as_path(workdir, "workdir")
-  if workdir.exists() and not workdir.is_dir():
-    raise ValueError(f"workdir {workdir} is a file, not a directory")
+  workdir = paths.check_output(workdir, "workdir")
+  with _Preemption() as preemption:   # from here a SIGTERM stops the run at a step
+    return _train(cfg, workdir, preemption, on_step, stream, progress_bar)
+
+
+def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_step,
+           stream: TextIO | None, progress_bar: bool | None) -> TrainResult:
+  t_start = time.perf_counter()
   if cfg.compilation_cache_dir:
     enable_compilation_cache(cfg.compilation_cache_dir)
   check_param_dtype(cfg)
@@ -319,8 +324,11 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
   loop.data_name = info.name
   loop.param_dtype = str(jax.tree.leaves(state.params)[0].dtype)   # what is computed
   try:
-    with _Preemption() as preemption:
-      step, status = loop.run(state, start, preemption, on_step)
+    step, status = loop.run(state, start, preemption, on_step)
+    if status == "completed":
+      writer.message(f"done: step {step} of {workdir} ({step - start} updates in "
+                     f"{time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
+                     f"checkpoints/ are there, `rankjax report {workdir}` draws them")
   finally:
     writer.close()
     ckpt.close()
@@ -361,6 +369,10 @@ class _Loop:
   def _run(self, start: int, preemption: _Preemption, on_step) -> tuple[int, str]:
     cfg, c = self.cfg, self.c
     step = start
+    if preemption.signal_name is not None:    # it came while the run was being set up
+      self.writer.message(f"{preemption.signal_name} before update {start + 1}: nothing new "
+                          "to save; run the same command again to continue")
+      return step, "preempted"
     for step in range(start + 1, cfg.total_steps + 1):
       batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
       diag_now = c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)

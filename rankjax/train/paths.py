@@ -44,6 +44,34 @@ def as_path(path: str | os.PathLike, what: str = "path") -> epath.Path:
   return epath.Path(path)
 
 
+def check_output(path: str | os.PathLike, what: str, *, file: bool = False) -> epath.Path:
+  """``path`` as ``epath.Path`` once it is known that a command can write its outputs
+  there: a folder (``file``: one output file); called before any work, creates nothing.
+
+  Raises:
+    ValueError (one line): ``path`` is a file (``file``: a folder), a folder above it
+    is a file, the nearest existing folder is not writable, or a URL's bucket does not
+    exist.
+  """
+  p = as_path(path, what)
+  if p.exists() and p.is_dir() == file:
+    raise ValueError(f"{what} {path} is a {'folder' if file else 'file'}, "
+                     f"not a {'file' if file else 'directory'}")
+  if is_remote(p):       # object stores have no folders to check, only the bucket
+    bucket = epath.Path(f"{scheme(p)}://{p.parts[2]}")
+    if not bucket.exists():
+      raise ValueError(f"{what} {path}: the bucket {bucket} does not exist")
+    return p
+  existing = p.parent if file else p
+  while not existing.exists():
+    existing = existing.parent
+  if not existing.is_dir():
+    raise ValueError(f"{what} {path}: {existing} is a file, not a directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f"{what} {path}: {existing} is not writable")
+  return p
+
+
 def absolute(path: epath.Path) -> epath.Path:
   """A local path made absolute (Orbax wants one); URLs as they are."""
   return path if is_remote(path) else epath.Path(os.path.abspath(os.fspath(path)))

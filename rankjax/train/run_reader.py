@@ -94,7 +94,9 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   MODULE``) needs that module imported first (``rankjax.plugins.import_module``).
 
   Raises:
-    FileNotFoundError: no run or no checkpoint in ``workdir``.
+    FileNotFoundError: no run or no complete checkpoint in ``workdir``.
+    RestoreError: every checkpoint is corrupt, or one could not be read for another
+      reason (``checkpoint.restore_with_fallback``; one line).
     ValueError: a URL whose filesystem package is missing.
   """
   workdir = paths.as_path(workdir, "workdir")
@@ -134,8 +136,6 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
     raise FileNotFoundError(f"{workdir} holds no checkpoint yet")
   try:
     found = ckpt_lib.restore_with_fallback(directory, steps, restore)
-  except ckpt_lib.RestoreError as e:
-    raise FileNotFoundError(str(e)) from e
   finally:
     manager.close()
   if found is None:

@@ -9,8 +9,11 @@ process (``train`` reuses the compiled step for a config it has seen).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -96,6 +99,15 @@ class Worker:
 @pytest.fixture(scope="session")
 def worker(worker_env, tmp_path_factory) -> Worker:
   return Worker(worker_env, tmp_path_factory.mktemp("worker_configs"))
+
+
+@contextlib.contextmanager
+def logs_warning(caplog, pattern: str):
+  """Like ``pytest.warns`` for the warnings ``rankjax.train`` logs (a skipped step)."""
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, "rankjax.train"):
+    yield
+  assert re.search(pattern, caplog.text), caplog.text
 
 
 def losses(workdir: pathlib.Path) -> dict[int, float]:

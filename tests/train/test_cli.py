@@ -152,3 +152,58 @@ def test_sigterm_exit_status_is_75_then_resume_exits_0(cli, config_file, tmp_pat
   assert "stopped (SIGTERM or Ctrl-C) at step 3" in capsys.readouterr().err
   monkeypatch.setattr(loop, "train", real)
   assert cli(args) == 0
+
+
+def test_sigterm_before_training_started_exits_75(cli, config_file, tmp_path, capsys,
+                                                  monkeypatch):
+  """In the first instant (here: where jax.distributed would start) as later: 75."""
+  import os
+  import signal
+  from rankjax.train import sharding
+  monkeypatch.setattr(sharding, "maybe_initialize_distributed",
+                      lambda: os.kill(os.getpid(), signal.SIGTERM))
+  workdir = tmp_path / "run"
+  assert cli(["train", "--config", str(config_file), "--workdir", str(workdir)]) == 75
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "rankjax train: stopped (SIGTERM) before training started; nothing to save: run the "
+      "same command to start (exit 75)"]
+  assert not workdir.exists()
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL      # restored
+
+
+def test_sigterm_while_the_run_is_set_up_exits_75_before_the_first_update(
+    cli, tmp_path, capsys, monkeypatch, compile_cache):
+  import os
+  import signal
+  from rankjax.train import loop
+  from tests.train.conftest import tiny_mlp
+  real = loop.check_workdir_config
+
+  def check_then_term(*a):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*a)
+
+  monkeypatch.setattr(loop, "check_workdir_config", check_then_term)
+  config = tmp_path / "mlp.json"
+  config_lib.to_json(tiny_mlp(), config)
+  workdir = tmp_path / "run"
+  assert cli(["train", "--config", str(config), "--workdir", str(workdir)]) == 75
+  captured = capsys.readouterr()
+  assert "SIGTERM before update 1: nothing new to save" in captured.out
+  assert captured.err.strip().splitlines() == [
+      "rankjax train: stopped (SIGTERM or Ctrl-C) at step 0; nothing new to save; run the "
+      "same command to resume (exit 75)"]
+  assert not (workdir / "checkpoints").exists() or not any((workdir / "checkpoints").iterdir())
+
+
+def test_a_finished_run_ends_with_one_line_saying_where_its_results_are(tmp_path,
+                                                                       compile_cache):
+  import io
+  from tests.train.conftest import tiny_mlp
+  out = io.StringIO()
+  workdir = tmp_path / "run"
+  train(tiny_mlp(total_steps=2, checkpoint_every=2), workdir, stream=out, progress_bar=False)
+  last = out.getvalue().strip().splitlines()[-1]
+  assert last.startswith(f"done: step 2 of {workdir} (2 updates in "), last
+  assert last.endswith(f" s); metrics.jsonl and checkpoints/ are there, "
+                       f"`rankjax report {workdir}` draws them")

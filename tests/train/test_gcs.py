@@ -22,7 +22,7 @@ import urllib.request
 import pytest
 
 from rankjax.train.loop import train
-from tests.train.conftest import Worker, losses, tiny_mlp
+from tests.train.conftest import Worker, logs_warning, losses, tiny_mlp
 
 needs_emulator = pytest.mark.skipif(
     importlib.util.find_spec("gcp_storage_emulator") is None
@@ -78,7 +78,8 @@ def gcs_env(gcs, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.serial   # CI runs this test alone, after the others (it was where the
                       # emulator's missing preconditions showed: see gcs_emulator.py)
-def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, compile_cache):
+def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, compile_cache,
+                                            caplog):
   from etils import epath
   from rankjax.report import build_report
   from rankjax.train.run_reader import load_run
@@ -113,7 +114,7 @@ def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, comp
 
   # an unreadable step on gs:// is skipped with a warning naming it (read-only here)
   (root / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half-written")
-  with pytest.warns(RuntimeWarning, match=r"step 8 .* is unreadable .*using step 4 instead"):
+  with logs_warning(caplog, r"step 8 .* is unreadable .*using step 4 instead"):
     assert load_run(url).step == 4
   assert (root / "checkpoints" / "8" / "state").exists()
 
@@ -193,3 +194,18 @@ def test_gs_paths_move_atomic_write_and_metrics_truncation(gcs_env):
   assert (root / "metrics.jsonl").read_text().splitlines() == lines[:4]
   assert (root / "metrics_replaced.jsonl").read_text().splitlines() == \
       lines[4:] + ["{\"step\": 7, \"lo"]
+
+
+@needs_emulator
+@pytest.mark.slow
+def test_output_on_a_missing_bucket_is_one_line_before_any_work(gcs_env, capsys):
+  from rankjax import cli
+  from rankjax.train import paths
+  assert paths.check_output(f"gs://{BUCKET}/new_run", "workdir").name == "new_run"
+  with pytest.raises(ValueError, match=r"^workdir gs://no-such-bucket/run: the bucket "
+                                       r"gs://no-such-bucket does not exist$"):
+    train(tiny_mlp(), "gs://no-such-bucket/run", progress_bar=False)
+  assert cli.main(["measure", "mlp", "--out", "gs://no-such-bucket/x.json"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "rankjax measure: error: --out gs://no-such-bucket/x.json: the bucket "
+      "gs://no-such-bucket does not exist"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import pytest
 
@@ -54,6 +55,29 @@ def test_tensorboard_events_when_installed(tmp_path):
   w.write(1, {"loss": 1.0})
   w.close()
   assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_without_tensorboardx_the_run_says_tensorboard_is_off(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)      # import raises ImportError
+  out = io.StringIO()
+  w = MetricsWriter(tmp_path, total_steps=2, log_every=1, stream=out, progress_bar=False)
+  w.close()
+  assert out.getvalue().splitlines() == [
+      'TensorBoard off: tensorboardX is not installed (pip install "rankjax[logging]"); '
+      "metrics.jsonl has every metric"]
+
+
+def test_logging_extra_installs_what_the_readme_recipe_runs():
+  """README: pip install "rankjax[logging]", then the tensorboard command."""
+  import pathlib
+  import re
+  import tomllib
+  root = pathlib.Path(__file__).resolve().parents[2]
+  extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+      "optional-dependencies"]["logging"]
+  assert {re.split(r"[<>=\[ ]", r)[0] for r in extra} == {"tensorboardX", "tensorboard"}
+  readme = (root / "README.md").read_text()
+  assert 'pip install "rankjax[logging]"' in readme and "tensorboard --logdir" in readme
 
 
 def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):

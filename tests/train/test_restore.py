@@ -10,7 +10,7 @@ import pytest
 from rankjax.train import checkpoint as ckpt_lib
 from rankjax.train.loop import train
 from rankjax.train.run_reader import load_run
-from tests.train.conftest import losses, tiny_mlp
+from tests.train.conftest import logs_warning, losses, tiny_mlp
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +32,11 @@ def _listing(workdir):
   return sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))
 
 
-def test_incomplete_step_is_moved_aside_and_the_run_resumes(reference, tmp_path):
+def test_incomplete_step_is_moved_aside_and_the_run_resumes(reference, tmp_path, caplog):
   workdir = _copy(reference, tmp_path)
   (workdir / "checkpoints" / "8" / "state" / "commit_success.txt").unlink()
-  with pytest.warns(RuntimeWarning, match=r"step 8 .* is incomplete .*commit_success.*"
-                                          r"using step 4 instead"):
+  with logs_warning(caplog, r"step 8 .* is incomplete .*commit_success.*"
+                              r"using step 4 instead"):
     result = train(tiny_mlp(), workdir, progress_bar=False)
   assert (result.start_step, result.step) == (4, 8)
   moved = list((workdir / "corrupt_checkpoints").iterdir())
@@ -79,18 +79,50 @@ def test_other_exception_is_one_line_and_nothing_moved(reference, tmp_path, monk
   assert _listing(workdir) == before
 
 
-def test_every_step_unreadable_refuses_and_moves_nothing(reference, tmp_path):
+def test_every_step_unreadable_refuses_and_moves_nothing(reference, tmp_path, caplog):
   workdir = _copy(reference, tmp_path)
   for step in ("4", "8"):
     (workdir / "checkpoints" / step / "state" / "_METADATA").write_text("{ half")
   before = _listing(workdir)
   metrics_before = (workdir / "metrics.jsonl").read_text()
-  with pytest.warns(RuntimeWarning, match="unreadable"):
-    with pytest.raises(ckpt_lib.RestoreError, match=r"no checkpoint in .* could be read "
-                                                    r"\(step 8: .*; step 4: .*nothing was moved"):
+  with logs_warning(caplog, "unreadable"):
+    with pytest.raises(ckpt_lib.RestoreError, match=r"no checkpoint in .* could be read: every "
+                                                    r"step is corrupt \(step 8: .*; step 4: "
+                                                    r".*nothing was moved"):
       train(tiny_mlp(), workdir, progress_bar=False)
   assert _listing(workdir) == before
   assert (workdir / "metrics.jsonl").read_text() == metrics_before
+
+
+def test_corrupt_step_is_one_warning_naming_the_storage_error(reference, tmp_path, caplog):
+  """A truncated array chunk: one logged line (no RuntimeWarning as well), with
+  TensorStore's own error rather than the pybind repr of the outer error."""
+  import warnings
+  workdir = _copy(reference, tmp_path)
+  chunks = list((workdir / "checkpoints" / "8" / "state").glob("ocdbt.process_0/d/*"))
+  assert chunks
+  for chunk in chunks:         # the arrays' data files (the OCDBT manifest stays whole)
+    chunk.write_bytes(chunk.read_bytes()[:20])
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with logs_warning(caplog, r"step 8 .* is unreadable \(ValueError: OUT_OF_RANGE: .*\); "
+                              r"using step 4 instead"):
+      assert load_run(workdir).step == 4
+  assert [r.levelname for r in caplog.records] == ["WARNING"]
+  assert "pybind" not in caplog.text and "<bound method" not in caplog.text
+  assert not [w for w in caught if "checkpoint" in str(w.message)]
+
+
+def test_report_on_a_run_whose_checkpoints_are_all_corrupt_says_corrupt(reference, tmp_path,
+                                                                        capsys):
+  from rankjax import cli
+  workdir = _copy(reference, tmp_path)
+  for step in ("4", "8"):
+    (workdir / "checkpoints" / step / "state" / "_METADATA").write_text("{ half")
+  assert cli.main(["report", str(workdir)]) == 3
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "could be read: every step is corrupt (step 8" in err[0], err
+  assert "half-written" not in err[0]
 
 
 def _as_if_written_by(workdir, step: int, count: int, state=None):
@@ -144,11 +176,11 @@ def test_integrity_classification():
   assert not ckpt_lib.is_integrity_failure(ValueError("shape (4, 16) does not match (8, 16)"))
 
 
-def test_missing_iterator_file_is_incomplete(reference, tmp_path):
+def test_missing_iterator_file_is_incomplete(reference, tmp_path, caplog):
   workdir = _copy(reference, tmp_path)
   (workdir / "checkpoints" / "8" / "data" / "process_0-of-1.json").unlink()
-  with pytest.warns(RuntimeWarning, match=r"step 8 .* is incomplete \(data/ holds no "
-                                          r"iterator state\); using step 4"):
+  with logs_warning(caplog, r"step 8 .* is incomplete \(data/ holds no "
+                              r"iterator state\); using step 4"):
     result = train(tiny_mlp(), workdir, progress_bar=False)
   assert (result.start_step, result.step) == (4, 8)
   assert losses(workdir) == losses(reference)

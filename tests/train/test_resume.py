@@ -18,7 +18,7 @@ import pytest
 
 from rankjax.train.loop import train
 from rankjax.train.run_reader import load_run
-from tests.train.conftest import losses, tiny_lm, tiny_mlp
+from tests.train.conftest import logs_warning, losses, tiny_lm, tiny_mlp
 
 CONFIGS = {"lm": tiny_lm, "mlp": tiny_mlp}
 
@@ -94,15 +94,15 @@ def test_sigterm_saves_exits_cleanly_and_resumes(runs, tmp_path):
   assert losses(tmp_path) == losses(runs["lm"][0])
 
 
-def test_corrupt_latest_checkpoint_falls_back_with_warning(runs, tmp_path):
+def test_corrupt_latest_checkpoint_falls_back_with_warning(runs, tmp_path, caplog):
   workdir = tmp_path / "run"
   shutil.copytree(runs["mlp"][0], workdir)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "8"]
   (workdir / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half-written")
 
-  with pytest.warns(RuntimeWarning, match=r"step 8 .*corrupt.*using step 4 instead"):
+  with logs_warning(caplog, r"step 8 .*corrupt.*using step 4 instead"):
     assert load_run(workdir).step == 4
-  with pytest.warns(RuntimeWarning, match=r"step 8 .*corrupt.*using step 4 instead"):
+  with logs_warning(caplog, r"step 8 .*corrupt.*using step 4 instead"):
     result = train(tiny_mlp(), workdir, progress_bar=False)
   assert (result.start_step, result.step) == (4, 8)
   assert len(list((workdir / "corrupt_checkpoints").iterdir())) == 1   # moved, not deleted
