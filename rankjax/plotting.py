@@ -4,6 +4,10 @@ Nothing in rankjax imports matplotlib at import time (``import rankjax`` and the
 command line stay free of it). The first figure selects the non-interactive Agg
 backend (files only, no display needed) unless pyplot was already imported, in which
 case the backend the user chose is kept.
+
+``save_figure`` writes a PNG that carries what the figure shows (its titles and axis
+labels, ``figure_description``); ``png_description`` reads it back, and the report
+of ``rankjax reproduce`` captions each study figure with it.
 """
 from __future__ import annotations
 
@@ -17,3 +21,31 @@ def pyplot():
     matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt
+
+
+def figure_description(fig) -> str:
+  """What a figure shows, from its own text: the suptitle, then each panel's title and
+  what it plots against what (``y against x``)."""
+  parts = [fig.get_suptitle()]
+  for ax in fig.axes:
+    if not ax.has_data():                 # a colorbar or an empty panel
+      continue
+    title, x, y = ax.get_title(), ax.get_xlabel(), ax.get_ylabel()
+    axes = f"{y} against {x}" if x and y else (x or y)
+    parts.append(": ".join(p for p in (title, axes) if p))
+  return "; ".join(" ".join(p.split()) for p in parts if p)
+
+
+def save_figure(fig, path, dpi: int = 110) -> None:
+  """``fig.savefig(path)`` as a PNG that carries ``figure_description(fig)`` (its
+  ``Description`` text chunk; ``png_description`` reads it back: the report's caption)."""
+  fig.savefig(path, dpi=dpi, format="png", metadata={"Description": figure_description(fig)})
+
+
+def png_description(path) -> str | None:
+  """The ``Description`` text of a PNG written by ``save_figure`` (None without one)."""
+  import io
+
+  from PIL import Image
+  with Image.open(io.BytesIO(path.read_bytes())) as image:
+    return image.text.get("Description") or None

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import pathlib
 import signal
 import sys
@@ -85,23 +84,12 @@ def measure_jacobians(path: pathlib.Path, smoke: bool = False) -> dict:
 
 
 def summary_lines(workdir: pathlib.Path, jac: dict) -> list[str]:
-  import numpy as np
-
+  """The report's opening paragraphs (``report_story``), one a line."""
+  from rankjax import report_story
   from rankjax.train.run_reader import load_run
 
-  lines = []
-  for name in lm_configs():
-    run = load_run(workdir / name)
-    loss = next((r["loss"] for r in reversed(run.history) if "loss" in r), math.nan)
-    freq = float(np.mean(run.diagnostics.get("postnorm/freq_loss", [math.nan])))
-    sim = run.diagnostics.get("postnorm/last_tsim")
-    last = float(sim[-1]) if sim is not None else math.nan
-    lines.append(f"  {name:8s} final loss {loss:.3f} (frequency loss {freq:.3f}), "
-                 f"last-layer token similarity {last:.3f}")
-  for position, study in jac["studies"].items():
-    lines.append(f"  MLP {position:6s} erank(dh_L/dh_0)/d at depth {len(study['erank'])}: "
-                 f"{study['erank'][-1]:.3f}")
-  return lines
+  runs = {name: load_run(workdir / name) for name in lm_configs()}
+  return [f"  {s}" for s in report_story.workdir_paragraphs(runs, jac)]
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 import base64
 import json
+import pathlib
 import re
 
 import matplotlib
@@ -10,8 +11,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from rankjax import cli, reproduce  # noqa: E402
+from rankjax import cli, plotting, reproduce  # noqa: E402
 from rankjax.report import rows_to_html  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 ROWS = [
     {"experiment": "fig1", "item": "erank at L=48", "paper": "0.41", "ours": "0.39 <ok>",
@@ -57,6 +60,38 @@ def test_report_of_reproduce_output_embeds_tables_and_every_figure(tmp_path, cap
   assert single.count("<table>") == 1 and single.count("<figure>") == 2
   assert cli.main(["report", str(tmp_path / "study_a")]) == 0
   assert (tmp_path / "study_a" / "report" / "report.html").read_text().count("<figure>") == 2
+
+
+def test_study_figures_are_captioned_by_what_they_show_not_by_file_name(tmp_path):
+  """plotting.save_figure keeps the figure's titles and axis labels in the PNG; the
+  report captions the figure with them, and opens with each study's statuses."""
+  (tmp_path / "study_a").mkdir()
+  (tmp_path / "study_a" / "summary.json").write_text(json.dumps(ROWS))
+  fig, axes = plt.subplots(1, 2)
+  fig.suptitle("Fig 4: placement")
+  axes[0].plot([1, 2], [0.5, 0.4])
+  axes[0].set(title="effective rank", xlabel="depth l", ylabel="erank / d")
+  axes[1].plot([0, 1], [1, 0])
+  axes[1].set(xlabel="path order k")
+  plotting.save_figure(fig, tmp_path / "study_a" / "fig4.png")
+  plt.close(fig)
+  assert plotting.png_description(tmp_path / "study_a" / "fig4.png") == (
+      "Fig 4: placement; effective rank: erank / d against depth l; path order k")
+  assert cli.main(["report", str(tmp_path)]) == 0
+  page = (tmp_path / "report" / "report.html").read_text()
+  assert ("<figcaption>study_a: Fig 4: placement; effective rank: erank / d against depth l; "
+          "path order k</figcaption>") in page
+  assert "study_a (quick scale): 2 paper items, 1 match, 1 mismatch; mismatch: fig2." in page
+
+
+def test_every_study_script_saves_its_figures_with_their_description():
+  """The report's captions come from save_figure; a bare savefig would leave a figure
+  captioned by its file name."""
+  studies = [p.parent for p in sorted((ROOT / "experiments").glob("*/reproduce.py"))]
+  assert len(studies) >= 3
+  bare = [str(p.relative_to(ROOT)) for study in studies for p in sorted(study.glob("*.py"))
+          if ".savefig(" in p.read_text()]
+  assert bare == []
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ from typing import Any
 from experiments.postnorm_collapse import common
 from experiments.postnorm_collapse import fig3_fig5_transition as f35
 from experiments.postnorm_collapse import seed_lr_runs as sl
+from rankjax import plotting
 
 FIG_NAMES: dict[float, tuple[str, str, str]] = {
     lr: (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")
@@ -73,7 +74,7 @@ def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
   fig.suptitle("Figs 12-20 overview: Post-Norm, 20 warmup updates, seed 0", fontsize=9)
   fig.tight_layout()
   path = os.path.join(out_dir, "fig12_fig20_overview.png")
-  fig.savefig(path, dpi=110)
+  plotting.save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 

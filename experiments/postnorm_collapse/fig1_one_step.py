@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.postnorm_collapse import common
+from rankjax import plotting
 from rankjax.config import TransformerConfig
 from rankjax.measure import theory as th
 from rankjax.measure.similarity import token_similarity
@@ -158,7 +159,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                f"{cfg['num_inits']}x{cfg['batch']} sequences)", fontsize=9)
   fig.tight_layout()
   os.makedirs(out_dir, exist_ok=True)
-  fig.savefig(os.path.join(out_dir, "fig1.png"), dpi=120)
+  plotting.save_figure(fig, os.path.join(out_dir, "fig1.png"), dpi=120)
   plt.close(fig)
   result["seconds"] = time.time() - start
   common.write_json(out_dir, "fig1.json", result)

@@ -21,6 +21,7 @@ import numpy as np
 
 from experiments.postnorm_collapse import common
 from experiments.postnorm_collapse import fig1_one_step as fig1
+from rankjax import plotting
 from rankjax.measure import theory as th
 from rankjax.measure.similarity import token_similarity
 from rankjax.models.transformer import DecoderLM
@@ -93,7 +94,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                f"n={cfg['seq_len']}", fontsize=9)
   fig.tight_layout()
   os.makedirs(out_dir, exist_ok=True)
-  fig.savefig(os.path.join(out_dir, "fig2.png"), dpi=120)
+  plotting.save_figure(fig, os.path.join(out_dir, "fig2.png"), dpi=120)
   plt.close(fig)
   result["seconds"] = time.time() - start
   common.write_json(out_dir, "fig2.json", result)

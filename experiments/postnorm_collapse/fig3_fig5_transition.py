@@ -44,6 +44,7 @@ import numpy as np
 from experiments.postnorm_collapse import common
 from experiments.postnorm_collapse import collapse_study
 from experiments.postnorm_collapse import seed_lr_runs
+from rankjax import plotting
 from rankjax.measure import gradients as gr
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
@@ -383,7 +384,7 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   fig.suptitle(f"{names[0]} ({tag}){mask_note}", fontsize=9)
   fig.tight_layout()
   files.append(os.path.join(out_dir, f"{names[0]}_{tag}.png"))
-  fig.savefig(files[-1], dpi=110)
+  plotting.save_figure(fig, files[-1], dpi=110)
   plt.close(fig)
 
   if tr.found:
@@ -404,7 +405,7 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   fig.suptitle(f"{names[1]} ({tag}): transition window{mask_note}", fontsize=9)
   fig.tight_layout()
   files.append(os.path.join(out_dir, f"{names[1]}_{tag}.png"))
-  fig.savefig(files[-1], dpi=110)
+  plotting.save_figure(fig, files[-1], dpi=110)
   plt.close(fig)
 
   if grad_window is not None and tr.found:
@@ -424,7 +425,7 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   ax.legend(fontsize=7)
   fig.tight_layout()
   files.append(os.path.join(out_dir, f"{names[2]}_{tag}.png"))
-  fig.savefig(files[-1], dpi=110)
+  plotting.save_figure(fig, files[-1], dpi=110)
   plt.close(fig)
   return files
 

@@ -31,6 +31,7 @@ import numpy as np
 from experiments.postnorm_collapse import common
 from experiments.postnorm_collapse import collapse_study
 from experiments.postnorm_collapse import seed_lr_runs as sl
+from rankjax import plotting
 
 FIXED_STEPS = 150
 WARMUP_STEPS = sl.WARMUP_STEPS
@@ -114,7 +115,7 @@ def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[s
   fig.suptitle(f"Fig 6 ({scale})", fontsize=9)
   fig.tight_layout()
   os.makedirs(out_dir, exist_ok=True)
-  fig.savefig(os.path.join(out_dir, "fig6.png"), dpi=110)
+  plotting.save_figure(fig, os.path.join(out_dir, "fig6.png"), dpi=110)
   plt.close(fig)
   result = {"figure": "postnorm_collapse Fig 6 (Sec 4.3)", "scale": scale,
             "settings": {"config": base, "fixed_steps": FIXED_STEPS,

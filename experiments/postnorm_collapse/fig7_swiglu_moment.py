@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.postnorm_collapse import common
+from rankjax import plotting
 from rankjax.measure import theory as th
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -142,7 +143,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
             title=f"(c) n={n} [extra, not in paper Fig 7]")
   ax[2].legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "fig7.png"), dpi=130)
+  plotting.save_figure(fig, os.path.join(out_dir, "fig7.png"), dpi=130)
   plt.close(fig)
 
   result["seconds"] = time.time() - start

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.postnorm_collapse import common
+from rankjax import plotting
 from rankjax.config import TransformerConfig
 from rankjax.measure.similarity import prefix_average_matrix, token_similarity
 from rankjax.models.transformer import DecoderLM
@@ -165,7 +166,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   fig.suptitle(f"{scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
                f"{cfg['num_inits']} inits", fontsize=9)
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "fig8.png"), dpi=130)
+  plotting.save_figure(fig, os.path.join(out_dir, "fig8.png"), dpi=130)
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -179,7 +180,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   ax.set_ylim(bottom=0)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "fig9.png"), dpi=130)
+  plotting.save_figure(fig, os.path.join(out_dir, "fig9.png"), dpi=130)
   plt.close(fig)
 
   result["seconds"] = time.time() - start

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from experiments import runner
+from rankjax import plotting
 from rankjax.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -114,7 +115,7 @@ def _plot(results: dict[str, Any], path: str) -> None:
     ax.set_xticks(Ls, [str(L) for L in Ls])
     ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  plotting.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 

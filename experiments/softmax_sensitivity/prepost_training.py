@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from experiments import runner
+from rankjax import plotting
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = {"quick": os.path.join(HERE, "configs", "quick.json"),
@@ -235,7 +236,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   ax[3].set_xlabel("layer")
   paths = [os.path.join(out_dir, "fig1_prepost.png")]
   fig.tight_layout()
-  fig.savefig(paths[-1], dpi=110)
+  plotting.save_figure(fig, paths[-1], dpi=110)
   plt.close(fig)
 
   fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -254,7 +255,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   ax[1].set_title("Fig 3: theta_cert median and envelope", fontsize=9)
   paths.append(os.path.join(out_dir, "fig3_sharpening.png"))
   fig.tight_layout()
-  fig.savefig(paths[-1], dpi=110)
+  plotting.save_figure(fig, paths[-1], dpi=110)
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -273,7 +274,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   ax.legend(fontsize=8)
   paths.append(os.path.join(out_dir, "fig4_layers.png"))
   fig.tight_layout()
-  fig.savefig(paths[-1], dpi=110)
+  plotting.save_figure(fig, paths[-1], dpi=110)
   plt.close(fig)
   return paths
 

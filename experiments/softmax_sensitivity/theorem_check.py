@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from experiments import runner
+from rankjax import plotting
 from rankjax.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -134,7 +135,7 @@ def _plot(plots, path: str) -> None:
     ax.set(xlabel="exact theta", ylabel="certificate", title=f"App D.2 certificates, L = {L}")
     ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  plotting.save_figure(fig, path, dpi=120)
   plt.close(fig)
 
 

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402,F401
 import jax  # noqa: E402
 
 from experiments import runner  # noqa: E402
+from rankjax import plotting  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
 from rankjax.measure.host_svd import single_blas_thread  # noqa: E402,F401
@@ -51,7 +52,7 @@ def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dic
   runner.write_json(out, name, result)
   if fig is not None:
     fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
+    plotting.save_figure(fig, out / f"{name}.png", dpi=110)
     plt.close(fig)
   return result
 

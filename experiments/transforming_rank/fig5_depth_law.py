@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.transforming_rank import common
+from rankjax import plotting
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, spectra
 from rankjax.models import blocks as blocks_lib
@@ -105,7 +106,7 @@ def _fig11(out_dir: str, ms: dict, kappas: dict, kappa: float, L: int) -> None:
     ax.legend(fontsize=7)
   fig.tight_layout()
   pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-  fig.savefig(pathlib.Path(out_dir) / "fig11_stream_growth.png", dpi=110)
+  plotting.save_figure(fig, pathlib.Path(out_dir) / "fig11_stream_growth.png", dpi=110)
   common.plt.close(fig)
 
 

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from experiments.transforming_rank import common
+from rankjax import plotting
 from rankjax.config import MLPConfig
 from rankjax.measure import representations, spectra
 
@@ -78,7 +79,7 @@ def _fig14(out_dir: str, res: dict, layers, s: dict) -> None:
                f"n={s['inputs_align']}, {s['seeds']} seeds, every {s['layer_every']} layers)",
                fontsize=9)
   pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-  fig.savefig(pathlib.Path(out_dir) / "fig14_pairwise_cosines.png", dpi=110)
+  plotting.save_figure(fig, pathlib.Path(out_dir) / "fig14_pairwise_cosines.png", dpi=110)
   common.plt.close(fig)
 
 

@@ -15,9 +15,9 @@ Recipe for a nanodo-style Pre-LN decoder (``experiments/benchmarks/plain_flax.py
   from rankjax.measure import flax_capture as fc
   sites = {
       "x1": fc.site(fc.module_named("Block"), "input"),        # X_1^l, stream into layer l
-      "f1": fc.site(fc.nth_call_in_block("DenseGeneral", 1), "output"),  # attention branch
+      "f1": fc.site(fc.nth_call_in_block("DenseGeneral", 1, block="Block"), "output"),  # attn out
       "y2": fc.site(fc.module_named("Block"), "output"),       # Y_2^l, stream out of layer l
-      "qkv": fc.site(fc.nth_call_in_block("DenseGeneral", 0), "output"),  # (B, T, 3, H, dh)
+      "qkv": fc.site(fc.nth_call_in_block("DenseGeneral", 0, block="Block"), "output"),  # qkv
   }
   loss = lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
   out = fc.capture(model, {"params": params}, tokens, sites, loss)
@@ -28,6 +28,11 @@ Recipe for a nanodo-style Pre-LN decoder (``experiments/benchmarks/plain_flax.py
                                   "y2": grads["y2"]})
   probs = fc.causal_probs(acts["qkv"][..., 0, :, :], acts["qkv"][..., 1, :, :])
   att = fc.attention_statistics(probs, jax.random.key(0))
+
+Sites match by module class and call order inside each ``Block`` call, so the
+blocks' submodules may have names of their own; a site matching calls in more than one
+kind of module, or not once per block, raises naming the paths it found. Blocks run
+unrolled (a Python loop): inside ``nn.scan`` a module is traced once, not per layer.
 
 (``dL/dY_1 = dL/df_1`` because ``Y_1 = X_1 + f_1``; Pre-LN has no norm between
 ``Y_1`` and ``X_2``, so ``X_2 = Y_1``.) Here ``x_k`` is the *stream* entering
@@ -66,11 +71,11 @@ Selector = Callable[[nn.Module, str], bool]
 
 @dataclasses.dataclass(frozen=True)
 class Site:
-  select: Selector
+  select: Selector | NthCall
   where: str = "output"     # "input" (the call's first argument) or "output"
 
 
-def site(select: Selector, where: str = "output") -> Site:
+def site(select: Selector | NthCall, where: str = "output") -> Site:
   if where not in ("input", "output"):
     raise ValueError(f"where={where!r}; choose 'input' or 'output'")
   return Site(select, where)
@@ -81,12 +86,35 @@ def module_named(class_name: str, method: str = "__call__") -> Selector:
   return lambda m, name: type(m).__name__ == class_name and name == method
 
 
-def nth_call_in_block(class_name: str, index: int, method: str = "__call__") -> Selector:
-  """The ``index``-th submodule of class ``class_name`` inside its parent (flax's
-  automatic names ``DenseGeneral_0``, ``DenseGeneral_1``, ...)."""
-  target = f"{class_name}_{index}"
-  return lambda m, name: (type(m).__name__ == class_name and name == method
-                          and m.name == target)
+@dataclasses.dataclass(frozen=True)
+class NthCall:
+  """Selects, in every call of a block, the ``index``-th call (0-based, in call order)
+  of ``method`` on a module of class ``class_name`` made inside that call (at any
+  depth). The block is the nearest enclosing module of class ``block``; with
+  ``block=None``, the module that makes the call (its parent). Matched by module
+  type and call position, never by flax's automatic names, so explicit submodule
+  names (``nn.Dense(..., name="qkv")``) change nothing. ``capture`` raises, naming
+  the module paths it found, when a ``block=None`` match has parents of more than one
+  class (e.g. a block's first LayerNorm and the model's final LayerNorm) or when some
+  call of the block made no such call (one value per block call, i.e. per layer)."""
+
+  class_name: str
+  index: int
+  block: str | None = None
+  method: str = "__call__"
+
+  def __str__(self) -> str:
+    block = "" if self.block is None else f", block={self.block!r}"
+    return f"nth_call_in_block({self.class_name!r}, {self.index}{block})"
+
+
+def nth_call_in_block(class_name: str, index: int, block: str | None = None,
+                      method: str = "__call__") -> NthCall:
+  """The ``index``-th call of a ``class_name`` module inside each call of ``block``
+  (a class name; None: the calling module), see :class:`NthCall`."""
+  if index < 0:
+    raise ValueError(f"index={index}; the first call is index 0")
+  return NthCall(class_name, index, block, method)
 
 
 @flax.struct.dataclass
@@ -99,22 +127,97 @@ class Captured:
   loss: Array | None
 
 
+class _Call:
+  """A module method call in progress (or done) while the model runs."""
+
+  def __init__(self, module: nn.Module):
+    self.module = module
+    self.path = "/".join(module.path) or type(module).__name__
+    self.counts: dict[str, int] = {}      # NthCall site -> matching calls made inside
+
+
+def _enclosing(stack: list[_Call], module: nn.Module, block: str | None) -> _Call | None:
+  """The call in progress that ``module``'s call counts in (see NthCall)."""
+  for call in reversed(stack):
+    if (type(call.module).__name__ == block if block is not None
+        else call.module.path != module.path):
+      return call
+  return None
+
+
+def _listing(paths: list[str], most: int = 4) -> str:
+  return ", ".join(paths[:most]) + (f", ... ({len(paths)} in all)" if len(paths) > most else "")
+
+
+def _check_nth_calls(sites, calls: list[_Call], found: dict[str, list[tuple[_Call, str]]]):
+  """Raises naming what was found when an NthCall site's matches are ambiguous or are
+  not one per block call."""
+  for name, s in sites.items():
+    sel = s.select
+    if not isinstance(sel, NthCall) or not found[name]:
+      continue
+    by_parent: dict[str, list[str]] = {}
+    for block, path in found[name]:
+      by_parent.setdefault(type(block.module).__name__, []).append(path)
+    if len(by_parent) > 1:
+      kinds = "; ".join(f"inside {k}: {_listing(v)}" for k, v in by_parent.items())
+      raise ValueError(f"capture site {name!r}: {sel} is ambiguous, it matches "
+                       f"{sel.class_name} calls in {len(by_parent)} kinds of module ({kinds});"
+                       f" name the block, e.g. nth_call_in_block({sel.class_name!r}, "
+                       f"{sel.index}, block={max(by_parent, key=lambda k: len(by_parent[k]))!r})")
+    block = sel.block or next(iter(by_parent))
+    blocks = [c for c in calls if type(c.module).__name__ == block]
+    short = [c.path for c in blocks if c.counts.get(name, 0) <= sel.index]
+    if short:
+      raise ValueError(
+          f"capture site {name!r}: {sel} captured {len(found[name])} calls "
+          f"({_listing([p for _, p in found[name]])}) but {block} ran {len(blocks)} times; "
+          f"{_listing(short)} made fewer than {sel.index + 1} {sel.class_name} calls")
+
+
 def _run(model, variables, args, kwargs, sites, perturb):
   values = {name: [] for name in sites}
+  stack: list[_Call] = []                       # the calls in progress, outermost first
+  calls: list[_Call] = []                       # every call, in call order
+  found = {name: [] for name in sites}          # NthCall site -> [(block call, path)]
+
+  def selected(module, method):
+    out = []
+    for name, s in sites.items():
+      sel = s.select
+      if not isinstance(sel, NthCall):
+        if sel(module, method):
+          out.append(name)
+        continue
+      if type(module).__name__ != sel.class_name or method != sel.method:
+        continue
+      block = _enclosing(stack, module, sel.block)
+      if block is None:
+        continue
+      seen = block.counts.get(name, 0)
+      block.counts[name] = seen + 1
+      if seen == sel.index:
+        found[name].append((block, "/".join(module.path)))
+        out.append(name)
+    return out
 
   def interceptor(next_fun, call_args, call_kwargs, context):
-    matched = [n for n, s in sites.items() if s.select(context.module, context.method_name)]
-    if not matched:
-      return next_fun(*call_args, **call_kwargs)
-    if any(sites[n].where == "input" for n in matched):
-      x = call_args[0]
-      for name in matched:              # one input may feed several sites
-        if sites[name].where == "input":
-          if perturb is not None:
-            x = x + perturb[name][len(values[name])]
-          values[name].append(x)
-      call_args = (x, *call_args[1:])
-    out = next_fun(*call_args, **call_kwargs)
+    matched = selected(context.module, context.method_name)
+    call = _Call(context.module)
+    calls.append(call)
+    stack.append(call)
+    try:
+      if any(sites[n].where == "input" for n in matched):
+        x = call_args[0]
+        for name in matched:              # one input may feed several sites
+          if sites[name].where == "input":
+            if perturb is not None:
+              x = x + perturb[name][len(values[name])]
+            values[name].append(x)
+        call_args = (x, *call_args[1:])
+      out = next_fun(*call_args, **call_kwargs)
+    finally:
+      stack.pop()
     for name in matched:
       if sites[name].where == "output":
         if perturb is not None:
@@ -126,7 +229,10 @@ def _run(model, variables, args, kwargs, sites, perturb):
     out = model.apply(variables, *args, **kwargs)
   missing = [n for n, v in values.items() if not v]
   if missing:
-    raise ValueError(f"capture sites {missing} matched no module call")
+    classes = list(dict.fromkeys(type(c.module).__name__ for c in calls))
+    raise ValueError(f"capture sites {missing} matched no module call (modules called: "
+                     f"{', '.join(classes)})")
+  _check_nth_calls(sites, calls, found)
   return out, {n: jnp.stack(v) for n, v in values.items()}
 
 
@@ -177,6 +283,11 @@ def causal_probs(q_LxBxTxHxK: Array, k_LxBxTxHxK: Array, scale: float | None = N
   default), the attention of the recipe's model recomputed from its projections by
   the library's one einsum attention (``models.attention.causal_probabilities``, the
   scale as its temperature ``tau = 1/(scale sqrt(head dim))``), in float32."""
+  q_shape, k_shape = jnp.shape(q_LxBxTxHxK), jnp.shape(k_LxBxTxHxK)
+  if len(q_shape) != 5 or q_shape != k_shape:
+    hint = " (one layer? add the layer axis: q[None], k[None])" if len(q_shape) == 4 else ""
+    raise ValueError(f"causal_probs takes queries and keys of one shape (layers, batch, "
+                     f"tokens, heads, head_dim); got q {q_shape} and k {k_shape}{hint}")
   dh = q_LxBxTxHxK.shape[-1]
   tau = 1.0 if scale is None else 1.0 / (scale * math.sqrt(dh))
   return causal_probabilities(q_LxBxTxHxK.astype(jnp.float32),
@@ -190,7 +301,11 @@ def attention_statistics(probs_LxBxHxTxT: Array, key: Array, num_rows: int = 512
   (``rankjax.measure.sensitivity.attention_statistics``, softmax-sensitivity Sec 5),
   as ``{"<stat>_<p5|...|mean>": (L,)}``. ``num_rows`` is capped at the rows
   available."""
-  L, B, H, T, _ = probs_LxBxHxTxT.shape
+  shape = jnp.shape(probs_LxBxHxTxT)
+  if len(shape) != 5 or shape[-1] != shape[-2]:
+    raise ValueError(f"attention_statistics takes probabilities of shape (layers, batch, "
+                     f"heads, tokens, tokens), as causal_probs returns them; got {shape}")
+  L, B, H, T, _ = shape
   n = min(num_rows, B * H * max(T - min_query, 0))
   if n < 1:
     raise ValueError(f"no attention rows with t >= {min_query} in a sequence of length {T}")

@@ -34,7 +34,9 @@ class Run:
     params: parameters at ``step`` (numpy arrays, the model's pytree).
     diagnostics: ``{"<diagnostic>/<key>": (n, ...)}``, every diagnostics step from
       the start of the run to ``step`` (the same names as TensorBoard's
-      ``diagnostics/<diagnostic>/<key>`` tags). Per-layer series are (n, L). Keys
+      ``diagnostics/<diagnostic>/<key>`` tags). Per-layer series are (n, L); column l
+      is layer l, numbered from 0 (the first layer) as TensorBoard's ``layer_00`` tags
+      and the report's axes. Keys
       ending in ``_x1``, ``_y1``, ``_x2``, ``_y2`` name the LM's residual tensors of
       layer l (Transforming Rank Eq. 17, postnorm Eq. 1; k = 1 attention, k = 2
       FFN; ``models.blocks.residual_sublayer``): ``x_k`` = X_k^l = P(h), the input

@@ -6,8 +6,8 @@ Tags (the same names as ``metrics.jsonl`` and ``rankjax.load_run``):
 * ``diagnostics/<diagnostic>/<key>`` at every diagnostics step (``diag_every``), the
   series ``load_run`` returns as ``"<diagnostic>/<key>"`` (``rankjax report`` plots
   those): a scalar value as one scalar; a per-layer profile (L,) as one scalar per
-  layer, ``.../layer_00`` ... (TensorBoard's regex filter ``tsim_y2/layer`` overlays
-  them), plus a histogram of the profile; larger arrays as a histogram;
+  layer, ``.../layer_00`` ... (layer 0 is the first, as in ``load_run``'s columns and
+  the report; TensorBoard's regex filter ``tsim_y2/layer`` overlays them), plus a histogram of the profile; larger arrays as a histogram;
 * ``diagnostics/<diagnostic>/per_layer`` (Images tab) at every diagnostics step: one
   PNG per diagnostic with a panel per per-layer profile (value against layer; a log
   axis for a positive profile spanning more than two decades), so TensorBoard's step

@@ -5,10 +5,13 @@ recomputed from the parameters."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import flax.linen as nn
 import pytest
 
 from experiments.benchmarks.plain_flax import Block, PlainLM
@@ -29,9 +32,9 @@ def setup():
   loss = lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
   sites = {
       "x1": fc.site(fc.module_named("Block"), "input"),
-      "f1": fc.site(fc.nth_call_in_block("DenseGeneral", 1), "output"),
+      "f1": fc.site(fc.nth_call_in_block("DenseGeneral", 1, block="Block"), "output"),
       "y2": fc.site(fc.module_named("Block"), "output"),
-      "qkv": fc.site(fc.nth_call_in_block("DenseGeneral", 0), "output"),
+      "qkv": fc.site(fc.nth_call_in_block("DenseGeneral", 0), "output"),   # block inferred
   }
   out = jax.jit(lambda p: fc.capture(model, {"params": p}, x, sites, loss))(params)
   return model, params, x, y, loss, out
@@ -112,3 +115,81 @@ def test_a_site_that_matches_nothing_is_one_line(setup):
   model, params, x, *_ = setup
   with pytest.raises(ValueError, match=r"capture sites \['nope'\] matched no module call"):
     fc.capture(model, {"params": params}, x, {"nope": fc.site(fc.module_named("Conv"))})
+
+
+class NamedBlock(nn.Module):
+  """A block whose submodules have names of their own; the last layer has no FFN."""
+  d: int
+  ffn: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    x = x + nn.Dense(self.d, name="attn_out")(nn.LayerNorm(name="ln_attn")(x))
+    if self.ffn:
+      x = x + nn.Dense(self.d, name="ffn_out")(nn.LayerNorm(name="ln_ffn")(x))
+    return x
+
+
+class NamedModel(nn.Module):
+  layers: int
+  d: int
+  last_ffn: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    for l in range(self.layers):
+      x = NamedBlock(self.d, ffn=self.last_ffn or l < self.layers - 1, name=f"layer{l}")(x)
+    return nn.LayerNorm()(x)      # the model's final norm: flax names it LayerNorm_0
+
+
+@pytest.fixture(scope="module")
+def named():
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  model = NamedModel(3, 8)
+  return model, model.init(jax.random.key(1), x), x
+
+
+def test_nth_call_matches_by_type_and_call_order_not_automatic_names(named):
+  model, variables, x = named
+  sites = {"ln2": fc.site(fc.nth_call_in_block("LayerNorm", 1, block="NamedBlock")),
+           "ln1": fc.site(fc.nth_call_in_block("LayerNorm", 0, block="NamedBlock"), "input")}
+  out = fc.capture(model, variables, x, sites)
+  assert out.values["ln2"].shape == (3, 2, 5, 8)     # one per layer, not the final norm
+  _, state = model.apply(variables, x, capture_intermediates=True)
+  inter = state["intermediates"]
+  for l in range(3):
+    np.testing.assert_array_equal(out.values["ln2"][l], inter[f"layer{l}"]["ln_ffn"]["__call__"][0])
+  np.testing.assert_array_equal(out.values["ln1"][0], x)
+
+
+def test_an_ambiguous_nth_call_raises_naming_what_it_found(named):
+  """Without a block, the first LayerNorm call of each parent is each layer's ln_attn
+  and the model's own final norm: two kinds of parent, so no silent (1, ...) tensor."""
+  model, variables, x = named
+  with pytest.raises(ValueError, match=r"ambiguous.*inside NamedBlock: layer0/ln_attn, "
+                                       r"layer1/ln_attn, layer2/ln_attn; inside NamedModel: "
+                                       r"LayerNorm_0.*block='NamedBlock'"):
+    fc.capture(model, variables, x, {"ln": fc.site(fc.nth_call_in_block("LayerNorm", 0))})
+
+
+def test_an_nth_call_missing_in_some_layer_raises_naming_it(named):
+  _, _, x = named
+  model = NamedModel(3, 8, last_ffn=False)
+  variables = model.init(jax.random.key(1), x)
+  with pytest.raises(ValueError, match=r"captured 2 calls \(layer0/ln_ffn, layer1/ln_ffn\) "
+                                       r"but NamedBlock ran 3 times; layer2 made fewer than 2"):
+    fc.capture(model, variables, x,
+               {"ln": fc.site(fc.nth_call_in_block("LayerNorm", 1, block="NamedBlock"))})
+
+
+def test_wrong_shapes_get_a_shape_message():
+  q = jnp.zeros((2, 8, 2, 4))                       # one layer, no layer axis
+  with pytest.raises(ValueError, match=r"\(layers, batch, tokens, heads, head_dim\); got q "
+                                       r"\(2, 8, 2, 4\).*add the layer axis"):
+    fc.causal_probs(q, q)
+  with pytest.raises(ValueError, match=r"got q \(1, 2, 8, 2, 4\) and k \(1, 2, 8, 2, 3\)"):
+    fc.causal_probs(q[None], jnp.zeros((1, 2, 8, 2, 3)))
+  for shape in ((2, 2, 8, 8), (1, 2, 2, 8, 7)):
+    with pytest.raises(ValueError, match=r"\(layers, batch, heads, tokens, tokens\).*got "
+                                         + re.escape(str(shape))):
+      fc.attention_statistics(jnp.zeros(shape), jax.random.key(0))

@@ -33,6 +33,20 @@ def test_config_builds(path):
     assert lo < n < hi, n
 
 
+# each shipped config records its paper's diagnostics (the report's figures need them)
+PAPER_DIAGNOSTICS = {"lm_tiny_shakespeare": ("basic", "postnorm", "attention"),
+                     "postnorm_48l_d512_c4": ("basic", "postnorm"),   # postnorm paper
+                     "gpt2_774m": ("basic", "attention"),             # softmax paper
+                     "mlp_classifier": ("basic",),                    # the MLP's only one
+                     "mlp_classifier_fashion_mnist": ("basic",)}
+
+
+def test_shipped_configs_record_their_papers_diagnostics():
+  got = {p.stem: config_lib.from_json(TrainConfig, p) for p in CONFIGS}
+  assert {n: c.diagnostics for n, c in got.items()} == PAPER_DIAGNOSTICS
+  assert all(c.diag_every > 0 for c in got.values())
+
+
 def test_softmax_quick_sharpen_config():
   """experiments/softmax_sensitivity/configs/quick_sharpen.json: ``quick`` run for 800
   updates instead of 200, warmup still a quarter (App D.1 protocol otherwise unchanged;

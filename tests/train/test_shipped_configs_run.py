@@ -29,7 +29,7 @@ CONFIGS = sorted(CONFIGS_DIR.glob("*.json"))
 RUN = ["total_steps=2", "warmup_steps=0", "batch_size=4", "grad_accum=2", "checkpoint_every=2",
        "eval_every=2", "eval_batches=1", "diag_every=1", "diag_examples=2", "log_every=1"]
 TINY_LM = ["lm.num_layers=2", "lm.d_model=16", "lm.num_heads=2", "lm.d_ff=32",
-           "lm.max_seq_len=16", "seq_len=8"]
+           "lm.max_seq_len=24", "seq_len=20"]   # the attention diagnostic reads t >= 16
 TINY_MLP = ["mlp.depth=2", "mlp.width=16"]
 OFFLINE_TEXT = ["tokenizer=byte", "dataset=null", "data_dir=null"]
 

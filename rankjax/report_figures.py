@@ -1,0 +1,209 @@
+"""The figures of a run report (``rankjax report``): one PNG each, from what is saved.
+
+Each ``fig_*`` takes ``{name: rankjax.load_run(...)}`` (or a tour's ``jacobians.json``)
+and an output folder and returns ``(png path, caption)``, or None when nothing it
+draws was recorded; a caption describes only what is drawn. Layers are numbered from
+0 (the first layer), as ``load_run``'s columns and TensorBoard's ``layer_00`` tags;
+layer axes have integer ticks.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from rankjax import plotting
+
+PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:red", "output": "tab:green",
+                    "none": "tab:gray", "peri": "tab:purple"}
+
+
+def series(run, key: str):
+  """(steps, values) of a saved diagnostics series, or None when absent."""
+  if key not in run.diagnostics:
+    return None
+  return np.asarray(run.diagnostic_steps), np.asarray(run.diagnostics[key], dtype=float)
+
+
+def label(name: str, run) -> str:
+  lm = run.config.lm
+  return f"{name} ({lm.norm_position}-norm)" if run.config.model == "lm" else name
+
+
+def _color(run) -> str | None:
+  return PLACEMENT_COLORS.get(run.config.lm.norm_position) if run.config.model == "lm" else None
+
+
+def _integer_ticks(axis) -> None:
+  from matplotlib.ticker import MaxNLocator
+  axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(fig, out: pathlib.Path, name: str, tight: bool = True) -> pathlib.Path:
+  plt = plotting.pyplot()
+  path = out / f"{name}.png"
+  if tight:
+    fig.tight_layout()
+  with path.open("wb") as f:  # an etils.epath path: local or gs://
+    fig.savefig(f, dpi=100, format="png")
+  plt.close(fig)
+  return path
+
+
+def fig_loss(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4))
+  freq = []
+  for name, run in runs.items():
+    rows = [r for r in run.history if r.get("kind", "train") == "train" and "loss" in r]
+    if rows:
+      ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=_color(run),
+              label=label(name, run))
+    s = series(run, "postnorm/freq_loss")
+    if s is not None:
+      freq.append(float(np.mean(s[1])))
+  caption = "Training loss per update"
+  if freq:
+    ax.axhline(np.mean(freq), color="k", ls="--", label="frequency loss (Def 3.7)")
+    caption += "; the dashed line is the frequency loss, where a collapsed network settles."
+  elif any(r.config.model == "lm" for r in runs.values()):
+    caption += " (the frequency loss was not recorded: the postnorm diagnostic)."
+  else:
+    caption += "."
+  ax.margins(y=0.08)                    # the frequency-loss line clear of the frame
+  ax.set(xlabel="update", ylabel="training loss (nats per target)", title="Loss")
+  ax.legend(fontsize=8)
+  return _save(fig, out, "loss"), caption
+
+
+def _edges(steps: np.ndarray) -> np.ndarray:
+  """Cell edges around each diagnostics update (midpoints; half a gap at the ends, none
+  before update 0)."""
+  steps = np.asarray(steps, float)
+  if len(steps) == 1:
+    return np.array([steps[0] - 0.5, steps[0] + 0.5])
+  mid = (steps[1:] + steps[:-1]) / 2
+  return np.concatenate([[max(2 * steps[0] - mid[0], 0.0)], mid, [2 * steps[-1] - mid[-1]]])
+
+
+def fig_similarity(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
+  items = [(n, r, series(r, "basic/tsim_y2")) for n, r in runs.items()]
+  items = [i for i in items if i[2] is not None]
+  if not items:
+    return None
+  fig, axes = plt.subplots(1, len(items), figsize=(5 * len(items), 3.8), squeeze=False,
+                           layout="constrained")
+  for ax, (name, run, (steps, sim)) in zip(axes[0], items):
+    im = ax.pcolormesh(_edges(steps), np.arange(sim.shape[1] + 1) - 0.5, sim.T, vmin=0,
+                       vmax=1, cmap="magma")
+    ax.set(xlabel="update", ylabel="layer l (0 = first)",
+           title=f"token similarity of Y_2^l\n{label(name, run)}")
+    _integer_ticks(ax.yaxis)
+  fig.colorbar(im, ax=axes[0].tolist(), shrink=0.9)
+  return _save(fig, out, "token_similarity", tight=False), (
+      "Token similarity (postnorm Def 2.1) of each layer's residual sum at each "
+      "diagnostics update: a cell at 1 means that layer's tokens have collapsed onto one "
+      "direction.")
+
+
+def fig_grad_profile(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
+  items = [(n, r, series(r, "basic/grad_norm")) for n, r in runs.items()]
+  items = [i for i in items if i[2] is not None]
+  if not items:
+    return None
+  fig, axes = plt.subplots(1, len(items), figsize=(5 * len(items), 3.8), squeeze=False)
+  for ax, (name, run, (steps, g)) in zip(axes[0], items):
+    picks = sorted(set(np.linspace(0, len(steps) - 1, min(5, len(steps))).astype(int)))
+    for i in picks:
+      ax.semilogy(np.arange(g.shape[1]), np.maximum(g[i], 1e-30), marker="o", markersize=3,
+                  label=f"update {steps[i]}")
+    ax.set(xlabel="layer l (0 = first)", ylabel="parameter-gradient norm",
+           title=f"gradient norm per layer\n{label(name, run)}")
+    _integer_ticks(ax.xaxis)
+    ax.legend(fontsize=7)
+  return _save(fig, out, "grad_profile"), (
+      "Each layer's parameter-gradient norm at a few diagnostics updates; after a "
+      "Post-Norm collapse the early layers' gradients fall by orders of magnitude "
+      "(postnorm Sec 4.2).")
+
+
+def fig_contraction(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
+  items = [(n, r, series(r, "postnorm/contraction_2"), series(r, "postnorm/rms_factor_mean_2"))
+           for n, r in runs.items()]
+  items = [i for i in items if i[2] is not None and i[3] is not None]
+  if not items:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  for name, run, (steps, c), (_, r) in items:
+    shown = {0: ":", c.shape[1] // 2: "--", c.shape[1] - 1: "-"}   # a layer drawn once
+    for layer, ls in sorted(shown.items()):
+      axes[0].semilogy(steps, c[:, layer], ls=ls, color=_color(run),
+                       label=f"{name} layer {layer}")
+      axes[1].semilogy(steps, r[:, layer], ls=ls, color=_color(run))
+  axes[0].axhline(1.0, color="k", lw=0.8)
+  axes[0].set(xlabel="update", ylabel="c = alpha max|g| max_i sqrt(d)/||y_i||",
+              title="FFN contraction bound c_2^l")
+  axes[1].set(xlabel="update", ylabel="sqrt(d)/||y_2^l||", title="RMSNorm factor")
+  axes[0].legend(fontsize=7)
+  return _save(fig, out, "contraction"), (
+      "Thm 3.6 / Prop D.1 at the first, middle and last layer (dotted, dashed, solid): "
+      "below the line the bound c (largest row factor, learned gain) is < 1 and the "
+      "backward signal contracts; the RMSNorm factor (token mean) falls as the residual "
+      "norm grows.")
+
+
+def fig_attention(runs: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
+  items = [(n, r) for n, r in runs.items() if "attention/theta_cert_p50" in r.diagnostics]
+  if not items:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  for name, run in items:
+    steps = run.diagnostic_steps
+    layers = run.diagnostics.get("attention/layers")
+    layer = int(np.ravel(layers)[-1]) if layers is not None else None
+    for ax, key, title in ((axes[0], "theta_cert", "greedy-prefix certificate theta_cert"),
+                           (axes[1], "entropy_norm", "normalized entropy")):
+      mid = np.asarray(run.diagnostics[f"attention/{key}_p50"])[:, -1]
+      lo = np.asarray(run.diagnostics.get(f"attention/{key}_p5", mid[:, None]))
+      hi = np.asarray(run.diagnostics.get(f"attention/{key}_p95", mid[:, None]))
+      ax.plot(steps, mid, color=_color(run), label=f"{name} median")
+      ax.fill_between(steps, lo[:, -1], hi[:, -1], color=_color(run), alpha=0.2)
+      where = "last layer" if layer is None else f"layer {layer}"
+      ax.set(xlabel="update", ylabel=title, title=f"{title} ({where}, 5-95%)")
+  axes[0].legend(fontsize=7)
+  return _save(fig, out, "attention"), (
+      "Attention rows of the last layer: their greedy-prefix certificate of theta "
+      "(softmax paper Thm 3.2, App D.2) and normalized entropy, median and 5-95% band; "
+      "sharpening attention lowers both.")
+
+
+def fig_jacobian(jac: dict, out: pathlib.Path):
+  plt = plotting.pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  for position, study in jac["studies"].items():
+    erank = np.asarray(study["erank"])
+    axes[0].plot(np.arange(1, len(erank) + 1), erank, color=PLACEMENT_COLORS.get(position),
+                 label=position)
+    profile = np.asarray(study["order_profile"], dtype=float)
+    if not np.all(np.isnan(profile)):
+      axes[1].semilogy(np.arange(len(profile)), np.maximum(profile, 1e-300),
+                       color=PLACEMENT_COLORS.get(position), label=position)
+  axes[0].set(xlabel="depth l (blocks from h_0 to h_l)", ylabel="erank(dh_l/dh_0) / d",
+              ylim=(0, 1.02), title="Jacobian effective rank (Transforming Rank Fig 4a)")
+  axes[1].set(xlabel="path order k", ylabel="share of mass mu_k",
+              title="Path-order profile at the full depth (Fig 3b)")
+  for ax in axes:
+    _integer_ticks(ax.xaxis)
+    ax.legend(fontsize=8)
+  return _save(fig, out, "jacobian"), (
+      "Residual MLPs at initialization, by norm placement: the effective rank of the "
+      "Jacobian from the input to each depth, and the share of the full-depth Jacobian's "
+      "mass carried by paths through k branches.")
+
+
+RUN_FIGURES = (fig_loss, fig_similarity, fig_grad_profile, fig_contraction, fig_attention)

@@ -1,0 +1,193 @@
+"""The sentences a report opens with, computed from the saved numbers.
+
+Pure functions of arrays and configs (nothing here reads files or draws): ``RunNumbers``
+holds what one run saved (``numbers_of(run)`` reads it from ``rankjax.load_run``), and
+``run_sentences`` / ``jacobian_sentence`` / ``study_sentence`` / ``smoke_sentence``
+turn numbers into prose (``workdir_paragraphs`` puts a report's opening together). A quantity that was not recorded is never printed: it is
+named by ``not_recorded``, with the setting that records it (``RECORD_HINT``).
+
+A layer has collapsed from update N when its token similarity (postnorm Def 2.1) is
+at least ``COLLAPSED_SIM`` at every diagnostics update from N to the end of the run
+(the collapse alarm's threshold). Layers are numbered from 0, as everywhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from rankjax.train.diagnostics_postnorm import ALARM_SIM_MIN as COLLAPSED_SIM
+RECORD_HINT = ("train a new run (another --workdir) with --set "
+               "diagnostics=basic,postnorm,attention")
+PLACEMENT_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "output": "Output-Norm",
+                   "none": "no norm", "peri": "Peri-Norm"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunNumbers:
+  """What the sentences about one run need (None: not recorded)."""
+
+  name: str
+  model: str                       # "lm" or "mlp"
+  placement: str
+  layers: int
+  updates: int
+  final_loss: float | None
+  steps: np.ndarray | None = None          # (n,) diagnostics updates
+  tsim: np.ndarray | None = None           # (n, L) token similarity of Y_2^l (LM)
+  freq_loss: float | None = None           # frequency loss of the diagnostic examples
+  grad_norm: np.ndarray | None = None      # (L,) per-layer gradient norm, last diag update
+  eval_accuracy: float | None = None
+
+
+def numbers_of(name: str, run: Any) -> RunNumbers:
+  """The numbers of a ``rankjax.load_run`` result."""
+  cfg = run.config
+  d = run.diagnostics
+  loss = next((r["loss"] for r in reversed(run.train_history) if "loss" in r), None)
+  acc = next((r["eval_accuracy"] for r in reversed(run.eval_history) if "eval_accuracy" in r),
+             None)
+  model_cfg = cfg.lm if cfg.model == "lm" else cfg.mlp
+  layers = getattr(model_cfg, "num_layers", None) or getattr(model_cfg, "depth", 0)
+  return RunNumbers(
+      name=name, model=cfg.model, placement=model_cfg.norm_position, layers=int(layers),
+      updates=int(run.step), final_loss=loss,
+      steps=np.asarray(run.diagnostic_steps) if len(run.diagnostic_steps) else None,
+      tsim=np.asarray(d["basic/tsim_y2"], float) if "basic/tsim_y2" in d else None,
+      freq_loss=float(np.mean(d["postnorm/freq_loss"])) if "postnorm/freq_loss" in d else None,
+      grad_norm=np.asarray(d["basic/grad_norm"], float)[-1] if "basic/grad_norm" in d else None,
+      eval_accuracy=acc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Collapse:
+  step: int                 # the first update from which some layer stays collapsed
+  first_layers: tuple[int, ...]   # the layers collapsed from that update on
+  layers: tuple[int, ...]   # every layer collapsed by the end of the run
+
+
+def collapse(steps: np.ndarray, tsim_NxL: np.ndarray, threshold: float = COLLAPSED_SIM
+             ) -> Collapse | None:
+  """The run's collapse (see module doc), or None when no layer ends collapsed."""
+  high = np.asarray(tsim_NxL) >= threshold
+  # stays[i, l]: layer l is collapsed at every diagnostics update from i to the end
+  stays = np.flip(np.cumprod(np.flip(high, 0), 0), 0).astype(bool)
+  if not stays[-1].any():
+    return None
+  since = np.where(stays.any(0), np.argmax(stays, 0), len(steps))
+  first = int(since.min())
+  return Collapse(int(steps[first]), tuple(int(l) for l in np.flatnonzero(since == first)),
+                  tuple(int(l) for l in np.flatnonzero(stays[-1])))
+
+
+def layer_ranges(layers: Sequence[int]) -> str:
+  """``layer 3`` / ``layers 2-5`` / ``layers 0, 2-3``."""
+  layers = sorted(layers)
+  parts, start = [], layers[0]
+  for a, b in zip(layers, layers[1:] + [None]):
+    if b != a + 1:
+      parts.append(f"{start}" if start == a else f"{start}-{a}")
+      start = b
+  return ("layer " if len(layers) == 1 else "layers ") + ", ".join(parts)
+
+
+def _g(x: float) -> str:
+  return f"{x:.3f}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2g}"
+
+
+def run_sentences(r: RunNumbers) -> list[str]:
+  """What one run shows: its size, whether and where it collapsed, its losses."""
+  what = PLACEMENT_NAMES.get(r.placement, r.placement)
+  unit = "layers" if r.model == "lm" else "blocks"
+  out = [f"{r.name} ({what}, {r.layers} {unit}) trained {r.updates} updates"
+         + (f" to a loss of {_g(r.final_loss)} nats per target" if r.final_loss is not None
+            else "")
+         + (f" (frequency loss {_g(r.freq_loss)})" if r.freq_loss is not None else "")
+         + (f", held-out accuracy {r.eval_accuracy:.1%}" if r.eval_accuracy is not None else "")
+         + "."]
+  if r.tsim is not None and r.steps is not None:
+    c = collapse(r.steps, r.tsim)
+    end = int(r.steps[-1])
+    if c is None:
+      last = r.tsim[-1]
+      top = int(np.argmax(last))
+      out.append(f"It did not collapse: no layer's token similarity stayed at or above "
+                 f"{COLLAPSED_SIM} to the end (at update {end} the highest was "
+                 f"{last[top]:.3f}, in layer {top}).")
+    else:
+      s = (f"It collapsed at update {c.step}: from then to the last diagnostics update "
+           f"({end}) the token similarity of {layer_ranges(c.first_layers)} stayed at or "
+           f"above {COLLAPSED_SIM}")
+      if c.layers != c.first_layers:
+        s += f", and by the end that of {layer_ranges(c.layers)}"
+      out.append(s + ".")
+  if r.grad_norm is not None and len(r.grad_norm) > 1 and r.grad_norm[-1] > 0:
+    ratio = r.grad_norm[0] / r.grad_norm[-1]
+    out.append(f"At the last diagnostics update layer 0's parameter-gradient norm was "
+               f"{_g(ratio)} times layer {len(r.grad_norm) - 1}'s.")
+  return out
+
+
+def not_recorded(r: RunNumbers) -> list[str]:
+  """The report's quantities this LM run did not record (MLP runs have none of them)."""
+  if r.model != "lm":
+    return []
+  missing = []
+  if r.freq_loss is None:
+    missing.append("the frequency loss and the contraction bound (the postnorm diagnostic)")
+  if r.tsim is None:
+    missing.append("per-layer token similarity and gradient norms (the basic diagnostic)")
+  return missing
+
+
+def jacobian_sentence(jac: dict) -> str:
+  """The tour's residual-MLP measurement at initialization, ranked."""
+  ranks = {p: float(s["erank"][-1]) for p, s in jac["studies"].items()}
+  cfg = next(iter(jac["configs"].values()))
+  order = sorted(ranks, key=ranks.get, reverse=True)
+  listed = ", ".join(f"{ranks[p]:.3f} for {PLACEMENT_NAMES.get(p, p)}" for p in order)
+  return (f"Residual MLPs at initialization (depth {cfg['depth']}, width {cfg['width']}, "
+          f"{jac['num_seeds']} weight draws): erank(dh_L/dh_0)/d is {listed}.")
+
+
+def smoke_sentence(configs: dict[str, Any]) -> str | None:
+  """For the runs of ``rankjax tour --smoke`` (``{name: TrainConfig}``): that its size
+  is too small to show the effect; None for any other runs."""
+  from rankjax import tour
+  smoke, full = tour.lm_configs(smoke=True), tour.lm_configs()
+  if configs.keys() != smoke.keys() or any(configs[n] != smoke[n] for n in smoke):
+    return None
+  s, f = smoke["lm_post"], full["lm_post"]
+  return (f"This is the smoke tour (rankjax tour --smoke): {s.lm.num_layers} layers of width "
+          f"{s.lm.d_model} trained {s.total_steps} updates, a size too small to show the "
+          f"effect; it checks that every step runs. The full tour (rankjax tour: "
+          f"{f.lm.num_layers} layers of width {f.lm.d_model}, {f.total_steps} updates) is "
+          "sized to show it.")
+
+
+def workdir_paragraphs(runs: dict[str, Any], jac: dict | None) -> list[str]:
+  """The opening of a report (and the tour's printed summary), one paragraph per
+  topic: ``runs`` are ``rankjax.load_run`` results by name, ``jac`` a tour's
+  ``jacobians.json`` or None."""
+  smoke = smoke_sentence({name: run.config for name, run in runs.items()})
+  out = [smoke] if smoke else []
+  out += [" ".join(run_sentences(numbers_of(name, run))) for name, run in runs.items()]
+  return out + ([jacobian_sentence(jac)] if jac is not None else [])
+
+
+def study_sentence(name: str, rows: list[dict]) -> str:
+  """One study of ``rankjax reproduce``: its rows' statuses, the failed and mismatched
+  experiments named."""
+  scales = ", ".join(sorted({str(r.get("scale")) for r in rows}))
+  counts: dict[str, int] = {}
+  for r in rows:
+    counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+  s = (f"{name} ({scales} scale): {len(rows)} paper items, "
+       + ", ".join(f"{n} {k}" for k, n in counts.items()))
+  for status in ("mismatch", "failed"):
+    names = list(dict.fromkeys(r["experiment"] for r in rows if r.get("status") == status))
+    if names:
+      s += f"; {status}: {', '.join(names)}"
+  return s + "."
