@@ -14,6 +14,8 @@ os.environ.setdefault(
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from tests.rerun_alarm import pytest_terminal_summary  # noqa: E402,F401  (a loud rerun banner)
+
 
 @pytest.fixture
 def x64():
