@@ -87,6 +87,7 @@ def test_mlp_needs_input_and_class_counts(tmp_path):
     train(cfg, tmp_path / "run")
 
 
+@pytest.mark.slow   # a training run in a second process
 def test_compilation_cache_dir_is_filled_by_a_run(worker, tmp_path):
   from tests.train.conftest import tiny_mlp
   cache = tmp_path / "xla_cache"

@@ -37,6 +37,7 @@ def test_mfu_arithmetic():
   assert mfu.mfu(1e12, 0.0, 1, peak) is None
 
 
+@pytest.mark.slow   # a training run; the MFU arithmetic and peaks are tested fast above
 def test_training_logs_mfu_against_the_spec_peak(tmp_path, monkeypatch):
   """With a spec peak (faked for the CPU), every log step records mfu = model FLOPs /
   mean step time / (devices * peak); without one (the CPU) no mfu is logged."""

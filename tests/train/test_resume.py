@@ -3,7 +3,9 @@
 A reference run of 8 updates (checkpoints every 4) runs in the test process. A
 second run of the same config is killed with SIGKILL at update 6 in its own process,
 after its checkpoint at update 4 is on disk, then resumed here: its loss must equal
-the reference bitwise at every update after 4.
+the reference bitwise at every update after 4 (slow: a second process; the fast
+tests resume in-process after SIGTERM, an error and a corrupt checkpoint, each
+against the same reference bitwise).
 """
 
 from __future__ import annotations
@@ -24,23 +26,34 @@ CONFIGS = {"lm": tiny_lm, "mlp": tiny_mlp}
 
 
 @pytest.fixture(scope="module")
-def runs(worker, compile_cache, tmp_path_factory):
-  """{kind: (reference workdir, killed-then-resumed workdir, resume result)}."""
+def reference(tmp_path_factory):
+  """{kind: the workdir of an uninterrupted run of 8 updates}, trained in this process."""
+  out = {}
+  for kind, make in CONFIGS.items():
+    full = tmp_path_factory.mktemp(f"full_{kind}")
+    result = train(make(), full, progress_bar=False)
+    assert (result.status, result.step) == ("completed", 8)
+    out[kind] = full
+  return out
+
+
+@pytest.fixture(scope="module")
+def runs(reference, worker, compile_cache, tmp_path_factory):
+  """{kind: (reference workdir, killed-then-resumed workdir, resume result)}: a second
+  process is SIGKILLed at update 6 (a worker process: slow tests only)."""
   out = {}
   for kind, make in CONFIGS.items():
     cfg = make()
-    full = tmp_path_factory.mktemp(f"full_{kind}")
-    result = train(cfg, full, progress_bar=False)
-    assert (result.status, result.step) == ("completed", 8)
     killed = tmp_path_factory.mktemp(f"killed_{kind}")
     code, _, err = worker(cfg, killed, "--kill-at", "6", "--wait-checkpoint", "4")
     assert code == -signal.SIGKILL, err
     assert not (killed / "checkpoints" / "8").exists()
     resumed = train(cfg, killed, progress_bar=False)
-    out[kind] = (full, killed, resumed)
+    out[kind] = (reference[kind], killed, resumed)
   return out
 
 
+@pytest.mark.slow   # a separate process; the in-process SIGTERM resume below is fast
 @pytest.mark.parametrize("kind", ["lm", "mlp"])
 def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(kind, runs):
   full, killed, resumed = runs[kind]
@@ -51,9 +64,9 @@ def test_sigkill_after_checkpoint_then_resume_is_bitwise_exact(kind, runs):
     assert after[step] == reference[step], (step, after[step], reference[step])
 
 
-def test_diagnostics_history_survives_kill_and_max_to_keep(runs):
+def test_saved_run_has_its_diagnostics_history_and_max_to_keep(reference):
   """LM: diagnostics at updates 1, 2, 4, 6, 8; max_to_keep=1 keeps only step 8."""
-  full_dir, killed_dir, _ = runs["lm"]
+  full_dir = reference["lm"]
   assert sorted(p.name for p in (full_dir / "checkpoints").iterdir()) == ["8"]
   full = load_run(full_dir)
   assert full.step == 8 and full.config == tiny_lm()
@@ -70,6 +83,12 @@ def test_diagnostics_history_survives_kill_and_max_to_keep(runs):
   assert [r["step"] for r in full.history if r.get("kind") == "eval"] == [4, 8]
   assert full.metrics["step"] == 8 and full.metrics["diagnostic_steps"] == 5
 
+
+@pytest.mark.slow   # uses the SIGKILLed run
+def test_diagnostics_history_survives_kill(runs):
+  """The SIGKILLed-and-resumed run has the uninterrupted run's diagnostics history."""
+  full_dir, killed_dir, _ = runs["lm"]
+  full = load_run(full_dir)
   resumed = load_run(killed_dir)   # rows before the kill came back from checkpoint 4
   np.testing.assert_array_equal(resumed.diagnostic_steps, full.diagnostic_steps)
   assert resumed.diagnostics.keys() == full.diagnostics.keys()
@@ -77,7 +96,7 @@ def test_diagnostics_history_survives_kill_and_max_to_keep(runs):
     np.testing.assert_array_equal(resumed.diagnostics[key], value, err_msg=key)
 
 
-def test_sigterm_saves_exits_cleanly_and_resumes(runs, tmp_path):
+def test_sigterm_saves_exits_cleanly_and_resumes(reference, tmp_path):
   cfg = tiny_lm()
 
   def on_step(step):
@@ -91,12 +110,12 @@ def test_sigterm_saves_exits_cleanly_and_resumes(runs, tmp_path):
   assert load_run(tmp_path).step == 3
   result = train(cfg, tmp_path, progress_bar=False)
   assert (result.start_step, result.step) == (3, 8)
-  assert losses(tmp_path) == losses(runs["lm"][0])
+  assert losses(tmp_path) == losses(reference["lm"])
 
 
-def test_corrupt_latest_checkpoint_falls_back_with_warning(runs, tmp_path, caplog):
+def test_corrupt_latest_checkpoint_falls_back_with_warning(reference, tmp_path, caplog):
   workdir = tmp_path / "run"
-  shutil.copytree(runs["mlp"][0], workdir)
+  shutil.copytree(reference["mlp"], workdir)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "8"]
   (workdir / "checkpoints" / "8" / "state" / "_METADATA").write_text("{ half-written")
 
@@ -106,11 +125,11 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(runs, tmp_path, caplo
     result = train(tiny_mlp(), workdir, progress_bar=False)
   assert (result.start_step, result.step) == (4, 8)
   assert len(list((workdir / "corrupt_checkpoints").iterdir())) == 1   # moved, not deleted
-  assert losses(workdir) == losses(runs["mlp"][0])
+  assert losses(workdir) == losses(reference["mlp"])
 
 
-def test_workdir_with_other_config_is_refused_naming_fields(runs):
-  full = runs["lm"][0]
+def test_workdir_with_other_config_is_refused_naming_fields(reference):
+  full = reference["lm"]
   cfg = tiny_lm(learning_rate=5e-3, lm=dataclasses.replace(tiny_lm().lm, d_model=32))
   before = (full / "metrics.jsonl").read_text()
   with pytest.raises(ValueError, match="different config") as info:
@@ -120,6 +139,7 @@ def test_workdir_with_other_config_is_refused_naming_fields(runs):
   assert (full / "metrics.jsonl").read_text() == before            # nothing touched
 
 
+@pytest.mark.slow   # uses the SIGKILLed run
 def test_tensorboard_holds_each_step_once_after_kill_and_resume(runs):
   """The killed run wrote steps 1-6 (its TB flushes lag), the resume rewrote 5-8:
   every tag has each step once, the same steps and values as the uninterrupted run,
@@ -166,7 +186,7 @@ def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, 
     assert sorted(s for s, _ in images[tag]) == [1, 2, 4, 6, 8], run
 
 
-def test_error_after_training_started_saves_the_latest_step(runs, tmp_path):
+def test_error_after_training_started_saves_the_latest_step(reference, tmp_path):
   """An exception at update 3 (not a checkpoint step) leaves checkpoint 3; the rerun
   continues from it and matches the uninterrupted run."""
   def fail_at_3(step):
@@ -178,7 +198,7 @@ def test_error_after_training_started_saves_the_latest_step(runs, tmp_path):
   assert load_run(tmp_path).step == 3
   result = train(tiny_lm(), tmp_path, progress_bar=False)
   assert (result.start_step, result.step) == (3, 8)
-  assert losses(tmp_path) == losses(runs["lm"][0])
+  assert losses(tmp_path) == losses(reference["lm"])
 
 
 def test_nonfinite_state_is_not_saved_on_the_way_out(tmp_path):
@@ -206,8 +226,8 @@ def test_eval_split_smaller_than_a_batch_is_evaluated_whole(tmp_path):
   assert evals[0]["eval_examples"] == 179.0 and 0 <= evals[0]["eval_accuracy"] <= 1
 
 
-def test_finished_run_is_already_complete_and_writes_nothing(runs, capsys):
-  full_dir = runs["lm"][0]
+def test_finished_run_is_already_complete_and_writes_nothing(reference, capsys):
+  full_dir = reference["lm"]
   before = sorted(p.name for p in (full_dir / "tensorboard").iterdir())
   lines = (full_dir / "metrics.jsonl").read_text()
   result = train(tiny_lm(), full_dir, progress_bar=False)
@@ -217,7 +237,7 @@ def test_finished_run_is_already_complete_and_writes_nothing(runs, capsys):
   assert (full_dir / "metrics.jsonl").read_text() == lines
 
 
-def test_float64_parameters_without_x64_are_refused_and_dtype_is_recorded(runs, tmp_path):
+def test_float64_parameters_without_x64_are_refused_and_dtype_is_recorded(reference, tmp_path):
   import dataclasses as dc
   import jax
   cfg = tiny_mlp()
@@ -225,7 +245,7 @@ def test_float64_parameters_without_x64_are_refused_and_dtype_is_recorded(runs, 
     with pytest.raises(ValueError, match="param_dtype=float64 needs JAX's x64 mode"):
       train(dc.replace(cfg, mlp=dc.replace(cfg.mlp, param_dtype="float64")), tmp_path / "x")
     assert not (tmp_path / "x").exists()
-  assert load_run(runs["lm"][0]).metrics["param_dtype"] == "float32"
+  assert load_run(reference["lm"]).metrics["param_dtype"] == "float32"
 
 
 def test_classifier_with_the_wrong_input_dim_is_refused_before_training(tmp_path):

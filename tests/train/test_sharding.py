@@ -77,6 +77,7 @@ def test_step_on_1_and_8_devices_agrees():
                                 "is not divisible by the 8 devices (mesh data=8 x fsdp=1)")
 
 
+@pytest.mark.slow   # 8 devices in a second process, HLO read; test_step_on_1_and_8 is fast
 def test_compiled_step_collectives_fsdp_and_data_parallel():
   """The optimized HLO of one update (3 layers, d=32, d_ff=64, vocab 257, micro-batch
   16 x 16 tokens, grad_accum=2) on 8 CPU devices.
