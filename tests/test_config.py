@@ -117,7 +117,7 @@ def test_train_config_rules():
   with pytest.raises(ValueError, match="learning_rate"):
     TrainConfig(learning_rate=0.0)
   with pytest.raises(ValueError, match="model"):
-    TrainConfig(model="cnn")
+    TrainConfig(model="")         # which names train: tasks.require_task (test_plugins)
 
 
 def test_norm_position_shorthand_and_overrides():

@@ -64,10 +64,44 @@ def test_import_errors_are_one_line(tmp_path):
     plugins.import_module(str(tmp_path / "missing.py"))
 
 
-def test_unknown_model_names_the_registry():
-  with pytest.raises(ValueError, match=r"model='nope' is not allowed; choose one of "
-                                       r"\[.*'lm'.*'mlp'.*register_task"):
-    TrainConfig(model="nope")
+def test_unknown_model_names_the_registry(tmp_path):
+  """A config names any task; training it (or reading its run) needs it registered."""
+  from rankjax.train import loop, tasks
+  cfg = TrainConfig(model="nope")
+  message = r"model='nope' is not allowed; choose one of \[.*'lm'.*'mlp'.*register_task"
+  with pytest.raises(ValueError, match=message):
+    tasks.make_task(cfg)
+  with pytest.raises(ValueError, match=message):
+    loop.train(cfg, tmp_path / "run", progress_bar=False)
+  assert not (tmp_path / "run").exists()                 # refused before anything is written
+  with pytest.raises(ValueError, match="non-empty name of a task"):
+    TrainConfig(model="")
+
+
+def _rankjax_imports(module: str) -> set[str]:
+  """The rankjax modules ``module``'s source imports (anywhere in it, lazy ones too)."""
+  import ast
+  tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names if a.name.startswith("rankjax")}
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rankjax"):
+      for a in node.names:   # `from rankjax.train import paths` imports a module
+        sub = f"{node.module}.{a.name}"
+        out.add(sub if (ROOT / (sub.replace(".", "/") + ".py")).exists() else node.module)
+  return out
+
+
+def test_config_imports_nothing_above_it():
+  """rankjax.config imports, transitively, only the leaf rankjax.train.paths (etils):
+  no model, task or training module (they import config; no cycle)."""
+  seen, todo = set(), ["rankjax.config"]
+  while todo:
+    for m in _rankjax_imports(todo.pop()) - seen:
+      seen.add(m)
+      todo.append(m)
+  assert seen == {"rankjax.train.paths"}, seen
 
 
 @pytest.mark.slow

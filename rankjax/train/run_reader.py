@@ -21,6 +21,7 @@ from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.train import checkpoint as ckpt_lib
 from rankjax.train import paths
+from rankjax.train import tasks as task_lib
 
 
 @dataclasses.dataclass
@@ -106,6 +107,7 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   if not cfg_path.exists():
     raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json)")
   cfg = config_lib.from_json(TrainConfig, cfg_path.read_text())
+  task_lib.require_task(cfg)    # a plug-in model's module must be imported first
   directory = ckpt_lib.checkpoint_dir(workdir)
   if not directory.is_dir():
     raise FileNotFoundError(f"{workdir} holds no checkpoint yet ({directory} is missing)")

@@ -219,14 +219,19 @@ def register_task(name: str, factory: TaskFactory) -> TaskFactory:
   return factory
 
 
-def make_task(cfg: TrainConfig) -> Task:
-  """The task for ``cfg.model``; raises ValueError when the model cannot train."""
+def require_task(cfg: TrainConfig) -> TaskFactory:
+  """The factory of ``cfg.model``; one-line ValueError naming the registry if none."""
   factory = TASKS.get(cfg.model)
   if factory is None:
-    raise ValueError(f"model={cfg.model!r} is not a registered task; registered: "
-                     f"{sorted(TASKS)} (a module of your own registers one with "
-                     "rankjax.train.tasks.register_task; load it with --import MODULE)")
-  return factory(cfg)
+    raise ValueError(f"model={cfg.model!r} is not allowed; choose one of {sorted(TASKS)} "
+                     "(or register your own: rankjax.train.tasks.register_task, "
+                     "loaded with --import MODULE)")
+  return factory
+
+
+def make_task(cfg: TrainConfig) -> Task:
+  """The task for ``cfg.model``; raises ValueError when the model cannot train."""
+  return require_task(cfg)(cfg)
 
 
 def is_stacked(path: tuple[Any, ...], roots: tuple[str, ...]) -> bool:
