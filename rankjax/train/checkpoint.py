@@ -127,29 +127,40 @@ def _chain(e: BaseException) -> list[BaseException]:
   return out
 
 
-# tensorstore / Orbax status codes that say the stored bytes are bad, and those that
-# say the storage is (perhaps only for now) not reachable.
-_INTEGRITY = ("DATA_LOSS", "OUT_OF_RANGE", "Error reading", "Truncated", "corrupt",
-              "checksum", "Unexpected end", "does not exist", "No such file")
-_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED",
-              "RESOURCE_EXHAUSTED", "ABORTED", "CANCELLED")
+# tensorstore raises ValueError carrying an absl status: its message starts with the
+# canonical code ("OUT_OF_RANGE: Error reading ..."). The codes that say the stored
+# bytes are bad or missing, and those that say the storage is (perhaps only for now)
+# not reachable.
+_INTEGRITY_CODES = frozenset({"DATA_LOSS", "OUT_OF_RANGE", "NOT_FOUND"})
+_TRANSIENT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED",
+                              "UNAUTHENTICATED", "RESOURCE_EXHAUSTED", "ABORTED",
+                              "CANCELLED"})
+_STATUS = re.compile(r"([A-Z][A-Z_]+): ")
+_INTEGRITY_TYPES = (json.JSONDecodeError, UnicodeDecodeError, EOFError, FileNotFoundError)
+_TRANSIENT_TYPES = (PermissionError, TimeoutError, ConnectionError)
+
+
+def status_code(e: BaseException) -> str | None:
+  """The canonical status code a tensorstore error states, else None."""
+  m = _STATUS.match(str(e)) if isinstance(e, ValueError) else None
+  return m.group(1) if m else None
 
 
 def is_integrity_failure(e: BaseException) -> bool:
   """Whether ``e`` (raised reading a step) says the step's bytes are bad.
 
-  True for unparsable JSON metadata, truncated / missing array chunks and similar;
-  False for transient storage errors, permissions and errors of the caller (a state
-  that does not fit the checkpoint), which must not make a resume skip a step.
+  Classified by exception type and by the status code of a tensorstore error, never by
+  the wording of a message. True for unparsable JSON metadata, a missing file, array
+  chunks cut short (OUT_OF_RANGE) or lost (DATA_LOSS, NOT_FOUND); False as soon as the
+  chain holds a transient storage error or a permission error, and for everything
+  else (errors of the caller, such as a state that does not fit the checkpoint), which
+  must not make a resume skip a step.
   """
   chain = _chain(e)
-  text = " ".join(str(x) for x in chain)
-  if any(code in text for code in _TRANSIENT) or any(
-      isinstance(x, (PermissionError, TimeoutError, ConnectionError)) for x in chain):
+  codes = {status_code(x) for x in chain} - {None}
+  if codes & _TRANSIENT_CODES or any(isinstance(x, _TRANSIENT_TYPES) for x in chain):
     return False
-  if any(isinstance(x, (json.JSONDecodeError, UnicodeDecodeError, EOFError)) for x in chain):
-    return True
-  return any(marker in text for marker in _INTEGRITY)
+  return bool(codes & _INTEGRITY_CODES) or any(isinstance(x, _INTEGRITY_TYPES) for x in chain)
 
 
 def incomplete_reason(step_dir: epath.Path) -> str | None:

@@ -174,6 +174,21 @@ def test_integrity_classification():
   assert not ckpt_lib.is_integrity_failure(ValueError("UNAVAILABLE: Error reading x: 503"))
   assert not ckpt_lib.is_integrity_failure(PermissionError("denied"))
   assert not ckpt_lib.is_integrity_failure(ValueError("shape (4, 16) does not match (8, 16)"))
+  # by type and by the status code tensorstore states, never by a message's wording
+  assert ckpt_lib.is_integrity_failure(FileNotFoundError("state/_METADATA"))
+  assert not ckpt_lib.is_integrity_failure(ValueError("the data looks corrupt: truncated"))
+  assert not ckpt_lib.is_integrity_failure(RuntimeError("OUT_OF_RANGE: not a status here"))
+  try:        # the chain a real cut-short chunk gives (Orbax wraps tensorstore's error)
+    try:
+      raise ValueError('OUT_OF_RANGE: Error reading "params.w_in/0.0": byte range')
+    except ValueError as inner:
+      raise Exception("Encountered error while reading array index") from inner
+  except Exception as e:  # noqa: BLE001
+    assert ckpt_lib.is_integrity_failure(e)
+    assert ckpt_lib.status_code(e.__cause__) == "OUT_OF_RANGE"
+  transient = ValueError("UNAVAILABLE: 503")
+  transient.__cause__ = ValueError("DATA_LOSS: checksum")   # transient wins: skip nothing
+  assert not ckpt_lib.is_integrity_failure(transient)
 
 
 def test_missing_iterator_file_is_incomplete(reference, tmp_path, caplog):
