@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from rankjax.measure import sensitivity
 from rankjax.models import norms
+from rankjax.models.attention import causal_probabilities
 from rankjax.numerics import as_float
 
 Array = jax.Array
@@ -62,15 +63,14 @@ def _w_out(w_o: Array) -> Array:
 
 def mha_attention_probs(u_TxD: Array, w_q: Array, w_k: Array, tau: float = 1.0,
                         causal: bool = False) -> Array:
-  """``A_h = softmax(Q_h K_h^T / (tau sqrt(d_h)))`` (Sec 4.1); ``(..., H, T, T)``."""
+  """``A_h = softmax(Q_h K_h^T / (tau sqrt(d_h)))`` (Sec 4.1); ``(..., H, T, T)``: the
+  heads' projections of ``u`` through the library's one einsum attention
+  (``models.attention.causal_probabilities``)."""
   u = as_float(u_TxD)
   w_q, w_k = _heads(w_q), _heads(w_k)
-  q = jnp.einsum("...td,hdk->...htk", u, w_q)
-  k = jnp.einsum("...td,hdk->...htk", u, w_k)
-  s = jnp.einsum("...htk,...hsk->...hts", q, k) / (tau * math.sqrt(w_q.shape[-1]))
-  T = u.shape[-2]
-  visible = jnp.tril(jnp.ones((T, T), bool)) | jnp.logical_not(causal)  # causal may be traced
-  return jax.nn.softmax(jnp.where(visible, s, -jnp.inf), axis=-1)
+  q = jnp.einsum("...td,hdk->...thk", u, w_q)
+  k = jnp.einsum("...td,hdk->...thk", u, w_k)
+  return causal_probabilities(q, k, tau, causal=causal)
 
 
 def _theta_tilde(probs: Array, theta: ThetaMode) -> Array:

@@ -75,19 +75,21 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
 
 
 def causal_probabilities(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array,
-                         tau: float = 1.0) -> jax.Array:
+                         tau: float = 1.0, causal: bool | jax.Array = True) -> jax.Array:
   """``P = softmax_row(Q K^T / (sqrt(d_head) tau) + M_causal)`` per head (postnorm
-  Eq. 2), ``(B, H, T, T)`` in ``float_dtype(q)``: the one einsum attention of the
-  library (``CausalSelfAttention``'s einsum path, the GPT-2 reader's forward pass and
-  ``flax_capture.causal_probs`` call it). The logits are formed in q's dtype and
-  accumulated in at least float32; keys after the query get ``finfo.min`` (zero
-  probability: every row keeps its diagonal)."""
+  Eq. 2; softmax paper Sec 4.1's ``A_h``), ``(B, H, T, T)`` in ``float_dtype(q)``: the
+  one einsum attention of the library (``CausalSelfAttention``'s einsum path, the GPT-2
+  reader's forward pass, ``flax_capture.causal_probs`` and
+  ``sensitivity_bounds.mha_attention_probs`` call it). The logits are formed in q's
+  dtype and accumulated in at least float32; keys after the query get ``finfo.min``
+  (zero probability: every row keeps its diagonal). ``causal=False`` (may be traced)
+  lets every query see every key."""
   t, dh = q_BxTxHxD.shape[-3], q_BxTxHxD.shape[-1]
   acc = float_dtype(q_BxTxHxD.dtype)
   logits_BxHxTxT = jnp.einsum("...qhd,...khd->...hqk", q_BxTxHxD, k_BxTxHxD).astype(acc)
   logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(dh) * tau)
-  causal = jnp.tril(jnp.ones((t, t), bool))
-  logits_BxHxTxT = jnp.where(causal, logits_BxHxTxT, jnp.finfo(acc).min)
+  visible = jnp.tril(jnp.ones((t, t), bool)) | jnp.logical_not(causal)
+  logits_BxHxTxT = jnp.where(visible, logits_BxHxTxT, jnp.finfo(acc).min)
   return jax.nn.softmax(logits_BxHxTxT, axis=-1)
 
 
