@@ -152,6 +152,7 @@ def test_coherence_is_one_for_free_bases_and_large_when_aligned():
   assert aligned[0] == pytest.approx(m / d, rel=1e-6) and aligned[1] > 5
 
 
+@pytest.mark.slow   # end to end (~60 compiles); its parts have fast tests here
 def test_fig12_runs_on_a_checkpoint(tmp_path):
   from experiments.transforming_rank import fig12_gpt2_ffn as fig12
   path = tmp_path / "model.safetensors"
