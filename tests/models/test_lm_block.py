@@ -3,7 +3,6 @@ the embed/final-norm rule, norm bias, remat policies, padded vocab and chunked l
 the dropout PRNG implementation."""
 
 import dataclasses
-import functools
 import itertools
 
 import chex
@@ -29,14 +28,7 @@ def _tokens(b=2, t=8, key=0, vocab=37):
 
 
 def _setup(**kw):
-  return _setup_cached(tuple(sorted(kw.items())))
-
-
-@functools.lru_cache(maxsize=None)
-def _setup_cached(kw):
-  """One init compile per config, shared by the tests that use it (jax arrays are
-  immutable; tests only build new dicts from them)."""
-  cfg = TransformerConfig(**{**TINY, **dict(kw)})
+  cfg = TransformerConfig(**{**TINY, **kw})
   tokens = _tokens()
   params = jax.jit(DecoderLM(cfg).init)(jax.random.key(0), tokens)["params"]
   return cfg, tokens, params
@@ -48,8 +40,17 @@ def _capture(cfg, p, tokens):
   return {k: v[0] for k, v in state["intermediates"]["layers"].items()}
 
 
-def _acts(cfg, params, tokens):
-  return jax.jit(lambda p: _capture(cfg, p, tokens))(params)
+def _init_and(fn, **kw):
+  """(cfg, tokens, params, fn(cfg, params, tokens)), init and fn in one compile."""
+  cfg = TransformerConfig(**{**TINY, **kw})
+  tokens = _tokens()
+
+  def run(key):
+    params = DecoderLM(cfg).init(key, tokens)["params"]
+    return params, fn(cfg, params, tokens)
+
+  params, out = jax.jit(run)(jax.random.key(0))
+  return cfg, tokens, params, out
 
 
 def _unit_rms(x):
@@ -58,10 +59,12 @@ def _unit_rms(x):
 
 PLACEMENTS = list(itertools.product(("pre", "post", "output", "peri", "none"),
                                     ("rms", "layer", "mean", "detached_rms")))
-# every placement and every op once by default, the whole grid under the slow marker
-# (test_every_placement_names_its_norm_params checks every combination's names fast)
-FAST_PLACEMENTS = {("pre", "rms"), ("post", "layer"), ("output", "mean"),
-                   ("peri", "detached_rms"), ("none", "rms")}
+# By default the two ops no other fast test runs (mean, detached_rms); the other
+# placements' forward passes run in the fast tests below (pre: beta, post: Eq. 1,
+# output, none: theirs, and test_transformer's peri), and
+# test_every_placement_names_its_norm_params checks every combination's names fast.
+# The whole grid runs under the slow marker.
+FAST_PLACEMENTS = {("output", "mean"), ("peri", "detached_rms")}
 
 
 def _check_norm_names(cfg, op, params):
@@ -102,8 +105,7 @@ def test_every_placement_names_its_norm_params():
 
 
 def test_output_placement_normalizes_branch_outputs_only():
-  cfg, tokens, params = _setup(norm_position="output")
-  acts = _acts(cfg, params, tokens)
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="output")
   _unit_rms(acts["y1"] - acts["x1"])            # Y_1 = h + B(Attn(h)), X_1 = h
   _unit_rms(acts["y2"] - acts["x2"])
   np.testing.assert_array_equal(acts["x2"], acts["y1"])   # no P, no R: the stream is Y_1
@@ -111,10 +113,9 @@ def test_output_placement_normalizes_branch_outputs_only():
 
 
 def test_no_norms_at_all():
-  cfg, tokens, params = _setup(norm_position="none")
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="none")
   assert not any(k.startswith("norm_") for k in params) and not any(
       k.startswith("norm_") for k in params["layers"])
-  acts = _acts(cfg, params, tokens)
   emb = params["embed"]["embedding"][tokens]
   np.testing.assert_array_equal(acts["x1"][0], emb)
   np.testing.assert_array_equal(acts["x1"][1], acts["y2"][0])
@@ -123,18 +124,16 @@ def test_no_norms_at_all():
 def test_pre_and_post_norms_together_get_their_own_names():
   """P and R both set (p_norm override on post): the attention's R norm is
   norm_attn_res, the FFN's P norm norm_ffn_in; X_2 = P(R(Y_1))."""
-  cfg, tokens, params = _setup(norm_position="post", p_norm="layer")
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="post", p_norm="layer")
   names = set(norm_names(cfg).values())
   assert names == {"norm_attn_in", "norm_attn_res", "norm_ffn_in", "norm_out"}
-  acts = _acts(cfg, params, tokens)
   r = norms.normalize(acts["y1"], "rms")
   np.testing.assert_allclose(acts["x2"], norms.normalize(r, "layer"), rtol=1e-5, atol=1e-5)
 
 
 def test_beta_scales_the_branch():
-  cfg, tokens, params = _setup(norm_position="pre", beta=0.25)
-  acts, full = jax.jit(lambda p: (_capture(cfg, p, tokens), _capture(
-      dataclasses.replace(cfg, beta=1.0), p, tokens)))(params)   # one compile for both
+  cfg, tokens, params, (acts, full) = _init_and(lambda c, p, t: (_capture(c, p, t), _capture(
+      dataclasses.replace(c, beta=1.0), p, t)), norm_position="pre", beta=0.25)
   # layer 1: same input, branch scaled by beta
   emb = first_layer_input(cfg, params, tokens)
   np.testing.assert_allclose(acts["y1"][0] - emb, 0.25 * (full["y1"][0] - emb),
@@ -156,9 +155,8 @@ def test_final_norm_rule_per_placement():
 def test_post_follows_eq1_every_sublayer_reads_a_norm_output():
   """postnorm Eq. 1: X_1^1 = RMS(Y_0^1) (the embeddings), X_2 = RMS(Y_1), and the
   head reads RMS(Y_2^L), the last layer's norm, with no second norm after it."""
-  cfg, tokens, params = _setup(norm_position="post")
-  acts, logits = jax.jit(lambda p: (_capture(cfg, p, tokens), DecoderLM(cfg).apply(
-      {"params": p}, tokens)))(params)
+  cfg, tokens, params, (acts, logits) = _init_and(lambda c, p, t: (_capture(c, p, t), DecoderLM(
+      c).apply({"params": p}, t)), norm_position="post")
   _unit_rms(acts["x1"])
   _unit_rms(acts["x2"])
   h_last = norms.normalize(acts["y2"][-1], "rms") * params["layers"]["norm_out"]["scale"][-1]
@@ -284,7 +282,7 @@ def test_chunked_training_loss_matches_unchunked():
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("impl", ["rbg", pytest.param("unsafe_rbg", marks=pytest.mark.slow)])
 def test_dropout_prng_implementations(impl):
   rng = jax.random.PRNGKey(0)
   assert tasks.dropout_key(rng, "threefry") is rng
@@ -322,8 +320,8 @@ def test_intermediate_grads_with_output_placement_match_direct():
 
 
 def test_embed_norm_uses_the_r_operation():
-  cfg, tokens, params = _setup(norm_position="post", norm_op="rms", r_norm="layer")
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="post", norm_op="rms",
+                                        r_norm="layer")
   assert cfg.embed_norm_op == "layer"
-  acts = _acts(cfg, params, tokens)
   emb = params["embed"]["embedding"][tokens]
   np.testing.assert_allclose(acts["x1"][0], norms.normalize(emb, "layer"), rtol=1e-5, atol=1e-6)
