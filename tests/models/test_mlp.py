@@ -106,7 +106,7 @@ def test_skip_every_groups_blocks():
                              rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("position", ["pre", "post"])
+@pytest.mark.parametrize("position", ["pre", pytest.param("post", marks=pytest.mark.slow)])
 def test_branch_scale_symmetry(position, x64):
   """Same beta*alpha^M, different (alpha, beta): same function at init (App A.4, Eq. 16)."""
   base = dict(depth=6, width=16, activation="relu", norm_position=position,
