@@ -111,10 +111,11 @@ def test_ffn_jacobian_matches_jacfwd(x64):
   h_LxTxD = gpt2_jacobians.ffn_inputs(params, jnp.array([3, 1, 4, 1, 5]), num_heads=2)
   assert h_LxTxD.shape == (L, 5, D) and h_LxTxD.dtype == jnp.float64
   jac_LxDxD = gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, -1])
+  refs = jax.jit(lambda blocks, h: [jax.jacfwd(lambda x, l=l: gpt2.ffn_branch(
+      jax.tree.map(lambda a: a[l], blocks), x))(h[l, -1]) for l in range(L)])(
+          params["blocks"], h_LxTxD)       # every layer's reference in one compile
   for l in range(L):
-    block = jax.tree.map(lambda a: a[l], params["blocks"])
-    ref = jax.jacfwd(lambda x: gpt2.ffn_branch(block, x))(h_LxTxD[l, -1])
-    np.testing.assert_allclose(jac_LxDxD[l], ref, rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(jac_LxDxD[l], refs[l], rtol=1e-11, atol=1e-12)
 
 
 def test_ffn_inputs_are_causal_and_follow_the_residual_recursion():
@@ -152,6 +153,7 @@ def test_coherence_is_one_for_free_bases_and_large_when_aligned():
   assert aligned[0] == pytest.approx(m / d, rel=1e-6) and aligned[1] > 5
 
 
+@pytest.mark.slow   # end to end (~60 compiles); its parts have fast tests here
 def test_fig12_runs_on_a_checkpoint(tmp_path):
   from experiments.transforming_rank import fig12_gpt2_ffn as fig12
   path = tmp_path / "model.safetensors"

@@ -34,22 +34,40 @@ def _setup(**kw):
   return cfg, tokens, params
 
 
-def _acts(cfg, params, tokens):
-  _, state = jax.jit(lambda p: DecoderLM(cfg).apply({"params": p}, tokens, capture=True,
-                                                    mutable=["intermediates"]))(params)
+def _capture(cfg, p, tokens):
+  _, state = DecoderLM(cfg).apply({"params": p}, tokens, capture=True,
+                                  mutable=["intermediates"])
   return {k: v[0] for k, v in state["intermediates"]["layers"].items()}
+
+
+def _init_and(fn, **kw):
+  """(cfg, tokens, params, fn(cfg, params, tokens)), init and fn in one compile."""
+  cfg = TransformerConfig(**{**TINY, **kw})
+  tokens = _tokens()
+
+  def run(key):
+    params = DecoderLM(cfg).init(key, tokens)["params"]
+    return params, fn(cfg, params, tokens)
+
+  params, out = jax.jit(run)(jax.random.key(0))
+  return cfg, tokens, params, out
 
 
 def _unit_rms(x):
   np.testing.assert_allclose(norms.rms(x)[..., 0], 1.0, rtol=1e-4)
 
 
-@pytest.mark.parametrize("position,op", list(itertools.product(
-    ("pre", "post", "output", "peri", "none"), ("rms", "layer", "mean", "detached_rms"))))
-def test_every_placement_builds_with_its_norms(position, op):
-  cfg, tokens, params = _setup(norm_position=position, norm_op=op)
-  logits = jax.jit(DecoderLM(cfg).apply)({"params": params}, tokens)
-  chex.assert_tree_all_finite(logits)
+PLACEMENTS = list(itertools.product(("pre", "post", "output", "peri", "none"),
+                                    ("rms", "layer", "mean", "detached_rms")))
+# By default the two ops no other fast test runs (mean, detached_rms); the other
+# placements' forward passes run in the fast tests below (pre: beta, post: Eq. 1,
+# output, none: theirs, and test_transformer's peri), and
+# test_every_placement_names_its_norm_params checks every combination's names fast.
+# The whole grid runs under the slow marker.
+FAST_PLACEMENTS = {("output", "mean"), ("peri", "detached_rms")}
+
+
+def _check_norm_names(cfg, op, params):
   has_params = norms.has_gain(op)
   expected = set(norm_names(cfg).values()) if has_params else set()
   got = {k for k in params["layers"] if k.startswith("norm_")}
@@ -60,9 +78,34 @@ def test_every_placement_builds_with_its_norms(position, op):
   assert top == want_top
 
 
+@pytest.mark.parametrize("position,op", [
+    c if c in FAST_PLACEMENTS else pytest.param(*c, marks=pytest.mark.slow)
+    for c in PLACEMENTS])
+def test_every_placement_builds_with_its_norms(position, op):
+  cfg = TransformerConfig(**TINY, norm_position=position, norm_op=op)
+  tokens = _tokens()
+  model = DecoderLM(cfg)
+
+  def init_apply(key):        # one compile for both
+    variables = model.init(key, tokens)
+    return variables["params"], model.apply(variables, tokens)
+
+  params, logits = jax.jit(init_apply)(jax.random.key(0))
+  chex.assert_tree_all_finite(logits)
+  _check_norm_names(cfg, op, params)
+
+
+def test_every_placement_names_its_norm_params():
+  """Every placement x op: the norm parameters init creates (shapes only, no compile)."""
+  tokens = _tokens()
+  for position, op in PLACEMENTS:
+    cfg = TransformerConfig(**TINY, norm_position=position, norm_op=op)
+    params = jax.eval_shape(DecoderLM(cfg).init, jax.random.key(0), tokens)["params"]
+    _check_norm_names(cfg, op, params)
+
+
 def test_output_placement_normalizes_branch_outputs_only():
-  cfg, tokens, params = _setup(norm_position="output")
-  acts = _acts(cfg, params, tokens)
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="output")
   _unit_rms(acts["y1"] - acts["x1"])            # Y_1 = h + B(Attn(h)), X_1 = h
   _unit_rms(acts["y2"] - acts["x2"])
   np.testing.assert_array_equal(acts["x2"], acts["y1"])   # no P, no R: the stream is Y_1
@@ -70,10 +113,9 @@ def test_output_placement_normalizes_branch_outputs_only():
 
 
 def test_no_norms_at_all():
-  cfg, tokens, params = _setup(norm_position="none")
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="none")
   assert not any(k.startswith("norm_") for k in params) and not any(
       k.startswith("norm_") for k in params["layers"])
-  acts = _acts(cfg, params, tokens)
   emb = params["embed"]["embedding"][tokens]
   np.testing.assert_array_equal(acts["x1"][0], emb)
   np.testing.assert_array_equal(acts["x1"][1], acts["y2"][0])
@@ -82,18 +124,16 @@ def test_no_norms_at_all():
 def test_pre_and_post_norms_together_get_their_own_names():
   """P and R both set (p_norm override on post): the attention's R norm is
   norm_attn_res, the FFN's P norm norm_ffn_in; X_2 = P(R(Y_1))."""
-  cfg, tokens, params = _setup(norm_position="post", p_norm="layer")
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="post", p_norm="layer")
   names = set(norm_names(cfg).values())
   assert names == {"norm_attn_in", "norm_attn_res", "norm_ffn_in", "norm_out"}
-  acts = _acts(cfg, params, tokens)
   r = norms.normalize(acts["y1"], "rms")
   np.testing.assert_allclose(acts["x2"], norms.normalize(r, "layer"), rtol=1e-5, atol=1e-5)
 
 
 def test_beta_scales_the_branch():
-  cfg, tokens, params = _setup(norm_position="pre", beta=0.25)
-  acts = _acts(cfg, params, tokens)
-  full = _acts(dataclasses.replace(cfg, beta=1.0), params, tokens)
+  cfg, tokens, params, (acts, full) = _init_and(lambda c, p, t: (_capture(c, p, t), _capture(
+      dataclasses.replace(c, beta=1.0), p, t)), norm_position="pre", beta=0.25)
   # layer 1: same input, branch scaled by beta
   emb = first_layer_input(cfg, params, tokens)
   np.testing.assert_allclose(acts["y1"][0] - emb, 0.25 * (full["y1"][0] - emb),
@@ -115,12 +155,11 @@ def test_final_norm_rule_per_placement():
 def test_post_follows_eq1_every_sublayer_reads_a_norm_output():
   """postnorm Eq. 1: X_1^1 = RMS(Y_0^1) (the embeddings), X_2 = RMS(Y_1), and the
   head reads RMS(Y_2^L), the last layer's norm, with no second norm after it."""
-  cfg, tokens, params = _setup(norm_position="post")
-  acts = _acts(cfg, params, tokens)
+  cfg, tokens, params, (acts, logits) = _init_and(lambda c, p, t: (_capture(c, p, t), DecoderLM(
+      c).apply({"params": p}, t)), norm_position="post")
   _unit_rms(acts["x1"])
   _unit_rms(acts["x2"])
   h_last = norms.normalize(acts["y2"][-1], "rms") * params["layers"]["norm_out"]["scale"][-1]
-  logits = DecoderLM(cfg).apply({"params": params}, tokens)
   np.testing.assert_allclose(logits, h_last @ params["lm_head"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(first_layer_input(cfg, params, tokens), acts["x1"][0], rtol=1e-6)
 
@@ -133,15 +172,14 @@ def test_layer_norm_bias_matches_the_formula():
   gamma, beta = rng.normal(size=16), rng.normal(size=16)
   p = dict(params, norm_final={"scale": jnp.asarray(gamma, jnp.float32),
                                "bias": jnp.asarray(beta, jnp.float32)})
-  h, w = DecoderLM(cfg).apply({"params": p}, tokens, return_hidden=True)
-  _, state = DecoderLM(cfg).apply({"params": p}, tokens, capture=True,
-                                  mutable=["intermediates"])
-  y = np.asarray(state["intermediates"]["layers"]["y2"][0][-1], np.float64)
+  (h, w), acts = jax.jit(lambda q: (DecoderLM(cfg).apply(
+      {"params": q}, tokens, return_hidden=True), _capture(cfg, q, tokens)))(p)
+  y = np.asarray(acts["y2"][-1], np.float64)
   mu, sigma = y.mean(-1, keepdims=True), y.std(-1, keepdims=True)
   np.testing.assert_allclose(h, gamma * (y - mu) / sigma + beta, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("position", ["pre", "post"])
+@pytest.mark.parametrize("position", ["pre", pytest.param("post", marks=pytest.mark.slow)])
 def test_every_remat_policy_gives_the_same_gradients(position):
   cfg, tokens, params = _setup(norm_position=position, dropout_rate=0.1)
   rng = {"dropout": jax.random.key(3)}
@@ -157,13 +195,15 @@ def test_every_remat_policy_gives_the_same_gradients(position):
     chex.assert_trees_all_close(grads(policy), ref, rtol=2e-5, atol=2e-6)   # float32 rounding
 
 
-@pytest.mark.parametrize("unroll", [2, 3])
+# 2 of 3 layers: an unrolled pair and a remainder; 3: fully unrolled (slow)
+@pytest.mark.parametrize("unroll", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_layer_scan_unroll_keeps_outputs_gradients_and_params(unroll):
   cfg, tokens, params = _setup(norm_position="post", num_layers=3)
   model = DecoderLM(cfg)
   unrolled = DecoderLM(dataclasses.replace(cfg, scan_unroll=unroll))
   chex.assert_trees_all_equal_shapes(
-      unrolled.init(jax.random.key(0), tokens)["params"], params)   # still stacked
+      jax.eval_shape(unrolled.init, jax.random.key(0), tokens)["params"],
+      params)   # still stacked
 
   def value_and_grads(m):
     loss = lambda p: jnp.sum(m.apply({"params": p}, tokens) ** 2)
@@ -212,12 +252,17 @@ def test_chunked_cross_entropy_equals_the_plain_one(chunk):
   y = jax.random.randint(jax.random.key(2), (16,), 0, 33)
   plain = lambda hh, ww: head_cross_entropy(hh, ww, y, 33)
   chunked = lambda hh, ww: head_cross_entropy(hh, ww, y, 33, chunk=chunk)
-  ref = -jnp.mean(jax.nn.log_softmax((h @ w)[:, :33])[jnp.arange(16), y])
-  np.testing.assert_allclose(plain(h, w), ref, rtol=1e-6)
-  np.testing.assert_allclose(chunked(h, w), ref, rtol=1e-6)
-  chex.assert_trees_all_close(jax.grad(chunked, (0, 1))(h, w), jax.grad(plain, (0, 1))(h, w),
-                              rtol=1e-5, atol=1e-7)
-  assert float(jnp.max(head_logits(h, w, 33)[:, 33:])) == -np.inf
+
+  def everything(hh, ww):     # one compile instead of one per op
+    ref = -jnp.mean(jax.nn.log_softmax((hh @ ww)[:, :33])[jnp.arange(16), y])
+    return (ref, plain(hh, ww), chunked(hh, ww), jax.grad(chunked, (0, 1))(hh, ww),
+            jax.grad(plain, (0, 1))(hh, ww), head_logits(hh, ww, 33))
+
+  ref, loss_plain, loss_chunked, g_chunked, g_plain, logits = jax.jit(everything)(h, w)
+  np.testing.assert_allclose(loss_plain, ref, rtol=1e-6)
+  np.testing.assert_allclose(loss_chunked, ref, rtol=1e-6)
+  chex.assert_trees_all_close(g_chunked, g_plain, rtol=1e-5, atol=1e-7)
+  assert float(jnp.max(logits[:, 33:])) == -np.inf
 
 
 def test_bad_head_shapes_raise():
@@ -237,7 +282,7 @@ def test_chunked_training_loss_matches_unchunked():
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("impl", ["rbg", pytest.param("unsafe_rbg", marks=pytest.mark.slow)])
 def test_dropout_prng_implementations(impl):
   rng = jax.random.PRNGKey(0)
   assert tasks.dropout_key(rng, "threefry") is rng
@@ -247,8 +292,9 @@ def test_dropout_prng_implementations(impl):
   task = tasks.make_task(config_lib.TrainConfig(lm=cfg, seq_len=8, batch_size=2,
                                                 warmup_steps=1, total_steps=2))
   batch = {"inputs": tokens, "targets": tokens}
-  a = task.loss(params, batch, jax.random.PRNGKey(1))[0]
-  b = task.loss(params, batch, jax.random.PRNGKey(2))[0]
+  loss = jax.jit(lambda r: task.loss(params, batch, r)[0])   # one compile, two keys
+  a = loss(jax.random.PRNGKey(1))
+  b = loss(jax.random.PRNGKey(2))
   assert np.isfinite(a) and a != b
 
 
@@ -258,9 +304,9 @@ def test_intermediate_grads_with_output_placement_match_direct():
   cfg, tokens, params = _setup(norm_position="output")
   targets = _tokens(key=5)
   ce = lambda lg: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(lg), targets[..., None], -1))
-  value, g_params, grads, acts = jax.jit(
-      lambda p: intermediate_grads(DecoderLM(cfg), p, tokens, ce))(params)
-  direct = jax.grad(lambda p: ce(DecoderLM(cfg).apply({"params": p}, tokens)))(params)
+  value, g_params, grads, acts, direct = jax.jit(lambda p: (
+      *intermediate_grads(DecoderLM(cfg), p, tokens, ce),
+      jax.grad(lambda q: ce(DecoderLM(cfg).apply({"params": q}, tokens)))(p)))(params)
   chex.assert_trees_all_close(g_params, direct, rtol=1e-5, atol=1e-7)
   # the last layer's Y_2 reaches the logits through the final norm and the head only
   p = params
@@ -274,10 +320,8 @@ def test_intermediate_grads_with_output_placement_match_direct():
 
 
 def test_embed_norm_uses_the_r_operation():
-  cfg = TransformerConfig(**TINY, norm_position="post", norm_op="rms", r_norm="layer")
+  cfg, tokens, params, acts = _init_and(_capture, norm_position="post", norm_op="rms",
+                                        r_norm="layer")
   assert cfg.embed_norm_op == "layer"
-  tokens = _tokens()
-  params = DecoderLM(cfg).init(jax.random.key(0), tokens)["params"]
-  acts = _acts(cfg, params, tokens)
   emb = params["embed"]["embedding"][tokens]
   np.testing.assert_allclose(acts["x1"][0], norms.normalize(emb, "layer"), rtol=1e-5, atol=1e-6)

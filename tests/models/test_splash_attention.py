@@ -20,7 +20,7 @@ def _qkv(b, t, h, d, dtype=jnp.float32, seed=0):
   return tuple(jax.random.normal(k, (b, t, h, d), dtype) for k in keys)
 
 
-@pytest.mark.parametrize("d_head", [64, 128])
+@pytest.mark.parametrize("d_head", [64, pytest.param(128, marks=pytest.mark.slow)])
 def test_forward_equals_dot_product_attention(d_head):
   q, k, v = _qkv(2, 256, 2, d_head)
   scale = 1 / (np.sqrt(d_head) * 1.7)        # tau = 1.7
