@@ -61,20 +61,33 @@ def _loss_from_layer(model, params, y, loss, l):
   return f
 
 
-def test_streams_and_their_gradients_match_block_by_block(setup):
+@pytest.fixture(scope="module")
+def reference(setup):
+  """The independent streams and dL/dX_1^l, computed in one compiled program."""
+  model, params, x, y, loss, _ = setup
+
+  @jax.jit
+  def compute(params):
+    streams = _streams(model, params, x)
+    grads = [jax.grad(_loss_from_layer(model, params, y, loss, l))(streams[l]) for l in range(L)]
+    return streams, grads, model.apply({"params": params}, x)
+
+  return compute(params)
+
+
+def test_streams_and_their_gradients_match_block_by_block(setup, reference):
   model, params, x, y, loss, out = setup
-  streams = _streams(model, params, x)
+  streams, grads, logits = reference
   np.testing.assert_allclose(out.values["x1"], jnp.stack(streams[:-1]), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(out.values["y2"], jnp.stack(streams[1:]), rtol=1e-5, atol=1e-6)
   for l in range(L):
-    g = jax.grad(_loss_from_layer(model, params, y, loss, l))(streams[l])
-    np.testing.assert_allclose(out.grads["x1"][l], g, rtol=1e-4, atol=1e-8, err_msg=str(l))
+    np.testing.assert_allclose(out.grads["x1"][l], grads[l], rtol=1e-4, atol=1e-8, err_msg=str(l))
   # dL/dY_2^l is dL/dX_1^{l+1} (the same tensor)
   np.testing.assert_allclose(out.grads["y2"][:-1], out.grads["x1"][1:], rtol=1e-5, atol=1e-9)
-  np.testing.assert_allclose(out.output, model.apply({"params": params}, x), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out.output, logits, rtol=1e-5, atol=1e-6)
 
 
-def test_residual_statistics_and_attention_of_the_recipe(setup):
+def test_residual_statistics_and_attention_of_the_recipe(setup, reference):
   model, params, x, y, loss, out = setup
   acts, grads = out.values, out.grads
   y1 = acts["x1"] + acts["f1"]
@@ -94,7 +107,7 @@ def test_residual_statistics_and_attention_of_the_recipe(setup):
   qkv = acts["qkv"]                                  # (L, B, T, 3, H, dh)
   probs = fc.causal_probs(qkv[..., 0, :, :], qkv[..., 1, :, :])
   assert probs.shape == (L, B, H, T, T)
-  streams = _streams(model, params, x)
+  streams = reference[0]
   for l in range(L):      # recomputed from the parameters
     p = params[f"Block_{l}"]
     h = streams[l]

@@ -29,9 +29,15 @@ BLOCK_CONFIGS = [
     dict(norm_position="pre", skip_every=3, activation="swiglu"),
     dict(norm_position="post", skip_every=0, branch_matrices=1, activation="tanh"),
 ]
+# fast: a Pre-Norm block, a gained LayerNorm, and no skip with one tanh branch matrix
+# (Post-Norm); the other configurations run with -m slow
+_FAST_BLOCK_CONFIGS = (0, 2, 5)
 
 
-@pytest.mark.parametrize("kw", BLOCK_CONFIGS, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+@pytest.mark.parametrize("kw", [kw if i in _FAST_BLOCK_CONFIGS else
+                                pytest.param(kw, marks=pytest.mark.slow)
+                                for i, kw in enumerate(BLOCK_CONFIGS)],
+                         ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
 def test_block_jacobians_match_network_jacfwd(x64, kw):
   d = 8
   cfg = MLPConfig(depth=4, width=d, expansion=2.0, param_dtype="float64", **kw)
@@ -80,7 +86,9 @@ def _brute_force_orders(k_LxDxD, b_LxDxD):
   return sums
 
 
-@pytest.mark.parametrize("num_chunks", [1, 3, paths.LARGE_NUM_CHUNKS, None])
+@pytest.mark.parametrize("num_chunks", [   # fast: one chunk and several; the rest slow
+    1, 3, pytest.param(paths.LARGE_NUM_CHUNKS, marks=pytest.mark.slow),
+    pytest.param(None, marks=pytest.mark.slow)])
 def test_path_sums_equal_brute_force_subset_sums(x64, num_chunks):
   num, d, beta = 8, 6, 0.7
   rng = np.random.default_rng(0)
@@ -131,8 +139,10 @@ def test_order_statistics(x64):
   np.testing.assert_allclose(np.asarray(unc), [1.0, np.sqrt(2.0)])
 
 
-@pytest.mark.parametrize("position", ["pre", "post"])
-@pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-4)])
+@pytest.mark.parametrize("dtype,tol,position", [
+    ("float64", 1e-12, "pre"), ("float32", 1e-4, "post"),
+    pytest.param("float64", 1e-12, "post", marks=pytest.mark.slow),
+    pytest.param("float32", 1e-4, "pre", marks=pytest.mark.slow)])
 def test_path_sum_reconstruction_at_depth_48(request, position, dtype, tol):
   """App A.1: sum_k S_k against autodiff of the whole network, L=48, d=64."""
   if dtype == "float64":
@@ -199,9 +209,15 @@ def test_representation_trace_matches_model(x64):
   model = ResidualMLP(cfg)
   x = jax.random.normal(jax.random.PRNGKey(0), (9, 6), jnp.float64)
   variables = model.init(jax.random.PRNGKey(1), x)
-  _, inter = model.apply(variables, x, capture=True, mutable="intermediates")
-  stream = inter["intermediates"]["stream"][0]
-  tr = representations.trace_representations(variables["params"]["blocks"], x, cfg, [0, 2, 4])
+
+  @jax.jit   # one program: the model's captured stream and the traced representations
+  def compute(variables, x):
+    _, inter = model.apply(variables, x, capture=True, mutable="intermediates")
+    return (inter["intermediates"]["stream"][0],
+            representations.trace_representations(variables["params"]["blocks"], x, cfg,
+                                                  [0, 2, 4]))
+
+  stream, tr = compute(variables, x)
   np.testing.assert_allclose(np.asarray(tr.stream_mean[1:]), np.asarray(stream.mean(1)), atol=1e-12)
   np.testing.assert_allclose(np.asarray(tr.branch_mean),
                              np.asarray(jnp.diff(jnp.concatenate([x[None], stream]), axis=0).mean(1)),
@@ -219,9 +235,15 @@ def test_backward_stream_matches_autodiff_of_the_network(x64, kw):
   x = jax.random.normal(jax.random.PRNGKey(0), (7, 6), jnp.float64)
   blocks = model.init(jax.random.PRNGKey(1), x)["params"]["blocks"]
   delta_L = jax.random.normal(jax.random.PRNGKey(2), (7, 6), jnp.float64)
-  out = representations.backward_stream(blocks, x, delta_L, cfg, [0, 3, 5])
-  net = lambda r: blocks_lib.stack_forward(blocks, r, cfg)[0]
-  delta_0 = jax.vmap(lambda r, g: jax.vjp(net, r)[1](g)[0])(x, delta_L)
+
+  @jax.jit   # one program: the library's backward stream and the autodiff reference
+  def compute(blocks, x, delta_L):
+    out = representations.backward_stream(blocks, x, delta_L, cfg, [0, 3, 5])
+    net = lambda r: blocks_lib.stack_forward(blocks, r, cfg)[0]
+    delta_0 = jax.vmap(lambda r, g: jax.vjp(net, r)[1](g)[0])(x, delta_L)
+    return out, delta_0, blocks_lib.stack_forward(blocks, x, cfg)[1]
+
+  out, delta_0, hs = compute(blocks, x, delta_L)
   np.testing.assert_allclose(out["stream_mean"][0], delta_0.mean(0), atol=1e-12)
   np.testing.assert_allclose(out["stream_mean"][-1], delta_L.mean(0), atol=1e-12)
   np.testing.assert_allclose(out["contribution_mean"].sum(0),
@@ -230,7 +252,6 @@ def test_backward_stream_matches_autodiff_of_the_network(x64, kw):
                              np.linalg.svd(np.asarray(delta_0), compute_uv=False), atol=1e-12)
   frac = np.sum(delta_0.mean(0) ** 2) / np.mean(np.sum(delta_0 ** 2, -1))
   np.testing.assert_allclose(out["mean_fraction"][0], frac, rtol=1e-12)
-  hs = blocks_lib.stack_forward(blocks, x, cfg)[1]
   np.testing.assert_allclose(out["branch_mean"][0], (hs[0] - x).mean(0), atol=1e-12)
   with pytest.raises(ValueError, match="identity skip"):
     representations.backward_stream(blocks, x, delta_L, MLPConfig(depth=5, width=6,
@@ -272,6 +293,7 @@ SHARDED_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow   # a fresh process with 8 host devices (~7 s idle)
 def test_study_sharded_over_8_host_devices_equals_single_device():
   env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
   proc = subprocess.run([sys.executable, "-c", SHARDED_CHILD], capture_output=True, text=True,

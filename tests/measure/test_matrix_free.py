@@ -52,12 +52,18 @@ def test_deflated_estimates_of_a_known_spectrum(x64):
 
 def _network_check(L, d, layers, probes, steps, tol):
   cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
-  blocks, h0 = jacobians.seed_samples(cfg, jax.random.PRNGKey(0), 1)
-  ts = jacobians.input_output_jacobians(jacobians.block_jacobians(blocks, h0[0], cfg), cfg)
-  er, st, sv = _exact(np.asarray(ts)[np.asarray(layers) - 1])
-  est = jax.jit(lambda b, h: matrix_free.network_rank_estimates(
-      b, h, cfg, jax.random.PRNGKey(1), layers=layers, num_probes=probes,
-      num_steps=steps))(blocks, h0[0])
+
+  @jax.jit   # one program: the draw, the exact engine's Jacobians and the estimate
+  def compute(key):
+    blocks, h0 = jacobians.seed_samples(cfg, key, 1)
+    ts = jacobians.input_output_jacobians(jacobians.block_jacobians(blocks, h0[0], cfg), cfg)
+    est = matrix_free.network_rank_estimates(
+        blocks, h0[0], cfg, jax.random.PRNGKey(1), layers=layers, num_probes=probes,
+        num_steps=steps)
+    return ts[np.asarray(layers) - 1], est
+
+  ts, est = compute(jax.random.PRNGKey(0))
+  er, st, sv = _exact(ts)
   np.testing.assert_allclose(est.spectral_sq, sv[:, 0] ** 2, rtol=1e-4)
   err_er = np.abs(np.asarray(est.effective_rank) / er - 1)
   err_st = np.abs(np.asarray(est.stable_rank) / st - 1)
@@ -72,11 +78,16 @@ def test_network_ranks_match_the_exact_engine_at_d256():
 
 def test_block_ranks_match_exact_block_jacobians():
   cfg = MLPConfig(depth=3, width=96, expansion=4.0, norm_position="pre")
-  blocks, h0 = jacobians.seed_samples(cfg, jax.random.PRNGKey(2), 1)
-  bj = jacobians.block_jacobians(blocks, h0[0], cfg)
-  er, st, _ = _exact(np.asarray(bj.branch, np.float64) + np.eye(cfg.width))
-  est = jax.jit(lambda b, h: matrix_free.block_rank_estimates(
-      b, h, cfg, jax.random.PRNGKey(3), num_probes=16, num_steps=32))(blocks, h0[0])
+
+  @jax.jit   # one program: the draw, the exact block Jacobians and the estimates
+  def compute(key):
+    blocks, h0 = jacobians.seed_samples(cfg, key, 1)
+    return (jacobians.block_jacobians(blocks, h0[0], cfg).branch,
+            matrix_free.block_rank_estimates(blocks, h0[0], cfg, jax.random.PRNGKey(3),
+                                             num_probes=16, num_steps=32))
+
+  branch, est = compute(jax.random.PRNGKey(2))
+  er, st, _ = _exact(np.asarray(branch, np.float64) + np.eye(cfg.width))
   # near-full-rank blocks: deflation removes little, the SLQ error is ~1.5% (16 probes);
   # the estimates agree with exact within 4 of their own standard errors
   assert np.all(np.abs(np.asarray(est.effective_rank) - er)

@@ -9,6 +9,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from rankjax import cli
 from rankjax.config import MLPConfig
@@ -77,6 +78,7 @@ def test_bad_sweep_or_import_is_one_line(capsys, tmp_path):
   assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.slow   # a fresh Python process (x64 is global), ~6 s idle
 def test_float64_is_computed_in_float64(tmp_path):
   """In a fresh process (x64 is global): the path-sum reconstruction error is at
   float64 round-off, not float32's ~1e-7, and the JSON says float64."""

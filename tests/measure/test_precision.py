@@ -37,15 +37,20 @@ def test_a_named_precision_reaches_every_dot(platform):
 
 
 def test_other_entry_points_lower_at_highest_for_cuda():
-  blocks, h0 = jacobians.seed_samples(CFG, jax.random.PRNGKey(0), 4)
-  bj = jacobians.block_jacobians(blocks, h0[0], CFG)
-  params = gpt2.init_gpt2(jax.random.PRNGKey(0), 2, 64, vocab_size=50, max_positions=8)
-  h_LxTxD = gpt2_jacobians.ffn_inputs(params, jnp.arange(5), num_heads=2)
+  # lowering needs only the arguments' shapes and dtypes (nothing is computed)
+  blocks, h0 = jax.eval_shape(lambda k: jacobians.seed_samples(CFG, k, 4), jax.random.PRNGKey(0))
+  h0_D = jax.ShapeDtypeStruct(h0.shape[1:], h0.dtype)
+  bj = jax.eval_shape(lambda b, h: jacobians.block_jacobians(b, h, CFG), blocks, h0_D)
+  params = jax.eval_shape(lambda k: gpt2.init_gpt2(k, 2, 64, vocab_size=50, max_positions=8),
+                          jax.random.PRNGKey(0))
+  h_LxTxD = jax.eval_shape(lambda p: gpt2_jacobians.ffn_inputs(p, jnp.arange(5), num_heads=2),
+                           params)
   cases = [
       (jax.jit(lambda b: paths.path_sums(b, 0.5).unit), (bj.branch,)),
       (jax.jit(lambda b, h: jacobians.input_output_jacobians(
-          jacobians.block_jacobians(b, h, CFG), CFG)), (blocks, h0[0])),
-      (gpt2_jacobians.ffn_jacobians, (params["blocks"], h_LxTxD[:, -1])),
+          jacobians.block_jacobians(b, h, CFG), CFG)), (blocks, h0_D)),
+      (gpt2_jacobians.ffn_jacobians, (params["blocks"], jax.ShapeDtypeStruct(
+          h_LxTxD.shape[:1] + h_LxTxD.shape[2:], h_LxTxD.dtype))),
       (jax.jit(lambda p, t: gpt2_jacobians.ffn_inputs(p, t, num_heads=2)),
        (params, jnp.arange(5))),
       (jax.jit(lambda b, x: representations.trace_representations(b, x, CFG, [1, 3])),
@@ -109,8 +114,8 @@ def test_emulated_study_error_grows_with_coarser_dots(x64):
   ts = lambda b, h: jacobians.input_output_jacobians(
       jacobians.block_jacobians(b, h, cfg32), cfg32)[-1]
   b64 = jax.tree.map(lambda x: x.astype(jnp.float64), blocks)
-  exact = jacobians.input_output_jacobians(
-      jacobians.block_jacobians(b64, h0[0].astype(jnp.float64), cfg64), cfg64)[-1]
+  exact = jax.jit(lambda b, h: jacobians.input_output_jacobians(
+      jacobians.block_jacobians(b, h, cfg64), cfg64)[-1])(b64, h0[0].astype(jnp.float64))
   errs = {n: precision_lib.relative_error(jax.jit(precision_lib.emulate(ts, n))(blocks, h0[0]),
                                           exact)
           for n in ("f32", "bf16_3x", "tf32", "bf16")}

@@ -50,19 +50,25 @@ def _model_and_stacked(key):
 
 def test_flax_recipe_matches_direct_jacobian(x64):
   model, params, stacked, branch, h0 = _model_and_stacked(jax.random.PRNGKey(0))
-  ref = jax.jit(jax.jacobian(lambda p, h: model.apply({"params": p}, h), argnums=1))(params, h0)
-  out = jax.jit(lambda p, h: rn.network_study(p, h, branch))(stacked, h0)
+
+  @jax.jit   # one program: the references, the study and the estimate
+  def compute(params, stacked, h0):
+    ref = jax.jacobian(lambda h: model.apply({"params": params}, h))(h0)
+    out = rn.network_study(stacked, h0, branch)
+    # per-block: the prefix of the first l blocks
+    sub = jax.jacobian(lambda h: _prefix(params, h, 2))(h0)
+    # the matrix-free estimate from the same user functions (no stacking needed)
+    est = matrix_free.function_rank_estimates(
+        lambda x: model.apply({"params": params}, x), h0, jax.random.PRNGKey(2), num_probes=4,
+        num_steps=D)
+    return ref, out, sub, est
+
+  ref, out, sub, est = compute(params, stacked, h0)
   np.testing.assert_allclose(out["input_output"][-1], ref, rtol=1e-12, atol=1e-13)
   assert float(out["reconstruction_error"]) < 1e-13
   np.testing.assert_allclose(out["erank"][-1] * D, spectra.effective_rank(ref), rtol=1e-12)
   np.testing.assert_allclose(np.exp(out["order_log_mass"]).sum() > 0, True)
-  # per-block: the prefix of the first l blocks
-  sub = jax.jit(jax.jacobian(lambda p, h: _prefix(p, h, 2), argnums=1))
-  np.testing.assert_allclose(out["input_output"][1], sub(params, h0), rtol=1e-12, atol=1e-13)
-  # the matrix-free estimate from the same user functions (no stacking needed)
-  est = jax.jit(lambda p, h: matrix_free.function_rank_estimates(
-      lambda x: model.apply({"params": p}, x), h, jax.random.PRNGKey(2), num_probes=4,
-      num_steps=D))(params, h0)
+  np.testing.assert_allclose(out["input_output"][1], sub, rtol=1e-12, atol=1e-13)
   np.testing.assert_allclose(est.spectral_sq, np.linalg.norm(ref, 2) ** 2, rtol=1e-10)
 
 
@@ -86,7 +92,7 @@ def test_general_split_post_norm_block_with_closed_form(x64):
       h = norm(h + w[l] @ h)
     return h
 
-  ref = jax.jacobian(net)(jnp.linspace(-1.0, 1.0, D))
+  ref = jax.jit(jax.jacobian(net))(jnp.linspace(-1.0, 1.0, D))
   np.testing.assert_allclose(out["input_output"][-1], ref, rtol=1e-11, atol=1e-12)
   assert float(out["reconstruction_error"]) < 1e-12
 

@@ -5,6 +5,7 @@ Each check is independent of the code under test where it can be: the operator
 norm from autodiff and sign enumeration (Thm 3.2), subsets by numpy brute force,
 the MHA Jacobian from ``jax.jacfwd`` of an MHA written here, statistics by numpy.
 """
+import functools
 import math
 
 import jax
@@ -31,6 +32,12 @@ def _pad(p, width=PAD):
   return np.concatenate([p, np.zeros((p.shape[0], width - p.shape[1]))], -1)
 
 
+@functools.partial(jax.jit, static_argnames="methods")
+def _certify(p, methods):
+  """``theta_certificate(p, m)`` for each of ``methods``, in one compiled program."""
+  return tuple(sens.theta_certificate(p, m) for m in methods)
+
+
 def _theta_brute(p_RxL):
   """Def 3.1 by numpy brute force over all 2^L subsets (chunked)."""
   R, L = p_RxL.shape
@@ -47,7 +54,8 @@ def _theta_brute(p_RxL):
 # ------------------------------------------------------------------ Thm 3.2
 
 
-@pytest.mark.parametrize("L", [4, 8, 12])
+@pytest.mark.parametrize("L", [pytest.param(4, marks=pytest.mark.slow), 8,
+                               pytest.param(12, marks=pytest.mark.slow)])
 def test_inf_to_one_norm_equals_theta_over_tau(x64, L):
   rng = np.random.default_rng(L)
   u = rng.standard_normal((16, L))
@@ -102,8 +110,7 @@ def test_certificates_are_lower_bounds(x64):
   p = np.concatenate([paper] + [_pad(_rows(rng, 100, L, scale)) for L in (8, 16, 28)
                                 for scale in (1.0, 3.0)])
   exact = sens.theta_mitm(p)
-  greedy = np.asarray(sens.theta_certificate(p, "greedy_prefix"))
-  balance = np.asarray(sens.theta_certificate(p, "balance"))
+  greedy, balance = map(np.asarray, _certify(p, ("greedy_prefix", "balance")))
   np.testing.assert_allclose([greedy[0], balance[0], exact[0]], [0.96, 1.0, 1.0], rtol=1e-12)
   p_max = p.max(-1)
   assert np.all(greedy <= exact + 1e-12) and np.all(balance <= exact + 1e-12)
@@ -121,9 +128,9 @@ def test_certificate_masks_and_batch_axes(x64):
   rng = np.random.default_rng(3)
   p = np.concatenate([_pad(_rows(rng, 100, L, 2.0)) for L in (8, 16, 28)] * 2 + [_pad([1.0])])
   shuffled = np.stack([row[rng.permutation(PAD)] for row in p])  # zeros anywhere
-  for method in ("greedy_prefix", "repair", "balance"):  # sums in position order:
-    np.testing.assert_allclose(sens.theta_certificate(p, method),  # ulps apart
-                               sens.theta_certificate(shuffled, method), rtol=1e-14)
+  methods = ("greedy_prefix", "repair", "balance")  # sums in position order: ulps apart
+  for got, want in zip(_certify(p, methods), _certify(shuffled, methods)):
+    np.testing.assert_allclose(got, want, rtol=1e-14)
   out = sens.theta_certificate(p.reshape(1, -1, 1, PAD), "greedy_prefix")
   assert out.shape == (1, p.shape[0], 1)
   with pytest.raises(ValueError):
@@ -138,6 +145,19 @@ def _greedy_sorted(p):
   k = jnp.argmin(jnp.abs(c - 0.5), axis=-1)
   ck = jnp.take_along_axis(c, k[..., None], axis=-1)[..., 0]
   return 4.0 * ck * (1.0 - ck)
+
+
+@jax.jit
+def _batched_greedy_and_sorted(p):
+  """The sort-free greedy prefix of ``p`` as a (2, 3, 20) batch, and the sorted one."""
+  return sens.theta_certificate(p.reshape(2, 3, 20, -1), "greedy_prefix"), _greedy_sorted(p)
+
+
+@jax.jit
+def _greedy_sorted_and_vmapped(p):
+  """The sort-free greedy prefix, the sorted one, and the sort-free one under vmap."""
+  return (sens.theta_certificate(p, "greedy_prefix"), _greedy_sorted(p),
+          jax.vmap(lambda r: sens.theta_certificate(r, "greedy_prefix"))(p))
 
 
 def _tied_rows(width):
@@ -160,7 +180,7 @@ def _tied_rows(width):
   return np.stack(rows)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_greedy_prefix_sort_free_equals_sorted(dtype):
   """The bisection greedy (App D.2 without a sort) picks the sort's prefix: the values
   agree up to summation order on continuous, masked, tied and unnormalized rows, and
@@ -173,19 +193,18 @@ def test_greedy_prefix_sort_free_equals_sorted(dtype):
       if L > 2:
         p[:10, : L // 3] = 0.0  # masked positions
       p = p.astype(dtype)
-      got = np.asarray(sens.theta_certificate(p.reshape(2, 3, 20, L), "greedy_prefix"))
+      got, want = map(np.asarray, _batched_greedy_and_sorted(p))
       assert got.shape == (2, 3, 20) and got.dtype == np.dtype(dtype)
-      np.testing.assert_allclose(got.reshape(-1), _greedy_sorted(p), rtol=rtol, atol=0)
+      np.testing.assert_allclose(got.reshape(-1), want, rtol=rtol, atol=0)
     ties = _tied_rows(32).astype(dtype)
-    got = np.asarray(sens.theta_certificate(ties, "greedy_prefix"))
-    np.testing.assert_allclose(got, _greedy_sorted(ties), rtol=rtol, atol=0)
+    got, want, vm = map(np.asarray, _greedy_sorted_and_vmapped(ties))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=0)
     np.testing.assert_allclose(got[:8], [1.0, 8 / 9, 0.96, 1.0, 0.0, 48 / 49, 1.0, 0.0],
                                rtol=rtol)
-    vm = jax.vmap(lambda r: sens.theta_certificate(r, "greedy_prefix"))(ties)
     np.testing.assert_allclose(vm, got, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_certificates_never_exceed_exact_small_L(dtype):
   """Both certificates <= theta by enumeration (L <= 16), in either dtype, and
   balance >= greedy prefix, on random rows (float32 rows are checked against the exact
@@ -197,8 +216,7 @@ def test_certificates_never_exceed_exact_small_L(dtype):
     p = p.astype(dtype).astype(np.float64)
     exact = np.asarray(sens.theta_exact(p))
   with jax.enable_x64(dtype == "float64"):
-    greedy = np.asarray(sens.theta_certificate(p.astype(dtype), "greedy_prefix"))
-    balance = np.asarray(sens.theta_certificate(p.astype(dtype), "balance"))
+    greedy, balance = map(np.asarray, _certify(p.astype(dtype), ("greedy_prefix", "balance")))
   tol = 1e-12 if dtype == "float64" else 1e-6
   assert np.all(greedy <= exact + tol) and np.all(balance <= exact + tol)
   assert np.all(balance >= greedy)
@@ -238,6 +256,13 @@ def _hard_rows(width, dtype):
   return np.stack([np.asarray(r, np.float64) for r in rows]).astype(dtype)
 
 
+@jax.jit
+def _greedy_and_passes(p):
+  """The greedy-prefix certificate and its search's number of passes, in one program."""
+  return (sens.theta_certificate(p, "greedy_prefix"),
+          certs._greedy_boundary(certs._nonneg(p))[3])
+
+
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_greedy_prefix_hard_rows_and_pass_bound(dtype):
   """The interpolation search equals the sorted greedy (numpy, float64 sums of the same
@@ -249,9 +274,9 @@ def test_greedy_prefix_hard_rows_and_pass_bound(dtype):
       hard = _hard_rows(max(L, 8), np.dtype(dtype).type)[:, :L]
       soft = np.concatenate([_rows(rng, 64, L, s) for s in (0.25, 1.0, 4.0, 16.0)])
       p = np.concatenate([hard, soft.astype(dtype)])
-      got = np.asarray(sens.theta_certificate(p, "greedy_prefix"))
+      got, passes = map(np.asarray, _greedy_and_passes(p))
       np.testing.assert_allclose(got, _greedy_numpy(p), rtol=rtol, atol=1e-30)
-      passes = int(jax.jit(lambda q: certs._greedy_boundary(certs._nonneg(q))[3])(p))
+      passes = int(passes)
       assert passes <= (34 if dtype == "float32" else 66)
 
 
@@ -288,8 +313,7 @@ def test_repair_certificate(dtype):
   with jax.enable_x64(dtype == "float64"):
     for q, ex in ((p, exact), (big, exact_big)):
       q = q.astype(dtype)
-      greedy = np.asarray(sens.theta_certificate(q, "greedy_prefix"))
-      repair = np.asarray(sens.theta_certificate(q, "repair"))
+      greedy, repair = map(np.asarray, _certify(q, ("greedy_prefix", "repair")))
       want = np.array([_repair_numpy(r) for r in q])
       np.testing.assert_allclose(repair, want, rtol=tol, atol=tol)
       assert np.all(repair >= greedy) and np.all(repair <= ex + tol)
@@ -473,7 +497,7 @@ def _balance_numpy(p):
   return max((4 * q * (1 - q)).max(), (4 * c * (1 - c)).max())
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])
 def test_balance_certificate_matches_numpy(dtype):
   """The "balance" certificate (int-bit-pattern sort, greedy balancing, best move or
   swap) equals the numpy reference on random, masked and tied rows."""

@@ -5,6 +5,20 @@ import pytest
 from experiments.softmax_sensitivity import reproduce, theorem_check
 
 
+def test_certificate_match_rates_small_run():
+  """The match-rate protocol at a small size (the seed-0 pin below runs with -m slow):
+  fractions of ``num`` rows per length, and the balance certificate (never below the
+  greedy prefix, never above theta) matches at least where the greedy prefix does."""
+  num = 16
+  r = theorem_check.certificate_match_rates(0, num)
+  assert set(r) == {"8", "16"}
+  for rates in r.values():
+    for m in ("greedy_prefix", "balance"):
+      assert 0 <= rates[m] <= 1 and rates[m] * num == pytest.approx(round(rates[m] * num))
+    assert rates["balance"] >= rates["greedy_prefix"]
+
+
+@pytest.mark.slow   # 500 rows per length: compiles and runs ~8 s idle
 def test_greedy_prefix_match_rate_seed0_pins_expected():
   """EXPECTED.md, App D.2 at paper scale: seed 0 gives 89/500 (L = 8) and 13/500
   (L = 16) greedy-prefix matches, the paper's 17.8% / 2.6%."""

@@ -42,6 +42,7 @@ def _small_post_lm():
                              max_seq_len=24, dropout_rate=0.0, attn_dropout_rate=0.0)
 
 
+@pytest.mark.slow   # the trained-bounds pipeline end to end on a small LM (~13 s idle)
 def test_split_heads_reproduces_the_model_attention_and_bounds_order(monkeypatch):
   mcfg = _small_post_lm()
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 257, (2, 24)), jnp.int32)

@@ -32,6 +32,18 @@ def test_small_experiment_and_summary(tmp_path):
   assert (tmp_path / "table3_projections.png").is_file()
   saved = json.loads((tmp_path / "table3_projections.json").read_text())
   assert 0.5 < saved["table"]["0.1"][0] <= 1.0 and res["summary"]
+  # Table 1 small (the paper-size run is the slow test below): the coherences are
+  # closed forms at any size (EXPECTED.md digits), the stable ranks finite and >= 1
+  from experiments.transforming_rank import table1_coherence
+  t1 = table1_coherence.run(str(tmp_path), width=16, inputs=64, seeds=2, n_sweep=(64,))
+  for act, c in {"abs": 0.637, "relu": 0.318, "gelu": 0.187, "silu": 0.120, "tanh": 0.0}.items():
+    assert t1["table"][act]["coherence"] == pytest.approx(c, abs=5e-4)
+    assert 1.0 <= t1["table"][act]["measured_stable_rank"] < 16
+  assert set(t1["n_dependence"]["tanh"]) == {"64"}
+
+
+@pytest.mark.slow   # Table 1 at its paper size (d = 256, n = 1024, 3 seeds) through run_all
+def test_run_all_summary_and_table1_pins_expected(tmp_path):
   out = reproduce.run_all(str(tmp_path / "all"), "quick", only="table1")
   assert out["failed"] == [] and "error" not in out["results"]["table1"]
   text = (tmp_path / "all" / "summary.md").read_text()
@@ -56,6 +68,7 @@ def _ours(result, item_start):
           if x.replace(".", "", 1).replace("-", "", 1).replace("e", "", 1).isdigit()]
 
 
+@pytest.mark.slow   # the small run of Table 3 stays fast (test_small_experiment_and_summary)
 def test_table3_quick_pins_expected(tmp_path):
   """EXPECTED.md, Table 3 (quick = paper size here, ~4 s), to its 3 stated digits."""
   from experiments.transforming_rank import table3_projections
@@ -65,6 +78,24 @@ def test_table3_quick_pins_expected(tmp_path):
     np.testing.assert_allclose(_ours(res, f"Table 3: eps={eps},")[-4:], want, atol=5e-4)
 
 
+def test_table6_and_fig2_small_runs(tmp_path):
+  """Table 6 and Fig 2 end to end at a small size (the pins below run with -m slow): a
+  row per width, eranks in (0, 1], and the exact beta*alpha^2 symmetry of Fig 2."""
+  from experiments.transforming_rank import fig2_branch_scale, table6_width
+  t6 = table6_width.run(str(tmp_path), "quick", widths=(16,), layers=(4, 8), seeds=1,
+                        min_inputs=32)
+  assert (tmp_path / "table6_width.png").is_file()
+  erank = _ours(t6, "Table 6: d=16")
+  assert len(erank) == 2 and all(0 < v <= 1 for v in erank)
+  f2 = fig2_branch_scale.run(str(tmp_path), "quick", depth=6, width=16,
+                             alpha_exponents=(0, 2), beta_exponents=(-2, 0))
+  assert (tmp_path / "fig2_branch_scale.png").is_file()
+  assert all(0 < v <= 1 for v in _ours(f2, "Fig 2: erank_L/d"))
+  spreads = f2["max_spread_at_equal_ratio"]     # the beta*alpha^2 symmetry, float32 rounding
+  assert set(spreads) == {"pre", "post"} and max(spreads.values()) < 1e-5
+
+
+@pytest.mark.slow
 def test_table6_and_fig2_quick_pin_expected(tmp_path):
   """EXPECTED.md, Table 6 (d = 128 equals the paper's row) and Fig 2 (~15 s together)."""
   from experiments.transforming_rank import fig2_branch_scale, table6_width

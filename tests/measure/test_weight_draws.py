@@ -46,13 +46,16 @@ def test_xla_threefry_uses_the_jax_normal_transform():
       weight_draws.standard_normal(key, (4,), jnp.float64, "xla_threefry")
 
 
+_standard_normal = jax.jit(weight_draws.standard_normal, static_argnums=(1, 2, 3))
+
+
 def test_draws_are_deterministic_and_differ():
   key = jax.random.PRNGKey(3)
-  out = {d: np.asarray(weight_draws.standard_normal(key, (64,), jnp.float32, d))
+  out = {d: np.asarray(_standard_normal(key, (64,), jnp.float32, d))
          for d in weight_draws.DRAWS}
-  for d in weight_draws.DRAWS:
+  for d in weight_draws.DRAWS:   # the same compiled program again: the same bits
     np.testing.assert_array_equal(
-        out[d], np.asarray(weight_draws.standard_normal(key, (64,), jnp.float32, d)))
+        out[d], np.asarray(_standard_normal(key, (64,), jnp.float32, d)))
   np.testing.assert_array_max_ulp(out["threefry"], np.asarray(
       jax.random.normal(key, (64,), jnp.float32)), MAX_ULP)   # the default: jax's numbers
   for d in weight_draws.DRAWS[1:]:
@@ -76,9 +79,14 @@ def test_study_with_a_draw_measures_that_draw():
                                             num_chunks=1, return_samples=True,
                                             draw="threefry_serial")
   base = dataclasses.replace(cfg, alpha=1.0, beta=1.0)
-  for s, k in enumerate(jax.random.split(key, 2)):
+
+  @jax.jit   # one program for both seeds' reference measurements
+  def reference(k):
     blocks, h0 = jacobians.seed_samples(base, k, 2, draw="threefry_serial")
-    ref = jax.vmap(lambda h: jacobians.sample_measurements(blocks, h, base, num_chunks=1))(h0)
+    return jax.vmap(lambda h: jacobians.sample_measurements(blocks, h, base, num_chunks=1))(h0)
+
+  for s, k in enumerate(jax.random.split(key, 2)):
+    ref = reference(k)
     np.testing.assert_allclose(samples["erank"][s], ref["erank"], rtol=1e-5)
     np.testing.assert_allclose(samples["order_log_mass"][s], ref["order_log_mass"],
                                rtol=1e-5, atol=1e-5)
@@ -111,10 +119,14 @@ def test_unrolled_threefry_is_jax_random_bit_for_bit(seed):
 
 def test_pieces_are_the_split_draw():
   key = jax.random.PRNGKey(4)
-  sizes = [5, 1, 17]
+  sizes = (5, 1, 17)
+  # per draw, the whole draw and its pieces in one compiled program
+  both = jax.jit(lambda k, draw: (
+      weight_draws.standard_normal(k, (sum(sizes),), jnp.float32, draw),
+      weight_draws.standard_normal_pieces(k, sizes, jnp.float32, draw)), static_argnums=1)
   for draw in weight_draws.DRAWS:
-    whole = np.asarray(weight_draws.standard_normal(key, (sum(sizes),), jnp.float32, draw))
-    pieces = weight_draws.standard_normal_pieces(key, sizes, jnp.float32, draw)
+    whole, pieces = both(key, draw)
+    whole = np.asarray(whole)
     np.testing.assert_array_max_ulp(np.concatenate([np.asarray(p) for p in pieces]), whole,
                                     MAX_ULP)
   with jax.enable_x64(True):   # float64: jax.random.normal's own float64 draw
