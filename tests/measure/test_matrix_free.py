@@ -71,6 +71,7 @@ def _network_check(L, d, layers, probes, steps, tol):
   return err_er, err_st
 
 
+@pytest.mark.slow   # d = 256 (~5 s); block ranks against the exact engine stay fast
 def test_network_ranks_match_the_exact_engine_at_d256():
   err_er, err_st = _network_check(8, 256, (8,), 12, 24, tol=0.03)
   print(f"matrix-free vs exact, L=8, d=256: erank {err_er}, stable rank {err_st}")

@@ -50,6 +50,7 @@ def test_spread_matches_numpy_over_the_samples(tmp_path):
   assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow   # ~6 s; the sweep itself is fast in test_alpha_sweep_is_one_compiled_program
 def test_sweep_writes_one_table_and_one_figure(tmp_path):
   out = tmp_path / "sweep.json"
   assert cli.main(["measure", "mlp", "--set", "width=8", "--seeds", "2", "--inputs", "1",

@@ -19,6 +19,7 @@ def _small_lm():
                              max_seq_len=8, vocab_size=32)
 
 
+@pytest.mark.slow   # a model at exact collapse (~6 s); the Sec 4.3 pieces stay fast
 def test_prop_d2_identity_at_exact_collapse_of_one_sequence():
   s = pd._summary(pd.exact_collapse(_small_lm(), (5,)))
   for k in ("k1", "k2"):

@@ -48,6 +48,7 @@ def _model_and_stacked(key):
   return model, params, stacked, branch, h0
 
 
+@pytest.mark.slow   # the docstring recipe end to end (~7 s); the engine is fast below
 def test_flax_recipe_matches_direct_jacobian(x64):
   model, params, stacked, branch, h0 = _model_and_stacked(jax.random.PRNGKey(0))
 

@@ -179,7 +179,8 @@ def test_layer_norm_bias_matches_the_formula():
   np.testing.assert_allclose(h, gamma * (y - mu) / sigma + beta, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("position", ["pre", pytest.param("post", marks=pytest.mark.slow)])
+@pytest.mark.slow   # ~6 s per placement; remat itself runs fast in test_lm_golden
+@pytest.mark.parametrize("position", ["pre", "post"])
 def test_every_remat_policy_gives_the_same_gradients(position):
   cfg, tokens, params = _setup(norm_position=position, dropout_rate=0.1)
   rng = {"dropout": jax.random.key(3)}
@@ -196,7 +197,8 @@ def test_every_remat_policy_gives_the_same_gradients(position):
 
 
 # 2 of 3 layers: an unrolled pair and a remainder; 3: fully unrolled (slow)
-@pytest.mark.parametrize("unroll", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow   # ~4 s each: two compiled models per case
+@pytest.mark.parametrize("unroll", [2, 3])
 def test_layer_scan_unroll_keeps_outputs_gradients_and_params(unroll):
   cfg, tokens, params = _setup(norm_position="post", num_layers=3)
   model = DecoderLM(cfg)
@@ -218,6 +220,7 @@ def test_old_remat_booleans_still_load():
   assert config_lib.from_dict(TransformerConfig, {"remat": False}).remat == "none"
 
 
+@pytest.mark.slow   # ~5 s: two tasks' gradients; the masked head (vocab 40 -> 33) is fast below
 def test_padded_vocab_gives_the_unpadded_loss_and_gradients():
   cfg, tokens, params = _setup(norm_position="pre", tie_embeddings=True)
   padded = dataclasses.replace(cfg, vocab_multiple=32)            # 37 -> 64 rows

@@ -50,6 +50,7 @@ def test_mesh_shape_errors():
     shard_lib.make_mesh(0, 4)
 
 
+@pytest.mark.slow   # 8 devices in a second process (~14 s); mesh and spec rules are fast above
 def test_step_on_1_and_8_devices_agrees():
   """data=2 x fsdp=4 (sharded init) and data=8: same init, loss, grad norm, params."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
