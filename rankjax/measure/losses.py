@@ -22,6 +22,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from rankjax.models.lm_head import token_nll
 from rankjax.numerics import float_dtype
 
 Array = jax.Array
@@ -48,9 +49,7 @@ def cross_entropy(logits: Array, labels: Array, mask: Array | None = None) -> Ar
   z = jnp.asarray(logits)
   z = z.astype(float_dtype(z))
   labels = jnp.asarray(labels)
-  lse = jax.nn.logsumexp(z, axis=-1)
-  z_y = jnp.take_along_axis(z, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  nll = lse - z_y
+  nll = token_nll(z, labels)
   if mask is None:
     return jnp.mean(nll)
   w = jnp.broadcast_to(jnp.asarray(mask).astype(nll.dtype), nll.shape)

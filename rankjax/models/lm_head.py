@@ -58,6 +58,14 @@ def head_logits(h: jax.Array, w_DxV: jax.Array, vocab_size: int | None = None) -
   return z
 
 
+def token_nll(z: jax.Array, labels: jax.Array) -> jax.Array:
+  """``-log softmax(z)[y] = logsumexp(z) - z_y`` per token (the terms of Thm 3.8's
+  ``L_CE``), ``z`` of shape ``(..., V)``, ``labels`` ``z.shape[:-1]``: the one
+  cross-entropy formula (``head_cross_entropy`` and ``measure.losses.cross_entropy``)."""
+  z_y = jnp.take_along_axis(z, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return jax.nn.logsumexp(z, axis=-1) - z_y
+
+
 def head_cross_entropy(h_NxD: jax.Array, w_DxV: jax.Array, labels_N: jax.Array,
                        vocab_size: int | None = None, chunk: int = 0) -> jax.Array:
   """Mean ``-log softmax(h_n W)[y_n]`` (``L_CE`` of Thm 3.8) from the head's input.
@@ -73,9 +81,7 @@ def head_cross_entropy(h_NxD: jax.Array, w_DxV: jax.Array, labels_N: jax.Array,
                      f"{h_NxD.shape} and {labels_N.shape}")
 
   def nll_sum(h_CxD, y_C, w_C):
-    z = head_logits(h_CxD, w_DxV, vocab_size)
-    z_y = jnp.take_along_axis(z, y_C[:, None].astype(jnp.int32), axis=-1)[:, 0]
-    return jnp.sum(w_C * (jax.nn.logsumexp(z, axis=-1) - z_y))
+    return jnp.sum(w_C * token_nll(head_logits(h_CxD, w_DxV, vocab_size), y_C))
 
   n = h_NxD.shape[0]
   acc = float_dtype(h_NxD.dtype)

@@ -26,9 +26,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from rankjax.config import TrainConfig
+from rankjax.measure.losses import cross_entropy
 from rankjax.models.lm_head import head_cross_entropy
 from rankjax.models.mlp import ResidualMLP
 from rankjax.models.transformer import DecoderLM, compute_copy, intermediate_grads
@@ -100,11 +100,6 @@ def dropout_key(rng: Array, impl: str) -> Array:
   return jax.random.wrap_key_data(jax.random.bits(rng, shape, jnp.uint32), impl=impl)
 
 
-def _cross_entropy(logits: Array, labels: Array) -> Array:
-  return optax.softmax_cross_entropy_with_integer_labels(
-      logits.astype(jnp.float32), labels).mean()
-
-
 @dataclasses.dataclass(frozen=True)
 class LMTask(Task):
   """Next-token prediction with ``DecoderLM``; captures X_k / Y_k and their grads."""
@@ -124,7 +119,7 @@ class LMTask(Task):
   def capture(self, params, batch):
     targets = batch["targets"]
     _, _, grads, acts = intermediate_grads(
-        self.model, params, batch["inputs"], lambda logits: _cross_entropy(logits, targets))
+        self.model, params, batch["inputs"], lambda logits: cross_entropy(logits, targets))
     return acts, grads
 
   def data_requirements(self) -> dict[str, Any]:
@@ -156,7 +151,7 @@ class ClassifierTask(Task):
   def loss(self, params, batch, rng, deterministic=False):
     del rng, deterministic
     logits = self._logits(params, batch["inputs"])
-    loss = _cross_entropy(logits, batch["targets"])
+    loss = cross_entropy(logits, batch["targets"])
     accuracy = jnp.mean((jnp.argmax(logits, -1) == batch["targets"]).astype(jnp.float32))
     return loss, {"loss": loss, "accuracy": accuracy}
 

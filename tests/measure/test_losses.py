@@ -104,3 +104,16 @@ def test_collapsed_model_cannot_beat_frequency_loss(x64):
   for _ in range(20):
     w = rng.normal(size=(8, 20)) * rng.uniform(0.1, 5)
     assert float(losses.cross_entropy(h @ w, y)) >= freq - 1e-12
+
+
+def test_the_one_token_nll_equals_optax(x64):
+  """models.lm_head.token_nll (behind head_cross_entropy, cross_entropy and the training
+  tasks' losses) against a peer library's per-token cross-entropy, in float64."""
+  import optax
+
+  from rankjax.models.lm_head import token_nll
+  rng = np.random.default_rng(3)
+  z, y = jnp.asarray(rng.normal(size=(4, 5, 11)) * 7.0), jnp.asarray(rng.integers(0, 11, (4, 5)))
+  np.testing.assert_allclose(np.asarray(token_nll(z, y)),
+                             np.asarray(optax.softmax_cross_entropy_with_integer_labels(z, y)),
+                             rtol=1e-13, atol=1e-13)
