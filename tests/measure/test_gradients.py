@@ -119,6 +119,7 @@ def test_alpha_matches_direct_grad():
     np.testing.assert_allclose(alpha, want, rtol=1e-4)
 
 
+@pytest.mark.slow   # a model's captures (~6 s); rms_factor and the bound are fast below
 def test_rms_factor_contraction_and_theorem_3_6_bound():
   """Thm 3.6 / App D.1: ||dL/dX_k|| <= alpha_k sqrt(d)/||y_k|| ||dL/dX_{k+1}|| (exact
   collapse); the RMSNorm step alone: ||dL/dY_k||_F <= max_i sqrt(d)/||y_i|| ||dL/dX_{k+1}||_F

@@ -94,6 +94,7 @@ def test_registered_with_aliases():
   assert reproduce.EXPERIMENTS["fig6"] == f6.NAME
 
 
+@pytest.mark.slow   # the experiment end to end (~5 s); its sweep is fast above
 def test_smoke_run_writes_figure_and_names_the_data_set(tmp_path):
   res = f6.run(str(tmp_path), width=8, batch=16, steps=3, train_examples=64,
                test_examples=32, alphas=(1.0,), depths=(2,), placements=("post",),

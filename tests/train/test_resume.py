@@ -25,16 +25,25 @@ from tests.train.conftest import logs_warning, losses, tiny_lm, tiny_mlp
 CONFIGS = {"lm": tiny_lm, "mlp": tiny_mlp}
 
 
+class _References(dict):
+  """{kind: the workdir of an uninterrupted run of 8 updates}, each trained in this
+  process when first asked for (the fast tests need only the LM's)."""
+
+  def __init__(self, tmp_path_factory):
+    super().__init__()
+    self.tmp_path_factory = tmp_path_factory
+
+  def __missing__(self, kind):
+    full = self.tmp_path_factory.mktemp(f"full_{kind}")
+    result = train(CONFIGS[kind](), full, progress_bar=False)
+    assert (result.status, result.step) == ("completed", 8)
+    self[kind] = full
+    return full
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  """{kind: the workdir of an uninterrupted run of 8 updates}, trained in this process."""
-  out = {}
-  for kind, make in CONFIGS.items():
-    full = tmp_path_factory.mktemp(f"full_{kind}")
-    result = train(make(), full, progress_bar=False)
-    assert (result.status, result.step) == ("completed", 8)
-    out[kind] = full
-  return out
+  return _References(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +122,7 @@ def test_sigterm_saves_exits_cleanly_and_resumes(reference, tmp_path):
   assert losses(tmp_path) == losses(reference["lm"])
 
 
+@pytest.mark.slow   # needs the MLP reference run; test_restore's corrupt-step tests are fast
 def test_corrupt_latest_checkpoint_falls_back_with_warning(reference, tmp_path, caplog):
   workdir = tmp_path / "run"
   shutil.copytree(reference["mlp"], workdir)
