@@ -7,8 +7,10 @@ result into rows. ``rankjax reproduce`` finds the folders itself; nothing lists 
 
 Every run writes, into the study's output folder,
 
-- ``summary.json``: a list of rows ``{experiment, item, paper, ours, status, scale,
-  seeds, spread, note}`` (``status`` one of :data:`STATUSES`);
+- ``results/<scale>/<experiment>.json`` per experiment: its rows, settings, seeds,
+  figure data and provenance (``experiments.results``);
+- ``summary.json``: every row, one quantity each, fields :data:`FIELDS`, judged by the
+  claim the experiment declared before it ran (``experiments.evidence``);
 - ``summary.md``: the same rows rendered as a table (nothing parses it back; the HTML
   report of ``rankjax report`` is rendered from ``summary.json``).
 
@@ -30,11 +32,13 @@ import re
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-STATUSES = ("match", "mismatch", "qualitative", "missing", "failed")
-FIELDS = ("experiment", "item", "paper", "ours", "status", "scale", "seeds", "spread", "note")
-AUTO_RTOL = 0.05   # the automatic status: numbers within 5% (or the paper's last digit)
+from experiments import evidence, results as results_files
+
+STATUSES = evidence.STATUSES
+FIELDS = evidence.FIELDS
+AUTO_RTOL = 0.05   # LEGACY (rows not yet declared as claims): numbers within 5%
 
 
 class NotPrepared(ValueError):
@@ -107,6 +111,8 @@ class Experiment:
   folder: output sub-folder of the study folder ("" = the study folder itself).
   scales: the scales it has a path for; at another scale it is a ``missing`` row.
   needs: scale -> None, or one line naming an unprepared data set (and its command).
+  claims: the claims its rows judge (``evidence.claims``), declared before it runs;
+    a row whose item, paper or rule is not the declared claim's is an error.
   """
   module: str
   rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
@@ -114,6 +120,7 @@ class Experiment:
   scales: tuple[str, ...] = ("quick", "paper")
   needs: Callable[[str], str | None] | None = None
   why_missing: str = "no path at this scale"
+  claims: Mapping[str, evidence.Claim] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,21 +170,39 @@ def _jsonable(x: Any) -> Any:
   return str(x)
 
 
-def _complete(name: str, r: dict[str, Any], scale: str, result: dict[str, Any]) -> dict:
-  """A row with every field: the experiment's name, the scale, the status (automatic
-  when the experiment left it open) and the seeds from its settings when unstated."""
-  out = {k: r.get(k) for k in FIELDS}
+def _complete(name: str, r: dict[str, Any], scale: str, result: dict[str, Any],
+              claims: Mapping[str, evidence.Claim] | None = None) -> dict:
+  """A row with every field of :data:`FIELDS`: the experiment's name and the scale
+  added; a row judged by a claim is checked against the declaration."""
+  if "rule" in r:
+    claim = (claims or {}).get(r["item"])
+    if claims is not None and (claim is None or claim.paper != r["paper"]
+                               or claim.rule.describe() != r["rule"]):
+      raise ValueError(f"{name}: row {r['item']!r} is not one of the declared claims "
+                       "(item, paper and rule come from evidence.Claim.judge)")
+    out = {k: r.get(k) for k in FIELDS}
+  else:   # LEGACY row (runner.row): the automatic status
+    out = {k: r.get(k) for k in FIELDS}
+    out["status"] = r.get("status") or auto_status(r.get("paper"), r.get("ours"))
+    if r.get("spread") is not None:
+      out["note"] = "; ".join(x for x in (r.get("note"), f"spread {r['spread']}") if x)
+    if out["seeds"] is None:
+      settings = result.get("settings") if isinstance(result.get("settings"), dict) else {}
+      seeds = settings.get("seeds", result.get("seeds"))
+      out["n"] = len(seeds) if isinstance(seeds, (list, tuple)) else seeds
+    elif isinstance(out["seeds"], int):
+      out["n"], out["seeds"] = out["seeds"], None
   out["experiment"], out["scale"] = name, scale
-  out["note"] = r.get("note") or ""
-  if out["status"] is None:
-    out["status"] = auto_status(out["paper"], out["ours"])
+  out["note"] = out.get("note") or ""
   if out["status"] not in STATUSES:
     raise ValueError(f"{name}: row {out['item']!r} has status {out['status']!r}")
-  if out["seeds"] is None:
-    settings = result.get("settings") if isinstance(result.get("settings"), dict) else {}
-    seeds = settings.get("seeds", result.get("seeds"))
-    out["seeds"] = len(seeds) if isinstance(seeds, (list, tuple)) else seeds
   return {k: _jsonable(v) for k, v in out.items()}
+
+
+def _runner_row(item: str, status: str, note: str) -> dict[str, Any]:
+  """A ``missing`` or ``failed`` row (the runner's own, judged by no claim)."""
+  return {"item": item, "quantity": None, "paper": None, "ours": None, "status": status,
+          "rule": None, "note": note}
 
 
 def preflight(study: Study, names: Sequence[str], scale: str) -> list[str]:
@@ -221,26 +246,30 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
   for name in names:
     exp = study.experiments[name]
     if name in missing:
-      rows.append(_complete(name, row("(not run)", "", "", "missing", note=exp.why_missing),
+      rows.append(_complete(name, _runner_row("(not run)", "missing", exp.why_missing),
                             scale, {}))
       continue
     start = time.time()
     try:
       module = importlib.import_module(f"{package}.{exp.module}")
       result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale)
-      rows.extend(_complete(name, r, scale, result) for r in exp.rows(result))
+      mine = [_complete(name, r, scale, result, exp.claims) for r in exp.rows(result)]
+      results_files.write_result(out, study.name, name, scale, result, mine,
+                                 time.time() - start)
+      rows.extend(mine)
       results[name] = result
     except Exception as e:  # noqa: BLE001 (recorded as a failed row; the others still run)
       results[name] = {"error": traceback.format_exc()}
       failed.append(name)
-      rows.append(_complete(name, row("FAILED", "", "", "failed",
-                                      note=f"{type(e).__name__}: {e}".splitlines()[0][:300]),
-                            scale, {}))
+      rows.append(_complete(name, _runner_row(
+          "FAILED", "failed", f"{type(e).__name__}: {e}".splitlines()[0][:300]), scale, {}))
     seconds[name] = time.time() - start
     print(f"[{study.name}/{name}] {seconds[name]:.0f} s"
           + (" FAILED" if name in failed else ""), flush=True)
   (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-  (out / "summary.md").write_text(summary_markdown(study, rows, scale, seconds))
+  (out / "summary.md").write_text(results_files.summary_markdown(study, rows, scale) + (
+      "\nRun times (s): " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.items()) + "\n"
+      if seconds else ""))
   return {"results": results, "rows": rows, "failed": failed, "seconds": seconds}
 
 
@@ -290,28 +319,6 @@ def script_main(run: Callable[..., dict], doc: str, *, default_out: str,
     if isinstance(r, dict) and "item" in r:
       print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note') or ''}")
   print(f"done in {time.time() - start:.1f} s -> {out}")
-
-
-def _cell(x: Any) -> str:
-  return "" if x is None else str(x).replace("|", "\\|").replace("\n", " ")
-
-
-def summary_markdown(study: Study, rows: list[dict[str, Any]], scale: str,
-                     seconds: dict[str, float]) -> str:
-  """``summary.md``: the rows as one table, the status counts and run times."""
-  counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-  lines = [f"# {study.title} ({scale} scale)", ""]
-  if study.notes.get(scale):
-    lines += [study.notes[scale], ""]
-  lines += ["Status counts: " + ", ".join(f"{s} {n}" for s, n in counts.items()) + ". "
-            f"A status the experiment does not judge itself is automatic: the paper's "
-            f"numbers within {AUTO_RTOL:.0%} (or its last stated digit) match; words and "
-            "trends are qualitative. Machine-readable: summary.json.", ""]
-  lines += ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
-  lines += ["| " + " | ".join(_cell(r[k]) for k in FIELDS) + " |" for r in rows]
-  if seconds:
-    lines += ["", "Run times (s): " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.items())]
-  return "\n".join(lines) + "\n"
 
 
 def main(study: Study, argv: Sequence[str] | None = None) -> int:

@@ -55,7 +55,8 @@ def _figure(path: pathlib.Path, caption: str, name: str | None = None) -> str:
 
 STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "qualitative": "#eef", "missing": "#eee",
                  "failed": "#f99"}
-ROW_FIELDS = ("experiment", "item", "paper", "ours", "status", "scale", "seeds", "spread", "note")
+ROW_FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "tolerance", "rule",
+              "status", "scale", "note")   # experiments.evidence.FIELDS minus the per-seed lists
 
 
 def rows_to_html(rows: list[dict]) -> str:
@@ -65,11 +66,12 @@ def rows_to_html(rows: list[dict]) -> str:
   counts = {}
   for r in rows:
     counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+  cell = lambda x: "" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
   head = "".join(f"<th>{f}</th>" for f in ROW_FIELDS)
   body = "".join(
       f"<tr style='background:{STATUS_COLORS.get(r.get('status'), '#fff')}'>"
-      + "".join(f"<td>{html.escape('' if r.get(f) is None else str(r.get(f)))}</td>"
-                for f in ROW_FIELDS) + "</tr>" for r in rows)
+      + "".join(f"<td>{html.escape(cell(r.get(f)))}</td>" for f in ROW_FIELDS) + "</tr>"
+      for r in rows)
   tally = ", ".join(f"{html.escape(str(k))} {v}" for k, v in counts.items())
   return f"<p>status: {tally}</p><table><tr>{head}</tr>{body}</table>"
 

@@ -4,11 +4,16 @@ A study is a folder ``experiments/<study>/`` of the source checkout whose
 ``reproduce.py`` defines ``STUDY`` (``experiments.runner.Study``); the folders are
 found here, not listed, so a new study is a new folder. Each run writes, under
 ``<out>/<study>/``, the experiments' figures and JSON, ``summary.json`` (rows
-``{experiment, item, paper, ours, status, scale, seeds, spread, note}``) and
-``summary.md`` rendered from them, then the self-contained HTML report of ``rankjax
+``experiments.evidence.FIELDS``: one quantity each, judged by the claim the experiment
+declared before it ran), ``results/<scale>/<experiment>.json`` (rows, settings, seeds,
+provenance) and ``summary.md`` rendered from them, then the self-contained HTML report of ``rankjax
 report`` (``<out>/<study>/report/report.html``; for ``all`` also
 ``<out>/report/report.html``). The command exits 1 naming every failed experiment;
-a data set the scale needs and lacks stops it before anything runs (exit 2). The
+a data set the scale needs and lacks stops it before anything runs (exit 2).
+``--record`` copies the results files into the checkout
+(``experiments/<study>/results/<scale>/``) and renders the summary and EXPECTED.md there;
+``--check`` compares the rerun with those committed numbers and exits 1 naming every
+number that moved beyond its tolerance (``experiments.results.compare``). The
 experiments ship with the source checkout (not with an installed wheel), so this
 command runs from a clone.
 """
@@ -84,18 +89,36 @@ def _runner():
   return importlib.import_module("experiments.runner")
 
 
-def _run_one(name: str, out_dir, scale: str, only) -> dict:
+def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool) -> dict:
   from rankjax.report import build_report
   runner = _runner()
+  results = importlib.import_module("experiments.results")
   out = pathlib.Path(out_dir) / name
   print(f"reproduce {name} ({scale} scale) -> {out}", flush=True)
-  res = runner.run_study(study(name), out, scale, only, checked=True)
+  the_study = study(name)
+  res = runner.run_study(the_study, out, scale, only, checked=True)
   print(f"report: {build_report(out)}")
+  ran = [n for n in the_study.resolve(only)
+         if n not in res["failed"] and n in res["results"]]
+  res["moved"] = []
+  if check:
+    committed = results.load(results.committed_dir(name, scale))
+    absent = [n for n in ran if n not in committed]
+    res["moved"] = [f"{name}/{n}: no committed results to check against" for n in absent]
+    new = [r for r in res["rows"] if r["experiment"] in committed]
+    old = [r for n in ran if n in committed for r in committed[n]["rows"]]
+    res["moved"] += [f"{name}/{line}" for line in results.compare(new, old)]
+    print(f"check {name}: " + ("every committed number within its tolerance"
+                               if not res["moved"] else f"{len(res['moved'])} moved"))
+  if record:
+    done = results.record(the_study, out, scale, ran)
+    print(f"recorded {name}: {', '.join(done) or 'nothing'} -> "
+          f"{results.committed_dir(name, scale)}")
   return res
 
 
 def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
-        only: list[str] | None = None) -> dict:
+        only: list[str] | None = None, record: bool = False, check: bool = False) -> dict:
   """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report.
 
   Returns ``{study: runner.run_study(...) result}``. With ``all``, ``only`` names run
@@ -111,7 +134,8 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   plan = {s: names for s, names in plan.items() if names is None or names}
   for s, names in plan.items():   # every check before the first experiment runs
     runner.preflight(study(s), study(s).resolve(names), scale)
-  results = {s: _run_one(s, out_dir, scale, names) for s, names in plan.items()}
+  results = {s: _run_one(s, out_dir, scale, names, record, check)
+             for s, names in plan.items()}
   if name == "all":
     print(f"report: {build_report(out_dir)}")
   return results
@@ -123,13 +147,15 @@ def failed(results: dict) -> list[str]:
 
 
 def _command(args) -> int:
-  results = run(args.study, args.out, args.scale, args.only)
+  results = run(args.study, args.out, args.scale, args.only, args.record, args.check)
   bad = failed(results)
   if bad:
     print(f"rankjax reproduce: FAILED: {', '.join(bad)} (tracebacks in the summary rows' "
           "notes and each study's summary.md)", file=sys.stderr)
-    return 1
-  return 0
+  moved = [line for res in results.values() for line in res.get("moved", [])]
+  for line in moved:
+    print(f"rankjax reproduce --check: {line}", file=sys.stderr)
+  return 1 if bad or moved else 0
 
 
 def add_parser(sub) -> None:
@@ -141,4 +167,10 @@ def add_parser(sub) -> None:
   p.add_argument("--out", default="runs/reproduce", help="output directory")
   p.add_argument("--only", action="append", default=None, metavar="NAME",
                  help="run only this experiment (e.g. fig3); repeatable")
+  p.add_argument("--record", action="store_true",
+                 help="copy the results into the checkout (experiments/<study>/results/"
+                      "<scale>/) and render its summary and EXPECTED.md from them")
+  p.add_argument("--check", action="store_true",
+                 help="exit 1 when a number moved beyond its tolerance from the committed "
+                      "results")
   p.set_defaults(func=_command)

@@ -1,56 +1,47 @@
 """The runner convention of ``rankjax reproduce``: rows, summary.json, failures that fail."""
 
+import dataclasses
 import json
+import sys
 import textwrap
 
 import pytest
 
-from experiments import runner
+from experiments import evidence, runner
 from rankjax import cli, reproduce
 
 
-@pytest.mark.parametrize("paper, ours, status", [
-    ("0.637 / 1.57", "0.637 / 1.58", "match"),      # 1.58 within 5% of 1.57
-    ("0.637 / 1.57", "0.637 / 1.75", "mismatch"),
-    ("17.8%", "15.4%", "mismatch"),                  # 13% off
-    ("~0.11", "0.112", "match"),
-    ("0.003", "0.0034", "match"),                     # within the paper's last digit
-    ("< 1e-13", "3.1e-15", "match"),
-    ("< 1e-13", "2e-12", "mismatch"),
-    ("near 1 (figure)", "0.99", "qualitative"),
-    ("0.5 / 0.6", "0.5", "qualitative"),              # not the same count
-    ("0.000 / inf / 50.66", "0.000 / inf / 57.12", "mismatch"),
-    ("0.000 / inf", "0.000 / inf", "match"),
-])
-def test_auto_status(paper, ours, status):
-  assert runner.auto_status(paper, ours) == status
-
-
-def _fake_study(tmp_path, monkeypatch, needs=None):
+def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5):
   pkg = tmp_path / "fakepkg"
-  pkg.mkdir()
+  pkg.mkdir(exist_ok=True)
   (pkg / "__init__.py").write_text("")
-  (pkg / "good.py").write_text(textwrap.dedent("""
+  (pkg / "good.py").write_text(textwrap.dedent(f"""
       import pathlib
       def run(out_dir, scale):
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(out_dir) / "ran").write_text(scale)
-        return {"settings": {"seeds": 4}, "value": 0.5}
+        return {{"settings": {{"seeds": [0, 1]}}, "value": [{value}, {value} + 0.002]}}
   """))
   (pkg / "bad.py").write_text("def run(out_dir, scale):\n  raise RuntimeError('boom')\n")
   monkeypatch.syspath_prepend(str(tmp_path))
-  rows = lambda res: [runner.row("value", "0.5", f"{res['value']}"),
-                      runner.row("trend", "grows", "grows", "qualitative", spread="sd 0.1")]
+  for name in [m for m in sys.modules if m.startswith("fakepkg")]:
+    del sys.modules[name]
+  claims = evidence.claims([
+      evidence.Claim("Fig 1: value", "v", 0.5, evidence.Abs(0.01)),
+      evidence.Claim("Fig 1: look", "v", None, evidence.Qualitative("a figure's look"))])
+  rows = lambda res: [claims["Fig 1: value"].judge(res["value"], seeds=[0, 1]),
+                      claims["Fig 1: look"].judge(res["value"][0])]
   return runner.Study(
       name="fake", title="Fake: paper vs ours", package="fakepkg",
-      experiments={"good": runner.Experiment("good", rows, folder="g", needs=needs),
-                   "bad": runner.Experiment("bad", rows),
+      experiments={"good": runner.Experiment("good", rows, folder="g", needs=needs,
+                                             claims=claims),
+                   "bad": runner.Experiment("bad", rows, claims=claims),
                    "quick_only": runner.Experiment("good", rows, scales=("quick",),
-                                                   why_missing="CPU only")},
+                                                   why_missing="CPU only", claims=claims)},
       aliases={"fig1": "good"})
 
 
-def test_run_study_writes_rows_and_names_failures(tmp_path, monkeypatch):
+def test_run_study_writes_rows_results_files_and_names_failures(tmp_path, monkeypatch):
   study = _fake_study(tmp_path, monkeypatch)
   res = runner.run_study(study, tmp_path / "out", "paper")
   assert res["failed"] == ["bad"]
@@ -58,15 +49,56 @@ def test_run_study_writes_rows_and_names_failures(tmp_path, monkeypatch):
   assert all(list(r) == list(runner.FIELDS) for r in rows)
   assert [(r["experiment"], r["status"]) for r in rows] == [
       ("good", "match"), ("good", "qualitative"), ("bad", "failed"), ("quick_only", "missing")]
-  assert rows[0]["seeds"] == 4 and rows[0]["scale"] == "paper" and rows[1]["spread"] == "sd 0.1"
+  assert rows[0]["per_seed"] == [0.5, 0.502] and rows[0]["scale"] == "paper"
+  assert rows[0]["seeds"] == [0, 1] and rows[0]["n"] == 2
+  assert rows[1]["note"] == "a figure's look"
   assert "RuntimeError: boom" in rows[2]["note"] and rows[3]["note"] == "CPU only"
+  doc = json.loads((tmp_path / "out" / "results" / "paper" / "good.json").read_text())
+  assert doc["rows"] == rows[:2] and doc["seeds"] == [0, 1]
+  assert doc["data"] == {"value": [0.5, 0.502]} and doc["settings"] == {"seeds": [0, 1]}
+  assert {"commit", "dirty", "jax", "jaxlib", "flax", "backend", "device_kind", "cpu",
+          "xla_flags", "wall_s"} <= set(doc["provenance"])
+  assert not (tmp_path / "out" / "results" / "paper" / "bad.json").exists()
   md = (tmp_path / "out" / "summary.md").read_text()
   assert md.startswith("# Fake: paper vs ours (paper scale)")
-  assert "| good | value | 0.5 | 0.5 | match | paper | 4 |  |  |" in md
+  assert "| good | Fig 1: value | v | 0.5 | 0.501 |" in md
   assert "Status counts: match 1, mismatch 0, qualitative 1, missing 1, failed 1" in md
   assert study.resolve("FIG1,good") == ["good"]
   with pytest.raises(ValueError, match="unknown experiment 'fig9'"):
     study.resolve("fig9")
+
+
+def test_a_row_not_from_its_declared_claim_is_an_error(tmp_path, monkeypatch):
+  study = _fake_study(tmp_path, monkeypatch)
+  forged = evidence.Claim("Fig 1: value", "v", 0.5, evidence.Abs(0.5))   # a wider band
+  bent = runner.Experiment("good", lambda res: [forged.judge(res["value"])],
+                           claims=study.experiments["good"].claims)
+  study = dataclasses.replace(study, experiments={"good": bent})
+  res = runner.run_study(study, tmp_path / "out", "paper")
+  assert res["failed"] == ["good"]
+  assert "not one of the declared claims" in res["results"]["good"]["error"]
+
+
+def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, capsys):
+  from experiments import expected, results
+  monkeypatch.setattr(results, "ROOT", tmp_path)
+  (tmp_path / "experiments" / "fake").mkdir(parents=True)
+  (tmp_path / "experiments" / "fake" / "EXPECTED.md").write_text(
+      "prose\n<!-- results quick/good fields=item,ours,status -->\n<!-- end results -->\n")
+  monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
+  study = _fake_study(tmp_path, monkeypatch)
+  monkeypatch.setattr(reproduce, "study", lambda name: study)
+  out = str(tmp_path / "r")
+  assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--record"]) == 0
+  committed = tmp_path / "experiments" / "fake" / "results" / "quick"
+  assert json.loads((committed / "summary.json").read_text())[0]["ours"] == 0.501
+  assert "| Fig 1: value | 0.501 | match |" in expected.path_of("fake").read_text()
+  assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--check"]) == 0
+  study = _fake_study(tmp_path, monkeypatch, value=0.52)          # the number moves
+  monkeypatch.setattr(reproduce, "study", lambda name: study)
+  assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--check"]) == 1
+  err = capsys.readouterr().err
+  assert "fake/good / Fig 1: value: status match -> mismatch (ours 0.501 -> 0.521)" in err
 
 
 def test_unprepared_data_stops_before_anything_runs(tmp_path, monkeypatch):
@@ -84,6 +116,8 @@ def test_reproduce_command_exits_nonzero_naming_the_failed(tmp_path, monkeypatch
   monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
   monkeypatch.setattr(reproduce, "study", lambda name: study)
   assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r"), "--only", "good"]) == 0
+  assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r"), "--only", "good",
+                   "--check"]) == 1       # nothing committed to check against
   assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r")]) == 1
   err = capsys.readouterr().err
   assert "FAILED: fake/bad" in err

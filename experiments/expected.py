@@ -1,0 +1,114 @@
+"""EXPECTED.md's tables, rendered from the committed results files.
+
+EXPECTED.md keeps the prose (protocol, open settings and what was chosen, discussion);
+each table of results in it is a block the renderer owns:
+
+    <!-- results quick/table3 -->
+    (generated: the rows of experiments/<study>/results/quick/table3.json)
+    <!-- end results -->
+
+Options after the name: ``items=REGEX`` keeps the rows whose item matches (search),
+``fields=a,b,c`` picks the columns (default :data:`FIELDS`). Under each table a line
+gives the provenance (commit, device, date, wall time). A block whose results file is
+missing renders as one line saying so.
+
+  python -m experiments.expected [--check] [STUDY ...]
+
+writes every study's EXPECTED.md (``--check``: exits 1 naming the files that differ
+from what they render; the test suite runs the same check).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import shlex
+import sys
+from typing import Sequence
+
+from experiments import results
+
+FIELDS = ("item", "quantity", "paper", "ours", "sd", "n", "tolerance", "rule", "status")
+_BLOCK = re.compile(r"(<!-- results (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)",
+                    re.S)
+
+
+def path_of(study: str) -> pathlib.Path:
+  return results.ROOT / "experiments" / study / "EXPECTED.md"
+
+
+def _block(study: str, spec: str) -> str:
+  parts = shlex.split(spec)
+  if not parts or parts[0].count("/") != 1:
+    raise ValueError(f"{study}/EXPECTED.md: results block {spec!r}: write "
+                     "'<!-- results SCALE/EXPERIMENT [items=REGEX] [fields=a,b] -->'")
+  scale, name = parts[0].split("/")
+  opts = dict(p.split("=", 1) for p in parts[1:])
+  unknown = set(opts) - {"items", "fields"}
+  if unknown:
+    raise ValueError(f"{study}/EXPECTED.md: results block {spec!r}: unknown option(s) "
+                     f"{sorted(unknown)}")
+  path = results.committed_dir(study, scale) / f"{name}.json"
+  if not path.is_file():
+    return f"(no results file {path.relative_to(results.ROOT)} yet)\n"
+  doc = results.load(path.parent)[name]
+  rows = doc["rows"]
+  if "items" in opts:
+    rows = [r for r in rows if re.search(opts["items"], r["item"])]
+  fields = opts["fields"].split(",") if "fields" in opts else FIELDS
+  p = doc["provenance"]
+  seeds = doc.get("seeds")
+  lines = results.table(rows, fields)
+  lines += ["", f"Rendered from `{path.relative_to(results.ROOT)}`: commit "
+            f"{(p.get('commit') or '?')[:10]}{' (dirty)' if p.get('dirty') else ''}, "
+            f"{p.get('device_kind')} ({p.get('cpu')}), jax {p.get('jax')}, "
+            f"seeds {seeds if seeds is not None else 'not recorded'}, "
+            f"{p.get('wall_s')} s, {p.get('date')}."]
+  return "\n".join(lines) + "\n"
+
+
+def render(study: str, text: str | None = None) -> str:
+  """The study's EXPECTED.md with every results block regenerated."""
+  text = path_of(study).read_text() if text is None else text
+  return _BLOCK.sub(lambda m: m.group(1) + _block(study, m.group("spec")) + m.group(4), text)
+
+
+def write(study: str) -> bool:
+  """Rewrites the study's EXPECTED.md; True when it changed."""
+  path = path_of(study)
+  if not path.is_file():
+    return False
+  old = path.read_text()
+  new = render(study, old)
+  if new != old:
+    path.write_text(new)
+  return new != old
+
+
+def studies() -> list[str]:
+  root = results.ROOT / "experiments"
+  return sorted(p.parent.name for p in root.glob("*/EXPECTED.md"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description="render EXPECTED.md's results tables")
+  parser.add_argument("studies", nargs="*")
+  parser.add_argument("--check", action="store_true",
+                      help="exit 1 when a file differs from what it renders")
+  args = parser.parse_args(argv)
+  stale = []
+  for study in args.studies or studies():
+    if args.check:
+      if render(study) != path_of(study).read_text():
+        stale.append(str(path_of(study).relative_to(results.ROOT)))
+    elif write(study):
+      print(f"rewrote {path_of(study).relative_to(results.ROOT)}")
+  if stale:
+    print("not what the results files render (run python -m experiments.expected): "
+          + ", ".join(stale), file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

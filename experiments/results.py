@@ -1,0 +1,217 @@
+"""Results files: what each experiment reports, per seed, with its provenance.
+
+Every run of an experiment writes ``<out>/results/<scale>/<experiment>.json``:
+
+    {"study", "experiment", "scale", "provenance": {commit, dirty, versions, backend,
+     device_kind, device_count, cpu, xla_flags, python, date, wall_s},
+     "settings": the full config it ran with, "seeds": [...], "rows": [...],
+     "data": what its figures need (null when larger than DATA_LIMIT bytes)}
+
+``rankjax reproduce STUDY --record`` copies them into the checkout
+(``experiments/<study>/results/<scale>/``), where they are committed; ``summary.json``
+and ``summary.md`` beside them are rendered from them (:func:`render_summary`), and
+EXPECTED.md's tables from them too (``experiments.expected``). ``--check`` reruns and
+compares with the committed numbers (:func:`compare`).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+from typing import Any, Sequence
+
+from experiments import evidence
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA_LIMIT = 256 * 1024   # bytes of figure data a committed results file may hold
+
+
+def _git(*args: str) -> str | None:
+  try:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                          check=True, timeout=30).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def _cpu() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def provenance(wall_s: float | None = None) -> dict[str, Any]:
+  """Where and with what a result was computed. ``dirty``: the checkout had changes
+  outside the results folders (uncommitted code produced the numbers)."""
+  import flax
+  import jax
+  import jaxlib
+  import numpy
+  commit = _git("rev-parse", "HEAD")
+  status = _git("status", "--porcelain", "--untracked-files=no")
+  dirty = None if status is None else any(
+      "/results/" not in line and not line.endswith("EXPECTED.md")
+      for line in status.splitlines())
+  dev = jax.devices()[0]
+  return {"commit": commit.strip() if commit else None, "dirty": dirty,
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+          "numpy": numpy.__version__, "python": platform.python_version(),
+          "backend": jax.default_backend(), "device_kind": dev.device_kind,
+          "device_count": jax.device_count(), "cpu": _cpu(),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "wall_s": None if wall_s is None else round(wall_s, 1)}
+
+
+def _seeds(result: dict[str, Any], rows: Sequence[dict]) -> list[int] | None:
+  settings = result.get("settings") if isinstance(result.get("settings"), dict) else {}
+  seeds = settings.get("seeds", result.get("seeds"))
+  if isinstance(seeds, (list, tuple)):
+    return list(seeds)
+  listed = sorted({s for r in rows for s in (r.get("seeds") or [])})
+  return listed or None
+
+
+def write_result(out_dir: str | pathlib.Path, study: str, name: str, scale: str,
+                 result: dict[str, Any], rows: list[dict], wall_s: float) -> pathlib.Path:
+  """``out_dir/results/<scale>/<name>.json`` for one experiment's run."""
+  from experiments import runner
+  data = runner.to_jsonable({k: v for k, v in result.items()
+                             if k not in ("summary", "settings")})
+  text = json.dumps(data)
+  doc = {"study": study, "experiment": name, "scale": scale,
+         "provenance": provenance(wall_s),
+         "settings": runner.to_jsonable(result.get("settings")),
+         "seeds": _seeds(result, rows), "rows": rows,
+         "data": data if len(text) <= DATA_LIMIT else None}
+  if doc["data"] is None:
+    doc["data_omitted"] = f"{len(text)} bytes > {DATA_LIMIT}; the run's own JSON has it"
+  path = pathlib.Path(out_dir) / "results" / scale / f"{name}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+  return path
+
+
+def committed_dir(study: str, scale: str) -> pathlib.Path:
+  return ROOT / "experiments" / study / "results" / scale
+
+
+def load(folder: str | pathlib.Path) -> dict[str, dict[str, Any]]:
+  """The results files of a folder, by experiment name."""
+  folder = pathlib.Path(folder)
+  return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))
+          if p.name != "summary.json"}
+
+
+def summary_rows(study, results: dict[str, dict]) -> list[dict]:
+  """Every row of the results files, in the study's experiment order."""
+  order = list(study.experiments)
+  names = sorted(results, key=lambda n: (order.index(n) if n in order else len(order), n))
+  return [r for n in names for r in results[n]["rows"]]
+
+
+def _cell(x: Any) -> str:
+  if x is None:
+    return ""
+  if isinstance(x, float):
+    return f"{x:.4g}"
+  if isinstance(x, list):
+    return ", ".join(_cell(v) for v in x)
+  return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def table(rows: Sequence[dict], fields: Sequence[str] = evidence.FIELDS) -> list[str]:
+  """Markdown table lines of ``rows`` (floats to 4 significant digits)."""
+  lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+  lines += ["| " + " | ".join(_cell(r.get(k)) for k in fields) + " |" for r in rows]
+  return lines
+
+
+def counts(rows: Sequence[dict]) -> dict[str, int]:
+  return {s: sum(r["status"] == s for r in rows) for s in evidence.STATUSES}
+
+
+def summary_markdown(study, rows: list[dict], scale: str,
+                     provenance_by: dict[str, dict] | None = None) -> str:
+  """``summary.md``: the status counts, the rows as one table, each experiment's
+  provenance (commit, device, wall time)."""
+  lines = [f"# {study.title} ({scale} scale)", ""]
+  if study.notes.get(scale):
+    lines += [study.notes[scale], ""]
+  lines += ["Status counts: " + ", ".join(f"{s} {n}" for s, n in counts(rows).items())
+            + ". Each status is computed from the row's numbers: |ours - paper| <= "
+            "tolerance, or the predicate its rule states; machine-readable: summary.json.",
+            ""]
+  lines += table(rows)
+  if provenance_by:
+    lines += ["", "| experiment | commit | dirty | device | wall (s) | date |",
+              "|---|---|---|---|---|---|"]
+    for name, p in provenance_by.items():
+      lines.append(f"| {name} | {(p.get('commit') or '')[:10]} | {p.get('dirty')} | "
+                   f"{p.get('device_kind')} ({p.get('cpu')}) | {p.get('wall_s')} | "
+                   f"{p.get('date')} |")
+  return "\n".join(lines) + "\n"
+
+
+def render_summary(study, folder: str | pathlib.Path, scale: str) -> list[dict]:
+  """Writes ``summary.json`` and ``summary.md`` of ``folder`` from its results files."""
+  folder = pathlib.Path(folder)
+  results = load(folder)
+  rows = summary_rows(study, results)
+  (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+  prov = {n: results[n]["provenance"] for n in study.experiments if n in results}
+  (folder / "summary.md").write_text(summary_markdown(study, rows, scale, prov))
+  return rows
+
+
+def record(study, out_dir: str | pathlib.Path, scale: str, names: Sequence[str]) -> list[str]:
+  """Copies the run's results files of ``names`` into the checkout's results folder,
+  renders its summary and the study's EXPECTED.md; returns the recorded names."""
+  from experiments import expected
+  src = pathlib.Path(out_dir) / "results" / scale
+  dst = committed_dir(study.name, scale)
+  dst.mkdir(parents=True, exist_ok=True)
+  done = []
+  for name in names:
+    path = src / f"{name}.json"
+    if path.is_file():
+      (dst / path.name).write_text(path.read_text())
+      done.append(name)
+  render_summary(study, dst, scale)
+  expected.write(study.name)
+  return done
+
+
+def compare(new: Sequence[dict], old: Sequence[dict]) -> list[str]:
+  """What moved between a rerun's rows and the committed rows of the same experiments:
+  a status that changed, a number that moved by more than the row's tolerance (rows
+  judged by a predicate: by more than 2 sd of the committed seeds, when it has them),
+  a row that appeared or vanished. Empty when nothing moved."""
+  key = lambda r: (r["experiment"], r["item"])
+  before, after = {key(r): r for r in old}, {key(r): r for r in new}
+  out = []
+  for k in before.keys() - after.keys():
+    out.append(f"{k[0]} / {k[1]}: committed row no longer produced")
+  for k in after.keys() - before.keys():
+    out.append(f"{k[0]} / {k[1]}: new row, not committed")
+  for k in sorted(before.keys() & after.keys()):
+    a, b = before[k], after[k]
+    if a["status"] != b["status"]:
+      out.append(f"{k[0]} / {k[1]}: status {a['status']} -> {b['status']} "
+                 f"(ours {_cell(a['ours'])} -> {_cell(b['ours'])})")
+      continue
+    band = a.get("tolerance")
+    if band is None and a.get("sd") is not None:
+      band = evidence.NOISE_SDS * a["sd"]
+    if band is not None and a["ours"] is not None and b["ours"] is not None \
+        and abs(b["ours"] - a["ours"]) > band:
+      out.append(f"{k[0]} / {k[1]}: ours {_cell(a['ours'])} -> {_cell(b['ours'])}, "
+                 f"moved more than {_cell(band)}")
+  return out
