@@ -225,8 +225,10 @@ class TransformerConfig(JsonConfig):
       rescales (rms, layer, detached_rms), epsilon ``norm_eps``.
     p_norm, b_norm, r_norm: the operation at P, B, R of both sublayers; each
       overrides the shorthand at its location when set.
-    norm_bias: a learned bias after the gain of every norm that has a gain (GPT-2's
-      and the softmax paper's LayerNorm); False keeps gain-only norms.
+    norm_bias: a learned bias after the gain of every norm that has a gain. None (the
+      default): LayerNorm has one, as flax's ``nn.LayerNorm``, GPT-2's and the softmax
+      paper's LayerNorm do, and the other ops (RMSNorm) have none; True: every norm with
+      a gain; False: none (gain-only LayerNorm). ``bias_of(op)`` resolves it.
     embed_norm, final_norm: a norm (gain, bias; ``embed_norm_op`` and ``norm_op``) on
       the embeddings and on the last layer's output before the LM head. None follows the placement rule:
       when the FFN's R norm is set (post) every sublayer reads a norm's output, the
@@ -284,7 +286,7 @@ class TransformerConfig(JsonConfig):
   b_norm: NormOp | None = None
   r_norm: NormOp | None = None
   norm_eps: float = 1e-6
-  norm_bias: bool = False
+  norm_bias: bool | None = None
   embed_norm: bool | None = None
   final_norm: bool | None = None
   ffn: LMFFN = "swiglu"
@@ -322,9 +324,11 @@ class TransformerConfig(JsonConfig):
       raise ValueError(
           f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
     _non_negative("norm_eps", self.norm_eps)
-    for name in ("norm_bias", "tie_embeddings"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+    if not isinstance(self.tie_embeddings, bool):
+      raise ValueError(f"tie_embeddings={self.tie_embeddings!r} must be true or false")
+    if not (self.norm_bias is None or isinstance(self.norm_bias, bool)):
+      raise ValueError(f"norm_bias={self.norm_bias!r} must be true, false or null "
+                       "(null: LayerNorm has a bias, RMSNorm none)")
     for name in ("embed_norm", "final_norm"):
       if getattr(self, name) not in (None, True, False):
         raise ValueError(f"{name}={getattr(self, name)!r} must be true, false or null "
@@ -343,6 +347,11 @@ class TransformerConfig(JsonConfig):
     _positive_int("vocab_multiple", self.vocab_multiple)
     _non_negative_int("loss_chunk", self.loss_chunk)
     _positive_int("scan_unroll", self.scan_unroll)
+
+  def bias_of(self, op: str) -> bool:
+    """Whether a norm ``op`` of this LM has a learned bias (``norm_bias``; None: only
+    LayerNorm)."""
+    return op == "layer" if self.norm_bias is None else self.norm_bias
 
   @property
   def d_head(self) -> int:

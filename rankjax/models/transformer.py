@@ -59,9 +59,9 @@ def norm_names(cfg: TransformerConfig) -> dict[tuple[str, str], str]:
 
 
 def make_norm(cfg: TransformerConfig, op: str, name: str) -> Norm:
-  """The LM's norm: ``op`` with learned gain (and bias with ``norm_bias``)."""
+  """The LM's norm: ``op`` with learned gain (and bias: ``cfg.bias_of(op)``)."""
   return Norm(op, gain=True, eps=cfg.norm_eps, param_dtype=jnp.dtype(cfg.param_dtype),
-              bias=cfg.norm_bias, name=name)
+              bias=cfg.bias_of(op), name=name)
 
 
 def sublayer_norm(cfg: TransformerConfig, sub: str, apply_norm):

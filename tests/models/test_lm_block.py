@@ -166,8 +166,14 @@ def test_post_follows_eq1_every_sublayer_reads_a_norm_output():
 
 def test_layer_norm_bias_matches_the_formula():
   """LN(x) = gamma * (x - mu) / sigma + beta (softmax paper Sec 2)."""
-  cfg, tokens, params = _setup(norm_position="pre", norm_op="layer", norm_bias=True)
+  cfg, tokens, params = _setup(norm_position="pre", norm_op="layer")   # bias by default
   assert set(params["norm_final"]) == {"scale", "bias"}
+  assert set(params["layers"]["norm_attn_in"]) == {"scale", "bias"}
+  shapes = lambda **kw: jax.eval_shape(DecoderLM(TransformerConfig(**{**TINY, **kw})).init,
+                                       jax.random.key(0), tokens)["params"]["norm_final"]
+  assert set(shapes(norm_position="pre", norm_op="layer", norm_bias=False)) == {"scale"}
+  assert set(shapes(norm_position="pre", norm_op="rms")) == {"scale"}        # RMSNorm: none
+  assert set(shapes(norm_position="pre", norm_op="rms", norm_bias=True)) == {"scale", "bias"}
   rng = np.random.default_rng(0)
   gamma, beta = rng.normal(size=16), rng.normal(size=16)
   p = dict(params, norm_final={"scale": jnp.asarray(gamma, jnp.float32),

@@ -61,16 +61,19 @@ SMALL = dict(vocab_size=41, num_layers=3, d_model=16, num_heads=2, d_ff=24, max_
 # Post-Norm as it was: no norm on the embeddings, the last layer's norm and then the
 # final norm (embed_norm=False, final_norm=True select that; the placement rule for
 # post is now the paper's Eq. 1: a norm on the embeddings and no second final norm).
+# The LayerNorm configs were recorded before LayerNorm had a bias by default: they keep
+# gain-only norms (norm_bias=False); tests/models/test_lm_block.py covers the bias.
 CONFIGS = {
     "post_rms_swiglu_none_untied": dict(norm_position="post", norm_op="rms", ffn="swiglu",
                                         pos_embedding="none", init="paper_collapse",
                                         final_norm=True, embed_norm=False),
-    "post_layer_gelu_learned_tied": dict(norm_position="post", norm_op="layer", ffn="gelu",
+    "post_layer_gelu_learned_tied": dict(norm_position="post", norm_op="layer", norm_bias=False, ffn="gelu",
                                          pos_embedding="learned", tie_embeddings=True,
                                          init="gpt2", final_norm=True, embed_norm=False),
     "pre_rms_swiglu_learned_untied": dict(norm_position="pre", norm_op="rms", ffn="swiglu",
                                           pos_embedding="learned", init="paper_collapse"),
-    "pre_layer_gelu_learned_tied_gpt2": dict(norm_position="pre", norm_op="layer", ffn="gelu",
+    "pre_layer_gelu_learned_tied_gpt2": dict(norm_position="pre", norm_op="layer", norm_bias=False,
+                                             ffn="gelu",
                                              pos_embedding="learned", tie_embeddings=True,
                                              init="gpt2", norm_eps=1e-5),
     "peri_rms_swiglu_tau_prefix": dict(norm_position="peri", norm_op="rms", ffn="swiglu",
@@ -79,7 +82,7 @@ CONFIGS = {
                                                  final_norm=False, embed_std=0.5),
     "post_rms_swiglu_remat_prefix1": dict(norm_position="post", prefix_avg_removal=1.0,
                                           remat=True, final_norm=True, embed_norm=False),
-    "pre_layer_gelu_bf16": dict(norm_position="pre", norm_op="layer", ffn="gelu",
+    "pre_layer_gelu_bf16": dict(norm_position="pre", norm_op="layer", norm_bias=False, ffn="gelu",
                                 compute_dtype="bfloat16", pos_embedding="learned"),
 }
 # Dropout runs: pinned with a fixed dropout key (the mask stream must not change).

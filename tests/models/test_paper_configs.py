@@ -22,7 +22,7 @@ def _closed_form(lm, vocab_rows: int) -> int:
   """Embedding (+ untied head) + positions + L layers (4 d^2 attention, 2 or 3 d d_ff
   FFN, the layer's norms) + embed/final norms; no linear biases (softmax App D)."""
   d, f = lm.d_model, lm.d_ff
-  per_norm = d * (2 if lm.norm_bias else 1)
+  per_norm = d * (2 if lm.bias_of(lm.norm_op) else 1)
   layer_norms = sum(1 for op in lm.norm_ops for _ in range(2) if op != "none")
   layer = 4 * d * d + (3 if lm.ffn == "swiglu" else 2) * d * f + layer_norms * per_norm
   n = vocab_rows * d * (1 if lm.tie_embeddings else 2) + lm.num_layers * layer
