@@ -4,6 +4,10 @@ Every statistic, norm and attention logit is accumulated in ``float_dtype(x)``:
 float32 for 16-bit and 32-bit floats, float64 for float64 (the x64 checks), and the
 default float (``jnp.result_type(float)``) for integers and booleans. Models and
 measurements both use it (neither imports the other for it).
+
+The mixed-precision rule lives here too (``compute_copy``): matrices and embeddings are
+cast to the compute dtype, norm gains and biases are not (norms compute in float32 and
+return their input's dtype); both model families and both training tasks use it.
 """
 from __future__ import annotations
 
@@ -25,3 +29,27 @@ def as_float(x: Any) -> jax.Array:
   """``x`` as an array of ``float_dtype(x)``."""
   x = jnp.asarray(x)
   return x.astype(float_dtype(x.dtype))
+
+
+def is_norm_param(name: str | None) -> bool:
+  """A norm's gain or bias by its parameter name: the LM's ``scale`` / ``bias`` (flax
+  ``Norm``), the MLP's stacked ``p_scale`` / ``b_scale`` / ``r_scale``."""
+  return name is not None and (name in ("scale", "bias") or name.endswith("_scale"))
+
+
+def compute_copy(params: Any, compute_dtype: Any) -> Any:
+  """The parameters as a forward pass in ``compute_dtype`` uses them: the mixed-precision
+  rule, in one place.
+
+  Every matrix and embedding is cast to ``compute_dtype`` (so under FSDP the all-gathers
+  move bfloat16, not float32); norm gains and biases (``is_norm_param``) keep their dtype
+  (the norms compute in float32). The originals stay the optimizer's. A tree already in
+  ``compute_dtype`` comes back as it is.
+  """
+  dtype = jnp.dtype(compute_dtype)
+
+  def cast(path, x):
+    name = getattr(path[-1], "key", None) if path else None
+    return x if is_norm_param(name) or x.dtype == dtype else x.astype(dtype)
+
+  return jax.tree_util.tree_map_with_path(cast, params)

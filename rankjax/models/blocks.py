@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from rankjax.config import MLPConfig
 from rankjax import partitioning
 from rankjax.models import activations, norms
+from rankjax.numerics import as_float
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -82,9 +83,11 @@ def init_block(key: jax.Array, cfg: MLPConfig) -> dict[str, jax.Array]:
 
 
 def _norm(params: dict, loc: str, op: str, x: jax.Array, eps: float) -> jax.Array:
-  y = norms.normalize(x, op, eps)
+  """The norm at ``loc``, computed in float32 (``as_float``) and returned in ``x``'s
+  dtype, its gain kept in its own dtype (``numerics.compute_copy``)."""
+  y = norms.normalize(as_float(x), op, eps)
   scale = params.get(f"{loc}_scale")
-  return y if scale is None else y * scale
+  return (y if scale is None else y * scale).astype(x.dtype)
 
 
 def activation(params: dict, z: jax.Array, pre: jax.Array, cfg: MLPConfig) -> jax.Array:

@@ -246,24 +246,6 @@ def first_layer_input(cfg: TransformerConfig, params, tokens_BxT: jax.Array) -> 
   return h
 
 
-def compute_copy(params, cfg: TransformerConfig):
-  """The parameters as the forward pass uses them: the mixed-precision rule, in one place.
-
-  Every matrix and embedding is cast to ``cfg.compute_dtype`` before use (so under
-  FSDP the all-gathers move bfloat16, not float32); norm gains and biases keep their
-  dtype (the norms compute in float32). The float32 originals stay the optimizer's.
-  """
-  dtype = jnp.dtype(cfg.compute_dtype)
-  if dtype == jnp.dtype(cfg.param_dtype):
-    return params
-
-  def cast(path, x):
-    name = getattr(path[-1], "key", None)
-    return x if name in ("scale", "bias") else x.astype(dtype)
-
-  return jax.tree_util.tree_map_with_path(cast, params)
-
-
 def intermediate_grads(model: DecoderLM, params, tokens_BxT, loss_fn):
   """Loss, parameter gradients and gradients w.r.t. the captured X_k^l / Y_k^l.
 

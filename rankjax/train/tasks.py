@@ -8,7 +8,7 @@ The loop, the step and the diagnostics never branch on the model kind; they call
        loss = mean next-token cross-entropy over all B*T tokens (sequences are packed,
        no padding), computed from the head's input by ``head_cross_entropy`` (compute
        dtype head, float32 log-sum-exp, pad columns masked, ``lm.loss_chunk``) on the
-       compute copy of the parameters (``compute_copy``).
+       compute copy of the parameters (``numerics.compute_copy``, both tasks).
   mlp: ``ResidualMLP`` classifier on image batches ``{"inputs": (B, D) float32,
        "targets": (B,) int32}``; loss = mean cross-entropy, plus accuracy.
 
@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rankjax import numerics
 from rankjax.config import TrainConfig
 from rankjax.measure.losses import cross_entropy
 from rankjax.models.lm_head import head_cross_entropy
 from rankjax.models.mlp import ResidualMLP
-from rankjax.models.transformer import DecoderLM, compute_copy, intermediate_grads
+from rankjax.models.transformer import DecoderLM, intermediate_grads
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -108,7 +109,8 @@ class LMTask(Task):
     cfg = self.model.cfg
     rngs = ({"dropout": dropout_key(rng, cfg.prng_impl)}
             if (self.dropout and not deterministic) else None)
-    h, w = self.model.apply({"params": compute_copy(params, cfg)}, batch["inputs"],
+    h, w = self.model.apply({"params": numerics.compute_copy(params, cfg.compute_dtype)},
+                            batch["inputs"],
                             deterministic=deterministic or not self.dropout, rngs=rngs,
                             return_hidden=True)
     targets = batch["targets"]
@@ -144,7 +146,7 @@ class ClassifierTask(Task):
 
   def _logits(self, params, x):
     if self.compute_dtype != jnp.float32:
-      params = jax.tree.map(lambda p: p.astype(self.compute_dtype), params)
+      params = numerics.compute_copy(params, self.compute_dtype)
       x = x.astype(self.compute_dtype)
     return self.model.apply({"params": params}, x).astype(jnp.float32)
 
