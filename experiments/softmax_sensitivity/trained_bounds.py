@@ -107,8 +107,8 @@ def cor_a3(mcfg, params, y1_LxBxTxD, y2_LxBxTxD) -> dict[str, Any]:
   from rankjax.measure.sensitivity_bounds import layernorm_only_product
   L, B, Tn, d = y1_LxBxTxD.shape
   y = jnp.stack([y1_LxBxTxD, y2_LxBxTxD], 1).reshape(2 * L, B * Tn, d)
-  g = jnp.stack([params["layers"]["norm_ffn_in"]["scale"],
-                 params["layers"]["norm_out"]["scale"]], 1).reshape(2 * L, d)
+  g = jnp.stack([params["layers"]["norm_attn_r"]["scale"],
+                 params["layers"]["norm_ffn_r"]["scale"]], 1).reshape(2 * L, d)
   r = layernorm_only_product(y, g, mcfg.norm_eps, "layer")
   worst = np.asarray(r["worst_token_factor_K"], np.float64)
   return {"worst_token_factor": worst.tolist(),

@@ -176,8 +176,8 @@ def layer_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> 
 def block_grad_norms(grads: Any, stacked_roots: Sequence[str] = ("layers",)) -> dict[str, Array]:
   """Per-layer gradient norms of each block (first-level submodule) of a layer.
 
-  Returns ``{block: (L,)}``, e.g. ``attn``, ``ffn``, ``norm_attn_in``, ``norm_ffn_in``,
-  ``norm_out`` for ``DecoderLM``; and ``{name: ()}`` for every unstacked top-level
+  Returns ``{block: (L,)}``, e.g. ``attn``, ``ffn``, ``norm_attn_r``, ``norm_ffn_r``
+  (Post-Norm) for ``DecoderLM``; and ``{name: ()}`` for every unstacked top-level
   entry (``embed``, ``lm_head``, ``norm_final``). The attention and FFN entries are the
   per-sublayer parameter gradients whose vanishing Theorem 3.8 (ii) predicts.
   """

@@ -20,11 +20,14 @@ T, d)) into ``intermediates`` and passes them through ``perturb`` (collection
 ``perturbations``) so gradients with respect to them are available: see
 ``intermediate_grads``.
 
-Norm parameter names (stable across the rewrite onto the shared block): attention P
-``norm_attn_in``, B ``norm_attn_out``; FFN P ``norm_ffn_in``, B ``norm_ffn_out``, R
-``norm_out``. The attention's R norm produces X_2 when the FFN has no P norm (post),
-so it is ``norm_ffn_in`` then, and ``norm_attn_res`` when both exist. Outside the
-layers: ``norm_embed`` and ``norm_final`` (``cfg.uses_embed_norm`` / ``uses_final_norm``).
+Norm parameter names say the (sublayer, location) of the norm, whatever the placement:
+``norm_attn_p``, ``norm_attn_b``, ``norm_attn_r``, ``norm_ffn_p``, ``norm_ffn_b``,
+``norm_ffn_r`` (Post-Norm: ``norm_attn_r`` makes X_2 and ``norm_ffn_r`` the layer's
+output; Pre-Norm: ``norm_attn_p`` makes X_1 and ``norm_ffn_p`` X_2). Outside the layers:
+``norm_embed`` and ``norm_final`` (``cfg.uses_embed_norm`` / ``uses_final_norm``).
+Checkpoints written with the earlier names (``norm_attn_in``, ``norm_ffn_in``, ...,
+whose meaning changed with the placement) are renamed once on restore
+(``legacy_norm_renames``).
 """
 
 from __future__ import annotations
@@ -46,16 +49,28 @@ REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveab
 
 
 def norm_names(cfg: TransformerConfig) -> dict[tuple[str, str], str]:
-  """Parameter name of each (sublayer, location) norm that exists, see the module doc."""
+  """Parameter name of each (sublayer, location) norm that exists: ``norm_<sub>_<loc>``."""
+  return {(sub, loc): f"norm_{sub}_{loc}" for sub in ("attn", "ffn")
+          for loc, op in zip("pbr", cfg.norm_ops) if op != "none"}
+
+
+def legacy_norm_renames(cfg: TransformerConfig) -> dict[str, str]:
+  """Old parameter name -> ``norm_names`` name, for checkpoints written before the
+  (sublayer, location) names: P was ``norm_<sub>_in``, B ``norm_<sub>_out``, the FFN's R
+  ``norm_out``, the attention's R ``norm_ffn_in`` when no P norm existed (Post-Norm)
+  and ``norm_attn_res`` otherwise. One way: the old names are never written."""
   p, b, r = cfg.norm_ops
-  names = {}
-  for sub, op, loc in (("attn", p, "p"), ("attn", b, "b"), ("ffn", p, "p"), ("ffn", b, "b")):
-    if op != "none":
-      names[(sub, loc)] = f"norm_{sub}_{'in' if loc == 'p' else 'out'}"
+  old = {}
+  for sub in ("attn", "ffn"):
+    if p != "none":
+      old[f"norm_{sub}_in"] = (sub, "p")
+    if b != "none":
+      old[f"norm_{sub}_out"] = (sub, "b")
   if r != "none":
-    names[("attn", "r")] = "norm_attn_res" if p != "none" else "norm_ffn_in"
-    names[("ffn", "r")] = "norm_out"
-  return names
+    old["norm_attn_res" if p != "none" else "norm_ffn_in"] = ("attn", "r")
+    old["norm_out"] = ("ffn", "r")
+  new = norm_names(cfg)
+  return {name: new[key] for name, key in old.items()}
 
 
 def make_norm(cfg: TransformerConfig, op: str, name: str) -> Norm:

@@ -300,6 +300,38 @@ class Restored:
   saved_process_count: int | None = None
 
 
+def rename_keys(tree: Any, renames: Mapping[str, str]) -> Any:
+  """``tree`` with every dict key in ``renames`` replaced (dicts, lists, tuples, named
+  tuples such as optax states, and dataclasses such as ``TrainState``)."""
+  if not renames:
+    return tree
+  if isinstance(tree, Mapping):
+    return {renames.get(k, k): rename_keys(v, renames) for k, v in tree.items()}
+  if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+    return dataclasses.replace(tree, **{f.name: rename_keys(getattr(tree, f.name), renames)
+                                        for f in dataclasses.fields(tree)})
+  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+    return type(tree)(*(rename_keys(v, renames) for v in tree))
+  if isinstance(tree, (list, tuple)):
+    return type(tree)(rename_keys(v, renames) for v in tree)
+  return tree
+
+
+def _keys(tree: Any) -> set[str]:
+  if isinstance(tree, Mapping):
+    return set(tree) | {k for v in tree.values() for k in _keys(v)}
+  if isinstance(tree, (list, tuple)):
+    return {k for v in tree for k in _keys(v)}
+  return set()
+
+
+def saved_renames(metadata_tree: Any, renames: Mapping[str, str]) -> dict[str, str]:
+  """The entries of ``renames`` (old name -> new) whose old name the saved tree holds:
+  a checkpoint written before a parameter rename."""
+  held = _keys(metadata_tree)
+  return {old: new for old, new in renames.items() if old in held}
+
+
 class Checkpointer:
   """Saves and restores the four items of a run's steps under ``WORKDIR/checkpoints``."""
 
@@ -334,8 +366,11 @@ class Checkpointer:
   def _has_item(self, step: int, item: str) -> bool:
     return (self.directory / str(step) / item).is_dir()
 
-  def restore(self, abstract_state: Any, data_iter: Any) -> Restored | None:
-    """The newest readable step (state into ``abstract_state``'s shardings), or None."""
+  def restore(self, abstract_state: Any, data_iter: Any,
+              renames: Mapping[str, str] | None = None) -> Restored | None:
+    """The newest readable step (state into ``abstract_state``'s shardings), or None.
+    ``renames``: old parameter name -> current one (the task's ``legacy_renames``); a
+    checkpoint holding old names is read under them and handed back renamed."""
 
     def restore(step: int) -> Restored:
       step_dir = self.directory / str(step)
@@ -351,7 +386,12 @@ class Checkpointer:
         raise IncompleteStep(f"data/{own.name} is missing")
       if count != jax.process_count():
         data_state = rebuild_data_state(step_dir / "data", count, step)
-      items = {"state": ocp.args.StandardRestore(abstract_state),
+      old = {}
+      if renames:
+        meta = self.manager.item_metadata(step)["state"]
+        old = saved_renames(getattr(meta, "tree", meta), renames)
+      target = rename_keys(abstract_state, {new: o for o, new in old.items()})
+      items = {"state": ocp.args.StandardRestore(target),
                "metrics": ocp.args.JsonRestore()}
       if self._has_item(step, "diagnostics"):
         items["diagnostics"] = ocp.args.StandardRestore()
@@ -362,7 +402,8 @@ class Checkpointer:
       else:
         data_iter.set_state(data_state)
       diagnostics = out.get("diagnostics") if "diagnostics" in items else None
-      return Restored(step, out.state, diagnostics, out.metrics, count)
+      return Restored(step, rename_keys(out.state, old), rename_keys(diagnostics, old),
+                      out.metrics, count)
 
     found = restore_with_fallback(self.directory, self.all_steps(), restore, self._set_aside)
     return None if found is None else found[1]

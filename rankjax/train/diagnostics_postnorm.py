@@ -101,7 +101,7 @@ def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
 
 # the norm that reads Y_k^l in a Post-Norm layer (k = 1: before the FFN; k = 2: the
 # layer's output norm, whose output is X_1^{l+1})
-NORM_AFTER_Y = {1: "norm_ffn_in", 2: "norm_out"}
+NORM_AFTER_Y = {1: "norm_attn_r", 2: "norm_ffn_r"}
 
 
 def _norm_gain(d: diagnostics.DiagInputs, k: int) -> Array | None:

@@ -293,7 +293,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           jax.eval_shape(compiled.init), compiled.state_shardings)
   had_steps = bool(ckpt.all_steps())
-  restored = ckpt.restore(abstract, data_it)
+  restored = ckpt.restore(abstract, data_it, task.legacy_renames())
   resharded = ""
   if restored is not None:
     state, start = restored.state, restored.step

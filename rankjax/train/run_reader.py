@@ -145,6 +145,8 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   if found is None:
     raise FileNotFoundError(f"no readable checkpoint in {directory}")
   s, out = found
+  renames = ckpt_lib.saved_renames(out["state"], task_lib.make_task(cfg).legacy_renames())
+  out = ckpt_lib.rename_keys(out, renames)      # a checkpoint from before a rename
   params = jax.tree.map(np.asarray, out["state"]["params"])
   history = ckpt_lib.DiagnosticsHistory.from_tree(out.get("diagnostics"))
   return Run(workdir=workdir, config=cfg, step=s, params=params,

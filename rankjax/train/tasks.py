@@ -32,7 +32,7 @@ from rankjax.config import TrainConfig
 from rankjax.measure.losses import cross_entropy
 from rankjax.models.lm_head import head_cross_entropy
 from rankjax.models.mlp import ResidualMLP
-from rankjax.models.transformer import DecoderLM, intermediate_grads
+from rankjax.models.transformer import DecoderLM, intermediate_grads, legacy_norm_renames
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -88,6 +88,11 @@ class Task:
     """What the data must match (``rankjax.data.check_model_fits`` keywords)."""
     return {}
 
+  def legacy_renames(self) -> dict[str, str]:
+    """Old parameter name -> current, for checkpoints written before a rename (read
+    under the old names, handed back renamed: ``checkpoint.Checkpointer.restore``)."""
+    return {}
+
 
 def dropout_key(rng: Array, impl: str) -> Array:
   """``rng`` as a key of the PRNG implementation ``impl`` (``TransformerConfig.prng_impl``).
@@ -126,6 +131,9 @@ class LMTask(Task):
 
   def data_requirements(self) -> dict[str, Any]:
     return dict(vocab_size=self.model.cfg.vocab_size, max_seq_len=self.model.cfg.max_seq_len)
+
+  def legacy_renames(self) -> dict[str, str]:
+    return legacy_norm_renames(self.model.cfg)
 
   def flops_per_example(self, num_params: int) -> float:
     cfg = self.model.cfg

@@ -57,11 +57,11 @@ def _from(cfg, params, l: int, site: str, v):
     v = v + _attn(cfg, p["attn"], v)
     site = "y1"
   if site == "y1":
-    v = _norm(cfg, p["norm_ffn_in"], v)
+    v = _norm(cfg, p["norm_attn_r"], v)
     site = "x2"
   if site == "x2":
     v = v + _ffn(cfg, p["ffn"], v)
-  h = _norm(cfg, p["norm_out"], v)
+  h = _norm(cfg, p["norm_ffn_r"], v)
   for j in range(l + 1, cfg.num_layers):
     h = _from_block(cfg, params, j, h)
   return _head(cfg, params, h)
@@ -70,9 +70,9 @@ def _from(cfg, params, l: int, site: str, v):
 def _from_block(cfg, params, l, h):
   p = _layer(params, l)
   y1 = h + _attn(cfg, p["attn"], h)
-  x2 = _norm(cfg, p["norm_ffn_in"], y1)
+  x2 = _norm(cfg, p["norm_attn_r"], y1)
   y2 = x2 + _ffn(cfg, p["ffn"], x2)
-  return _norm(cfg, p["norm_out"], y2)
+  return _norm(cfg, p["norm_ffn_r"], y2)
 
 
 def _forward_sites(cfg, params, tokens):
@@ -82,11 +82,11 @@ def _forward_sites(cfg, params, tokens):
   for l in range(cfg.num_layers):
     p = _layer(params, l)
     y1 = h + _attn(cfg, p["attn"], h)
-    x2 = _norm(cfg, p["norm_ffn_in"], y1)
+    x2 = _norm(cfg, p["norm_attn_r"], y1)
     y2 = x2 + _ffn(cfg, p["ffn"], x2)
     for k, v in zip(("x1", "y1", "x2", "y2"), (h, y1, x2, y2)):
       sites[k].append(v)
-    h = _norm(cfg, p["norm_out"], y2)
+    h = _norm(cfg, p["norm_ffn_r"], y2)
   return {k: jnp.stack(v) for k, v in sites.items()}, _norm(cfg, params["norm_final"], h)
 
 
@@ -247,7 +247,7 @@ def test_theorem_3_8_zero_grads_at_frequency_output(x64):
   value, grads = jax.value_and_grad(loss)(params)
   np.testing.assert_allclose(value, frequency_loss(targets), rtol=1e-6)
   blocks = gr.block_grad_norms(grads)
-  for name in ("attn", "ffn", "norm_ffn_in", "norm_out"):
+  for name in ("attn", "ffn", "norm_attn_r", "norm_ffn_r"):
     assert np.max(blocks[name]) < 1e-5, (name, blocks[name])
   assert float(blocks["lm_head"]) < 1e-5
   # control: a head that is not at the frequency output gets non-zero gradients

@@ -61,7 +61,7 @@ def test_split_heads_reproduces_the_model_attention_and_bounds_order(monkeypatch
   a3 = tb.cor_a3(mcfg, params, caps["y1"], caps["y2"])
   y = np.asarray(caps["y1"][0], np.float64).reshape(-1, mcfg.d_model)
   sigma = np.sqrt(y.var(-1) + mcfg.norm_eps)
-  g = np.abs(np.asarray(params["layers"]["norm_ffn_in"]["scale"][0])).max()
+  g = np.abs(np.asarray(params["layers"]["norm_attn_r"]["scale"][0])).max()
   np.testing.assert_allclose(a3["worst_token_factor"][0], (g / sigma).max(), rtol=1e-4)
   assert a3["log_norm_measured"] <= a3["log_bound_token"] + 1e-4 <= a3["log_bound_layer"] + 2e-4
   # per-row records: the paper's greedy certificate never above our balance one, both

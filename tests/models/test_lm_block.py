@@ -126,7 +126,7 @@ def test_pre_and_post_norms_together_get_their_own_names():
   norm_attn_res, the FFN's P norm norm_ffn_in; X_2 = P(R(Y_1))."""
   cfg, tokens, params, acts = _init_and(_capture, norm_position="post", p_norm="layer")
   names = set(norm_names(cfg).values())
-  assert names == {"norm_attn_in", "norm_attn_res", "norm_ffn_in", "norm_out"}
+  assert names == {"norm_attn_p", "norm_attn_r", "norm_ffn_p", "norm_ffn_r"}
   r = norms.normalize(acts["y1"], "rms")
   np.testing.assert_allclose(acts["x2"], norms.normalize(r, "layer"), rtol=1e-5, atol=1e-5)
 
@@ -159,7 +159,7 @@ def test_post_follows_eq1_every_sublayer_reads_a_norm_output():
       c).apply({"params": p}, t)), norm_position="post")
   _unit_rms(acts["x1"])
   _unit_rms(acts["x2"])
-  h_last = norms.normalize(acts["y2"][-1], "rms") * params["layers"]["norm_out"]["scale"][-1]
+  h_last = norms.normalize(acts["y2"][-1], "rms") * params["layers"]["norm_ffn_r"]["scale"][-1]
   np.testing.assert_allclose(logits, h_last @ params["lm_head"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(first_layer_input(cfg, params, tokens), acts["x1"][0], rtol=1e-6)
 
@@ -168,7 +168,7 @@ def test_layer_norm_bias_matches_the_formula():
   """LN(x) = gamma * (x - mu) / sigma + beta (softmax paper Sec 2)."""
   cfg, tokens, params = _setup(norm_position="pre", norm_op="layer")   # bias by default
   assert set(params["norm_final"]) == {"scale", "bias"}
-  assert set(params["layers"]["norm_attn_in"]) == {"scale", "bias"}
+  assert set(params["layers"]["norm_attn_p"]) == {"scale", "bias"}
   shapes = lambda **kw: jax.eval_shape(DecoderLM(TransformerConfig(**{**TINY, **kw})).init,
                                        jax.random.key(0), tokens)["params"]["norm_final"]
   assert set(shapes(norm_position="pre", norm_op="layer", norm_bias=False)) == {"scale"}

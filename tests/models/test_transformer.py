@@ -222,7 +222,7 @@ def test_intermediate_grads_match_direct_grad(position):
 
   def head(y):
     if position == "post":
-      y = norms.normalize(y, "rms", cfg.norm_eps) * p["layers"]["norm_out"]["scale"][-1]
+      y = norms.normalize(y, "rms", cfg.norm_eps) * p["layers"]["norm_ffn_r"]["scale"][-1]
     y = norms.normalize(y, "rms", cfg.norm_eps) * p["norm_final"]["scale"]
     return loss_fn(y @ p["lm_head"])
 
