@@ -14,8 +14,10 @@ missing renders as one line saying so.
 
   python -m experiments.expected [--check] [STUDY ...]
 
-writes every study's EXPECTED.md (``--check``: exits 1 naming the files that differ
-from what they render; the test suite runs the same check).
+writes every study's EXPECTED.md, and README.md's tour block (``<!-- tour
+docs/tour_summary.json -->``, ``rankjax.tour.render_readme``) when no study is named
+(``--check``: exits 1 naming the files that differ from what they render; the test
+suite runs the same check).
 """
 from __future__ import annotations
 
@@ -85,6 +87,13 @@ def write(study: str) -> bool:
   return new != old
 
 
+def readme() -> tuple[pathlib.Path, str]:
+  """README.md and what it renders to (its tour block from docs/tour_summary.json)."""
+  from rankjax import tour
+  path = results.ROOT / "README.md"
+  return path, tour.render_readme(path.read_text(), results.ROOT)
+
+
 def studies() -> list[str]:
   root = results.ROOT / "experiments"
   return sorted(p.parent.name for p in root.glob("*/EXPECTED.md"))
@@ -103,6 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stale.append(str(path_of(study).relative_to(results.ROOT)))
     elif write(study):
       print(f"rewrote {path_of(study).relative_to(results.ROOT)}")
+  if not args.studies:
+    path, text = readme()
+    if text != path.read_text():
+      if args.check:
+        stale.append(path.name)
+      else:
+        path.write_text(text)
+        print(f"rewrote {path.name}")
   if stale:
     print("not what the results files render (run python -m experiments.expected): "
           + ", ".join(stale), file=sys.stderr)

@@ -15,59 +15,15 @@ compares with the committed numbers (:func:`compare`).
 """
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import pathlib
-import platform
-import subprocess
 from typing import Any, Sequence
 
 from experiments import evidence
+from rankjax.provenance import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA_LIMIT = 256 * 1024   # bytes of figure data a committed results file may hold
-
-
-def _git(*args: str) -> str | None:
-  try:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                          check=True, timeout=30).stdout
-  except (OSError, subprocess.SubprocessError):
-    return None
-
-
-def _cpu() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def provenance(wall_s: float | None = None) -> dict[str, Any]:
-  """Where and with what a result was computed. ``dirty``: the checkout had changes
-  outside the results folders (uncommitted code produced the numbers)."""
-  import flax
-  import jax
-  import jaxlib
-  import numpy
-  commit = _git("rev-parse", "HEAD")
-  status = _git("status", "--porcelain", "--untracked-files=no")
-  dirty = None if status is None else any(
-      "/results/" not in line and not line.endswith("EXPECTED.md")
-      for line in status.splitlines())
-  dev = jax.devices()[0]
-  return {"commit": commit.strip() if commit else None, "dirty": dirty,
-          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-          "numpy": numpy.__version__, "python": platform.python_version(),
-          "backend": jax.default_backend(), "device_kind": dev.device_kind,
-          "device_count": jax.device_count(), "cpu": _cpu(),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "wall_s": None if wall_s is None else round(wall_s, 1)}
 
 
 def _seeds(result: dict[str, Any], rows: Sequence[dict]) -> list[int] | None:

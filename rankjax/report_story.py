@@ -61,6 +61,22 @@ def numbers_of(name: str, run: Any) -> RunNumbers:
       eval_accuracy=acc)
 
 
+_ARRAYS = ("steps", "tsim", "grad_norm")
+
+
+def numbers_to_dict(r: RunNumbers) -> dict[str, Any]:
+  """``r`` as JSON values (arrays as lists); ``numbers_from_dict`` reads it back."""
+  out = dataclasses.asdict(r)
+  for k in _ARRAYS:
+    out[k] = None if out[k] is None else np.asarray(out[k]).tolist()
+  return out
+
+
+def numbers_from_dict(d: dict[str, Any]) -> RunNumbers:
+  return RunNumbers(**{k: (np.asarray(v) if k in _ARRAYS and v is not None else v)
+                       for k, v in d.items()})
+
+
 @dataclasses.dataclass(frozen=True)
 class Collapse:
   step: int                 # the first update from which some layer stays collapsed

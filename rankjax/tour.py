@@ -12,7 +12,10 @@
 3. Prints a summary and builds the report (``rankjax report WORKDIR``).
 
 Everything lives in WORKDIR (``lm_post/``, ``lm_pre/``, ``jacobians.json``,
-``report/``). Interrupt it (Ctrl-C or SIGTERM) and run the same command again: the
+``report/``, and ``tour_summary.json``: the numbers behind the summary's sentences with
+their provenance, wall time that of the invocation that finished the tour). The
+README's tour paragraph is rendered from a committed copy, ``docs/tour_summary.json``
+(``render_readme``; ``python -m experiments.expected`` rewrites it). Interrupt it (Ctrl-C or SIGTERM) and run the same command again: the
 training runs resume from their checkpoints and give the same final numbers.
 """
 
@@ -22,9 +25,11 @@ import contextlib
 import dataclasses
 import json
 import pathlib
+import re
 import signal
 import sys
 import threading
+import time
 
 from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
 
@@ -92,6 +97,58 @@ def summary_lines(workdir: pathlib.Path, jac: dict) -> list[str]:
   return [f"  {s}" for s in report_story.workdir_paragraphs(runs, jac)]
 
 
+SUMMARY = "tour_summary.json"   # WORKDIR/tour_summary.json; the README's is docs/
+README_BLOCK = re.compile(r"(<!-- tour (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- end tour -->)", re.S)
+
+
+def write_summary(workdir: pathlib.Path, jac: dict, smoke: bool, wall_s: float) -> pathlib.Path:
+  """``WORKDIR/tour_summary.json``: the numbers the tour's sentences are made of (each
+  LM run's ``report_story.RunNumbers``, the MLP eranks) with their provenance."""
+  from rankjax import report_story
+  from rankjax.provenance import provenance
+  from rankjax.train.run_reader import load_run
+
+  runs = {name: report_story.numbers_to_dict(report_story.numbers_of(name, load_run(workdir / name)))
+          for name in lm_configs(smoke)}
+  small = {"studies": {p: {"erank": s["erank"]} for p, s in jac["studies"].items()},
+           "configs": {p: {k: c[k] for k in ("depth", "width", "norm_position")}
+                       for p, c in jac["configs"].items()},
+           "num_seeds": jac["num_seeds"]}
+  doc = {"provenance": provenance(wall_s), "smoke": smoke, "seed": 0, "runs": runs,
+         "jacobians": small}
+  path = workdir / SUMMARY
+  path.write_text(json.dumps(doc, indent=1) + "\n")
+  return path
+
+
+def summary_paragraphs(doc: dict) -> list[str]:
+  """The tour's sentences from a ``tour_summary.json`` (the report's own sentences)."""
+  from rankjax import report_story
+  out = [report_story.smoke_sentence(lm_configs(smoke=True))] if doc["smoke"] else []
+  out += [" ".join(report_story.run_sentences(report_story.numbers_from_dict(r)))
+          for r in doc["runs"].values()]
+  return out + [report_story.jacobian_sentence(doc["jacobians"])]
+
+
+def render_readme(text: str, root: pathlib.Path) -> str:
+  """``text`` (README.md) with each ``<!-- tour PATH -->`` block rendered from the
+  committed summary at ``root / PATH``."""
+  def block(m):
+    path = root / m.group("path")
+    if not path.is_file():
+      return m.group(1) + f"(no {m.group('path')} yet)\n" + m.group(4)
+    doc = json.loads(path.read_text())
+    p = doc["provenance"]
+    lines = [f"> {s}" for s in summary_paragraphs(doc)]
+    lines = [x for line in lines for x in (line, ">")][:-1]
+    lines += ["", f"Rendered from `{m.group('path')}` (`rankjax tour`, seed {doc['seed']}): "
+              f"commit {(p.get('commit') or '?')[:10]}{' (dirty)' if p.get('dirty') else ''}, "
+              f"{p.get('device_kind')} ({p.get('cpu')}), jax {p.get('jax')}, "
+              f"{p.get('wall_s')} s, {p.get('date')}."]
+    return m.group(1) + "\n".join(lines) + "\n" + m.group(4)
+  return README_BLOCK.sub(block, text)
+
+
 @contextlib.contextmanager
 def _sigterm_interrupts():
   """SIGTERM between training phases stops the tour like Ctrl-C (KeyboardInterrupt);
@@ -119,6 +176,7 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
 
   workdir = pathlib.Path(paths.check_output(workdir, "--workdir"))
   workdir.mkdir(parents=True, exist_ok=True)
+  start = time.time()
   with _sigterm_interrupts():
     for name, cfg in lm_configs(smoke).items():
       print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
@@ -130,8 +188,10 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
         return 130
     print("== residual MLP Jacobians at initialization", flush=True)
     jac = measure_jacobians(workdir / "jacobians.json", smoke)
+  summary = write_summary(workdir, jac, smoke, time.time() - start)
   page = build_report(workdir)
   print("\n".join(["summary:"] + summary_lines(workdir, jac)))
+  print(f"numbers: {summary}")
   print(f"report: {page}")
   return 0
 

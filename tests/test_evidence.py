@@ -124,6 +124,8 @@ def test_the_committed_expected_files_are_what_their_results_render():
   experiments.expected rewrites them)."""
   for study in expected.studies():
     assert expected.render(study) == expected.path_of(study).read_text(), study
+  path, text = expected.readme()
+  assert text == path.read_text(), "README's tour block is not what docs/ renders"
 
 
 def test_every_committed_row_rechecks_and_is_one_number():

@@ -57,6 +57,35 @@ def test_tour_smoke_writes_report_and_report_rebuilds(reference):
   # and for a single run
   assert cli.main(["report", str(workdir / "lm_pre")]) == 0
   assert (workdir / "lm_pre" / "report" / "loss.png").is_file()
+  # tour_summary.json holds the numbers the printed sentences are made of
+  doc = json.loads((workdir / tour.SUMMARY).read_text())
+  assert doc["smoke"] and doc["provenance"]["jax"] and doc["seed"] == 0
+  assert [f"  {s}" for s in tour.summary_paragraphs(doc)] == _summary(out)[1:]
+
+
+def test_readme_block_renders_the_summary_sentences(tmp_path):
+  from rankjax import report_story
+  runs = {"lm_post": report_story.numbers_to_dict(report_story.RunNumbers(
+      name="lm_post", model="lm", placement="post", layers=3, updates=20, final_loss=3.25,
+      steps=np.array([10, 20]), tsim=np.array([[0.5, 0.99, 0.9995], [0.5, 0.9991, 1.0]]),
+      freq_loss=3.2499, grad_norm=np.array([1e-6, 1.0, 2.0])))}
+  jac = {"studies": {"pre": {"erank": [1.0, 0.47]}, "post": {"erank": [1.0, 0.14]}},
+         "configs": {"pre": {"depth": 48, "width": 64}}, "num_seeds": 4}
+  doc = {"provenance": {"commit": "0123456789abc", "dirty": False, "device_kind": "cpu",
+                        "cpu": "x", "jax": "0.10", "wall_s": 600.0, "date": "d"},
+         "smoke": False, "seed": 0, "runs": runs, "jacobians": jac}
+  (tmp_path / "docs").mkdir()
+  (tmp_path / "docs" / "s.json").write_text(json.dumps(doc))
+  text = "intro\n<!-- tour docs/s.json -->\nold numbers\n<!-- end tour -->\nrest\n"
+  out = tour.render_readme(text, tmp_path)
+  assert "old numbers" not in out and out.startswith("intro\n<!-- tour docs/s.json -->\n> ")
+  assert "It collapsed at update 10: from then to the last diagnostics update (20) the " \
+         "token similarity of layers 1-2 stayed at or above 0.95" in out
+  assert "erank(dh_L/dh_0)/d is 0.470 for Pre-Norm, 0.140 for Post-Norm" in out
+  assert "commit 0123456789, cpu (x), jax 0.10, 600.0 s, d." in out
+  assert tour.render_readme(out, tmp_path) == out
+  assert "(no docs/none.json yet)" in tour.render_readme(
+      "<!-- tour docs/none.json -->\n<!-- end tour -->", tmp_path)
 
 
 @pytest.mark.slow

@@ -1,0 +1,61 @@
+"""Where and with what a reported number was computed (the results files' provenance).
+
+``provenance()`` is what every committed results file carries: the commit and whether
+the checkout had uncommitted changes, the jax / jaxlib / flax / numpy / Python
+versions, the backend, device kind and count, the CPU model, the XLA flags, the date
+and the wall time. ``experiments/results.py`` (the studies) and ``rankjax tour`` use it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pathlib
+import platform
+import subprocess
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# files rendered from results (a checkout that differs only in these is not dirty)
+RENDERED = ("/results/", "EXPECTED.md", "README.md", "docs/tour_summary.json")
+
+
+def _git(*args: str) -> str | None:
+  try:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                          check=True, timeout=30).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def _cpu() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def provenance(wall_s: float | None = None) -> dict[str, Any]:
+  """Where and with what a result was computed. ``dirty``: the checkout had changes
+  other than the files rendered from results (``RENDERED``): uncommitted code produced
+  the numbers;
+  None outside a git checkout."""
+  import flax
+  import jax
+  import jaxlib
+  import numpy
+  commit = _git("rev-parse", "HEAD")
+  status = _git("status", "--porcelain", "--untracked-files=no")
+  dirty = None if status is None else any(
+      not any(r in line for r in RENDERED) for line in status.splitlines())
+  dev = jax.devices()[0]
+  return {"commit": commit.strip() if commit else None, "dirty": dirty,
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+          "numpy": numpy.__version__, "python": platform.python_version(),
+          "backend": jax.default_backend(), "device_kind": dev.device_kind,
+          "device_count": jax.device_count(), "cpu": _cpu(),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "wall_s": None if wall_s is None else round(wall_s, 1)}
