@@ -163,7 +163,7 @@ def check_step(name: str, smoke: bool) -> dict:
     return metrics
 
   t = timed(one, 2 if smoke else 5)
-  flops = c.task.flops_per_example(n_params) * cfg.batch_size
+  flops = c.task.flops_per_example() * cfg.batch_size
   peak = mfu_lib.local_spec_peak(cfg.compute_dtype)
   stats = jax.devices()[0].memory_stats() or {}
   return dict(config=name, params=n_params, batch=cfg.batch_size, seq_len=cfg.seq_len,

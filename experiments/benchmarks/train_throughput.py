@@ -113,7 +113,7 @@ def bench(name: str, cfg: TrainConfig, steps: int, peak: float) -> dict:
                                  cfg.grad_accum, c.batch_sharding)
   t, loss = time_steps({"plain": c.step, "diag": c.diag_step}, state, batch, steps)
   t_plain, t_diag = t["plain"], t["diag"]
-  flops = c.task.flops_per_example(n_params) * cfg.batch_size
+  flops = c.task.flops_per_example() * cfg.batch_size
   tokens_per_step = cfg.batch_size * cfg.seq_len
   return dict(
       name=name, batch=cfg.batch_size, seq_len=cfg.seq_len, params=n_params,

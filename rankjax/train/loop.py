@@ -343,8 +343,9 @@ class _Loop:
     self.cfg, self.c, self.ckpt, self.writer = cfg, compiled, ckpt, writer
     self.history, self.data_it = history, data_it
     self.tokens_per_step = cfg.batch_size * compiled.task.tokens_per_example
-    n_params = task_lib.count_params(jax.eval_shape(compiled.init).params)
-    self.flops_per_step = compiled.task.flops_per_example(n_params) * cfg.batch_size
+    self.flops_per_step = compiled.task.flops_per_example() * cfg.batch_size
+    self.flops_per_step_full = compiled.task.flops_per_example(causal=False) \
+        * cfg.batch_size
     self.peak_flops = mfu_lib.local_spec_peak(cfg.compute_dtype)   # None: no spec peak
     self.last_metrics: dict[str, Any] = {}
     self.data_name = ""
@@ -440,10 +441,11 @@ class _Loop:
     if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
       window, self._window = self._window, []
       metrics["tokens_per_s_avg"] = self.tokens_per_step * len(window) / max(sum(window), 1e-9)
-      mfu = mfu_lib.mfu(self.flops_per_step, sum(window) / len(window), self.c.mesh.size,
-                        self.peak_flops)
-      if mfu is not None:             # model FLOPs / spec peak of the devices (train/mfu.py)
-        metrics["mfu"] = mfu
+      for key, flops in (("mfu", self.flops_per_step),
+                         ("mfu_full_attention", self.flops_per_step_full)):
+        mfu = mfu_lib.mfu(flops, sum(window) / len(window), self.c.mesh.size, self.peak_flops)
+        if mfu is not None:           # model FLOPs / spec peak of the devices (train/mfu.py)
+          metrics[key] = mfu
     self.writer.write(step, metrics)
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
       self.writer.flush()

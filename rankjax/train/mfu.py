@@ -2,7 +2,9 @@
 
 MFU = model FLOPs per second per device / the device's published dense peak at the
 compute dtype. Model FLOPs are ``Task.flops_per_example`` (PaLM App B: 6N per token
-plus 12 L T d for attention), so rematerialized recomputation does not count.
+plus 12 L T d for attention), so rematerialized recomputation does not count. The
+loop logs ``mfu`` with causal attention's products at half (6 L T d, what a causal
+kernel computes; MaxText's count) and ``mfu_full_attention`` with them whole (PaLM's).
 
 The peaks are the vendors' dense (no sparsity) numbers per chip:
 

@@ -50,6 +50,7 @@ class Task:
     example_spec: per-example shape and dtype of every batch entry.
     tokens_per_example: tokens an example contributes to throughput (T, or 1).
     stacked_roots: top-level parameter names whose leaves have a leading layer axis.
+    lookup_tables: top-level parameter names read by lookup, not matmul (embeddings).
     compute_dtype: activations' dtype.
     dropout: whether the training forward pass needs a "dropout" rng.
   """
@@ -62,6 +63,7 @@ class Task:
   stacked_roots: tuple[str, ...]
   compute_dtype: Any = jnp.float32
   dropout: bool = False
+  lookup_tables: tuple[str, ...] = ()
 
   def dummy_batch(self, batch_size: int) -> dict[str, Array]:
     return {k: jnp.zeros((batch_size, *shape), dtype)
@@ -80,9 +82,20 @@ class Task:
     """Deterministic forward (and backward) capture: (activations, their gradients)."""
     raise NotImplementedError
 
-  def flops_per_example(self, num_params: int) -> float:
-    """Model FLOPs of one forward+backward pass over one example."""
+  def flops_per_example(self, causal: bool = True) -> float:
+    """Model FLOPs of one forward+backward pass over one example: 6 per weight of a
+    matmul per token (norm gains, biases and lookup tables are no matmuls), plus the
+    attention products (``causal``: a causal attention's score and value products count
+    at half, the work a causal kernel does; False counts them whole)."""
     raise NotImplementedError
+
+  def matmul_params(self) -> int:
+    """Weights that multiply an activation in a matmul (``is_norm_param`` leaves and
+    lookup tables excluded; see ``flops_per_example``)."""
+    shapes = jax.eval_shape(self.init, jax.random.key(0))
+    return int(sum(np.prod(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(shapes)
+                   if not numerics.is_norm_param(getattr(path[-1], "key", None))
+                   and getattr(path[0], "key", None) not in self.lookup_tables))
 
   def data_requirements(self) -> dict[str, Any]:
     """What the data must match (``rankjax.data.check_model_fits`` keywords)."""
@@ -135,17 +148,17 @@ class LMTask(Task):
   def legacy_renames(self) -> dict[str, str]:
     return legacy_norm_renames(self.model.cfg)
 
-  def flops_per_example(self, num_params: int) -> float:
+  def flops_per_example(self, causal: bool = True) -> float:
     cfg = self.model.cfg
     t = self.tokens_per_example
-    embed = cfg.padded_vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
-    if cfg.pos_embedding == "learned":
-      embed += cfg.max_seq_len * cfg.d_model
     # PaLM (App B): 6N per token for the matmuls (the LM head counts, the embedding
-    # lookup does not) plus 12 L T d for attention scores and values.
-    head = cfg.padded_vocab_size * cfg.d_model
-    dense = num_params - embed + head
-    return t * (6.0 * dense + 12.0 * cfg.num_layers * t * cfg.d_model)
+    # lookup does not: a tied table counts once, as the head) plus 12 L T d for
+    # attention scores and values; a causal mask leaves half of those (MaxText's count).
+    dense = self.matmul_params()
+    if cfg.tie_embeddings:
+      dense += cfg.padded_vocab_size * cfg.d_model
+    attention = 12.0 * cfg.num_layers * t * cfg.d_model * (0.5 if causal else 1.0)
+    return t * (6.0 * dense + attention)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +187,9 @@ class ClassifierTask(Task):
   def data_requirements(self) -> dict[str, Any]:
     return dict(num_classes=self.model.cfg.num_classes, input_dim=self.model.cfg.input_dim)
 
-  def flops_per_example(self, num_params: int) -> float:
-    return 6.0 * num_params
+  def flops_per_example(self, causal: bool = True) -> float:
+    del causal          # no attention
+    return 6.0 * self.matmul_params()
 
 
 def data_kwargs(cfg: TrainConfig, task: Task) -> dict[str, Any]:
@@ -196,7 +210,8 @@ def _lm_task(cfg: TrainConfig) -> Task:
   lm = dataclasses.replace(cfg.lm, compute_dtype=cfg.compute_dtype)
   spec = {"inputs": ((cfg.seq_len,), jnp.int32), "targets": ((cfg.seq_len,), jnp.int32)}
   return LMTask("lm", "text", DecoderLM(lm), spec, cfg.seq_len, ("layers",), dtype,
-                dropout=bool(lm.dropout_rate or lm.attn_dropout_rate))
+                dropout=bool(lm.dropout_rate or lm.attn_dropout_rate),
+                lookup_tables=("embed", "pos_embed"))
 
 
 def _mlp_task(cfg: TrainConfig) -> Task:

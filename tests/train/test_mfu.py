@@ -46,7 +46,6 @@ def test_training_logs_mfu_against_the_spec_peak(tmp_path, monkeypatch):
   import jax
 
   from rankjax.train import loop
-  from rankjax.train.tasks import count_params
   from tests.train.conftest import tiny_lm
 
   cfg = tiny_lm(log_every=2, total_steps=4, diag_every=0, eval_every=0)
@@ -55,16 +54,52 @@ def test_training_logs_mfu_against_the_spec_peak(tmp_path, monkeypatch):
   rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
   train_rows = [r for r in rows if r.get("kind", "train") == "train"]
   compiled = loop.build_for_run(cfg)
-  n = count_params(jax.eval_shape(compiled.init).params)
-  flops = compiled.task.flops_per_example(n) * cfg.batch_size
+  flops = compiled.task.flops_per_example() * cfg.batch_size
   logged = [r for r in train_rows if "mfu" in r]
   assert [r["step"] for r in logged] == [2, 4]
   for r in logged:
     # the mean step time of the window is tokens_per_step / tokens_per_s_avg
     mean_dt = cfg.batch_size * cfg.seq_len / r["tokens_per_s_avg"]
     assert r["mfu"] == pytest.approx(flops / mean_dt / (jax.device_count() * 1e9), rel=1e-6)
+    full = compiled.task.flops_per_example(causal=False) * cfg.batch_size
+    assert r["mfu_full_attention"] == pytest.approx(r["mfu"] * full / flops, rel=1e-9)
 
   monkeypatch.undo()
   loop.train(cfg, tmp_path / "cpu", progress_bar=False)
   rows = [json.loads(line) for line in (tmp_path / "cpu" / "metrics.jsonl").open()]
   assert not any("mfu" in r for r in rows)
+
+
+@pytest.mark.parametrize("ffn, tie, pos", [("swiglu", False, "none"), ("gelu", True, "learned")])
+def test_lm_flops_equal_a_count_of_every_matmul(ffn, tie, pos):
+  """The model FLOPs against a count written matmul by matmul (not from the parameter
+  count): per token and layer the Q, K, V, O projections (4 d^2 multiply-adds), the
+  FFN (3 or 2 d d_ff), the head (d V); per sequence and layer the scores Q K^T and the
+  values P V (T^2 d each, full; T(T+1)/2 d causal, ~half); x2 for multiply-add, x3 for
+  forward + backward."""
+  import jax
+
+  from rankjax.config import TrainConfig, TransformerConfig
+  from rankjax.train import tasks
+  lm = TransformerConfig(vocab_size=50, num_layers=3, d_model=16, num_heads=2, d_ff=40,
+                         max_seq_len=12, ffn=ffn, tie_embeddings=tie, pos_embedding=pos,
+                         norm_position="pre")
+  cfg = TrainConfig(model="lm", lm=lm, seq_len=12, batch_size=2)
+  task = tasks.make_task(cfg)
+  T, d, f, V, L = 12, 16, 40, 50, 3
+  per_token = L * (4 * d * d + (3 if ffn == "swiglu" else 2) * d * f) + d * V
+  full = 3 * 2 * (T * per_token + L * 2 * T * T * d)
+  causal = 3 * 2 * (T * per_token + L * 2 * (T * T / 2) * d)
+  assert task.flops_per_example(causal=False) == pytest.approx(full, rel=1e-12)
+  assert task.flops_per_example() == pytest.approx(causal, rel=1e-12)
+
+
+def test_mlp_flops_count_the_matmuls_not_the_gains():
+  """6 per matmul weight: input layer, each block's up and down matrices, output layer;
+  the learned norm gains (``norm_gain``) multiply elementwise and do not count."""
+  from rankjax.config import MLPConfig, TrainConfig
+  from rankjax.train import tasks
+  mlp = MLPConfig(depth=3, width=8, expansion=2.0, input_dim=5, num_classes=4,
+                  norm_position="peri", norm_gain=True)
+  task = tasks.make_task(TrainConfig(model="mlp", mlp=mlp))
+  assert task.flops_per_example() == 6 * (5 * 8 + 3 * (8 * 16 + 16 * 8) + 8 * 4)
