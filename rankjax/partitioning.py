@@ -25,11 +25,17 @@ _state = threading.local()
 
 
 @contextlib.contextmanager
-def activation_sharding(mesh: Mesh | None,
-                        rules: Mapping[str, Sequence[str]]) -> Iterator[None]:
-  """While tracing inside, ``constrain`` applies ``rules`` on ``mesh``."""
+def activation_sharding(mesh: Mesh | None, rules: Mapping[str, Sequence[str]], *,
+                        replicate_indivisible: bool = False) -> Iterator[None]:
+  """While tracing inside, ``constrain`` applies ``rules`` on ``mesh``.
+
+  ``replicate_indivisible``: a dimension its mesh axes do not divide (the few examples
+  the diagnostics look at) is replicated, and so is an array no rule shards, instead of
+  being left to GSPMD (which then split the activations along d_model, as the
+  FSDP-sharded weights are, and all-reduced every matmul output).
+  """
   previous = getattr(_state, "value", None)
-  _state.value = None if mesh is None else (mesh, dict(rules))
+  _state.value = None if mesh is None else (mesh, dict(rules), replicate_indivisible)
   try:
     yield
   finally:
@@ -40,19 +46,21 @@ def current() -> tuple[Mesh, dict] | None:
   """The ``(mesh, rules)`` of the enclosing ``activation_sharding``, or None outside it
   (for code that must place a computation itself, e.g. a Pallas kernel under
   ``shard_map``)."""
-  return getattr(_state, "value", None)
+  value = getattr(_state, "value", None)
+  return None if value is None else value[:2]
 
 
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   """``with_sharding_constraint`` of ``x`` by its logical axes (see module doc).
 
   When a dimension is not divisible by its mesh axes (e.g. the few examples the
-  diagnostics look at) ``x`` is left unconstrained, as it is outside the context.
+  diagnostics look at) ``x`` is left unconstrained, as it is outside the context, or
+  replicated along it under ``replicate_indivisible``.
   """
   value = getattr(_state, "value", None)
   if value is None:
     return x
-  mesh, rules = value
+  mesh, rules, replicate = value
   if len(logical) != x.ndim:
     raise ValueError(f"constrain: {len(logical)} logical axes {tuple(logical)} for an "
                      f"array of shape {x.shape}")
@@ -63,8 +71,10 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     for a in axes:
       n *= mesh.shape[a]
     if n > 1 and size % n:
-      return x
+      if not replicate:
+        return x
+      n = 1
     spec.append((axes if len(axes) > 1 else axes[0]) if n > 1 else None)
-  if all(s is None for s in spec):
+  if all(s is None for s in spec) and not replicate:
     return x
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rankjax import partitioning
 from rankjax.numerics import float_dtype
 
 
@@ -74,13 +75,18 @@ def head_cross_entropy(h_NxD: jax.Array, w_DxV: jax.Array, labels_N: jax.Array,
   0`` the N tokens are processed ``chunk`` at a time (``lax.map``) and each chunk is
   rematerialized in the backward pass, so at most ``chunk x V`` float32 logits exist
   at once instead of ``N x V``; the token count is padded to a multiple of ``chunk``
-  with zero-weight tokens.
+  with zero-weight tokens. The chunks are strided (chunk k holds tokens k, k + N/chunk,
+  k + 2N/chunk, ...), so under the training step's batch sharding every chunk holds
+  each device's share of tokens and stays sharded (``partitioning.constrain``): a
+  contiguous chunk lives on one device, and GSPMD all-reduced its logits.
   """
   if h_NxD.ndim != 2 or labels_N.shape != h_NxD.shape[:1]:
     raise ValueError(f"head_cross_entropy expects h (N, d) and labels (N,); got "
                      f"{h_NxD.shape} and {labels_N.shape}")
 
   def nll_sum(h_CxD, y_C, w_C):
+    h_CxD = partitioning.constrain(h_CxD, ("batch", None))
+    y_C, w_C = (partitioning.constrain(a, ("batch",)) for a in (y_C, w_C))
     return jnp.sum(w_C * token_nll(head_logits(h_CxD, w_DxV, vocab_size), y_C))
 
   n = h_NxD.shape[0]
@@ -88,8 +94,9 @@ def head_cross_entropy(h_NxD: jax.Array, w_DxV: jax.Array, labels_N: jax.Array,
   if chunk <= 0 or chunk >= n:
     return nll_sum(h_NxD, labels_N, jnp.ones((n,), acc)) / n
   pad = -n % chunk
-  h = jnp.pad(h_NxD, ((0, pad), (0, 0))).reshape(-1, chunk, h_NxD.shape[1])
-  y = jnp.pad(labels_N, (0, pad)).reshape(-1, chunk)
-  wt = jnp.pad(jnp.ones((n,), acc), (0, pad)).reshape(-1, chunk)
+  strided = lambda a: jnp.swapaxes(jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1))
+                                   .reshape(chunk, -1, *a.shape[1:]), 0, 1)
+  h, y, wt = strided(h_NxD), strided(labels_N), strided(jnp.ones((n,), acc))
+  h = partitioning.constrain(h, (None, "batch", None))
   sums = jax.lax.map(lambda a: jax.checkpoint(nll_sum)(*a), (h, y, wt))
   return jnp.sum(sums) / n

@@ -29,7 +29,7 @@ import optax
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rankjax import partitioning
+from rankjax import numerics, partitioning
 from rankjax.config import TrainConfig
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train.sharding import ACTIVATION_RULES, gather_lookup_tables
@@ -132,8 +132,9 @@ def accumulate_grads(task: Task, params: Any, batch: Any, rng: Array,
   """
   k = jax.tree.leaves(batch)[0].shape[0]
 
-  def loss(p, micro, key):
-    return task.loss(gather_lookup_tables(p, mesh), micro, key)
+  def loss(p, micro, key):   # cast first: the tables are gathered in the compute dtype
+    return task.loss(gather_lookup_tables(numerics.compute_copy(p, task.compute_dtype), mesh),
+                     micro, key)
 
   grad_fn = jax.grad(loss, has_aux=True)
   groups = mesh.shape["data"] if mesh is not None and k > 1 else 1
@@ -218,7 +219,7 @@ def make_step(task: Task, cfg: TrainConfig, tx: optax.GradientTransformation,
     metrics = {**aux, "grad_norm": grad_norm, "lr": schedule(state.step)}
     out = {}
     if diags:
-      out = run_diagnostics(task, cfg, diags, state, batch, grads, metrics["loss"])
+      out = run_diagnostics(task, cfg, diags, state, batch, grads, metrics["loss"], mesh)
     new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
     return new_state, metrics, out
 
@@ -226,18 +227,35 @@ def make_step(task: Task, cfg: TrainConfig, tx: optax.GradientTransformation,
 
 
 def run_diagnostics(task: Task, cfg: TrainConfig, diags: Sequence[diag_lib.Diagnostic],
-                    state: TrainState, batch: Any, grads: Any, loss: Array):
-  """The diagnostics of one update on the last micro-batch's first examples."""
+                    state: TrainState, batch: Any, grads: Any, loss: Array,
+                    mesh: Mesh | None = None):
+  """The diagnostics of one update on the last micro-batch's first examples.
+
+  Under ``mesh`` they run in the activation-sharding context: the examples are split
+  over the batch axes when their count divides them, and replicated otherwise (a few
+  examples: each device computes them all); the capture and the diagnostics read a replicated
+  copy of the parameters (one all-gather; the diagnostics step holds it besides the shards), so no
+  activation is split along d_model and nothing activation-sized is all-reduced."""
   n = cfg.diag_examples or None
-  examples = jax.tree.map(lambda x: x[-1, :n], batch)
-  acts = act_grads = None
-  if any(d.needs_capture for d in diags):
-    acts, act_grads = task.capture(state.params, examples)
-  inputs = diag_lib.DiagInputs(
-      kind=task.kind, model=task.model, params=state.params, batch=examples, grads=grads,
-      loss=loss, step=state.step + 1, activations=acts, activation_grads=act_grads,
-      stacked_roots=task.stacked_roots)
-  return diag_lib.compute(diags, inputs)
+  with partitioning.activation_sharding(mesh, ACTIVATION_RULES, replicate_indivisible=True):
+    examples = jax.tree.map(
+        lambda x: partitioning.constrain(x[-1, :n], ("batch",) + (None,) * (x.ndim - 2)),
+        batch)
+    params = _replicated(state.params, mesh)
+    acts = act_grads = None
+    if any(d.needs_capture for d in diags):
+      acts, act_grads = task.capture(params, examples)
+    inputs = diag_lib.DiagInputs(
+        kind=task.kind, model=task.model, params=params, batch=examples, grads=grads,
+        loss=loss, step=state.step + 1, activations=acts, activation_grads=act_grads,
+        stacked_roots=task.stacked_roots)
+    return diag_lib.compute(diags, inputs)
+
+
+def _replicated(params: Any, mesh: Mesh | None) -> Any:
+  if mesh is None or mesh.size == 1:
+    return params
+  return jax.lax.with_sharding_constraint(params, NamedSharding(mesh, P()))
 
 
 def make_eval_step(task: Task, mesh: Mesh | None = None):

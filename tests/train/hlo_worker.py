@@ -2,6 +2,9 @@
 
   python tests/train/hlo_worker.py   -> one JSON line: per mesh, every collective of
                                         the optimized HLO (op, shape, inside which loop)
+  python tests/train/hlo_worker.py paper -> the same for the two paper configs
+                                        (experiments/configs) at reduced width under
+                                        mesh_fsdp=8, training and diagnostics steps
 
 Runs apart from the test process (JAX must see 8 devices before it starts).
 """
@@ -69,10 +72,52 @@ def collectives(hlo: str) -> list[dict]:
       line = re.sub(r"/\*index=\d+\*/", "", line)
       m = _OP.search(line)
       if m:
-        shapes = [[int(d) for d in dims.split(",") if d]
-                  for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]", m.group(1))]
-        out.append({"op": m.group(2), "shapes": shapes, "loop_depth": depth.get(n, 0)})
+        typed = re.findall(r"([a-z]+\d*)\[([\d,]*)\]", m.group(1))
+        shapes = [[int(d) for d in dims.split(",") if d] for _, dims in typed]
+        out.append({"op": m.group(2), "shapes": shapes, "dtypes": [t for t, _ in typed],
+                    "loop_depth": depth.get(n, 0)})
   return out
+
+
+PAPER_CONFIGS = ("postnorm_48l_d512_c4.json", "gpt2_774m.json")
+
+
+def _compiled_hlo(cfg, mesh, which: str) -> tuple[str, list]:
+  c = build(cfg, mesh=mesh)
+  state = jax.eval_shape(c.init)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       state, c.state_shardings)
+  batch = {k: jax.ShapeDtypeStruct((cfg.grad_accum, cfg.micro_batch_size, *shape), dtype,
+                                   sharding=c.batch_sharding)
+           for k, (shape, dtype) in c.task.example_spec.items()}
+  fn = c.step if which == "step" else c.diag_step
+  return fn.lower(state, batch).compile().as_text(), [list(x.shape)
+                                                        for x in jax.tree.leaves(state.params)]
+
+
+def paper() -> None:
+  """The shipped paper configs with their sizes shrunk (2 layers, d=64, d_ff=128, vocab
+  1000 padded to 1024, 40 tokens (no size equals another), 64 sequences, loss chunks of
+  256 tokens) and
+  everything else theirs: placement, norm, FFN, positions, dtype, remat, dropout,
+  diagnostics and their example count (4: fewer than the 8 devices)."""
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  from tests.train.conftest import ROOT
+  out = {}
+  for name in PAPER_CONFIGS:
+    cfg = config_lib.from_json(TrainConfig,
+                               (ROOT / "experiments" / "configs" / name).read_text())
+    lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
+                             vocab_size=1000, max_seq_len=40, vocab_multiple=128,
+                             loss_chunk=256)
+    cfg = dataclasses.replace(cfg, lm=lm, seq_len=40, batch_size=64, grad_accum=2,
+                              diag_examples=4)
+    for which in ("step", "diag"):
+      hlo, params = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), which)
+      out[f"{name}/{which}"] = collectives(hlo)
+    out[f"{name}/params"] = params
+  print(json.dumps(out))
 
 
 def main() -> None:
@@ -97,4 +142,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  import sys
+  paper() if sys.argv[1:] == ["paper"] else main()

@@ -121,6 +121,38 @@ def test_compiled_step_collectives_fsdp_and_data_parallel():
   assert reduced == sorted(params)                           # each gradient exactly once
 
 
+@pytest.mark.slow   # 8 devices in a second process, 4 programs compiled and read
+def test_paper_configs_step_and_diagnostics_move_no_activation():
+  """Both paper configs (experiments/configs, sizes shrunk, mesh_fsdp=8, chunked loss,
+  4 diagnostics examples on 8 devices): every floating-point collective of the
+  training step and of the diagnostics step moves a weight (a parameter, one layer's
+  slice of a stacked one, or its gradient), a scalar or a per-layer vector; integer
+  ones move only token ids. Before: the loss chunks all-reduced (chunk, vocab) logits
+  and the diagnostics split activations along d_model."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
+                         "paper"], env=env, capture_output=True, text=True, timeout=900,
+                        cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name in ("postnorm_48l_d512_c4.json", "gpt2_774m.json"):
+    params = [tuple(s) for s in out[f"{name}/params"]]
+    layers = 2
+    weights = set(params) | {s[1:] for s in params if len(s) >= 2 and s[0] == layers}
+    weights |= {s[::-1] for s in weights if len(s) == 2}     # a tied head is embed^T
+    for which in ("step", "diag"):
+      seen = out[f"{name}/{which}"]
+      assert any(c["op"] == "all-gather" for c in seen), (name, which)   # FSDP gathers
+      for c in seen:
+        for dtype, shape in zip(c["dtypes"], map(tuple, c["shapes"])):
+          if dtype.startswith("s") or dtype.startswith("u") or dtype == "pred":
+            assert len(shape) <= 3 and (not shape or shape[-1] == 40), (name, which, c)
+            continue                                   # token ids of the examples
+          small = len(shape) == 0 or shape in ((layers,), (1,))
+          assert small or shape in weights, (name, which, c)
+
+
 def test_rule_table_names_every_parameter_and_shards_d_model():
   import jax
   from rankjax.train import tasks
