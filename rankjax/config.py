@@ -253,7 +253,8 @@ class TransformerConfig(JsonConfig):
     compute_dtype: activations' dtype (bfloat16 for mixed precision); parameters
       stay in ``param_dtype``; softmax, norms and logits are computed in float32.
     remat: rematerialization of each layer in the backward pass: none, dots (save
-      the matmul outputs, recompute the rest) or full (save only the layer input).
+      the matmul outputs and the attention heads' output, recompute the rest) or full
+      (save only the layer input).
       Old configs' true / false read as full / none.
     attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
       flash attention on GPU when it applies, Pallas splash attention on TPU when the
@@ -265,8 +266,9 @@ class TransformerConfig(JsonConfig):
       matmul); the pad logits are masked to -inf, so losses and outputs are those of
       the unpadded model (the pad rows get no gradient but weight decay).
     loss_chunk: the training loss computes the LM head and its float32
-      log-sum-exp over chunks of this many tokens (rematerialized in the backward
-      pass), never holding all B*T*V float32 logits; 0: one chunk.
+      log-sum-exp over chunks of this many tokens (a fused loss whose chunks form
+      their gradients in the forward pass: ``models.lm_head``), never holding all
+      B*T*V float32 logits; 0: one chunk.
     prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
       default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
     scan_unroll: layers per iteration of the layer scan (the parameters stay stacked

@@ -30,9 +30,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
 from rankjax.models import splash_attention
+
+ATTENTION_OUT = "attention_out"   # checkpoint_name of the heads' output, before W_O
 from rankjax.numerics import float_dtype
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -183,6 +186,7 @@ class CausalSelfAttention(nn.Module):
       if cfg.prefix_avg_removal:
         out = (out.astype(float_dtype(dtype))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
+    out = checkpoint_name(out, ATTENTION_OUT)     # saved by remat="dots" (not recomputed)
     return out.reshape(b, t, d) @ proj("w_o", output_proj=True)
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:

@@ -4,13 +4,16 @@
 columns of a vocabulary rounded up to ``TransformerConfig.vocab_multiple`` masked to
 -inf; ``head_cross_entropy`` is the mean token cross-entropy ``L_CE`` computed from
 the head's input, optionally over chunks of tokens so that the B*T*V float32 logits
-never exist at once.
+never exist at once (a fused loss with its own backward).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rankjax import partitioning
 from rankjax.numerics import float_dtype
@@ -67,36 +70,82 @@ def token_nll(z: jax.Array, labels: jax.Array) -> jax.Array:
   return jax.nn.logsumexp(z, axis=-1) - z_y
 
 
+def _chunk_loss_and_grads(h_CxD, w_DxV, y_C, wt_C, vocab_size):
+  """One chunk's weighted NLL sum and its gradients with respect to ``h`` and ``W``,
+  from one logits matmul: d nll / d z = softmax(z) - onehot(y) (Thm 3.8's
+  ``dL_CE/dF``), then dh = dz W^T and dW = h^T dz, both with 16-bit operands under
+  mixed precision and float32 accumulation (as ``_low_precision_bwd``)."""
+  h_CxD = partitioning.constrain(h_CxD, ("batch", None))
+  y_C, wt_C = (partitioning.constrain(a, ("batch",)) for a in (y_C, wt_C))
+  z = head_logits(h_CxD, w_DxV, vocab_size)
+  nll = jnp.sum(wt_C * token_nll(z, y_C))
+  dz = jax.nn.softmax(z, axis=-1)
+  dz = (dz - jax.nn.one_hot(y_C, z.shape[-1], dtype=dz.dtype)) * wt_C[:, None]
+  dz = dz.astype(h_CxD.dtype)
+  w = w_DxV.astype(h_CxD.dtype)
+  dh = jnp.matmul(dz, w.T, preferred_element_type=jnp.float32).astype(h_CxD.dtype)
+  dw = jnp.einsum("cd,cv->dv", h_CxD, dz, preferred_element_type=jnp.float32)
+  return nll, dh, dw
+
+
+def _strided(a: jax.Array, chunk: int, pad: int) -> jax.Array:
+  """(N, ...) -> (N/chunk, chunk, ...) with chunk k = tokens k, k + N/chunk, ...: each
+  chunk keeps every batch shard's share of tokens (a contiguous chunk would sit on one
+  device, and GSPMD all-reduced its logits)."""
+  a = jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1))
+  return jnp.swapaxes(a.reshape(chunk, -1, *a.shape[1:]), 0, 1)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked_nll_mean(h_NxD, w_DxV, labels_N, vocab_size, chunk):
+  return _chunked_fwd(h_NxD, w_DxV, labels_N, vocab_size, chunk)[0]
+
+
+def _chunked_fwd(h_NxD, w_DxV, labels_N, vocab_size, chunk):
+  n, acc = h_NxD.shape[0], float_dtype(h_NxD.dtype)
+  pad = -n % chunk
+  h = partitioning.constrain(_strided(h_NxD, chunk, pad), (None, "batch", None))
+  y, wt = _strided(labels_N, chunk, pad), _strided(jnp.ones((n,), acc), chunk, pad)
+
+  def body(dw, xs):
+    nll, dh, dw_c = _chunk_loss_and_grads(*xs[:1], w_DxV, *xs[1:], vocab_size)
+    return dw + dw_c, (nll, dh)
+
+  dw, (nlls, dh) = jax.lax.scan(body, jnp.zeros(w_DxV.shape, jnp.float32), (h, y, wt))
+  dh = jnp.swapaxes(dh, 0, 1).reshape(-1, h_NxD.shape[1])[:n]       # back to token order
+  return jnp.sum(nlls) / n, (dh, (dw / n).astype(w_DxV.dtype), n, labels_N)
+
+
+def _chunked_bwd(vocab_size, chunk, res, g):
+  dh, dw, n, labels = res
+  zero_labels = np.zeros(labels.shape, dtype=jax.dtypes.float0)
+  return ((g / n).astype(dh.dtype) * dh, (g * dw.astype(jnp.float32)).astype(dw.dtype),
+          zero_labels)
+
+
+_chunked_nll_mean.defvjp(_chunked_fwd, _chunked_bwd)
+
+
 def head_cross_entropy(h_NxD: jax.Array, w_DxV: jax.Array, labels_N: jax.Array,
                        vocab_size: int | None = None, chunk: int = 0) -> jax.Array:
   """Mean ``-log softmax(h_n W)[y_n]`` (``L_CE`` of Thm 3.8) from the head's input.
 
   Equal to ``cross_entropy(head_logits(h, W, vocab_size), labels)``. With ``chunk >
-  0`` the N tokens are processed ``chunk`` at a time (``lax.map``) and each chunk is
-  rematerialized in the backward pass, so at most ``chunk x V`` float32 logits exist
-  at once instead of ``N x V``; the token count is padded to a multiple of ``chunk``
-  with zero-weight tokens. The chunks are strided (chunk k holds tokens k, k + N/chunk,
-  k + 2N/chunk, ...), so under the training step's batch sharding every chunk holds
-  each device's share of tokens and stays sharded (``partitioning.constrain``): a
-  contiguous chunk lives on one device, and GSPMD all-reduced its logits.
+  0`` the N tokens are processed ``chunk`` at a time (``lax.scan``) by a fused
+  cross-entropy with its own backward (as levanter's and MaxText's): each chunk's
+  logits are computed once, and its gradients with respect to ``h`` and ``W`` are
+  formed right there (``_chunk_loss_and_grads``), so at most ``chunk x V`` float32
+  logits exist at once, the head's matmul runs 3 times per chunk (autodiff through a
+  rematerialized chunk ran it 4), and the weight gradient is reduced once, after the
+  chunks. The token count is padded to a multiple of ``chunk`` with zero-weight
+  tokens; the chunks are strided (``_strided``) and constrained to the batch axes.
+  Differentiable once (a training loss): no higher derivatives through the chunks.
   """
   if h_NxD.ndim != 2 or labels_N.shape != h_NxD.shape[:1]:
     raise ValueError(f"head_cross_entropy expects h (N, d) and labels (N,); got "
                      f"{h_NxD.shape} and {labels_N.shape}")
-
-  def nll_sum(h_CxD, y_C, w_C):
-    h_CxD = partitioning.constrain(h_CxD, ("batch", None))
-    y_C, w_C = (partitioning.constrain(a, ("batch",)) for a in (y_C, w_C))
-    return jnp.sum(w_C * token_nll(head_logits(h_CxD, w_DxV, vocab_size), y_C))
-
   n = h_NxD.shape[0]
-  acc = float_dtype(h_NxD.dtype)
   if chunk <= 0 or chunk >= n:
-    return nll_sum(h_NxD, labels_N, jnp.ones((n,), acc)) / n
-  pad = -n % chunk
-  strided = lambda a: jnp.swapaxes(jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1))
-                                   .reshape(chunk, -1, *a.shape[1:]), 0, 1)
-  h, y, wt = strided(h_NxD), strided(labels_N), strided(jnp.ones((n,), acc))
-  h = partitioning.constrain(h, (None, "batch", None))
-  sums = jax.lax.map(lambda a: jax.checkpoint(nll_sum)(*a), (h, y, wt))
-  return jnp.sum(sums) / n
+    weights = jnp.ones((n,), float_dtype(h_NxD.dtype))
+    return jnp.sum(weights * token_nll(head_logits(h_NxD, w_DxV, vocab_size), labels_N)) / n
+  return _chunked_nll_mean(h_NxD, w_DxV, labels_N, vocab_size, chunk)

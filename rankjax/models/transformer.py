@@ -39,12 +39,16 @@ import jax.numpy as jnp
 from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models import activations, blocks
-from rankjax.models.attention import CausalSelfAttention, matrix_init
+from rankjax.models.attention import ATTENTION_OUT, CausalSelfAttention, matrix_init
 from rankjax.models.lm_head import head_logits
 from rankjax.models.norms import Norm
 
 SUBLAYER_NAMES = ("x1", "y1", "x2", "y2")
-REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+# dots: the matmul outputs and the attention heads' output (a fused kernel is no dot:
+# without its name the backward pass recomputed the whole attention forward)
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
+                      jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                      jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT)),
                   "full": jax.checkpoint_policies.nothing_saveable}
 
 

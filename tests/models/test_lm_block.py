@@ -276,6 +276,41 @@ def test_chunked_cross_entropy_equals_the_plain_one(chunk):
   assert float(jnp.max(logits[:, 33:])) == -np.inf
 
 
+def _head_matmuls(jaxpr, v: int) -> int:
+  """dot_generals in ``jaxpr`` (scan bodies included) that touch a (., v) array."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      shapes = [x.aval.shape for x in (*eqn.invars, *eqn.outvars)]
+      count += any(len(sh) == 2 and sh[-1] == v for sh in shapes)
+    for param in eqn.params.values():
+      for p in (param if isinstance(param, (list, tuple)) else [param]):
+        inner = p if hasattr(p, "eqns") else getattr(p, "jaxpr", None)   # Jaxpr / Closed
+        if inner is not None and hasattr(inner, "eqns"):
+          count += _head_matmuls(inner, v)
+  return count
+
+
+def test_fused_chunked_loss_runs_the_head_three_times_and_in_bf16():
+  """The chunked loss's value-and-grad has one logits matmul and the two gradient
+  matmuls per chunk (autodiff through a rematerialized chunk had four); in bfloat16
+  it stays within bf16 rounding of the float32 loss and gradients."""
+  h = jax.random.normal(jax.random.key(0), (24, 8))
+  w = jax.random.normal(jax.random.key(1), (8, 40)) * 0.3
+  y = jax.random.randint(jax.random.key(2), (24,), 0, 33)
+  f = lambda hh, ww: head_cross_entropy(hh, ww, y, 33, chunk=8)
+  jaxpr = jax.make_jaxpr(jax.value_and_grad(f, (0, 1)))(h, w).jaxpr
+  assert _head_matmuls(jaxpr, 40) == 3
+  (l32, g32), (l16, g16) = jax.jit(lambda hh, ww: (
+      jax.value_and_grad(f, (0, 1))(hh, ww),
+      jax.value_and_grad(f, (0, 1))(hh.astype(jnp.bfloat16), ww.astype(jnp.bfloat16))))(h, w)
+  assert g16[0].dtype == jnp.bfloat16 and g16[1].dtype == jnp.bfloat16
+  np.testing.assert_allclose(l16, l32, rtol=2e-2)
+  for a, b in zip(g16, g32):
+    np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=0.05,
+                               atol=0.05 * float(jnp.max(jnp.abs(b))))
+
+
 def test_bad_head_shapes_raise():
   with pytest.raises(ValueError, match="expects h"):
     head_cross_entropy(jnp.ones((2, 3, 4)), jnp.ones((4, 5)), jnp.zeros((2, 3), jnp.int32))
@@ -336,3 +371,32 @@ def test_embed_norm_uses_the_r_operation():
   assert cfg.embed_norm_op == "layer"
   emb = params["embed"]["embedding"][tokens]
   np.testing.assert_allclose(acts["x1"][0], norms.normalize(emb, "layer"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["xla", "einsum"])
+def test_remat_dots_saves_the_attention_output(impl, monkeypatch):
+  """Under remat="dots" the heads' output (L, B, T, H, d_head) is a saved residual, so
+  the backward pass does not recompute a fused attention forward (a kernel is no dot:
+  dots_with_no_batch_dims_saveable alone saved none of it)."""
+  import contextlib
+  import io
+
+  from rankjax.models import transformer
+  cfg = TransformerConfig(**{**TINY, "num_layers": 2, "remat": "dots", "attention_impl": impl})
+  tokens = _tokens()
+  model = DecoderLM(cfg)
+  params = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+  params = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), params)
+  heads_out = f"[2,{tokens.shape[0]},{tokens.shape[1]},{cfg.num_heads},{cfg.d_head}]"
+
+  def saved():
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+      jax.ad_checkpoint.print_saved_residuals(
+          lambda p: jnp.sum(DecoderLM(cfg).apply({"params": p}, tokens)), params)
+    return buf.getvalue()
+
+  assert heads_out in saved()
+  monkeypatch.setitem(transformer.REMAT_POLICIES, "dots",
+                      jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+  assert heads_out not in saved()
