@@ -148,6 +148,10 @@ def analyze(runs: dict[str, dict[int, dict[str, np.ndarray]]], warmup: int) -> d
           max_grad_norm=float(r["grad_norm"].max()),
           last_theta_cert_median_per_layer=r["attention/theta_cert_p50"][-1].tolist(),
           last_theta_balance_median_per_layer=r["attention/theta_balance_p50"][-1].tolist(),
+          last_theta_cert_p5_per_layer=r["attention/theta_cert_p5"][-1].tolist(),
+          last_theta_cert_p95_max=float(r["attention/theta_cert_p95"][-1].max()),
+          min_cert_median_any=float(r["attention/theta_cert_p50"].min()),
+          sampled_layers=np.asarray(r["attention/layers"][-1]).tolist(),
           last_p_max_median=float(r["attention/p_max_p50"][-1].mean()),
           last_p_max_mean=float(r["attention/p_max_mean"][-1].mean()),
           uniform_p_max_mean=float(r["attention/p_max_uniform_mean"][-1].mean()),
@@ -298,6 +302,9 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS,
   res = analyze(runs, warmup)
   res.update(scale=scale, seeds=list(seeds), config=CONFIGS[scale], overrides=overrides or {},
              paper=PAPER, train_seconds=seconds, seconds=time.time() - t0)
+  res["settings"] = dict(seeds=list(seeds), archs=list(ARCHS), fig_seed=FIG_SEED,
+                         config=dataclasses.asdict(make_config(scale, "pre", seeds[0],
+                                                               overrides)))
   res["figures"] = _plot(runs, res, out_dir)
   runner.write_json(out_dir, "prepost_training.json", res)
   return res
