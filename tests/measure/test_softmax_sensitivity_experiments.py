@@ -164,3 +164,28 @@ def test_quick_theorem_and_certificates_reproduce_the_committed_numbers(tmp_path
   res = rep.run("softmax_sensitivity", tmp_path, "quick",
                 ["theorem_check,certificates_large_L"], check=True)
   assert res["softmax_sensitivity"]["moved"] == []
+
+
+@pytest.mark.slow   # compiles the autodiff Jacobians (~4 s)
+def test_lemma_checks_hold_on_a_few_draws():
+  """Item 7's statements on a few draws each (float64)."""
+  import jax
+  from experiments.softmax_sensitivity import lemma_checks as lc
+  rng = np.random.default_rng(0)
+  with jax.enable_x64(True):
+    assert lc.lemma_2_3(rng, 3) <= lc.LIMIT and lc.lemma_2_4(rng, 3) <= lc.LIMIT
+    assert lc.remark_3_3(rng, 2) <= lc.LIMIT
+    assert lc.remark_b_1(rng, 2) <= lc.FIRST_ORDER_LIMIT
+    assert lc.theorem_4_5_example(rng, 3) <= lc.LIMIT
+    assert max(lc.lemma_a_2(rng, 2).values()) <= lc.LIMIT
+
+
+def test_lemma_rows_can_fail():
+  """A violation above the declared limit in one seed is a mismatch."""
+  from experiments.softmax_sensitivity import lemma_checks as lc
+  r = {"seeds": [0, 1], "settings": {"draws": 3},
+       "per_seed": {k: [-0.1, 1e-16] for k in lc.CHECKS}}
+  assert [x["status"] for x in reproduce._lemma_rows(r)] == ["match"] * len(lc.CHECKS)
+  r["per_seed"]["lemma_2_3"] = [-0.1, 1e-9]
+  assert reproduce._lemma_rows(r)[0]["status"] == "mismatch"
+  assert tuple(lc.CHECKS) == reproduce._LEMMA_KEYS
