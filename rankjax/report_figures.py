@@ -178,8 +178,10 @@ def fig_attention(runs: dict, out: pathlib.Path):
   axes[0].legend(fontsize=7)
   return _save(fig, out, "attention"), (
       "Attention rows of the last layer: their greedy-prefix certificate of theta "
-      "(softmax paper Thm 3.2, App D.2) and normalized entropy, median and 5-95% band; "
-      "sharpening attention lowers both.")
+      "(softmax paper Thm 3.2, App D.2) and normalized entropy, median and 5-95% band. "
+      "The paper (Sec 5, Fig 3) finds that as attention sharpens the entropy falls while "
+      "the median certificate stays near one (>= 0.995 at every layer and checkpoint); "
+      "only the lower tail of the certificate drops (5th percentile down to 0.26).")
 
 
 def fig_jacobian(jac: dict, out: pathlib.Path):

@@ -30,9 +30,11 @@ from rankjax.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
     # logit vectors per length (the paper uses 500); spread_seeds: how many seeds
-    # (0, 1, ...) of the same protocol give the certificate match rates' spread.
-    "quick": dict(num=100, spread_seeds=10),
-    "paper": dict(num=500, spread_seeds=40),
+    # (0, 1, ...) of the same protocol give the certificate match rates' spread;
+    # identity_seeds: the seeds whose vectors check Thm 3.2's identity (seed 0 also runs
+    # the extra temperatures). Fixed before any run (issue 25: >= 10 seeds where cheap).
+    "quick": dict(num=100, spread_seeds=10, identity_seeds=(0, 1, 2)),
+    "paper": dict(num=500, spread_seeds=40, identity_seeds=(0, 1, 2)),
 }
 LENGTHS = (8, 16)        # App D.2
 PAPER_TAU = 1.0          # App D.2, step 1
@@ -51,7 +53,8 @@ def certificate_match_rates(seed: int, num: int) -> dict[str, dict[str, float]]:
   """App D.2's match rates for one seed of the protocol: ``num`` vectors u ~ N(0, I_L)
   for L = 8 then L = 16 from ``default_rng(seed)``, p = softmax(u) (tau = 1), the
   fraction where the greedy-prefix certificate (the paper's) and the balance
-  certificate (ours) equal the exact theta (subset enumeration, float64)."""
+  certificate (ours) equal the exact theta (subset enumeration, float64), and the
+  greedy prefix's worst gap theta - theta_cert (``greedy_worst_gap``)."""
   rng = np.random.default_rng(seed)
   out = {}
   with jax.enable_x64(True):
@@ -59,8 +62,27 @@ def certificate_match_rates(seed: int, num: int) -> dict[str, dict[str, float]]:
       p = np.asarray(jax.nn.softmax(rng.standard_normal((num, L)) / PAPER_TAU, axis=-1),
                      np.float64)
       theta = np.asarray(sens.theta_exact(p))
-      out[str(L)] = {m: _certificate_stats(theta, np.asarray(sens.theta_certificate(p, m)))
-                     ["match_fraction"] for m in ("greedy_prefix", "balance")}
+      stats = {m: _certificate_stats(theta, np.asarray(sens.theta_certificate(p, m)))
+               for m in ("greedy_prefix", "balance")}
+      out[str(L)] = {m: st["match_fraction"] for m, st in stats.items()}
+      out[str(L)]["greedy_worst_gap"] = stats["greedy_prefix"]["worst_gap"]
+  return out
+
+
+def identity_errors(seed: int, num: int) -> dict[str, float]:
+  """Thm 3.2 at tau = 1 on one seed's vectors (drawn as in :func:`run`: L = 8 then
+  L = 16 from ``default_rng(seed)``): max over the vectors of |LHS - RHS| / RHS, LHS
+  = ||J||_{inf->1} of the autodiff Jacobian over all 2^L sign vectors, RHS = theta(p)
+  by subset enumeration (App D.2 steps 1-4)."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  with jax.enable_x64(True):
+    for L in LENGTHS:
+      u = rng.standard_normal((num, L))
+      p = np.asarray(jax.nn.softmax(u / PAPER_TAU, axis=-1), np.float64)
+      lhs = np.asarray(sens.softmax_jacobian_inf_to_one(u, PAPER_TAU))
+      rhs = np.asarray(sens.theta_exact(p)) / PAPER_TAU
+      out[str(L)] = float((np.abs(lhs - rhs) / rhs).max())
   return out
 
 
@@ -69,7 +91,7 @@ def match_rate_spread(seeds: int, num: int) -> dict[str, Any]:
   per_seed = [certificate_match_rates(s, num) for s in range(seeds)]
   out: dict[str, Any] = {"seeds": seeds, "num": num}
   for L in map(str, LENGTHS):
-    for m in ("greedy_prefix", "balance"):
+    for m in ("greedy_prefix", "balance", "greedy_worst_gap"):
       x = np.array([r[L][m] for r in per_seed])
       out[f"L={L}/{m}"] = dict(mean=float(x.mean()), sd=float(x.std(ddof=1)) if seeds > 1
                                else 0.0, min=float(x.min()), max=float(x.max()),
@@ -111,6 +133,15 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
   t0 = time.time()
   results["match_rate_spread"] = match_rate_spread(cfg["spread_seeds"], cfg["num"])
   results["match_rate_spread"]["seconds"] = time.time() - t0
+  errors = {seed: {L: results["per_length"][L][f"tau={PAPER_TAU:g}"]["max_rel_error"]
+                for L in results["per_length"]}}
+  errors.update({s: identity_errors(s, cfg["num"]) for s in cfg["identity_seeds"] if s != seed})
+  results["identity_max_rel_error"] = {
+      L: [errors[s][L] for s in cfg["identity_seeds"]] for L in map(str, LENGTHS)}
+  results["settings"] = dict(num=cfg["num"], spread_seeds=list(range(cfg["spread_seeds"])),
+                             identity_seeds=list(cfg["identity_seeds"]), seeds=list(
+                                 range(cfg["spread_seeds"])), tau=PAPER_TAU,
+                             match_rtol=MATCH_RTOL)
   results["seconds"] = time.time() - start
   runner.write_json(out_dir, "theorem_check.json", results)
   _plot(plots, os.path.join(out_dir, "theorem_check.png"))

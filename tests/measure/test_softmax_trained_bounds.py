@@ -75,20 +75,22 @@ def test_split_heads_reproduces_the_model_attention_and_bounds_order(monkeypatch
       assert r["theta_cert_greedy"] == pytest.approx(4 * r["p_max"] * (1 - r["p_max"]), abs=1e-5)
 
 
-def test_trained_bounds_summary_rows():
+def test_trained_bounds_rows_are_predicates_per_seed():
   from experiments.softmax_sensitivity import reproduce
-  summ = {"measured_lower_le_thm41": True, "measured_upper_le_thm41": True,
-          "thm41_over_measured_median": 9.3, "thm41_over_measured_range": [8.8, 10.2],
-          "cor42_ge_thm41": True, "cor42_over_thm41_median": 1.0,
-          "theta_tilde_range": [1.0, 1.0], "value_term_share_median": 0.2,
-          "max_split_vs_model_rel_err": 3e-7}
-  rows_summary = {"num_rows": 10, "frac_p_max_ge_half": 0.0, "median_theta_cert_greedy": 0.99}
-  a3 = {"frac_modules_worst_below_1": 0.8, "max_worst_token_factor": 1.4,
-        "log_norm_measured": -3.6, "log_bound_token": -3.59}
-  res = {"seed": 42, "ours": {"post": {"step": 200, "summary": summ, "cor_a3": a3,
-                                       "rows_summary": rows_summary}}}
+
+  def one(ratio, log_gap):
+    summ = {"max_lower_over_thm41": ratio, "max_upper_over_thm41": ratio * 1.05,
+            "thm41_over_measured_median": 9.3}
+    a3 = {"frac_modules_worst_below_1": 0.8, "log_norm_measured": -3.6 + log_gap,
+          "log_bound_token": -3.6}
+    return {"pre": {"step": 200, "summary": summ},
+            "post": {"step": 200, "summary": summ, "cor_a3": a3}}
+
+  res = {"seeds": [42, 123, 456], "per_seed": {"42": one(0.1, -0.01), "123": one(0.2, -0.02),
+                                               "456": one(0.3, -0.03)}}
   rows = reproduce._trained_bounds_rows(res)
-  assert [r["status"] for r in rows] == ["match", "match", "qualitative", "qualitative"]
-  summ["measured_lower_le_thm41"] = False
-  assert reproduce._trained_bounds_rows(res)[0]["status"] == "mismatch"
+  assert [r["status"] for r in rows] == ["match", "match", "match"]
+  assert rows[0]["per_seed"] == pytest.approx([0.1, 0.2, 0.3]) and rows[0]["seeds"] == [42, 123, 456]
+  res["per_seed"]["123"] = one(1.2, 0.01)          # one seed above the bound: every seed fails
+  assert [r["status"] for r in reproduce._trained_bounds_rows(res)] == ["mismatch"] * 3
   assert "trained_bounds" in reproduce.SCRIPTS and "trained_bounds" in reproduce.STUDY.experiments

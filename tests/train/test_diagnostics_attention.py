@@ -105,17 +105,21 @@ def test_registered_and_config_parses():
   assert cfg.diagnostics == ("basic", "attention")
 
 
-@pytest.mark.parametrize("name", ["quick", "paper_774m"])
-def test_experiment_configs_build(name):
-  """experiments/softmax_sensitivity/configs parse and build (shapes only)."""
-  import pathlib
+@pytest.mark.parametrize("scale", ["quick", "quick_paper_lr", "paper"])
+def test_experiment_configs_build(scale):
+  """The softmax study's configs parse and build (shapes only) with the paper's model
+  (App D.1): LayerNorm with gain and bias, Post-LN without an embedding LayerNorm,
+  attention-probability dropout 0.1; paper scale is the project's one 774M config."""
+  from experiments.softmax_sensitivity import prepost_training as pt
   from rankjax.train.tasks import count_params
-  path = (pathlib.Path(__file__).resolve().parents[2] / "experiments" / "softmax_sensitivity"
-          / "configs" / f"{name}.json")
-  cfg = config_lib.from_json(TrainConfig, path)
+  cfg = pt.make_config(scale, "post", 42)
+  assert cfg.lm.norm_bias and not cfg.lm.uses_embed_norm and not cfg.lm.uses_final_norm
+  assert cfg.lm.attn_dropout_rate == 0.1 and cfg.lm.dropout_rate == 0.1
   assert cfg.diagnostics == ("basic", "attention") and cfg.diag_every == 10
+  assert cfg.learning_rate == (1e-3 if scale == "quick" else 3e-4)
   task = task_lib.make_task(cfg)
   tx = make_optimizer(cfg, task.stacked_roots)
   n = count_params(jax.eval_shape(make_init(task, tx, cfg.seed)).params)
-  if name == "paper_774m":
+  if scale == "paper":
+    assert pt.CONFIGS["paper"].endswith("experiments/configs/gpt2_774m.json")
     assert 7.7e8 < n < 7.8e8, n                       # 774M (App D.1)

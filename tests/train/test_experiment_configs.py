@@ -56,6 +56,8 @@ def test_softmax_quick_sharpen_config():
   sharp = config_lib.from_json(TrainConfig, base / "quick_sharpen.json")
   assert config_lib.diff(quick, sharp) == {
       "warmup_steps": (50, 200), "total_steps": (200, 800), "checkpoint_every": (200, 800)}
+  paper_lr = config_lib.from_json(TrainConfig, base / "quick_paper_lr.json")
+  assert config_lib.diff(quick, paper_lr) == {"learning_rate": (1e-3, 3e-4)}   # App D.1
   assert sharp.warmup_steps * 4 == sharp.total_steps
   assert sharp.diagnostics == ("basic", "attention") and sharp.diag_every == 10
   task = make_task(sharp)
