@@ -118,8 +118,11 @@ def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
   * ``RANKJAX_LOCAL_DEVICE_IDS="0,1"`` wins when set;
   * one task per node: every visible GPU (``CUDA_VISIBLE_DEVICES``, else
     ``SLURM_GPUS_ON_NODE``);
-  * several tasks per node: ``[0]`` when the task sees one GPU, else its
-    ``SLURM_LOCALID``-th equal block of the visible GPUs.
+  * several tasks per node, each bound to its own GPUs (``--gpus-per-task=N``: SLURM
+    sets ``SLURM_GPUS_PER_TASK`` and narrows ``CUDA_VISIBLE_DEVICES`` to them, fewer
+    than ``SLURM_GPUS_ON_NODE``): every GPU the task sees;
+  * several tasks per node that all see the node's GPUs: the task's
+    ``SLURM_LOCALID``-th equal block of them.
 
   None when not under SLURM or the GPU count is unknown (JAX's default).
   """
@@ -135,10 +138,12 @@ def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
   else:
     return None
   tasks = _tasks_per_node(env)
-  if tasks <= 1:
+  on_node = int(env.get("SLURM_GPUS_ON_NODE") or 0)
+  own = (count == 1 or env.get("SLURM_GPUS_PER_TASK", "").isdigit()
+         and int(env["SLURM_GPUS_PER_TASK"]) == count
+         or (visible is not None and 0 < count < on_node))
+  if tasks <= 1 or own:
     return list(range(count))
-  if count == 1:
-    return [0]
   per_task = max(count // tasks, 1)
   local = int(env.get("SLURM_LOCALID", "0"))
   return list(range(local * per_task, (local + 1) * per_task))

@@ -194,6 +194,13 @@ def test_slurm_local_device_ids_in_both_launcher_modes():
   two_per_node = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2(x4)",
                   "SLURM_GPUS_ON_NODE": "8"}
   assert ids(two_per_node) == [4, 5, 6, 7]
+  # --gpus-per-task=4, 2 tasks per node: each task sees its own 4 GPUs and drives all
+  four = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2",
+          "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+  assert ids({**four, "SLURM_GPUS_PER_TASK": "4"}) == [0, 1, 2, 3]
+  assert ids({**four, "SLURM_GPUS_ON_NODE": "8"}) == [0, 1, 2, 3]
+  assert ids({**four, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+              "SLURM_GPUS_ON_NODE": "8"}) == [4, 5, 6, 7]      # all visible: its block
   assert ids({**per_gpu, "RANKJAX_LOCAL_DEVICE_IDS": "0,1"}) == [0, 1]
   assert ids({}) is None and ids({"SLURM_PROCID": "0"}) is None
 
