@@ -13,7 +13,10 @@ a data set the scale needs and lacks stops it before anything runs (exit 2).
 ``--record`` copies the results files into the checkout
 (``experiments/<study>/results/<scale>/``) and renders the summary and EXPECTED.md there;
 ``--check`` compares the rerun with those committed numbers and exits 1 naming every
-number that moved beyond its tolerance (``experiments.results.compare``). The
+number that moved beyond its tolerance (``experiments.results.compare``).
+``--scale paper`` refuses to start without an accelerator (exit 2; ``--allow-cpu``
+overrides), and a requested experiment with no path at the chosen scale makes the
+command exit 1 naming it (its row still says ``missing``): never a quiet exit 0. The
 experiments ship with the source checkout (not with an installed wheel), so this
 command runs from a clone.
 """
@@ -117,6 +120,30 @@ def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool) ->
   return res
 
 
+class NoAccelerator(ValueError):
+  """``--scale paper`` on a machine whose JAX backend is the CPU, without --allow-cpu."""
+
+
+def check_accelerator(scale: str, allow_cpu: bool, backend: str | None = None) -> None:
+  """Paper-scale runs are sized for GPUs / TPUs: on a CPU-only JAX they stop before
+  anything runs unless ``allow_cpu``."""
+  if scale != "paper" or allow_cpu:
+    return
+  if backend is None:
+    import jax
+    backend = jax.default_backend()
+  if backend == "cpu":
+    raise NoAccelerator("--scale paper: no accelerator found (the JAX backend is the CPU); "
+                        "the paper-scale experiments are sized for GPUs/TPUs: add "
+                        "--allow-cpu to run them on this CPU anyway")
+
+
+def missing(results: dict) -> list[str]:
+  """``study/experiment`` of every requested experiment with no path at the scale."""
+  return [f"{s}/{r['experiment']}" for s, res in results.items() for r in res["rows"]
+          if r["status"] == "missing"]
+
+
 def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
         only: list[str] | None = None, record: bool = False, check: bool = False) -> dict:
   """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report.
@@ -147,15 +174,20 @@ def failed(results: dict) -> list[str]:
 
 
 def _command(args) -> int:
+  check_accelerator(args.scale, args.allow_cpu)     # ValueError: one line, exit 2 (cli)
   results = run(args.study, args.out, args.scale, args.only, args.record, args.check)
   bad = failed(results)
+  absent = missing(results)
+  if absent:
+    print(f"rankjax reproduce: NOT RUN at {args.scale} scale (no path): {', '.join(absent)}",
+          file=sys.stderr)
   if bad:
     print(f"rankjax reproduce: FAILED: {', '.join(bad)} (tracebacks in the summary rows' "
           "notes and each study's summary.md)", file=sys.stderr)
   moved = [line for res in results.values() for line in res.get("moved", [])]
   for line in moved:
     print(f"rankjax reproduce --check: {line}", file=sys.stderr)
-  return 1 if bad or moved else 0
+  return 1 if bad or moved or absent else 0
 
 
 def add_parser(sub) -> None:
@@ -167,6 +199,8 @@ def add_parser(sub) -> None:
   p.add_argument("--out", default="runs/reproduce", help="output directory")
   p.add_argument("--only", action="append", default=None, metavar="NAME",
                  help="run only this experiment (e.g. fig3); repeatable")
+  p.add_argument("--allow-cpu", action="store_true",
+                 help="run --scale paper on a machine without an accelerator")
   p.add_argument("--record", action="store_true",
                  help="copy the results into the checkout (experiments/<study>/results/"
                       "<scale>/) and render its summary and EXPECTED.md from them")

@@ -149,3 +149,23 @@ def test_studies_import_without_experiments_on_sys_path(tmp_path):
                        text=True, env={"PYTHONPATH": str(tmp_path / "pp"), "PATH": "/usr/bin"})
   assert out.returncode == 0, out.stderr
   assert out.stdout.split() == ["softmax_sensitivity", "experiments.runner"]
+
+
+def test_paper_scale_refuses_a_cpu_and_a_missing_experiment_fails(tmp_path, monkeypatch,
+                                                                   capsys):
+  study = _fake_study(tmp_path, monkeypatch)
+  monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
+  monkeypatch.setattr(reproduce, "study", lambda name: study)
+  out = str(tmp_path / "r")
+  assert cli.main(["reproduce", "fake", "--out", out, "--scale", "paper"]) == 2
+  assert "no accelerator found" in capsys.readouterr().err
+  assert not (tmp_path / "r").exists()                      # refused before anything ran
+  reproduce.check_accelerator("paper", False, backend="gpu")  # an accelerator: no refusal
+  reproduce.check_accelerator("quick", False, backend="cpu")
+  # quick_only has no paper path: its row says missing and the command says so, exit 1
+  assert cli.main(["reproduce", "fake", "--out", out, "--scale", "paper", "--allow-cpu",
+                   "--only", "good,quick_only"]) == 1
+  err = capsys.readouterr().err
+  assert "NOT RUN at paper scale (no path): fake/quick_only" in err
+  rows = json.loads((tmp_path / "r" / "fake" / "summary.json").read_text())
+  assert [r["status"] for r in rows] == ["match", "qualitative", "missing"]
