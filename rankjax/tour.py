@@ -101,11 +101,11 @@ SUMMARY = "tour_summary.json"   # WORKDIR/tour_summary.json; the README's is doc
 README_BLOCK = re.compile(r"(<!-- tour (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- end tour -->)", re.S)
 
 
-def write_summary(workdir: pathlib.Path, jac: dict, smoke: bool, wall_s: float) -> pathlib.Path:
+def write_summary(workdir: pathlib.Path, jac: dict, smoke: bool, prov: dict) -> pathlib.Path:
   """``WORKDIR/tour_summary.json``: the numbers the tour's sentences are made of (each
-  LM run's ``report_story.RunNumbers``, the MLP eranks) with their provenance."""
+  LM run's ``report_story.RunNumbers``, the MLP eranks) with their provenance ``prov``
+  (``rankjax.provenance``, taken when the tour started: the code that computed them)."""
   from rankjax import report_story
-  from rankjax.provenance import provenance
   from rankjax.train.run_reader import load_run
 
   runs = {name: report_story.numbers_to_dict(report_story.numbers_of(name, load_run(workdir / name)))
@@ -114,7 +114,7 @@ def write_summary(workdir: pathlib.Path, jac: dict, smoke: bool, wall_s: float) 
            "configs": {p: {k: c[k] for k in ("depth", "width", "norm_position")}
                        for p, c in jac["configs"].items()},
            "num_seeds": jac["num_seeds"]}
-  doc = {"provenance": provenance(wall_s), "smoke": smoke, "seed": 0, "runs": runs,
+  doc = {"provenance": prov, "smoke": smoke, "seed": 0, "runs": runs,
          "jacobians": small}
   path = workdir / SUMMARY
   path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -176,7 +176,8 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
 
   workdir = pathlib.Path(paths.check_output(workdir, "--workdir"))
   workdir.mkdir(parents=True, exist_ok=True)
-  start = time.time()
+  from rankjax.provenance import provenance
+  start, prov = time.time(), provenance()
   with _sigterm_interrupts():
     for name, cfg in lm_configs(smoke).items():
       print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
@@ -188,7 +189,8 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
         return 130
     print("== residual MLP Jacobians at initialization", flush=True)
     jac = measure_jacobians(workdir / "jacobians.json", smoke)
-  summary = write_summary(workdir, jac, smoke, time.time() - start)
+  summary = write_summary(workdir, jac, smoke,
+                          dict(prov, wall_s=round(time.time() - start, 1)))
   page = build_report(workdir)
   print("\n".join(["summary:"] + summary_lines(workdir, jac)))
   print(f"numbers: {summary}")
