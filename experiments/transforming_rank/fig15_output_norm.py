@@ -54,7 +54,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       st = representations.mlp_representation_study(cfg, jax.random.PRNGKey(10), s["inputs"],
                                                     s["seeds"], layers)
       curves[name] = np.asarray(st.erank)
-      final[name] = np.asarray(st.per_seed_erank)[:, -1].tolist()
+      final[name] = np.asarray(st.per_seed["erank"])[:, -1].tolist()
   final["b/out none"] = final["a/pre rms"]
   seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(10), ..., seeds)
   note = "" if L == 512 else f"at L={L}"

@@ -41,8 +41,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       st = representations.mlp_representation_study(
           cfg, jax.random.PRNGKey(9), max(s["min_inputs"], 2 * d), s["seeds"], s["layers"])
       table[d] = {"erank": np.asarray(st.erank), "top_energy": np.asarray(st.top_energy),
-                  "per_seed_erank": np.asarray(st.per_seed_erank),
-                  "per_seed_top_energy": np.asarray(st.per_seed_top_energy)}
+                  "per_seed_erank": np.asarray(st.per_seed["erank"]),
+                  "per_seed_top_energy": np.asarray(st.per_seed["top_energy"])}
   seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(9), ..., seeds)
   summary = []
   for d in s["widths"]:
