@@ -14,7 +14,6 @@ our outcomes.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
 from typing import Any, Callable
@@ -112,10 +111,6 @@ def per_seed_axis(x: Any, axis: int = 0) -> list[float]:
   a = np.asarray(x, dtype=float)
   a = np.moveaxis(a, axis, 0).reshape(a.shape[axis], -1).mean(axis=1)
   return [float(v) for v in a]
-
-
-def fmt(x: float, digits: int = 3) -> str:
-  return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
 def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, *,
