@@ -10,8 +10,12 @@ Pre-Norm and Post-Norm (App B.3):
 (d) erank against beta*alpha^M*sqrt(L): one curve per placement.
 Fig 11: rms(h_l)^2 = 1 + kappa (beta*alpha^M)^2 l, kappa ~ 0.51; rms(h_L) at L=384:
 14.5 (pre), 19.7 (output norm), 1.00 (post).
-Depths come from one network of the largest depth (its first L blocks are a depth-L
-network); alpha is a traced argument, so each (placement, width) compiles once.
+Each depth is its own network with its own draws (``independent_depths``; issue 25:
+not the prefixes of one network, which ``independent_depths=False`` still gives), 10
+seeds (Sec 4 measures a single sample; the seeds give Table 4's per-seed spread); alpha
+is a traced argument, so each (placement, width, depth) compiles once. Fig 5a/b read
+the deepest network. A depth whose rank never crosses r* from above on the alpha grid
+has no contour point: it is left out of that fit and named in the row's note.
 
   python -m experiments.transforming_rank.fig5_depth_law --scale quick --out runs/tr
 """
@@ -32,10 +36,12 @@ from rankjax.models import blocks as blocks_lib
 NAME = "fig5_depth_law"
 # alpha grids: 2^(i/4) (so 0.5, 1 and 2 are on them).
 SCALES = {
-    "quick": dict(width=64, seeds=3, depths=(48, 96, 192, 384), expansions=(1.0, 4.0),
+    "quick": dict(width=64, seeds=10, independent_depths=True, depths=(48, 96, 192, 384),
+                  expansions=(1.0, 4.0),
                   alphas=tuple(2.0 ** (np.arange(-14, 5) / 4)), levels=(0.4, 0.5, 0.6),
                   stream_seeds=8, stream_inputs=32),
-    "paper": dict(width=256, seeds=3, depths=(48, 96, 192, 384), expansions=(1.0, 4.0),
+    "paper": dict(width=256, seeds=10, independent_depths=True, depths=(48, 96, 192, 384),
+                  expansions=(1.0, 4.0),
                   alphas=tuple(2.0 ** (np.arange(-18, 9) / 4)), levels=(0.4, 0.5, 0.6),
                   stream_seeds=8, stream_inputs=64),
 }
@@ -176,18 +182,30 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   results = {}
   for e in s["expansions"]:
     for pos in ("pre", "post"):
-      cfg = MLPConfig(depth=L, width=s["width"], expansion=e, norm_position=pos)
-      runs = [common.jacobian_samples(cfg, KEY, a, 1.0, num_seeds=s["seeds"]) for a in alphas]
-      er = np.array([r["erank"].mean(axis=(0, 1))[depths - 1] for r in runs])   # (A, depths)
+      if s["independent_depths"]:   # one network per depth (issue 25), its own draws
+        er_seed = np.zeros((len(alphas), s["seeds"], len(depths)))
+        for j, depth in enumerate(depths):
+          cfg = MLPConfig(depth=int(depth), width=s["width"], expansion=e, norm_position=pos)
+          runs = [common.jacobian_samples(cfg, jax.random.fold_in(KEY, int(depth)), a, 1.0,
+                                          num_seeds=s["seeds"]) for a in alphas]
+          er_seed[:, :, j] = [r["erank"].mean(axis=1)[:, -1] for r in runs]
+      else:   # prefixes of one network of the largest depth
+        cfg = MLPConfig(depth=L, width=s["width"], expansion=e, norm_position=pos)
+        runs = [common.jacobian_samples(cfg, KEY, a, 1.0, num_seeds=s["seeds"]) for a in alphas]
+        er_seed = np.array([r["erank"].mean(axis=1)[:, depths - 1] for r in runs])  # (A, S, D)
+      er = er_seed.mean(axis=1)   # (A, depths): the seed-mean rank surface
       exps = {lvl: iso_rank_exponent(alphas, er, depths, lvl) for lvl in s["levels"]}
       # the same fit on each seed's own rank surface: the exponents' spread over seeds
-      er_seed = np.array([r["erank"].mean(axis=1)[:, depths - 1] for r in runs])  # (A, S, D)
-      per_seed = {lvl: [iso_rank_exponent(alphas, er_seed[:, i], depths, lvl)[0]
-                        for i in range(er_seed.shape[1])] for lvl in s["levels"]}
+      fits = {lvl: [iso_rank_exponent(alphas, er_seed[:, i], depths, lvl)
+                    for i in range(er_seed.shape[1])] for lvl in s["levels"]}
+      per_seed = {lvl: [f[0] for f in v] for lvl, v in fits.items()}
+      no_crossing = {lvl: [[int(d) for d, c in zip(depths, f[1]) if not np.isfinite(c)]
+                           for f in v] for lvl, v in fits.items()}
+      # Fig 5a/b from the deepest network (the last one run: depths ascend)
       pick = {a: runs[int(np.argmin(np.abs(alphas - a)))] for a in (0.5, 1.0, 2.0)}
       results[(pos, e)] = {
           "erank": er, "exponents": {lvl: v[0] for lvl, v in exps.items()},
-          "exponents_per_seed": per_seed,
+          "exponents_per_seed": per_seed, "no_crossing_depths_per_seed": no_crossing,
           "exponent_sd": {lvl: _sd(v) for lvl, v in per_seed.items()},
           "contours": {lvl: v[1] for lvl, v in exps.items()},
           "stream_rms": {a: r["stream_rms"].mean(axis=(0, 1)) for a, r in pick.items()},
@@ -249,10 +267,13 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       ok = np.isfinite(per)
       if not ok.any():   # no crossing at any seed: no number to judge
         continue
+      missed = [d for v in res["no_crossing_depths_per_seed"][lvl] for d in v]
+      gaps = ", ".join(f"L={d}: {missed.count(d)} seed(s)" for d in sorted(set(missed)))
       summary.append(j(f"{_T4}, {pos} {e:g}x, r*={lvl}", per[ok],
                        [sd for sd, k in zip(seeds, ok) if k],
                        f"fit on the seed-mean rank {res['exponents'][lvl]:.3f}; "
-                       f"{int((~ok).sum())} seed(s) without a fit"))
+                       f"{int((~ok).sum())} seed(s) without a fit; depths without a "
+                       f"crossing (left out of that seed's fit): {gaps or 'none'}"))
   post, pre = r1("post"), r1("pre")
   summary += [
       j("Fig 5b: accumulated branch / skip at L=384, post", post["accumulated_per_seed"][:, -1]),

@@ -59,7 +59,9 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       mom = spectra.activation_moments(act)
       st = [measured_stable_rank(k, act, s["width"], s["inputs"])
             for k in jax.random.split(jax.random.PRNGKey(8), s["seeds"])]
-      table[act] = {"coherence": mom.coherence, "spike_bound": mom.spike_bound,
+      # a centered activation's bound 1/c is infinite: null in the results file
+      table[act] = {"coherence": mom.coherence,
+                    "spike_bound": mom.spike_bound if np.isfinite(mom.spike_bound) else None,
                     "measured_stable_rank": float(np.mean(st)), "per_seed_stable_rank": st,
                     "survival": mom.survival, "kappa": mom.kappa}
     sweep = {act: {n: [measured_stable_rank(k, act, s["width"], n)
