@@ -62,7 +62,23 @@ CLAIMS = common.evidence.claims([
                  f"erank/d(without)| {_L}", 0.0, "Fig 10b: coincide"),
     common.claim("Fig 10b: post LayerNorm with vs without Pre-RMSNorm", "|erank/d(with) - "
                  f"erank/d(without)| {_L}", 0.0, "Fig 10b: coincide"),
+    common.claim("App B.5: Pre-Norm branch output rms", "rms(W_down relu(W_up x)) for a "
+                 "unit-rms input x, both matrices d x d, N(0, 1/d)", 0.74,
+                 "App B.5: the ReLU branch contracts a unit input to an rms of about 0.74"),
 ])
+BRANCH_RMS_SEEDS, BRANCH_RMS_INPUTS = 10, 256
+
+
+def branch_output_rms(key: jax.Array, d: int, inputs: int) -> float:
+  """rms of the two-matrix ReLU branch output ``W_down relu(W_up x)`` (App B.5) over
+  ``inputs`` unit-rms inputs (the Pre-Norm branch input), W ~ N(0, 1/d), one draw."""
+  k_up, k_down, k_x = jax.random.split(key, 3)
+  w_up = jax.random.normal(k_up, (d, d)) / np.sqrt(d)
+  w_down = jax.random.normal(k_down, (d, d)) / np.sqrt(d)
+  x = jax.random.normal(k_x, (inputs, d))
+  x = x / jax.numpy.sqrt(jax.numpy.mean(x * x, axis=-1, keepdims=True))
+  out = jax.nn.relu(x @ w_up) @ w_down
+  return float(jax.numpy.sqrt(jax.numpy.mean(out * out)))
 
 
 def _cfg(s, p="none", b="none", r="none") -> MLPConfig:
@@ -129,7 +145,12 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       j("Fig 10b: post LayerNorm with vs without Pre-RMSNorm",
         np.abs(last(panel_b["layer"]) - last(fig10["layer"]))),
   ]
-  per_seed = {"panel_a_last": {k: last(v) for k, v in panel_a.items()},
+  b5 = [branch_output_rms(k, d, BRANCH_RMS_INPUTS)
+        for k in jax.random.split(jax.random.fold_in(KEY, 5), BRANCH_RMS_SEEDS)]
+  summary.append(CLAIMS["App B.5: Pre-Norm branch output rms"].judge(
+      b5, seeds=list(range(BRANCH_RMS_SEEDS)),
+      note=f"d={d}, {BRANCH_RMS_INPUTS} inputs per draw; split(fold_in(PRNGKey(4), 5), 10)"))
+  per_seed = {"branch_output_rms": b5, "panel_a_last": {k: last(v) for k, v in panel_a.items()},
               "panel_b_last": {k: last(v) for k, v in panel_b.items()},
               "fig10_last": {k: last(v) for k, v in fig10.items()},
               "projection_max": proj, "detached_gap_max": gap, "rescaling_share": share}

@@ -94,7 +94,8 @@ def spearman_bootstrap(x: Sequence[float], y: Sequence[float], draws: int = 2000
   return rho, float(lo), float(hi)
 
 
-def summary_rows(s: dict, ds: str, grid: dict, fig16: dict) -> list[dict]:
+def summary_rows(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | None = None
+                 ) -> list[dict]:
   """The claims' rows; on a set other than CIFAR-10 the note says so (the trained
   claims are then judged on that set by the same predicates)."""
   alphas, depths = list(s["alphas"]), list(s["depths"])
@@ -147,9 +148,13 @@ def summary_rows(s: dict, ds: str, grid: dict, fig16: dict) -> list[dict]:
   if cells and sum(len(c[0]) for c in cells) >= 4:
     rho, lo, hi = spearman_bootstrap(np.concatenate([c[0] for c in cells]),
                                      np.concatenate([c[1] for c in cells]))
+    gaps = [float(np.max(np.abs(np.asarray(v["first"]) - np.asarray(v["second"]))))
+            for v in (spread or {}).values()]
     add("Fig 6: init rank predicts trainability", lo,
         f"rho {rho:.3f}, 95% bootstrap [{lo:.3f}, {hi:.3f}] over "
-        f"{sum(len(c[0]) for c in cells)} cells; {where}")
+        f"{sum(len(c[0]) for c in cells)} cells; init ranks at d={s['rank_width']}"
+        + (f"; a second network on {', '.join(spread)} moves a cell's best accuracy by "
+           f"up to {max(gaps):.3f}" if gaps else ""))
   if fig16:
     d16 = np.asarray(s["fig16_depths"])
     acc = {k: np.asarray(v["best_accuracy"]) for k, v in fig16.items()}

@@ -67,12 +67,14 @@ SCALES = {
     "quick": dict(width=16, batch=32, steps=200, train_examples=8192, test_examples=2000,
                   alphas=(0.5, 1.0, 2.0, 4.0), depths=(12, 48, 192, 384),
                   placements=("pre", "post", "output"), lrs=PAPER_LRS, seeds=1,
-                  rank_width=64, fig16_depths=(12, 48, 96, 1000), fig16_steps=200,
+                  spread_cells=(("post", 48), ("pre", 192)),
+                  rank_width=256, fig16_depths=(12, 48, 96, 1000), fig16_steps=200,
                   fig16_large_lr_max_depth=384, magnitude_depth=200, magnitude_inputs=256,
                   norm_eps=1e-6, dataset=None, data_dir=None),
     "paper": dict(width=256, batch=256, steps=5000, train_examples=0, test_examples=0,
                   alphas=(0.5, 1.0, 2.0, 4.0), depths=(12, 24, 48, 96, 192, 384),
                   placements=("pre", "post", "output"), lrs=PAPER_LRS, seeds=1,
+                  spread_cells=(("post", 48), ("pre", 192)),
                   rank_width=256, fig16_depths=(10, 20, 50, 100, 200, 500, 1000),
                   fig16_steps=5000, fig16_large_lr_max_depth=200, magnitude_depth=1000,
                   magnitude_inputs=256, norm_eps=1e-6, dataset="cifar10", data_dir=None),
@@ -318,6 +320,21 @@ def fig6_grid(s: dict, data: ImageArrays) -> dict:
                                     for j in range(len(depths))] for i in range(len(alphas))]),
         "erank": init_rank(s["rank_width"], max(depths), pos, alphas, depths, KEY),
     }
+  # a second network (another init draw and batch order) on a few (placement, L) cells:
+  # the spread of one cell's best accuracy between two networks (issue 25)
+  spread = {}
+  for pos, depth in s["spread_cells"]:
+    if pos not in grid or depth not in depths:
+      continue
+    j = depths.index(depth)
+    cfg = MLPConfig(depth=depth, width=s["width"], expansion=1.0, norm_position=pos,
+                    norm_eps=s["norm_eps"], input_dim=data.x_train_NxD.shape[1],
+                    num_classes=data.num_classes)
+    cell = run_cell(cfg, data, alphas, lrs, 1, s["steps"], s["batch"], seed0=1000 + j)
+    second = cell["accuracy"][..., 0].max(axis=-1)   # (A,) best over the sweep
+    spread[f"{pos}/L={depth}"] = {"alphas": alphas, "first": grid[pos]["best_accuracy"][:, j],
+                                  "second": second}
+  grid["_spread"] = spread
   return grid
 
 
@@ -404,6 +421,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                      s["test_examples"]).on_device()
   chance = 1.0 / data.num_classes
   grid = fig6_grid(s, data)
+  spread = grid.pop("_spread")
   fig16 = fig16_depth(s, data) if s["fig16_depths"] else {}
   ds = data.name
   result = {
@@ -411,7 +429,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       "train_examples": len(data.y_train_N), "test_examples": len(data.y_test_M),
       "grid": grid, "fig16": {f"M={m}/{pos}": v for (m, pos), v in fig16.items()},
       "wall_seconds": time.time() - wall0, "cpu_seconds": time.process_time() - cpu0,
-      "summary": summary_rows(s, ds, grid, fig16),
+      "second_network": spread,
+      "summary": summary_rows(s, ds, grid, fig16, spread),
   }
   return common.write(out_dir, NAME, result, figure(s, ds, chance, grid, fig16))
 

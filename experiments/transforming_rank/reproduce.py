@@ -37,6 +37,7 @@ EXPERIMENTS = {
     "fig12": "fig12_gpt2_ffn",
     "fig6": "fig6_trainability",
     "appc": "appc_backward",
+    "appc_mean": "appc_mean_growth",
     "appa2": "appa2_skip_scale",
     "appa4": "appa4_training_symmetry",
     "appd3": "appd3_rank_equality",
