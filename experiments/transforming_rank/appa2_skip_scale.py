@@ -41,7 +41,7 @@ from rankjax.models import blocks as blocks_lib
 
 NAME = "appa2_skip_scale"
 SCALES = {
-    "quick": dict(depth=48, width=64, expansion=4.0, seeds=3,
+    "quick": dict(depth=48, width=64, expansion=4.0, seeds=10,
                   lambdas=(0.9, 0.95, 1.0, 1.05, 1.1), betas=("1", "1/sqrt(L)", "1/L")),
     "paper": dict(depth=48, width=256, expansion=4.0, seeds=8,
                   lambdas=(0.9, 0.95, 1.0, 1.05, 1.1), betas=("1", "1/sqrt(L)", "1/L")),

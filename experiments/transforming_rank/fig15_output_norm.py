@@ -18,7 +18,7 @@ from rankjax.measure import representations
 
 NAME = "fig15_output_norm"
 SCALES = {
-    "quick": dict(depth=512, width=64, seeds=3, inputs=512, layer_every=16),
+    "quick": dict(depth=512, width=64, seeds=10, inputs=512, layer_every=16),
     "paper": dict(depth=512, width=256, seeds=3, inputs=512, layer_every=8),
 }
 PANELS = {

@@ -20,7 +20,7 @@ from rankjax.config import MLPConfig
 
 NAME = "fig1_skip_spacing"
 SCALES = {
-    "quick": dict(depth=48, width=64, seeds=3, expansions=(1.0, 2.0, 4.0, 8.0)),
+    "quick": dict(depth=48, width=64, seeds=10, expansions=(1.0, 2.0, 4.0, 8.0)),
     "paper": dict(depth=48, width=256, seeds=12, expansions=(1.0, 2.0, 4.0, 8.0)),
 }
 

@@ -20,7 +20,7 @@ from rankjax.config import MLPConfig
 NAME = "fig2_branch_scale"
 # alpha = 2^(i/2), beta = 2^j: beta * alpha^2 = 2^(i + j), so many points coincide.
 SCALES = {
-    "quick": dict(depth=48, width=64, seeds=3, alpha_exponents=tuple(range(-6, 5)),
+    "quick": dict(depth=48, width=64, seeds=10, alpha_exponents=tuple(range(-6, 5)),
                   beta_exponents=(-3, -2, -1, 0)),
     "paper": dict(depth=48, width=256, seeds=3, alpha_exponents=tuple(range(-8, 7)),
                   beta_exponents=(-3, -2, -1, 0)),

@@ -21,7 +21,7 @@ from rankjax.config import MLPConfig
 
 NAME = "fig3_path_orders"
 SCALES = {
-    "quick": dict(depth=48, width=64, seeds=6, alphas=(0.25, 0.5, 0.71, 1.0, 1.41, 2.0),
+    "quick": dict(depth=48, width=64, seeds=10, alphas=(0.25, 0.5, 0.71, 1.0, 1.41, 2.0),
                   panel_c_alphas=(0.5, 1.0, 2.0)),
     "paper": dict(depth=48, width=256, seeds=8,
                   alphas=(0.25, 0.35, 0.5, 0.71, 1.0, 1.41, 2.0),

@@ -17,7 +17,7 @@ from rankjax.measure import representations
 
 NAME = "table6_width"
 SCALES = {
-    "quick": dict(widths=(64, 128), layers=(32, 64, 128, 256, 512), seeds=2, min_inputs=1024),
+    "quick": dict(widths=(64, 128), layers=(32, 64, 128, 256, 512), seeds=10, min_inputs=1024),
     "paper": dict(widths=(128, 256, 512, 1024), layers=(32, 64, 128, 256, 512), seeds=3,
                   min_inputs=1024),
 }
