@@ -29,7 +29,7 @@ from rankjax.models import blocks as blocks_lib
 
 NAME = "appc_backward"
 SCALES = {
-    "quick": dict(depth=512, width=64, seeds=2, inputs=256, classes=10, layer_every=64),
+    "quick": dict(depth=512, width=64, seeds=3, inputs=256, classes=10, layer_every=64),
     "paper": dict(depth=512, width=256, seeds=3, inputs=512, classes=10, layer_every=32),
 }
 CONFIGS = {
@@ -38,6 +38,25 @@ CONFIGS = {
     "M=1 tanh": dict(branch_matrices=1, activation="tanh"),
 }
 DELTAS = ("random", "cross_entropy")
+_BWD = "App C: the backward contributions are uncorrelated between layers"
+CLAIMS = common.evidence.claims([
+    *(c for n in CONFIGS for c in (
+        common.claim(f"App C: {n}, backward cos mean", "off-diagonal mean of cos(n_l, n_l'), "
+                     "random delta_L", 0.00, _BWD),
+        common.claim(f"App C: {n}, backward cos rms", "off-diagonal rms of cos(n_l, n_l'), "
+                     "random delta_L", 0.063, _BWD + "; the random baseline 1/sqrt(d), d=256"),
+        common.bound(f"App C: {n}, gradient rank kept", "min over layers of erank(delta_l)/d, "
+                     "random delta_L", ">=", 0.72, "App C: >= 0.72", every_seed=True),
+        common.claim(f"App C: {n}, backward mean fraction", "max over layers of ||mean_x "
+                     "delta_l||^2 / mean_x ||delta_l||^2, random delta_L", 0.002, "App C: ~0.002"),
+        common.claim(f"App C: {n}, cross-entropy gradient rank", "min over layers of "
+                     "erank(delta_l), cross-entropy delta_L (directions)", 10.0,
+                     "App C: ~rank 10 (the classes)"))),
+    common.frac("App C: M=1 relu, gradient rank ~0.9", "min over layers of erank(delta_l)/d, "
+                "random delta_L", 0.9, "App C: ~0.9 for M=1 relu"),
+    common.claim("App C: M=1 relu, forward cos(m_l, m_l')", "off-diagonal mean", 0.32,
+                 "App C: c = 1/pi"),
+])
 
 
 def output_gradient(kind: str, key: jax.Array, h_NxD: jax.Array, classes: int) -> jax.Array:
@@ -93,6 +112,10 @@ def measure(cfg: MLPConfig, key: jax.Array, kind: str, s: dict) -> dict:
       "mean_fraction": mean("mean_fraction"),
       "mean_fraction_max": float(np.max(mean("mean_fraction"))),
       "forward_mean_fraction_L": float(mean("forward_mean_fraction")[-1]),
+      "per_seed": {"backward_cos_mean": [b[0] for b in bwd], "backward_cos_rms": [b[1] for b in bwd],
+                   "forward_cos_mean": [f[0] for f in fwd],
+                   "erank_min": [float(np.min(p["erank"])) for p in per_seed],
+                   "mean_fraction_max": [float(np.max(p["mean_fraction"])) for p in per_seed]},
   }
 
 
@@ -122,24 +145,24 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   fig.tight_layout()
 
   base = 1 / math.sqrt(d)
-  r = common.row
+  seeds = list(range(s["seeds"]))   # split(key(11), seeds)
   rows = []
   for name in CONFIGS:
-    rr = res[name]["random"]
-    rows.append(r(f"{name}: cos(n_l, n_l') mean / rms over layer pairs", "0.00 / 0.063",
-                  f"{rr['backward_cos_mean']:+.3f} / {rr['backward_cos_rms']:.3f}",
-                  f"1/sqrt(d) = {base:.3f} at d={d}"))
-    rows.append(r(f"{name}: erank(delta_l)/d, min over layers (random delta_L)",
-                  ">= 0.72 (~0.9 for M=1 relu)", common.fmt(rr["erank_min"])))
-    rows.append(r(f"{name}: backward mean fraction, max over layers", "~0.002",
-                  common.fmt(rr["mean_fraction_max"], 4),
-                  f"random-vector floor 1/n = {1 / s['inputs']:.4f}; forward at L: "
-                  f"{rr['forward_mean_fraction_L']:.3f}"))
-    ce = res[name]["cross_entropy"]
-    rows.append(r(f"{name}: erank(delta_l)/d, cross-entropy delta_L, min", "~rank 10 / d",
-                  common.fmt(ce["erank_min"]), f"10/d = {10 / d:.3f}"))
-  rows.append(r("M=1 relu: forward cos(m_l, m_l') mean", "0.32 (c = 1/pi)",
-                common.fmt(res["M=1 relu"]["random"]["forward_cos_mean"])))
+    rr, ce = res[name]["random"]["per_seed"], res[name]["cross_entropy"]["per_seed"]
+    j = lambda item, v, note="": CLAIMS[f"App C: {name}, {item}"].judge(
+        [float(x) for x in v], seeds=seeds, note=note)
+    rows += [
+        j("backward cos mean", rr["backward_cos_mean"]),
+        j("backward cos rms", rr["backward_cos_rms"], f"1/sqrt(d) = {base:.3f} at d={d}"),
+        j("gradient rank kept", rr["erank_min"]),
+        j("backward mean fraction", rr["mean_fraction_max"],
+          f"random-vector floor 1/n = {1 / s['inputs']:.4f}; forward at L: "
+          f"{res[name]['random']['forward_mean_fraction_L']:.3f}"),
+        j("cross-entropy gradient rank", np.asarray(ce["erank_min"]) * d, f"d={d}"),
+    ]
+    if name == "M=1 relu":
+      rows += [j("gradient rank ~0.9", rr["erank_min"]),
+               j("forward cos(m_l, m_l')", rr["forward_cos_mean"])]
   result = {"settings": s, "results": res, "summary": rows}
   return common.write(out_dir, NAME, result, fig)
 

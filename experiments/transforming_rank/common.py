@@ -2,14 +2,18 @@
 
 Every script exposes ``run(out_dir, scale="quick"|"paper", **overrides) -> dict`` and
 writes ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
-``summary`` list of rows (``row``: item, paper, ours, status, seeds, spread, note) that
-``experiments.runner`` collects into ``summary.json`` and ``summary.md``. Settings come from the script's ``SCALES`` table; any
-keyword argument overrides one setting.
+``summary`` list of rows, each made by a claim the script declares at import
+(``CLAIMS``, ``experiments.evidence``) and judged after the run; ``experiments.runner``
+collects them into ``summary.json`` and ``summary.md``. Settings come from the script's
+``SCALES`` table; any keyword argument overrides one setting.
+
+The study's one tolerance policy (EXPECTED.md, "How rows are judged") is :func:`rule`:
+it is decided from the paper's printed number and the kind of quantity, never from
+our outcomes.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
 from typing import Any, Callable
@@ -25,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402,F401
 
 import jax  # noqa: E402
 
-from experiments import runner  # noqa: E402
+from experiments import evidence, runner  # noqa: E402
 from rankjax import plotting  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
@@ -57,14 +61,56 @@ def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dic
   return result
 
 
-def row(item: str, paper: Any, ours: Any, note: str = "", *, status: str | None = None,
-        seeds: int | None = None, spread: Any = None) -> dict:
-  """A summary row (``experiments.runner.row``); ``status=None``: automatic."""
-  return runner.row(item, paper, ours, status, seeds=seeds, spread=spread, note=note)
+NEAR_ZERO = 0.1       # |paper| below this: an absolute band
+ABS_FLOOR = 0.005     # ... of half a unit in the second decimal (0.5% of d for erank/d)
+NEAR_ONE = 0.9        # paper in [0.9, 1]: relative on 1 - x
+ONE_MINUS_RTOL = 0.25
+RTOL = 0.05           # elsewhere: 5% relative
+FLOAT32_EXACT = 1e-5  # an identity exact in real arithmetic, checked in float32
+FLOAT64_EXACT = 1e-12  # ... in float64
 
 
-def fmt(x: float, digits: int = 3) -> str:
-  return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+def rule(paper: float, fraction: bool = False) -> evidence.Rule:
+  """The study's tolerance policy for a number the paper prints: ``Abs(0.005)`` near 0
+  (|paper| < 0.1) and for a fraction printed as exactly 1 (half a unit of "1.00");
+  ``OneMinus(0.25)`` for a fraction (erank/d, a share in [0, 1]) near 1 (0.9 <= paper
+  < 1); ``Rel(0.05)`` elsewhere (a ratio of 1 is "elsewhere"); each widened to 2 sd of
+  the seeds (``experiments.evidence``)."""
+  if abs(paper) < NEAR_ZERO or (fraction and paper == 1.0):
+    return evidence.Abs(ABS_FLOOR)
+  if fraction and NEAR_ONE <= paper < 1.0:
+    return evidence.OneMinus(ONE_MINUS_RTOL)
+  return evidence.Rel(RTOL)
+
+
+def claim(item: str, quantity: str, paper: float, note: str = "",
+          fraction: bool = False) -> evidence.Claim:
+  """A claim on a number the paper prints, judged by :func:`rule`."""
+  return evidence.Claim(item, quantity, paper, rule(paper, fraction), note)
+
+
+def frac(item: str, quantity: str, paper: float, note: str = "") -> evidence.Claim:
+  """A claim on a fraction in [0, 1] (erank/d, a share), judged by :func:`rule`."""
+  return claim(item, quantity, paper, note, fraction=True)
+
+
+def exact(item: str, quantity: str, dtype: str = "float32", note: str = "") -> evidence.Claim:
+  """An identity exact in real arithmetic: ``ours < FLOAT32_EXACT`` (or float64's)."""
+  limit = FLOAT32_EXACT if dtype == "float32" else FLOAT64_EXACT
+  return evidence.Claim(item, quantity, limit, evidence.Bound("<"), note)
+
+
+def bound(item: str, quantity: str, op: str, limit: float, note: str = "",
+          every_seed: bool = False) -> evidence.Claim:
+  """A worded claim as the predicate ``ours <op> limit``."""
+  return evidence.Claim(item, quantity, limit, evidence.Bound(op, every_seed), note)
+
+
+def per_seed_axis(x: Any, axis: int = 0) -> list[float]:
+  """Per-seed values (``axis`` the seed axis; other axes averaged)."""
+  a = np.asarray(x, dtype=float)
+  a = np.moveaxis(a, axis, 0).reshape(a.shape[axis], -1).mean(axis=1)
+  return [float(v) for v in a]
 
 
 def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, *,

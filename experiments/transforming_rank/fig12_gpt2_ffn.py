@@ -47,15 +47,40 @@ NAME = "fig12_gpt2_ffn"
 PROMPT_IDS = (464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13)
 SCALES = {
     "quick": dict(models=(("small", 12, 192), ("medium", 24, 256)), prompt_ids=PROMPT_IDS,
-                  probe=-1, top_k=20, seed=0, checkpoints=()),
+                  probe=-1, top_k=20, seeds=(0, 1, 2), checkpoints=()),
     "paper": dict(models=(("small", 12, 768), ("medium", 24, 1024)), prompt_ids=PROMPT_IDS,
-                  probe=-1, top_k=20, seed=0, checkpoints=()),
+                  probe=-1, top_k=20, seeds=(0, 1, 2), checkpoints=()),
 }
 KNOWN = {(12, 768): "small", (24, 1024): "medium", (36, 1280): "large", (48, 1600): "xl"}
 PAPER = {   # App B.3 / D.5 (pretrained); at init every check is exact.
     "small": dict(offdiag=0.18, accumulated=1.78, coherent=3.26),
     "medium": dict(offdiag=0.15, accumulated=2.23, coherent=4.59),
 }
+_INIT = "App B.3: at initialization every assumption holds exactly"
+CLAIMS = common.evidence.claims([
+    *(c for size in ("small", "medium") for c in (
+        common.claim(f"Fig 12 init {size}: off-diagonal block cosine", "mean off-diagonal "
+                     "<J_i, J_j>/(|J_i| |J_j|)", 0.0, _INIT + "; the random baseline ~1/d"),
+        common.claim(f"Fig 12 init {size}: accumulated / uncorrelated at k=L",
+                     "||sum_l J_l||_F / (sum_l ||J_l||^2)^(1/2)", 1.00, _INIT + " (1.00x)"),
+        common.bound(f"Fig 12 init {size}: the stream grows", "rms(h_L) / rms(h_2)", ">", 1.0,
+                     "Fig 12c: the stream grows", every_seed=True),
+        common.bound(f"Fig 12 init {size}: the ratio decays", "r_L / r_2, r_l = ||J_l||_F/sqrt(d)",
+                     "<", 1.0, "Fig 12c: the ratio decays", every_seed=True))),
+    *(c for size, p in PAPER.items() for c in (
+        common.claim(f"Fig 12 pretrained {size}: off-diagonal block cosine", "mean "
+                     "off-diagonal <J_i, J_j>/(|J_i| |J_j|)", p["offdiag"], "App B.3"),
+        common.claim(f"Fig 12 pretrained {size}: accumulated / uncorrelated at k=L",
+                     "||sum_l J_l||_F / (sum_l ||J_l||^2)^(1/2)", p["accumulated"], "App B.3"),
+        common.claim(f"Fig 12 pretrained {size}: coherent / uncorrelated at k=L",
+                     "sum_l ||J_l||_F / (sum_l ||J_l||^2)^(1/2)", p["coherent"], "App B.3"))),
+    common.claim("Fig 8c pretrained medium: coherence, all directions", "m mean <u_i, v_j>^2, "
+                 "mean over blocks", 0.96, "App D.5"),
+    common.claim("Fig 8c pretrained medium: coherence, top 20", "m mean <u_i, v_j>^2 over the "
+                 "top 20 directions, mean over blocks", 5.0, "App D.5: ~5"),
+    common.claim("Fig 8c pretrained medium: coherence, bottom 20", "m mean <u_i, v_j>^2 over "
+                 "the bottom 20 directions, mean over blocks", 3.0, "App D.5: ~3"),
+])
 
 
 def singular_vector_coherence(fc_w_DxM: np.ndarray, proj_w_MxD: np.ndarray,
@@ -146,43 +171,41 @@ def _plot(results: dict, top_k: int):
   return fig
 
 
-def _summary(results: dict, top_k: int) -> list[dict]:
+def _summary(results: dict, seeds: tuple[int, ...]) -> list[dict]:
+  """The rows: at initialization per model over ``seeds`` (labels ``size/init/seed``),
+  pretrained from the one checkpoint per model."""
   rows = []
-  for label, r in results.items():
-    size, kind = label.split("/")
-    trained = kind == "pretrained"
-    paper = PAPER.get(size) if trained else None
-    d, L = r["d"], r["num_layers"]
-    tag = f"{label} (L={L}, d={d})"
-    coh, nan = r["coherence_all"], float("nan")
-    second = coh[1] if L > 1 else nan
-    lo, hi = (np.min(coh[2:]), np.max(coh[2:])) if L > 2 else (nan, nan)
-    rows += [
-        common.row(f"Fig 12: off-diagonal block cosine mean (|mean|), {tag}",
-                   paper["offdiag"] if paper else ("weak, positive" if trained else
-                                                   "~0 (random baseline ~1/d)"),
-                   f"{r['offdiag_mean']:+.4f} ({r['offdiag_abs_mean']:.4f}; 1/d = {1 / d:.4f})"),
-        common.row(f"Fig 12: accumulated / uncorrelated at k=L, {tag}",
-                   paper["accumulated"] if paper else ("> 1" if trained else "1.00"),
-                   common.fmt(r["accumulated_over_uncorrelated"], 2)),
-        common.row(f"Fig 12: fully coherent / uncorrelated at k=L, {tag}",
-                   paper["coherent"] if paper else "-",
-                   common.fmt(r["coherent_over_uncorrelated"], 2)),
-        common.row(f"Fig 12: rms(h_l) at l=2 / L; r_l at l=2 / L, {tag}",
-                   "stream grows, ratio decays" + (" (growth in final blocks)" if trained
-                                                   else " (rms^2 linear in l)"),
-                   f"{r['stream_rms'][1]:.3g} / {r['stream_rms'][-1]:.3g}; "
-                   f"{r['ratio'][1]:.3g} / {r['ratio'][-1]:.3g} "
-                   f"(R^2 of rms^2 linear in l: {r['stream_rms2_linear_r2']:.3f})"),
-        common.row(f"Fig 8c: coherence, mean over blocks (blocks 1, 2; others min..max), {tag}",
-                   ("0.96 (1.6, 1.3; 0.78..1.02) for Medium" if trained else "1 (free)"),
-                   f"{np.mean(coh):.3f} ({coh[0]:.2f}, {second:.2f}; {lo:.2f}..{hi:.2f})"),
-        common.row(f"Fig 8c: coherence of the top / bottom {top_k} directions, {tag}",
-                   "~5 / ~3 for Medium" if trained else "1 / 1 (free)",
-                   f"{np.mean(r['coherence_top']):.2f} / {np.mean(r['coherence_bottom']):.2f}"),
-        common.row(f"erank(J_l)/d, mean over blocks 2..L, {tag}", "-",
-                   common.fmt(float(np.mean(r["erank"][1:])) if L > 1 else nan, 3)),
-    ]
+  sizes = dict.fromkeys(label.split("/")[0] for label in results)
+  for size in sizes:
+    init = [results[f"{size}/init/{sd}"] for sd in seeds if f"{size}/init/{sd}" in results]
+    if init:
+      r0 = init[0]
+      tag = f"L={r0['num_layers']}, d={r0['d']}"
+      j = lambda item, v, note="": CLAIMS[item].judge(
+          [float(x) for x in v], seeds=list(seeds[:len(init)]),
+          note="; ".join(x for x in (tag, note) if x))
+      rows += [
+          j(f"Fig 12 init {size}: off-diagonal block cosine", [r["offdiag_mean"] for r in init],
+            f"1/d = {1 / r0['d']:.4f}; mean |cos| {np.mean([r['offdiag_abs_mean'] for r in init]):.4f}"),
+          j(f"Fig 12 init {size}: accumulated / uncorrelated at k=L",
+            [r["accumulated_over_uncorrelated"] for r in init]),
+          j(f"Fig 12 init {size}: the stream grows",
+            [r["stream_rms"][-1] / r["stream_rms"][1] for r in init],
+            "R^2 of rms^2 linear in l: " + " / ".join(f"{r['stream_rms2_linear_r2']:.3f}"
+                                                      for r in init)),
+          j(f"Fig 12 init {size}: the ratio decays", [r["ratio"][-1] / r["ratio"][1] for r in init]),
+      ]
+    trained = results.get(f"{size}/pretrained")
+    if trained is not None and size in PAPER:
+      rows += [CLAIMS[f"Fig 12 pretrained {size}: {k}"].judge(trained[f])
+               for k, f in (("off-diagonal block cosine", "offdiag_mean"),
+                            ("accumulated / uncorrelated at k=L", "accumulated_over_uncorrelated"),
+                            ("coherent / uncorrelated at k=L", "coherent_over_uncorrelated"))]
+      if size == "medium":
+        rows += [CLAIMS[f"Fig 8c pretrained medium: coherence, {k}"].judge(
+                     float(np.mean(trained[f]))) for k, f in
+                 (("all directions", "coherence_all"), ("top 20", "coherence_top"),
+                  ("bottom 20", "coherence_bottom"))]
   return rows
 
 
@@ -194,23 +217,24 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s["checkpoints"] = tuple(str(c) for c in ([s["checkpoints"]] if isinstance(
       s["checkpoints"], (str, pathlib.Path)) else s["checkpoints"]))
   tokens = np.asarray(s["prompt_ids"], np.int32)
-  key = jax.random.PRNGKey(s["seed"])
-  todo = []   # (label, loader)
+  todo = []   # (label, loader, seed)
   if s["checkpoints"]:
     for i, path in enumerate(s["checkpoints"]):
       params = gpt2.load_gpt2(path)
       L, d = params["blocks"]["fc_w"].shape[:2]
       size = KNOWN.get((L, d), f"ckpt{i}")
-      todo.append((f"{size}/pretrained", params))
-      todo.append((f"{size}/init", (L, d, params["blocks"]["fc_w"].shape[2])))
+      todo.append((f"{size}/pretrained", params, None))
+      todo += [(f"{size}/init/{sd}", (L, d, params["blocks"]["fc_w"].shape[2]), sd)
+               for sd in s["seeds"]]
   else:
-    todo = [(f"{size}/init", (L, d, 4 * d)) for size, L, d in s["models"]]
+    todo = [(f"{size}/init/{sd}", (L, d, 4 * d), sd) for size, L, d in s["models"]
+            for sd in s["seeds"]]
   results = {}
   with common.single_blas_thread():
-    for i, (label, spec) in enumerate(todo):
+    for label, spec, sd in todo:
       start = time.time()
       params = spec if isinstance(spec, dict) else gpt2.init_gpt2(
-          jax.random.fold_in(key, i), spec[0], spec[1], spec[2])
+          jax.random.fold_in(jax.random.PRNGKey(sd), spec[0]), spec[0], spec[1], spec[2])
       if tokens.min() < 0 or tokens.max() >= params["wte"].shape[0]:
         raise ValueError(f"prompt ids must lie in [0, {params['wte'].shape[0]})")
       if len(tokens) > params["wpe"].shape[0] or not -len(tokens) <= s["probe"] < len(tokens):
@@ -219,14 +243,13 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       results[label] = measure(params, tokens, s["probe"], s["top_k"])
       results[label]["seconds"] = time.time() - start
       del params
-  summary = _summary(results, s["top_k"])
-  if not s["checkpoints"]:
-    summary.append(common.row("Fig 12 / Fig 8c pretrained", "see App B.3, D.5",
-                              "not run: no checkpoint given (initialization only; "
-                              "pass --checkpoint PATH/model.safetensors)"))
+  summary = _summary(results, tuple(s["seeds"]))
+  # the figure: the pretrained models and the first seed's initialization
+  shown = {k.replace(f"/init/{s['seeds'][0]}", "/init"): v for k, v in results.items()
+           if "/init/" not in k or k.endswith(f"/init/{s['seeds'][0]}")}
   result = {"settings": s, "pretrained": bool(s["checkpoints"]), "models": results,
             "summary": summary}
-  return common.write(out_dir, NAME, result, _plot(results, s["top_k"]))
+  return common.write(out_dir, NAME, result, _plot(shown, s["top_k"]))
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from rankjax.measure import representations
 
 NAME = "fig15_output_norm"
 SCALES = {
-    "quick": dict(depth=512, width=64, seeds=2, inputs=512, layer_every=16),
+    "quick": dict(depth=512, width=64, seeds=10, inputs=512, layer_every=16),
     "paper": dict(depth=512, width=256, seeds=3, inputs=512, layer_every=8),
 }
 PANELS = {
@@ -31,13 +31,20 @@ PANELS = {
 }
 PAPER = {"a/pre rms": 0.009, "a/pre layer": 0.078, "b/out none": 0.009, "b/out rms": 0.008,
          "b/out mean": 0.745, "b/out layer": 0.745}
+ITEMS = {"a/pre rms": "Fig 15a: Pre-RMSNorm", "a/pre layer": "Fig 15a: Pre-LayerNorm",
+         "b/out none": "Fig 15b: Pre-RMSNorm, branch-output none",
+         "b/out rms": "Fig 15b: Pre-RMSNorm, branch-output RMSNorm",
+         "b/out mean": "Fig 15b: Pre-RMSNorm, branch-output mean subtraction",
+         "b/out layer": "Fig 15b: Pre-RMSNorm, branch-output LayerNorm"}
+CLAIMS = common.evidence.claims(
+    common.frac(ITEMS[k], "erank(Z_512)/d, one-matrix ReLU branch", v) for k, v in PAPER.items())
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s = common.settings(SCALES, scale, overrides)
   L = s["depth"]
   layers = tuple(range(s["layer_every"], L + 1, s["layer_every"]))
-  curves = {}
+  curves, final = {}, {}
   with common.single_blas_thread():
     for name, kw in PANELS.items():
       if name == "b/out none":
@@ -47,13 +54,11 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       st = representations.mlp_representation_study(cfg, jax.random.PRNGKey(10), s["inputs"],
                                                     s["seeds"], layers)
       curves[name] = np.asarray(st.erank)
-  summary = [common.row("Fig 15a: erank(Z_L)/d, Pre-RMSNorm / Pre-LayerNorm",
-                        f"{PAPER['a/pre rms']} / {PAPER['a/pre layer']}",
-                        f"{curves['a/pre rms'][-1]:.3f} / {curves['a/pre layer'][-1]:.3f}"),
-             common.row("Fig 15b: branch-output none / rms / mean / layer (with Pre-RMSNorm)",
-                        "0.009 / 0.008 / 0.745 / 0.745",
-                        " / ".join(f"{curves['b/out ' + o][-1]:.3f}" for o in
-                                   ("none", "rms", "mean", "layer")))]
+      final[name] = np.asarray(st.per_seed["erank"])[:, -1].tolist()
+  final["b/out none"] = final["a/pre rms"]
+  seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(10), ..., seeds)
+  note = "" if L == 512 else f"at L={L}"
+  summary = [CLAIMS[ITEMS[k]].judge(final[k], seeds=seeds, note=note) for k in PANELS]
   fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
   for name, c in curves.items():
     panel, label = name.split("/")
@@ -62,7 +67,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.set_xlabel("layer l")
     ax.legend()
   axes[0].set_ylabel("erank(Z_l)/d")
-  result = {"settings": s, "layers": layers, "curves": curves, "summary": summary}
+  result = {"settings": s, "layers": layers, "curves": curves, "final_per_seed": final,
+            "summary": summary}
   return common.write(out_dir, NAME, result, fig)
 
 

@@ -20,22 +20,48 @@ from rankjax.config import MLPConfig
 
 NAME = "fig1_skip_spacing"
 SCALES = {
-    "quick": dict(depth=48, width=64, seeds=3, expansions=(1.0, 2.0, 4.0, 8.0)),
+    "quick": dict(depth=48, width=64, seeds=10, expansions=(1.0, 2.0, 4.0, 8.0)),
     "paper": dict(depth=48, width=256, seeds=12, expansions=(1.0, 2.0, 4.0, 8.0)),
 }
 
 
+CLAIMS = common.evidence.claims([
+    common.bound("Fig 1 left: no skips collapses", "erank_L/d(skip every block) - "
+                 "erank_L/d(no skips)", ">", 0.0, "Fig 1: without skips the rank collapses; "
+                 "with a skip every block it decays smoothly", every_seed=True),
+    common.bound("Fig 1 left: every 4th contracts inside groups", "mean change of erank/d "
+                 "across blocks without a skip", "<", 0.0, "Fig 1: each block contracts",
+                 every_seed=True),
+    common.bound("Fig 1 left: every 4th restored at the skips", "mean change of erank/d "
+                 "across skip-closing blocks", ">", 0.0, "Fig 1: the skip restores the rank",
+                 every_seed=True),
+    common.bound("Fig 1 center: beta=1/sqrt(L) raises every-4th rank", "erank_L/d(every 4th, "
+                 "beta=1/sqrt(L)) - erank_L/d(every 4th, beta=1)", ">", 0.0,
+                 "Fig 1 center: with beta=1/sqrt(L) each skip nearly restores the loss",
+                 every_seed=True),
+    common.bound("Fig 1 center: every block, beta=1/sqrt(L) preserved",
+                 "erank_L/d(every block, beta=1/sqrt(L))", ">", common.NEAR_ONE,
+                 "Fig 1 center: the rank is preserved; 'near 1' read as the study's "
+                 "near-one threshold 0.9"),
+    common.bound("Fig 1 right: troughs rise with expansion", "smallest increase of the "
+                 "sawtooth trough (min erank/d) from one expansion to the next (1x..8x)",
+                 ">", 0.0, "Fig 1 right: higher expansion raises the troughs", every_seed=True),
+])
+
+
 def _erank(cfg: MLPConfig, beta: float, s: dict) -> np.ndarray:
+  """(seeds, L) erank(dh_l/dh_0)/d, mean over inputs."""
   out = common.jacobian_samples(cfg, jax.random.PRNGKey(1), 1.0, beta, num_seeds=s["seeds"])
-  return out["erank"].mean(axis=(0, 1))
+  return out["erank"].mean(axis=1)
 
 
-def _sawtooth(erank: np.ndarray, every: int) -> tuple[float, float]:
-  """Mean change of erank/d across inner blocks and across skip-closing blocks."""
-  prev = np.concatenate([[1.0], erank[:-1]])
+def _sawtooth(erank: np.ndarray, every: int) -> tuple[np.ndarray, np.ndarray]:
+  """Per seed (rows of ``erank``, (seeds, L)): mean change of erank/d across inner
+  blocks and across skip-closing blocks."""
+  prev = np.concatenate([np.ones((erank.shape[0], 1)), erank[:, :-1]], axis=1)
   delta = erank - prev
-  closes = (np.arange(1, len(erank) + 1) % every) == 0
-  return float(delta[~closes].mean()), float(delta[closes].mean())
+  closes = (np.arange(1, erank.shape[1] + 1) % every) == 0
+  return delta[:, ~closes].mean(axis=1), delta[:, closes].mean(axis=1)
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
@@ -56,26 +82,25 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     curves[f"right/{e:g}x"] = (curves["left/skip every 4th"] if e == 4.0 else _erank(cfg, 1.0, s))
 
   inner, closing = _sawtooth(curves["left/skip every 4th"], 4)
-  inner_s, closing_s = _sawtooth(curves["center/every 4, beta=1/sqrt(L)"], 4)
-  troughs = {k: float(np.min(v)) for k, v in curves.items() if k.startswith("right/")}
+  troughs = np.stack([np.min(curves[f"right/{e:g}x"], axis=1) for e in s["expansions"]])
+  last = {k: v[:, -1] for k, v in curves.items()}
+  seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(1), num_seeds)
+  j = lambda item, v, **kw: CLAIMS[item].judge(np.asarray(v).tolist(), seeds=seeds, **kw)
   summary = [
-      common.row("Fig 1 left: no skips, erank(dh_L/dh_0)/d", "collapses (gray)",
-                 common.fmt(curves["left/no skips"][-1])),
-      common.row("Fig 1 left: skip every block, erank_L/d", "decays smoothly (blue)",
-                 common.fmt(curves["left/skip every block"][-1])),
-      common.row("Fig 1 left: skip every 4th, mean d(erank/d) inner / closing blocks",
-                 "contracts inside, restored at skips",
-                 f"{inner:+.3f} / {closing:+.3f}"),
-      common.row("Fig 1 center: every 4th, beta=1/sqrt(L): inner / closing; erank_L/d",
-                 "skip nearly restores each loss; rank preserved",
-                 f"{inner_s:+.3f} / {closing_s:+.3f}; "
-                 f"{common.fmt(curves['center/every 4, beta=1/sqrt(L)'][-1])}"),
-      common.row("Fig 1 center: every block, beta=1/sqrt(L), erank_L/d", "preserved (near 1)",
-                 common.fmt(curves["center/every 1, beta=1/sqrt(L)"][-1])),
-      common.row("Fig 1 right: sawtooth trough (min erank/d) by expansion",
-                 "higher expansion raises the troughs",
-                 ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in troughs.items())),
+      j("Fig 1 left: no skips collapses", last["left/skip every block"] - last["left/no skips"],
+        note=f"no skips {last['left/no skips'].mean():.3f}, every block "
+             f"{last['left/skip every block'].mean():.3f}"),
+      j("Fig 1 left: every 4th contracts inside groups", inner),
+      j("Fig 1 left: every 4th restored at the skips", closing),
+      j("Fig 1 center: beta=1/sqrt(L) raises every-4th rank",
+        last["center/every 4, beta=1/sqrt(L)"] - last["left/skip every 4th"]),
+      j("Fig 1 center: every block, beta=1/sqrt(L) preserved",
+        last["center/every 1, beta=1/sqrt(L)"]),
+      j("Fig 1 right: troughs rise with expansion", np.min(np.diff(troughs, axis=0), axis=0),
+        note="troughs " + ", ".join(f"{e:g}x {t:.3f}" for e, t in
+                                    zip(s["expansions"], troughs.mean(axis=1)))),
   ]
+  curves = {k: v.mean(axis=0) for k, v in curves.items()}   # the figure's seed means
 
   fig, axes = common.plt.subplots(1, 3, figsize=(14, 4), sharey=True)
   ls = np.arange(1, L + 1)
@@ -89,7 +114,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.set_xlabel("layer l")
     ax.legend(fontsize=7)
   axes[0].set_ylabel("erank(dh_l/dh_0) / d")
-  result = {"settings": s, "curves": curves, "summary": summary}
+  result = {"settings": s, "curves": curves, "final_per_seed": last, "summary": summary}
   return common.write(out_dir, NAME, result, fig)
 
 

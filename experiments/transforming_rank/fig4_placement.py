@@ -1,7 +1,8 @@
 """Fig 4, Fig 10 and App B.2: normalization placement, operation, and the projection split.
 
 Residual MLPs at initialization with a two-matrix ReLU branch (both matrices d x d,
-d=256), beta=1, one sample of weights and input shared by every operation (Sec 4):
+d=256), beta=1, one sample of weights and input shared by every operation (Sec 4;
+3 such samples, seeds, so every row has a spread):
 (a) placements pre / output / post / none (RMSNorm), alpha=1; (b) a Pre-RMSNorm with
 the post-residual operation rms / detached rescale / mean subtraction / LayerNorm /
 none; (c) the rank a post-residual RMSNorm removes, split into a rescaling part
@@ -25,12 +26,59 @@ from rankjax.config import MLPConfig
 
 NAME = "fig4_placement"
 SCALES = {
-    "quick": dict(depth=384, width=64, seeds=1, report_depths=(48, 96, 192, 384),
+    "quick": dict(depth=384, width=64, seeds=3, report_depths=(48, 96, 192, 384),
                   alphas=(0.5, 1.0, 2.0), gap_depths=(48, 384)),
-    "paper": dict(depth=384, width=256, seeds=1, report_depths=(48, 96, 192, 384),
+    "paper": dict(depth=384, width=256, seeds=3, report_depths=(48, 96, 192, 384),
                   alphas=(0.5, 1.0, 2.0), gap_depths=(48, 96, 192, 384)),
 }
 KEY = jax.random.PRNGKey(4)
+_L = "at L=384"
+CLAIMS = common.evidence.claims([
+    common.bound("Fig 4a: pre keeps a floor, post collapses", f"erank/d(pre) - erank/d(post) {_L}",
+                 ">", 0.0, "Fig 4a", every_seed=True),
+    common.bound("Fig 4a: output norm marginally below pre",
+                 f"erank/d(pre) - erank/d(output) {_L}", ">", 0.0, "App B.5", every_seed=True),
+    common.claim("Fig 4a: post collapses at the rate of no norm", "[erank(384)/erank(48)](post) "
+                 "/ [erank(384)/erank(48)](none)", 1.0, "Fig 4a: post-norm collapses at the "
+                 "rate of no normalization"),
+    common.bound("Fig 4b: mean subtraction keeps a floor",
+                 f"erank/d(post mean) - erank/d(post rms) {_L}, Pre-RMSNorm", ">", 0.0,
+                 "Fig 4b", every_seed=True),
+    common.bound("Fig 4b: LayerNorm collapses", f"erank/d(post mean) - erank/d(post LayerNorm) "
+                 f"{_L}, Pre-RMSNorm", ">", 0.0, "Fig 4b: LayerNorm and RMSNorm collapse; "
+                 "mean subtraction alone does not", every_seed=True),
+    common.bound("Fig 4c: projection part <= 0.004", "max |erank(detached) - erank(rms)|/d "
+                 "over alpha in {0.5,1,2} and the report depths, Pre-RMSNorm", "<=", 0.004,
+                 "Fig 4c: at most 0.004 of full rank (~1 direction at d=256): width-dependent"),
+    common.bound("Fig 4c: rescaling part is essentially all", "smallest share rescaling / "
+                 "(rescaling + projection) over alpha, L=384", ">", common.NEAR_ONE,
+                 "Fig 4c: 'essentially all' read as the study's near-one threshold 0.9"),
+    common.bound("App B.2: detached rescale matches RMSNorm", "max |erank(detached) - "
+                 "erank(rms)|/d over L, beta in {1, 1/sqrt(L)}, alpha, +-Pre-RMSNorm", "<=",
+                 0.004, "App B.2: largest 0.0039 at d=256 (one direction): width-dependent"),
+    common.claim("Fig 10a: without Pre-RMSNorm the four ops coincide", "max - min of erank/d "
+                 f"over post none / mean / rms / detached {_L}", 0.0, "Fig 10a: indistinguishable"),
+    common.claim("Fig 10b: post RMSNorm with vs without Pre-RMSNorm", "|erank/d(with) - "
+                 f"erank/d(without)| {_L}", 0.0, "Fig 10b: coincide"),
+    common.claim("Fig 10b: post LayerNorm with vs without Pre-RMSNorm", "|erank/d(with) - "
+                 f"erank/d(without)| {_L}", 0.0, "Fig 10b: coincide"),
+    common.claim("App B.5: Pre-Norm branch output rms", "rms(W_down relu(W_up x)) for a "
+                 "unit-rms input x, both matrices d x d, N(0, 1/d)", 0.74,
+                 "App B.5: the ReLU branch contracts a unit input to an rms of about 0.74"),
+])
+BRANCH_RMS_SEEDS, BRANCH_RMS_INPUTS = 10, 256
+
+
+def branch_output_rms(key: jax.Array, d: int, inputs: int) -> float:
+  """rms of the two-matrix ReLU branch output ``W_down relu(W_up x)`` (App B.5) over
+  ``inputs`` unit-rms inputs (the Pre-Norm branch input), W ~ N(0, 1/d), one draw."""
+  k_up, k_down, k_x = jax.random.split(key, 3)
+  w_up = jax.random.normal(k_up, (d, d)) / np.sqrt(d)
+  w_down = jax.random.normal(k_down, (d, d)) / np.sqrt(d)
+  x = jax.random.normal(k_x, (inputs, d))
+  x = x / jax.numpy.sqrt(jax.numpy.mean(x * x, axis=-1, keepdims=True))
+  out = jax.nn.relu(x @ w_up) @ w_down
+  return float(jax.numpy.sqrt(jax.numpy.mean(out * out)))
 
 
 def _cfg(s, p="none", b="none", r="none") -> MLPConfig:
@@ -39,8 +87,9 @@ def _cfg(s, p="none", b="none", r="none") -> MLPConfig:
 
 
 def _curve(cfg, s, alpha=1.0, beta=1.0) -> np.ndarray:
+  """(seeds, L) erank/d, mean over inputs."""
   return common.jacobian_samples(cfg, KEY, alpha, beta, num_seeds=s["seeds"])["erank"].mean(
-      axis=(0, 1))
+      axis=1)
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
@@ -56,49 +105,61 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   split = {}
   for a in s["alphas"]:
     er = {op: _curve(_cfg(s, p="rms", r=op), s, alpha=a) for op in ("none", "detached_rms", "rms")}
-    split[a] = {"rescaling": (er["none"] - er["detached_rms"])[at],
-                "projection": (er["detached_rms"] - er["rms"])[at]}
-  gaps = []
+    split[a] = {"rescaling": (er["none"] - er["detached_rms"])[:, at],
+                "projection": (er["detached_rms"] - er["rms"])[:, at]}
+  gaps = []   # each (seeds,)
   for p_op in ("rms", "none"):
     for a in s["alphas"]:
       # beta = 1: one network gives every depth; beta = 1/sqrt(L): one run per depth.
       er = {op: _curve(_cfg(s, p=p_op, r=op), s, alpha=a) for op in ("detached_rms", "rms")}
-      gaps.extend(np.abs(er["detached_rms"] - er["rms"])[[l - 1 for l in s["gap_depths"]]])
+      gaps.extend(np.abs(er["detached_rms"] - er["rms"])[:, [l - 1 for l in s["gap_depths"]]].T)
       for depth in s["gap_depths"]:
-        er = {op: _curve(_cfg(s, p=p_op, r=op), s, alpha=a, beta=1 / math.sqrt(depth))[depth - 1]
+        er = {op: _curve(_cfg(s, p=p_op, r=op), s, alpha=a, beta=1 / math.sqrt(depth))[:, depth - 1]
               for op in ("detached_rms", "rms")}
-        gaps.append(abs(er["detached_rms"] - er["rms"]))
-  max_proj = max(float(np.max(np.abs(v["projection"]))) for v in split.values())
+        gaps.append(np.abs(er["detached_rms"] - er["rms"]))
+  gap = np.max(np.stack(gaps), axis=0)
+  proj = np.max(np.stack([np.abs(v["projection"]).max(axis=1) for v in split.values()]), axis=0)
+  share = np.min(np.stack([v["rescaling"][:, -1] / (v["rescaling"][:, -1] + v["projection"][:, -1])
+                           for v in split.values()]), axis=0)
 
-  fmt_at = lambda c: ", ".join(f"{c[i]:.3f}" for i in at)
+  last = lambda c: c[:, -1]
+  rate = lambda c: c[:, -1] / c[:, at[0]]
+  seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(4), num_seeds)
+  j = lambda item, v, **kw: CLAIMS[item].judge(np.asarray(v).tolist(), seeds=seeds, **kw)
+  d = s["width"]
+  f10 = np.stack([last(fig10[o]) for o in ("none", "mean", "rms", "detached_rms")])
   summary = [
-      common.row(f"Fig 4a: erank/d at L={s['report_depths']} pre", "floor", fmt_at(panel_a["pre"])),
-      common.row("Fig 4a: output-norm", "floor, marginally below pre (App B.5)",
-                 fmt_at(panel_a["output"])),
-      common.row("Fig 4a: post-norm", "collapses at the rate of no norm", fmt_at(panel_a["post"])),
-      common.row("Fig 4a: no norm", "collapses", fmt_at(panel_a["none"])),
-      common.row("Fig 4b (Pre-RMSNorm): post detached rescale", "collapses like RMSNorm",
-                 fmt_at(panel_b["detached_rms"])),
-      common.row("Fig 4b (Pre-RMSNorm): post mean subtraction", "keeps a floor",
-                 fmt_at(panel_b["mean"])),
-      common.row("Fig 4b (Pre-RMSNorm): post LayerNorm / RMSNorm", "collapse",
-                 f"{fmt_at(panel_b['layer'])} / {fmt_at(panel_b['rms'])}"),
-      common.row("Fig 4c: max |projection part| over alpha in {0.5,1,2} and depths",
-                 "<= 0.004 of full rank (d=256: ~1 direction)",
-                 f"{max_proj:.4f} (= {max_proj * s['width']:.2f} directions at d={s['width']})"),
-      common.row("Fig 4c: rescaling part at L_max, alpha = " + ", ".join(map(str, s["alphas"])),
-                 "accounts for essentially all",
-                 ", ".join(f"{split[a]['rescaling'][-1]:.3f}" for a in s["alphas"])),
-      common.row("App B.2: max |erank(detached) - erank(rms)|/d over L, beta, alpha, +-Pre-RMSNorm",
-                 "<= 0.004 (largest 0.0039 = 1.0 directions at d=256)",
-                 f"{max(gaps):.4f} (= {max(gaps) * s['width']:.2f} directions)"),
-      common.row("Fig 10a (no Pre-RMSNorm): post none / mean / rms / detached at L_max",
-                 "all four collapse, indistinguishable",
-                 " / ".join(f"{fig10[o][-1]:.3f}" for o in ("none", "mean", "rms", "detached_rms"))),
-      common.row("Fig 10b: post RMSNorm / LayerNorm with vs without Pre-RMSNorm at L_max",
-                 "coincide", f"{panel_b['rms'][-1]:.3f} vs {fig10['rms'][-1]:.3f}; "
-                 f"{panel_b['layer'][-1]:.3f} vs {fig10['layer'][-1]:.3f}"),
+      j("Fig 4a: pre keeps a floor, post collapses", last(panel_a["pre"]) - last(panel_a["post"])),
+      j("Fig 4a: output norm marginally below pre", last(panel_a["pre"]) - last(panel_a["output"])),
+      j("Fig 4a: post collapses at the rate of no norm", rate(panel_a["post"]) / rate(panel_a["none"])),
+      j("Fig 4b: mean subtraction keeps a floor", last(panel_b["mean"]) - last(panel_b["rms"])),
+      j("Fig 4b: LayerNorm collapses", last(panel_b["mean"]) - last(panel_b["layer"])),
+      j("Fig 4c: projection part <= 0.004", proj,
+        note=f"{proj.mean() * d:.2f} directions at d={d}"),
+      j("Fig 4c: rescaling part is essentially all", share),
+      j("App B.2: detached rescale matches RMSNorm", gap,
+        note=f"{gap.mean() * d:.2f} directions at d={d}"),
+      j("Fig 10a: without Pre-RMSNorm the four ops coincide", f10.max(axis=0) - f10.min(axis=0)),
+      j("Fig 10b: post RMSNorm with vs without Pre-RMSNorm",
+        np.abs(last(panel_b["rms"]) - last(fig10["rms"]))),
+      j("Fig 10b: post LayerNorm with vs without Pre-RMSNorm",
+        np.abs(last(panel_b["layer"]) - last(fig10["layer"]))),
   ]
+  b5 = [branch_output_rms(k, d, BRANCH_RMS_INPUTS)
+        for k in jax.random.split(jax.random.fold_in(KEY, 5), BRANCH_RMS_SEEDS)]
+  summary.append(CLAIMS["App B.5: Pre-Norm branch output rms"].judge(
+      b5, seeds=list(range(BRANCH_RMS_SEEDS)),
+      note=f"d={d}, {BRANCH_RMS_INPUTS} inputs per draw; split(fold_in(PRNGKey(4), 5), 10)"))
+  per_seed = {"branch_output_rms": b5, "panel_a_last": {k: last(v) for k, v in panel_a.items()},
+              "panel_b_last": {k: last(v) for k, v in panel_b.items()},
+              "fig10_last": {k: last(v) for k, v in fig10.items()},
+              "projection_max": proj, "detached_gap_max": gap, "rescaling_share": share}
+  panel_a = {k: v.mean(axis=0) for k, v in panel_a.items()}   # the figure's seed means
+  panel_b = {k: v.mean(axis=0) for k, v in panel_b.items()}
+  fig10 = {k: v.mean(axis=0) for k, v in fig10.items()}
+  split = {a: {k: x.mean(axis=0) for k, x in v.items()} for a, v in split.items()}
+  max_gap = float(gap.max())
+
   fig, axes = common.plt.subplots(1, 4, figsize=(17, 3.8))
   ls = np.arange(1, s["depth"] + 1)
   for k, v in panel_a.items():
@@ -119,7 +180,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   axes[0].set_ylabel("erank(dh_l/dh_0) / d")
   result = {"settings": s, "panel_a": panel_a, "panel_b": panel_b, "fig10": fig10,
             "split": {str(a): v for a, v in split.items()},
-            "max_detached_gap": max(gaps), "summary": summary}
+            "max_detached_gap": max_gap, "per_seed": per_seed, "summary": summary}
   return common.write(out_dir, NAME, result, fig)
 
 

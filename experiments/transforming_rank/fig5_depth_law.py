@@ -10,8 +10,12 @@ Pre-Norm and Post-Norm (App B.3):
 (d) erank against beta*alpha^M*sqrt(L): one curve per placement.
 Fig 11: rms(h_l)^2 = 1 + kappa (beta*alpha^M)^2 l, kappa ~ 0.51; rms(h_L) at L=384:
 14.5 (pre), 19.7 (output norm), 1.00 (post).
-Depths come from one network of the largest depth (its first L blocks are a depth-L
-network); alpha is a traced argument, so each (placement, width) compiles once.
+Each depth is its own network with its own draws (``independent_depths``; issue 25:
+not the prefixes of one network, which ``independent_depths=False`` still gives), 10
+seeds (Sec 4 measures a single sample; the seeds give Table 4's per-seed spread); alpha
+is a traced argument, so each (placement, width, depth) compiles once. Fig 5a/b read
+the deepest network. A depth whose rank never crosses r* from above on the alpha grid
+has no contour point: it is left out of that fit and named in the row's note.
 
   python -m experiments.transforming_rank.fig5_depth_law --scale quick --out runs/tr
 """
@@ -32,14 +36,53 @@ from rankjax.models import blocks as blocks_lib
 NAME = "fig5_depth_law"
 # alpha grids: 2^(i/4) (so 0.5, 1 and 2 are on them).
 SCALES = {
-    "quick": dict(width=64, seeds=2, depths=(48, 96, 192, 384), expansions=(1.0, 4.0),
+    "quick": dict(width=64, seeds=10, independent_depths=True, depths=(48, 96, 192, 384),
+                  expansions=(1.0, 4.0),
                   alphas=tuple(2.0 ** (np.arange(-14, 5) / 4)), levels=(0.4, 0.5, 0.6),
                   stream_seeds=8, stream_inputs=32),
-    "paper": dict(width=256, seeds=3, depths=(48, 96, 192, 384), expansions=(1.0, 4.0),
+    "paper": dict(width=256, seeds=10, independent_depths=True, depths=(48, 96, 192, 384),
+                  expansions=(1.0, 4.0),
                   alphas=tuple(2.0 ** (np.arange(-18, 9) / 4)), levels=(0.4, 0.5, 0.6),
                   stream_seeds=8, stream_inputs=64),
 }
 KEY = jax.random.PRNGKey(5)
+PAPER_T4 = {("pre", 1.0): (-0.46, -0.50, -0.52), ("pre", 4.0): (-0.57, -0.47, -0.48),
+            ("post", 1.0): (-0.51, -0.50, -0.49), ("post", 4.0): (-0.52, -0.50, -0.50)}
+LEVELS = (0.4, 0.5, 0.6)
+EQ22_PRE_RATIO_384 = 1 / math.sqrt(1 + 0.5 * (384 - 1))   # Eq. 22: r~_l = 1/sqrt(1 + p (l-1))
+_T4 = "Table 4: iso-rank exponent"
+CLAIMS = common.evidence.claims([
+    *(common.claim(f"{_T4}, {pos} {e:g}x, r*={lvl}", "slope s of log(beta*alpha^M) vs log L "
+                   "along erank/d = r*, fit per seed", v, "App B.3")
+      for (pos, e), vals in PAPER_T4.items() for lvl, v in zip(LEVELS, vals)),
+    common.claim("Fig 5b: accumulated branch / skip at L=384, post", "||sum_l G_l||_F/sqrt(d), "
+                 "alpha=1, 1x", 14.0, "Fig 5b: 14x"),
+    common.claim("Fig 5b: accumulated branch / skip at L=384, pre", "||sum_l G_l||_F/sqrt(d), "
+                 "alpha=1, 1x", 2.4, "Fig 5b: 2.4x"),
+    common.claim("Fig 5b: post grows as sqrt(L)", "log-log slope of the accumulated branch "
+                 "over l in [48, 384]", 0.5),
+    common.bound("Fig 5b: pre flattens", "log-log slope of the accumulated branch over l in "
+                 "[48, 384]", "<", 0.5, "Fig 5b: Pre-Norm's accumulated branch flattens",
+                 every_seed=True),
+    *(common.claim(f"Fig 5b: accumulated / uncorrelated at L=384, {pos}", "||sum G_l|| / "
+                   "sqrt(sum ||G_l||^2) at alpha=1", 1.0, "App B.3 / Fig 12: branches "
+                   "uncorrelated at initialization") for pos in ("post", "pre")),
+    common.claim("Fig 5a: nominal ratio r~ at l=1, pre", "r_1/sqrt(p), alpha=1", 1.0,
+                 "Fig 5a: ~1"),
+    common.claim("Fig 5a: nominal ratio r~ at l=384, pre", "r_384/sqrt(p), alpha=1",
+                 round(EQ22_PRE_RATIO_384, 3), "Eq. 22: decays as 1/sqrt(1 + p(l-1))"),
+    common.claim("Fig 5a: nominal ratio r~ at l=384, post", "r_384/sqrt(p), alpha=1", 1.0,
+                 "Fig 5a: constant beta*alpha^M = 1"),
+    *(common.claim(f"Fig 11: kappa, alpha={a:g}", "slope of rms(h_l)^2 - rms(h_0)^2 against "
+                   "(beta alpha^M)^2 l, pre 1x, per seed", 0.51, "Fig 11: 0.51 (theory 0.5)")
+      for a in (0.5, 1.0, 2.0)),
+    *(common.claim(f"App B.3: rms(h_384), {pos}", "rms(h_L) at L=384, alpha=beta=1, 1x", v,
+                   "App B.3") for pos, v in (("pre", 14.5), ("output", 19.7), ("post", 1.00))),
+    *(common.claim(f"Fig 5d: one curve of beta*alpha^M*sqrt(L), {pos}", "max spread of "
+                   "erank/d across depths at equal beta*alpha^M*sqrt(L), seed mean", 0.0,
+                   "Fig 5d: the depths fall onto one curve per placement")
+      for pos in ("pre", "post")),
+])
 
 
 def iso_rank_exponent(alphas: np.ndarray, erank_AxL: np.ndarray, depths: np.ndarray,
@@ -118,7 +161,8 @@ def _sd(values) -> float:
 
 
 def stream_mean_square(cfg: MLPConfig, alpha: float, seeds: int, inputs: int) -> np.ndarray:
-  """``E[rms(h_l)^2]``, l = 0..L, over seeds and Gaussian inputs (forward pass only)."""
+  """``E[rms(h_l)^2]``, l = 0..L, per seed (rows) over Gaussian inputs (forward pass
+  only): (seeds, L+1)."""
 
   @jax.jit
   def one(key):
@@ -126,7 +170,7 @@ def stream_mean_square(cfg: MLPConfig, alpha: float, seeds: int, inputs: int) ->
     _, hs = blocks_lib.stack_forward(blocks, x, cfg)
     return jnp.concatenate([jnp.mean(x * x)[None], jnp.mean(hs * hs, axis=(1, 2))])
 
-  return np.mean([np.asarray(one(k)) for k in jax.random.split(KEY, seeds)], axis=0)
+  return np.stack([np.asarray(one(k)) for k in jax.random.split(KEY, seeds)])
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
@@ -138,18 +182,30 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   results = {}
   for e in s["expansions"]:
     for pos in ("pre", "post"):
-      cfg = MLPConfig(depth=L, width=s["width"], expansion=e, norm_position=pos)
-      runs = [common.jacobian_samples(cfg, KEY, a, 1.0, num_seeds=s["seeds"]) for a in alphas]
-      er = np.array([r["erank"].mean(axis=(0, 1))[depths - 1] for r in runs])   # (A, depths)
+      if s["independent_depths"]:   # one network per depth (issue 25), its own draws
+        er_seed = np.zeros((len(alphas), s["seeds"], len(depths)))
+        for j, depth in enumerate(depths):
+          cfg = MLPConfig(depth=int(depth), width=s["width"], expansion=e, norm_position=pos)
+          runs = [common.jacobian_samples(cfg, jax.random.fold_in(KEY, int(depth)), a, 1.0,
+                                          num_seeds=s["seeds"]) for a in alphas]
+          er_seed[:, :, j] = [r["erank"].mean(axis=1)[:, -1] for r in runs]
+      else:   # prefixes of one network of the largest depth
+        cfg = MLPConfig(depth=L, width=s["width"], expansion=e, norm_position=pos)
+        runs = [common.jacobian_samples(cfg, KEY, a, 1.0, num_seeds=s["seeds"]) for a in alphas]
+        er_seed = np.array([r["erank"].mean(axis=1)[:, depths - 1] for r in runs])  # (A, S, D)
+      er = er_seed.mean(axis=1)   # (A, depths): the seed-mean rank surface
       exps = {lvl: iso_rank_exponent(alphas, er, depths, lvl) for lvl in s["levels"]}
       # the same fit on each seed's own rank surface: the exponents' spread over seeds
-      er_seed = np.array([r["erank"].mean(axis=1)[:, depths - 1] for r in runs])  # (A, S, D)
-      per_seed = {lvl: [iso_rank_exponent(alphas, er_seed[:, i], depths, lvl)[0]
-                        for i in range(er_seed.shape[1])] for lvl in s["levels"]}
+      fits = {lvl: [iso_rank_exponent(alphas, er_seed[:, i], depths, lvl)
+                    for i in range(er_seed.shape[1])] for lvl in s["levels"]}
+      per_seed = {lvl: [f[0] for f in v] for lvl, v in fits.items()}
+      no_crossing = {lvl: [[int(d) for d, c in zip(depths, f[1]) if not np.isfinite(c)]
+                           for f in v] for lvl, v in fits.items()}
+      # Fig 5a/b from the deepest network (the last one run: depths ascend)
       pick = {a: runs[int(np.argmin(np.abs(alphas - a)))] for a in (0.5, 1.0, 2.0)}
       results[(pos, e)] = {
           "erank": er, "exponents": {lvl: v[0] for lvl, v in exps.items()},
-          "exponents_per_seed": per_seed,
+          "exponents_per_seed": per_seed, "no_crossing_depths_per_seed": no_crossing,
           "exponent_sd": {lvl: _sd(v) for lvl, v in per_seed.items()},
           "contours": {lvl: v[1] for lvl, v in exps.items()},
           "stream_rms": {a: r["stream_rms"].mean(axis=(0, 1)) for a, r in pick.items()},
@@ -157,6 +213,9 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                             for a, r in pick.items()},
           "accumulated": pick[1.0]["accumulated_branch"].mean(axis=(0, 1)),
           "accumulated_uncorrelated": pick[1.0]["accumulated_uncorrelated"].mean(axis=(0, 1)),
+          "accumulated_per_seed": pick[1.0]["accumulated_branch"].mean(axis=1),
+          "uncorrelated_per_seed": pick[1.0]["accumulated_uncorrelated"].mean(axis=1),
+          "nominal_ratio_per_seed": pick[1.0]["branch_to_skip"].mean(axis=1) / math.sqrt(p),
           "alpha_picked": {a: float(alphas[int(np.argmin(np.abs(alphas - a)))]) for a in pick},
       }
 
@@ -168,13 +227,15 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     cfg = MLPConfig(depth=L, width=s["width"], expansion=s["expansions"][0], norm_position=pos)
     for a in ((0.5, 1.0, 2.0) if pos == "pre" else (1.0,)):
       ms[(pos, a)] = stream_mean_square(cfg, a, s["stream_seeds"], s["stream_inputs"])
-  kappas = {}
+  kappas, kappa_seed = {}, {}
+  ls = np.arange(L + 1)
   for a in (0.5, 1.0, 2.0):
-    ls = np.arange(L + 1)
-    y = ms[("pre", a)] - ms[("pre", a)][0]
-    kappas[a] = float(np.sum(ls * y) / np.sum(ls * ls) / a ** 4)
+    y = ms[("pre", a)] - ms[("pre", a)][:, :1]
+    kappa_seed[a] = (y @ ls) / np.sum(ls * ls) / a ** 4
+    kappas[a] = float(kappa_seed[a].mean())
   kappa = float(np.mean(list(kappas.values())))
-  out_rms = np.sqrt(ms[("output", 1.0)])
+  rms_L = {pos: np.sqrt(ms[(pos, 1.0)][:, -1]) for pos in ("pre", "output", "post")}
+  ms = {k: v.mean(axis=0) for k, v in ms.items()}   # the figure's seed means
 
   # Fig 5d collapse: interpolate each depth's rank onto a common x = alpha^2 sqrt(L) grid.
   collapse = {}
@@ -189,46 +250,51 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     collapse[pos] = float(np.nanmax(np.nanmax(curves, 0) - np.nanmin(curves, 0)))
 
   r1 = lambda pos: results[(pos, s["expansions"][0])]
+  seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(5), num_seeds)
+  stream_seeds = list(range(s["stream_seeds"]))   # split(PRNGKey(5), stream_seeds)
+  note = "" if L == 384 else f"at L={L}"
+
+  def j(item, v, sd=seeds, extra=""):
+    if item not in CLAIMS:
+      return None
+    return CLAIMS[item].judge(np.asarray(v, float).tolist(), seeds=sd,
+                              note="; ".join(x for x in (note, extra) if x))
+
   summary = []
-  paper_t4 = {("pre", 1.0): "-0.46 / -0.50 / -0.52", ("pre", 4.0): "-0.57 / -0.47 / -0.48",
-              ("post", 1.0): "-0.51 / -0.50 / -0.49", ("post", 4.0): "-0.52 / -0.50 / -0.50"}
   for (pos, e), res in results.items():
-    summary.append(common.row(
-        f"Table 4: iso-rank exponent s, {pos}-norm {e:g}x, r*=0.4/0.5/0.6 (fit on the "
-        "seed-mean rank)",
-        paper_t4.get((pos, e), "~ -0.5"),
-        " / ".join(common.fmt(res["exponents"][l], 2) for l in s["levels"]),
-        seeds=s["seeds"],
-        spread="sd over per-seed fits " + " / ".join(common.fmt(res["exponent_sd"][l], 2)
-                                                   for l in s["levels"])))
+    for lvl in s["levels"]:
+      per = np.asarray(res["exponents_per_seed"][lvl], float)
+      ok = np.isfinite(per)
+      if not ok.any():   # no crossing at any seed: no number to judge
+        continue
+      missed = [d for v in res["no_crossing_depths_per_seed"][lvl] for d in v]
+      gaps = ", ".join(f"L={d}: {missed.count(d)} seed(s)" for d in sorted(set(missed)))
+      summary.append(j(f"{_T4}, {pos} {e:g}x, r*={lvl}", per[ok],
+                       [sd for sd, k in zip(seeds, ok) if k],
+                       f"fit on the seed-mean rank {res['exponents'][lvl]:.3f}; "
+                       f"{int((~ok).sum())} seed(s) without a fit; depths without a "
+                       f"crossing (left out of that seed's fit): {gaps or 'none'}"))
+  post, pre = r1("post"), r1("pre")
   summary += [
-      common.row(f"Fig 5b: accumulated branch / skip at L={L}, alpha=1 (post / pre)",
-                 "14x / 2.4x",
-                 f"{r1('post')['accumulated'][-1]:.1f}x / {r1('pre')['accumulated'][-1]:.1f}x"),
-      common.row(f"Fig 5b: log-log slope of the accumulated branch / skip over l in "
-                 f"[{SLOPE_FROM}, {L}], alpha=1: post", "0.5 (grows as sqrt(L))",
-                 f"{_loglog_slope(r1('post')['accumulated'], SLOPE_FROM):.3f}"),
-      common.row(f"Fig 5b: the same slope, pre", "flattens (below 0.5)",
-                 f"{_loglog_slope(r1('pre')['accumulated'], SLOPE_FROM):.3f}"),
-      common.row("Fig 5b: accumulated / uncorrelated prediction at L (post / pre)", "1.00 (Fig 12 init)",
-                 f"{r1('post')['accumulated'][-1] / r1('post')['accumulated_uncorrelated'][-1]:.2f}"
-                 f" / {r1('pre')['accumulated'][-1] / r1('pre')['accumulated_uncorrelated'][-1]:.2f}"),
-      common.row(f"Fig 5a: nominal ratio r~ at l=1 and l={L}, alpha=1 (pre)",
-                 f"~1, decays as 1/sqrt(l) (Eq. 22: {1 / math.sqrt(1 + 0.5 * (L - 1)):.3f})",
-                 f"{r1('pre')['nominal_ratio'][1.0][0]:.3f}, {r1('pre')['nominal_ratio'][1.0][-1]:.3f}"),
-      common.row("Fig 5a: nominal ratio r~ at l=L, alpha=1 (post)", "constant beta*alpha^M = 1",
-                 f"{r1('post')['nominal_ratio'][1.0][-1]:.3f}"),
-      common.row("Fig 11: kappa (slope of rms^2 - 1 vs (beta alpha^M)^2 l, pre, 1x), alpha=0.5/1/2",
-                 "0.51 at every alpha (theory 0.5)",
-                 " / ".join(f"{kappas[a]:.3f}" for a in (0.5, 1.0, 2.0))),
-      common.row(f"App B.3: rms(h_L) at L={L}, alpha=beta=1: pre / output / post",
-                 f"14.5 / 19.7 / 1.00 (Eq. 22 pre: {math.sqrt(1 + 0.5 * L):.1f})",
-                 f"{math.sqrt(ms[('pre', 1.0)][-1]):.1f} / {out_rms[-1]:.1f} / "
-                 f"{math.sqrt(ms[('post', 1.0)][-1]):.2f}"),
-      common.row("Fig 5d: max spread of erank/d across depths at equal beta*alpha^M*sqrt(L) (pre / post)",
-                 "curves fall onto one per placement",
-                 f"{collapse['pre']:.3f} / {collapse['post']:.3f}"),
+      j("Fig 5b: accumulated branch / skip at L=384, post", post["accumulated_per_seed"][:, -1]),
+      j("Fig 5b: accumulated branch / skip at L=384, pre", pre["accumulated_per_seed"][:, -1]),
+      j("Fig 5b: post grows as sqrt(L)", [_loglog_slope(a, SLOPE_FROM)
+                                         for a in post["accumulated_per_seed"]]),
+      j("Fig 5b: pre flattens", [_loglog_slope(a, SLOPE_FROM) for a in pre["accumulated_per_seed"]]),
+      j("Fig 5b: accumulated / uncorrelated at L=384, post",
+        post["accumulated_per_seed"][:, -1] / post["uncorrelated_per_seed"][:, -1]),
+      j("Fig 5b: accumulated / uncorrelated at L=384, pre",
+        pre["accumulated_per_seed"][:, -1] / pre["uncorrelated_per_seed"][:, -1]),
+      j("Fig 5a: nominal ratio r~ at l=1, pre", pre["nominal_ratio_per_seed"][:, 0]),
+      j("Fig 5a: nominal ratio r~ at l=384, pre", pre["nominal_ratio_per_seed"][:, -1]),
+      j("Fig 5a: nominal ratio r~ at l=384, post", post["nominal_ratio_per_seed"][:, -1]),
+      *(j(f"Fig 11: kappa, alpha={a:g}", kappa_seed[a], stream_seeds) for a in (0.5, 1.0, 2.0)),
+      *(j(f"App B.3: rms(h_384), {pos}", rms_L[pos], stream_seeds)
+        for pos in ("pre", "output", "post")),
+      *(j(f"Fig 5d: one curve of beta*alpha^M*sqrt(L), {pos}", collapse[pos], None)
+        for pos in ("pre", "post")),
   ]
+  summary = [r for r in summary if r is not None]
 
   fig, axes = common.plt.subplots(1, 5, figsize=(21, 3.8))
   for pos, style in (("pre", "-"), ("post", "--")):

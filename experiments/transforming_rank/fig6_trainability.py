@@ -48,6 +48,8 @@ import numpy as np
 import optax
 
 from experiments.transforming_rank import common
+from experiments.transforming_rank.fig6_rows import (  # noqa: F401 (the study's claims)
+    CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, summary_rows)
 from rankjax.config import MLPConfig
 from rankjax.data import images
 from rankjax.measure import jacobians
@@ -56,7 +58,6 @@ from rankjax.models.mlp import ResidualMLP
 
 NAME = "fig6_trainability"
 PAPER_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)   # App B.4 / App C: six values
-STABLE_ACCURACY = 0.4                                # App B.4's "still trains"
 SCALES = {
     # Coarse grid over the paper's ranges: width 256 -> 16, batch 256 -> 32, 8192
     # training images, 200 steps (App B.4 does not state Fig 6's steps; App C: 5000).
@@ -66,12 +67,14 @@ SCALES = {
     "quick": dict(width=16, batch=32, steps=200, train_examples=8192, test_examples=2000,
                   alphas=(0.5, 1.0, 2.0, 4.0), depths=(12, 48, 192, 384),
                   placements=("pre", "post", "output"), lrs=PAPER_LRS, seeds=1,
-                  rank_width=64, fig16_depths=(12, 48, 96, 1000), fig16_steps=200,
+                  spread_cells=(("post", 48), ("pre", 192)),
+                  rank_width=256, fig16_depths=(12, 48, 96, 1000), fig16_steps=200,
                   fig16_large_lr_max_depth=384, magnitude_depth=200, magnitude_inputs=256,
                   norm_eps=1e-6, dataset=None, data_dir=None),
     "paper": dict(width=256, batch=256, steps=5000, train_examples=0, test_examples=0,
                   alphas=(0.5, 1.0, 2.0, 4.0), depths=(12, 24, 48, 96, 192, 384),
                   placements=("pre", "post", "output"), lrs=PAPER_LRS, seeds=1,
+                  spread_cells=(("post", 48), ("pre", 192)),
                   rank_width=256, fig16_depths=(10, 20, 50, 100, 200, 500, 1000),
                   fig16_steps=5000, fig16_large_lr_max_depth=200, magnitude_depth=1000,
                   magnitude_inputs=256, norm_eps=1e-6, dataset="cifar10", data_dir=None),
@@ -296,21 +299,6 @@ def init_magnitude(cfg: MLPConfig, key: jax.Array, num_inputs: int) -> np.ndarra
   return np.concatenate([[float(log_rms0)], np.asarray(accs)])
 
 
-def _lr_label(lr: float) -> str:
-  return "-" if lr is None or math.isnan(lr) else f"{math.log10(lr):.1f}"
-
-
-# Paper values (App B.4 Table 5, Fig 6, Fig 13, App C Fig 16).
-PAPER_TABLE5 = {  # log10 max stable eta at L = 12, 24, 48, 96, 192, 384
-    ("pre", None): (-2, -2, -2, -2, -2, -2),
-    ("post", 0.5): (-2, -2, -2.5, -3, -3.5, -4.5),
-    ("post", 1.0): (-2.5, -3, -3.5, -4, None, None),
-    ("post", 2.0): (-2.5, -3.5, -4, None, None, None),
-    ("post", 4.0): (-2, -3, -4, None, None, None),
-}
-PAPER_DEPTHS = (12, 24, 48, 96, 192, 384)
-
-
 def fig6_grid(s: dict, data: ImageArrays) -> dict:
   """Fig 6 / Fig 13 / Table 5: per placement, (A, L[, T, S]) arrays over the grid."""
   alphas, depths, lrs = list(s["alphas"]), list(s["depths"]), list(s["lrs"])
@@ -332,6 +320,21 @@ def fig6_grid(s: dict, data: ImageArrays) -> dict:
                                     for j in range(len(depths))] for i in range(len(alphas))]),
         "erank": init_rank(s["rank_width"], max(depths), pos, alphas, depths, KEY),
     }
+  # a second network (another init draw and batch order) on a few (placement, L) cells:
+  # the spread of one cell's best accuracy between two networks (issue 25)
+  spread = {}
+  for pos, depth in s["spread_cells"]:
+    if pos not in grid or depth not in depths:
+      continue
+    j = depths.index(depth)
+    cfg = MLPConfig(depth=depth, width=s["width"], expansion=1.0, norm_position=pos,
+                    norm_eps=s["norm_eps"], input_dim=data.x_train_NxD.shape[1],
+                    num_classes=data.num_classes)
+    cell = run_cell(cfg, data, alphas, lrs, 1, s["steps"], s["batch"], seed0=1000 + j)
+    second = cell["accuracy"][..., 0].max(axis=-1)   # (A,) best over the sweep
+    spread[f"{pos}/L={depth}"] = {"alphas": alphas, "first": grid[pos]["best_accuracy"][:, j],
+                                  "second": second}
+  grid["_spread"] = spread
   return grid
 
 
@@ -359,81 +362,6 @@ def fig16_depth(s: dict, data: ImageArrays) -> dict:
       out[(m, pos)] = {"best_accuracy": best, "accuracy_by_lr": per_lr, "log10_rms": mag,
                        "slope": float(np.polyfit(np.arange(len(mag)), mag, 1)[0])}
   return out
-
-
-def _join(values: Sequence[float], fmt: Callable[[float], str] = lambda v: f"{v:.2f}") -> str:
-  return " / ".join(fmt(v) for v in values)
-
-
-def summary_rows(s: dict, ds: str, grid: dict, fig16: dict) -> list[dict]:
-  alphas, depths = list(s["alphas"]), list(s["depths"])
-  at = "/".join(map(str, depths))
-  rows = []
-  for pos, claim in (("pre", "trains across the grid (CIFAR-10 ~0.55)"),
-                     ("output", "trains across the grid, ~0.55 (Fig 13)")):
-    if pos in grid:
-      b = grid[pos]["best_accuracy"]
-      rows.append(common.row(
-          f"Fig 6b/13: {pos}-norm best test accuracy over the lr sweep, min / max over the "
-          f"grid [{ds}]", claim, f"{b.min():.3f} / {b.max():.3f}"))
-  if "post" in grid:
-    paper = {0.5: ">= 0.50 at every depth", 1.0: "drops at L=192 (0.18), chance at L=384"}
-    for i, a in enumerate(alphas):
-      rows.append(common.row(
-          f"Fig 6d: post-norm best accuracy, alpha={a:g}, L={at} [{ds}]",
-          paper.get(a, "falls to chance at large alpha and depth"),
-          _join(grid["post"]["best_accuracy"][i])))
-  paper_rank = {"pre": "> 0.2 everywhere", "output": "above collapse, just below pre",
-                "post": "collapses (0.01-0.02) at large alpha and L"}
-  for pos in grid:
-    rows.append(common.row(
-        f"Fig 6a,c/13: {pos}-norm init erank(dh_L/dh_0)/d, min over the grid "
-        f"(d={s['rank_width']})", paper_rank.get(pos, ""),
-        f"{grid[pos]['erank'].min():.3f}"))
-
-  def paper_t5(pos: str, a: float | None) -> str:
-    vals = PAPER_TABLE5.get((pos, a))
-    if vals is None:
-      return "not reported"
-    picked = [vals[PAPER_DEPTHS.index(d)] if d in PAPER_DEPTHS else "?" for d in depths]
-    return _join(picked, lambda v: "-" if v is None else str(v))
-
-  for pos in grid:
-    msl = grid[pos]["max_stable_lr"]
-    if pos == "post":
-      for i, a in enumerate(alphas):
-        rows.append(common.row(
-            f"Table 5: post-norm log10 max stable lr, alpha={a:g}, L={at} [{ds}]",
-            paper_t5("post", a), _join(msl[i], _lr_label)))
-    else:
-      low = np.nanmin(np.where(np.isnan(msl), 0.0, msl), axis=0)   # worst over alpha
-      rows.append(common.row(
-          f"Table 5: {pos}-norm log10 max stable lr, worst over alpha, L={at} [{ds}]",
-          paper_t5("pre", None) if pos == "pre" else "not reported (Fig 13: trains)",
-          _join(low, lambda v: "-" if v == 0 else _lr_label(v))))
-  if fig16:
-    d16 = "/".join(map(str, s["fig16_depths"]))
-    both = lambda pos: (_join(fig16[(1, pos)]["best_accuracy"]) + " || "
-                        + _join(fig16[(2, pos)]["best_accuracy"]))
-    rows += [
-        common.row(f"Fig 16a: no norm, best accuracy, M=1 || M=2, L={d16} [{ds}]",
-                   "M=1 fails by L~50, M=2 by L~100", both("none")),
-        common.row("Fig 16b: init log10 rms(h_l) slope, no norm, M=1 / M=2 (decades/layer)",
-                   "0.17 / 0.087",
-                   f"{fig16[(1, 'none')]['slope']:.3f} / {fig16[(2, 'none')]['slope']:.3f}"),
-        common.row(f"Fig 16b/c: Pre-RMSNorm init log10 rms(h_L) at L={s['magnitude_depth']}, "
-                   "M=1 / M=2", "controlled (Fig 7: rank ~2 for M=1)",
-                   f"{fig16[(1, 'pre')]['log10_rms'][-1]:.2f} / "
-                   f"{fig16[(2, 'pre')]['log10_rms'][-1]:.2f}"),
-        common.row(f"Fig 16c: Pre-RMSNorm, best accuracy, M=1 || M=2, L={d16} [{ds}]",
-                   "within a point of each other at every depth up to 1000", both("pre")),
-    ]
-  if ds != "cifar10":   # trained on a fallback set: the paper's CIFAR-10 numbers do not apply
-    for r in rows:
-      if f"[{ds}]" in r["item"]:
-        r["status"] = "qualitative"
-        r["note"] = (r["note"] + "; " if r["note"] else "") + f"trained on {ds}, not CIFAR-10"
-  return rows
 
 
 def figure(s: dict, ds: str, chance: float, grid: dict, fig16: dict):
@@ -493,6 +421,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                      s["test_examples"]).on_device()
   chance = 1.0 / data.num_classes
   grid = fig6_grid(s, data)
+  spread = grid.pop("_spread")
   fig16 = fig16_depth(s, data) if s["fig16_depths"] else {}
   ds = data.name
   result = {
@@ -500,7 +429,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       "train_examples": len(data.y_train_N), "test_examples": len(data.y_test_M),
       "grid": grid, "fig16": {f"M={m}/{pos}": v for (m, pos), v in fig16.items()},
       "wall_seconds": time.time() - wall0, "cpu_seconds": time.process_time() - cpu0,
-      "summary": summary_rows(s, ds, grid, fig16),
+      "second_network": spread,
+      "summary": summary_rows(s, ds, grid, fig16, spread),
   }
   return common.write(out_dir, NAME, result, figure(s, ds, chance, grid, fig16))
 

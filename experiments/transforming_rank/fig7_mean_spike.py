@@ -29,7 +29,7 @@ NAME = "fig7_mean_spike"
 # (b) n = 32768, the alignment panel (a) and Fig 14 n = 4096, the rank and spectrum
 # panels (c, d) n = 512. Quick scale uses one n = 1024 for all.
 SCALES = {
-    "quick": dict(depth=512, width=64, seeds=2, inputs_mean=1024, inputs_align=1024,
+    "quick": dict(depth=512, width=64, seeds=3, inputs_mean=1024, inputs_align=1024,
                   inputs_rank=1024, layer_every=8, fit_from=50),
     "paper": dict(depth=512, width=256, seeds=3, inputs_mean=32768, inputs_align=4096,
                   inputs_rank=512, layer_every=8, fit_from=50),
@@ -47,6 +47,36 @@ CONFIGS = {
 # activation.
 FIG14_PANELS = ("M=1 relu", "M=2 relu", "M=1 tanh")
 NEAR, FAR = 64, 256   # layer separations compared for Fig 14's "no decay with separation"
+CLAIMS = common.evidence.claims([
+    *(common.claim(f"Fig 7a: consecutive cos, {n}", "mean cos(m_l, m_l+1) over l >= 50", v,
+                   "Fig 7a: " + t)
+      for n, v, t in (("M=1 relu", 0.318, "1/pi"), ("M=2 relu", 0.0, "~0"),
+                      ("M=1 tanh", 0.0, "~0"))),
+    *(common.claim(f"Fig 14: pairwise cos, {n}", "off-diagonal mean of cos(m_l, m_l'), "
+                   "sampled every 8 layers", v, "Fig 14")
+      for n, v in (("M=1 relu", 0.320), ("M=2 relu", 0.002), ("M=1 tanh", -0.000))),
+    *(common.claim(f"Fig 14: no decay with separation, {n}", f"mean pairwise cos at "
+                   f"separation <= {NEAR} minus at >= {FAR}", 0.0,
+                   "Fig 14a/b: a uniform field in the separation")
+      for n in ("M=1 relu", "M=2 relu")),
+    common.claim("Sec 5: pairwise cos, M=1 gelu", "off-diagonal mean of cos(m_l, m_l')", 0.188,
+                 "Sec 5: c = 0.187"),
+    *(common.claim(f"App C: cos(m_l, 1), M=1 {a}", "mean cos(m_l, 1) over l >= 50", v,
+                   "App C: -> sqrt(c)") for a, v in (("relu", 0.565), ("gelu", 0.433))),
+    common.frac("App C: cos(mu_L, 1), M=1 relu", "cos(mean_n h_L, 1)", 1.0, "App C: -> 1"),
+    *(common.claim(f"Fig 7b: growth exponent, {n}", "slope of log ||mu_l|| vs log l over "
+                   "l in [50, 512]", v, "Fig 7b") for n, v in (("M=1 relu", 0.99),
+                                                             ("M=2 relu", 0.56))),
+    *(common.frac(f"Fig 7c: top-direction energy, {n}", "sigma_1^2 / sum sigma^2 of Z_512", v,
+                  "Fig 7c") for n, v in (("M=1 relu", 1.00), ("M=2 relu", 0.70),
+                                         ("M=1 tanh", 0.08))),
+    common.frac("Fig 7d: erank(Z_L)/d, M=1 relu", "erank(Z_512)/d", 0.010,
+                "Fig 7d collapses; the number is Table 6's at d=256, l=512"),
+    common.claim("Fig 7d: erank(Z_L)/d, M=2 relu", "erank(Z_512)/d", 0.5, "Fig 7d: ~0.5"),
+    common.bound("Fig 7d: tanh does not collapse", "erank(Z_512)/d(M=1 tanh) - "
+                 "erank(Z_512)/d(M=1 relu)", ">", 0.0, "Fig 7d: tanh stays finite",
+                 every_seed=True),
+])
 
 
 def separation_means(c_KxK: np.ndarray, layers, near: int = NEAR, far: int = FAR
@@ -98,8 +128,11 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
         by_n[n] = jax.tree.map(np.asarray, st)
       mean, align, rank = (by_n[s[PANEL_INPUTS[k]]] for k in ("mean", "align", "rank"))
       ls = np.arange(L + 1)
-      sampled = align.branch_cosine[np.ix_(np.array(layers) - 1, np.array(layers) - 1)]
+      idx = np.array(layers) - 1
+      sampled = align.branch_cosine[np.ix_(idx, idx)]
       deep = slice(s["fit_from"], None)
+      pm, pa, pr = mean.per_seed, align.per_seed, rank.per_seed
+      pair_seed = [np.asarray(c)[np.ix_(idx, idx)] for c in pa["branch_cosine"]]
       res[name] = {
           "consecutive_cos_deep": float(np.mean(align.consecutive_cosine[deep])),
           "pairwise_offdiag_mean": float(representations.off_diagonal_mean(sampled)),
@@ -113,37 +146,37 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
           "consecutive_cos": align.consecutive_cosine, "top16": rank.top_singular_values[-1][:16],
           "pairwise": sampled,
           "pairwise_near_far": separation_means(sampled, layers),
+          "per_seed": {
+              "consecutive_cos_deep": np.mean(pa["consecutive_cosine"][:, deep], axis=1),
+              "pairwise_offdiag_mean": [float(representations.off_diagonal_mean(c))
+                                        for c in pair_seed],
+              "near_minus_far": [np.subtract(*separation_means(c, layers)) for c in pair_seed],
+              "cos_ones_deep": np.mean(pa["cosine_ones"][:, deep], axis=1),
+              "stream_cos_ones_L": pa["stream_cosine_ones"][:, -1],
+              "growth_exponent": [representations.growth_exponent(m[1:], ls[1:],
+                                                                  s["fit_from"], L)
+                                  for m in pm["mean_spike"]],
+              "top_energy_L": pr["top_energy"][:, -1], "erank_L": pr["erank"][:, -1]},
       }
   c = {a: spectra.coherence_constant(a) for a in ("relu", "gelu")}
-  r = lambda n, k: res[n][k]
+  seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(7), ..., seeds)
+  note = "" if L == 512 else f"at L={L}"
+  ps = lambda n, k: np.asarray(res[n]["per_seed"][k], float).tolist()
+  j = lambda item, v: CLAIMS[item].judge(v, seeds=seeds, note=note)
   summary = [
-      common.row("Fig 7a: cos(m_l, m_l+1), deep layers: M=1 relu / M=2 relu / tanh",
-                 f"1/pi={c['relu']:.3f} / ~0 / ~0",
-                 " / ".join(common.fmt(r(n, "consecutive_cos_deep")) for n in
-                            ("M=1 relu", "M=2 relu", "M=1 tanh"))),
-      common.row("Fig 14: pairwise cos(m_l, m_l') off-diagonal mean: M=1 relu / M=2 relu / tanh",
-                 "0.320 / 0.002 / -0.000",
-                 " / ".join(common.fmt(r(n, "pairwise_offdiag_mean")) for n in
-                            ("M=1 relu", "M=2 relu", "M=1 tanh"))),
-      common.row(f"Fig 14a/b: pairwise cos at layer separation <= {NEAR} vs >= {FAR}: "
-                 "M=1 relu / M=2 relu", "uniform in separation (a: ~1/pi at every pair; "
-                 "b: ~0 at every pair)",
-                 " / ".join("{:.3f} vs {:.3f}".format(*r(n, "pairwise_near_far"))
-                            for n in ("M=1 relu", "M=2 relu")), status="qualitative"),
-      common.row("Sec 5: pairwise cos for M=1 gelu", f"0.188 (c={c['gelu']:.3f})",
-                 common.fmt(r("M=1 gelu", "pairwise_offdiag_mean"))),
-      common.row("App C: cos(m_l, 1) deep: M=1 relu / gelu", "0.565 / 0.433 (sqrt c: 0.564 / 0.432)",
-                 f"{r('M=1 relu', 'cos_ones_deep'):.3f} / {r('M=1 gelu', 'cos_ones_deep'):.3f}"),
-      common.row("App C: cos(mu_L, 1), M=1 relu", "-> 1", common.fmt(r("M=1 relu", "stream_cos_ones_L"))),
-      common.row(f"Fig 7b: growth exponent of ||mu_l||, l in [{s['fit_from']}, {L}]: M=1 / M=2 relu",
-                 "0.99 / 0.56",
-                 f"{r('M=1 relu', 'growth_exponent'):.2f} / {r('M=2 relu', 'growth_exponent'):.2f}"),
-      common.row("Fig 7c: top-direction energy of Z_L: M=1 relu / M=2 relu / tanh", "1.00 / 0.70 / 0.08",
-                 " / ".join(common.fmt(r(n, "top_energy_L"), 2) for n in
-                            ("M=1 relu", "M=2 relu", "M=1 tanh"))),
-      common.row("Fig 7d: erank(Z_L)/d: M=1 relu / M=2 relu / tanh",
-                 "collapses (0.010 at d=256, Table 6) / ~0.5 / finite",
-                 " / ".join(common.fmt(r(n, "erank_L")) for n in ("M=1 relu", "M=2 relu", "M=1 tanh"))),
+      *(j(f"Fig 7a: consecutive cos, {n}", ps(n, "consecutive_cos_deep")) for n in FIG14_PANELS),
+      *(j(f"Fig 14: pairwise cos, {n}", ps(n, "pairwise_offdiag_mean")) for n in FIG14_PANELS),
+      *(j(f"Fig 14: no decay with separation, {n}", ps(n, "near_minus_far"))
+        for n in ("M=1 relu", "M=2 relu")),
+      j("Sec 5: pairwise cos, M=1 gelu", ps("M=1 gelu", "pairwise_offdiag_mean")),
+      *(j(f"App C: cos(m_l, 1), M=1 {a}", ps(f"M=1 {a}", "cos_ones_deep")) for a in ("relu", "gelu")),
+      j("App C: cos(mu_L, 1), M=1 relu", ps("M=1 relu", "stream_cos_ones_L")),
+      *(j(f"Fig 7b: growth exponent, {n}", ps(n, "growth_exponent")) for n in ("M=1 relu", "M=2 relu")),
+      *(j(f"Fig 7c: top-direction energy, {n}", ps(n, "top_energy_L")) for n in FIG14_PANELS),
+      j("Fig 7d: erank(Z_L)/d, M=1 relu", ps("M=1 relu", "erank_L")),
+      j("Fig 7d: erank(Z_L)/d, M=2 relu", ps("M=2 relu", "erank_L")),
+      j("Fig 7d: tanh does not collapse",
+        (np.asarray(ps("M=1 tanh", "erank_L")) - ps("M=1 relu", "erank_L")).tolist()),
   ]
   fig, axes = common.plt.subplots(1, 4, figsize=(17, 3.8))
   ls = np.arange(L + 1)

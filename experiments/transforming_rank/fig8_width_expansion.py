@@ -29,6 +29,25 @@ SCALES = {
                   ratios=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0)),
 }
 
+CLAIMS = common.evidence.claims([
+    *(common.bound(f"Fig 8a: {a} above relu at m/d = 1", f"erank(J_f)/d({a}) - erank(J_f)/d(relu) "
+                   "at m/d = 1", ">", 0.0, "Fig 8a: gelu, silu above relu at small m/d")
+      for a in ("gelu", "silu")),
+    common.bound("Fig 8a: abs fastest at m/d = 1", "erank(J_f)/d(abs) - max over relu, gelu, "
+                 "silu at m/d = 1", ">", 0.0, "Fig 8a: abs rises fastest"),
+    common.bound("Fig 8a: rank rises with m/d", "smallest over activations of erank(J_f)/d at "
+                 "the largest m/d minus at the smallest", ">", 0.0, "Fig 8a"),
+    *(common.bound(f"Fig 8b: {a} on the Gaussian-product curve", "max over m/d of |erank - "
+                   "Gaussian product| at gamma = p m/d, in units of its standard error", "<",
+                   3.0, "Fig 8b: relu and abs lie on the curve (within 3 s.e.)")
+      for a in ("relu", "abs")),
+    *(common.bound(f"Fig 8b: {a} approaches the curve from above", "min over m/d of erank - "
+                   "Gaussian product at gamma = E[sigma'^2] m/d", ">", 0.0, "Fig 8b")
+      for a in ("gelu", "silu")),
+    common.frac("App D.8: Gaussian-product curve at gamma = 10", "erank(W_down W_up)/d, "
+                "10 d hidden units", 0.80, "App D.8: ~0.80"),
+])
+
 
 def _bucket(m: int) -> int:
   return 1 << (m - 1).bit_length()
@@ -56,12 +75,12 @@ def _branch_erank(key: jax.Array, act_index: jax.Array, m: jax.Array, seeds: int
     jf = w_down @ (dsig[:, None] * w_up)
     return spectra.effective_rank(jf) / d
 
-  return jnp.mean(jax.vmap(one)(jax.random.split(key, seeds)))
+  return jax.vmap(one)(jax.random.split(key, seeds))
 
 
-def branch_erank(key: jax.Array, activation: str, d: int, m: int, seeds: int) -> float:
-  """Mean erank(J_f)/d (Eq. 9) over ``seeds`` draws at hidden width m."""
-  return float(_branch_erank(key, jnp.int32(ACTS.index(activation)), jnp.int32(m), seeds,
+def branch_erank(key: jax.Array, activation: str, d: int, m: int, seeds: int) -> np.ndarray:
+  """erank(J_f)/d (Eq. 9) of each of ``seeds`` draws at hidden width m."""
+  return np.asarray(_branch_erank(key, jnp.int32(ACTS.index(activation)), jnp.int32(m), seeds,
                             _bucket(m), d))
 
 
@@ -75,35 +94,39 @@ def _product_erank(key: jax.Array, n: jax.Array, seeds: int, n_pad: int, d: int)
     w_down = jax.random.normal(k2, (d, n_pad))
     return spectra.effective_rank(w_down @ w_up) / d
 
-  return jnp.mean(jax.vmap(one)(jax.random.split(key, seeds)))
+  return jax.vmap(one)(jax.random.split(key, seeds))
 
 
-def product_erank(key: jax.Array, gamma: float, d: int, seeds: int) -> float:
+def product_erank(key: jax.Array, gamma: float, d: int, seeds: int) -> np.ndarray:
   """The Gaussian-product curve (App D.8, as ``spectra.gaussian_product_effective_rank``)
   with the hidden width padded to a power-of-two bucket to share compilations."""
   n = max(1, int(round(gamma * d)))
-  return float(_product_erank(key, jnp.int32(n), seeds, _bucket(n), d))
+  return np.asarray(_product_erank(key, jnp.int32(n), seeds, _bucket(n), d))
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s = common.settings(SCALES, scale, overrides)
   d = s["width"]
   key = jax.random.PRNGKey(11)
-  curves = {}
+  per, prod_per = {}, {}
   with common.single_blas_thread():
     for a in ACTS:
-      curves[a] = [branch_erank(jax.random.fold_in(key, i), a, d, max(1, int(round(r * d))),
-                                s["seeds"]) for i, r in enumerate(s["ratios"])]
+      per[a] = [branch_erank(jax.random.fold_in(key, i), a, d, max(1, int(round(r * d))),
+                             s["seeds"]) for i, r in enumerate(s["ratios"])]
     p = {a: spectra.survival_rate(a) for a in ACTS}
     gammas = sorted({round(p[a] * r, 4) for a in ("relu", "abs") for r in s["ratios"]
                      if p[a] * r <= 10} | {10.0})
-    product = {g: product_erank(jax.random.fold_in(key, 1000 + i), g, d, s["product_seeds"])
-               for i, g in enumerate(gammas)}
+    prod_per = {g: product_erank(jax.random.fold_in(key, 1000 + i), g, d, s["product_seeds"])
+                for i, g in enumerate(gammas)}
+  curves = {a: [float(v.mean()) for v in per[a]] for a in ACTS}
+  se = {a: [float(v.std(ddof=1) / np.sqrt(len(v))) for v in per[a]] for a in ACTS}
+  product = {g: float(v.mean()) for g, v in prod_per.items()}
+  product_se = {g: float(v.std(ddof=1) / np.sqrt(len(v))) for g, v in prod_per.items()}
 
-  def gap(a):   # |erank - Gaussian product| at the same gamma = p m/d
-    out = [abs(e - product[round(p[a] * r, 4)]) for r, e in zip(s["ratios"], curves[a])
-           if round(p[a] * r, 4) in product]
-    return max(out)
+  def gap_z(a):   # max |erank - Gaussian product| / its s.e. at the same gamma = p m/d
+    out = [abs(e - product[round(p[a] * r, 4)]) / np.hypot(sa, product_se[round(p[a] * r, 4)])
+           for r, e, sa in zip(s["ratios"], curves[a], se[a]) if round(p[a] * r, 4) in product]
+    return float(max(out))
 
   def above(a):   # smooth activations approach the curve from above: min(erank - GP)
     gs = np.array(sorted(product))
@@ -113,19 +136,23 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     return min(diffs), max(diffs)
 
   idx1 = s["ratios"].index(1.0)
+  seeds = list(range(s["seeds"]))   # vmap over split(fold_in(PRNGKey(11), i), seeds)
+  at1 = {a: per[a][idx1] for a in ACTS}
+  j = CLAIMS.__getitem__
   summary = [
-      common.row("Fig 8a: erank(J_f)/d at m/d = 1: relu / gelu / silu / abs",
-                 "gelu, silu above relu at small m/d; abs fastest",
-                 " / ".join(f"{curves[a][idx1]:.3f}" for a in ACTS)),
-      common.row("Fig 8a: erank(J_f)/d at the largest m/d: relu / gelu / silu / abs", "rises with m/d",
-                 " / ".join(f"{curves[a][-1]:.3f}" for a in ACTS)),
-      common.row("Fig 8b: max |erank - Gaussian product| at equal gamma: relu / abs", "on the curve",
-                 f"{gap('relu'):.3f} / {gap('abs'):.3f}"),
-      common.row("Fig 8b: gelu, silu minus the curve at equal gamma = E[sigma'^2] m/d (min..max)",
-                 "approach from above",
-                 ", ".join(f"{a}: {above(a)[0]:+.3f}..{above(a)[1]:+.3f}" for a in ("gelu", "silu"))),
-      common.row("App D.8: Gaussian-product curve at gamma = 10", "~0.80",
-                 common.fmt(product[max(product)], 3) + f" (gamma={max(product)})"),
+      *(j(f"Fig 8a: {a} above relu at m/d = 1").judge((at1[a] - at1["relu"]).tolist(), seeds=seeds)
+        for a in ("gelu", "silu")),
+      j("Fig 8a: abs fastest at m/d = 1").judge(
+          (at1["abs"] - np.max([at1[a] for a in ("relu", "gelu", "silu")], axis=0)).tolist(),
+          seeds=seeds),
+      j("Fig 8a: rank rises with m/d").judge(
+          min(curves[a][-1] - curves[a][0] for a in ACTS),
+          note=f"m/d {s['ratios'][0]:g} -> {s['ratios'][-1]:g}"),
+      *(j(f"Fig 8b: {a} on the Gaussian-product curve").judge(gap_z(a)) for a in ("relu", "abs")),
+      *(j(f"Fig 8b: {a} approaches the curve from above").judge(
+          above(a)[0], note=f"max {above(a)[1]:+.3f}") for a in ("gelu", "silu")),
+      j("App D.8: Gaussian-product curve at gamma = 10").judge(
+          prod_per[10.0].tolist(), seeds=list(range(s["product_seeds"]))),
   ]
   fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8))
   for a in ACTS:
@@ -139,7 +166,9 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.set_ylabel("erank(J_f)/d")
     ax.legend(fontsize=7)
   result = {"settings": s, "curves": curves, "survival": p,
-            "gaussian_product": {str(g): v for g, v in product.items()}, "summary": summary}
+            "curves_se": se,
+            "gaussian_product": {str(g): v for g, v in product.items()},
+            "gaussian_product_se": {str(g): v for g, v in product_se.items()}, "summary": summary}
   return common.write(out_dir, NAME, result, fig)
 
 

@@ -27,6 +27,27 @@ SCALES = {
     "paper": dict(width=512, seeds=40, ratios=(2, 4, 8), d7_ratios=(4, 8, 16, 32)),
 }
 
+CLAIMS = common.evidence.claims([
+    *(common.claim(f"Fig 9/17: {a} follows MP", "max over m/d of the Kolmogorov distance of "
+                   "the eigenvalue CDF (seeds pooled) to MP at the measured gamma", 0.0,
+                   "Fig 9 / App D.3: exact for relu and abs") for a in ("relu", "abs")),
+    common.evidence.Claim("Fig 17: gelu, silu approximately MP", "Kolmogorov distance (data)",
+                          None, common.evidence.Qualitative(
+                              "the paper says only 'approximately' (a figure's look); the "
+                              "distances are in the results data")),
+    *(common.claim(f"App D.3: MP condition number at gamma = {g:g}", "((1 + 1/sqrt(g)) / "
+                   "(1 - 1/sqrt(g)))^2 (closed form)", v) for g, v in ((2.0, 5.8), (4.0, 3.0))),
+    common.claim("App D.7: submatrix smallest Gram eig, gamma = 2", "smallest eigenvalue of "
+                 "(D W_up)^T (D W_up)/n_eff, relu, m/d = 4", 0.09, "App D.7: d=512"),
+    common.claim("App D.7: submatrix smallest Gram eig, gamma = 16", "smallest eigenvalue of "
+                 "(D W_up)^T (D W_up)/n_eff, relu, m/d = 32", 0.57, "App D.7: d=512"),
+    common.claim("App D.7: sigma_min(J_f)^2 at gamma = 16", "log10 of sigma_min(J_f)^2, relu, "
+                 "m/d = 32, geometric mean over seeds", -6.0,
+                 "App D.7: ~1e-6 at d=512 (~1/d^2: width-dependent)"),
+    common.bound("App D.7: erank(J_f)/d improves with width", "erank(J_f)/d at m/d = 32 "
+                 "minus at m/d = 4, relu", ">", 0.0, "App D.7", every_seed=True),
+])
+
 
 def _gram(key, activation, d, m, seeds):
   def one(k):
@@ -88,26 +109,26 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                     "jf_min_eig": float(np.exp(np.mean(np.log(v[2])))), "jf_erank": float(v[3].mean())}
                 for r, v in d7.items()}
 
-  summary = []
-  for a in ACTS:
-    summary.append(common.row(
-        f"Fig 9/17 {a}: m/d={'/'.join(map(str, s['ratios']))}: lambda_min (MP edge); KS dist",
-        "exact for relu, abs; approximate for gelu, silu",
-        "; ".join(f"{res[(a, r)]['lambda_min']:.3f} ({res[(a, r)]['edge_lo']:.3f}) "
-                  f"KS {res[(a, r)]['kolmogorov']:.3f}" for r in s["ratios"])))
-  summary.append(common.row("App D.3: MP condition number at gamma = 2 / 4", "5.8 / 3.0",
-                            f"{float(spectra.marchenko_pastur_condition_number(2.0)):.2f} / "
-                            f"{float(spectra.marchenko_pastur_condition_number(4.0)):.2f}"))
-  summary.append(common.row(
-      "App D.7 relu: submatrix smallest Gram eig at gamma = " +
-      "/".join(f"{v['gamma']:.0f}" for v in d7_summary.values()),
-      "0.09 ... 0.57 (gamma 2 -> 16, d=512)",
-      " / ".join(f"{v['submatrix_min_eig']:.3f}" for v in d7_summary.values())))
-  summary.append(common.row(
-      "App D.7 relu: sigma_min(J_f)^2 (geometric mean)", "~1e-6 at d=512 (~1/d^2 scale)",
-      " / ".join(f"{v['jf_min_eig']:.1e}" for v in d7_summary.values()) + f" at d={d}"))
-  summary.append(common.row("App D.7 relu: erank(J_f)/d", "improves with width",
-                            " / ".join(f"{v['jf_erank']:.3f}" for v in d7_summary.values())))
+  seeds = list(range(s["seeds"]))   # vmap over split(fold_in(PRNGKey(12), .), seeds)
+  ks = {a: max(res[(a, r)]["kolmogorov"] for r in s["ratios"]) for a in ACTS}
+  summary = [CLAIMS[f"Fig 9/17: {a} follows MP"].judge(ks[a], note=f"d={d}, {s['seeds']} seeds")
+             for a in ("relu", "abs")]
+  summary.append(CLAIMS["Fig 17: gelu, silu approximately MP"].judge(
+      max(ks["gelu"], ks["silu"]), note=f"max distance gelu {ks['gelu']:.3f}, silu {ks['silu']:.3f}"))
+  for g in (2.0, 4.0):
+    summary.append(CLAIMS[f"App D.3: MP condition number at gamma = {g:g}"].judge(
+        float(spectra.marchenko_pastur_condition_number(g))))
+  lo, hi = min(s["d7_ratios"]), max(s["d7_ratios"])
+  if (lo, hi) == (4, 32):
+    summary += [
+        CLAIMS["App D.7: submatrix smallest Gram eig, gamma = 2"].judge(
+            d7[lo][0].tolist(), seeds=seeds, note=f"measured gamma {d7_summary[lo]['gamma']:.2f}"),
+        CLAIMS["App D.7: submatrix smallest Gram eig, gamma = 16"].judge(
+            d7[hi][0].tolist(), seeds=seeds, note=f"measured gamma {d7_summary[hi]['gamma']:.2f}"),
+        CLAIMS["App D.7: sigma_min(J_f)^2 at gamma = 16"].judge(
+            np.log10(d7[hi][2]).tolist(), seeds=seeds, note=f"d={d}"),
+        CLAIMS["App D.7: erank(J_f)/d improves with width"].judge(
+            (d7[hi][3] - d7[lo][3]).tolist(), seeds=seeds)]
 
   fig, axes = common.plt.subplots(len(ACTS), len(s["ratios"]), figsize=(12, 10))
   for i, a in enumerate(ACTS):

@@ -16,6 +16,7 @@ initialization (quick: depths 12 / 24, width scaled down); pretrained weights ne
 """
 from __future__ import annotations
 
+import importlib
 from typing import Sequence
 
 from experiments import runner
@@ -36,6 +37,7 @@ EXPERIMENTS = {
     "fig12": "fig12_gpt2_ffn",
     "fig6": "fig6_trainability",
     "appc": "appc_backward",
+    "appc_mean": "appc_mean_growth",
     "appa2": "appa2_skip_scale",
     "appa4": "appa4_training_symmetry",
     "appd3": "appd3_rank_equality",
@@ -47,8 +49,13 @@ ALIASES = {"fig10": "fig4", "fig11": "fig5", "table4": "fig5", "fig14": "fig7",
 
 
 def _rows(result: dict) -> list[dict]:
-  """A script's ``summary`` rows (``common.row``), as the runner takes them."""
+  """A script's ``summary`` rows (each made by one of its declared ``CLAIMS``)."""
   return list(result.get("summary", []))
+
+
+def claims(name: str) -> dict:
+  """The claims experiment ``name`` declares at import (``experiments.evidence``)."""
+  return importlib.import_module(f"experiments.transforming_rank.{EXPERIMENTS[name]}").CLAIMS
 
 
 def _needs_cifar10(scale: str) -> str | None:
@@ -63,7 +70,8 @@ STUDY = runner.Study(
     name="transforming_rank",
     title="Transforming Rank: paper vs rankjax",
     experiments={name: runner.Experiment(module, _rows,
-                                         needs=_needs_cifar10 if name == "fig6" else None)
+                                         needs=_needs_cifar10 if name == "fig6" else None,
+                                         claims=claims(name))
                  for name, module in EXPERIMENTS.items()},
     aliases=ALIASES,
     notes={"quick": "Quick scale: the paper's depths, ratios (m/d, beta*alpha^M, L) and sweeps "

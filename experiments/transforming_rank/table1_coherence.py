@@ -3,7 +3,7 @@
 c by half-range Gauss-Hermite quadrature (``rankjax.measure.spectra``), and the
 measured post-activation stable rank st(sigma(W h)) at initialization: n probe inputs
 h ~ N(0, I_d) normalized to unit rms (the Pre-Norm branch input), W ~ N(0, 1/d),
-d = 256, mean over 3 seeds. The paper does not state n for Table 1; we use n = 1024
+d = 256, 10 seeds (the n sweep: 3). The paper does not state n for Table 1; we use n = 1024
 (its Table 6 rule n = max(1024, 2d)). The uncentered activations' stable rank is
 n-independent (the mean spike), a centered activation's is not (no spike: st grows
 with n/d), so ``n_sweep`` measures abs / relu / tanh at several n (tanh: ~49 at
@@ -23,11 +23,24 @@ from rankjax.measure import representations, spectra
 
 NAME = "table1_coherence"
 SCALES = {
-    "quick": dict(width=256, inputs=1024, seeds=3, n_sweep=(256, 512, 1024, 2048, 4096)),
-    "paper": dict(width=256, inputs=1024, seeds=3, n_sweep=(256, 512, 1024, 2048, 4096)),
+    "quick": dict(width=256, inputs=1024, seeds=10, sweep_seeds=3,
+                  n_sweep=(256, 512, 1024, 2048, 4096)),
+    "paper": dict(width=256, inputs=1024, seeds=10, sweep_seeds=3,
+                  n_sweep=(256, 512, 1024, 2048, 4096)),
 }
 PAPER = {"abs": (0.637, 1.57, 1.56), "relu": (0.318, 3.14, 3.09), "gelu": (0.187, 5.35, 5.16),
          "silu": (0.120, 8.33, 7.86), "tanh": (0.0, float("inf"), 50.66)}
+SURVIVAL = {"gelu": 0.46, "silu": 0.38}   # Sec 6 / App D.4: p = E[sigma'^2]
+_N_NOTE = "n = 1024 probe inputs (the paper does not state n; a centered activation's st grows with n)"
+CLAIMS = common.evidence.claims(
+    [common.claim(f"Table 1 {a}: c", "coherence E[sigma]^2/E[sigma^2] (quadrature)", c)
+     for a, (c, _, _) in PAPER.items()]
+    + [common.claim(f"Table 1 {a}: 1/c", "spike bound 1/c (quadrature)", sb)
+       for a, (_, sb, _) in PAPER.items() if sb != float("inf")]
+    + [common.claim(f"Table 1 {a}: st", "measured st(sigma(W h)), d=256", st, _N_NOTE)
+       for a, (_, _, st) in PAPER.items()]
+    + [common.claim(f"Sec 6 / App D.4: p, {a}", "E[sigma'(z)^2], z ~ N(0,1) (quadrature)", p)
+       for a, p in SURVIVAL.items()])
 
 
 def measured_stable_rank(key: jax.Array, activation: str, d: int, n: int) -> float:
@@ -46,33 +59,29 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       mom = spectra.activation_moments(act)
       st = [measured_stable_rank(k, act, s["width"], s["inputs"])
             for k in jax.random.split(jax.random.PRNGKey(8), s["seeds"])]
-      table[act] = {"coherence": mom.coherence, "spike_bound": mom.spike_bound,
-                    "measured_stable_rank": float(np.mean(st)), "survival": mom.survival,
-                    "kappa": mom.kappa}
+      # a centered activation's bound 1/c is infinite: null in the results file
+      table[act] = {"coherence": mom.coherence,
+                    "spike_bound": mom.spike_bound if np.isfinite(mom.spike_bound) else None,
+                    "measured_stable_rank": float(np.mean(st)), "per_seed_stable_rank": st,
+                    "survival": mom.survival, "kappa": mom.kappa}
     sweep = {act: {n: [measured_stable_rank(k, act, s["width"], n)
-                       for k in jax.random.split(jax.random.PRNGKey(8), s["seeds"])]
+                       for k in jax.random.split(jax.random.PRNGKey(8), s["sweep_seeds"])]
                    for n in s["n_sweep"]} for act in ("abs", "relu", "tanh")}
   n_dependence = {act: {str(n): {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1))
                                  if len(v) > 1 else 0.0} for n, v in per_n.items()}
                   for act, per_n in sweep.items()}
+  seeds = list(range(s["seeds"]))   # split(PRNGKey(8), seeds)[i]
   summary = []
-  for act, (c, sb, st) in PAPER.items():
+  for act, (_, sb, _) in PAPER.items():
     t = table[act]
-    summary.append(common.row(f"Table 1 {act}: c / 1/c / measured st(sigma(Wh))",
-                              f"{c:.3f} / {sb:.2f} / {st:.2f}",
-                              f"{t['coherence']:.3f} / {t['spike_bound']:.2f} / "
-                              f"{t['measured_stable_rank']:.2f}"))
-  ns = [str(n) for n in s["n_sweep"]]
-  for act in ("relu", "tanh"):
-    summary.append(common.row(
-        f"Table 1 {act}: measured st(sigma(Wh)) at n = {' / '.join(ns)} (n not stated)",
-        f"{PAPER[act][2]:.2f} at the paper's n",
-        " / ".join(f"{n_dependence[act][n]['mean']:.2f}" for n in ns), status="qualitative",
-        spread="sd over seeds " + " / ".join(f"{n_dependence[act][n]['sd']:.2f}" for n in ns),
-        note="n-independent (mean spike)" if act == "relu" else
-        "grows with n (no spike): the paper's value lies between n = 512 and 768"))
-  summary.append(common.row("Sec 6 / App D.4: p = E[sigma'^2], gelu / silu", "0.46 / 0.38",
-                            f"{table['gelu']['survival']:.4f} / {table['silu']['survival']:.4f}"))
+    summary.append(CLAIMS[f"Table 1 {act}: c"].judge(t["coherence"]))
+    if sb != float("inf"):
+      summary.append(CLAIMS[f"Table 1 {act}: 1/c"].judge(t["spike_bound"]))
+  for act in PAPER:
+    summary.append(CLAIMS[f"Table 1 {act}: st"].judge(table[act]["per_seed_stable_rank"],
+                                                      seeds=seeds))
+  for act in SURVIVAL:
+    summary.append(CLAIMS[f"Sec 6 / App D.4: p, {act}"].judge(table[act]["survival"]))
   fig, ax = common.plt.subplots(figsize=(5, 3.5))
   acts = [a for a in PAPER if a != "tanh"]
   ax.plot([table[a]["spike_bound"] for a in acts], [table[a]["measured_stable_rank"] for a in acts],

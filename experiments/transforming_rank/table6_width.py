@@ -17,12 +17,19 @@ from rankjax.measure import representations
 
 NAME = "table6_width"
 SCALES = {
-    "quick": dict(widths=(64, 128), layers=(32, 64, 128, 256, 512), seeds=2, min_inputs=1024),
+    "quick": dict(widths=(64, 128), layers=(32, 64, 128, 256, 512), seeds=10, min_inputs=1024),
     "paper": dict(widths=(128, 256, 512, 1024), layers=(32, 64, 128, 256, 512), seeds=3,
                   min_inputs=1024),
 }
 PAPER = {128: (0.216, 0.097, 0.044, 0.023, 0.015), 256: (0.229, 0.100, 0.040, 0.018, 0.010),
          512: (0.250, 0.109, 0.040, 0.015, 0.007), 1024: (0.296, 0.136, 0.047, 0.015, 0.006)}
+PAPER_LAYERS = (32, 64, 128, 256, 512)
+CLAIMS = common.evidence.claims(
+    [common.frac(f"Table 6: d={d}, l={l}", f"erank(Z_l)/d, one-matrix ReLU branch, d={d}", v)
+     for d, vals in PAPER.items() for l, v in zip(PAPER_LAYERS, vals)]
+    + [common.frac("App C: top-direction energy at l=512", "energy share of the top (mean) "
+                    "direction of Z_512, widest width run", 1.0,
+                    "App C: the surviving direction is the mean; its energy share -> 1")])
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
@@ -33,13 +40,21 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       cfg = MLPConfig(depth=max(s["layers"]), width=d, branch_matrices=1, norm_position="pre")
       st = representations.mlp_representation_study(
           cfg, jax.random.PRNGKey(9), max(s["min_inputs"], 2 * d), s["seeds"], s["layers"])
-      table[d] = {"erank": np.asarray(st.erank), "top_energy": np.asarray(st.top_energy)}
-  summary = [common.row(f"Table 6: d={d}, erank(Z_l)/d at l={'/'.join(map(str, s['layers']))}",
-                        " / ".join(f"{v:.3f}" for v in PAPER[d]) if d in PAPER else "(not in paper)",
-                        " / ".join(f"{v:.3f}" for v in table[d]["erank"]))
-             for d in s["widths"]]
-  summary.append(common.row("App C: top-direction (mean) energy at l=512, by width", "1.00",
-                            ", ".join(f"d={d}: {table[d]['top_energy'][-1]:.2f}" for d in s["widths"])))
+      table[d] = {"erank": np.asarray(st.erank), "top_energy": np.asarray(st.top_energy),
+                  "per_seed_erank": np.asarray(st.per_seed["erank"]),
+                  "per_seed_top_energy": np.asarray(st.per_seed["top_energy"])}
+  seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(9), ..., seeds)
+  summary = []
+  for d in s["widths"]:
+    for j, l in enumerate(s["layers"]):
+      item = f"Table 6: d={d}, l={l}"
+      if item in CLAIMS:
+        summary.append(CLAIMS[item].judge(table[d]["per_seed_erank"][:, j].tolist(), seeds=seeds))
+      elif d not in PAPER:   # a quick-scale width the paper does not have: no claim
+        pass
+  widest = max(s["widths"])
+  summary.append(CLAIMS["App C: top-direction energy at l=512"].judge(
+      table[widest]["per_seed_top_energy"][:, -1].tolist(), seeds=seeds, note=f"d={widest}"))
   fig, ax = common.plt.subplots(figsize=(5, 3.5))
   for d in s["widths"]:
     ax.plot(s["layers"], table[d]["erank"], "o-", label=f"d={d}")

@@ -273,6 +273,8 @@ class RepresentationStudy:
     consecutive_cosine: (L-1,) cos(m_l, m_{l+1}).
     cosine_ones: (L,) cos(m_l, 1).
     branch_cosine: (L, L) cos(m_l, m_l').
+    per_seed: every measurement above before the mean over weight draws, by name,
+      with a leading (num_seeds,) axis (a row's spread).
   """
 
   erank: Array
@@ -286,6 +288,7 @@ class RepresentationStudy:
   consecutive_cosine: Array
   cosine_ones: Array
   branch_cosine: Array
+  per_seed: dict
   layers: tuple = flax.struct.field(pytree_node=False, default=())
 
 
@@ -325,4 +328,5 @@ def mlp_representation_study(cfg: MLPConfig, key: Array, num_inputs: int = 512,
 
   per_seed = [one(k) for k in jax.random.split(key, num_seeds)]
   mean = {name: jnp.mean(jnp.stack([p[name] for p in per_seed]), axis=0) for name in per_seed[0]}
-  return RepresentationStudy(layers=layers, **mean)
+  stacked = {name: jnp.stack([p[name] for p in per_seed]) for name in per_seed[0]}
+  return RepresentationStudy(layers=layers, per_seed=stacked, **mean)
