@@ -38,6 +38,7 @@ from experiments.postnorm_collapse import seed_lr_runs as sl
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
+WARMUP_SEED2 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 2)   # a third seed (issue 25)
 NOWARMUP_SEED1 = "post_collapse_seed1_diag1"
 NOWARMUP_SEED0 = "post_collapse"          # collapse_study.RUNS, diagnostics every 5
 DIAG10_SEED0 = sl.DIAG10_RUN   # the seed-0 warmup run, diagnostics every 10
@@ -79,7 +80,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   ours: dict[str, Any] = {}
   files: list[str] = []
   workdirs: dict[str, str] = {}
-  for name in (WARMUP_SEED0, WARMUP_SEED1, NOWARMUP_SEED1, NOWARMUP_SEED0):
+  for name in (WARMUP_SEED0, WARMUP_SEED1, WARMUP_SEED2, NOWARMUP_SEED1, NOWARMUP_SEED0):
     wd = (collapse_study.train_run(name, out_dir) if name == NOWARMUP_SEED0
           else sl.train(name, out_dir))
     workdirs[name] = wd

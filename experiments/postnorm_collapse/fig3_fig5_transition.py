@@ -489,6 +489,13 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
           out_dir, "runs", run_name), short)
     a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
                                       else None) for n in SECONDARY_RUNS}
+    # the preregistered protocol (issue 25 item 5): the same setting at its planned 60
+    # updates, at seeds WARMUP_SEEDS; the headline rows read these, the 120-update run
+    # (extended after the 60-update run showed no early-layer vanishing) stands beside
+    a["preregistered_60"] = {
+        str(seed): _analyze_run(seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR,
+                                                             seed), out_dir, files, GRAD_WINDOW)
+        for seed in seed_lr_runs.WARMUP_SEEDS}
   result = {
       "figure": "postnorm_collapse Figs 3-5 (Sec 4.2), 10-22 at quick scale",
       "scale": scale, "run": run_name,
