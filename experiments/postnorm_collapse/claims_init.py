@@ -63,6 +63,11 @@ def _fig1_claims():
     out.append(Claim(f"Fig 1 {sc}: Post-Norm saturates faster", "last-layer t_sim(X_1): "
                      "Post minus Pre (per init, the same inits)", 0.0, Bound(">"),
                      "Sec 4.1: Post-Norm saturates more quickly"))
+  for sc in ("x1", "x2", "x4"):   # issue 25 item 7
+    out.append(Claim(f"Sec 3.1 Pre {sc}: s^l of order 1/l", "slope of log s^l on log l, "
+                     "layers 1-48 (per init)", -1.0, Rel(TRACKS),
+                     "Sec 3.1: in Pre-Norm the amount of attention is O(d sigma_W^2 / l); "
+                     "'of order' = the slope within 25% of -1"))
   return out
 
 
@@ -131,6 +136,13 @@ def fig1_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                        o[f"pre_{sc}"]["per_init"]["tsim_last_layer"])
     rows.append(FIG1[f"Fig 1 {sc}: Post-Norm saturates faster"].judge(
         diff.tolist(), seeds=list(range(len(diff))), note=note))
+  for sc in ("x1", "x2", "x4"):
+    s_SxL = np.asarray(o[f"pre_{sc}"]["per_init"]["amount"], np.float64)
+    log_l = np.log(np.arange(1, s_SxL.shape[1] + 1))
+    slopes = [float(np.polyfit(log_l, np.log(s), 1)[0]) for s in s_SxL]
+    rows.append(FIG1[f"Sec 3.1 Pre {sc}: s^l of order 1/l"].judge(
+        slopes, seeds=list(range(len(slopes))), note=note + "; s^l from fig1.json "
+        "(theory.amount_of_attention of the un-normalized stream)"))
   return rows
 
 

@@ -162,7 +162,29 @@ F35_EXTRA = [
           "Fig 5; " + AFTER_OUTCOME + ": window centred on the collapse onset after the "
           "planned [t-4, t+6] one failed"),
 ]
-FIG3_FIG5 = evidence.claims(_transition_claims(F35) + F35_EXTRA)
+# issue 25 item 6: Fig 4 with the paper's c(y, alpha) = alpha sqrt(d)/||y|| (Thm 3.6; the
+# token mean of the factor, no gains), alpha without the ratios of vanished gradients
+# (fig3_fig5_transition.VANISHED_REL), and the transition detector's sensitivity
+F35_ITEM6 = [
+    Claim(f"{F35}: most attention c < 1 after (the paper's c, token mean)", "share of "
+          "(update, layer) with alpha_1 x mean_i sqrt(d)/||y_i|| < 1, 30 updates after", 0.5,
+          Bound(">"), "Fig 4(b) with c = alpha sqrt(d)/||y|| as Thm 3.6 writes it"),
+    Claim(f"{F35}: most FFN c < 1 after (the paper's c, token mean)", "share of (update, "
+          "layer) with alpha_2 x mean_i sqrt(d)/||y_i|| < 1 after", 0.5, Bound(">"),
+          "Fig 4(d) with c = alpha sqrt(d)/||y||"),
+    Claim(f"{F35}: alpha stays below 2.5, vanished gradients excluded", "max of alpha_k^l "
+          "over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run median", f35.ALPHA_PAPER_MAX,
+          Bound("<", every_seed=True), "Sec 4.2; a ratio of two vanished norms excluded"),
+    Claim(f"{F35}: a transition under every detector setting", "share of the 9 settings "
+          "(sim_rise 0.1/0.2/0.3 x loss_rise 5/10/20%) that find a transition", 1.0,
+          Bound(">=", every_seed=True), "Sec 4.2's transition; our detector's thresholds"),
+]
+FIG3_FIG5 = evidence.claims(_transition_claims(F35) + F35_EXTRA + F35_ITEM6)
+
+
+def _sensitivity(a: dict[str, Any]) -> float:
+  found = list((a.get("transition_sensitivity") or {}).values())
+  return float(sum(found)) / len(found) if found else math.nan
 
 
 def fig3_fig5_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,6 +208,11 @@ def fig3_fig5_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                          note=f"run {res.get('run')}"),
       FIG3_FIG5[F35_EXTRA[5].item].judge(vals(
           lambda a: _num(a.get("grad_window_onset_layer1_drop"))), seeds=seeds, note=note)]
+  item6 = (lambda a: _num(a.get("contraction_mean_1_frac_below1_post")),
+           lambda a: _num(a.get("contraction_mean_2_frac_below1_post")),
+           lambda a: _num(a.get("alpha_max_excluding_vanished")), _sensitivity)
+  rows += [FIG3_FIG5[c.item].judge(vals(fn), seeds=seeds, note=note)
+           for c, fn in zip(F35_ITEM6, item6)]
   return rows
 
 
@@ -211,7 +238,11 @@ def _f12(lr: float) -> str:
 FIG12_ITEMS = ("alpha stays below 2.5", "most attention c < 1 after", "most FFN c < 1 after",
                "layer-1 gradient drops by orders", "last-layer gradient changes much less")
 FIG12 = evidence.claims(
-    [Claim(f"{_f12(lr)}: collapses", "collapse onset found (1) or not (0): last-layer t_sim "
+    [Claim(f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded", "max of "
+           "alpha_k^l (masked) over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run "
+           "median", f35.ALPHA_PAPER_MAX, Bound("<"), "issue 25 item 6")
+     for lr in sl.ABLATION_LRS]
+    + [Claim(f"{_f12(lr)}: collapses", "collapse onset found (1) or not (0): last-layer t_sim "
            "stays >= 0.99", 1.0, Bound(">="), "App F.4: the run collapses at each LR")
      for lr in sl.ABLATION_LRS]
     + [c for lr in sl.ABLATION_LRS for c in _transition_claims(_f12(lr))
@@ -228,6 +259,8 @@ def fig12_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     rows.append(FIG12[f"{_f12(lr)}: collapses"].judge(
         1.0 if a.get("onset_step") is not None else 0.0, note=note))
     rows += _transition_rows(FIG12, _f12(lr), {"0": a}, note, FIG12_ITEMS)
+    rows.append(FIG12[f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded"].judge(
+        _num(a.get("alpha_max_excluding_vanished")), note=note))
   return rows
 
 

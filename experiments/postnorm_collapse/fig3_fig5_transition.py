@@ -55,6 +55,9 @@ GRAD_COLLAPSE_RATIO = 1e-2   # ||g_1|| / ||g_L|| below this = early-layer gradie
 ALPHA_PAPER_MAX = 2.5    # Sec 4.2: "the contribution factor stays below 2.5"
 SUBLAYER_NORMS = "postnorm_sublayer_norms"
 MASK_SWEEP = (1e-10, 1e-8, 1e-6, 1e-4, 1e-3)   # thresholds for the alpha-max sensitivity
+VANISHED_REL = 1e-4   # ||dL/dY_k^l|| below this x its run median: a vanished gradient
+SENSITIVITY_SIM_RISE = (0.1, 0.2, 0.3)    # detect_transition's sim_rise (default 0.2)
+SENSITIVITY_LOSS_RISE = (0.05, 0.1, 0.2)  # and loss_rise (default 0.1)
 
 
 def mask_vanishing(values_SxL: np.ndarray, dx_norm_SxL: np.ndarray, dy_norm_SxL: np.ndarray,
@@ -307,6 +310,22 @@ def analyze(workdir: str, mask_threshold: float | None = None,
           f"{t:g}": _finite_max(mask_vanishing(d[f"alpha_{k}"], norms[f"dx_norm_{k}"],
                                                norms[f"dy_norm_{k}"], t))
           for t in MASK_SWEEP}
+  if norms:
+    # alpha is a ratio of gradient norms; where the sublayer's output gradient has
+    # vanished (below VANISHED_REL x its median over the run's (update, layer) entries)
+    # the ratio is of two near-zero numbers: its maximum without those entries
+    vals = []
+    for k in (1, 2):
+      dy = norms[f"dy_norm_{k}"]
+      keep = dy >= VANISHED_REL * np.median(dy)
+      vals.append(np.where(keep, d[f"alpha_{k}"], np.nan))
+      out[f"frac_vanished_rel_{k}"] = float(1.0 - keep.mean())
+    out["alpha_max_excluding_vanished"] = _finite_max(np.concatenate(vals, axis=1))
+  # the transition detector's thresholds: found or not on a 3 x 3 grid around the default
+  out["transition_sensitivity"] = {
+      f"sim_rise={a:g},loss_rise={b:g}": gr.detect_transition(
+          steps, d["last_tsim"], d["loss"], sim_rise=a, loss_rise=b).found
+      for a in SENSITIVITY_SIM_RISE for b in SENSITIVITY_LOSS_RISE}
   if tr.found:
     i = int(np.searchsorted(steps, tr.step))
     pre = (steps >= tr.step - WINDOW) & (steps < tr.step)
@@ -395,9 +414,15 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   for j, k in ((0, 1), (1, 2)):
     for l in show:
       ax[0, j].plot(steps[win], d[f"rms_factor_mean_{k}"][win, l], lw=0.9, label=f"layer {l + 1}")
-      ax[1, j].plot(steps[win], d[f"contraction_{k}"][win, l], lw=0.9, label=f"layer {l + 1}")
+      # the paper's c(y, alpha) = alpha sqrt(d)/||y|| (Thm 3.6; token mean of the factor,
+      # no gains) beside its sqrt(d)/||y||; the stricter Prop D.1 bound dotted
+      cm = d.get(f"contraction_mean_{k}", d[f"contraction_{k}"])
+      line, = ax[1, j].plot(steps[win], cm[win, l], lw=0.9, label=f"layer {l + 1}")
+      ax[1, j].plot(steps[win], d[f"contraction_{k}"][win, l], ":", lw=0.7,
+                    color=line.get_color())
     ax[0, j].set(title=f"sqrt(d)/||y_{k}^l||", yscale="log", xlabel="step")
-    ax[1, j].set(title=f"c(y_{k}^l, alpha_{k}^l)", yscale="log", xlabel="step")
+    ax[1, j].set(title=f"c(y_{k}^l, alpha_{k}^l) = alpha sqrt(d)/||y|| (dotted: bound, "
+                 "max row x gain)", yscale="log", xlabel="step")
     ax[1, j].axhline(1.0, color="gray", lw=0.5)
   ax[0, 0].legend(fontsize=6)
   for x in ax.flat:

@@ -59,7 +59,8 @@ def test_trained_rows_carry_three_seeds_where_the_protocol_has_them():
 
 
 def _transition(found=True, alpha=2.0, share=0.8, drop=1e3, last=2.0):
-  return {"transition_found": found, "alpha_max": alpha, "rms_factor_1_pre_mean": 0.9,
+  return {"transition_found": found, "alpha_max": alpha,
+          "alpha_max_excluding_vanished": alpha, "rms_factor_1_pre_mean": 0.9,
           "rms_factor_1_post_mean": 0.5, "rms_factor_2_pre_mean": 0.6,
           "rms_factor_2_post_mean": 0.2, "contraction_1_frac_below1_post": share,
           "contraction_2_frac_below1_post": share, "contraction_1_layer1_post_mean": 1.6,
@@ -70,7 +71,7 @@ def _transition(found=True, alpha=2.0, share=0.8, drop=1e3, last=2.0):
 def test_fig12_rows_judge_each_predicate():
   ok = {f"lr{lr}": _transition() for lr in claims_trained.sl.ABLATION_LRS}
   rows = claims_trained.fig12_rows({"ours": ok})
-  assert len(rows) == 18 and all(r["status"] == "match" for r in rows)
+  assert len(rows) == 21 and all(r["status"] == "match" for r in rows)
   bad = {**ok, "lr0.02": _transition(alpha=16.0, share=0.4, drop=9.9, last=12.0)}
   status = {r["item"]: r["status"] for r in claims_trained.fig12_rows({"ours": bad})}
   for s in ("alpha stays below 2.5", "most attention c < 1 after",
@@ -128,16 +129,22 @@ def test_fig6_and_sec43_rows():
 def test_init_rows_on_synthetic_results():
   per = {"attn_positive_share": [1.0] * 10, "attn_sum_ratio": [1.1] * 10,
          "ffn_negative_share": [0.9] * 10, "ffn_sum_ratio": [1.6] * 10,
-         "ffn_over_attn_abs_ratio": [0.3] * 10, "tsim_last_layer": [0.7] * 10}
+         "ffn_over_attn_abs_ratio": [0.3] * 10, "tsim_last_layer": [0.7] * 10,
+         "amount": [list(0.1 / np.arange(1, 49))] * 10}     # s^l = 0.1 / l: slope -1
   ours = {k: {"per_init": dict(per, tsim_last_layer=[0.7 if k.startswith("post") else 0.4]
                                * 10)} for k in claims_init.FIG1_SETTINGS}
   status = {r["item"]: r["status"] for r in claims_init.fig1_rows({"ours": ours,
                                                                    "settings": {}})}
-  assert len(status) == 33
+  assert len(status) == 36
+  assert status["Sec 3.1 Pre x1: s^l of order 1/l"] == "match"
   assert status["Fig 1 Post x1: attention tracked by Thm 3.2"] == "match"
   assert status["Fig 1 Post x1: SwiGLU tracked by Thm 3.4"] == "mismatch"
   assert status["Fig 1 Pre x4: SwiGLU much smaller than attention"] == "mismatch"
   assert status["Fig 1 x2: Post-Norm saturates faster"] == "match"
+  ours["pre_x2"]["per_init"]["amount"] = [[0.1] * 48] * 10           # constant: slope 0
+  status = {r["item"]: r["status"] for r in claims_init.fig1_rows({"ours": ours,
+                                                                   "settings": {}})}
+  assert status["Sec 3.1 Pre x2: s^l of order 1/l"] == "mismatch"
   f2 = {"per_init": {"max_step_change_tsim_x1_layers2plus": [-1e-3] * 10,
                      "max_step_change_tsim_last_layer": [-1e-2] * 10,
                      "increment_ratio_alpha1_over_alpha0": list(np.full(10, 0.6))}}

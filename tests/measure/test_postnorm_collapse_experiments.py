@@ -100,6 +100,13 @@ def test_analyze_synthetic_transition_mask_and_window(monkeypatch, tmp_path):
   assert raw["alpha_max"] == 50.0 and raw["alpha_2_peak"]["step"] == 46
   assert raw["frac_vanished_2"] == pytest.approx(1 / 240)
   assert raw["frac_vanished_either_2"] == pytest.approx(1 / 240)
+  # issue 25 item 6: the spike sits where ||dL/dY_2|| = 1e-12 << 1e-4 x its median (1)
+  assert raw["alpha_max_excluding_vanished"] == 1.5
+  assert raw["frac_vanished_rel_2"] == pytest.approx(1 / 240)
+  # the loss rises 3.3 / 2.8 - 1 = 18% above its best: found unless loss_rise = 0.2
+  assert raw["transition_sensitivity"] == {
+      f"sim_rise={a:g},loss_rise={b:g}": b < 0.2 for a in (0.1, 0.2, 0.3)
+      for b in (0.05, 0.1, 0.2)}
   a = f35.analyze("fake", mask_threshold=1e-10, grad_window=(4, 6))
   assert a["alpha_max"] == 1.5                     # the masked spike is gone
   assert raw["alpha_2_max_vs_mask"] == {"1e-10": 1.5, "1e-08": 1.5, "1e-06": 1.5,
