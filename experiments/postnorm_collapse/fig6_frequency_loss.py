@@ -44,9 +44,11 @@ SEEDS = collapse_study.SEEDS   # the left panel's three label scopes, each at se
 
 
 def original_run_name(lr: float) -> str:
-  """Fig 6-right's first set: the seed-0 warmup runs (diagnostics every 10 where they
-  were trained so; the 2e-2 one is the ablation run, the same trajectory)."""
-  if lr in sl.ABLATION_LRS:
+  """Fig 6-right's first set: the seed-0 warmup runs. It logged every 10 updates; the
+  diagnostics interval does not change training (Figs 10-11's ``diag_interval_check``),
+  so 1.5e-2 and 2e-2 read the per-update runs already trained (the Figs 3-5 seed-0 run
+  and the ablation run) and only 1e-2 has its own run, logged every 10."""
+  if lr == sl.MAIN_WARMUP_LR or lr in sl.ABLATION_LRS:
     return sl.warmup_run_name(lr, 0)
   return sl.diag10_run_name(lr)
 
