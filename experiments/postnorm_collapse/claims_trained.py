@@ -69,8 +69,7 @@ COLLAPSE = evidence.claims(_collapse_claims())
 def collapse_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   by, freq = res["by_seed"], res["stream_freq_loss"]
   seeds = [int(s) for s in by["post_collapse"]]
-  note = (f"seeds {seeds}; stream L_freq {freq:.4f}; post_collapse seed 1 is the run "
-          "post_collapse_seed1_diag1 (diagnostics every update)")
+  note = f"seeds {seeds}; stream L_freq {freq:.4f}"
   get = lambda run, key: [_num(by[run][str(s)][key]) for s in seeds]
   rel = lambda run: [g / freq for g in get(run, "loss_minus_stream_freq")]
   spec = [("Post-Norm LR 1e-2: loss near L_freq", rel("post_collapse")),

@@ -32,11 +32,9 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "post_stable": ("stable_post_quick", []),
 }
 # seeds of the three runs (issue 25: >= 3 for every trained result). Seed 0 is RUNS itself;
-# seed s > 0 is ``seeded_name(name, s)``. post_collapse's seed 1 is seed_lr_runs'
-# ``post_collapse_seed1_diag1`` (the same training, diagnostics at every update: the
-# diagnostics interval does not change the trajectory), so it is not trained twice.
+# seed s > 0 is ``seeded_name(name, s)`` (diagnostics every 5, as seed 0).
 SEEDS = (0, 1, 2)
-SEED_ALIASES = {("post_collapse", 1): "post_collapse_seed1_diag1"}
+SEED_ALIASES: dict[tuple[str, int], str] = {}
 
 
 def seeded_name(name: str, seed: int) -> str:
