@@ -200,11 +200,13 @@ def fig3_fig5_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
       FIG3_FIG5[F35_EXTRA[1].item].judge(vals(
           lambda a: _num(a.get("contraction_1_ratio_exceeds_c"))), seeds=seeds, note=note),
       FIG3_FIG5[F35_EXTRA[2].item].judge(vals(
-          lambda a: _num(a.get("contraction_2_ratio_exceeds_c"))), seeds=seeds, note=note),
-      FIG3_FIG5[F35_EXTRA[3].item].judge(_num(o.get("final_grad_first_over_last")),
-                                         note=f"run {res.get('run')}"),
-      FIG3_FIG5[F35_EXTRA[4].item].judge(_num(o.get("alpha_max")),
-                                         note=f"run {res.get('run')}"),
+          lambda a: _num(a.get("contraction_2_ratio_exceeds_c"))), seeds=seeds, note=note)]
+  if "long_run_missing" not in o:     # the 120-update run, when it was trained
+    rows += [FIG3_FIG5[F35_EXTRA[3].item].judge(_num(o.get("final_grad_first_over_last")),
+                                                note=f"run {res.get('run')}"),
+             FIG3_FIG5[F35_EXTRA[4].item].judge(_num(o.get("alpha_max")),
+                                                note=f"run {res.get('run')}")]
+  rows += [
       FIG3_FIG5[F35_EXTRA[5].item].judge(vals(
           lambda a: _num(a.get("grad_window_onset_layer1_drop"))), seeds=seeds, note=note)]
   item6 = (lambda a: _num(a.get("contraction_mean_1_frac_below1_post")),
@@ -251,6 +253,8 @@ FIG12 = evidence.claims(
 def fig12_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   rows = []
   for lr in sl.ABLATION_LRS:
+    if f"lr{lr}" not in res["ours"]:
+      continue      # not trained in this output folder (fig12's "not_run")
     a = res["ours"][f"lr{lr}"]
     note = ("seed 0 only (n = 1: three more ablation runs per seed did not fit the budget);"
             " alpha and c masked where both gradient norms < 1e-10 (App F.4); window centred"
@@ -285,10 +289,14 @@ def fig6_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
       o[k]["relative_gap"], seeds=o[k]["seeds"], note="no warmup, LR 1e-2, 150 updates")
       for k, v in SCOPES.items()]
   for lr in sl.ORIGINAL_FIG6_LRS:
+    if f"original_warmup_lr{lr:g}" not in o:
+      continue      # not trained in this output folder
     v = o[f"original_warmup_lr{lr:g}"]
     rows.append(FIG6[f"Fig 6 right, LR {lr:g}: loss near L_freq"].judge(
         v["relative_gap"], note=f"seed 0; last-layer t_sim at the end {v['last_tsim_final']:.3f}"))
   for lr in sl.ABLATION_LRS:
+    if f"warmup_lr{lr:g}" not in o:
+      continue
     v = o[f"warmup_lr{lr:g}"]
     rows.append(FIG6[f"Fig 6 right, swapped set, LR {lr:g}: loss near L_freq"].judge(
         v["relative_gap"], note=f"seed 0; last-layer t_sim at the end {v['last_tsim_final']:.3f}"))
@@ -313,6 +321,8 @@ SEC43 = evidence.claims(
 def sec43_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   o, rows = res["ours"], []
   for label, names in _sec43_runs().values():
+    if not any(n in o for n in names):
+      continue      # not trained in this output folder
     vals = []
     for n in names:
       v = o.get(n, {})

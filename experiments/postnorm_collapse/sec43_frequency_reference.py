@@ -88,7 +88,8 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
     runs[f"post_collapse_seed{seed}"] = collapse_study.train_run(
         collapse_study.seeded_name("post_collapse", seed), out_dir)
   for lr in sl.ABLATION_LRS:
-    runs[f"warmup_lr{lr:g}"] = sl.train(sl.warmup_run_name(lr, 0), out_dir)
+    if sl.finished(sl.warmup_run_name(lr, 0), out_dir):   # else not trained here: no row
+      runs[f"warmup_lr{lr:g}"] = sl.train(sl.warmup_run_name(lr, 0), out_dir)
   ours = {name: compare(wd, stream_freq) for name, wd in runs.items()}
   result = {"figure": "postnorm_collapse Sec 4.3 aggregate vs per-sequence frequency loss",
             "scale": scale,

@@ -87,6 +87,19 @@ RUNS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+def finished(name: str, out_dir: str) -> bool:
+  """Whether run ``name`` finished under ``out_dir/runs/name`` (its last checkpoint).
+  The experiments that read optional runs (the 120-update run, the LR ablation) skip
+  an unfinished one instead of training it: this session's CPU budget (2026-12-02)
+  did not train them all; the rows that need them are then absent, and EXPECTED.md
+  says which."""
+  import os
+  from experiments.postnorm_collapse import common
+  cfg, overrides = RUNS[name]
+  total = common.load_config(cfg, overrides).total_steps
+  return os.path.isdir(os.path.join(out_dir, "runs", name, "checkpoints", str(total)))
+
+
 def train(name: str, out_dir: str) -> str:
   """Trains (or reuses) run ``name`` under ``out_dir/runs/name``; returns the workdir."""
   cfg, overrides = RUNS[name]

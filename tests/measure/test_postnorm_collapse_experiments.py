@@ -218,6 +218,7 @@ def test_fig3_fig5_run_defaults_to_the_warmup_run(monkeypatch, tmp_path):
   runs are secondary; the per-update table around the transition and the rows."""
   trained = []
   monkeypatch.setattr(f35, "_train", lambda name, out: trained.append(name) or name)
+  monkeypatch.setattr(f35.seed_lr_runs, "finished", lambda name, out: True)
   monkeypatch.setattr(f35, "_load", lambda wd: _synthetic_run())
   monkeypatch.setattr(f35, "plot", lambda a, out, tag, names=None, grad_window=None: [tag])
   res = f35.run(str(tmp_path))
