@@ -31,6 +31,22 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "pre_same_lr": ("collapse_post_quick", ["lm.norm_position=pre"]),
     "post_stable": ("stable_post_quick", []),
 }
+# seeds of the three runs (issue 25: >= 3 for every trained result). Seed 0 is RUNS itself;
+# seed s > 0 is ``seeded_name(name, s)`` (diagnostics every 5, as seed 0).
+SEEDS = (0, 1, 2)
+SEED_ALIASES: dict[tuple[str, int], str] = {}
+
+
+def seeded_name(name: str, seed: int) -> str:
+  """The workdir name of run ``name`` (a key of RUNS) at ``seed``."""
+  if seed == 0:
+    return name
+  return SEED_ALIASES.get((name, seed), f"{name}_seed{seed}")
+
+
+SEED_RUNS: dict[str, tuple[str, list[str]]] = {
+    seeded_name(n, s): (cfg, [*extra, f"seed={s}"]) for n, (cfg, extra) in RUNS.items()
+    for s in SEEDS if s and (n, s) not in SEED_ALIASES}
 # the first steps of the collapsing run with diagnostics at every step (Figs 4-5)
 WINDOW_RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse_window": ("collapse_post_quick", ["total_steps=30", "diag_every=1"]),
@@ -39,6 +55,9 @@ WINDOW_RUNS: dict[str, tuple[str, list[str]]] = {
 # at LR 8e-4 collapsing, 6e-4 stable); needs an accelerator pod and C4 through tfds.
 PAPER_RUNS: dict[str, tuple[str, list[str]]] = {}
 STREAM_FREQ_BATCHES = 256
+# what each seed's row reads (summarize's keys)
+SEED_KEYS = ("final_loss_last10pct_mean", "loss_minus_stream_freq", "final_last_tsim",
+             "final_grad_ratio_first_over_last", "min_loss", "max_last_tsim")
 
 
 def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
@@ -47,7 +66,7 @@ def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
   the workdir."""
   import rankjax.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm", "postnorm_sublayer_norms")
   from rankjax.train.loop import train
-  cfg_name, extra = {**RUNS, **WINDOW_RUNS}.get(name, (config, []))
+  cfg_name, extra = {**RUNS, **SEED_RUNS, **WINDOW_RUNS}.get(name, (config, []))
   cfg = common.load_config(cfg_name, extra + list(overrides or []))
   workdir = os.path.join(out_dir, "runs", name)
   done = os.path.join(workdir, "checkpoints", str(cfg.total_steps))
@@ -108,6 +127,13 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
     if freq is None:
       freq = stream_frequency_loss(common.load_config(RUNS[name][0]))
     out["runs"][name] = {**summarize(wd, freq), "workdir": wd, "seconds": time.time() - t0}
+  # the same three runs at the other seeds (the rows judge all of SEEDS)
+  out["seeds"] = list(SEEDS)
+  out["by_seed"] = {name: {"0": {k: out["runs"][name][k] for k in SEED_KEYS}} for name in RUNS}
+  for name in RUNS:
+    for seed in SEEDS[1:]:
+      s = summarize(train_run(seeded_name(name, seed), out_dir), freq)
+      out["by_seed"][name][str(seed)] = {k: s[k] for k in SEED_KEYS}
   out["stream_freq_loss"] = freq
   out["seconds"] = time.time() - start
   common.write_json(out_dir, "collapse_study.json", out)

@@ -87,8 +87,12 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   ours: dict[str, Any] = {}
   files: list[str] = []
   workdirs: dict[str, str] = {}
+  not_run = []
   for lr in sl.ABLATION_LRS:
     name = sl.warmup_run_name(lr, 0)
+    if not sl.finished(name, out_dir):
+      not_run.append(lr)    # not trained here (sl.finished): its rows are absent
+      continue
     wd = sl.train(name, out_dir)
     workdirs[f"lr {lr}"] = wd
     a = f35.analyze(wd, mask_threshold=f35.MASK_THRESHOLD, grad_window=f35.GRAD_WINDOW)
@@ -110,7 +114,8 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                          "warmup_steps": sl.WARMUP_STEPS, "total_steps": sl.WARMUP_TOTAL,
                          "mask_threshold": f35.MASK_THRESHOLD, "mask_rule": "both",
                          "grad_window": list(f35.GRAD_WINDOW), "seed": 0},
-            "summary": table, "ours": ours, "files": files, "seconds": time.time() - start}
+            "summary": table, "ours": ours, "not_run": not_run, "files": files,
+            "seconds": time.time() - start}
   common.write_json(out_dir, "fig12_fig20.json", result)
   return result
 

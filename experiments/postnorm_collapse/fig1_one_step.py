@@ -36,7 +36,7 @@ from rankjax.models.transformer import DecoderLM
 SCALES: dict[str, dict[str, Any]] = {
     # the paper's depth and heads; narrow and short so it runs on a CPU in ~1 minute
     "quick": dict(num_layers=48, d_model=128, d_ff=384, num_heads=4, seq_len=128,
-                  num_inits=4, batch=2, vocab_size=32000, scales=(1.0, 2.0, 4.0)),
+                  num_inits=10, batch=1, vocab_size=32000, scales=(1.0, 2.0, 4.0)),
     # Sec 4: 48 layers, d=512, d_ff=1536, 4 heads, n=2048 (accelerator)
     "paper": dict(num_layers=48, d_model=512, d_ff=1536, num_heads=4, seq_len=2048,
                   num_inits=8, batch=1, vocab_size=32000, scales=(1.0, 2.0, 4.0)),
@@ -101,6 +101,22 @@ def sequence_spread(per_seq: dict[str, np.ndarray]) -> dict[str, Any]:
   return out
 
 
+def per_init(per_seq: dict[str, np.ndarray]) -> dict[str, list[float]]:
+  """One value per sequence (= per init, batch 1) of each quantity a claim judges:
+  the share of layers with a positive attention increment (Thm 3.2's sign) and a
+  negative SwiGLU change (Thm 3.4's), the layer sums measured / predicted, |SwiGLU| /
+  |attention| summed over layers, the last-layer t_sim(X_1) and the per-layer
+  increments (for the Pre-Norm 1/l fit)."""
+  a, pa, f, pf = (per_seq[k] for k in ("attn", "pred_attn", "ffn", "pred_ffn"))
+  return {"attn_positive_share": np.mean(a > 0, axis=0).tolist(),
+          "attn_sum_ratio": (a.sum(axis=0) / pa.sum(axis=0)).tolist(),
+          "ffn_negative_share": np.mean(f < 0, axis=0).tolist(),
+          "ffn_sum_ratio": (f.sum(axis=0) / pf.sum(axis=0)).tolist(),
+          "ffn_over_attn_abs_ratio": (np.abs(f).sum(axis=0) / np.abs(a).sum(axis=0)).tolist(),
+          "tsim_last_layer": per_seq["tsim_x1"][-1].tolist(),
+          "amount": per_seq["amount"].T.tolist()}
+
+
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Measures Fig 1; writes ``fig1.json`` and ``fig1.png``."""
   cfg = SCALES[scale]
@@ -126,6 +142,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                                            / max(np.sum(np.abs(m["attn"])), 1e-30)),
           "tsim_last_layer": float(m["tsim_x1"][-1]),
           "spread_over_sequences": sequence_spread(per_seq),
+          "per_init": per_init(per_seq),
       }
   result = {
       "figure": "postnorm_collapse Fig 1 (Sec 4.1)",

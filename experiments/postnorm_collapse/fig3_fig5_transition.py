@@ -55,6 +55,9 @@ GRAD_COLLAPSE_RATIO = 1e-2   # ||g_1|| / ||g_L|| below this = early-layer gradie
 ALPHA_PAPER_MAX = 2.5    # Sec 4.2: "the contribution factor stays below 2.5"
 SUBLAYER_NORMS = "postnorm_sublayer_norms"
 MASK_SWEEP = (1e-10, 1e-8, 1e-6, 1e-4, 1e-3)   # thresholds for the alpha-max sensitivity
+VANISHED_REL = 1e-4   # ||dL/dY_k^l|| below this x its run median: a vanished gradient
+SENSITIVITY_SIM_RISE = (0.1, 0.2, 0.3)    # detect_transition's sim_rise (default 0.2)
+SENSITIVITY_LOSS_RISE = (0.05, 0.1, 0.2)  # and loss_rise (default 0.1)
 
 
 def mask_vanishing(values_SxL: np.ndarray, dx_norm_SxL: np.ndarray, dy_norm_SxL: np.ndarray,
@@ -307,6 +310,22 @@ def analyze(workdir: str, mask_threshold: float | None = None,
           f"{t:g}": _finite_max(mask_vanishing(d[f"alpha_{k}"], norms[f"dx_norm_{k}"],
                                                norms[f"dy_norm_{k}"], t))
           for t in MASK_SWEEP}
+  if norms:
+    # alpha is a ratio of gradient norms; where the sublayer's output gradient has
+    # vanished (below VANISHED_REL x its median over the run's (update, layer) entries)
+    # the ratio is of two near-zero numbers: its maximum without those entries
+    vals = []
+    for k in (1, 2):
+      dy = norms[f"dy_norm_{k}"]
+      keep = dy >= VANISHED_REL * np.median(dy)
+      vals.append(np.where(keep, d[f"alpha_{k}"], np.nan))
+      out[f"frac_vanished_rel_{k}"] = float(1.0 - keep.mean())
+    out["alpha_max_excluding_vanished"] = _finite_max(np.concatenate(vals, axis=1))
+  # the transition detector's thresholds: found or not on a 3 x 3 grid around the default
+  out["transition_sensitivity"] = {
+      f"sim_rise={a:g},loss_rise={b:g}": gr.detect_transition(
+          steps, d["last_tsim"], d["loss"], sim_rise=a, loss_rise=b).found
+      for a in SENSITIVITY_SIM_RISE for b in SENSITIVITY_LOSS_RISE}
   if tr.found:
     i = int(np.searchsorted(steps, tr.step))
     pre = (steps >= tr.step - WINDOW) & (steps < tr.step)
@@ -395,9 +414,15 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   for j, k in ((0, 1), (1, 2)):
     for l in show:
       ax[0, j].plot(steps[win], d[f"rms_factor_mean_{k}"][win, l], lw=0.9, label=f"layer {l + 1}")
-      ax[1, j].plot(steps[win], d[f"contraction_{k}"][win, l], lw=0.9, label=f"layer {l + 1}")
+      # the paper's c(y, alpha) = alpha sqrt(d)/||y|| (Thm 3.6; token mean of the factor,
+      # no gains) beside its sqrt(d)/||y||; the stricter Prop D.1 bound dotted
+      cm = d.get(f"contraction_mean_{k}", d[f"contraction_{k}"])
+      line, = ax[1, j].plot(steps[win], cm[win, l], lw=0.9, label=f"layer {l + 1}")
+      ax[1, j].plot(steps[win], d[f"contraction_{k}"][win, l], ":", lw=0.7,
+                    color=line.get_color())
     ax[0, j].set(title=f"sqrt(d)/||y_{k}^l||", yscale="log", xlabel="step")
-    ax[1, j].set(title=f"c(y_{k}^l, alpha_{k}^l)", yscale="log", xlabel="step")
+    ax[1, j].set(title=f"c(y_{k}^l, alpha_{k}^l) = alpha sqrt(d)/||y|| (dotted: bound, "
+                 "max row x gain)", yscale="log", xlabel="step")
     ax[1, j].axhline(1.0, color="gray", lw=0.5)
   ax[0, 0].legend(fontsize=6)
   for x in ax.flat:
@@ -478,17 +503,28 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
   run_name = run_name or HEADLINE_RUN
   files: list[str] = []
   per_update = "_diag1" in run_name or run_name.endswith("_window")
-  a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
+  if run_name == HEADLINE_RUN and not seed_lr_runs.finished(run_name, out_dir):
+    a: dict[str, Any] = {"long_run_missing": f"{run_name} not trained in this output "
+                                              "folder (skipped, not trained here)"}
+  else:
+    a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
   if run_name == HEADLINE_RUN:
     # its first 60 updates are the Figs 10-11 seed-0 run's (when that run is there)
     short = os.path.join(out_dir, "runs", seed_lr_runs.warmup_run_name(
         seed_lr_runs.MAIN_WARMUP_LR, 0))
-    if os.path.isfile(os.path.join(short, "metrics.jsonl")):
+    if "long_run_missing" not in a and os.path.isfile(os.path.join(short, "metrics.jsonl")):
       from experiments.postnorm_collapse.fig10_fig11_second_seed import same_trajectory
       a["same_trajectory_as_60_update_run"] = same_trajectory(os.path.join(
           out_dir, "runs", run_name), short)
     a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
                                       else None) for n in SECONDARY_RUNS}
+    # the preregistered protocol (issue 25 item 5): the same setting at its planned 60
+    # updates, at seeds WARMUP_SEEDS; the headline rows read these, the 120-update run
+    # (extended after the 60-update run showed no early-layer vanishing) stands beside
+    a["preregistered_60"] = {
+        str(seed): _analyze_run(seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR,
+                                                             seed), out_dir, files, GRAD_WINDOW)
+        for seed in seed_lr_runs.WARMUP_SEEDS}
   result = {
       "figure": "postnorm_collapse Figs 3-5 (Sec 4.2), 10-22 at quick scale",
       "scale": scale, "run": run_name,

@@ -105,6 +105,8 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
           "m_half": float(np.interp(0.5, rho, m)),
           "m_increasing": bool(np.all(np.diff(m) > 0)),
           "rho_m_increasing": bool(np.all(np.diff(rho * m) > 0)),
+          "min_step_m": float(np.min(np.diff(m))),            # > 0: m increasing on the grid
+          "min_step_rho_m": float(np.min(np.diff(rho * m))),
           "linear_fit": {"slope": float(slope), "intercept": float(intercept),
                          "r2": float(r2)},
           "max_dev_from_chord_rel": float(np.max(np.abs(m - chord)) / (m1 - m0)),

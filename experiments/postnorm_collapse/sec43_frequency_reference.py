@@ -81,9 +81,15 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   start = time.time()
   cfg = common.load_config(collapse_study.RUNS["post_collapse"][0])
   stream_freq = collapse_study.stream_frequency_loss(cfg)
+  # the no-warmup collapse at seeds 0, 1, 2 (collapse_study.SEEDS) and the three
+  # ablation runs (seed 0 each)
   runs = {"post_collapse": collapse_study.train_run("post_collapse", out_dir)}
+  for seed in collapse_study.SEEDS[1:]:
+    runs[f"post_collapse_seed{seed}"] = collapse_study.train_run(
+        collapse_study.seeded_name("post_collapse", seed), out_dir)
   for lr in sl.ABLATION_LRS:
-    runs[f"warmup_lr{lr:g}"] = sl.train(sl.warmup_run_name(lr, 0), out_dir)
+    if sl.finished(sl.warmup_run_name(lr, 0), out_dir):   # else not trained here: no row
+      runs[f"warmup_lr{lr:g}"] = sl.train(sl.warmup_run_name(lr, 0), out_dir)
   ours = {name: compare(wd, stream_freq) for name, wd in runs.items()}
   result = {"figure": "postnorm_collapse Sec 4.3 aggregate vs per-sequence frequency loss",
             "scale": scale,
