@@ -16,6 +16,7 @@ compares with the committed numbers (:func:`compare`).
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from typing import Any, Sequence
 
@@ -39,8 +40,8 @@ def write_result(out_dir: str | pathlib.Path, study: str, name: str, scale: str,
                  result: dict[str, Any], rows: list[dict], wall_s: float) -> pathlib.Path:
   """``out_dir/results/<scale>/<name>.json`` for one experiment's run."""
   from experiments import runner
-  data = runner.to_jsonable({k: v for k, v in result.items()
-                             if k not in ("summary", "settings")})
+  data = _finite(runner.to_jsonable({k: v for k, v in result.items()
+                                     if k not in ("summary", "settings")}))
   text = json.dumps(data)
   doc = {"study": study, "experiment": name, "scale": scale,
          "provenance": provenance(wall_s),
@@ -53,6 +54,17 @@ def write_result(out_dir: str | pathlib.Path, study: str, name: str, scale: str,
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
   return path
+
+
+def _finite(x: Any) -> Any:
+  """JSON values with +-inf as null (the results files are strict JSON)."""
+  if isinstance(x, dict):
+    return {k: _finite(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_finite(v) for v in x]
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
 
 
 def committed_dir(study: str, scale: str) -> pathlib.Path:

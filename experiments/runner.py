@@ -28,7 +28,6 @@ import importlib
 import json
 import math
 import pathlib
-import re
 import sys
 import time
 import traceback
@@ -38,68 +37,10 @@ from experiments import evidence, results as results_files
 
 STATUSES = evidence.STATUSES
 FIELDS = evidence.FIELDS
-AUTO_RTOL = 0.05   # LEGACY (rows not yet declared as claims): numbers within 5%
 
 
 class NotPrepared(ValueError):
   """A data set the chosen scale needs is not prepared (raised before anything runs)."""
-
-
-def row(item: str, paper: Any, ours: Any, status: str | None = None, *,
-        seeds: int | None = None, spread: Any = None, note: str = "") -> dict[str, Any]:
-  """One paper-vs-ours row as an experiment returns it (the runner adds ``experiment``
-  and ``scale``). ``status=None`` leaves it to :func:`auto_status`."""
-  if status is not None and status not in STATUSES:
-    raise ValueError(f"status={status!r}; choose one of {list(STATUSES)}")
-  return {"item": item, "paper": paper, "ours": ours, "status": status, "seeds": seeds,
-          "spread": spread, "note": note}
-
-
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-
-
-def _numbers(text: Any) -> list[tuple[float, float]] | None:
-  """``(value, half of the last stated digit)`` of each ``/``-separated number in
-  ``text`` (``~`` and ``%`` allowed), or None when any part is not a plain number."""
-  if isinstance(text, (int, float)) and not isinstance(text, bool):
-    return [(float(text), 0.0)]
-  parts = [p.strip().lstrip("~").rstrip("%").strip() for p in str(text).split("/")]
-  out = []
-  for p in parts:
-    if p.lower() in ("inf", "nan"):
-      out.append((float(p), 0.0))
-      continue
-    if not re.fullmatch(_NUMBER, p):
-      return None
-    mantissa = p.lower().split("e")[0]
-    exponent = int(p.lower().split("e")[1]) if "e" in p.lower() else 0
-    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
-    out.append((float(p), 0.5 * 10.0 ** (exponent - decimals)))
-  return out
-
-
-def auto_status(paper: Any, ours: Any, rtol: float = AUTO_RTOL) -> str:
-  """``match`` / ``mismatch`` when the paper states plain numbers (``a / b / c``) and
-  ours has as many: each within ``rtol`` relative or half the paper's last stated
-  digit; a bound ``< x`` / ``> x`` is checked as stated. Anything else (a trend, a
-  figure, words) is ``qualitative``."""
-  text = str(paper).strip()
-  bound = re.fullmatch(r"(<=?|>=?)\s*(" + _NUMBER + ")", text)
-  theirs = _numbers(ours)
-  if bound and theirs and len(theirs) == 1:
-    x, limit = theirs[0][0], float(bound.group(2))
-    ok = {"<": x < limit, "<=": x <= limit, ">": x > limit, ">=": x >= limit}[bound.group(1)]
-    return "match" if ok else "mismatch"
-  mine = _numbers(paper)
-  if mine is None or theirs is None or len(mine) != len(theirs):
-    return "qualitative"
-  for (p, half_digit), (o, _) in zip(mine, theirs):
-    if math.isinf(p) or math.isinf(o) or math.isnan(o):
-      if p != o:
-        return "mismatch"
-    elif abs(o - p) > max(rtol * abs(p), half_digit):
-      return "mismatch"
-  return "match"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +61,7 @@ class Experiment:
   scales: tuple[str, ...] = ("quick", "paper")
   needs: Callable[[str], str | None] | None = None
   why_missing: str = "no path at this scale"
-  claims: Mapping[str, evidence.Claim] | None = None
+  claims: Mapping[str, evidence.Claim] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,28 +111,19 @@ def _jsonable(x: Any) -> Any:
   return str(x)
 
 
-def _complete(name: str, r: dict[str, Any], scale: str, result: dict[str, Any],
-              claims: Mapping[str, evidence.Claim] | None = None) -> dict:
-  """A row with every field of :data:`FIELDS`: the experiment's name and the scale
-  added; a row judged by a claim is checked against the declaration."""
-  if "rule" in r:
-    claim = (claims or {}).get(r["item"])
-    if claims is not None and (claim is None or claim.paper != r["paper"]
-                               or claim.rule.describe() != r["rule"]):
-      raise ValueError(f"{name}: row {r['item']!r} is not one of the declared claims "
-                       "(item, paper and rule come from evidence.Claim.judge)")
-    out = {k: r.get(k) for k in FIELDS}
-  else:   # LEGACY row (runner.row): the automatic status
-    out = {k: r.get(k) for k in FIELDS}
-    out["status"] = r.get("status") or auto_status(r.get("paper"), r.get("ours"))
-    if r.get("spread") is not None:
-      out["note"] = "; ".join(x for x in (r.get("note"), f"spread {r['spread']}") if x)
-    if out["seeds"] is None:
-      settings = result.get("settings") if isinstance(result.get("settings"), dict) else {}
-      seeds = settings.get("seeds", result.get("seeds"))
-      out["n"] = len(seeds) if isinstance(seeds, (list, tuple)) else seeds
-    elif isinstance(out["seeds"], int):
-      out["n"], out["seeds"] = out["seeds"], None
+def _complete(name: str, r: dict[str, Any], scale: str,
+              claims: Mapping[str, evidence.Claim]) -> dict:
+  """A row with every field of :data:`FIELDS` (the experiment's name and the scale
+  added), checked against the claim the experiment declared."""
+  claim = claims.get(r.get("item"))
+  if claim is None or claim.paper != r.get("paper") or claim.rule.describe() != r.get("rule"):
+    raise ValueError(f"{name}: row {r.get('item')!r} is not one of the declared claims "
+                     "(item, paper and rule come from evidence.Claim.judge)")
+  return _filled(name, r, scale)
+
+
+def _filled(name: str, r: dict[str, Any], scale: str) -> dict:
+  out = {k: r.get(k) for k in FIELDS}
   out["experiment"], out["scale"] = name, scale
   out["note"] = out.get("note") or ""
   if out["status"] not in STATUSES:
@@ -246,14 +178,13 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
   for name in names:
     exp = study.experiments[name]
     if name in missing:
-      rows.append(_complete(name, _runner_row("(not run)", "missing", exp.why_missing),
-                            scale, {}))
+      rows.append(_filled(name, _runner_row("(not run)", "missing", exp.why_missing), scale))
       continue
     start = time.time()
     try:
       module = importlib.import_module(f"{package}.{exp.module}")
       result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale)
-      mine = [_complete(name, r, scale, result, exp.claims) for r in exp.rows(result)]
+      mine = [_complete(name, r, scale, exp.claims) for r in exp.rows(result)]
       results_files.write_result(out, study.name, name, scale, result, mine,
                                  time.time() - start)
       rows.extend(mine)
@@ -261,8 +192,8 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
     except Exception as e:  # noqa: BLE001 (recorded as a failed row; the others still run)
       results[name] = {"error": traceback.format_exc()}
       failed.append(name)
-      rows.append(_complete(name, _runner_row(
-          "FAILED", "failed", f"{type(e).__name__}: {e}".splitlines()[0][:300]), scale, {}))
+      rows.append(_filled(name, _runner_row(
+          "FAILED", "failed", f"{type(e).__name__}: {e}".splitlines()[0][:300]), scale))
     seconds[name] = time.time() - start
     print(f"[{study.name}/{name}] {seconds[name]:.0f} s"
           + (" FAILED" if name in failed else ""), flush=True)

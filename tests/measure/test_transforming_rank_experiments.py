@@ -80,7 +80,7 @@ def test_small_runs_make_claim_rows(tmp_path):
   assert (tmp_path / "table3_projections.png").is_file()
   saved = json.loads((tmp_path / "table3_projections.json").read_text())
   assert 0.5 < saved["table"]["0.6"][0] <= 1.0 and len(saved["per_seed"]["0.6"]) == 3
-  rows = [runner._complete("table3", r, "quick", res, table3_projections.CLAIMS)
+  rows = [runner._complete("table3", r, "quick", table3_projections.CLAIMS)
           for r in res["summary"]]
   assert [r["item"] for r in rows] == ["Table 3: eps=0.6, L=48"]   # L=8 is not in the paper
   assert all(r["n"] == 3 and len(r["per_seed"]) == 3 and r["status"] == "mismatch"
