@@ -27,7 +27,8 @@ def _git(*args: str) -> str | None:
     return None
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
+  """The CPU's model name (from /proc/cpuinfo where there is one)."""
   try:
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
       if line.startswith("model name"):
@@ -55,7 +56,7 @@ def provenance(wall_s: float | None = None) -> dict[str, Any]:
           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
           "numpy": numpy.__version__, "python": platform.python_version(),
           "backend": jax.default_backend(), "device_kind": dev.device_kind,
-          "device_count": jax.device_count(), "cpu": _cpu(),
+          "device_count": jax.device_count(), "cpu": cpu_name(),
           "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           "wall_s": None if wall_s is None else round(wall_s, 1)}

@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import os
 import pathlib
-import platform
 import re
 import time
 
 import jax
 import jax.numpy as jnp
 
+from rankjax.provenance import cpu_name  # noqa: F401 (the benchmarks' machine line)
+
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
-
-
-def cpu_name() -> str:
-  """The CPU's model name (from /proc/cpuinfo where there is one)."""
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
 
 
 def machine_name() -> str:
