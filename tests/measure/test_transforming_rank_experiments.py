@@ -71,6 +71,8 @@ def test_committed_quick_results_cover_every_experiment():
   assert sum(r["status"] == "qualitative" for r in rows) < 0.15 * len(rows)
 
 
+@pytest.mark.slow   # 5 s; the committed rows' claims are checked fast above, the
+# experiments rerun by the slow --check test
 def test_small_runs_make_claim_rows(tmp_path):
   """Table 3, Table 1 and Fig 2 end to end at a small size: every row one number judged
   by its declared claim; the closed forms at any size; Fig 2's exact symmetry."""
