@@ -31,7 +31,7 @@ def reference(tmp_path_factory):
 
 
 def _summary(stdout: str) -> list[str]:
-  return stdout[stdout.index("summary:"):stdout.index("report:")].splitlines()
+  return stdout[stdout.index("summary:"):stdout.index("numbers:")].splitlines()
 
 
 @pytest.mark.slow

@@ -178,7 +178,9 @@ def _summary(results: dict, seeds: tuple[int, ...]) -> list[dict]:
   sizes = dict.fromkeys(label.split("/")[0] for label in results)
   for size in sizes:
     init = [results[f"{size}/init/{sd}"] for sd in seeds if f"{size}/init/{sd}" in results]
-    if init:
+    if init and f"Fig 12 init {size}: off-diagonal block cosine" in CLAIMS:
+      # the paper's claims are about GPT-2 small / medium; another checkpoint's numbers
+      # stay in the result (no claim judges them)
       r0 = init[0]
       tag = f"L={r0['num_layers']}, d={r0['d']}"
       j = lambda item, v, note="": CLAIMS[item].judge(
