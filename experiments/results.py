@@ -39,13 +39,12 @@ def _seeds(result: dict[str, Any], rows: Sequence[dict]) -> list[int] | None:
 def write_result(out_dir: str | pathlib.Path, study: str, name: str, scale: str,
                  result: dict[str, Any], rows: list[dict], wall_s: float) -> pathlib.Path:
   """``out_dir/results/<scale>/<name>.json`` for one experiment's run."""
-  from experiments import runner
-  data = _finite(runner.to_jsonable({k: v for k, v in result.items()
-                                     if k not in ("summary", "settings")}))
+  data = _finite(to_jsonable({k: v for k, v in result.items()
+                              if k not in ("summary", "settings")}))
   text = json.dumps(data)
   doc = {"study": study, "experiment": name, "scale": scale,
          "provenance": provenance(wall_s),
-         "settings": runner.to_jsonable(result.get("settings")),
+         "settings": to_jsonable(result.get("settings")),
          "seeds": _seeds(result, rows), "rows": rows,
          "data": data if len(text) <= DATA_LIMIT else None}
   if doc["data"] is None:
@@ -54,6 +53,19 @@ def write_result(out_dir: str | pathlib.Path, study: str, name: str, scale: str,
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
   return path
+
+
+def to_jsonable(x: Any) -> Any:
+  """Dicts, lists, numpy / jax arrays and scalars as plain JSON values (NaN -> null)."""
+  if isinstance(x, dict):
+    return {str(k): to_jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [to_jsonable(v) for v in x]
+  if hasattr(x, "tolist") and hasattr(x, "dtype"):   # numpy / jax arrays and scalars
+    return to_jsonable(x.tolist())
+  if isinstance(x, float):
+    return None if math.isnan(x) else x
+  return x
 
 
 def _finite(x: Any) -> Any:

@@ -204,17 +204,7 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
   return {"results": results, "rows": rows, "failed": failed, "seconds": seconds}
 
 
-def to_jsonable(x: Any) -> Any:
-  """Dicts, lists, numpy / jax arrays and scalars as plain JSON values (NaN -> null)."""
-  if isinstance(x, dict):
-    return {str(k): to_jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [to_jsonable(v) for v in x]
-  if hasattr(x, "tolist") and hasattr(x, "dtype"):   # numpy / jax arrays and scalars
-    return to_jsonable(x.tolist())
-  if isinstance(x, float):
-    return None if math.isnan(x) else x
-  return x
+to_jsonable = results_files.to_jsonable   # the studies' JSON values
 
 
 def write_json(out_dir: str | pathlib.Path, name: str, obj: Any) -> pathlib.Path:
