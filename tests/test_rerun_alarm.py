@@ -18,7 +18,14 @@ def test_a_test_that_passes_only_on_its_rerun_is_named_loudly(pytester):
 import os, pathlib
 MARK = pathlib.Path(__file__).with_name("crashed_once")
 
-def test_crashes_its_worker_once():
+def test_crashes_its_worker_once(request):
+  # The worker tells the controller this test's rerun budget by a message that is
+  # not awaited; a real hang dies after minutes, long after it arrived. This one dies
+  # at once, so first wait for the controller's answer on the same connection (its
+  # messages are handled in order): otherwise, on a loaded machine, the crash can be
+  # handled before the budget arrives and the test is not rerun (a race in the test,
+  # not in the alarm).
+  assert request.config.failures_db.get_test_reruns(request.node.nodeid) == 1
   if not MARK.exists():
     MARK.write_text("x")
     os._exit(1)          # the xdist worker dies, as a hang ended by the watchdog would
