@@ -24,10 +24,8 @@ depth, ``vmap`` over inputs and over independent weight draws.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import math
-from typing import NamedTuple
 
 import flax.struct
 import jax
@@ -36,7 +34,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rankjax.config import MLPConfig
-from rankjax.measure import host_svd, paths, spectra
+from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
 from rankjax.measure import seed_devices, weight_draws
 from rankjax.models import activations
@@ -47,38 +45,9 @@ from rankjax.numerics import as_float
 Array = jax.Array
 
 
-class BlockJacobianMethod(enum.Enum):
-  """How block Jacobians are computed; both are exact.
-
-  CLOSED_FORM: ``J_f = W_down^T diag(sigma'(pre)) W_up^T`` (Eq. 9, 25; row-vector
-    code ``x @ W``), one ``d x m x d`` GEMM per block, and every norm Jacobian applied
-    as its rank-one/two update (Eq. 19-20, Table 2) in O(d^2)
-    (``models.norms.jacobian_left/right``). Default; about half
-    the FLOPs of JACFWD.
-  JACFWD: ``jax.jacfwd`` of ``blocks.block_fn`` with respect to (h, h_skip) and of
-    ``blocks.branch_out`` (for G): 2d forward tangents per block, each costing one
-    forward pass of the branch. Works for any block; used to check CLOSED_FORM.
-  """
-
-  CLOSED_FORM = "closed_form"
-  JACFWD = "jacfwd"
-
-
-class BlockJacobians(NamedTuple):
-  """Block Jacobians along one forward pass (one input, one weight draw).
-
-  Attributes:
-    skip: ``(L, d, d)`` K_l, or None when every K_l is the identity.
-    branch: ``(L, d, d)`` B_l.
-    relative_branch: ``(L, d, d)`` G_l = beta J_B J_f J_P (the branch term inside
-      ``J_R (I + G_l)``).
-    stream: ``(L+1, d)`` h_0 .. h_L.
-  """
-
-  skip: Array | None
-  branch: Array
-  relative_branch: Array
-  stream: Array
+# The engine's names, re-exported: the MLP is one of its adapters.
+BlockJacobianMethod = engine.BlockJacobianMethod
+BlockJacobians = engine.BlockJacobians
 
 
 def identity_skip(cfg: MLPConfig) -> bool:
@@ -125,91 +94,73 @@ def branch_jacobian(params: dict, z_D: Array, activation: str) -> tuple[Array, A
   return act, da_DxM.T
 
 
-def _block_closed_form(params, h, h_start, closes, cfg, beta):
+def mlp_block(cfg: MLPConfig, beta: Array | float | None = None) -> engine.ResidualBlock:
+  """The residual MLP's block (Eq. 17) for the engine, with its closed forms.
+
+  One block's parameters are ``(params, closes)``: the block's slice of the stacked
+  parameters and its skip flag (``blocks.skip_flags``; read only when ``skip_every !=
+  1``). ``beta`` (possibly traced) defaults to ``cfg.beta`` and multiplies the branch of
+  closing blocks only. The closed form: ``branch_jacobian`` (Eq. 9, 25) with the P and B
+  norm Jacobians applied as their low-rank updates (Eq. 19-20, Table 2), and the R norm's
+  Jacobian applied to G and to the skip (``models.norms.jacobian_left``).
+  """
   p_op, b_op, r_op = cfg.norm_ops
   eps = cfg.norm_eps
-  z = blocks_lib._norm(params, "p", p_op, h, eps)
-  f, jf = branch_jacobian(params, z, cfg.activation)
-  jfp = norms.jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
-  u = blocks_lib._norm(params, "b", b_op, f, eps)
-  jbfp = norms.jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))
-  beta_eff = jnp.where(closes, beta, 1.0).astype(h.dtype)
-  g = beta_eff * jbfp
-  pre_r = jnp.where(closes, h_start + beta * u, u)
-  h_new = blocks_lib._norm(params, "r", r_op, pre_r, eps)
-  b = norms.jacobian_left(g, pre_r, r_op, eps, params.get("r_scale"))
-  if identity_skip(cfg):
-    k = None
-  else:
-    eye = jnp.eye(h.shape[-1], dtype=h.dtype) * closes.astype(h.dtype)
-    k = norms.jacobian_left(eye, pre_r, r_op, eps, params.get("r_scale"))
-  return h_new, k, b, g
+  beta = cfg.beta if beta is None else beta
+  grouped = cfg.skip_every != 1
 
+  def beta_eff(p, dtype):
+    return jnp.where(p[1], beta, 1.0).astype(dtype) if grouped else \
+        jnp.where(True, beta, 1.0).astype(dtype)
 
-def _block_jacfwd(params, h, h_start, closes, cfg, beta):
-  del beta  # block_fn reads cfg.beta
-  fn = lambda x, s: blocks_lib.block_fn(params, x, s, closes, cfg)
-  b, k = jax.jacfwd(fn, argnums=(0, 1))(h, h_start)
-  beta_eff = jnp.where(closes, cfg.beta, 1.0).astype(h.dtype)
-  g = beta_eff * jax.jacfwd(lambda x: blocks_lib.branch_out(params, x, cfg))(h)
-  return fn(h, h_start), (None if identity_skip(cfg) else k), b, g
+  def branch(p, h):
+    return beta_eff(p, h.dtype) * blocks_lib.branch_out(p[0], h, cfg)
+
+  def closed_branch(p, h):
+    params = p[0]
+    z = blocks_lib._norm(params, "p", p_op, h, eps)
+    f, jf = branch_jacobian(params, z, cfg.activation)
+    jfp = norms.jacobian_right(jf, h, p_op, eps, params.get("p_scale"))
+    u = blocks_lib._norm(params, "b", b_op, f, eps)
+    jbfp = norms.jacobian_left(jfp, f, b_op, eps, params.get("b_scale"))
+    b = beta_eff(p, h.dtype)
+    return b * u, b * jbfp
+
+  has_r = r_op != "none"
+  return engine.ResidualBlock(
+      branch=branch,
+      post=(lambda p, y: blocks_lib._norm(p[0], "r", r_op, y, eps)) if has_r else None,
+      closes=(lambda p: p[1]) if grouped else None,
+      branch_jacobian=closed_branch,
+      post_jacobian=(lambda p, y, m: norms.jacobian_left(m, y, r_op, eps,
+                                                          p[0].get("r_scale"))) if has_r else None)
 
 
 @precision_lib.measured
 def block_jacobians(blocks: dict, h0_D: Array, cfg: MLPConfig,
                     method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
                     beta: Array | float | None = None) -> BlockJacobians:
-  """K_l, B_l and G_l of every block along the forward pass from ``h0_D`` (Eq. 18).
+  """K_l, B_l and G_l of every block along the forward pass from ``h0_D`` (Eq. 18;
+  ``engine.block_jacobians`` of ``mlp_block``).
 
   Args:
     blocks: the stacked block parameters (``variables["params"]["blocks"]``).
     h0_D: one input ``(d,)``; ``vmap`` for batches.
     cfg: the model config.
-    method: ``BlockJacobianMethod`` (closed form by default).
-    beta: the branch scale, possibly traced (closed form only); default cfg.beta.
+    method: ``BlockJacobianMethod`` (closed form by default; not MATRIX_FREE).
+    beta: the branch scale, possibly traced; default cfg.beta.
   """
-  method = BlockJacobianMethod(method)
-  one = _block_closed_form if method is BlockJacobianMethod.CLOSED_FORM else _block_jacfwd
-  if beta is None or method is BlockJacobianMethod.JACFWD:
-    beta = cfg.beta
-
-  def step(carry, xs):
-    h, h_start = carry
-    params, closes = xs
-    h_new, k, b, g = one(params, h, h_start, closes, cfg, beta)
-    h_start = jnp.where(closes, h_new, h_start)
-    return (h_new, h_start), (k, b, g, h_new)
-
-  _, (k, b, g, hs) = jax.lax.scan(step, (h0_D, h0_D), (blocks, blocks_lib.skip_flags(cfg)))
-  return BlockJacobians(k, b, g, jnp.concatenate([h0_D[None], hs], axis=0))
+  return engine.block_jacobians(mlp_block(cfg, beta), (blocks, blocks_lib.skip_flags(cfg)),
+                                h0_D, method)
 
 
 @precision_lib.measured
-def input_output_jacobians(bj: BlockJacobians, cfg: MLPConfig) -> Array:
-  """``(L, d, d)`` dh_l/dh_0 for l = 1..L by the running product (Eq. 2, 10).
-
-  ``T_l = K_l T_start + B_l T_{l-1}``, with ``T_start`` the Jacobian of the current
-  skip group's input; for ``skip_every = 1`` this is ``T_l = (K_l + B_l) T_{l-1}``.
-  """
-  d = bj.branch.shape[-1]
-  eye = jnp.eye(d, dtype=bj.branch.dtype)
-  flags = blocks_lib.skip_flags(cfg)
-
-  if cfg.skip_every == 1:
-    def step(t, xs):
-      k, b = xs
-      t_new = (b if k is None else k + b) @ t + (t if k is None else 0.0)
-      return t_new, t_new
-    _, ts = jax.lax.scan(step, eye, (bj.skip, bj.branch))
-    return ts
-
-  def step(carry, xs):
-    t, t_start = carry
-    k, b, closes = xs
-    t_new = k @ t_start + b @ t
-    return (t_new, jnp.where(closes, t_new, t_start)), t_new
-  _, ts = jax.lax.scan(step, (eye, eye), (bj.skip, bj.branch, flags))
-  return ts
+def input_output_jacobians(bj: BlockJacobians, cfg: MLPConfig | None = None) -> Array:
+  """``(L, d, d)`` dh_l/dh_0 for l = 1..L by the running product (Eq. 2, 10;
+  ``engine.input_output_jacobians``; ``cfg`` is not needed: the skip groups travel in
+  ``bj.closes``)."""
+  del cfg
+  return engine.input_output_jacobians(bj)
 
 
 @precision_lib.measured
@@ -265,7 +216,7 @@ class JacobianStudy:
 
 @precision_lib.measured
 def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
-                        beta: Array | float | None = None, *, with_paths: bool = True,
+                        beta: Array | float | None = None, *, with_paths: bool | None = None,
                         method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
                         reference: str = "product", num_chunks: int | None = None) -> dict:
   """Every per-sample measurement of the study for one input and one weight draw.
@@ -275,33 +226,14 @@ def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
   (``with_paths``; needs ``supports_path_sums(cfg)``), stream rms and branch ratios.
   Returns a dict with the per-sample versions of the ``JacobianStudy`` fields.
   """
-  method = BlockJacobianMethod(method)
-  with_paths = with_paths and supports_path_sums(cfg)
+  if with_paths is None:
+    with_paths = supports_path_sums(cfg)
+  elif with_paths and not supports_path_sums(cfg):
+    raise ValueError(f"path sums need skip_every in {{0, 1}}; got {cfg.skip_every}")
   bj = block_jacobians(blocks, h0_D, cfg, method, beta)
-  d = cfg.width
-  ts = input_output_jacobians(bj, cfg)
-  # L * seeds SVDs, a thread per core on CPU (host_svd): 0.94 s against 1.29 s for XLA's
-  # batched SVD in the benchmark's study (L=48, d=256, 8 seeds, 2 cores).
-  sv = host_svd.singular_values_threaded(as_float(ts))
-  acc, unc = paths.accumulated_branch(bj.relative_branch)
-  out = {
-      "erank": spectra.effective_rank_from_singular_values(sv) / d,
-      "stable_rank": spectra.stable_rank_from_singular_values(sv) / d,
-      "stream_rms": jnp.sqrt(jnp.mean(jnp.square(bj.stream), axis=-1)),
-      "branch_to_skip": jnp.linalg.norm(bj.relative_branch, axis=(-2, -1)) / math.sqrt(d),
-      "accumulated_branch": acc,
-      "accumulated_uncorrelated": unc,
-  }
-  nan = jnp.full((cfg.depth + 1,), jnp.nan, ts.dtype)
-  if with_paths:
-    ps = paths.path_sums(bj.skip, bj.branch, num_chunks=num_chunks)
-    ref = ts[-1] if reference == "product" else network_jacobian(blocks, h0_D, cfg)
-    out.update(order_log_mass=ps.log_norm, order_profile=paths.order_profile(ps),
-               mean_order=paths.mean_order(ps),
-               reconstruction_error=paths.reconstruction_error(ps, ref))
-  else:
-    out.update(order_log_mass=nan, order_profile=nan, mean_order=nan[0],
-               reconstruction_error=nan[0])
+  ref = network_jacobian(blocks, h0_D, cfg) if with_paths and reference == "network" else None
+  out = engine.measurements(bj, with_paths=with_paths, num_chunks=num_chunks, reference=ref)
+  del out["input_output"]
   return out
 
 
@@ -343,63 +275,135 @@ def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
   return out, pieces[-1].reshape(num_inputs, cfg.width)
 
 
-def _beta_is_static(method: BlockJacobianMethod, reference: str) -> bool:
-  """JACFWD block Jacobians and the network reference read cfg.beta (a Python float)."""
-  return method is BlockJacobianMethod.JACFWD or reference == "network"
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+  """How ``mlp_jacobian_study`` measures: every field is used or refused, none ignored.
+
+  Attributes:
+    num_inputs: inputs h_0 ~ N(0, I_d) per weight draw.
+    num_seeds: independent weight draws (seed s uses ``jax.random.split(key, S)[s]``).
+    path_sums: compute the per-order path sums (O(L^2 d^3) per sample). None (default):
+      when the config allows them (``skip_every`` 0 or 1; else the path fields are NaN);
+      True with another spacing is refused.
+    method: "closed_form" or "jacfwd" block Jacobians (``BlockJacobianMethod``).
+    reference: what the reconstruction is compared with: "product" (the running
+      product of the block Jacobians) or "network" (``jax.jacfwd`` of the whole block
+      stack, which reads ``cfg.beta``: the study's beta is then fixed; about a third of
+      the DP's cost at d=256, 4x). Needs path sums.
+    num_chunks: static block groups of the DP (``paths.path_sums``); needs path sums.
+    devices: devices of the seed mesh (default ``jax.local_devices()``).
+    seed_batch: seeds vmapped together on a device (default
+      ``seed_devices.default_seed_batch``).
+    precision: matmul precision of every dot (``rankjax.measure.precision``; default
+      'highest', full float32 on every backend).
+    draw: the bit generator of the weights and inputs (``weight_draws.DRAWS``; default
+      "threefry", the recorded numbers, and the fastest on CPU). Every option draws the
+      same distribution; the numbers differ.
+  """
+
+  num_inputs: int = 1
+  num_seeds: int = 1
+  path_sums: bool | None = None
+  method: str = "closed_form"
+  reference: str = "product"
+  num_chunks: int | None = None
+  devices: tuple | None = None
+  seed_batch: int | None = None
+  precision: str | None = None
+  draw: str = "threefry"
+
+  def __post_init__(self):
+    method = BlockJacobianMethod(self.method)
+    if method is BlockJacobianMethod.MATRIX_FREE:
+      raise ValueError("method='matrix_free' forms no block Jacobian; use "
+                       "matrix_free.network_rank_estimates")
+    object.__setattr__(self, "method", method.value)
+    if self.reference not in ("product", "network"):
+      raise ValueError(f"reference={self.reference!r}; choose 'product' or 'network'")
+    for name in ("num_inputs", "num_seeds"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.seed_batch is not None and int(self.seed_batch) < 1:
+      raise ValueError(f"seed_batch must be >= 1, got {self.seed_batch}")
+    weight_draws.check_draw(self.draw)
+    object.__setattr__(self, "precision", precision_lib.check_precision(self.precision))
+    if self.devices is not None:
+      object.__setattr__(self, "devices", tuple(self.devices))
+    if self.path_sums is False and (self.num_chunks is not None
+                                    or self.reference != "product"):
+      raise ValueError("num_chunks and reference='network' need path sums "
+                       "(path_sums=False was given)")
+
+  def with_paths(self, cfg: MLPConfig) -> bool:
+    """Whether path sums run for ``cfg`` (refusing ``path_sums=True`` where they do not
+    apply)."""
+    if self.path_sums and not supports_path_sums(cfg):
+      raise ValueError(f"path sums need skip_every in {{0, 1}}; got {cfg.skip_every} "
+                       "(pass path_sums=None or False)")
+    if self.path_sums is None and not supports_path_sums(cfg) and (
+        self.num_chunks is not None or self.reference != "product"):
+      raise ValueError(f"num_chunks / reference='network' need path sums, which "
+                       f"skip_every={cfg.skip_every} does not allow")
+    return supports_path_sums(cfg) if self.path_sums is None else bool(self.path_sums)
+
+  @property
+  def beta_is_static(self) -> bool:
+    """The network reference reads cfg.beta (a Python float); otherwise beta is traced."""
+    return self.reference == "network"
 
 
-def _per_seed(keys, alpha, beta, cfg, num_inputs, with_paths, method, reference, num_chunks,
-              seed_batch, draw):
-  if _beta_is_static(method, reference):
+def _per_seed(keys, alpha, beta, cfg, options: StudyOptions, with_paths, seed_batch):
+  if options.beta_is_static:
     beta = cfg.beta
 
   def one_seed(key):
-    blocks, h0 = seed_samples(cfg, key, num_inputs, alpha, draw)
+    blocks, h0 = seed_samples(cfg, key, options.num_inputs, alpha, options.draw)
     fn = lambda h: sample_measurements(blocks, h, cfg, beta, with_paths=with_paths,
-                                       method=method, reference=reference,
-                                       num_chunks=num_chunks)
+                                       method=options.method, reference=options.reference,
+                                       num_chunks=options.num_chunks)
     return jax.vmap(fn)(h0)
   # Seeds in groups of seed_batch, vmapped within a group (``seed_devices``: one
   # at a time on CPU, memory-bounded groups on GPU/TPU).
   return jax.lax.map(one_seed, keys, batch_size=seed_batch)
 
 
-@functools.lru_cache(maxsize=64)
 def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
-                  path_sums: bool = True, method: str = "closed_form",
-                  reference: str = "product", num_chunks: int | None = None,
-                  devices: tuple | None = None, seed_batch: int | None = None,
-                  precision: str | None = None, draw: str = "threefry"):
+                  options: StudyOptions | None = None, **fields):
   """A jitted ``fn(key, alpha, beta) -> per-sample dict`` for configs like ``cfg``.
 
+  The study is ``StudyOptions(num_inputs, num_seeds, **fields)`` (or ``options``).
   alpha and beta are traced, so one compilation serves a whole (alpha, beta) sweep
-  (``cfg.alpha`` and ``cfg.beta`` are ignored), except that with ``method="jacfwd"``
-  or ``reference="network"`` the beta argument is ignored and ``cfg.beta`` is used.
+  (``cfg.alpha`` and ``cfg.beta`` are not read), except that with
+  ``reference="network"`` beta is ``cfg.beta`` and ``fn`` refuses any other.
   The seed axis is split over a 1-D ``seeds`` mesh of local devices (``shard_map``
   inside ``jax.jit`` with ``NamedSharding`` in/out shardings); each device runs its
   seeds in ``lax.map`` groups of ``seed_batch`` vmapped seeds
-  (``seed_devices.default_seed_batch``:
-  1 on CPU for d >= 128, memory-bounded on GPU/TPU). Every dot is traced at
-  ``precision``. Weights and inputs come from the bit generator ``draw``
-  (``seed_samples``). Cached on its (hashable) arguments.
+  (``seed_devices.default_seed_batch``: 1 on CPU for d >= 128, memory-bounded on
+  GPU/TPU). Every dot is traced at ``precision``. Weights and inputs come from the bit
+  generator ``draw`` (``seed_samples``). Cached on (cfg, options).
   """
-  if reference not in ("product", "network"):
-    raise ValueError(f"reference={reference!r}; choose 'product' or 'network'")
-  weight_draws.check_draw(draw)
-  precision = precision_lib.check_precision(precision)
-  method = BlockJacobianMethod(method)
-  with_paths = bool(path_sums) and supports_path_sums(cfg)
-  mesh = seed_devices.seed_mesh(num_seeds, devices)
+  if options is None:
+    options = StudyOptions(num_inputs, num_seeds, **fields)
+  elif fields or (num_inputs, num_seeds) != (1, 1):
+    raise ValueError("give the study's settings either as options= or as arguments")
+  return _study_fn(cfg, options)
+
+
+@functools.lru_cache(maxsize=64)
+def _study_fn(cfg: MLPConfig, options: StudyOptions):
+  with_paths = options.with_paths(cfg)
+  num_seeds = options.num_seeds
+  mesh = seed_devices.seed_mesh(num_seeds, options.devices)
   local_seeds = num_seeds // mesh.size
+  seed_batch = options.seed_batch
   if seed_batch is None:
-    seed_batch = seed_devices.default_seed_batch(cfg, num_inputs, local_seeds, with_paths,
-                                                 mesh.devices.flat[0])
+    seed_batch = seed_devices.default_seed_batch(cfg, options.num_inputs, local_seeds,
+                                                 with_paths, mesh.devices.flat[0])
   sharded = NamedSharding(mesh, PartitionSpec("seeds"))
   replicated = NamedSharding(mesh, PartitionSpec())
   def on_device(ks, a, b):
-    with precision_lib.matmul_precision(precision):   # every dot traced in the study
-      return _per_seed(ks, a, b, cfg, num_inputs, with_paths, method, reference,
-                       num_chunks, min(seed_batch, local_seeds), draw)
+    with precision_lib.matmul_precision(options.precision):   # every dot traced in the study
+      return _per_seed(ks, a, b, cfg, options, with_paths, min(seed_batch, local_seeds))
 
   per_device = jax.shard_map(
       on_device,
@@ -410,6 +414,10 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   dtype = jnp.dtype(cfg.param_dtype)
 
   def args(key: Array, alpha: float | Array, beta: float | Array) -> tuple:
+    if options.beta_is_static and not isinstance(beta, jax.core.Tracer) \
+        and float(beta) != cfg.beta:
+      raise ValueError(f"reference='network' measures cfg.beta={cfg.beta}; beta={beta} "
+                       "would be ignored (set it in the config)")
     keys = jax.device_put(jax.random.split(key, num_seeds), sharded)
     return keys, jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype)
 
@@ -421,56 +429,36 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
 
 
 def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seeds: int = 1, *,
-                       path_sums: bool = True, method: str = "closed_form",
-                       reference: str = "product", num_chunks: int | None = None,
-                       devices=None, seed_batch: int | None = None,
-                       return_samples: bool = False, precision: str | None = None,
-                       draw: str = "threefry"):
+                       options: StudyOptions | None = None,
+                       return_samples: bool = False, **fields):
   """Measures a residual MLP config at initialization (Sec 2-4, App A-B).
 
-  Each of ``num_seeds`` weight draws (seed s uses ``jax.random.split(key, S)[s]``)
-  is evaluated at ``num_inputs`` Gaussian inputs ``h_0 ~ N(0, I_d)``; the seed axis
-  is sharded over a 1-D mesh of this process's devices (``jax.jit`` with a
-  ``NamedSharding``; the mesh uses the largest local device count dividing
-  ``num_seeds``).
+  Each of ``num_seeds`` weight draws is evaluated at ``num_inputs`` Gaussian inputs
+  ``h_0 ~ N(0, I_d)``; the seed axis is sharded over a 1-D mesh of this process's
+  devices (``jax.jit`` with a ``NamedSharding``; the mesh uses the largest local device
+  count dividing ``num_seeds``). The settings are ``StudyOptions(num_inputs, num_seeds,
+  **fields)`` (or ``options``): path_sums, method, reference, num_chunks, devices,
+  seed_batch, precision, draw; an unknown or inapplicable one is refused.
 
   Args:
     cfg: the model config (``input_dim``/``num_classes`` layers are not part of the
       measured block stack; h_0 is the first block's input).
     key: PRNG key.
-    num_inputs: inputs per weight draw.
-    num_seeds: independent weight draws.
-    path_sums: compute the per-order path sums (O(L^2 d^3) per sample); ignored
-      (NaN fields) unless ``skip_every`` is 0 or 1.
-    method: "closed_form" or "jacfwd" block Jacobians (``BlockJacobianMethod``).
-    reference: what the reconstruction is compared with: "product" (the running
-      product of the block Jacobians) or "network" (``jax.jacfwd`` of the whole
-      block stack; costs about a third of the path-sum DP at d=256, 4x).
-    num_chunks: static block groups of the DP (``paths.path_sums``).
-    devices: devices for the seed mesh (default ``jax.local_devices()``).
-    seed_batch: seeds vmapped together on a device (default
-      ``seed_devices.default_seed_batch``).
     return_samples: also return the per-(seed, input) arrays.
-    precision: matmul precision of every dot (``rankjax.measure.precision``; default
-      'highest', full float32 on every backend).
-    draw: the bit generator of the weights and inputs (``weight_draws.DRAWS``; default
-      "threefry", the recorded numbers, and the fastest on CPU). Every
-      option draws the same distribution; the numbers differ.
 
   Returns:
     ``JacobianStudy`` (and the dict of per-sample arrays with leading
     ``(num_seeds, num_inputs)`` axes when ``return_samples``).
   """
-  method = BlockJacobianMethod(method)
+  if options is None:
+    options = StudyOptions(num_inputs, num_seeds, **fields)
+  elif fields or (num_inputs, num_seeds) != (1, 1):
+    raise ValueError("give the study's settings either as options= or as arguments")
   base = dataclasses.replace(cfg, alpha=1.0)
-  if not _beta_is_static(method, reference):
+  if not options.beta_is_static:
     base = dataclasses.replace(base, beta=1.0)   # traced: one compilation per shape
-  fn = make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums, method=method.value,
-                     reference=reference, num_chunks=num_chunks,
-                     devices=None if devices is None else tuple(devices),
-                     seed_batch=seed_batch, precision=precision, draw=draw)
-  samples = fn(key, cfg.alpha, cfg.beta)
-  study = summarize(samples, num_inputs=num_inputs, num_seeds=num_seeds)
+  samples = _study_fn(base, options)(key, cfg.alpha, cfg.beta)
+  study = summarize(samples, num_inputs=options.num_inputs, num_seeds=options.num_seeds)
   return (study, samples) if return_samples else study
 
 

@@ -80,13 +80,16 @@ def _prefix(params, h, l):
 
 
 def test_general_split_post_norm_block_with_closed_form(x64):
-  """Post-norm h = N(h + W h): K = J_N, B = J_N W (Eq. 18), from user closed forms."""
+  """Post-norm h = N(h + W h): K = J_N, B = J_N W (Eq. 18), from user closed forms and by
+  jacfwd."""
   w = jax.random.normal(jax.random.PRNGKey(3), (L, D, D), jnp.float64) * 0.4
   norm = lambda x: (x - x.mean()) / jnp.sqrt(jnp.var(x) + 1e-5)
-  jn = lambda p, h: jax.jacfwd(norm)(h + p @ h)
   out = jax.jit(lambda w, h: rn.network_study(
-      w, h, branch=lambda p, h: p @ h, block=lambda p, h: norm(h + p @ h),
-      skip_jacobian=jn, branch_jacobian=lambda p, h: jn(p, h) @ p))(w, jnp.linspace(-1.0, 1.0, D))
+      w, h, branch=lambda p, h: p @ h, post=lambda p, y: norm(y),
+      branch_jacobian=lambda p, h: p,
+      post_jacobian=lambda p, y: jax.jacfwd(norm)(y)))(w, jnp.linspace(-1.0, 1.0, D))
+  by_jacfwd = jax.jit(lambda w, h: rn.network_study(
+      w, h, branch=lambda p, h: p @ h, post=lambda p, y: norm(y)))(w, jnp.linspace(-1.0, 1.0, D))
 
   def net(h):
     for l in range(L):
@@ -96,6 +99,10 @@ def test_general_split_post_norm_block_with_closed_form(x64):
   ref = jax.jit(jax.jacobian(net))(jnp.linspace(-1.0, 1.0, D))
   np.testing.assert_allclose(out["input_output"][-1], ref, rtol=1e-11, atol=1e-12)
   assert float(out["reconstruction_error"]) < 1e-12
+  np.testing.assert_allclose(by_jacfwd["input_output"], out["input_output"], rtol=1e-11,
+                             atol=1e-12)
+  np.testing.assert_allclose(out["branch_to_skip"], np.linalg.norm(w, axis=(1, 2)) / np.sqrt(D),
+                             rtol=1e-12)      # G_l = W_l, relative to the skip (Eq. 4)
 
 
 def test_skip_as_a_function_and_errors(x64):
@@ -103,6 +110,6 @@ def test_skip_as_a_function_and_errors(x64):
   nj = rn.network_block_jacobians(a, jnp.ones(D), branch=lambda p, h: jnp.tanh(p @ h),
                                   skip=lambda p, h: 0.5 * h)
   np.testing.assert_allclose(nj.skip, 0.5 * np.broadcast_to(np.eye(D), (L, D, D)))
-  with pytest.raises(ValueError, match="give the split"):
+  with pytest.raises(TypeError, match="block"):    # the old split-by-hand keyword is gone
     rn.network_block_jacobians(a, jnp.ones(D), branch=lambda p, h: p @ h,
                                block=lambda p, h: h)
