@@ -20,7 +20,9 @@ The sublayers are the model's own (``transformer.apply_sublayer``: ``DecoderBloc
 modules and norm wiring on one layer's slice of ``params["layers"]``);
 ``transformer.layer_forward`` composes them and is tested equal to ``DecoderBlock``.
 Attention has no closed form here: every Jacobian is ``jax.jacfwd`` (d tangents at a
-position).
+position), through the Jacobian engine (``token_sublayer`` is the DecoderLM's adapter);
+``token_block_jacobians`` gives the engine's K, B, G of all 2L sublayers at a token, for
+``engine.measurements`` (erank of the token's stream Jacobian, path sums).
 Evaluation mode (no dropout).
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from rankjax.config import TransformerConfig
+from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
 from rankjax.models import transformer
 
@@ -45,6 +48,25 @@ def _sublayer(cfg: TransformerConfig, layer: dict, which: str, h_TxD: Array
   y, h_new = transformer.apply_sublayer(cfg, layer, "attn" if which == "attention" else "ffn",
                                         h_TxD)
   return y - h_TxD, h_new
+
+
+def token_sublayer(cfg: TransformerConfig, layer: dict, which: str, h_TxD: Array,
+                   position: Array | int) -> engine.ResidualBlock:
+  """The engine's block of sublayer ``which`` ("attention" or "ffn") at token
+  ``position``, the other tokens of the stream ``h_TxD`` held fixed: branch
+  ``x -> [beta B(f(P(h)))]_t`` with ``h_t = x``, R the sublayer's post-residual norm on
+  the token (None where the placement has none). Its K and B (Eq. 18) are the token's
+  sublayer Jacobian ``J_R (I + G)`` split into skip and branch; ``jax.jacfwd`` (no
+  closed form: attention mixes tokens). The block reads no stacked parameters."""
+  sub = "attn" if which == "attention" else "ffn"
+  _, norm = transformer.sublayer_parts(cfg, layer, sub)
+  has_r = (sub, "r") in transformer.norm_names(cfg)
+
+  def branch(_, x_D):
+    return _sublayer(cfg, layer, which, h_TxD.at[position].set(x_D))[0][position]
+
+  return engine.ResidualBlock(branch=branch,
+                              post=(lambda _, y_D: norm("r", y_D)) if has_r else None)
 
 
 def _check(cfg: TransformerConfig, params: dict, tokens_T: Array) -> None:
@@ -62,23 +84,58 @@ def _first_stream(cfg, params, tokens_T):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "precision"))
 @precision_lib.measured
-def _token_jacobians(cfg, params, tokens_T, position):
+def _token_terms(cfg, params, tokens_T, position):
+  jacfwd = engine.BlockJacobianMethod.JACFWD
+
   def step(h_TxD, layer):
     def at(which, stream):
-      def fn(x_D):
-        branch, h_new = _sublayer(cfg, layer, which, stream.at[position].set(x_D))
-        return branch[position], h_new[position]
-      return jax.jacfwd(fn)(stream[position])
+      block = token_sublayer(cfg, layer, which, stream, position)
+      return engine.block_terms(block, None, stream[position], method=jacfwd)
 
-    attn, attn_sub = at("attention", h_TxD)
+    attn = at("attention", h_TxD)
     mid, out = transformer.layer_forward(cfg, layer, h_TxD)
-    ffn, ffn_sub = at("ffn", mid)
-    return out, (attn, ffn, attn_sub, ffn_sub)
+    ffn = at("ffn", mid)
+    return out, (attn, ffn, h_TxD[position], mid[position])
 
-  _, (attn, ffn, attn_sub, ffn_sub) = jax.lax.scan(
+  out, (attn, ffn, h_in, h_mid) = jax.lax.scan(
       step, _first_stream(cfg, params, tokens_T), params["layers"])
-  return {"attention": attn, "ffn": ffn, "attention_sublayer": attn_sub,
-          "ffn_sublayer": ffn_sub}
+  return attn, ffn, h_in, h_mid, out[position]
+
+
+def _interleave(a, b):
+  """(L, ...) and (L, ...) -> (2L, ...): attention, FFN, attention, ..."""
+  return None if a is None else jnp.stack([a, b], axis=1).reshape(-1, *a.shape[1:])
+
+
+def _position(tokens_T, position):
+  t = jnp.shape(tokens_T)[0]
+  if isinstance(position, int) and not -t <= position < t:
+    raise ValueError(f"position {position} is outside a sequence of {t} tokens")
+  return jnp.asarray(position) % t
+
+
+def token_block_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array,
+                          position: Array | int, *, precision: str | None = None
+                          ) -> engine.BlockJacobians:
+  """The engine's ``BlockJacobians`` of the token at ``position`` through the 2L
+  sublayers (attention, FFN of layer 1, ...), the other tokens held fixed: K, B, G
+  (Eq. 18) per sublayer and the token's stream h_0 .. h_2L (layer l's input at 2l, its
+  attention output at 2l+1). ``engine.measurements`` of it gives the erank of the token's
+  stream Jacobian through depth and its path sums (identity K under Pre-Norm)."""
+  _check(cfg, params, tokens_T)
+  attn, ffn, h_in, h_mid, last = _token_terms(cfg, params, jnp.asarray(tokens_T),
+                                              _position(tokens_T, position),
+                                              precision=precision)
+  stream = jnp.concatenate([_interleave(h_in, h_mid), last[None]], axis=0)
+  return engine.BlockJacobians(_interleave(attn.skip, ffn.skip),
+                               _interleave(attn.branch, ffn.branch),
+                               _interleave(attn.relative_branch, ffn.relative_branch), stream)
+
+
+def _sublayer_jacobian(terms: engine.BlockTerms) -> Array:
+  if terms.skip is not None:
+    return terms.skip + terms.branch
+  return terms.branch + jnp.eye(terms.branch.shape[-1], dtype=terms.branch.dtype)
 
 
 def sublayer_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array,
@@ -94,11 +151,11 @@ def sublayer_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array,
   int sequence ``(T,)``; jitted, matmuls at ``precision`` ('highest' by default).
   """
   _check(cfg, params, tokens_T)
-  t = jnp.shape(tokens_T)[0]
-  if isinstance(position, int) and not -t <= position < t:
-    raise ValueError(f"position {position} is outside a sequence of {t} tokens")
-  return _token_jacobians(cfg, params, jnp.asarray(tokens_T), jnp.asarray(position) % t,
-                          precision=precision)
+  attn, ffn, *_ = _token_terms(cfg, params, jnp.asarray(tokens_T),
+                               _position(tokens_T, position), precision=precision)
+  return {"attention": attn.relative_branch, "ffn": ffn.relative_branch,
+          "attention_sublayer": _sublayer_jacobian(attn),
+          "ffn_sublayer": _sublayer_jacobian(ffn)}
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "precision"))

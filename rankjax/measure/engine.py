@@ -282,7 +282,7 @@ def matrix_free_ranks(block: ResidualBlock, params, h0_D: Array, key: Array,
   ``(L,)``), stacked over layers (``BlockJacobianMethod.MATRIX_FREE``): each Lanczos step
   is one JVP and one VJP of the first l blocks; no d x d matrix is formed. ``kwargs``:
   ``matrix_free.rank_estimates``'."""
-  from rankjax.measure import matrix_free   # matrix_free's MLP entry points use the engine
+  from rankjax.measure import matrix_free   # not at import: matrix_free imports the engine
   depth = jax.tree.leaves(params)[0].shape[0]
   layers = (depth,) if layers is None else tuple(layers)
   if not layers or min(layers) < 1 or max(layers) > depth:

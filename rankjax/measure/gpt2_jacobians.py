@@ -10,7 +10,8 @@ one token of the stream h entering its FFN sublayer is
     J_l = dFFN(LN_2(h))/dh = W_down diag(gelu'(z)) W_up J_LN(h),   z = LN_2(h) W_fc + b_fc
 
 (Eq. 9 with the Pre-Norm input Jacobian, Table 2): one d x m x d GEMM, the LN Jacobian
-applied by ``norms.jacobian_right``. ``sublayer_jacobians`` adds the per-token
+applied by ``norms.jacobian_right``. ``ffn_block`` / ``attention_block`` are GPT-2's
+adapters to the Jacobian engine (``measure.engine``). ``sublayer_jacobians`` adds the per-token
 attention branch Jacobians (``jax.jacfwd``; no closed form), ``sequence_jacobians``
 the whole-sequence attention Jacobians (small T). Every entry point runs at the
 measurement precision (``rankjax.measure.precision``).
@@ -20,7 +21,9 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
+from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
 from rankjax.models import blocks, gpt2, norms
 
@@ -66,10 +69,41 @@ def ffn_jacobians(blocks: dict, h_LxD: Array) -> Array:
   return jax.lax.map(lambda a: ffn_jacobian(*a), (blocks, h_LxD))
 
 
+def ffn_block() -> engine.ResidualBlock:
+  """The engine's block of a GPT-2 FFN sublayer ``h + FFN(LN_2(h))`` (one token; Pre-LN:
+  K = I), with its closed form (``ffn_jacobian``). Its parameters: one block's dict."""
+  return engine.ResidualBlock(
+      branch=gpt2.ffn_branch,
+      branch_jacobian=lambda block, h_D: (gpt2.ffn_branch(block, h_D), ffn_jacobian(block, h_D)))
+
+
+def attention_block(h_TxD: Array, position: Array | int, num_heads: int) -> engine.ResidualBlock:
+  """The engine's block of a GPT-2 attention sublayer ``h + Attn(LN_1(h))`` at token
+  ``position``, the other tokens of ``h_TxD`` held fixed (K = I; ``jax.jacfwd``)."""
+  return engine.ResidualBlock(
+      branch=lambda block, x_D: gpt2.attention_branch(
+          block, h_TxD.at[position].set(x_D), num_heads)[position])
+
+
 @functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
 @precision_lib.measured
+def _token_terms(params, tokens_T, position, num_heads):
+  heads = _heads(params, num_heads)
+
+  def step(h_TxD, block):
+    attn = engine.block_terms(attention_block(h_TxD, position, heads), block, h_TxD[position])
+    mid, out = gpt2.block_forward(block, h_TxD, heads)
+    ffn = engine.block_terms(ffn_block(), block, mid[position])
+    return out, (attn, ffn, h_TxD[position], mid[position])
+
+  out, (attn, ffn, h_in, h_mid) = jax.lax.scan(step, gpt2.embed(params, tokens_T),
+                                               params["blocks"])
+  return attn, ffn, h_in, h_mid, out[position]
+
+
 def sublayer_jacobians(params: dict, tokens_T: Array, position: Array | int,
-                       num_heads: int | None = None) -> dict[str, Array]:
+                       num_heads: int | None = None, *, precision: str | None = None
+                       ) -> dict[str, Array]:
   """Per-token branch Jacobians of every block at ``position`` (jitted; ``position``
   may be traced), ``(L, d, d)`` each:
 
@@ -79,20 +113,22 @@ def sublayer_jacobians(params: dict, tokens_T: Array, position: Array | int,
     ``ffn``: ``d FFN(LN_2(h'))_t / d h'_t`` at the FFN input h' (closed form,
       ``ffn_jacobian``; the FFN acts on each token alone).
   """
-  heads = _heads(params, num_heads)
-  d = params["wte"].shape[1]
+  attn, ffn, *_ = _token_terms(params, tokens_T, position, num_heads, precision=precision)
+  return {"attention": attn.branch, "ffn": ffn.branch}
 
-  def step(h_TxD, block):
-    def at_position(x_D):
-      row = h_TxD.at[position].set(x_D)
-      return gpt2.attention_branch(block, row, heads)[position]
-    attn_jac = jax.jacfwd(at_position)(h_TxD[position])
-    mid, out = gpt2.block_forward(block, h_TxD, heads)
-    ffn_jac = ffn_jacobian(block, mid[position])
-    return out, (attn_jac.reshape(d, d), ffn_jac)
 
-  _, (attn, ffn) = jax.lax.scan(step, gpt2.embed(params, tokens_T), params["blocks"])
-  return {"attention": attn, "ffn": ffn}
+def token_block_jacobians(params: dict, tokens_T: Array, position: Array | int,
+                          num_heads: int | None = None, *, precision: str | None = None
+                          ) -> engine.BlockJacobians:
+  """The engine's ``BlockJacobians`` of the token at ``position`` through the 2L
+  sublayers (attention, FFN of block 1, ...), other tokens held fixed; K = I (Pre-LN),
+  the stream h_0 .. h_2L before ``ln_f``. For ``engine.measurements``."""
+  attn, ffn, h_in, h_mid, last = _token_terms(params, tokens_T, position, num_heads,
+                                              precision=precision)
+  pair = lambda a, b: jnp.stack([a, b], axis=1).reshape(-1, *a.shape[1:])
+  branch = pair(attn.branch, ffn.branch)
+  return engine.BlockJacobians(None, branch, branch,
+                               jnp.concatenate([pair(h_in, h_mid), last[None]], axis=0))
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "precision"))

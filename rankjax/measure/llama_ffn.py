@@ -27,6 +27,7 @@ import re
 import jax
 import numpy as np
 
+from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
 from rankjax.models import activations, gpt2, norms
 
@@ -128,11 +129,23 @@ def ffn_jacobian(block: dict, h_D: Array, eps: float = DEFAULT_RMS_EPS) -> Array
   return block["down_w"] @ core_MxD
 
 
+def ffn_block(eps: float = DEFAULT_RMS_EPS) -> engine.ResidualBlock:
+  """The engine's block of a Llama FFN sublayer ``h + FFN(RMSNorm(h))`` (one token;
+  Pre-RMSNorm: K = I) with its closed form (``ffn_jacobian``). Its parameters: one
+  layer's slice of ``load_llama_ffn``'s arrays (``FFN_TENSORS``)."""
+  return engine.ResidualBlock(
+      branch=lambda block, h_D: ffn_branch(block, h_D, eps),
+      branch_jacobian=lambda block, h_D: (ffn_branch(block, h_D, eps),
+                                          ffn_jacobian(block, h_D, eps)))
+
+
 @functools.partial(jax.jit, static_argnames=("eps", "precision"))
 @precision_lib.measured
 def ffn_jacobians(blocks: dict, h_LxD: Array, eps: float = DEFAULT_RMS_EPS) -> Array:
   """``J_l`` of every block at its stream ``h_l``, ``(L, d, d)``, jitted (``lax.map``:
-  one block's m x d intermediate at a time). ``blocks``: ``load_llama_ffn``'s arrays
-  (without ``rms_eps``, which is passed as ``eps``)."""
+  one block's m x d intermediate at a time; ``engine.block_terms`` of ``ffn_block``).
+  ``blocks``: ``load_llama_ffn``'s arrays (without ``rms_eps``, which is passed as
+  ``eps``)."""
   blocks = {k: blocks[k] for k in FFN_TENSORS}
-  return jax.lax.map(lambda a: ffn_jacobian(a[0], a[1], eps), (blocks, h_LxD))
+  block = ffn_block(eps)
+  return jax.lax.map(lambda a: engine.block_terms(block, a[0], a[1]).branch, (blocks, h_LxD))

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rankjax.config import MLPConfig
+from rankjax.measure import engine, jacobians
 from rankjax.measure import precision as precision_lib
 from rankjax.models import blocks as blocks_lib
 
@@ -223,27 +224,16 @@ def function_rank_estimates(fn: Callable[[Array], Array], x: Array, key: Array,
 @precision_lib.measured
 def network_rank_estimates(blocks: dict, h0_D: Array, cfg: MLPConfig, key: Array,
                            layers: tuple[int, ...] | None = None, **kwargs) -> RankEstimate:
-  """Estimates for dh_l/dh_0 of a residual MLP (``blocks.stack_forward``) at ``layers``
-  (static, 1..L; default ``(L,)``), stacked over layers. No d x d matrix is formed:
-  each Lanczos step costs one JVP and one VJP of the first l blocks."""
-  layers = (cfg.depth,) if layers is None else tuple(layers)
-  if not layers or min(layers) < 1 or max(layers) > cfg.depth:
-    raise ValueError(f"layers must lie in [1, {cfg.depth}], got {layers}")
+  """Estimates for dh_l/dh_0 of a residual MLP at ``layers`` (static, 1..L; default
+  ``(L,)``), stacked over layers: ``engine.matrix_free_ranks`` of the MLP's block
+  (``jacobians.mlp_block``). No d x d matrix is formed: each Lanczos step costs one JVP
+  and one VJP of the first l blocks."""
   if cfg.skip_every not in (0, 1):
     raise ValueError("network_rank_estimates needs skip_every in {0, 1}; "
                      f"got {cfg.skip_every}")
-  out = []
-  for i, l in enumerate(layers):
-    prefix = jax.tree.map(lambda a: a[:l], blocks)
-    sub = cfg if l == cfg.depth else _with_depth(cfg, l)
-    fn = lambda h, prefix=prefix, sub=sub: blocks_lib.stack_forward(prefix, h, sub)[0]
-    out.append(function_rank_estimates(fn, h0_D, jax.random.fold_in(key, i), **kwargs))
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *out)
-
-
-def _with_depth(cfg: MLPConfig, depth: int) -> MLPConfig:
-  import dataclasses
-  return dataclasses.replace(cfg, depth=depth)
+  return engine.matrix_free_ranks(jacobians.mlp_block(cfg),
+                                  (blocks, blocks_lib.skip_flags(cfg)), h0_D, key, layers,
+                                  **kwargs)
 
 
 @precision_lib.measured
@@ -254,13 +244,15 @@ def block_rank_estimates(blocks: dict, h0_D: Array, cfg: MLPConfig, key: Array,
   skip at every block: ``skip_every = 1``)."""
   if cfg.skip_every != 1:
     raise ValueError(f"block_rank_estimates needs skip_every=1; got {cfg.skip_every}")
+  block = jacobians.mlp_block(cfg)
+  flags = blocks_lib.skip_flags(cfg)
   keys = jax.random.split(key, cfg.depth)
 
   def step(h, xs):
-    params, k = xs
-    fn = lambda x: blocks_lib.block_fn(params, x, x, True, cfg)
+    params, closes, k = xs
+    fn = lambda x: engine.block_output(block, (params, closes), x)
     est = function_rank_estimates(fn, h, k, **kwargs)
     return fn(h), est
 
-  _, est = jax.lax.scan(step, h0_D, (blocks, keys))
+  _, est = jax.lax.scan(step, h0_D, (blocks, flags, keys))
   return est

@@ -225,12 +225,11 @@ class DecoderLM(nn.Module):
     return head_logits(h, w_DxV)[..., :cfg.vocab_size]
 
 
-def apply_sublayer(cfg: TransformerConfig, layer: dict, sub: str, h_TxD: jax.Array
-                   ) -> tuple[jax.Array, jax.Array]:
-  """``(y, h_new)`` of sublayer ``sub`` ("attn" or "ffn") of one layer on a ``(T, d)``
-  stream, from that layer's slice of ``params["layers"]`` (evaluation mode):
-  ``y = h + beta B(f(P(h)))`` and ``h_new = R(y)``, the modules and wiring of
-  ``DecoderBlock`` (tested equal). For the Jacobians of ``measure.decoder_jacobians``."""
+def sublayer_parts(cfg: TransformerConfig, layer: dict, sub: str):
+  """``(f, norm)`` of sublayer ``sub`` ("attn" or "ffn") of one layer, from that layer's
+  slice of ``params["layers"]`` (evaluation mode): the branch core ``f`` on a ``(T, d)``
+  input and ``norm(loc, x)`` for ``blocks.residual_sublayer``, ``DecoderBlock``'s modules
+  and wiring (``sublayer_norm``)."""
   norm = sublayer_norm(cfg, sub, lambda op, name, x: make_norm(cfg, op, None).apply(
       {"params": layer.get(name, {})}, x))
   if sub == "attn":
@@ -239,6 +238,16 @@ def apply_sublayer(cfg: TransformerConfig, layer: dict, sub: str, h_TxD: jax.Arr
   else:
     mod = FeedForward(cfg)
     f = lambda x: mod.apply({"params": layer["ffn"]}, x)
+  return f, norm
+
+
+def apply_sublayer(cfg: TransformerConfig, layer: dict, sub: str, h_TxD: jax.Array
+                   ) -> tuple[jax.Array, jax.Array]:
+  """``(y, h_new)`` of sublayer ``sub`` ("attn" or "ffn") of one layer on a ``(T, d)``
+  stream (``sublayer_parts``): ``y = h + beta B(f(P(h)))`` and ``h_new = R(y)``, the
+  modules and wiring of ``DecoderBlock`` (tested equal). For the Jacobians of
+  ``measure.decoder_jacobians``."""
+  f, norm = sublayer_parts(cfg, layer, sub)
   _, y, h_new = blocks.residual_sublayer(h_TxD, f, norm, cfg.beta)
   return y, h_new
 

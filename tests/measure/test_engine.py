@@ -1,0 +1,128 @@
+"""The Jacobian engine (measure.engine) and its adapters, against ``jax.jacfwd`` of the
+whole forward pass in float64 (where forward and reverse mode, closed forms and autodiff
+agree to float64 rounding: tolerances 1e-10 relative to the largest entry)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rankjax.config import TransformerConfig
+from rankjax.measure import decoder_jacobians, engine, gpt2_jacobians, llama_ffn, spectra
+from rankjax.models import gpt2, norms, transformer
+
+L, D = 4, 6
+TOL = 1e-10
+
+
+def close(a, b, tol=TOL):
+  a, b = np.asarray(a), np.asarray(b)
+  np.testing.assert_allclose(a, b, rtol=0, atol=tol * max(np.abs(b).max(), 1.0))
+
+
+def _toy(grouped: bool):
+  """h_l = LN(0.5 h_start + tanh(W_l h)) with scale; grouped: skips every second block."""
+  w = jax.random.normal(jax.random.key(0), (L, D, D), jnp.float64) * 0.6
+  scale = 1.0 + 0.2 * jax.random.normal(jax.random.key(1), (L, D), jnp.float64)
+  flags = jnp.arange(1, L + 1) % 2 == 0
+  params = {"w": w, "scale": scale, "closes": flags}
+  post = lambda p, y: norms.normalize(y, "layer", 1e-6) * p["scale"]
+  block = engine.ResidualBlock(
+      branch=lambda p, h: jnp.tanh(p["w"] @ h),
+      post=post, skip=lambda p, h: 0.5 * h,
+      closes=(lambda p: p["closes"]) if grouped else None,
+      branch_jacobian=lambda p, h: (jnp.tanh(p["w"] @ h),
+                                    (1 - jnp.tanh(p["w"] @ h) ** 2)[:, None] * p["w"]),
+      post_jacobian=lambda p, y, m: norms.jacobian_left(m, y, "layer", 1e-6, p["scale"]),
+      skip_jacobian=lambda p, h: 0.5 * jnp.eye(D))
+  return block, params, jnp.linspace(-1.0, 1.2, D)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_closed_form_and_jacfwd_give_the_network_jacobian(x64, grouped):
+  block, params, h0 = _toy(grouped)
+  closed = jax.jit(lambda p, h: engine.block_jacobians(block, p, h, "closed_form"))(params, h0)
+  auto = jax.jit(lambda p, h: engine.block_jacobians(block, p, h, "jacfwd"))(params, h0)
+  for a, b in zip(closed[:3], auto[:3]):
+    close(a, b)
+  ts = engine.input_output_jacobians(closed)
+  ref = jax.jit(jax.jacfwd(lambda x: engine.forward(block, params, x)))(h0)   # (L, d, d)
+  close(ts, ref)
+  close(closed.stream[1:], engine.forward(block, params, h0))
+  if not grouped:   # the product form: its path sums rebuild T_L (App A.1)
+    out = jax.jit(engine.measurements)(closed)
+    assert float(out["reconstruction_error"]) < 1e-12
+    close(out["erank"] * D, spectra.effective_rank(ts))
+  assert engine.block_terms(block, jax.tree.map(lambda x: x[0], params), h0).skip is not None
+
+
+def test_matrix_free_is_not_a_block_method_but_estimates_the_rank(x64):
+  block, params, h0 = _toy(False)
+  with pytest.raises(ValueError, match="matrix_free_ranks"):
+    engine.block_jacobians(block, params, h0, "matrix_free")
+  ts = engine.input_output_jacobians(engine.block_jacobians(block, params, h0))
+  est = engine.matrix_free_ranks(block, params, h0, jax.random.key(2), layers=(2,),
+                                 num_probes=4, num_steps=D)
+  # D Lanczos steps on a D x D Gram matrix: every eigenvalue exact
+  np.testing.assert_allclose(est.spectral_sq, [np.linalg.norm(ts[1], 2) ** 2], rtol=1e-8)
+  with pytest.raises(ValueError, match="layers"):
+    engine.matrix_free_ranks(block, params, h0, jax.random.key(2), layers=(L + 1,))
+
+
+TINY = dict(vocab_size=37, num_layers=2, d_model=8, num_heads=2, d_ff=12, max_seq_len=8,
+            param_dtype="float64", compute_dtype="float64", norm_eps=1e-6)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_decoder_token_product_is_the_whole_network_jacobian(x64, placement):
+  """Causal attention: token t's stream depends on tokens s <= t only, so the product of
+  its per-layer Jacobians (other tokens held fixed) is d h_L,t / d h_0,t of the model."""
+  cfg = TransformerConfig(**TINY, norm_position=placement)
+  tokens = jax.random.randint(jax.random.key(1), (5,), 0, cfg.vocab_size)
+  params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens[None])["params"]
+  pos = 3
+  bj = decoder_jacobians.token_block_jacobians(cfg, params, tokens, pos)
+  assert bj.branch.shape == (2 * cfg.num_layers, 8, 8) and bj.stream.shape == (5, 8)
+  assert (bj.skip is None) == (placement == "pre")
+  h0 = transformer.first_layer_input(cfg, params, tokens[None])[0]
+
+  def network(x_D):
+    h = h0.at[pos].set(x_D)
+    for l in range(cfg.num_layers):
+      h = transformer.layer_forward(cfg, jax.tree.map(lambda a: a[l], params["layers"]), h)[1]
+    return h[pos]
+
+  close(engine.input_output_jacobians(bj)[-1], jax.jit(jax.jacfwd(network))(h0[pos]))
+  close(bj.stream[-1], jax.jit(network)(h0[pos]))
+  out = jax.jit(engine.measurements)(bj)
+  assert float(out["reconstruction_error"]) < 1e-10
+  jac = decoder_jacobians.sublayer_jacobians(cfg, params, tokens, pos)
+  close(jac["attention"], bj.relative_branch[0::2])
+  k = np.eye(8) if bj.skip is None else bj.skip
+  close(jac["ffn_sublayer"], (k + bj.branch)[1::2])      # J_R (I + G), Eq. 18
+
+
+def test_gpt2_and_llama_adapters(x64):
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64),
+                        gpt2.init_gpt2(jax.random.PRNGKey(0), 2, 8, vocab_size=16,
+                                       max_positions=8))
+  tokens = jnp.array([1, 5, 2, 7])
+  pos, heads = 2, 2
+  bj = gpt2_jacobians.token_block_jacobians(params, tokens, pos, heads)
+  h0 = gpt2.embed(params, tokens)
+
+  def network(x_D):
+    h = h0.at[pos].set(x_D)
+    for l in range(2):
+      h = gpt2.block_forward(jax.tree.map(lambda a: a[l], params["blocks"]), h, heads)[1]
+    return h[pos]
+
+  close(engine.input_output_jacobians(bj)[-1], jax.jit(jax.jacfwd(network))(h0[pos]))
+  # Llama FFN: the closed form (Eq. 9, 19) through the engine against jacfwd of the branch
+  key = jax.random.split(jax.random.key(3), 4)
+  block = {"ln_scale": 1 + 0.1 * jax.random.normal(key[0], (D,), jnp.float64),
+           "gate_w": jax.random.normal(key[1], (10, D), jnp.float64),
+           "up_w": jax.random.normal(key[2], (10, D), jnp.float64),
+           "down_w": jax.random.normal(key[3], (D, 10), jnp.float64)}
+  h = jnp.linspace(-1.0, 1.0, D)
+  got = llama_ffn.ffn_jacobians(jax.tree.map(lambda x: x[None], block), h[None])[0]
+  close(got, jax.jacfwd(lambda x: llama_ffn.ffn_branch(block, x))(h))
