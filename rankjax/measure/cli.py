@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
   mlp.add_argument("--inputs", type=int, default=DEFAULT_INPUTS,
                    help="random inputs h_0 ~ N(0, I) per weight draw (default %(default)s)")
   mlp.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
-  mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP")
+  mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP (it runs by default where the config allows it: skip_every 0 or 1)")
   plugins.add_argument(mlp)
   mlp.add_argument("--out", required=True, help="output JSON path (figure: same name .png)")
   mlp.set_defaults(func=run_mlp)
@@ -72,7 +72,8 @@ def measure_one(cfg, args) -> dict:
   from rankjax.measure.jacobians import mlp_jacobian_study
 
   study, samples = mlp_jacobian_study(cfg, jax.random.key(args.seed), num_inputs=args.inputs,
-                                      num_seeds=args.seeds, path_sums=not args.no_paths,
+                                      num_seeds=args.seeds,
+                                      path_sums=False if args.no_paths else None,
                                       return_samples=True)
   dtype = str(np.asarray(samples["erank"]).dtype)
   if dtype != cfg.param_dtype:

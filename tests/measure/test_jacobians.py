@@ -303,3 +303,26 @@ def test_study_sharded_over_8_host_devices_equals_single_device():
   out = json.loads(line[len("RESULT"):])
   assert out["num_shards"] == 8
   assert out["max_diff"] < 1e-5, out
+
+
+def test_study_options_refuse_what_they_would_ignore():
+  """Every StudyOptions field is used or refused (issue 24: none silently ignored)."""
+  from rankjax.measure.jacobians import StudyOptions
+  grouped = MLPConfig(depth=4, width=8, skip_every=2)
+  with pytest.raises(ValueError, match="skip_every"):
+    jacobians.mlp_jacobian_study(grouped, jax.random.key(0), path_sums=True)
+  with pytest.raises(ValueError, match="need path sums"):
+    StudyOptions(path_sums=False, num_chunks=2)
+  with pytest.raises(ValueError, match="need path sums"):
+    jacobians.make_study_fn(grouped, num_chunks=2)
+  with pytest.raises(ValueError, match="matrix_free"):
+    StudyOptions(method="matrix_free")
+  with pytest.raises(ValueError, match="num_seeds"):
+    StudyOptions(num_seeds=0)
+  with pytest.raises(TypeError):
+    jacobians.mlp_jacobian_study(grouped, jax.random.key(0), num_paths=3)
+  fn = jacobians.make_study_fn(MLPConfig(depth=2, width=4, beta=0.5), reference="network")
+  with pytest.raises(ValueError, match="cfg.beta=0.5"):
+    fn(jax.random.key(0), 1.0, 1.0)
+  assert StudyOptions(method=jacobians.BlockJacobianMethod.JACFWD).method == "jacfwd"
+  assert StudyOptions().with_paths(grouped) is False

@@ -95,13 +95,13 @@ def test_float64_is_computed_in_float64(tmp_path):
 
 
 def test_alpha_sweep_is_one_compiled_program(tmp_path):
-  """alpha is a traced argument of the study: three values, one make_study_fn build."""
+  """alpha is a traced argument of the study: three values, one study build (_study_fn)."""
   from rankjax.measure import jacobians
-  before = jacobians.make_study_fn.cache_info()
+  before = jacobians._study_fn.cache_info()
   out = tmp_path / "alpha.json"
   assert cli.main(["measure", "mlp", "--set", "depth=3", "--set", "width=8", "--seeds", "2",
                    "--inputs", "1", "--sweep", "alpha=0.25,1.0,4.0", "--out", str(out)]) == 0
-  after = jacobians.make_study_fn.cache_info()
+  after = jacobians._study_fn.cache_info()
   assert after.misses - before.misses <= 1 and after.hits - before.hits >= 2
   rows = json.loads(out.read_text())["rows"]
   assert [r["alpha"] for r in rows] == [0.25, 1.0, 4.0]
