@@ -31,11 +31,14 @@ Issue 18 additions, each its own RESULTS.md section (the retired targets above u
   --precision    emulated error of bf16 / bf16_3x / TF32 dots;
   --device-check the study at L=48, d=256, 8 seeds on the default backend (GPU/TPU) at
                  each precision (time, seed groups, lowered dots, real rounding error).
+  --before REF   the study at git commit REF against this tree, alternating processes
+                 (issue 24: the engine refactor must not slow ``mlp_jacobian_study``).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import resource
 import sys
 import time
@@ -596,6 +599,93 @@ seed groups of {r['seed_batch']} (`seed_devices.default_seed_batch`).
 {rows}
 """
 
+# --before REF: the study at another commit against this tree, same run -------------
+
+_STUDY_CHILD = r"""
+import hashlib, json, os, sys, time
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import jax, numpy as np
+from rankjax.config import MLPConfig
+from rankjax.measure import jacobians
+L, d, seeds, reps = (int(x) for x in sys.argv[1:5])
+cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre", alpha=1.0, beta=1.0)
+fn = jacobians.make_study_fn(cfg, 1, seeds)
+key = jax.random.PRNGKey(0)
+hlo = fn.jitted.lower(*fn.args(key, 1.0, 1.0)).compile().as_text()
+out = jax.block_until_ready(fn(key, 1.0, 1.0))
+times = []
+for _ in range(reps):
+  t = time.perf_counter()
+  jax.block_until_ready(fn(key, 1.0, 1.0))
+  times.append(time.perf_counter() - t)
+digest = hashlib.sha256(b"".join(np.asarray(out[k]).tobytes() for k in sorted(out))).hexdigest()
+body = hlo[hlo.index("\n\n", hlo.index("StackFrames")):] if "StackFrames" in hlo else hlo
+ops = sum(1 for line in body.splitlines() if " = " in line and "parameter(" not in line)
+print(json.dumps({"best": min(times), "hlo_ops": ops, "outputs": digest}))
+"""
+
+
+def run_before_after(ref: str, small: bool = False, rounds: int = 3, reps: int = 2) -> dict:
+  """``make_study_fn`` (L=48, d=256, 8 seeds; --small 16/64/2) at commit ``ref`` (a
+  temporary git worktree) and in this tree, each in its own process, alternating
+  rounds; compile time excluded. Also compares the optimized HLO and the outputs."""
+  import json
+  import subprocess
+  import tempfile
+  L, d, seeds = (16, 64, 2) if small else (48, 256, 8)
+  root = pathlib.Path(__file__).resolve().parents[2]
+  commit = subprocess.run(["git", "-C", str(root), "rev-parse", ref], check=True,
+                          capture_output=True, text=True).stdout.strip()
+  here = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
+                        capture_output=True, text=True).stdout.strip()
+  with tempfile.TemporaryDirectory() as tmp:
+    old = pathlib.Path(tmp) / "before"
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(old),
+                    commit], check=True)
+    try:
+      sides = {"before": old, "after": root}
+      per = {name: [] for name in sides}
+      marks = {}
+      for _ in range(rounds):
+        for name, path in sides.items():
+          env = {**os.environ, "PYTHONPATH": str(path)}
+          proc = subprocess.run([sys.executable, "-c", _STUDY_CHILD, str(L), str(d),
+                                 str(seeds), str(reps)], env=env, capture_output=True,
+                                text=True, check=True, cwd=str(path))
+          r = json.loads(proc.stdout.strip().splitlines()[-1])
+          per[name].append(r["best"])
+          marks[name] = (r["hlo_ops"], r["outputs"])
+    finally:
+      subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)],
+                     check=False)
+  ratios = sorted(a / b for a, b in zip(per["after"], per["before"]))
+  return {"L": L, "d": d, "seeds": seeds, "before": commit[:10], "after": here[:10],
+          "times": per, "ratios": ratios, "median": ratios[len(ratios) // 2],
+          "hlo_ops": {name: m[0] for name, m in marks.items()},
+          "same_outputs": marks["before"][1] == marks["after"][1],
+          "load": os.getloadavg()[0], "machine": common.machine_name(), "jax": jax.__version__}
+
+
+def markdown_before_after(r: dict) -> str:
+  t = r["times"]
+  return f"""## Jacobian engine: before / after the engine refactor
+
+`python experiments/benchmarks/jacobian_engine.py --before {r['before']}` on {r['machine']},
+jax {r['jax']}, load average {r['load']:.2f} at the end; `make_study_fn` (the study behind
+`mlp_jacobian_study`), L={r['L']}, d={r['d']}, 4x, {r['seeds']} seeds, float32, Pre-Norm;
+each side in its own process, {len(r['ratios'])} alternating rounds, best of the round's
+calls after compilation.
+
+| | before ({r['before']}) | after ({r['after']}) |
+|---|---|---|
+| best time per round (s) | {', '.join(f'{x:.3f}' for x in t['before'])} | {', '.join(f'{x:.3f}' for x in t['after'])} |
+
+after / before, per round: median {r['median']:.3f} (min {min(r['ratios']):.3f}, max {max(r['ratios']):.3f}).
+Instructions in the optimized HLO of the whole study (parameters not counted): before
+{r['hlo_ops']['before']}, after {r['hlo_ops']['after']}. Every output bit for bit equal:
+{r['same_outputs']}.
+"""
+
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
@@ -610,6 +700,8 @@ def main() -> None:
   parser.add_argument("--num-chunks", type=int, default=None)
   parser.add_argument("--draw", default="xla_threefry",
                       help="bit generator timed beside the default in --peer (weight_draws.DRAWS)")
+  parser.add_argument("--before", metavar="REF", default=None,
+                      help="time the study at git commit REF against this tree (same run)")
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args()
   extra = [(args.peer, lambda: markdown_peer(run_peer(args.small, args.reps, args.rounds,
@@ -620,7 +712,10 @@ def main() -> None:
            (args.precision, lambda: markdown_precision(run_precision(args.small)),
             "Jacobian engine: precision"),
            (args.device_check, lambda: markdown_device_check(run_device_check(args.small)),
-            "Jacobian engine: device check")]
+            "Jacobian engine: device check"),
+           (args.before, lambda: markdown_before_after(run_before_after(
+               args.before, args.small, min(args.rounds, 3), args.reps)),
+            "Jacobian engine: before / after the engine refactor")]
   if any(flag for flag, _, _ in extra):
     for flag, make, title in extra:
       if flag:
