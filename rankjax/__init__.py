@@ -4,7 +4,8 @@ Re-exports only; the code lives in the modules below (map: docs/architecture.md)
 """
 
 from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
-from rankjax.measure.jacobians import JacobianStudy, mlp_jacobian_study
+from rankjax.measure.engine import BlockJacobianMethod, ResidualBlock
+from rankjax.measure.jacobians import JacobianStudy, StudyOptions, mlp_jacobian_study
 from rankjax.measure.losses import cross_entropy, frequency_loss
 from rankjax.measure.paths import PathSums, path_sums
 from rankjax.measure.sensitivity import (
@@ -24,11 +25,14 @@ from rankjax.train.run_reader import load_run
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockJacobianMethod",
     "DecoderLM",
     "JacobianStudy",
     "MLPConfig",
     "PathSums",
+    "ResidualBlock",
     "ResidualMLP",
+    "StudyOptions",
     "TrainConfig",
     "TransformerConfig",
     "__version__",
