@@ -182,7 +182,10 @@ def load_gpt2(path: str | os.PathLike, *, ffn_only: bool = False) -> dict:
   (``GPT2Model``, the Hub's ``gpt2`` files). Returns ``{"wte": (V, d), "wpe": (P, d),
   "blocks": {name: (L, ...)}}`` in float32 with the ``BLOCK_TENSORS`` names, Conv1D
   layout kept (``fc_w`` is (L, d, m)); ``ffn_only`` reads just ``FFN_TENSORS`` (Fig 8c).
-  The final norm and LM head are not read (no measurement here uses them).
+  Unless ``ffn_only``, also the final norm ``ln_f_scale`` / ``ln_f_bias`` (d,) and the
+  LM head ``lm_head`` (V, d) when the file has one untied from ``wte`` (GPT-2's head is
+  ``wte``: ``logits``), when present. The head count is in ``config.json``
+  (``num_heads``).
 
   Raises FileNotFoundError or ValueError (one line) for a missing or bad file,
   missing tensors or wrong shapes.
@@ -215,7 +218,38 @@ def load_gpt2(path: str | os.PathLike, *, ffn_only: bool = False) -> dict:
             for k in keys}
   params = {"blocks": blocks}
   params.update({k: raw[name].astype(np.float32) for k, name in extra.items()})
+  if not ffn_only:
+    heads = {"ln_f_scale": f"{prefix}ln_f.weight", "ln_f_bias": f"{prefix}ln_f.bias",
+             "lm_head": "lm_head.weight"}
+    present = {k: n for k, n in heads.items() if n in header}
+    for k, arr in read_safetensors(path, list(present.values())).items():
+      key = next(k2 for k2, n in present.items() if n == k)
+      want = params["wte"].shape if key == "lm_head" else (d,)
+      if arr.shape != want:
+        raise ValueError(f"{path}: {k} has shape {arr.shape}, expected {want}")
+      params[key] = arr.astype(np.float32)
   return params
+
+
+def num_heads(path: str | os.PathLike, d_model: int) -> int:
+  """The head count of a GPT-2 checkpoint: ``n_head`` of the ``config.json`` beside its
+  safetensors file, else ``default_num_heads(d_model)`` (64-wide heads, every OpenAI
+  size). Refuses a config whose LayerNorm epsilon is not GPT-2's 1e-5 (one line)."""
+  path = pathlib.Path(path)
+  config = (path if path.is_dir() else path.parent) / "config.json"
+  if not config.is_file():
+    return default_num_heads(d_model)
+  try:
+    cfg = json.loads(config.read_text())
+    heads, eps = int(cfg.get("n_head", default_num_heads(d_model))), float(
+        cfg.get("layer_norm_epsilon", LN_EPS))
+  except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
+    raise ValueError(f"{config}: not a GPT-2 config.json (n_head, layer_norm_epsilon)") from None
+  if heads < 1 or d_model % heads:
+    raise ValueError(f"{config}: n_head={heads} does not divide n_embd={d_model}")
+  if eps != LN_EPS:
+    raise ValueError(f"{config}: layer_norm_epsilon={eps}; rankjax's GPT-2 uses {LN_EPS}")
+  return heads
 
 
 def gpt2_tensors(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -298,3 +332,22 @@ def block_forward(block: dict, h_TxD: Array, num_heads: int) -> tuple[Array, Arr
   """``(h_mid, h_out)``: the stream after the attention sublayer and after the block."""
   mid = h_TxD + attention_branch(block, h_TxD, num_heads)
   return mid, mid + ffn_branch(block, mid)
+
+
+def streams(params: dict, tokens_T: Array, heads: int | None = None) -> Array:
+  """The residual stream, ``(L+1, T, d)``: the embeddings, then block l's output for
+  l = 1..L, before the final norm (``lax.scan`` over the blocks)."""
+  heads = default_num_heads(params["wte"].shape[1]) if heads is None else heads
+  h0 = embed(params, tokens_T)
+  _, hs = jax.lax.scan(lambda h, b: (block_forward(b, h, heads)[1],) * 2, h0,
+                       params["blocks"])
+  return jnp.concatenate([h0[None], hs], axis=0)
+
+
+def logits(params: dict, h_TxD: Array) -> Array:
+  """``ln_f(h) @ W^T``, (T, V): the LM head on the last block's output, W = ``lm_head``
+  when the checkpoint has one, else the tied ``wte``."""
+  if "ln_f_scale" not in params:
+    raise ValueError("these GPT-2 parameters have no final norm (ln_f): no logits")
+  x = layer_norm(h_TxD, params["ln_f_scale"], params["ln_f_bias"])
+  return x @ params.get("lm_head", params["wte"]).T

@@ -1,0 +1,72 @@
+"""rankjax's GPT-2 forward pass equals transformers' on a tiny random checkpoint.
+
+The fixtures (tests/fixtures/hf/<model>/: config.json, model.safetensors, expected.npz,
+versions.json) are written by scripts/make_hf_fixtures.py with transformers and the CPU
+build of torch (versions in versions.json); rankjax reads only the files. Tolerance:
+max abs difference <= 1e-5 in float32 (issue 27), on activations of order 1-10 (weights
+drawn at std 0.2): float32 reassociation between torch's and XLA's kernels is ~1e-6.
+The slow test regenerates the fixtures with transformers and compares again.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from rankjax.models import gpt2
+
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
+ROOT = pathlib.Path(__file__).parents[2]
+TOL = 1e-5
+
+
+def _check_gpt2(folder: pathlib.Path) -> None:
+  expected = np.load(folder / "expected.npz")
+  params = gpt2.load_gpt2(folder)
+  heads = gpt2.num_heads(folder, params["wte"].shape[1])
+  tokens = expected["token_ids"]
+  hs = np.asarray(jax.jit(gpt2.streams, static_argnums=2)(params, tokens, heads))
+  ref = expected["hidden_states"]              # transformers: the last one after ln_f
+  assert hs.shape == ref.shape and np.abs(ref).max() > 1.0
+  np.testing.assert_allclose(hs[:-1], ref[:-1], rtol=0, atol=TOL)
+  logits = np.asarray(gpt2.logits(params, hs[-1]))
+  ln_f = np.asarray(gpt2.layer_norm(hs[-1], params["ln_f_scale"], params["ln_f_bias"]))
+  np.testing.assert_allclose(ln_f, ref[-1], rtol=0, atol=TOL)
+  np.testing.assert_allclose(logits, expected["logits"], rtol=0, atol=TOL)
+
+
+def test_gpt2_hidden_states_and_logits_equal_transformers():
+  _check_gpt2(FIXTURES / "gpt2")
+
+
+def test_gpt2_config_errors(tmp_path):
+  (tmp_path / "config.json").write_text('{"n_head": 5, "layer_norm_epsilon": 1e-5}')
+  with pytest.raises(ValueError, match="does not divide"):
+    gpt2.num_heads(tmp_path, 32)
+  (tmp_path / "config.json").write_text('{"n_head": 4, "layer_norm_epsilon": 1e-6}')
+  with pytest.raises(ValueError, match="1e-05"):
+    gpt2.num_heads(tmp_path, 32)
+  params = gpt2.load_gpt2(FIXTURES / "gpt2")
+  params.pop("ln_f_scale")
+  with pytest.raises(ValueError, match="no final norm"):
+    gpt2.logits(params, np.zeros((2, 32), np.float32))
+
+
+@pytest.mark.slow
+def test_regenerated_fixtures_match(tmp_path):
+  """Regenerates the fixtures with transformers (the Python in RANKJAX_HF_PYTHON, which
+  .ci/run installs with torch==2.13.0, the CPU build) and compares again."""
+  python = os.environ.get("RANKJAX_HF_PYTHON")
+  if not python:
+    pytest.skip("RANKJAX_HF_PYTHON (a Python with transformers and torch) is not set")
+  subprocess.run([python, str(ROOT / "scripts" / "make_hf_fixtures.py"), str(tmp_path)],
+                 check=True, timeout=600)
+  _check_gpt2(tmp_path / "gpt2")
+  for name in ("gpt2", "llama_gqa", "qwen2"):   # the committed files are what it writes
+    for f in ("expected.npz",):
+      a, b = np.load(tmp_path / name / f), np.load(FIXTURES / name / f)
+      for k in a.files:
+        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=TOL)
