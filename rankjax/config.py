@@ -236,6 +236,11 @@ class TransformerConfig(JsonConfig):
       last layer's R norm is the last norm (no second norm in a row): embed norm on,
       final norm off. Otherwise (pre, peri, output) the stream is never renormalized:
       no embed norm, a final norm (GPT-2 / Llama); none: neither. True/False force it.
+    num_kv_heads: key/value heads of grouped-query attention (Ainslie et al. 2023; Llama
+      2 70B, Llama 3, Mistral, Qwen2): query head h reads key/value head
+      ``h // (num_heads / num_kv_heads)``. None: one per query head (multi-head).
+    attn_bias: biases on the query, key and value projections (Qwen2); none on the
+      output projection.
     ffn: swiglu (``(silu(X W1) * X W3) W2``, paper Eq. 2) or gelu (``gelu(X W1) W2``).
     beta: branch scale of both sublayers (1 in both papers).
     tau: attention temperature; logits are ``q.k / (sqrt(d_head) * tau)``.
@@ -280,6 +285,8 @@ class TransformerConfig(JsonConfig):
   num_layers: int = 48
   d_model: int = 512
   num_heads: int = 4
+  num_kv_heads: int | None = None
+  attn_bias: bool = False
   d_ff: int = 1536
   max_seq_len: int = 2048
   norm_position: NormPosition = "post"
@@ -325,6 +332,13 @@ class TransformerConfig(JsonConfig):
     if self.d_model % self.num_heads:
       raise ValueError(
           f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+    if self.num_kv_heads is not None:
+      _positive_int("num_kv_heads", self.num_kv_heads)
+      if self.num_heads % self.num_kv_heads:
+        raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                         f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
+    if not isinstance(self.attn_bias, bool):
+      raise ValueError(f"attn_bias={self.attn_bias!r} must be true or false")
     _non_negative("norm_eps", self.norm_eps)
     if not isinstance(self.tie_embeddings, bool):
       raise ValueError(f"tie_embeddings={self.tie_embeddings!r} must be true or false")
@@ -358,6 +372,11 @@ class TransformerConfig(JsonConfig):
   @property
   def d_head(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads (``num_kv_heads``, default ``num_heads``)."""
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
   @property
   def padded_vocab_size(self) -> int:

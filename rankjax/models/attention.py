@@ -146,7 +146,8 @@ def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
 
 
 class CausalSelfAttention(nn.Module):
-  """Multi-head causal self-attention, no biases. Input and output ``(B, T, d)``.
+  """Multi-head causal self-attention (grouped-query with ``num_kv_heads``; q/k/v biases
+  with ``attn_bias``, none on the output). Input and output ``(B, T, d)``.
 
   With ``capture_probs`` the probabilities (after the P - alpha*C_n change, before
   dropout), shape (B, H, T, T), are sown as ``attn_probs``.
@@ -163,12 +164,20 @@ class CausalSelfAttention(nn.Module):
     pdt = jnp.dtype(cfg.param_dtype)
     b, t, _ = x_BxTxD.shape
 
-    def proj(name, output_proj=False):
-      return self.param(name, matrix_init(cfg, d, output_proj), (d, d), pdt).astype(dtype)
+    kv = cfg.kv_heads
 
-    q = (x_BxTxD @ proj("w_q")).reshape(b, t, heads, dh)
-    k = (x_BxTxD @ proj("w_k")).reshape(b, t, heads, dh)
-    v = (x_BxTxD @ proj("w_v")).reshape(b, t, heads, dh)
+    def proj(name, cols=d, output_proj=False):
+      return self.param(name, matrix_init(cfg, d, output_proj), (d, cols), pdt).astype(dtype)
+
+    def heads_of(name, n):
+      y = x_BxTxD @ proj(f"w_{name}", n * dh)
+      if cfg.attn_bias:
+        y = y + self.param(f"b_{name}", nn.initializers.zeros, (n * dh,), pdt).astype(dtype)
+      return y.reshape(b, t, n, dh)
+
+    q, k, v = heads_of("q", heads), heads_of("k", kv), heads_of("v", kv)
+    if kv != heads:   # grouped-query attention: query head h reads key/value head h // group
+      k, v = jnp.repeat(k, heads // kv, axis=2), jnp.repeat(v, heads // kv, axis=2)
     if cfg.pos_embedding == "rope":
       q, k = rope(q, cfg.rope_base), rope(k, cfg.rope_base)
     drop_probs = bool(cfg.attn_dropout_rate) and not deterministic

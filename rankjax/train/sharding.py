@@ -51,6 +51,7 @@ PARAM_RULES: dict[str, tuple[str, ...]] = {
     "lm_head": ("embed", "vocab"),
     "w_q": ("embed", "heads"), "w_k": ("embed", "heads"), "w_v": ("embed", "heads"),
     "w_o": ("heads", "embed"),
+    "b_q": ("heads",), "b_k": ("heads",), "b_v": ("heads",),
     "w_1": ("embed", "mlp"), "w_3": ("embed", "mlp"), "w_2": ("mlp", "embed"),
     "scale": ("norm",), "bias": ("norm",),
     # ResidualMLP (rankjax.models.mlp / blocks)

@@ -1,4 +1,6 @@
-"""rankjax's GPT-2 forward pass equals transformers' on a tiny random checkpoint.
+"""rankjax's forward pass equals transformers' on tiny random checkpoints: GPT-2
+(models.gpt2) and the Llama family as DecoderLM (models.hf_llama: Llama with
+grouped-query attention and an untied head, Qwen2 with q/k/v biases and a tied head).
 
 The fixtures (tests/fixtures/hf/<model>/: config.json, model.safetensors, expected.npz,
 versions.json) are written by scripts/make_hf_fixtures.py with transformers and the CPU
@@ -13,10 +15,11 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.models import gpt2
+from rankjax.models import gpt2, hf_llama, transformer
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
 ROOT = pathlib.Path(__file__).parents[2]
@@ -42,6 +45,51 @@ def test_gpt2_hidden_states_and_logits_equal_transformers():
   _check_gpt2(FIXTURES / "gpt2")
 
 
+def _llama_streams(cfg, params, tokens):
+  """Every layer's output by the model's own sublayers (``transformer.layer_forward``,
+  tested equal to DecoderBlock), before the final norm; (L+1, T, d)."""
+  h = transformer.first_layer_input(cfg, params, tokens[None])[0]
+  out = [h]
+  for l in range(cfg.num_layers):
+    h = transformer.layer_forward(cfg, jax.tree.map(lambda a: a[l], params["layers"]), h)[1]
+    out.append(h)
+  return jnp.stack(out)
+
+
+def _check_llama(folder: pathlib.Path) -> None:
+  expected = np.load(folder / "expected.npz")
+  cfg, params = hf_llama.load_llama(folder)
+  tokens = expected["token_ids"]
+  hs = np.asarray(jax.jit(_llama_streams, static_argnums=0)(cfg, params, tokens))
+  ref = expected["hidden_states"]
+  assert hs.shape == ref.shape and np.abs(ref).max() > 1.0
+  np.testing.assert_allclose(hs[:-1], ref[:-1], rtol=0, atol=TOL)
+  logits = transformer.DecoderLM(cfg).apply({"params": params}, tokens[None])[0]
+  np.testing.assert_allclose(np.asarray(logits), expected["logits"], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2"])
+def test_llama_family_hidden_states_and_logits_equal_transformers(name):
+  _check_llama(FIXTURES / name)
+
+
+def test_llama_config_refusals():
+  base = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+          "num_hidden_layers": 1, "intermediate_size": 48, "vocab_size": 10}
+  cfg = hf_llama.llama_config(base)
+  assert (cfg.kv_heads, cfg.tie_embeddings, cfg.attn_bias) == (4, False, False)
+  for extra, match in [({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3"),
+                       ({"rope_parameters": {"rope_type": "yarn"}}, "yarn"),
+                       ({"attention_bias": True}, "output projection"),
+                       ({"head_dim": 16}, "head_dim"), ({"hidden_act": "gelu"}, "silu"),
+                       ({"model_type": "falcon"}, "model_type")]:
+    with pytest.raises(ValueError, match=match):
+      hf_llama.llama_config({**base, **extra})
+  mistral = hf_llama.llama_config({**base, "model_type": "mistral", "sliding_window": 8,
+                                   "max_position_embeddings": 64})
+  assert mistral.max_seq_len == 8
+
+
 def test_gpt2_config_errors(tmp_path):
   (tmp_path / "config.json").write_text('{"n_head": 5, "layer_norm_epsilon": 1e-5}')
   with pytest.raises(ValueError, match="does not divide"):
@@ -65,6 +113,8 @@ def test_regenerated_fixtures_match(tmp_path):
   subprocess.run([python, str(ROOT / "scripts" / "make_hf_fixtures.py"), str(tmp_path)],
                  check=True, timeout=600)
   _check_gpt2(tmp_path / "gpt2")
+  _check_llama(tmp_path / "llama_gqa")
+  _check_llama(tmp_path / "qwen2")
   for name in ("gpt2", "llama_gqa", "qwen2"):   # the committed files are what it writes
     for f in ("expected.npz",):
       a, b = np.load(tmp_path / name / f), np.load(FIXTURES / name / f)
