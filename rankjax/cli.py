@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "rankjax.measure.cli",
     "rankjax.reproduce",
     "rankjax.report",
+    "rankjax.analyze.cli",
 )
 
 

@@ -133,18 +133,47 @@ class TiktokenTokenizer:
     return self._enc.decode([int(i) for i in ids if int(i) < self._num_ranks])
 
 
-_SUFFIXES = {".model": SentencePieceTokenizer, ".tiktoken": TiktokenTokenizer}
+class HFTokenizer:
+  """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` package), read offline; the
+  end-of-document id is the first of ``<|endoftext|>``, ``</s>``, ``<|end_of_text|>``,
+  ``<eos>`` that the vocabulary has, else one past it."""
+
+  def __init__(self, path: str | pathlib.Path):
+    import tokenizers  # optional: pip install 'rankjax[tokenizers]'
+
+    self.path = str(path)
+    self.name = f"tokenizers:{pathlib.Path(path).name}"
+    try:
+      self._tok = tokenizers.Tokenizer.from_file(self.path)
+    except Exception as e:   # the Rust error type is not importable: one line for any
+      raise ValueError(f"tokenizer file {self.path} is not a tokenizer.json: "
+                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    size = self._tok.get_vocab_size(with_added_tokens=True)
+    ids = [self._tok.token_to_id(t) for t in (_ENDOFTEXT, "</s>", "<|end_of_text|>", "<eos>")]
+    self.eod_id = next((i for i in ids if i is not None), size)
+    self.vocab_size = max(size, self.eod_id + 1)
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    return self._tok.decode([int(i) for i in ids if int(i) != self.eod_id])
+
+
+_SUFFIXES = {".model": SentencePieceTokenizer, ".tiktoken": TiktokenTokenizer,
+             ".json": HFTokenizer}
 
 
 def make_tokenizer(spec: str | pathlib.Path | None = None) -> Tokenizer:
-  """The tokenizer named by ``spec``: None/"byte", or a ``.model``/``.tiktoken`` file."""
+  """The tokenizer named by ``spec``: None/"byte", or a ``.model``/``.tiktoken`` file or a
+  Hugging Face ``tokenizer.json``."""
   if spec is None or str(spec) in ("", "byte"):
     return ByteTokenizer()
   path = pathlib.Path(spec).expanduser()
   cls = _SUFFIXES.get(path.suffix)
   if cls is None:
-    raise ValueError(f"tokenizer {str(spec)!r} is not 'byte', a sentencepiece .model file "
-                     f"or a tiktoken .tiktoken file")
+    raise ValueError(f"tokenizer {str(spec)!r} is not 'byte', a sentencepiece .model file, "
+                     f"a tiktoken .tiktoken file or a Hugging Face tokenizer.json")
   if not path.is_file():
     raise ValueError(f"tokenizer file {path} does not exist (nothing is downloaded: put the "
                      f"file there, or --set tokenizer=/path/to/file, or --set tokenizer=byte)")

@@ -299,11 +299,23 @@ def attention(block: dict, x_TxD: Array, num_heads: int) -> Array:
   """Causal self-attention of one block on ``(T, d)`` (biased c_attn / c_proj), through
   the model's ``attention.causal_probabilities``."""
   t, d = x_TxD.shape
-  qkv = x_TxD @ block["attn_w"] + block["attn_b"]
-  q, k, v = (a.reshape(1, t, num_heads, d // num_heads) for a in jnp.split(qkv, 3, axis=-1))
-  probs_1xHxTxT = attention_lib.causal_probabilities(q, k)
+  probs_1xHxTxT, v = _probs_and_values(block, x_TxD, num_heads)
   out = jnp.einsum("bhqk,bkhd->bqhd", probs_1xHxTxT, v).reshape(t, d)
   return out @ block["attn_proj_w"] + block["attn_proj_b"]
+
+
+def _probs_and_values(block: dict, x_TxD: Array, num_heads: int) -> tuple[Array, Array]:
+  t, d = x_TxD.shape
+  qkv = x_TxD @ block["attn_w"] + block["attn_b"]
+  q, k, v = (a.reshape(1, t, num_heads, d // num_heads) for a in jnp.split(qkv, 3, axis=-1))
+  return attention_lib.causal_probabilities(q, k), v
+
+
+def attention_probs(block: dict, h_TxD: Array, num_heads: int) -> Array:
+  """The attention probabilities ``(H, T, T)`` of one block on the stream ``h``
+  (``attention_branch``'s, query axis -2)."""
+  x = layer_norm(h_TxD, block["ln_1_scale"], block["ln_1_bias"])
+  return _probs_and_values(block, x, num_heads)[0][0]
 
 
 def attention_branch(block: dict, h_TxD: Array, num_heads: int) -> Array:

@@ -1,0 +1,179 @@
+"""``rankjax analyze CHECKPOINT --out DIR``: the papers' per-layer measures of a
+pretrained checkpoint or a rankjax run, written to ``DIR/analysis.json`` and figures.
+
+CHECKPOINT is a Hugging Face folder (``config.json`` + ``*.safetensors``, sharded or not;
+GPT-2, Llama, Mistral, Qwen2) or a rankjax LM training workdir (``--step``: default the
+newest checkpoint). The input is ``--token-ids FILE`` (integers, whitespace-separated),
+``--text FILE`` (tokenized with the checkpoint's ``tokenizer.json`` / ``tokenizer.model``;
+without one, UTF-8 bytes, and the output says so) or ``--dataset shakespeare`` (the
+offline corpus's validation split), cut into ``--sequences`` sequences of ``--tokens``.
+Bad input is one line and exit 2; nothing is downloaded.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+MEASURES = ("stream", "attention", "jacobian")
+
+
+def add_parser(subparsers) -> None:
+  p = subparsers.add_parser("analyze", help="the papers' measures of a pretrained checkpoint",
+                            description=__doc__.split("\n\n", 1)[0])
+  p.add_argument("checkpoint", help="Hugging Face checkpoint folder or rankjax workdir")
+  p.add_argument("--out", required=True, help="output folder (analysis.json, figures)")
+  p.add_argument("--step", type=int, default=None, help="a rankjax run's checkpoint step")
+  src = p.add_mutually_exclusive_group(required=True)
+  src.add_argument("--text", help="a text file, tokenized with the checkpoint's tokenizer")
+  src.add_argument("--token-ids", help="a file of whitespace-separated token ids")
+  src.add_argument("--dataset", choices=["shakespeare"], help="the offline corpus")
+  p.add_argument("--tokens", type=int, default=64, help="tokens per sequence (%(default)s)")
+  p.add_argument("--sequences", type=int, default=2, help="sequences (%(default)s)")
+  p.add_argument("--positions", default="-1",
+                 help="comma-separated token positions of the Jacobians (%(default)s: the "
+                      "last; negative counts from the end)")
+  p.add_argument("--measures", default=",".join(MEASURES),
+                 help=f"comma-separated subset of {', '.join(MEASURES)}")
+  p.add_argument("--no-paths", action="store_true",
+                 help="skip the path-order profile (O(L^2 d^3) per position)")
+  p.set_defaults(func=run)
+
+
+def _token_ids(args, model) -> tuple[np.ndarray, str]:
+  """``(ids, tokenizer description)`` of the requested input."""
+  if args.token_ids:
+    path = pathlib.Path(args.token_ids)
+    if not path.is_file():
+      raise FileNotFoundError(f"--token-ids file {path} not found")
+    try:
+      ids = np.array([int(x) for x in path.read_text().split()], np.int64)
+    except ValueError:
+      raise ValueError(f"{path}: not whitespace-separated integers") from None
+    return ids, "token ids given"
+  from rankjax.data import tokenizer as tokenizer_lib
+  if args.text:
+    path = pathlib.Path(args.text)
+    if not path.is_file():
+      raise FileNotFoundError(f"--text file {path} not found")
+    text = path.read_text(encoding="utf-8", errors="replace")
+  else:
+    from rankjax.data import corpus
+    text = "\n".join(corpus.read_document(p) for p in corpus.document_paths("validation"))
+  if model.tokenizer:
+    tok = tokenizer_lib.make_tokenizer(model.tokenizer)
+    return tok.encode(text).astype(np.int64), tok.name
+  print("rankjax analyze: the checkpoint has no tokenizer file; the text is read as UTF-8 "
+        "bytes (ids 0-255)", file=sys.stderr)
+  return tokenizer_lib.ByteTokenizer().encode(text).astype(np.int64), \
+      "byte (the checkpoint has no tokenizer)"
+
+
+def _sequences(ids: np.ndarray, args, model) -> np.ndarray:
+  n, k = args.tokens, args.sequences
+  if n < 2 or k < 1:
+    raise ValueError(f"--tokens must be >= 2 and --sequences >= 1; got {n}, {k}")
+  if n > model.max_len:
+    raise ValueError(f"--tokens {n} exceeds the model's {model.max_len} positions")
+  if ids.size < n * k:
+    raise ValueError(f"the input has {ids.size} tokens; {k} sequences of {n} need {n * k}")
+  if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
+    raise ValueError(f"token ids must lie in [0, {model.vocab_size}); the input has "
+                     f"{ids.min()}..{ids.max()}")
+  return ids[:n * k].reshape(k, n).astype(np.int32)
+
+
+def _positions(spec: str, n: int) -> list[int]:
+  try:
+    raw = [int(x) for x in spec.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"--positions {spec!r}: comma-separated integers") from None
+  out = []
+  for p in raw:
+    if not -n <= p < n:
+      raise ValueError(f"--positions: {p} is outside a sequence of {n} tokens")
+    out.append(p % n)
+  return out
+
+
+def analyze(model, seqs: np.ndarray, positions: list[int], measures: set[str],
+            with_paths: bool = True) -> dict:
+  """The measures of ``model`` on ``seqs`` (K, T): the ``analysis.json`` dict."""
+  from rankjax.analyze import measures as m
+  out = {"layers": [{"layer": l} for l in range(model.num_layers + 1)]}
+  if "stream" in measures:
+    streams = np.stack([np.asarray(model.streams(s)) for s in seqs])
+    for row, entry in zip(out["layers"], m.stream_measures(streams)):
+      row.update({k: v for k, v in entry.items() if k != "layer"})
+  if "attention" in measures:
+    probs = np.stack([np.asarray(model.attention(s)) for s in seqs])
+    for l, heads in enumerate(m.attention_measures(probs), start=1):
+      out["layers"][l]["attention"] = heads
+      print(f"attention: layer {l}/{model.num_layers}", file=sys.stderr, flush=True)
+  if "jacobian" in measures:
+    depth = {}
+    for pos in positions:
+      jac = m.jacobian_measures(model.token_blocks(seqs[0], pos), with_paths=with_paths)
+      for l, entry in enumerate(jac["layers"], start=1):
+        out["layers"][l].setdefault("jacobian", {})[str(pos)] = entry
+      depth[str(pos)] = jac["through_depth"]
+      print(f"jacobian: position {pos} done", file=sys.stderr, flush=True)
+    out["through_depth"] = depth
+  return out
+
+
+def _figure(result: dict, path: pathlib.Path) -> None:
+  from rankjax import plotting
+  plt = plotting.pyplot()
+  layers = result["layers"]
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+  if "token_similarity" in layers[0]:
+    axes[0].plot([r["layer"] for r in layers], [r["token_similarity"]["mean"] for r in layers],
+                 marker="o")
+    axes[0].set(xlabel="layer l (0: embeddings)", ylabel="token similarity of h_l",
+                title="Token similarity (postnorm Def 2.1)")
+  for pos, depth in result.get("through_depth", {}).items():
+    er = depth["erank_over_d"]
+    axes[1].plot(np.arange(1, len(er) + 1) / 2, er, marker=".", label=f"token {pos}")
+  if result.get("through_depth"):
+    axes[1].set(xlabel="layer (half steps: sublayers)", ylabel="erank(dh/dh_0) / d",
+                title="Token Jacobian through depth (TR Eq. 3)")
+    axes[1].legend()
+  fig.suptitle(result["source"])
+  fig.tight_layout()
+  plotting.save_figure(fig, path)
+  plt.close(fig)
+
+
+def run(args) -> int:
+  from rankjax import provenance
+  from rankjax.analyze import checkpoints
+  from rankjax.train import paths as paths_lib
+  measures = {x.strip() for x in args.measures.split(",") if x.strip()}
+  unknown = measures - set(MEASURES)
+  if unknown or not measures:
+    raise ValueError(f"--measures: {', '.join(sorted(unknown)) or 'none'}; choose from "
+                     f"{', '.join(MEASURES)}")
+  out = pathlib.Path(args.out)
+  paths_lib.check_output(str(out), "--out")
+  start = time.time()
+  model = checkpoints.open_checkpoint(args.checkpoint, args.step)
+  ids, tokenizer = _token_ids(args, model)
+  seqs = _sequences(ids, args, model)
+  positions = _positions(args.positions, args.tokens)
+  result = {"source": model.source, "family": model.family, "model": model.description,
+            "tokenizer": tokenizer, "tokens": int(seqs.size), "sequences": int(seqs.shape[0]),
+            "sequence_length": int(seqs.shape[1]), "positions": positions,
+            "measures": sorted(measures)}
+  result.update(analyze(model, seqs, positions, measures, not args.no_paths))
+  result["seconds"] = time.time() - start
+  result["provenance"] = provenance.provenance(result["seconds"])
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
+  if "stream" in measures or "jacobian" in measures:
+    _figure(result, out / "analysis.png")
+  print(f"rankjax analyze: {out / 'analysis.json'} ({result['seconds']:.1f} s)")
+  return 0

@@ -1,0 +1,123 @@
+"""``rankjax analyze`` on the tiny Hugging Face fixtures (tests/fixtures/hf, written by
+transformers) and on a rankjax run: the measures against independent computations
+(transformers' own hidden states; a direct SVD; the engine's reconstruction), the input
+paths (token ids, tokenizer.json, byte fallback) and one-line errors (exit 2)."""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from rankjax import cli
+from rankjax.measure import similarity
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
+
+
+def _ids_file(tmp_path, ids) -> str:
+  path = tmp_path / "ids.txt"
+  path.write_text(" ".join(str(int(i)) for i in ids))
+  return str(path)
+
+
+def test_gpt2_analysis_matches_transformers_streams(tmp_path, capsys):
+  expected = np.load(FIXTURES / "gpt2" / "expected.npz")
+  out = tmp_path / "out"
+  ids = _ids_file(tmp_path, expected["token_ids"])
+  assert cli.main(["analyze", str(FIXTURES / "gpt2"), "--out", str(out), "--token-ids", ids,
+                   "--tokens", "12", "--sequences", "1", "--positions=-1,4"]) == 0
+  r = json.loads((out / "analysis.json").read_text())
+  assert (r["family"], r["tokens"], r["positions"]) == ("gpt2", 12, [11, 4])
+  assert r["model"]["parameters"] == 27936          # transformers' count (tied head)
+  layers = r["layers"]
+  assert len(layers) == 3 and (out / "analysis.png").is_file()
+  # token similarity of h_l, l = 0..L-1, against transformers' hidden states (the last
+  # one transformers returns is after ln_f; ours is before any final norm)
+  ref = np.asarray(similarity.token_similarity(expected["hidden_states"][:-1]))
+  got = np.array([layers[l]["token_similarity"]["mean"] for l in range(2)])
+  np.testing.assert_allclose(got, ref, rtol=1e-5)
+  heads = layers[1]["attention"]
+  assert len(heads) == 4 and "attention" not in layers[0]
+  for h in heads:       # the certificate is a lower bound of the exact theta (App D.2)
+    assert h["theta_cert"]["p5"] <= 1 and 0 <= h["entropy_norm"]["mean"] <= 1
+    assert h["p_max"]["p5"] >= 1 / 12 - 1e-6
+  jac = layers[2]["jacobian"]["11"]
+  top = jac["block"]["top_singular_values"]
+  assert top == sorted(top, reverse=True) and jac["block"]["erank"] <= 32
+  depth = r["through_depth"]["11"]
+  assert len(depth["erank_over_d"]) == 4 and depth["reconstruction_error"] < 1e-5
+  assert abs(sum(depth["order_profile"]) - 1) < 1e-5
+  assert r["provenance"]["commit"]
+
+
+def test_llama_family_text_with_its_tokenizer_and_the_byte_fallback(tmp_path, capsys):
+  tokenizers = pytest.importorskip("tokenizers")
+  import shutil
+  folder = tmp_path / "qwen2"
+  shutil.copytree(FIXTURES / "qwen2", folder)
+  text = tmp_path / "text.txt"
+  text.write_text("the cat sat on the mat and the dog sat on the log " * 4)
+  out = tmp_path / "bytes"
+  # no tokenizer: UTF-8 bytes (ids up to 116 here) exceed Qwen2's 71 ids: one line, exit 2
+  assert cli.main(["analyze", str(folder), "--out", str(out), "--text", str(text),
+                   "--tokens", "8", "--measures", "stream"]) == 2
+  err = capsys.readouterr().err
+  assert "UTF-8 bytes" in err and "token ids must lie in [0, 71)" in err
+  # a tokenizer.json in the folder (a word-level vocabulary written with `tokenizers`)
+  words = sorted(set(text.read_text().split()))
+  model = tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0])
+  tok = tokenizers.Tokenizer(model)
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.save(str(folder / "tokenizer.json"))
+  out = tmp_path / "words"
+  assert cli.main(["analyze", str(folder), "--out", str(out), "--text", str(text),
+                   "--tokens", "8", "--sequences", "2", "--measures", "stream"]) == 0
+  r = json.loads((out / "analysis.json").read_text())
+  assert r["tokenizer"] == "tokenizers:tokenizer.json" and r["tokens"] == 16
+  assert r["family"] == "decoder" and r["model"]["num_kv_heads"] == 2
+  assert "attention" not in r["layers"][1] and "through_depth" not in r
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tokens", "99"], "exceeds the model's 16 positions"),
+    (["--tokens", "8", "--sequences", "9"], "need 72"),
+    (["--positions=12"], "outside a sequence"),
+    (["--measures", "spectra"], "--measures"),
+    (["--step", "3"], "--step reads a rankjax run"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+  ids = _ids_file(tmp_path, range(40))
+  code = cli.main(["analyze", str(FIXTURES / "gpt2"), "--out", str(tmp_path / "o"),
+                   "--token-ids", ids, "--tokens", "8", *args])
+  err = capsys.readouterr().err
+  assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_unsupported_or_missing_checkpoints(tmp_path, capsys):
+  ids = _ids_file(tmp_path, range(8))
+  (tmp_path / "falcon").mkdir()
+  (tmp_path / "falcon" / "config.json").write_text('{"model_type": "falcon"}')
+  for folder, message in [(tmp_path / "falcon", "model_type='falcon' is not supported"),
+                          (tmp_path / "nothing", "not found")]:
+    assert cli.main(["analyze", str(folder), "--out", str(tmp_path / "o"), "--token-ids",
+                     ids, "--tokens", "8", "--sequences", "1"]) == 2
+    assert message in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_rankjax_run_is_analyzed_at_its_newest_checkpoint(tmp_path):
+  from rankjax.train.loop import train
+  from tests.train.conftest import tiny_lm
+  cfg = tiny_lm(total_steps=4, checkpoint_every=2, max_to_keep=2, eval_every=0, diag_every=0)
+  workdir = tmp_path / "run"
+  train(cfg, str(workdir), progress_bar=False)
+  ids = _ids_file(tmp_path, range(32, 96))
+  for step in (None, 2):
+    out = tmp_path / f"out{step}"
+    argv = ["analyze", str(workdir), "--out", str(out), "--token-ids", ids, "--tokens", "16",
+            "--sequences", "2"] + ([] if step is None else ["--step", str(step)])
+    assert cli.main(argv) == 0
+    r = json.loads((out / "analysis.json").read_text())
+    assert r["model"]["step"] == (4 if step is None else 2)
+    assert r["model"]["norm_position"] == "pre" and len(r["layers"]) == 2
