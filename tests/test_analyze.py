@@ -48,6 +48,17 @@ def test_gpt2_analysis_matches_transformers_streams(tmp_path, capsys):
   assert len(depth["erank_over_d"]) == 4 and depth["reconstruction_error"] < 1e-5
   assert abs(sum(depth["order_profile"]) - 1) < 1e-5
   assert r["provenance"]["commit"]
+  # the next-token loss on the sequence against transformers' logits
+  logits = expected["logits"][:-1].astype(np.float64)
+  lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  ce = np.mean(lse - logits[np.arange(11), expected["token_ids"][1:]])
+  np.testing.assert_allclose(r["loss"], ce, rtol=1e-5)
+  # Y_2 of block l is h_l: its sqrt(d)/||y|| factor from transformers' hidden states
+  from rankjax.measure import gradients as gr
+  mean, _ = gr.rms_factor_stats(expected["hidden_states"][1:-1, None, :11], 1e-5)
+  np.testing.assert_allclose(layers[1]["gradients"]["rms_factor_mean_2"], float(mean[0]),
+                             rtol=1e-4)
+  assert set(layers[2]["gradients"]) >= {"alpha_1", "alpha_2", "contraction_1", "grad_norm"}
 
 
 def test_llama_family_text_with_its_tokenizer_and_the_byte_fallback(tmp_path, capsys):

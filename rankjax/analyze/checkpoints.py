@@ -26,10 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax.measure import decoder_jacobians, engine, gpt2_jacobians
+from rankjax.measure import decoder_jacobians, engine, gpt2_jacobians, losses
+from rankjax.measure import gradients as gradients_lib
+from rankjax.train import diagnostics_postnorm
 from rankjax.models import gpt2, hf_llama, transformer
 
 Array = jax.Array
+SUBLAYER_SITES = ("x1", "y1", "x2", "y2")    # X_k, Y_k of the postnorm paper (Eq. 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,11 @@ class Model:
     attention: ``tokens (T,) -> (L, H, T, T)``.
     token_blocks: ``(tokens (T,), position) -> engine.BlockJacobians`` of the 2L
       sublayers at that token (other tokens held fixed).
+    gradients: ``tokens (K, T) -> dict``: with the next-token loss on the K sequences
+      (mean cross-entropy of T-1 predictions each), ``diagnostics_postnorm.
+      sublayer_factors`` of X_k, Y_k (the branch input after P, the residual sum before
+      R) and their gradients (L,) each, the per-layer parameter gradient norm
+      ``grad_norm`` (L,), and ``loss``.
   """
 
   source: str
@@ -60,6 +68,7 @@ class Model:
   streams: Callable[[Array], Array]
   attention: Callable[[Array], Array]
   token_blocks: Callable[[Array, int], engine.BlockJacobians]
+  gradients: Callable[[Array], dict]
 
 
 def _param_count(params) -> int:
@@ -86,6 +95,34 @@ def _gpt2(folder: pathlib.Path, hf: dict) -> Model:
     return jax.lax.scan(step, gpt2.embed(params, tokens), params["blocks"])[1]
 
   num_layers = int(params["blocks"]["fc_w"].shape[0])
+
+  @jax.jit
+  def gradients(tokens_KxT):
+    inputs, targets = tokens_KxT[:, :-1], tokens_KxT[:, 1:]
+
+    def forward(p, pert):
+      def one(tokens, e):
+        def step(h, xs):
+          block, e = xs
+          x1 = gpt2.layer_norm(h, block["ln_1_scale"], block["ln_1_bias"]) + e["x1"]
+          y1 = h + gpt2.attention(block, x1, heads) + e["y1"]
+          x2 = gpt2.layer_norm(y1, block["ln_2_scale"], block["ln_2_bias"]) + e["x2"]
+          y2 = y1 + gpt2.ffn(block, x2) + e["y2"]
+          return y2, {"x1": x1, "y1": y1, "x2": x2, "y2": y2}
+        h, acts = jax.lax.scan(step, gpt2.embed(p, tokens), (p["blocks"], e))
+        return gpt2.logits(p, h), acts
+      logits, acts = jax.vmap(one, in_axes=(0, 1), out_axes=(0, 1))(inputs, pert)
+      return losses.cross_entropy(logits, targets), acts
+
+    shape = (num_layers, *inputs.shape, d)
+    zeros = {k: jnp.zeros(shape, jnp.float32) for k in SUBLAYER_SITES}
+    (loss, acts), (g_params, g_acts) = jax.value_and_grad(
+        forward, argnums=(0, 1), has_aux=True)(params, zeros)
+    out = diagnostics_postnorm.sublayer_factors(acts, g_acts, gpt2.LN_EPS, {})
+    out["grad_norm"] = gradients_lib.layer_grad_norms(g_params, ("blocks",))
+    out["loss"] = loss
+    return out
+
   return Model(
       source=str(folder), family="gpt2",
       description={"model_type": "gpt2", "num_layers": num_layers, "d_model": d,
@@ -95,7 +132,8 @@ def _gpt2(folder: pathlib.Path, hf: dict) -> Model:
       vocab_size=int(params["wte"].shape[0]), max_len=int(params["wpe"].shape[0]),
       num_layers=num_layers, num_heads=heads, d_model=d, tokenizer=_tokenizer_in(folder),
       streams=streams, attention=attention,
-      token_blocks=lambda t, pos: gpt2_jacobians.token_block_jacobians(params, t, pos, heads))
+      token_blocks=lambda t, pos: gpt2_jacobians.token_block_jacobians(params, t, pos, heads),
+      gradients=gradients)
 
 
 def _decoder(cfg, params, source: str, extra: dict, tokenizer: str | None) -> Model:
@@ -115,6 +153,20 @@ def _decoder(cfg, params, source: str, extra: dict, tokenizer: str | None) -> Mo
                                                 capture_probs=True, mutable=["intermediates"])
     return state["intermediates"]["layers"]["attn"]["attn_probs"][0][:, 0]
 
+  model = transformer.DecoderLM(cfg)
+
+  @jax.jit
+  def gradients(tokens_KxT):
+    targets = tokens_KxT[:, 1:]
+    loss, g_params, g_acts, acts = transformer.intermediate_grads(
+        model, params, tokens_KxT[:, :-1], lambda z: losses.cross_entropy(z, targets))
+    gains = {k: params["layers"].get(diagnostics_postnorm.NORM_AFTER_Y[k], {}).get("scale")
+             if cfg.norm_position == "post" else None for k in (1, 2)}
+    out = diagnostics_postnorm.sublayer_factors(acts, g_acts, float(cfg.norm_eps), gains)
+    out["grad_norm"] = gradients_lib.layer_grad_norms(g_params, ("layers",))
+    out["loss"] = loss
+    return out
+
   fields = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff", "vocab_size",
             "norm_position", "norm_op", "ffn", "pos_embedding", "rope_base", "tie_embeddings",
             "attn_bias")
@@ -125,7 +177,8 @@ def _decoder(cfg, params, source: str, extra: dict, tokenizer: str | None) -> Mo
       vocab_size=cfg.vocab_size, max_len=cfg.max_seq_len, num_layers=cfg.num_layers,
       num_heads=cfg.num_heads, d_model=cfg.d_model, tokenizer=tokenizer,
       streams=streams, attention=attention,
-      token_blocks=lambda t, pos: decoder_jacobians.token_block_jacobians(cfg, params, t, pos))
+      token_blocks=lambda t, pos: decoder_jacobians.token_block_jacobians(cfg, params, t, pos),
+      gradients=gradients)
 
 
 def _rankjax_run(workdir: pathlib.Path, step: int | None) -> Model:

@@ -7,6 +7,10 @@ newest checkpoint). The input is ``--token-ids FILE`` (integers, whitespace-sepa
 ``--text FILE`` (tokenized with the checkpoint's ``tokenizer.json`` / ``tokenizer.model``;
 without one, UTF-8 bytes, and the output says so) or ``--dataset shakespeare`` (the
 offline corpus's validation split), cut into ``--sequences`` sequences of ``--tokens``.
+The measures (``--measures``): ``stream`` (token similarity, mean spike, coherence),
+``attention`` (per head), ``jacobian`` (at ``--positions``), ``gradients`` (with the
+next-token loss on the sequences: alpha_k, sqrt(d)/||y||, the contraction c, per-layer
+gradient norms; postnorm Sec 4.2); ``rankjax.analyze.measures`` says what each is.
 Bad input is one line and exit 2; nothing is downloaded.
 """
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 
 import numpy as np
 
-MEASURES = ("stream", "attention", "jacobian")
+MEASURES = ("stream", "attention", "jacobian", "gradients")
 
 
 def add_parser(subparsers) -> None:
@@ -122,6 +126,11 @@ def analyze(model, seqs: np.ndarray, positions: list[int], measures: set[str],
       depth[str(pos)] = jac["through_depth"]
       print(f"jacobian: position {pos} done", file=sys.stderr, flush=True)
     out["through_depth"] = depth
+  if "gradients" in measures:
+    g = {k: np.asarray(v) for k, v in model.gradients(seqs).items()}
+    out["loss"] = float(g.pop("loss"))
+    for l in range(1, model.num_layers + 1):
+      out["layers"][l]["gradients"] = {k: float(v[l - 1]) for k, v in sorted(g.items())}
   return out
 
 

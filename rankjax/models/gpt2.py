@@ -324,11 +324,16 @@ def attention_branch(block: dict, h_TxD: Array, num_heads: int) -> Array:
                    num_heads)
 
 
-def ffn_branch(block: dict, h_D: Array) -> Array:
-  """The FFN branch ``FFN(LN_2(h))`` of one block (GPT-2's gelu is the tanh form)."""
-  x = layer_norm(h_D, block["ln_2_scale"], block["ln_2_bias"])
+def ffn(block: dict, x: Array) -> Array:
+  """The FFN ``gelu(x W_fc + b_fc) W_proj + b_proj`` on its (normalized) input (GPT-2's
+  gelu is the tanh form)."""
   return jax.nn.gelu(x @ block["fc_w"] + block["fc_b"], approximate=True) @ block["proj_w"] \
       + block["proj_b"]
+
+
+def ffn_branch(block: dict, h_D: Array) -> Array:
+  """The FFN branch ``FFN(LN_2(h))`` of one block."""
+  return ffn(block, layer_norm(h_D, block["ln_2_scale"], block["ln_2_bias"]))
 
 
 def default_num_heads(d_model: int) -> int:

@@ -70,19 +70,8 @@ def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
   acts, grads = d.activations, d.activation_grads
   out: dict[str, Array] = {}
   out["last_tsim"] = jnp.mean(token_similarity(acts["y2"][-1]), axis=-1)
-  eps = float(d.model.cfg.norm_eps)
-  for k in (1, 2):
-    alpha = gr.sublayer_grad_contribution(grads[f"x{k}"], grads[f"y{k}"])
-    mean, std = gr.rms_factor_stats(acts[f"y{k}"], eps)
-    gain = _norm_gain(d, k)
-    out[f"alpha_{k}"] = alpha
-    out[f"rms_factor_mean_{k}"] = mean
-    out[f"rms_factor_std_{k}"] = std
-    out[f"rms_factor_max_{k}"] = gr.rms_factor_max(acts[f"y{k}"], eps)
-    out[f"gain_max_{k}"] = (jnp.max(jnp.abs(gain.astype(jnp.float32)), axis=-1)
-                            if gain is not None else jnp.ones_like(alpha))
-    out[f"contraction_{k}"] = gr.contraction_bound(alpha, acts[f"y{k}"], gain, eps)
-    out[f"contraction_mean_{k}"] = gr.contraction(alpha, mean)
+  gains = {k: _norm_gain(d, k) for k in (1, 2)}
+  out.update(sublayer_factors(acts, grads, float(d.model.cfg.norm_eps), gains))
   out["grad_norm"] = gr.layer_grad_norms(d.grads, d.stacked_roots)
   for name, v in gr.block_grad_norms(d.grads, d.stacked_roots).items():
     out[f"grad_norm_{name}"] = v
@@ -96,6 +85,30 @@ def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
   out["collapse_alarm"] = gr.collapse_alarm(
       out["loss_examples"], out["freq_loss"], out["last_tsim"], rel_tol=ALARM_REL_TOL,
       sim_min=ALARM_SIM_MIN).astype(jnp.float32)
+  return out
+
+
+def sublayer_factors(acts: dict[str, Array], grads: dict[str, Array], eps: float,
+                     gains: dict[int, Array | None]) -> dict[str, Array]:
+  """Per layer (L,), k = 1 (attention), 2 (FFN), from X_k, Y_k (L, B, T, d) and their
+  gradients: ``alpha_k`` (Def 3.5), the RMS factor sqrt(d)/||y|| of Y_k (mean, std,
+  max; Sec 4.2), the gain max, Thm 3.6's contraction bound ``contraction_k`` (with the
+  gain of the norm that reads Y_k, ``gains[k]``; None: no such norm) and the token-mean
+  factor ``contraction_mean_k``. The training diagnostic and ``rankjax analyze`` both
+  use it."""
+  out: dict[str, Array] = {}
+  for k in (1, 2):
+    alpha = gr.sublayer_grad_contribution(grads[f"x{k}"], grads[f"y{k}"])
+    mean, std = gr.rms_factor_stats(acts[f"y{k}"], eps)
+    gain = gains.get(k)
+    out[f"alpha_{k}"] = alpha
+    out[f"rms_factor_mean_{k}"] = mean
+    out[f"rms_factor_std_{k}"] = std
+    out[f"rms_factor_max_{k}"] = gr.rms_factor_max(acts[f"y{k}"], eps)
+    out[f"gain_max_{k}"] = (jnp.max(jnp.abs(gain.astype(jnp.float32)), axis=-1)
+                            if gain is not None else jnp.ones_like(alpha))
+    out[f"contraction_{k}"] = gr.contraction_bound(alpha, acts[f"y{k}"], gain, eps)
+    out[f"contraction_mean_{k}"] = gr.contraction(alpha, mean)
   return out
 
 
