@@ -76,6 +76,70 @@ def rows_to_html(rows: list[dict]) -> str:
   return f"<p>status: {tally}</p><table><tr>{head}</tr>{body}</table>"
 
 
+# ---------------------------------------------------------------------------
+# The analysis report: ``rankjax analyze`` -> OUT/analysis.html
+
+
+def _analysis_sentences(r: dict) -> list[str]:
+  """Opening sentences computed from ``analysis.json`` (what the numbers say)."""
+  layers = r["layers"]
+  out = [f"{r['model'].get('model_type', r['family'])} with {r['model']['parameters']:,} "
+         f"parameters, {len(layers) - 1} layers, read from {r['source']}; "
+         f"{r['sequences']} sequence(s) of {r['sequence_length']} tokens ({r['tokenizer']})."]
+  if "token_similarity" in layers[0]:
+    first, last = (layers[i]["token_similarity"]["mean"] for i in (0, -1))
+    out.append(f"Token similarity of the residual stream goes from {first:.3f} at the "
+               f"embeddings to {last:.3f} after the last block (1 = every token the same "
+               "direction: rank collapse).")
+  for pos, depth in r.get("through_depth", {}).items():
+    er = depth["erank_over_d"]
+    out.append(f"At token {pos} the stream Jacobian's effective rank is {er[0]:.3f} d after "
+               f"the first sublayer and {er[-1]:.3f} d after the last.")
+    break
+  if "loss" in r:
+    out.append(f"Next-token loss on the input: {r['loss']:.3f}.")
+  return out
+
+
+def build_analysis_report(out_dir: pathlib.Path, r: dict) -> pathlib.Path:
+  """``out_dir/analysis.html``: the sentences, a per-layer table and the figure."""
+  pos = next(iter(r.get("through_depth", {})), None)
+  cols = [("token similarity", lambda l: l.get("token_similarity", {}).get("mean")),
+          ("mean spike", lambda l: l.get("mean_spike")),
+          ("block erank", lambda l: l.get("jacobian", {}).get(pos, {}).get("block", {})
+           .get("erank")),
+          ("median p_max", lambda l: _mean_of(l.get("attention"), "p_max")),
+          ("median theta_cert", lambda l: _mean_of(l.get("attention"), "theta_cert")),
+          ("alpha_1", lambda l: l.get("gradients", {}).get("alpha_1")),
+          ("alpha_2", lambda l: l.get("gradients", {}).get("alpha_2")),
+          ("c_1 (Thm 3.6)", lambda l: l.get("gradients", {}).get("contraction_1")),
+          ("grad norm", lambda l: l.get("gradients", {}).get("grad_norm"))]
+  cols = [(name, f) for name, f in cols if any(f(l) is not None for l in r["layers"])]
+  head = "".join(f"<th>{html.escape(n)}</th>" for n in ["layer"] + [n for n, _ in cols])
+  body = "".join("<tr>" + f"<td>{l['layer']}</td>" + "".join(
+      f"<td>{'' if f(l) is None else format(f(l), '.4g')}</td>" for _, f in cols) + "</tr>"
+      for l in r["layers"])
+  parts = [_paragraph(_analysis_sentences(r)),
+           f"<table><tr>{head}</tr>{body}</table>",
+           "<p class='note'>Per-head attention statistics (percentiles over rows), every "
+           "Jacobian's top singular values and the path-order profile are in "
+           "analysis.json.</p>"]
+  png = out_dir / "analysis.png"
+  if png.is_file():
+    parts.append(_figure(png, "Token similarity of h_l by layer; the erank of the token's "
+                              "stream Jacobian through the sublayers"))
+  path = out_dir / "analysis.html"
+  path.write_text(_page(f"rankjax analyze: {pathlib.Path(r['source']).name}", parts))
+  return path
+
+
+def _mean_of(heads: list[dict] | None, name: str) -> float | None:
+  """The mean over heads of a per-head statistic's median."""
+  if not heads:
+    return None
+  return sum(h[name]["p50"] for h in heads) / len(heads)
+
+
 def study_dirs(workdir: pathlib.Path) -> dict[str, pathlib.Path]:
   """Output folders of ``rankjax reproduce`` (each holds a ``summary.json``)."""
   if (workdir / "summary.json").is_file():

@@ -31,6 +31,9 @@ def test_gpt2_analysis_matches_transformers_streams(tmp_path, capsys):
   assert r["model"]["parameters"] == 27936          # transformers' count (tied head)
   layers = r["layers"]
   assert len(layers) == 3 and (out / "analysis.png").is_file()
+  page = (out / "analysis.html").read_text()
+  assert "data:image/png;base64," in page and "Token similarity of the residual stream" in page
+  assert f"{layers[2]['token_similarity']['mean']:.4g}" in page
   # token similarity of h_l, l = 0..L-1, against transformers' hidden states (the last
   # one transformers returns is after ln_f; ours is before any final norm)
   ref = np.asarray(similarity.token_similarity(expected["hidden_states"][:-1]))

@@ -184,5 +184,7 @@ def run(args) -> int:
   (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
   if "stream" in measures or "jacobian" in measures:
     _figure(result, out / "analysis.png")
-  print(f"rankjax analyze: {out / 'analysis.json'} ({result['seconds']:.1f} s)")
+  from rankjax import report
+  page = report.build_analysis_report(out, result)
+  print(f"rankjax analyze: {out / 'analysis.json'}, {page} ({result['seconds']:.1f} s)")
   return 0
