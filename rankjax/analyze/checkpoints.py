@@ -18,6 +18,7 @@ Nothing is downloaded; a missing or unsupported checkpoint is one ``ValueError``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 from typing import Any, Callable
@@ -82,47 +83,57 @@ def _tokenizer_in(folder: pathlib.Path) -> str | None:
   return None
 
 
-def _gpt2(folder: pathlib.Path, hf: dict) -> Model:
+# The jitted functions take the parameters as arguments (never as captured constants),
+# so checkpoints of one shape (the steps of a run) share one compilation.
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _gpt2_streams(params, tokens, heads):
+  return gpt2.streams(params, tokens, heads)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _gpt2_attention(params, tokens, heads):
+  def step(h, block):
+    return gpt2.block_forward(block, h, heads)[1], gpt2.attention_probs(block, h, heads)
+  return jax.lax.scan(step, gpt2.embed(params, tokens), params["blocks"])[1]
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _gpt2_gradients(params, tokens_KxT, heads):
+  """GPT-2's X_k (LN output), Y_k (residual sum) and their gradients by zero
+  perturbations added at each site, then ``sublayer_factors``."""
+  inputs, targets = tokens_KxT[:, :-1], tokens_KxT[:, 1:]
+
+  def forward(p, pert):
+    def one(tokens, e):
+      def step(h, xs):
+        block, e = xs
+        x1 = gpt2.layer_norm(h, block["ln_1_scale"], block["ln_1_bias"]) + e["x1"]
+        y1 = h + gpt2.attention(block, x1, heads) + e["y1"]
+        x2 = gpt2.layer_norm(y1, block["ln_2_scale"], block["ln_2_bias"]) + e["x2"]
+        y2 = y1 + gpt2.ffn(block, x2) + e["y2"]
+        return y2, {"x1": x1, "y1": y1, "x2": x2, "y2": y2}
+      h, acts = jax.lax.scan(step, gpt2.embed(p, tokens), (p["blocks"], e))
+      return gpt2.logits(p, h), acts
+    logits, acts = jax.vmap(one, in_axes=(0, 1), out_axes=(0, 1))(inputs, pert)
+    return losses.cross_entropy(logits, targets), acts
+
+  shape = (params["blocks"]["fc_w"].shape[0], *inputs.shape, params["wte"].shape[1])
+  zeros = {k: jnp.zeros(shape, jnp.float32) for k in SUBLAYER_SITES}
+  (loss, acts), (g_params, g_acts) = jax.value_and_grad(
+      forward, argnums=(0, 1), has_aux=True)(params, zeros)
+  out = diagnostics_postnorm.sublayer_factors(acts, g_acts, gpt2.LN_EPS, {})
+  out["grad_norm"] = gradients_lib.layer_grad_norms(g_params, ("blocks",))
+  out["loss"] = loss
+  return out
+
+
+def _gpt2(folder: pathlib.Path) -> Model:
   params = jax.tree.map(jnp.asarray, gpt2.load_gpt2(folder))
   d = params["wte"].shape[1]
   heads = gpt2.num_heads(folder, d)
-  streams = jax.jit(lambda t: gpt2.streams(params, t, heads))
-
-  @jax.jit
-  def attention(tokens):
-    def step(h, block):
-      return gpt2.block_forward(block, h, heads)[1], gpt2.attention_probs(block, h, heads)
-    return jax.lax.scan(step, gpt2.embed(params, tokens), params["blocks"])[1]
-
   num_layers = int(params["blocks"]["fc_w"].shape[0])
-
-  @jax.jit
-  def gradients(tokens_KxT):
-    inputs, targets = tokens_KxT[:, :-1], tokens_KxT[:, 1:]
-
-    def forward(p, pert):
-      def one(tokens, e):
-        def step(h, xs):
-          block, e = xs
-          x1 = gpt2.layer_norm(h, block["ln_1_scale"], block["ln_1_bias"]) + e["x1"]
-          y1 = h + gpt2.attention(block, x1, heads) + e["y1"]
-          x2 = gpt2.layer_norm(y1, block["ln_2_scale"], block["ln_2_bias"]) + e["x2"]
-          y2 = y1 + gpt2.ffn(block, x2) + e["y2"]
-          return y2, {"x1": x1, "y1": y1, "x2": x2, "y2": y2}
-        h, acts = jax.lax.scan(step, gpt2.embed(p, tokens), (p["blocks"], e))
-        return gpt2.logits(p, h), acts
-      logits, acts = jax.vmap(one, in_axes=(0, 1), out_axes=(0, 1))(inputs, pert)
-      return losses.cross_entropy(logits, targets), acts
-
-    shape = (num_layers, *inputs.shape, d)
-    zeros = {k: jnp.zeros(shape, jnp.float32) for k in SUBLAYER_SITES}
-    (loss, acts), (g_params, g_acts) = jax.value_and_grad(
-        forward, argnums=(0, 1), has_aux=True)(params, zeros)
-    out = diagnostics_postnorm.sublayer_factors(acts, g_acts, gpt2.LN_EPS, {})
-    out["grad_norm"] = gradients_lib.layer_grad_norms(g_params, ("blocks",))
-    out["loss"] = loss
-    return out
-
   return Model(
       source=str(folder), family="gpt2",
       description={"model_type": "gpt2", "num_layers": num_layers, "d_model": d,
@@ -131,42 +142,44 @@ def _gpt2(folder: pathlib.Path, hf: dict) -> Model:
                    "parameters": _param_count(params), "dtype": "float32"},
       vocab_size=int(params["wte"].shape[0]), max_len=int(params["wpe"].shape[0]),
       num_layers=num_layers, num_heads=heads, d_model=d, tokenizer=_tokenizer_in(folder),
-      streams=streams, attention=attention,
+      streams=lambda t: _gpt2_streams(params, t, heads),
+      attention=lambda t: _gpt2_attention(params, t, heads),
       token_blocks=lambda t, pos: gpt2_jacobians.token_block_jacobians(params, t, pos, heads),
-      gradients=gradients)
+      gradients=lambda t: _gpt2_gradients(params, t, heads))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decoder_streams(cfg, params, tokens):
+  h0 = transformer.first_layer_input(cfg, params, tokens[None])[0]
+  def step(h, layer):
+    out = transformer.layer_forward(cfg, layer, h)[1]
+    return out, out
+  return jnp.concatenate([h0[None], jax.lax.scan(step, h0, params["layers"])[1]], axis=0)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decoder_attention(cfg, params, tokens):
+  _, state = transformer.DecoderLM(cfg).apply({"params": params}, tokens[None],
+                                              capture_probs=True, mutable=["intermediates"])
+  return state["intermediates"]["layers"]["attn"]["attn_probs"][0][:, 0]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decoder_gradients(cfg, params, tokens_KxT):
+  targets = tokens_KxT[:, 1:]
+  loss, g_params, g_acts, acts = transformer.intermediate_grads(
+      transformer.DecoderLM(cfg), params, tokens_KxT[:, :-1],
+      lambda z: losses.cross_entropy(z, targets))
+  gains = {k: params["layers"].get(diagnostics_postnorm.NORM_AFTER_Y[k], {}).get("scale")
+           if cfg.norm_position == "post" else None for k in (1, 2)}
+  out = diagnostics_postnorm.sublayer_factors(acts, g_acts, float(cfg.norm_eps), gains)
+  out["grad_norm"] = gradients_lib.layer_grad_norms(g_params, ("layers",))
+  out["loss"] = loss
+  return out
 
 
 def _decoder(cfg, params, source: str, extra: dict, tokenizer: str | None) -> Model:
   params = jax.tree.map(jnp.asarray, params)
-
-  @jax.jit
-  def streams(tokens):
-    h0 = transformer.first_layer_input(cfg, params, tokens[None])[0]
-    def step(h, layer):
-      out = transformer.layer_forward(cfg, layer, h)[1]
-      return out, out
-    return jnp.concatenate([h0[None], jax.lax.scan(step, h0, params["layers"])[1]], axis=0)
-
-  @jax.jit
-  def attention(tokens):
-    _, state = transformer.DecoderLM(cfg).apply({"params": params}, tokens[None],
-                                                capture_probs=True, mutable=["intermediates"])
-    return state["intermediates"]["layers"]["attn"]["attn_probs"][0][:, 0]
-
-  model = transformer.DecoderLM(cfg)
-
-  @jax.jit
-  def gradients(tokens_KxT):
-    targets = tokens_KxT[:, 1:]
-    loss, g_params, g_acts, acts = transformer.intermediate_grads(
-        model, params, tokens_KxT[:, :-1], lambda z: losses.cross_entropy(z, targets))
-    gains = {k: params["layers"].get(diagnostics_postnorm.NORM_AFTER_Y[k], {}).get("scale")
-             if cfg.norm_position == "post" else None for k in (1, 2)}
-    out = diagnostics_postnorm.sublayer_factors(acts, g_acts, float(cfg.norm_eps), gains)
-    out["grad_norm"] = gradients_lib.layer_grad_norms(g_params, ("layers",))
-    out["loss"] = loss
-    return out
-
   fields = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff", "vocab_size",
             "norm_position", "norm_op", "ffn", "pos_embedding", "rope_base", "tie_embeddings",
             "attn_bias")
@@ -176,9 +189,10 @@ def _decoder(cfg, params, source: str, extra: dict, tokenizer: str | None) -> Mo
                    "parameters": _param_count(params), "dtype": cfg.param_dtype},
       vocab_size=cfg.vocab_size, max_len=cfg.max_seq_len, num_layers=cfg.num_layers,
       num_heads=cfg.num_heads, d_model=cfg.d_model, tokenizer=tokenizer,
-      streams=streams, attention=attention,
+      streams=lambda t: _decoder_streams(cfg, params, t),
+      attention=lambda t: _decoder_attention(cfg, params, t),
       token_blocks=lambda t, pos: decoder_jacobians.token_block_jacobians(cfg, params, t, pos),
-      gradients=gradients)
+      gradients=lambda t: _decoder_gradients(cfg, params, t))
 
 
 def _rankjax_run(workdir: pathlib.Path, step: int | None) -> Model:
@@ -213,7 +227,7 @@ def open_checkpoint(path: str, step: int | None = None) -> Model:
     raise ValueError(f"{config}: not JSON ({e})") from None
   kind = hf.get("model_type")
   if kind == "gpt2":
-    return _gpt2(folder, hf)
+    return _gpt2(folder)
   if kind in hf_llama.MODEL_TYPES:
     cfg, params = hf_llama.load_llama(folder)
     return _decoder(cfg, params, str(folder), {"model_type": kind}, _tokenizer_in(folder))
