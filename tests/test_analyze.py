@@ -107,6 +107,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
   assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_several_checkpoints_make_a_trajectory(tmp_path):
+  ids = _ids_file(tmp_path, range(3, 43))
+  out = tmp_path / "t"
+  assert cli.main(["analyze", str(FIXTURES / "gpt2"), str(FIXTURES / "qwen2"), "--out",
+                   str(out), "--token-ids", ids, "--tokens", "10", "--sequences", "2",
+                   "--measures", "stream"]) == 0
+  traj = json.loads((out / "trajectory.json").read_text())
+  assert traj["labels"] == ["gpt2", "qwen2"] and traj["steps"] == [None, None]
+  one = json.loads((out / "qwen2" / "analysis.json").read_text())
+  assert traj["token_similarity"][1] == [l["token_similarity"]["mean"] for l in one["layers"]]
+  assert "alpha_1" not in traj and (out / "trajectory.png").is_file()
+
+
 def test_unsupported_or_missing_checkpoints(tmp_path, capsys):
   ids = _ids_file(tmp_path, range(8))
   (tmp_path / "falcon").mkdir()
@@ -127,6 +140,14 @@ def test_a_rankjax_run_is_analyzed_at_its_newest_checkpoint(tmp_path):
   workdir = tmp_path / "run"
   train(cfg, str(workdir), progress_bar=False)
   ids = _ids_file(tmp_path, range(32, 96))
+  traj_out = tmp_path / "traj"
+  assert cli.main(["analyze", str(workdir), "--out", str(traj_out), "--token-ids", ids,
+                   "--tokens", "16", "--sequences", "2", "--steps", "all",
+                   "--measures", "stream,gradients"]) == 0
+  traj = json.loads((traj_out / "trajectory.json").read_text())
+  assert traj["steps"] == [2, 4] and len(traj["token_similarity"][0]) == 2
+  assert len(traj["alpha_1"]) == 2 and traj["alpha_1"][0][0] is None      # layer 0: none
+  assert (traj_out / "trajectory.png").is_file() and (traj_out / "step_4" / "analysis.html").is_file()
   for step in (None, 2):
     out = tmp_path / f"out{step}"
     argv = ["analyze", str(workdir), "--out", str(out), "--token-ids", ids, "--tokens", "16",

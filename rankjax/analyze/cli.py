@@ -28,9 +28,14 @@ MEASURES = ("stream", "attention", "jacobian", "gradients")
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser("analyze", help="the papers' measures of a pretrained checkpoint",
                             description=__doc__.split("\n\n", 1)[0])
-  p.add_argument("checkpoint", help="Hugging Face checkpoint folder or rankjax workdir")
+  p.add_argument("checkpoint", nargs="+",
+                 help="Hugging Face checkpoint folder(s) or rankjax workdir(s); several: "
+                      "a trajectory")
   p.add_argument("--out", required=True, help="output folder (analysis.json, figures)")
   p.add_argument("--step", type=int, default=None, help="a rankjax run's checkpoint step")
+  p.add_argument("--steps", default=None,
+                 help="several steps of one rankjax run (comma-separated, or 'all'): each is "
+                      "analyzed and the measures are drawn against the step")
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--text", help="a text file, tokenized with the checkpoint's tokenizer")
   src.add_argument("--token-ids", help="a file of whitespace-separated token ids")
@@ -157,9 +162,44 @@ def _figure(result: dict, path: pathlib.Path) -> None:
   plt.close(fig)
 
 
+def _targets(args) -> list[tuple[str, str, int | None]]:
+  """``(label, checkpoint, step)`` of each checkpoint to analyze."""
+  from rankjax.analyze import trajectory
+  if args.steps is not None:
+    if len(args.checkpoint) != 1 or args.step is not None:
+      raise ValueError("--steps reads one rankjax run (and replaces --step)")
+    wd = args.checkpoint[0]
+    steps = trajectory.run_steps(wd) if args.steps == "all" else _ints(args.steps, "--steps")
+    return [(f"step_{s}", wd, s) for s in steps]
+  if len(args.checkpoint) == 1:
+    return [("", args.checkpoint[0], args.step)]
+  if args.step is not None:
+    raise ValueError("--step reads one rankjax run; give --steps for several")
+  labels = [pathlib.Path(c).name or f"checkpoint_{i}" for i, c in enumerate(args.checkpoint)]
+  if len(set(labels)) < len(labels):
+    labels = [f"{i}_{lab}" for i, lab in enumerate(labels)]
+  return [(lab, c, None) for lab, c in zip(labels, args.checkpoint)]
+
+
+def _ints(spec: str, flag: str) -> list[int]:
+  try:
+    return [int(x) for x in spec.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"{flag} {spec!r}: comma-separated integers or 'all'") from None
+
+
+def _write(out: pathlib.Path, result: dict, measures: set[str]) -> None:
+  from rankjax import report
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
+  if "stream" in measures or "jacobian" in measures:
+    _figure(result, out / "analysis.png")
+  report.build_analysis_report(out, result)
+
+
 def run(args) -> int:
   from rankjax import provenance
-  from rankjax.analyze import checkpoints
+  from rankjax.analyze import checkpoints, trajectory
   from rankjax.train import paths as paths_lib
   measures = {x.strip() for x in args.measures.split(",") if x.strip()}
   unknown = measures - set(MEASURES)
@@ -168,23 +208,32 @@ def run(args) -> int:
                      f"{', '.join(MEASURES)}")
   out = pathlib.Path(args.out)
   paths_lib.check_output(str(out), "--out")
-  start = time.time()
-  model = checkpoints.open_checkpoint(args.checkpoint, args.step)
-  ids, tokenizer = _token_ids(args, model)
-  seqs = _sequences(ids, args, model)
-  positions = _positions(args.positions, args.tokens)
-  result = {"source": model.source, "family": model.family, "model": model.description,
-            "tokenizer": tokenizer, "tokens": int(seqs.size), "sequences": int(seqs.shape[0]),
-            "sequence_length": int(seqs.shape[1]), "positions": positions,
-            "measures": sorted(measures)}
-  result.update(analyze(model, seqs, positions, measures, not args.no_paths))
-  result["seconds"] = time.time() - start
-  result["provenance"] = provenance.provenance(result["seconds"])
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "analysis.json").write_text(json.dumps(result, indent=1) + "\n")
-  if "stream" in measures or "jacobian" in measures:
-    _figure(result, out / "analysis.png")
-  from rankjax import report
-  page = report.build_analysis_report(out, result)
-  print(f"rankjax analyze: {out / 'analysis.json'}, {page} ({result['seconds']:.1f} s)")
+  targets = _targets(args)
+  seqs = positions = tokenizer = None
+  results = []
+  for label, path, step in targets:
+    start = time.time()
+    model = checkpoints.open_checkpoint(path, step)
+    if seqs is None:      # the same token sequences for every checkpoint
+      ids, tokenizer = _token_ids(args, model)
+      seqs = _sequences(ids, args, model)
+      positions = _positions(args.positions, args.tokens)
+    elif seqs.max() >= model.vocab_size or seqs.shape[1] > model.max_len:
+      raise ValueError(f"{model.source}: its vocabulary or positions do not fit the "
+                       "sequences of the first checkpoint")
+    result = {"source": model.source, "family": model.family, "model": model.description,
+              "tokenizer": tokenizer, "tokens": int(seqs.size), "sequences": int(seqs.shape[0]),
+              "sequence_length": int(seqs.shape[1]), "positions": positions,
+              "measures": sorted(measures)}
+    result.update(analyze(model, seqs, positions, measures, not args.no_paths))
+    result["seconds"] = time.time() - start
+    result["provenance"] = provenance.provenance(result["seconds"])
+    _write(out / label if label else out, result, measures)
+    results.append((label, step, result))
+    print(f"rankjax analyze: {out / label / 'analysis.json'} ({result['seconds']:.1f} s)")
+  if len(results) > 1:
+    traj = trajectory.collect(results)
+    (out / "trajectory.json").write_text(json.dumps(traj, indent=1) + "\n")
+    trajectory.figure(traj, out / "trajectory.png")
+    print(f"rankjax analyze: {out / 'trajectory.json'}, {out / 'trajectory.png'}")
   return 0
