@@ -94,7 +94,12 @@ def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
       weight_map = json.loads(index.read_text())["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError):
       raise ValueError(f"{index}: not a safetensors index (no 'weight_map')") from None
-    return {name: path / file for name, file in weight_map.items()}
+    files = {name: path / file for name, file in weight_map.items()}
+    absent = sorted({f.name for f in files.values() if not f.is_file()})
+    if absent:
+      raise FileNotFoundError(f"{path}: shard(s) {', '.join(absent[:3])} listed in "
+                              f"{index.name} not found")
+    return files
   single = path / "model.safetensors"
   if not single.is_file():
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
@@ -148,7 +153,25 @@ def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
     by_file.setdefault(where[name], []).append(name)
   for file, wanted in by_file.items():
     raw.update(gpt2.read_safetensors(file, wanted))
+  _check_dtype(hf, raw, config)
   return cfg, _convert(cfg, names, raw, path)
+
+
+SAFETENSORS_OF = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _check_dtype(hf: dict, raw: dict[str, np.ndarray], config: pathlib.Path) -> None:
+  """The tensors' dtype is the one ``config.json`` states (``torch_dtype`` / ``dtype``),
+  when it states one; every tensor is read and cast to float32 either way."""
+  stated = hf.get("torch_dtype", hf.get("dtype"))
+  if stated is None:
+    return
+  if stated not in SAFETENSORS_OF:
+    raise ValueError(f"{config}: dtype {stated!r} is not one of {', '.join(SAFETENSORS_OF)}")
+  found = sorted({str(a.dtype) for a in raw.values()})
+  if found != [SAFETENSORS_OF[stated]]:
+    raise ValueError(f"{config} states dtype {stated}; the safetensors files hold "
+                     f"{', '.join(found)}")
 
 
 def _convert(cfg: TransformerConfig, names: dict, raw: dict, path) -> dict:

@@ -73,6 +73,52 @@ def test_llama_family_hidden_states_and_logits_equal_transformers(name):
   _check_llama(FIXTURES / name)
 
 
+def _rewrite(src: pathlib.Path, dst: pathlib.Path, cast=None, shards: int = 1,
+             config: dict | None = None) -> None:
+  """A copy of a fixture folder, its tensors cast and/or split into shard files with an
+  index (the Hugging Face layout of large checkpoints)."""
+  import json
+  import shutil
+  shutil.copytree(src, dst)
+  tensors = gpt2.read_safetensors(dst / "model.safetensors")
+  if cast is not None:
+    tensors = {k: v.astype(cast) for k, v in tensors.items()}
+  (dst / "model.safetensors").unlink()
+  names = sorted(tensors)
+  weight_map = {}
+  for i in range(shards):
+    part = f"model-{i + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
+    chunk = names[i::shards]
+    gpt2.write_safetensors(dst / part, {k: tensors[k] for k in chunk})
+    weight_map.update({k: part for k in chunk})
+  if shards > 1:
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  if config:
+    hf = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**hf, **config}))
+
+
+def test_sharded_bf16_checkpoints_and_their_errors(tmp_path):
+  import ml_dtypes
+  src = FIXTURES / "llama_gqa"
+  _rewrite(src, tmp_path / "sharded", shards=3)
+  _check_llama(tmp_path / "sharded")                 # the same model from 3 shards
+  # bf16 weights: within bf16 tolerance of transformers' float32 outputs (each weight
+  # rounded to 8 mantissa bits, 2^-9 relative: a few 1e-2 on outputs of order 1-5)
+  _rewrite(src, tmp_path / "bf16", cast=ml_dtypes.bfloat16, config={"dtype": "bfloat16"})
+  cfg, params = hf_llama.load_llama(tmp_path / "bf16")
+  expected = np.load(src / "expected.npz")
+  logits = transformer.DecoderLM(cfg).apply({"params": params}, expected["token_ids"][None])[0]
+  err = np.abs(np.asarray(logits) - expected["logits"]).max()
+  assert 1e-4 < err < 0.1, err
+  with pytest.raises(ValueError, match="states dtype float32; the safetensors files hold bfloat16"):
+    _rewrite(src, tmp_path / "wrong", cast=ml_dtypes.bfloat16, config={"dtype": "float32"})
+    hf_llama.load_llama(tmp_path / "wrong")
+  (tmp_path / "sharded" / "model-00002-of-00003.safetensors").unlink()
+  with pytest.raises(FileNotFoundError, match="model-00002-of-00003.safetensors listed"):
+    hf_llama.load_llama(tmp_path / "sharded")
+
+
 def test_llama_config_refusals():
   base = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
           "num_hidden_layers": 1, "intermediate_size": 48, "vocab_size": 10}
