@@ -206,9 +206,9 @@ def threefry_bits(key: Array, size: int) -> Array:
   (JAX's default) and ``size < 2**32``; every other key or configuration, and every
   other platform, runs the reference.
   """
-  words = _threefry_key_words(key)
   reference = lambda key: jax.random.bits(key, (size,), jnp.uint32)
-  if words is None or size >= 2 ** 32:
+  words = _threefry_key_words(key) if enabled() and size < 2 ** 32 else None
+  if words is None:
     return reference(key)
 
   def unrolled(k1, k2):
@@ -216,8 +216,6 @@ def threefry_bits(key: Array, size: int) -> Array:
     x1, x2 = threefry2x32(k1, k2, jnp.zeros_like(lo), lo)
     return x1 ^ x2
 
-  if not enabled():
-    return reference(key)
   return jax.lax.platform_dependent(*words, cpu=unrolled, default=lambda *_: reference(key))
 
 
