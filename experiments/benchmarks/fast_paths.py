@@ -147,11 +147,18 @@ def bench_transposed(rounds):
   w_in = jnp.asarray(rng.standard_normal((L, d, m)) / np.sqrt(d), jnp.float32)
   s = jnp.asarray(rng.uniform(0, 1, (L, m)), jnp.float32)
   w_down = jnp.asarray(rng.standard_normal((L, m, d)) / np.sqrt(m), jnp.float32)
-  fn = jax.vmap(lambda w, s, wd: fast_paths.transposed_product(w * s[None, :], wd))
+  h = jnp.asarray(rng.standard_normal((L, d)), jnp.float32)
+
+  def block(w, s, wd, h):   # jacobians.branch_jacobian's product, then the P-norm's J
+    return norms.jacobian_right(fast_paths.transposed_product(w * s[None, :], wd), h, "rms", 0.0)
+
+  fn = lambda *a: jax.lax.scan(lambda c, x: (c, block(*x)), 0, a)[1]   # over depth
   fast, plain = jit_pair(fn)
-  compile_plain(plain, (w_in, s, w_down))
-  return [("`transposed_product`: 48 x (256x1024)(1024x256) branch Jacobians, barrier vs "
-           "folded transpose", *interleaved(fast, plain, (w_in, s, w_down), rounds))]
+  args = (w_in, s, w_down, h)
+  compile_plain(plain, args)
+  return [("`transposed_product`: the branch Jacobians (256x1024)(1024x256) of 48 blocks "
+           "in a scan, then `jacobian_right`; barrier vs folded transpose",
+           *interleaved(fast, plain, args, rounds))]
 
 
 def _residual_arrays(f, x):
