@@ -33,7 +33,6 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rankjax import fast_paths
 from rankjax.config import MLPConfig
