@@ -94,9 +94,10 @@ def singular_values(a: Array) -> Array:
   Why: XLA:CPU runs a batched SVD as LAPACK calls one after another on one thread; the
   fast path is a host callback that splits the batch over a thread per core, each
   calling the same LAPACK ``sgesdd`` (values only) through ctypes (``_host_lapack``).
-  Gain on the study's 8 seeds x 48 matrices of 256 x 256: RESULTS.md, "CPU fast paths"
-  (numpy's SVD in a thread pool under threadpoolctl was measured there too and is not
-  within 10%, so the ctypes call stays).
+  Gain on the study's 8 seeds x 48 matrices of 256 x 256, 2-core Xeon: 1.24x in jit
+  (median, 0.95-1.48x under a shared load; RESULTS.md, "CPU fast paths"). numpy's SVD
+  in a thread per core under threadpoolctl is 1.57x slower than the ctypes call on the
+  same matrices, not within 10%, so the ctypes call stays.
 
   Selected on CPU for float32 batches (before any vmap) of at least two matrices and
   ``MIN_THREADED_WORK``; float64 always runs the reference: a callback's float64 result
@@ -134,8 +135,9 @@ def eigh(m: Array) -> tuple[Array, Array]:
   ``measure/matrix_free``), each waits on work queued behind the others. It hung the
   test suite (both pool threads in ``ParallelBatchMap``'s ``BlockingCounter::Wait``
   under ``EigenvalueDecompositionSymmetric``). The fast path is a host callback to
-  ``np.linalg.eigh`` (in float64, cast back), which does not use that pool. Forcing
-  the reference on CPU (``plain()``) brings that risk back.
+  ``np.linalg.eigh`` (in float64, cast back), which does not use that pool. It costs
+  time: 0.57x the reference's speed on SLQ's 16 tridiagonals of 48 x 48 (RESULTS.md).
+  Forcing the reference on CPU (``plain()``) brings the deadlock risk back.
 
   Selected on CPU for float32; float64 runs the reference (see ``singular_values``).
   Eigenvectors are defined up to sign (and within repeated eigenvalues, up to a
@@ -198,8 +200,8 @@ def threefry_bits(key: Array, size: int) -> Array:
   Why: JAX's CPU lowering of the ``threefry2x32`` primitive rolls the 5 groups of 4
   rounds into a loop (for compile time), so each group is one more pass over the whole
   counter arrays in memory; unrolled (``threefry2x32`` here), XLA fuses the 20 rounds
-  into one loop that stays in registers. Gain: RESULTS.md, "CPU fast paths" (the
-  study's 25M normals of L=48, d=256). Partitionable threefry hashes the 64-bit counter
+  into one loop that stays in registers. Gain: 7.3x on the study's 25M words (L=48,
+  d=256; 2-core Xeon, RESULTS.md "CPU fast paths"). Partitionable threefry hashes the 64-bit counter
   i (high word 0 below 2^32) and returns the XOR of the two output words
   (``jax._src.random.threefry2x32._threefry_random_bits_partitionable``).
 
@@ -238,7 +240,10 @@ def transposed_product(a: Array, b: Array) -> Array:
   folded ``b^T a^T`` (the MLP branch Jacobian ``J_f = (da @ W_down)^T``,
   ``measure/jacobians.branch_jacobian``). The fast path puts an
   ``optimization_barrier`` on the product so XLA cannot fold the transpose back into
-  the dot, and transposes the result (one copy). Gain: RESULTS.md, "CPU fast paths".
+  the dot, and transposes the result (one copy). Gain: 1.40x for the 48 branch
+  Jacobians (256x1024)(1024x256) of the study's scan over depth, followed by the
+  P-norm's ``jacobian_right`` (1.05x for the product alone; 2-core Xeon, RESULTS.md
+  "CPU fast paths").
 
   Selected on CPU; the same values as the reference up to the dot's summation order
   (float32 rounding).

@@ -131,3 +131,13 @@ def test_cuda_export_lowers_the_plain_calls(every_batch):
   cpu = export.export(jax.jit(every_path), platforms=["cpu"])
   with pytest.raises(Exception, match="(?i)callback"):   # the CPU lowering has them
     cpu(a, m, key)
+
+
+def test_fast_paths_imports_neither_measure_nor_models_at_module_level():
+  import ast
+  import pathlib
+  tree = ast.parse(pathlib.Path(fast_paths.__file__).read_text())
+  top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+  names = {a.name for n in top for a in n.names} | {
+      n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+  assert not {n for n in names if n.startswith(("rankjax.measure", "rankjax.models"))}
