@@ -8,16 +8,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _PROBE = """
 import sys
-import rankjax, rankjax.cli, rankjax.report, rankjax.measure.summary
-from rankjax.measure import host_svd
+import rankjax, rankjax.cli, rankjax.report, rankjax.measure.summary, rankjax.fast_paths
+from rankjax import _host_lapack
 assert "matplotlib" not in sys.modules, "matplotlib imported"
-assert host_svd._gesdd == {}, "ctypes LAPACK functions created at import"
-assert host_svd._one_thread_fn is None, "OpenBLAS library opened at import"
+assert _host_lapack._gesdd == {}, "ctypes LAPACK functions created at import"
+assert _host_lapack._one_thread_fn is None, "OpenBLAS library opened at import"
 import numpy as np
 a = np.random.default_rng(0).normal(size=(2, 3, 4)).astype(np.float32)
-np.testing.assert_allclose(host_svd.host_singular_values(a),
+np.testing.assert_allclose(_host_lapack.host_singular_values(a),
                            np.linalg.svd(a, compute_uv=False), rtol=1e-5)
-assert set(host_svd._gesdd) == {np.dtype(np.float32), np.dtype(np.float64)}
+assert set(_host_lapack._gesdd) == {np.dtype(np.float32), np.dtype(np.float64)}
 print("ok")
 """
 

@@ -50,7 +50,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import common  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
-from rankjax.measure import host_svd, jacobians, paths  # noqa: E402
+from rankjax import fast_paths  # noqa: E402
+from rankjax.measure import jacobians, paths  # noqa: E402
 from rankjax.models import blocks as blocks_lib  # noqa: E402
 
 
@@ -129,7 +130,7 @@ def run(small: bool = False, reps: int = 2, num_chunks: int | None = None,
   prod = each_seed(lambda b, h: jax.vmap(lambda x: jacobians.input_output_jacobians(
       jacobians.block_jacobians(b, x, cfg), cfg))(h))
   ts_list = jax.block_until_ready([(t,) for t in prod(seed_args)])   # (1, L, d, d) each
-  svd_time = best_time(each_seed(host_svd.singular_values_threaded), ts_list, reps=reps)
+  svd_time = best_time(each_seed(fast_paths.singular_values), ts_list, reps=reps)
   svd_xla_time = best_time(each_seed(lambda t: jnp.linalg.svd(t, compute_uv=False)),
                            ts_list, reps=reps)
   del ts_list
@@ -236,7 +237,7 @@ def why(r: dict) -> str:
       f"Study minus DP: {extra:.2f} s. The {r['L'] * r['seeds']} singular-value "
       f"decompositions of dh_l/dh_0 take {r['svd_time']:.2f} s ({per_svd_ms:.1f} ms each "
       f"in wall time) as the study runs them: LAPACK gesdd (values only) in a thread per "
-      f"core (`rankjax.measure.host_svd`); XLA:CPU's batched `jnp.linalg.svd` of each "
+      f"core (`rankjax.fast_paths.singular_values`); XLA:CPU's batched `jnp.linalg.svd` of each "
       f"seed's {r['L']} matrices (the same LAPACK calls): {r['svd_xla_time']:.2f} s. The block "
       f"Jacobians take {r['block_time']:.2f} s: one (d x m)(m x d) product per block "
       "(8 d^3 FLOPs, 17% of the DP's at L=48), computed as J_f^T = (W_up diag(sigma')) "

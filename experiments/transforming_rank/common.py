@@ -33,7 +33,7 @@ from experiments import evidence, runner  # noqa: E402
 from rankjax import plotting  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
-from rankjax.measure.host_svd import single_blas_thread  # noqa: E402,F401
+from rankjax.fast_paths import single_blas_thread  # noqa: E402,F401
 
 
 def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> dict:

@@ -36,7 +36,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rankjax.measure import host_svd, paths, spectra
+from rankjax import fast_paths
+from rankjax.measure import paths, spectra
 from rankjax.measure import precision as precision_lib
 from rankjax.numerics import as_float
 
@@ -252,8 +253,8 @@ def measurements(bj: BlockJacobians, *, with_paths: bool = True,
   """
   d = bj.branch.shape[-1]
   ts = input_output_jacobians(bj)
-  # L singular-value decompositions, a thread per core on CPU (host_svd).
-  sv = host_svd.singular_values_threaded(as_float(ts))
+  # L singular-value decompositions (a thread per core on CPU: fast_paths)
+  sv = fast_paths.singular_values(as_float(ts))
   acc, unc = paths.accumulated_branch(bj.relative_branch)
   out = {"erank": spectra.effective_rank_from_singular_values(sv) / d,
          "stable_rank": spectra.stable_rank_from_singular_values(sv) / d,

@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rankjax.config import MLPConfig
+from rankjax import fast_paths
 from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
 from rankjax.measure import seed_devices, weight_draws
@@ -85,12 +86,9 @@ def branch_jacobian(params: dict, z_D: Array, activation: str) -> tuple[Array, A
     act = fn(pre)
     da_DxM = w_in * blocks_lib.derivative(fn, pre)[None, :]
   if two:
-    # J_f^T = da (d x m) @ W_down (m x d), then transposed: XLA:CPU runs this
-    # (d x m)(m x d) product at about twice the rate of J_f = W_down^T da^T (a
-    # transposed-operand dot), 0.12 vs 0.19 s for L=48, d=256, 4x on one core; the
-    # barrier keeps XLA from folding the transpose back into the dot.
-    jt_DxD = jax.lax.optimization_barrier(da_DxM @ params["w_down"])
-    return act @ params["w_down"], jt_DxD.T
+    # J_f = (da (d x m) @ W_down (m x d))^T (fast_paths: the product kept untransposed
+    # on CPU, where it runs faster than the folded W_down^T da^T)
+    return act @ params["w_down"], fast_paths.transposed_product(da_DxM, params["w_down"])
   return act, da_DxM.T
 
 

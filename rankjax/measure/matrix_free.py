@@ -33,8 +33,8 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from rankjax import fast_paths
 from rankjax.config import MLPConfig
 from rankjax.measure import engine, jacobians
 from rankjax.measure import precision as precision_lib
@@ -108,37 +108,9 @@ def lanczos(apply_a: Callable[[Array], Array], q0: Array, num_steps: int
   return alphas, betas, basis
 
 
-def _host_eigh(m):
-  w, v = np.linalg.eigh(np.asarray(m, np.float64))
-  return w.astype(m.dtype), v.astype(m.dtype)
-
-
-def _eigh(m: Array) -> tuple[Array, Array]:
-  """``jnp.linalg.eigh``, for float32 on CPU through numpy (a host callback).
-
-  jaxlib 0.10's CPU LAPACK kernels split a batch over XLA's intra-op thread pool and
-  block until it is done; when as many batched calls run at once as the pool has
-  threads (vmapped probes of several layers), each waits on work queued behind the
-  others and the program deadlocks. It did in the test suite (every XLA thread idle,
-  both pool threads in ``ParallelBatchMap``'s ``BlockingCounter::Wait`` under
-  ``EigenvalueDecompositionSymmetric``). The callback does not use that pool. float64
-  stays on ``jnp.linalg.eigh``: a callback's float64 result is cast to float32 under
-  the thread-local ``jax.enable_x64`` (see ``host_svd``), and float64 runs are small
-  accuracy checks. Other backends use ``jnp.linalg.eigh``.
-  """
-  if m.dtype != jnp.float32:
-    return jnp.linalg.eigh(m)
-  shapes = (jax.ShapeDtypeStruct(m.shape[:-1], m.dtype), jax.ShapeDtypeStruct(m.shape, m.dtype))
-
-  def on_host(x):
-    return jax.pure_callback(_host_eigh, shapes, x, vmap_method="broadcast_all")
-
-  return jax.lax.platform_dependent(m, cpu=on_host, default=lambda x: tuple(jnp.linalg.eigh(x)))
-
-
 def _tridiagonal_eigh(alphas: Array, betas: Array) -> tuple[Array, Array]:
   b = betas[:-1]
-  return _eigh(jnp.diag(alphas) + jnp.diag(b, 1) + jnp.diag(b, -1))
+  return fast_paths.eigh(jnp.diag(alphas) + jnp.diag(b, 1) + jnp.diag(b, -1))
 
 
 def _quadrature(alphas: Array, betas: Array) -> tuple[Array, Array]:

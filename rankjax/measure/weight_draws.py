@@ -6,7 +6,8 @@ different numbers (the same distribution). ``jacobians.seed_samples`` draws a se
 weights and inputs in one call of ``standard_normal_pieces``.
 
 The default "threefry" gives ``jax.random.normal``'s numbers bit for bit (the recorded
-results) from a faster kernel: ``threefry_bits`` computes the same cipher unrolled.
+results) from a faster kernel on CPU: ``fast_paths.threefry_bits`` computes the same
+cipher unrolled (the plain ``jax.random.bits`` on other platforms).
 """
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rankjax import fast_paths
+
 Array = jax.Array
+threefry_bits = fast_paths.threefry_bits   # kept name (the unrolled cipher moved there)
 
 # The bit generators. Times: ``jacobians.seed_samples`` of L=48, d=256, 4x (25M normals,
 # scaled), jitted, on this 2-core CPU, idle, best of 7 (session 6):
 #   "threefry": JAX's default (partitionable) threefry2x32, ``jax.random.normal``'s
-#     numbers bit for bit (the recorded results), its bits from ``threefry_bits``.
+#     numbers bit for bit (the recorded results), its bits from ``fast_paths.threefry_bits``.
 #     0.081 s (``jax.random.normal`` itself, whose CPU lowering rolls the rounds into a
 #     loop: 0.30 s).
 #   "threefry_serial": the same cipher with the pre-0.5 counter layout
@@ -51,72 +55,12 @@ def _normal_from_bits(bits: Array, dtype) -> Array:
   return (np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)).astype(dtype)
 
 
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
-def _rotate_left(x: Array, r: int) -> Array:
-  return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
-
-
-def threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Array]:
-  """The Threefry-2x32 block cipher with 20 rounds (Salmon et al., SC'11; the rotation
-  constants and the key-schedule parity word 0x1BD11BDA are JAX's), JAX's
-  ``threefry2x32`` written out round by round.
-
-  JAX's CPU lowering of that primitive rolls the 5 groups of 4 rounds into a
-  ``fori_loop`` (for compile time), so each group is one more pass over the whole
-  counter arrays in memory; unrolled, XLA fuses the 20 rounds into one loop that stays
-  in registers: the 25M normals of L=48, d=256 in 0.081 s against 0.27 s for
-  ``jax.random.normal`` on a 2-core CPU, and it compiles faster (0.09-0.11 against
-  0.17-0.19 s). Same words, bit for bit (tested against ``jax.random.bits``).
-  """
-  ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
-  x1, x2 = x1 + ks[0], x2 + ks[1]
-  for i in range(5):
-    for r in _ROTATIONS[i % 2]:
-      x1 = x1 + x2
-      x2 = x1 ^ _rotate_left(x2, r)
-    x1 = x1 + ks[(i + 1) % 3]
-    x2 = x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
-  return x1, x2
-
-
-def _threefry_key_words(key: Array) -> tuple[Array, Array] | None:
-  """The two key words of a default threefry key (raw ``uint32[2]`` or typed), or
-  None where ``threefry_bits`` would not reproduce ``jax.random.bits``."""
-  if not jax.config.jax_threefry_partitionable:
-    return None
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    if jax.random.key_impl(key) != jax.random.key_impl(jax.random.key(0, impl="threefry2x32")):
-      return None
-    key = jax.random.key_data(key)
-  elif jax.config.jax_default_prng_impl != "threefry2x32":
-    return None
-  if key.shape != (2,) or key.dtype != jnp.uint32:
-    return None
-  return key[0], key[1]
-
-
-def threefry_bits(key: Array, size: int) -> Array:
-  """``jax.random.bits(key, (size,), uint32)`` for a threefry key, bit for bit, with the
-  cipher unrolled (``threefry2x32``): partitionable threefry hashes the 64-bit counter
-  i (high word 0 below 2^32) and returns the XOR of the two output words
-  (``jax._src.random.threefry2x32._threefry_random_bits_partitionable``). Falls back to
-  ``jax.random.bits`` for other keys and configurations."""
-  words = _threefry_key_words(key)
-  if words is None or size >= 2 ** 32:
-    return jax.random.bits(key, (size,), jnp.uint32)
-  lo = jax.lax.iota(jnp.uint32, size)
-  x1, x2 = threefry2x32(words[0], words[1], jnp.zeros_like(lo), lo)
-  return x1 ^ x2
-
-
 def _bits(key: Array, size: int, dtype, draw: str) -> Array | None:
   """The uint32 words ``_normal_from_bits`` turns into ``draw``'s normals of ``dtype``, or
   None for the draws that go through ``jax.random.normal`` whole."""
   if draw == "threefry":
     # jax.random.normal's own bits and transform for float32 (other dtypes draw other bits)
-    return threefry_bits(key, size) if jnp.dtype(dtype) == jnp.float32 else None
+    return fast_paths.threefry_bits(key, size) if jnp.dtype(dtype) == jnp.float32 else None
   if draw == "xla_threefry":
     if jnp.dtype(dtype).itemsize > 4:
       raise ValueError(f"draw='xla_threefry' draws float32 or narrower, not {jnp.dtype(dtype)}")

@@ -277,8 +277,9 @@ SHARDED_CHILD = textwrap.dedent("""
     import json
     import numpy as np
     from rankjax.config import MLPConfig
-    from rankjax.measure import host_svd, jacobians
-    host_svd.MIN_THREADED_WORK = 0   # the threaded host SVDs run on every device's shard
+    from rankjax import fast_paths
+    from rankjax.measure import jacobians
+    fast_paths.MIN_THREADED_WORK = 0   # the threaded host SVDs run on every device's shard
     assert len(jax.devices()) == 8, jax.devices()
     cfg = MLPConfig(depth=6, width=8, expansion=2.0, norm_position="post")
     key = jax.random.PRNGKey(3)

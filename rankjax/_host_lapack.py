@@ -1,4 +1,5 @@
-"""Batched singular values on the host CPU, one LAPACK ``gesdd`` per matrix, threaded.
+"""Host helpers of ``rankjax.fast_paths``: batched singular values on the CPU, one LAPACK
+``gesdd`` per matrix, threaded (the fast path of ``fast_paths.singular_values``).
 
 XLA:CPU runs a batched ``jnp.linalg.svd`` as LAPACK calls that mostly follow one
 another on one thread, so in the Jacobian study (``jacobians.sample_measurements``:
@@ -7,32 +8,33 @@ while the SVDs run (384 SVDs of 256 x 256 in the study: 1.29 s that way, 0.94 s 
 2 cores). ``singular_values_threaded`` splits the batch over a thread per available core;
 each thread calls the same LAPACK routine jax uses (``?gesdd`` with ``jobz='N'``, from
 SciPy's LAPACK, whose function pointers jaxlib also reads) through ``ctypes``, which
-releases the GIL for the call. Inside ``jit`` it is a ``jax.pure_callback`` on CPU
-and plain ``jnp.linalg.svd`` on other backends (``jax.lax.platform_dependent``).
+releases the GIL for the call. ``fast_paths.singular_values`` calls it from ``jit`` as a
+``jax.pure_callback`` on CPU; other backends run plain ``jnp.linalg.svd``.
 
 Each worker thread asks OpenBLAS for one thread for its own calls
 (``openblas_set_num_threads_local``, where SciPy's OpenBLAS has it), so the threads do
 not oversubscribe the cores. Forward only (no derivative); ``host_singular_values``
-takes float32 and float64, ``singular_values_threaded`` threads float32 only.
+takes float32 and float64, ``fast_paths.singular_values`` threads float32 only.
+
+Why not numpy or SciPy (issue #24 asks for a well-kept library where one is within 10%):
+measured on a 2-core Xeon (experiments/benchmarks/RESULTS.md, "CPU fast paths"),
+``np.linalg.svd(..., compute_uv=False)`` in a thread per core under
+``threadpoolctl.threadpool_limits(1)`` is about 1.6x slower on the study's 48 x 256 x 256
+(numpy's own OpenBLAS build runs ``sgesdd`` about 1.5x slower on one thread), and
+``scipy.linalg.svdvals`` (the same LAPACK as here) holds the GIL, so its threads run one
+after another (2x).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import glob
-import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-Array = jax.Array
-
-# batch * n * m * min(n, m) below which the callback's overhead (~0.1 ms) is not worth it
-MIN_THREADED_WORK = 2 ** 24
 _c_int = ctypes.c_int
 _GESDD_ARGS = 14  # jobz, m, n, a, lda, s, u, ldu, vt, ldvt, work, lwork, iwork, info
 
@@ -148,7 +150,7 @@ def _svdvals_range(a_BxNxM: np.ndarray, out_BxK: np.ndarray, start: int, stop: i
 def single_blas_thread():
   """Host LAPACK (SVD, eigh) single-threaded inside the block: OpenBLAS worker threads
   thrash on a loaded small machine (measured 20x slower SVDs). No-op without
-  threadpoolctl. (``singular_values_threaded`` sets one thread per worker itself.)"""
+  threadpoolctl. (``host_singular_values`` sets one thread per worker itself.)"""
   try:
     from threadpoolctl import threadpool_limits
   except ImportError:
@@ -190,27 +192,7 @@ def host_singular_values(a: np.ndarray, workers: int | None = None) -> np.ndarra
   return out.reshape(*a.shape[:-2], min(n, m))
 
 
-def singular_values_threaded(a: Array) -> Array:
-  """``jnp.linalg.svd(a, compute_uv=False)``, threaded over the batch on CPU for float32
-  ``a`` (a host callback, see the module docstring); elsewhere, and for other dtypes,
-  ``jnp.linalg.svd`` itself, as for batches (of this call, before any ``vmap``) too
-  small to gain from threads (``MIN_THREADED_WORK``). jit/vmap-able; not
-  differentiable.
-
-  float64 stays on ``jnp.linalg.svd``: a callback's float64 result is cast to float32
-  when x64 is enabled by the thread-local ``jax.enable_x64`` context only (the
-  callback runs on another thread), and float64 runs are accuracy checks, not the
-  large studies this is for.
-  """
-  a = jnp.asarray(a)
-  n, m = a.shape[-2:]
-  batch = math.prod(a.shape[:-2])
-  if a.dtype != jnp.float32 or batch < 2 or batch * n * m * min(n, m) < MIN_THREADED_WORK:
-    return jnp.linalg.svd(a, compute_uv=False)
-  shape = jax.ShapeDtypeStruct(a.shape[:-2] + (min(a.shape[-2:]),), a.dtype)
-
-  def on_host(x):
-    return jax.pure_callback(host_singular_values, shape, x, vmap_method="broadcast_all")
-
-  return jax.lax.platform_dependent(
-      a, cpu=on_host, default=lambda x: jnp.linalg.svd(x, compute_uv=False))
+def host_eigh(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``np.linalg.eigh`` in float64, cast back to ``m``'s dtype (``fast_paths.eigh``)."""
+  w, v = np.linalg.eigh(np.asarray(m, np.float64))
+  return w.astype(m.dtype), v.astype(m.dtype)
