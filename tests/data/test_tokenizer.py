@@ -60,7 +60,7 @@ def test_tiktoken_known_encoding_name_keeps_its_special_ids(tmp_path):
 @pytest.mark.parametrize("name,content,match", [
     ("missing.model", None, "does not exist"),
     ("missing.tiktoken", None, "does not exist"),
-    ("vocab.json", "{}", "is not 'byte'"),
+    ("vocab.json", "{}", "is not a tokenizer.json"),
     ("broken.model", "not a model", "not a sentencepiece model"),
     ("broken.tiktoken", "@@ nope\n", "not a tiktoken ranks file"),
 ])

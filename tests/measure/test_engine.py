@@ -55,6 +55,7 @@ def test_closed_form_and_jacfwd_give_the_network_jacobian(x64, grouped):
   assert engine.block_terms(block, jax.tree.map(lambda x: x[0], params), h0).skip is not None
 
 
+@pytest.mark.slow   # network_rank_estimates (test_matrix_free) runs the same path by default
 def test_matrix_free_is_not_a_block_method_but_estimates_the_rank(x64):
   block, params, h0 = _toy(False)
   with pytest.raises(ValueError, match="matrix_free_ranks"):
@@ -72,7 +73,7 @@ TINY = dict(vocab_size=37, num_layers=2, d_model=8, num_heads=2, d_ff=12, max_se
             param_dtype="float64", compute_dtype="float64", norm_eps=1e-6)
 
 
-@pytest.mark.parametrize("placement", ["pre", "post"])
+@pytest.mark.parametrize("placement", ["pre", pytest.param("post", marks=pytest.mark.slow)])
 def test_decoder_token_product_is_the_whole_network_jacobian(x64, placement):
   """Causal attention: token t's stream depends on tokens s <= t only, so the product of
   its per-layer Jacobians (other tokens held fixed) is d h_L,t / d h_0,t of the model."""

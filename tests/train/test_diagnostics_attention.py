@@ -34,7 +34,7 @@ def test_default_layers():
   assert da.default_layers(2) == (0, 1)
 
 
-@pytest.mark.parametrize("norm_position", ["pre", "post"])
+@pytest.mark.parametrize("norm_position", ["pre", pytest.param("post", marks=pytest.mark.slow)])
 def test_layer_probs_match_captured_stack(norm_position):
   cfg = _cfg(norm_position).lm
   model = DecoderLM(cfg)

@@ -196,6 +196,7 @@ def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, 
     assert sorted(s for s, _ in images[tag]) == [1, 2, 4, 6, 8], run
 
 
+@pytest.mark.slow   # an end-to-end training run (the default suite keeps its others)
 def test_error_after_training_started_saves_the_latest_step(reference, tmp_path):
   """An exception at update 3 (not a checkpoint step) leaves checkpoint 3; the rerun
   continues from it and matches the uninterrupted run."""
