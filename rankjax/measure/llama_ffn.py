@@ -29,7 +29,7 @@ import numpy as np
 
 from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
-from rankjax.models import activations, gpt2, norms
+from rankjax.models import activations, gpt2, hf_llama, norms
 
 Array = jax.Array
 DEFAULT_RMS_EPS = 1e-5   # LlamaConfig.rms_norm_eps for Llama 2/3; read from config.json
@@ -39,23 +39,6 @@ FFN_TENSORS = {"ln_scale": "post_attention_layernorm.weight",
                "gate_w": "mlp.gate_proj.weight", "up_w": "mlp.up_proj.weight",
                "down_w": "mlp.down_proj.weight"}
 _LAYER = re.compile(r"(?:model\.)?layers\.(\d+)\.mlp\.gate_proj\.weight$")
-
-
-def _shards(path: pathlib.Path) -> dict[str, pathlib.Path]:
-  """tensor name -> file, for a single file, a folder with one, or a sharded folder."""
-  if path.is_dir():
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-      try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-      except (json.JSONDecodeError, KeyError, TypeError):
-        raise ValueError(f"{index}: not a safetensors index (no 'weight_map')") from None
-      return {name: path / file for name, file in weight_map.items()}
-    path = path / "model.safetensors"
-  if not path.is_file():
-    raise FileNotFoundError(f"Llama checkpoint not found: {path}")
-  header, _ = gpt2.read_safetensors_header(path)
-  return {name: path for name in header}
 
 
 def load_llama_ffn(path: str | os.PathLike) -> dict:
@@ -68,7 +51,7 @@ def load_llama_ffn(path: str | os.PathLike) -> dict:
   Raises FileNotFoundError / ValueError (one line) for a missing or bad checkpoint.
   """
   path = pathlib.Path(path)
-  where = _shards(path)
+  where = hf_llama.tensor_files(path)
   layers = {int(m.group(1)) for n in where if (m := _LAYER.match(n))}
   if not layers:
     raise ValueError(f"{path}: no Llama FFN layers ('model.layers.0.mlp.gate_proj.weight', ...)")

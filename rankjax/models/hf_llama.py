@@ -87,24 +87,30 @@ def _rope_permutation(heads: int, dh: int) -> np.ndarray:
   return (np.arange(heads)[:, None] * dh + within[None, :]).reshape(-1)
 
 
-def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
-  index = path / "model.safetensors.index.json"
-  if index.is_file():
-    try:
-      weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-      raise ValueError(f"{index}: not a safetensors index (no 'weight_map')") from None
-    files = {name: path / file for name, file in weight_map.items()}
-    absent = sorted({f.name for f in files.values() if not f.is_file()})
-    if absent:
-      raise FileNotFoundError(f"{path}: shard(s) {', '.join(absent[:3])} listed in "
-                              f"{index.name} not found")
-    return files
-  single = path / "model.safetensors"
-  if not single.is_file():
-    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
-  header, _ = gpt2.read_safetensors_header(single)
-  return {name: single for name in header}
+def tensor_files(path: str | os.PathLike) -> dict[str, pathlib.Path]:
+  """tensor name -> file, for a ``.safetensors`` file, a folder with
+  ``model.safetensors``, or a sharded folder (``model.safetensors.index.json``; a
+  listed shard that is absent is a ``FileNotFoundError`` naming it)."""
+  path = pathlib.Path(path)
+  if path.is_dir():
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+      try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+      except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{index}: not a safetensors index (no 'weight_map')") from None
+      files = {name: path / file for name, file in weight_map.items()}
+      absent = sorted({f.name for f in files.values() if not f.is_file()})
+      if absent:
+        raise FileNotFoundError(f"{path}: shard(s) {', '.join(absent[:3])} listed in "
+                                f"{index.name} not found")
+      return files
+    path = path / "model.safetensors"
+  if not path.is_file():
+    raise FileNotFoundError(f"checkpoint not found: {path} (nor a "
+                            "model.safetensors.index.json beside it)")
+  header, _ = gpt2.read_safetensors_header(path)
+  return {name: path for name in header}
 
 
 def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
@@ -121,7 +127,7 @@ def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
   except json.JSONDecodeError as e:
     raise ValueError(f"{config}: not JSON ({e})") from None
   cfg = llama_config(hf, compute_dtype=compute_dtype)
-  where = _tensor_files(path)
+  where = tensor_files(path)
   layer = {"attn": {"w_q": "self_attn.q_proj.weight", "w_k": "self_attn.k_proj.weight",
                     "w_v": "self_attn.v_proj.weight", "w_o": "self_attn.o_proj.weight"},
            "ffn": {"w_1": "mlp.gate_proj.weight", "w_3": "mlp.up_proj.weight",
