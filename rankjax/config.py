@@ -18,6 +18,7 @@ NormOp = Literal["rms", "layer", "mean", "detached_rms", "none"]
 LMFFN = Literal["swiglu", "gelu"]
 LMInit = Literal["paper_collapse", "gpt2"]
 PosEmbedding = Literal["learned", "rope", "none"]
+RopeScaling = Literal["none", "linear", "llama3"]
 DType = Literal["float32", "float64", "bfloat16"]
 RematPolicy = Literal["none", "dots", "full"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
@@ -247,6 +248,11 @@ class TransformerConfig(JsonConfig):
     pos_embedding: learned absolute positions, rope (rotary positions on q and k of
       every head, Su et al. 2021 Eq. 34, base ``rope_base``; Llama-2) or none
       (causal attention alone).
+    rope_scaling: the RoPE frequencies' scaling (``attention.rope_frequencies``): none;
+      linear (position interpolation: every frequency divided by ``rope_factor``); llama3
+      (Llama 3.1: wavelengths above ``rope_original_max_len / rope_low_freq_factor``
+      divided by ``rope_factor``, below ``rope_original_max_len / rope_high_freq_factor``
+      kept, interpolated between).
     init: paper_collapse (every matrix N(0, 1/(3d)), W_2 N(0, 1/(3 d_ff)); postnorm
       paper Sec 2) or gpt2 (N(0, 0.02^2), output projections 0.02/sqrt(2N)).
     init_scale: multiplies every matrix's init variance (Fig 1's x1, x2, x4 sweep).
@@ -303,6 +309,11 @@ class TransformerConfig(JsonConfig):
   tau: float = 1.0
   pos_embedding: PosEmbedding = "none"
   rope_base: float = 10000.0
+  rope_scaling: RopeScaling = "none"
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
   init: LMInit = "paper_collapse"
   init_scale: float = 1.0
   embed_std: float | None = None
@@ -352,6 +363,13 @@ class TransformerConfig(JsonConfig):
     _non_negative("beta", self.beta)
     _positive("tau", self.tau)
     _positive("rope_base", self.rope_base)
+    _positive("rope_factor", self.rope_factor)
+    _positive_int("rope_original_max_len", self.rope_original_max_len)
+    if self.rope_scaling == "llama3" and not (
+        0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+      raise ValueError("rope_scaling='llama3' needs 0 < rope_low_freq_factor < "
+                       f"rope_high_freq_factor; got {self.rope_low_freq_factor}, "
+                       f"{self.rope_high_freq_factor}")
     if self.pos_embedding == "rope" and self.d_head % 2:
       raise ValueError(f"pos_embedding='rope' needs an even d_head; got {self.d_head}")
     _positive("init_scale", self.init_scale)

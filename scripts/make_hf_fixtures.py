@@ -68,6 +68,15 @@ def main(out: str = "tests/fixtures/hf") -> None:
       vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)), out)
+  # Llama 3.1's RoPE scaling, with a short original context so that at d_head = 8 one
+  # frequency is kept, one interpolated and two divided by the factor
+  _save("llama3_rope", transformers.LlamaForCausalLM(transformers.LlamaConfig(
+      vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
+      rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8},
+      tie_word_embeddings=True)), out)
   _save("qwen2", transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
       vocab_size=71, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,

@@ -57,18 +57,46 @@ def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False):
   return nn.initializers.normal(stddev=std)
 
 
-def rope(x_BxTxHxD: jax.Array, base: float = 10000.0) -> jax.Array:
+def rope_frequencies(d_head: int, base: float = 10000.0, scaling: str = "none",
+                     factor: float = 1.0, low_freq_factor: float = 1.0,
+                     high_freq_factor: float = 4.0, original_max_len: int = 8192,
+                     dtype=jnp.float32) -> jax.Array:
+  """The rotation frequencies ``theta_i``, ``(d_head/2,)``: ``base^(-2i/d_head)``
+  (RoFormer Eq. 34), scaled by ``scaling``: "linear" divides every one by ``factor``
+  (position interpolation, Chen et al. 2023); "llama3" (Llama 3.1) divides those whose
+  wavelength ``2 pi / theta`` exceeds ``original_max_len / low_freq_factor`` by
+  ``factor``, keeps those below ``original_max_len / high_freq_factor``, and between
+  them interpolates ``(1 - s) theta / factor + s theta`` with ``s = (original_max_len /
+  wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)`` (the formula of
+  transformers' ``_compute_llama3_parameters``)."""
+  theta = base ** (-jnp.arange(0, d_head, 2, dtype=dtype) / d_head)
+  if scaling == "none":
+    return theta
+  if scaling == "linear":
+    return theta / factor
+  if scaling != "llama3":
+    raise ValueError(f"rope scaling {scaling!r}; choose none, linear or llama3")
+  wavelength = 2 * math.pi / theta
+  low, high = original_max_len / low_freq_factor, original_max_len / high_freq_factor
+  s = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  mid = (1 - s) * theta / factor + s * theta
+  return jnp.where(wavelength > low, theta / factor, jnp.where(wavelength < high, theta, mid))
+
+
+def rope(x_BxTxHxD: jax.Array, base: float = 10000.0, theta: jax.Array | None = None
+         ) -> jax.Array:
   """Rotary position embedding (RoFormer, Su et al. 2021, Eq. 34; Llama-2's RoPE).
 
   Position m rotates each pair ``(x_{2i}, x_{2i+1})`` of a head by the angle
-  ``m * theta_i``, ``theta_i = base^(-2i/d_head)``: ``R_m = diag(R(m theta_0), ...)``
-  with ``R(a) = [[cos a, -sin a], [sin a, cos a]]``, so ``<R_m q, R_n k>`` depends on
-  ``m - n`` only. Computed in float32 (float64 for float64 input), returned in the
-  input's dtype.
+  ``m * theta_i``, ``theta_i = base^(-2i/d_head)`` (or the given ``theta``, e.g. a
+  scaled ``rope_frequencies``): ``R_m = diag(R(m theta_0), ...)`` with ``R(a) = [[cos a,
+  -sin a], [sin a, cos a]]``, so ``<R_m q, R_n k>`` depends on ``m - n`` only. Computed
+  in float32 (float64 for float64 input), returned in the input's dtype.
   """
   _, t, _, dh = x_BxTxHxD.shape
   acc = float_dtype(x_BxTxHxD.dtype)
-  theta = base ** (-jnp.arange(0, dh, 2, dtype=acc) / dh)                # (dh/2,)
+  theta = (base ** (-jnp.arange(0, dh, 2, dtype=acc) / dh) if theta is None
+           else theta.astype(acc))                                         # (dh/2,)
   angle = jnp.arange(t, dtype=acc)[:, None] * theta[None, :]             # (T, dh/2)
   cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]      # (T, 1, dh/2)
   x = x_BxTxHxD.astype(acc).reshape(*x_BxTxHxD.shape[:-1], dh // 2, 2)
@@ -179,7 +207,10 @@ class CausalSelfAttention(nn.Module):
     if kv != heads:   # grouped-query attention: query head h reads key/value head h // group
       k, v = jnp.repeat(k, heads // kv, axis=2), jnp.repeat(v, heads // kv, axis=2)
     if cfg.pos_embedding == "rope":
-      q, k = rope(q, cfg.rope_base), rope(k, cfg.rope_base)
+      theta = None if cfg.rope_scaling == "none" else rope_frequencies(
+          dh, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor, cfg.rope_low_freq_factor,
+          cfg.rope_high_freq_factor, cfg.rope_original_max_len, float_dtype(dtype))
+      q, k = rope(q, cfg.rope_base, theta), rope(k, cfg.rope_base, theta)
     drop_probs = bool(cfg.attn_dropout_rate) and not deterministic
     # float64 (the checks in x64) keeps float64 logits: only the einsum path has them
     wide = jnp.dtype(dtype) == jnp.float64

@@ -15,8 +15,9 @@ biases for Qwen2, a final norm and a tied or untied head. Conversion:
     model unchanged (it undoes the permutation transformers' conversion script applies
     to Meta's checkpoints).
 
-What the config states and ``DecoderLM`` does not have is refused with one line
-(``ValueError``): RoPE scaling (``rope_type`` other than default), biases on the output
+RoPE scaling: default, linear and llama3 (``attention.rope_frequencies``). What the
+config states and ``DecoderLM`` does not have is refused with one line (``ValueError``):
+other RoPE scalings (dynamic, yarn, longrope), biases on the output
 projection or the FFN, a ``head_dim`` other than ``hidden_size / num_attention_heads``,
 an activation other than SiLU. A sliding window (Mistral) is exact up to its length:
 ``max_seq_len`` is capped at it.
@@ -37,15 +38,29 @@ MODEL_TYPES = ("llama", "mistral", "qwen2")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
-def _rope_base(hf: dict) -> float:
-  params = hf.get("rope_parameters") or {}
-  scaling = hf.get("rope_scaling")
-  kind = (params.get("rope_type") or "default") if params else (
-      (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default")
-  if kind != "default":
-    raise ValueError(f"rope_type={kind!r} (RoPE scaling) is not implemented; rankjax's "
-                     "RoPE is the unscaled one")
-  return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+def _rope(hf: dict) -> dict:
+  """``TransformerConfig`` RoPE fields of a config.json: the base and the scaling
+  (``rope_parameters`` in transformers 5, ``rope_theta`` / ``rope_scaling`` before)."""
+  params = dict(hf.get("rope_parameters") or {})
+  scaling = dict(hf.get("rope_scaling") or {})
+  merged = {**scaling, **params}
+  kind = merged.get("rope_type") or merged.get("type") or "default"
+  out = {"rope_base": float(merged.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+  if kind == "default":
+    return out
+  if kind == "linear":
+    return {**out, "rope_scaling": "linear", "rope_factor": float(merged["factor"])}
+  if kind == "llama3":
+    try:
+      return {**out, "rope_scaling": "llama3", "rope_factor": float(merged["factor"]),
+              "rope_low_freq_factor": float(merged["low_freq_factor"]),
+              "rope_high_freq_factor": float(merged["high_freq_factor"]),
+              "rope_original_max_len": int(merged["original_max_position_embeddings"])}
+    except (KeyError, TypeError, ValueError):
+      raise ValueError(f"rope_type='llama3' without its factor, low_freq_factor, "
+                       f"high_freq_factor, original_max_position_embeddings: {merged}") from None
+  raise ValueError(f"rope_type={kind!r} (RoPE scaling) is not implemented; rankjax has "
+                   "default, linear and llama3")
 
 
 def llama_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConfig:
@@ -74,7 +89,7 @@ def llama_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConf
       d_model=d, num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads", heads)),
       attn_bias=kind == "qwen2", d_ff=int(hf["intermediate_size"]), max_seq_len=max_len,
       norm_position="pre", norm_op="rms", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      ffn="swiglu", pos_embedding="rope", rope_base=_rope_base(hf),
+      ffn="swiglu", pos_embedding="rope", **_rope(hf),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)), init="gpt2",
       compute_dtype=compute_dtype, param_dtype="float32")
 

@@ -1,6 +1,7 @@
 """rankjax's forward pass equals transformers' on tiny random checkpoints: GPT-2
 (models.gpt2) and the Llama family as DecoderLM (models.hf_llama: Llama with
-grouped-query attention and an untied head, Qwen2 with q/k/v biases and a tied head).
+grouped-query attention and an untied head, Qwen2 with q/k/v biases and a tied head,
+Llama 3.1's RoPE scaling with one key/value head).
 
 The fixtures (tests/fixtures/hf/<model>/: config.json, model.safetensors, expected.npz,
 versions.json) are written by scripts/make_hf_fixtures.py with transformers and the CPU
@@ -68,7 +69,7 @@ def _check_llama(folder: pathlib.Path) -> None:
   np.testing.assert_allclose(np.asarray(logits), expected["logits"], rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2", "llama3_rope"])
 def test_llama_family_hidden_states_and_logits_equal_transformers(name):
   _check_llama(FIXTURES / name)
 
@@ -161,7 +162,8 @@ def test_regenerated_fixtures_match(tmp_path):
   _check_gpt2(tmp_path / "gpt2")
   _check_llama(tmp_path / "llama_gqa")
   _check_llama(tmp_path / "qwen2")
-  for name in ("gpt2", "llama_gqa", "qwen2"):   # the committed files are what it writes
+  _check_llama(tmp_path / "llama3_rope")
+  for name in ("gpt2", "llama_gqa", "qwen2", "llama3_rope"):   # the committed files are what it writes
     for f in ("expected.npz",):
       a, b = np.load(tmp_path / name / f), np.load(FIXTURES / name / f)
       for k in a.files:
