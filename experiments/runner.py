@@ -54,6 +54,8 @@ class Experiment:
   needs: scale -> None, or one line naming an unprepared data set (and its command).
   claims: the claims its rows judge (``evidence.claims``), declared before it runs;
     a row whose item, paper or rule is not the declared claim's is an error.
+  options: keyword arguments of its ``run`` that a command line may give (e.g.
+    ``checkpoints``: ``rankjax reproduce --checkpoint``).
   """
   module: str
   rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
@@ -62,6 +64,7 @@ class Experiment:
   needs: Callable[[str], str | None] | None = None
   why_missing: str = "no path at this scale"
   claims: Mapping[str, evidence.Claim] = dataclasses.field(default_factory=dict)
+  options: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,16 +162,29 @@ def preflight(study: Study, names: Sequence[str], scale: str) -> list[str]:
   return missing
 
 
+def check_options(study: Study, names: Sequence[str], options: Mapping[str, Any]) -> None:
+  """Every option is taken by some experiment of ``names`` (else one line)."""
+  for key in options:
+    if not any(key in study.experiments[n].options for n in names):
+      takers = [n for n, e in study.experiments.items() if key in e.options]
+      raise ValueError(f"{study.name}: no requested experiment takes {key!r} "
+                       f"(only {', '.join(takers) or 'none'})")
+
+
 def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
-              only: str | Sequence[str] | None = None, checked: bool = False
-              ) -> dict[str, Any]:
+              only: str | Sequence[str] | None = None, checked: bool = False,
+              options: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """Runs the experiments into ``out_dir``, writes ``summary.json`` and ``summary.md``.
   ``checked``: the caller ran :func:`preflight` already (no second announcement).
+  ``options``: keyword arguments for the experiments that take them
+  (``Experiment.options``).
 
   Returns ``{"results": {name: result or {"error": traceback}}, "rows": [...],
   "failed": [names], "seconds": {name: s}}``.
   """
   names = study.resolve(only)
+  options = dict(options or {})
+  check_options(study, names, options)
   missing = (preflight(study, names, scale) if not checked else
              [n for n in names if scale not in study.experiments[n].scales])
   out = pathlib.Path(out_dir)
@@ -183,7 +199,9 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
     start = time.time()
     try:
       module = importlib.import_module(f"{package}.{exp.module}")
-      result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale)
+      given = {k: v for k, v in options.items() if k in exp.options}
+      result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale,
+                          **given)
       mine = [_complete(name, r, scale, exp.claims) for r in exp.rows(result)]
       results_files.write_result(out, study.name, name, scale, result, mine,
                                  time.time() - start)

@@ -92,14 +92,15 @@ def _runner():
   return importlib.import_module("experiments.runner")
 
 
-def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool) -> dict:
+def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
+             options: dict | None = None) -> dict:
   from rankjax.report import build_report
   runner = _runner()
   results = importlib.import_module("experiments.results")
   out = pathlib.Path(out_dir) / name
   print(f"reproduce {name} ({scale} scale) -> {out}", flush=True)
   the_study = study(name)
-  res = runner.run_study(the_study, out, scale, only, checked=True)
+  res = runner.run_study(the_study, out, scale, only, checked=True, options=options)
   print(f"report: {build_report(out)}")
   ran = [n for n in the_study.resolve(only)
          if n not in res["failed"] and n in res["results"]]
@@ -145,7 +146,8 @@ def missing(results: dict) -> list[str]:
 
 
 def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
-        only: list[str] | None = None, record: bool = False, check: bool = False) -> dict:
+        only: list[str] | None = None, record: bool = False, check: bool = False,
+        options: dict | None = None) -> dict:
   """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report.
 
   Returns ``{study: runner.run_study(...) result}``. With ``all``, ``only`` names run
@@ -159,9 +161,13 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   plan = (_split_all(only) if only else {s: None for s in studies()}) if name == "all" \
       else {name: only}
   plan = {s: names for s, names in plan.items() if names is None or names}
+  if options and (record or check):
+    raise ValueError("--checkpoint measures your weights: its numbers are not the committed "
+                     "results (no --record or --check with it)")
   for s, names in plan.items():   # every check before the first experiment runs
     runner.preflight(study(s), study(s).resolve(names), scale)
-  results = {s: _run_one(s, out_dir, scale, names, record, check)
+    runner.check_options(study(s), study(s).resolve(names), options or {})
+  results = {s: _run_one(s, out_dir, scale, names, record, check, options)
              for s, names in plan.items()}
   if name == "all":
     print(f"report: {build_report(out_dir)}")
@@ -175,7 +181,8 @@ def failed(results: dict) -> list[str]:
 
 def _command(args) -> int:
   check_accelerator(args.scale, args.allow_cpu)     # ValueError: one line, exit 2 (cli)
-  results = run(args.study, args.out, args.scale, args.only, args.record, args.check)
+  options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
+  results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options)
   bad = failed(results)
   absent = missing(results)
   if absent:
@@ -204,6 +211,10 @@ def add_parser(sub) -> None:
   p.add_argument("--record", action="store_true",
                  help="copy the results into the checkout (experiments/<study>/results/"
                       "<scale>/) and render its summary and EXPECTED.md from them")
+  p.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
+                 help="pretrained weights for the experiments that measure them (Transforming "
+                      "Rank fig12 / fig8c: a GPT-2 model.safetensors or its folder); "
+                      "repeatable; nothing is downloaded")
   p.add_argument("--check", action="store_true",
                  help="exit 1 when a number moved beyond its tolerance from the committed "
                       "results")

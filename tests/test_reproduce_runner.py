@@ -169,3 +169,38 @@ def test_paper_scale_refuses_a_cpu_and_a_missing_experiment_fails(tmp_path, monk
   assert "NOT RUN at paper scale (no path): fake/quick_only" in err
   rows = json.loads((tmp_path / "r" / "fake" / "summary.json").read_text())
   assert [r["status"] for r in rows] == ["match", "qualitative", "missing"]
+
+
+@pytest.mark.slow   # fig12 at quick scale: a checkpoint and three GPT-2 initializations
+def test_checkpoint_reaches_fig12(tmp_path):
+  """``rankjax reproduce transforming_rank --only fig12 --checkpoint`` measures the given
+  GPT-2 weights (issue 27 item 6)."""
+  import json
+
+  import jax
+
+  from rankjax import cli
+  from rankjax.models import gpt2
+  params = gpt2.init_gpt2(jax.random.PRNGKey(0), 2, 64, vocab_size=50257, max_positions=64)
+  folder = tmp_path / "gpt2"
+  folder.mkdir()
+  gpt2.write_safetensors(folder / "model.safetensors", gpt2.gpt2_tensors(params))
+  out = tmp_path / "out"
+  assert cli.main(["reproduce", "transforming_rank", "--only", "fig12", "--out", str(out),
+                   "--checkpoint", str(folder)]) == 0
+  result = json.loads((out / "transforming_rank" / "results" / "quick" / "fig12.json")
+                      .read_text())
+  assert result["settings"]["checkpoints"] == [str(folder)]
+  assert "ckpt0/pretrained" in json.dumps(result)
+
+
+def test_checkpoint_is_refused_where_nothing_takes_it(tmp_path, capsys):
+  """A study without an experiment that takes --checkpoint, or --record with it: one
+  line, exit 2, before anything runs."""
+  from rankjax import cli
+  for argv, message in [(["--only", "fig3"], "no requested experiment takes 'checkpoints'"),
+                        (["--only", "fig12", "--record"], "no --record or --check")]:
+    assert cli.main(["reproduce", "transforming_rank", *argv, "--out", str(tmp_path / "o"),
+                     "--checkpoint", str(tmp_path / "weights")]) == 2
+    assert message in capsys.readouterr().err
+  assert not (tmp_path / "o" / "transforming_rank").exists()

@@ -10,9 +10,10 @@ CIFAR-10 when tfds has it prepared, else on the offline image set (Fashion-MNIST
 sklearn digits), and name the set used; quick scale trains width-16 networks on a
 subset for 200 steps.
 The GPT-2 measurements (Fig 12, Fig 8c: ``fig12_gpt2_ffn``) run here at GPT-2
-initialization (quick: depths 12 / 24, width scaled down); pretrained weights need
-``python -m experiments.transforming_rank.fig12_gpt2_ffn --checkpoint PATH``
-(Hugging Face ``model.safetensors``; nothing is downloaded).
+initialization (quick: depths 12 / 24, width scaled down); pretrained weights:
+``rankjax reproduce transforming_rank --only fig12 --checkpoint PATH`` (repeatable: GPT-2
+Small and Medium; Hugging Face ``model.safetensors`` or its folder; nothing is
+downloaded), judged against the paper's pretrained numbers.
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ STUDY = runner.Study(
     title="Transforming Rank: paper vs rankjax",
     experiments={name: runner.Experiment(module, _rows,
                                          needs=_needs_cifar10 if name == "fig6" else None,
-                                         claims=claims(name))
+                                         claims=claims(name),
+                                         options=("checkpoints",) if name == "fig12" else ())
                  for name, module in EXPERIMENTS.items()},
     aliases=ALIASES,
     notes={"quick": "Quick scale: the paper's depths, ratios (m/d, beta*alpha^M, L) and sweeps "
