@@ -121,7 +121,15 @@ def test_several_checkpoints_make_a_trajectory(tmp_path):
 
 
 def test_unsupported_or_missing_checkpoints(tmp_path, capsys):
+  import shutil
   ids = _ids_file(tmp_path, range(8))
+  wrong = tmp_path / "gpt2_wrong_dtype"
+  shutil.copytree(FIXTURES / "gpt2", wrong)
+  hf = json.loads((wrong / "config.json").read_text())
+  (wrong / "config.json").write_text(json.dumps({**hf, "dtype": "bfloat16"}))
+  assert cli.main(["analyze", str(wrong), "--out", str(tmp_path / "o"), "--token-ids", ids,
+                   "--tokens", "8", "--sequences", "1"]) == 2
+  assert "states dtype bfloat16; the safetensors files hold float32" in capsys.readouterr().err
   (tmp_path / "falcon").mkdir()
   (tmp_path / "falcon" / "config.json").write_text('{"model_type": "falcon"}')
   for folder, message in [(tmp_path / "falcon", "model_type='falcon' is not supported"),

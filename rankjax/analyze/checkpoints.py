@@ -129,7 +129,10 @@ def _gpt2_gradients(params, tokens_KxT, heads):
   return out
 
 
-def _gpt2(folder: pathlib.Path) -> Model:
+def _gpt2(folder: pathlib.Path, hf: dict) -> Model:
+  header, _ = gpt2.read_safetensors_header(folder / "model.safetensors")
+  hf_llama.check_dtype(hf, {n: gpt2.safetensors_dtype(i["dtype"]) for n, i in header.items()},
+                       folder / "config.json")
   params = jax.tree.map(jnp.asarray, gpt2.load_gpt2(folder))
   d = params["wte"].shape[1]
   heads = gpt2.num_heads(folder, d)
@@ -227,7 +230,7 @@ def open_checkpoint(path: str, step: int | None = None) -> Model:
     raise ValueError(f"{config}: not JSON ({e})") from None
   kind = hf.get("model_type")
   if kind == "gpt2":
-    return _gpt2(folder)
+    return _gpt2(folder, hf)
   if kind in hf_llama.MODEL_TYPES:
     cfg, params = hf_llama.load_llama(folder)
     return _decoder(cfg, params, str(folder), {"model_type": kind}, _tokenizer_in(folder))

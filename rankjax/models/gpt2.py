@@ -123,6 +123,11 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
   return header, 8 + n
 
 
+def safetensors_dtype(code: str) -> np.dtype:
+  """The numpy dtype of a safetensors header's dtype code ("F32", "BF16", ...)."""
+  return np.dtype(_DTYPES[code])
+
+
 def read_safetensors(path: str | os.PathLike,
                      names: list[str] | None = None) -> dict[str, np.ndarray]:
   """Reads the named tensors (all when None) as numpy arrays in the file's dtype.

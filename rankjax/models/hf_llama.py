@@ -174,22 +174,23 @@ def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
     by_file.setdefault(where[name], []).append(name)
   for file, wanted in by_file.items():
     raw.update(gpt2.read_safetensors(file, wanted))
-  _check_dtype(hf, raw, config)
+  check_dtype(hf, {n: a.dtype for n, a in raw.items()}, config)
   return cfg, _convert(cfg, names, raw, path)
 
 
 SAFETENSORS_OF = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
-def _check_dtype(hf: dict, raw: dict[str, np.ndarray], config: pathlib.Path) -> None:
-  """The tensors' dtype is the one ``config.json`` states (``torch_dtype`` / ``dtype``),
-  when it states one; every tensor is read and cast to float32 either way."""
+def check_dtype(hf: dict, dtypes: dict[str, np.dtype], config: pathlib.Path) -> None:
+  """The tensors' dtype (``dtypes``: name -> dtype) is the one ``config.json`` states
+  (``torch_dtype`` / ``dtype``), when it states one (one-line ``ValueError`` otherwise);
+  every tensor is read and cast to float32 either way."""
   stated = hf.get("torch_dtype", hf.get("dtype"))
   if stated is None:
     return
   if stated not in SAFETENSORS_OF:
     raise ValueError(f"{config}: dtype {stated!r} is not one of {', '.join(SAFETENSORS_OF)}")
-  found = sorted({str(a.dtype) for a in raw.values()})
+  found = sorted({str(np.dtype(t)) for t in dtypes.values()})
   if found != [SAFETENSORS_OF[stated]]:
     raise ValueError(f"{config} states dtype {stated}; the safetensors files hold "
                      f"{', '.join(found)}")
