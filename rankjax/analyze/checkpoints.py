@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import json
 import pathlib
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

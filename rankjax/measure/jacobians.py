@@ -41,7 +41,6 @@ from rankjax.measure import seed_devices, weight_draws
 from rankjax.models import activations
 from rankjax.models import blocks as blocks_lib
 from rankjax.models import norms
-from rankjax.numerics import as_float
 
 Array = jax.Array
 

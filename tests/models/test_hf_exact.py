@@ -13,7 +13,6 @@ The slow test regenerates the fixtures with transformers and compares again.
 import os
 import pathlib
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
