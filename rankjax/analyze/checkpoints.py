@@ -162,8 +162,9 @@ def _decoder_streams(cfg, params, tokens):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _decoder_attention(cfg, params, tokens):
-  _, state = transformer.DecoderLM(cfg).apply({"params": params}, tokens[None],
-                                              capture_probs=True, mutable=["intermediates"])
+  _, state = transformer.DecoderLM(cfg).apply(   # return_hidden: no LM head computed
+      {"params": params}, tokens[None], capture_probs=True, return_hidden=True,
+      mutable=["intermediates"])
   return state["intermediates"]["layers"]["attn"]["attn_probs"][0][:, 0]
 
 

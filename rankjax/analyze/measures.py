@@ -116,10 +116,7 @@ def jacobian_measures(bj: engine.BlockJacobians, *, with_paths: bool = True) -> 
   sublayer), each ``_spectrum``; and the token's input-output Jacobian through the 2L
   sublayers (``engine.measurements``: erank / d per sublayer, path-order profile and
   mean order with path sums)."""
-  d = bj.branch.shape[-1]
-  eye = np.eye(d)
-  k = eye if bj.skip is None else np.asarray(bj.skip)
-  sub = k + np.asarray(bj.branch)                                          # (2L, d, d)
+  sub = np.asarray(engine.sublayer_jacobian(bj.skip, bj.branch))          # (2L, d, d)
   g = np.asarray(bj.relative_branch)
   layers = []
   for l in range(sub.shape[0] // 2):

@@ -102,11 +102,6 @@ def _token_terms(cfg, params, tokens_T, position):
   return attn, ffn, h_in, h_mid, out[position]
 
 
-def _interleave(a, b):
-  """(L, ...) and (L, ...) -> (2L, ...): attention, FFN, attention, ..."""
-  return None if a is None else jnp.stack([a, b], axis=1).reshape(-1, *a.shape[1:])
-
-
 def _position(tokens_T, position):
   t = jnp.shape(tokens_T)[0]
   if isinstance(position, int) and not -t <= position < t:
@@ -126,16 +121,7 @@ def token_block_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array,
   attn, ffn, h_in, h_mid, last = _token_terms(cfg, params, jnp.asarray(tokens_T),
                                               _position(tokens_T, position),
                                               precision=precision)
-  stream = jnp.concatenate([_interleave(h_in, h_mid), last[None]], axis=0)
-  return engine.BlockJacobians(_interleave(attn.skip, ffn.skip),
-                               _interleave(attn.branch, ffn.branch),
-                               _interleave(attn.relative_branch, ffn.relative_branch), stream)
-
-
-def _sublayer_jacobian(terms: engine.BlockTerms) -> Array:
-  if terms.skip is not None:
-    return terms.skip + terms.branch
-  return terms.branch + jnp.eye(terms.branch.shape[-1], dtype=terms.branch.dtype)
+  return engine.token_sublayers(attn, ffn, h_in, h_mid, last)
 
 
 def sublayer_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array,
@@ -154,8 +140,8 @@ def sublayer_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array,
   attn, ffn, *_ = _token_terms(cfg, params, jnp.asarray(tokens_T),
                                _position(tokens_T, position), precision=precision)
   return {"attention": attn.relative_branch, "ffn": ffn.relative_branch,
-          "attention_sublayer": _sublayer_jacobian(attn),
-          "ffn_sublayer": _sublayer_jacobian(ffn)}
+          "attention_sublayer": engine.sublayer_jacobian(attn.skip, attn.branch),
+          "ffn_sublayer": engine.sublayer_jacobian(ffn.skip, ffn.branch)}
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "precision"))

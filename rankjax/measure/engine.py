@@ -139,10 +139,14 @@ def _closes(block: ResidualBlock, p) -> Array:
 def block_output(block: ResidualBlock, p, h: Array, h_start: Array | None = None) -> Array:
   """h_l from h_{l-1} = ``h`` and the group input ``h_start`` (default ``h``)."""
   h_start = h if h_start is None else h_start
-  u = block.branch(p, h)
-  s = h_start if block.skip is None else block.skip(p, h_start)
-  y = s + u if block.closes is None else jnp.where(_closes(block, p), s + u, u)
+  y = _residual_sum(block, p, block.branch(p, h), h_start)
   return y if block.post is None else block.post(p, y)
+
+
+def _residual_sum(block: ResidualBlock, p, u: Array, h_start: Array) -> Array:
+  """``skip(h_start) + u`` (``u`` alone on a block that closes no skip group)."""
+  s = h_start if block.skip is None else block.skip(p, h_start)
+  return s + u if block.closes is None else jnp.where(_closes(block, p), s + u, u)
 
 
 def block_terms(block: ResidualBlock, p, h: Array, h_start: Array | None = None,
@@ -159,8 +163,7 @@ def block_terms(block: ResidualBlock, p, h: Array, h_start: Array | None = None,
   else:
     u, g = block.branch(p, h), jax.jacfwd(lambda x: block.branch(p, x))(h)
   closes = _closes(block, p)
-  s = h_start if block.skip is None else block.skip(p, h_start)
-  y = s + u if block.closes is None else jnp.where(closes, s + u, u)
+  y = _residual_sum(block, p, u, h_start)
   if block.post is None:
     out, apply_r = y, (lambda m: m)
   elif closed and block.post_jacobian is not None:
@@ -181,6 +184,25 @@ def block_terms(block: ResidualBlock, p, h: Array, h_start: Array | None = None,
   if block.closes is not None:
     j_s = j_s * closes.astype(h.dtype)
   return BlockTerms(out, apply_r(j_s), b, g)
+
+
+def sublayer_jacobian(skip: Array | None, branch: Array) -> Array:
+  """``K + B``, the whole block (or sublayer) Jacobian (Eq. 18); K None is the identity."""
+  if skip is not None:
+    return skip + branch
+  return branch + jnp.eye(branch.shape[-1], dtype=branch.dtype)
+
+
+def token_sublayers(attn: BlockTerms, ffn: BlockTerms, h_in: Array, h_mid: Array,
+                    last: Array) -> BlockJacobians:
+  """A transformer token's 2L sublayers (attention, FFN of layer 1, ...) as one
+  ``BlockJacobians``, from the per-layer terms of each sublayer ((L, ...) each) and the
+  token's stream entering each layer, after its attention sublayer, and after the last
+  layer (h_0 .. h_2L)."""
+  pair = lambda a, b: None if a is None else jnp.stack([a, b], axis=1).reshape(-1, *a.shape[1:])
+  stream = jnp.concatenate([pair(h_in, h_mid), last[None]], axis=0)
+  return BlockJacobians(pair(attn.skip, ffn.skip), pair(attn.branch, ffn.branch),
+                        pair(attn.relative_branch, ffn.relative_branch), stream)
 
 
 def _scan_blocks(block: ResidualBlock, params, h0_D: Array, one):

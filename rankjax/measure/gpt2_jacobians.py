@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
@@ -125,10 +124,7 @@ def token_block_jacobians(params: dict, tokens_T: Array, position: Array | int,
   the stream h_0 .. h_2L before ``ln_f``. For ``engine.measurements``."""
   attn, ffn, h_in, h_mid, last = _token_terms(params, tokens_T, position, num_heads,
                                               precision=precision)
-  pair = lambda a, b: jnp.stack([a, b], axis=1).reshape(-1, *a.shape[1:])
-  branch = pair(attn.branch, ffn.branch)
-  return engine.BlockJacobians(None, branch, branch,
-                               jnp.concatenate([pair(h_in, h_mid), last[None]], axis=0))
+  return engine.token_sublayers(attn, ffn, h_in, h_mid, last)
 
 
 @functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
