@@ -49,6 +49,16 @@ def add_parser(subparsers) -> None:
                  help=f"comma-separated subset of {', '.join(MEASURES)}")
   p.add_argument("--no-paths", action="store_true",
                  help="skip the path-order profile (O(L^2 d^3) per position)")
+  p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                 help="compute dtype of the forward pass (%(default)s; bfloat16: the Llama "
+                      "family and rankjax runs, matrices cast, norms in float32)")
+  p.add_argument("--layer-at-a-time", choices=["auto", "on", "off"], default="auto",
+                 help="read a Llama-family folder's weights one layer at a time from the "
+                      "memory-mapped files on every pass (on), place them all once (off), "
+                      "or per layer when they exceed half the free memory (%(default)s)")
+  p.add_argument("--mesh-fsdp", type=int, default=0,
+                 help="shard the weights over this many local devices by the training "
+                      "rules (%(default)s: all of them; 1: no mesh)")
   p.set_defaults(func=run)
 
 
@@ -110,32 +120,35 @@ def _positions(spec: str, n: int) -> list[int]:
 
 def analyze(model, seqs: np.ndarray, positions: list[int], measures: set[str],
             with_paths: bool = True) -> dict:
-  """The measures of ``model`` on ``seqs`` (K, T): the ``analysis.json`` dict."""
+  """The measures of ``model`` on ``seqs`` (K, T): the ``analysis.json`` dict
+  (``passes``: a forward pass, and a backward pass for the gradients)."""
   from rankjax.analyze import measures as m
+  from rankjax.analyze import passes
   out = {"layers": [{"layer": l} for l in range(model.num_layers + 1)]}
+  fwd = passes.forward_pass(model, seqs, positions if "jacobian" in measures else [],
+                            keep_streams=bool(measures & {"stream", "gradients"}),
+                            attention="attention" in measures)
+  out["seconds_per_layer"] = fwd["seconds"]
   if "stream" in measures:
-    streams = np.stack([np.asarray(model.streams(s)) for s in seqs])
+    streams = np.swapaxes(fwd["streams"], 0, 1)                         # (K, L+1, T, d)
     for row, entry in zip(out["layers"], m.stream_measures(streams)):
       row.update({k: v for k, v in entry.items() if k != "layer"})
-  if "attention" in measures:
-    probs = np.stack([np.asarray(model.attention(s)) for s in seqs])
-    for l, heads in enumerate(m.attention_measures(probs), start=1):
-      out["layers"][l]["attention"] = heads
-      print(f"attention: layer {l}/{model.num_layers}", file=sys.stderr, flush=True)
+  for l, heads in enumerate(fwd["attention"], start=1):
+    out["layers"][l]["attention"] = heads
   if "jacobian" in measures:
     depth = {}
-    for pos in positions:
-      jac = m.jacobian_measures(model.token_blocks(seqs[0], pos), with_paths=with_paths)
+    for pos, blocks in fwd["token_blocks"].items():
+      jac = m.jacobian_measures(blocks, with_paths=with_paths)
       for l, entry in enumerate(jac["layers"], start=1):
         out["layers"][l].setdefault("jacobian", {})[str(pos)] = entry
       depth[str(pos)] = jac["through_depth"]
-      print(f"jacobian: position {pos} done", file=sys.stderr, flush=True)
     out["through_depth"] = depth
   if "gradients" in measures:
-    g = {k: np.asarray(v) for k, v in model.gradients(seqs).items()}
-    out["loss"] = float(g.pop("loss"))
-    for l in range(1, model.num_layers + 1):
-      out["layers"][l]["gradients"] = {k: float(v[l - 1]) for k, v in sorted(g.items())}
+    bwd = passes.backward_pass(model, seqs, fwd["streams"])
+    out["loss"] = bwd["loss"]
+    out["seconds_per_layer"]["backward"] = bwd["seconds"]
+    for l, row in enumerate(bwd["layers"], start=1):
+      out["layers"][l]["gradients"] = row
   return out
 
 
@@ -188,6 +201,20 @@ def _ints(spec: str, flag: str) -> list[int]:
     raise ValueError(f"{flag} {spec!r}: comma-separated integers or 'all'") from None
 
 
+def _placement(args):
+  """The devices and dtype of the weights: a ``(1, n)`` mesh over ``--mesh-fsdp`` local
+  devices (0: all) when n > 1."""
+  import jax
+  from rankjax.analyze import checkpoints
+  from rankjax.train import sharding
+  devices = jax.local_devices()
+  n = len(devices) if args.mesh_fsdp == 0 else args.mesh_fsdp
+  if not 1 <= n <= len(devices):
+    raise ValueError(f"--mesh-fsdp {args.mesh_fsdp}: this host has {len(devices)} devices")
+  mesh = sharding.make_mesh(data=1, fsdp=n, devices=devices[:n]) if n > 1 else None
+  return checkpoints.Placement(mesh, args.dtype)
+
+
 def _write(out: pathlib.Path, result: dict, measures: set[str]) -> None:
   from rankjax import report
   out.mkdir(parents=True, exist_ok=True)
@@ -209,11 +236,13 @@ def run(args) -> int:
   out = pathlib.Path(args.out)
   paths_lib.check_output(str(out), "--out")
   targets = _targets(args)
+  placement = _placement(args)
   seqs = positions = tokenizer = None
   results = []
   for label, path, step in targets:
     start = time.time()
-    model = checkpoints.open_checkpoint(path, step)
+    model = checkpoints.open_checkpoint(path, step, placement=placement,
+                                        layer_at_a_time=args.layer_at_a_time)
     if seqs is None:      # the same token sequences for every checkpoint
       ids, tokenizer = _token_ids(args, model)
       seqs = _sequences(ids, args, model)

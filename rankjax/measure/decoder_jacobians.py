@@ -82,20 +82,30 @@ def _first_stream(cfg, params, tokens_T):
   return transformer.first_layer_input(cfg, params, tokens_T[None])[0]
 
 
+def layer_token_terms(cfg: TransformerConfig, layer: dict, h_TxD: Array,
+                      position: Array | int) -> tuple[Array, tuple]:
+  """One layer at token ``position`` of its input stream ``h_TxD``: ``(h_out,
+  (attn, ffn, h_in_t, h_mid_t))``, the engine's ``BlockTerms`` of its two sublayers
+  (``token_sublayer``, jacfwd) and the token's stream entering the layer and after its
+  attention sublayer. ``token_block_jacobians`` scans it over the layers; ``rankjax
+  analyze`` calls it a layer at a time."""
+  jacfwd = engine.BlockJacobianMethod.JACFWD
+
+  def at(which, stream):
+    block = token_sublayer(cfg, layer, which, stream, position)
+    return engine.block_terms(block, None, stream[position], method=jacfwd)
+
+  attn = at("attention", h_TxD)
+  mid, out = transformer.layer_forward(cfg, layer, h_TxD)
+  ffn = at("ffn", mid)
+  return out, (attn, ffn, h_TxD[position], mid[position])
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "precision"))
 @precision_lib.measured
 def _token_terms(cfg, params, tokens_T, position):
-  jacfwd = engine.BlockJacobianMethod.JACFWD
-
   def step(h_TxD, layer):
-    def at(which, stream):
-      block = token_sublayer(cfg, layer, which, stream, position)
-      return engine.block_terms(block, None, stream[position], method=jacfwd)
-
-    attn = at("attention", h_TxD)
-    mid, out = transformer.layer_forward(cfg, layer, h_TxD)
-    ffn = at("ffn", mid)
-    return out, (attn, ffn, h_TxD[position], mid[position])
+    return layer_token_terms(cfg, layer, h_TxD, position)
 
   out, (attn, ffn, h_in, h_mid) = jax.lax.scan(
       step, _first_stream(cfg, params, tokens_T), params["layers"])

@@ -84,16 +84,27 @@ def attention_block(h_TxD: Array, position: Array | int, num_heads: int) -> engi
           block, h_TxD.at[position].set(x_D), num_heads)[position])
 
 
+def layer_token_terms(block: dict, h_TxD: Array, position: Array | int, num_heads: int
+                      ) -> tuple[Array, tuple]:
+  """One block at token ``position`` of its input stream: ``(h_out, (attn, ffn, h_in_t,
+  h_mid_t))``, the engine's ``BlockTerms`` of the attention (jacfwd) and FFN (closed
+  form) sublayers and the token's stream entering the block and after its attention
+  sublayer. ``token_block_jacobians`` scans it; ``rankjax analyze`` calls it a layer at a
+  time."""
+  attn = engine.block_terms(attention_block(h_TxD, position, num_heads), block,
+                            h_TxD[position])
+  mid, out = gpt2.block_forward(block, h_TxD, num_heads)
+  ffn = engine.block_terms(ffn_block(), block, mid[position])
+  return out, (attn, ffn, h_TxD[position], mid[position])
+
+
 @functools.partial(jax.jit, static_argnames=("num_heads", "precision"))
 @precision_lib.measured
 def _token_terms(params, tokens_T, position, num_heads):
   heads = _heads(params, num_heads)
 
   def step(h_TxD, block):
-    attn = engine.block_terms(attention_block(h_TxD, position, heads), block, h_TxD[position])
-    mid, out = gpt2.block_forward(block, h_TxD, heads)
-    ffn = engine.block_terms(ffn_block(), block, mid[position])
-    return out, (attn, ffn, h_TxD[position], mid[position])
+    return layer_token_terms(block, h_TxD, position, heads)
 
   out, (attn, ffn, h_in, h_mid) = jax.lax.scan(step, gpt2.embed(params, tokens_T),
                                                params["blocks"])

@@ -356,6 +356,19 @@ def block_forward(block: dict, h_TxD: Array, num_heads: int) -> tuple[Array, Arr
   return mid, mid + ffn_branch(block, mid)
 
 
+def block_sites(block: dict, h_TxD: Array, num_heads: int, perturbations: dict
+                ) -> tuple[Array, dict]:
+  """``(h_out, sites)`` of one block with ``perturbations[name]`` added at X_1 = LN_1(h),
+  Y_1 = h + Attn(X_1), X_2 = LN_2(Y_1), Y_2 = Y_1 + FFN(X_2): the gradient w.r.t. a
+  zero perturbation is the gradient w.r.t. that site (``rankjax analyze``)."""
+  e = perturbations
+  x1 = layer_norm(h_TxD, block["ln_1_scale"], block["ln_1_bias"]) + e["x1"]
+  y1 = h_TxD + attention(block, x1, num_heads) + e["y1"]
+  x2 = layer_norm(y1, block["ln_2_scale"], block["ln_2_bias"]) + e["x2"]
+  y2 = y1 + ffn(block, x2) + e["y2"]
+  return y2, {"x1": x1, "y1": y1, "x2": x2, "y2": y2}
+
+
 def streams(params: dict, tokens_T: Array, heads: int | None = None) -> Array:
   """The residual stream, ``(L+1, T, d)``: the embeddings, then block l's output for
   l = 1..L, before the final norm (``lax.scan`` over the blocks)."""

@@ -24,11 +24,13 @@ an activation other than SiLU. A sliding window (Mistral) is exact up to its len
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import re
 
+import jax
 import numpy as np
 
 from rankjax.config import TransformerConfig
@@ -128,11 +130,59 @@ def tensor_files(path: str | os.PathLike) -> dict[str, pathlib.Path]:
   return {name: path for name in header}
 
 
-def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
-               ) -> tuple[TransformerConfig, dict]:
-  """``(cfg, params)`` of a Llama-family checkpoint folder (``config.json`` +
-  ``model.safetensors`` or sharded with ``model.safetensors.index.json``): ``DecoderLM``
-  parameters in float32 (bf16/fp16 tensors are cast), stacked over layers."""
+_LAYER_TENSORS = {
+    "attn": {"w_q": "self_attn.q_proj.weight", "w_k": "self_attn.k_proj.weight",
+             "w_v": "self_attn.v_proj.weight", "w_o": "self_attn.o_proj.weight"},
+    "ffn": {"w_1": "mlp.gate_proj.weight", "w_3": "mlp.up_proj.weight",
+            "w_2": "mlp.down_proj.weight"},
+    "norm_attn_p": {"scale": "input_layernorm.weight"},
+    "norm_ffn_p": {"scale": "post_attention_layernorm.weight"}}
+_QKV_BIAS = {"b_q": "self_attn.q_proj.bias", "b_k": "self_attn.k_proj.bias",
+             "b_v": "self_attn.v_proj.bias"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaFiles:
+  """An opened Llama-family folder: its config, and where each tensor is.
+
+  ``open_llama`` checks everything it can without reading a weight (config.json, every
+  tensor present, no extra layers, the stated dtype against the headers);
+  ``read_top`` / ``read_layer`` then read the non-layer tensors or one layer's
+  (memory-mapped by ``safetensors``: only those bytes), converted to ``DecoderLM``'s
+  layout in float32.
+  """
+
+  path: pathlib.Path
+  cfg: TransformerConfig
+  where: dict            # tensor name -> file
+  dtypes: dict           # tensor name -> numpy dtype stored
+  shapes: dict           # tensor name -> shape stored
+
+  def layer_names(self, i: int) -> dict[tuple[str, str], str]:
+    """``(module, leaf) -> tensor name`` of layer ``i``."""
+    tensors = {m: dict(t) for m, t in _LAYER_TENSORS.items()}
+    if self.cfg.attn_bias:
+      tensors["attn"].update(_QKV_BIAS)
+    return {(m, ours): f"model.layers.{i}.{theirs}"
+            for m, t in tensors.items() for ours, theirs in t.items()}
+
+  def top_names(self) -> dict[tuple[str, ...], str]:
+    names = {("embed", "embedding"): "model.embed_tokens.weight",
+             ("norm_final", "scale"): "model.norm.weight"}
+    if not self.cfg.tie_embeddings:
+      names[("lm_head",)] = "lm_head.weight"
+    return names
+
+  @property
+  def stored_bytes(self) -> int:
+    """Bytes of the weights as stored."""
+    return sum(int(np.prod(self.shapes[n])) * np.dtype(t).itemsize
+               for n, t in self.dtypes.items())
+
+
+def open_llama(path: str | os.PathLike, *, compute_dtype: str = "float32") -> LlamaFiles:
+  """A Llama-family checkpoint folder (``config.json`` + ``model.safetensors``, or
+  sharded with ``model.safetensors.index.json``), checked without reading a weight."""
   path = pathlib.Path(path)
   config = path / "config.json"
   if not config.is_file():
@@ -143,24 +193,18 @@ def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
     raise ValueError(f"{config}: not JSON ({e})") from None
   cfg = llama_config(hf, compute_dtype=compute_dtype)
   where = tensor_files(path)
-  layer = {"attn": {"w_q": "self_attn.q_proj.weight", "w_k": "self_attn.k_proj.weight",
-                    "w_v": "self_attn.v_proj.weight", "w_o": "self_attn.o_proj.weight"},
-           "ffn": {"w_1": "mlp.gate_proj.weight", "w_3": "mlp.up_proj.weight",
-                   "w_2": "mlp.down_proj.weight"},
-           "norm_attn_p": {"scale": "input_layernorm.weight"},
-           "norm_ffn_p": {"scale": "post_attention_layernorm.weight"}}
-  if cfg.attn_bias:
-    layer["attn"].update(b_q="self_attn.q_proj.bias", b_k="self_attn.k_proj.bias",
-                         b_v="self_attn.v_proj.bias")
-  names = {("embed", "embedding"): "model.embed_tokens.weight",
-           ("norm_final", "scale"): "model.norm.weight"}
-  if not cfg.tie_embeddings:
-    names[("lm_head",)] = "lm_head.weight"
+  dtypes, shapes = {}, {}
+  for file in sorted(set(where.values())):
+    header, _ = gpt2.read_safetensors_header(file)
+    for n, info in header.items():
+      if n in where:
+        dtypes[n] = gpt2.safetensors_dtype(info["dtype"])
+        shapes[n] = tuple(int(x) for x in info["shape"])
+  files = LlamaFiles(path, cfg, where, dtypes, shapes)
+  names = list(files.top_names().values())
   for i in range(cfg.num_layers):
-    for module, tensors in layer.items():
-      for ours, theirs in tensors.items():
-        names[("layers", module, ours, i)] = f"model.layers.{i}.{theirs}"
-  missing = [n for n in names.values() if n not in where]
+    names += list(files.layer_names(i).values())
+  missing = [n for n in names if n not in dtypes]
   if missing:
     raise ValueError(f"{path}: missing tensor(s) {', '.join(missing[:4])}"
                      + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
@@ -168,14 +212,116 @@ def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
                  set(range(cfg.num_layers)))
   if extra:
     raise ValueError(f"{path}: layers {extra} beyond num_hidden_layers={cfg.num_layers}")
-  raw: dict[str, np.ndarray] = {}
+  check_dtype(hf, {n: dtypes[n] for n in names}, config)
+  return files
+
+
+def _read(files: LlamaFiles, names) -> dict[str, np.ndarray]:
   by_file: dict[pathlib.Path, list[str]] = {}
-  for name in names.values():
-    by_file.setdefault(where[name], []).append(name)
+  for name in names:
+    by_file.setdefault(files.where[name], []).append(name)
+  raw = {}
   for file, wanted in by_file.items():
     raw.update(gpt2.read_safetensors(file, wanted))
-  check_dtype(hf, {n: a.dtype for n, a in raw.items()}, config)
-  return cfg, _convert(cfg, names, raw, path)
+  return raw
+
+
+def read_layer(files: LlamaFiles, i: int) -> dict:
+  """Layer ``i``'s ``DecoderLM`` parameters (one slice of ``params["layers"]``)."""
+  names = files.layer_names(i)
+  raw = _read(files, names.values())
+  layer: dict = {}
+  for (module, leaf), name in names.items():
+    layer.setdefault(module, {})[leaf] = _convert(files.cfg, leaf, name, raw[name], files.path)
+  return layer
+
+
+def read_top(files: LlamaFiles) -> dict:
+  """The non-layer parameters: ``embed``, ``norm_final``, and ``lm_head`` when untied."""
+  names = files.top_names()
+  raw = _read(files, names.values())
+  top: dict = {}
+  for key, name in names.items():
+    a = _convert(files.cfg, key[-1], name, raw[name], files.path)
+    if len(key) == 1:
+      top[key[0]] = a
+    else:
+      top.setdefault(key[0], {})[key[1]] = a
+  return top
+
+
+def load_llama(path: str | os.PathLike, *, compute_dtype: str = "float32"
+               ) -> tuple[TransformerConfig, dict]:
+  """``(cfg, params)`` of a Llama-family checkpoint folder (``open_llama``):
+  ``DecoderLM`` parameters in float32 (bf16/fp16 tensors are cast), stacked over
+  layers."""
+  files = open_llama(path, compute_dtype=compute_dtype)
+  params = read_top(files)
+  layers = [read_layer(files, i) for i in range(files.cfg.num_layers)]
+  params["layers"] = jax.tree.map(lambda *a: np.stack(a), *layers)
+  return files.cfg, params
+
+
+def write_random_checkpoint(folder: str | os.PathLike, *, hidden_size: int, num_layers: int,
+                            intermediate_size: int, num_heads: int, num_kv_heads: int,
+                            vocab_size: int, dtype: str = "float32", seed: int = 0,
+                            model_type: str = "llama", tie_word_embeddings: bool = False,
+                            max_position_embeddings: int = 2048) -> pathlib.Path:
+  """A random Llama-family checkpoint in Hugging Face layout: ``config.json`` and one
+  safetensors shard per layer (plus one for the embeddings, final norm and head) with
+  ``model.safetensors.index.json``, written a layer at a time (host memory: one layer).
+  Weights ~ N(0, 0.02^2) in transformers' (out, in) layout, norm gains 1 + N(0, 0.1^2).
+  For the tests and the memory benchmark (``rankjax analyze`` of a model of any size
+  without downloading one)."""
+  import ml_dtypes
+  import safetensors.numpy
+  folder = pathlib.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  store = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16,
+           "float16": np.float16}[dtype]
+  rng = np.random.default_rng(seed)
+  d, dh = hidden_size, hidden_size // num_heads
+
+  def normal(*shape, std=0.02, mean=0.0):
+    return (mean + std * rng.standard_normal(shape, dtype=np.float32)).astype(store)
+
+  weight_map = {}
+
+  def shard(name, tensors):
+    safetensors.numpy.save_file(tensors, str(folder / name), metadata={"format": "pt"})
+    weight_map.update({t: name for t in tensors})
+
+  top = {"model.embed_tokens.weight": normal(vocab_size, d),
+         "model.norm.weight": normal(d, std=0.1, mean=1.0)}
+  if not tie_word_embeddings:
+    top["lm_head.weight"] = normal(vocab_size, d)
+  shard("model-top.safetensors", top)
+  for i in range(num_layers):
+    p = f"model.layers.{i}."
+    layer = {p + "self_attn.q_proj.weight": normal(d, d),
+             p + "self_attn.k_proj.weight": normal(num_kv_heads * dh, d),
+             p + "self_attn.v_proj.weight": normal(num_kv_heads * dh, d),
+             p + "self_attn.o_proj.weight": normal(d, d),
+             p + "mlp.gate_proj.weight": normal(intermediate_size, d),
+             p + "mlp.up_proj.weight": normal(intermediate_size, d),
+             p + "mlp.down_proj.weight": normal(d, intermediate_size),
+             p + "input_layernorm.weight": normal(d, std=0.1, mean=1.0),
+             p + "post_attention_layernorm.weight": normal(d, std=0.1, mean=1.0)}
+    if model_type == "qwen2":
+      layer.update({p + "self_attn.q_proj.bias": normal(d),
+                    p + "self_attn.k_proj.bias": normal(num_kv_heads * dh),
+                    p + "self_attn.v_proj.bias": normal(num_kv_heads * dh)})
+    shard(f"model-layer-{i:05d}.safetensors", layer)
+  (folder / "model.safetensors.index.json").write_text(json.dumps(
+      {"metadata": {}, "weight_map": weight_map}, indent=1))
+  (folder / "config.json").write_text(json.dumps({
+      "model_type": model_type, "hidden_size": d, "num_hidden_layers": num_layers,
+      "intermediate_size": intermediate_size, "num_attention_heads": num_heads,
+      "num_key_value_heads": num_kv_heads, "vocab_size": vocab_size, "hidden_act": "silu",
+      "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "dtype": dtype,
+      "max_position_embeddings": max_position_embeddings,
+      "tie_word_embeddings": tie_word_embeddings}, indent=1))
+  return folder
 
 
 SAFETENSORS_OF = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -196,7 +342,9 @@ def check_dtype(hf: dict, dtypes: dict[str, np.dtype], config: pathlib.Path) -> 
                      f"{', '.join(found)}")
 
 
-def _convert(cfg: TransformerConfig, names: dict, raw: dict, path) -> dict:
+def _convert(cfg: TransformerConfig, leaf: str, name: str, a: np.ndarray, path) -> np.ndarray:
+  """One tensor in ``DecoderLM``'s layout and float32: Linear weights transposed, the
+  q/k projections' RoPE pairs permuted, the shape checked against config.json."""
   d, dh, kv = cfg.d_model, cfg.d_head, cfg.kv_heads
   perm = {"w_q": _rope_permutation(cfg.num_heads, dh), "w_k": _rope_permutation(kv, dh)}
   perm.update(b_q=perm["w_q"], b_k=perm["w_k"])
@@ -204,26 +352,12 @@ def _convert(cfg: TransformerConfig, names: dict, raw: dict, path) -> dict:
             "w_1": (d, cfg.d_ff), "w_3": (d, cfg.d_ff), "w_2": (cfg.d_ff, d),
             "b_q": (d,), "b_k": (kv * dh,), "b_v": (kv * dh,), "scale": (d,),
             "embedding": (cfg.vocab_size, d), "lm_head": (d, cfg.vocab_size)}
-  params: dict = {}
-  stacked: dict = {}
-  for key, name in names.items():
-    a = np.asarray(raw[name], np.float32)
-    leaf = key[-2] if key[0] == "layers" else key[-1]
-    if a.ndim == 2 and leaf != "embedding":
-      a = a.T                                   # torch Linear (out, in) -> (in, out)
-    if leaf in perm:
-      a = a[..., perm[leaf]]
-    if a.shape != shapes[leaf]:
-      raise ValueError(f"{path}: {name} has shape {np.asarray(raw[name]).shape}, which "
-                       f"does not fit config.json (expected {shapes[leaf]} after transposing)")
-    if key[0] == "layers":
-      stacked.setdefault(key[1:3], []).append(a)
-    elif len(key) == 1:
-      params[key[0]] = a
-    else:
-      params.setdefault(key[0], {})[key[1]] = a
-  layers: dict = {}
-  for (module, leaf), arrays in stacked.items():
-    layers.setdefault(module, {})[leaf] = np.stack(arrays)
-  params["layers"] = layers
-  return params
+  out = np.asarray(a, np.float32)
+  if out.ndim == 2 and leaf != "embedding":
+    out = out.T                                 # torch Linear (out, in) -> (in, out)
+  if leaf in perm:
+    out = out[..., perm[leaf]]
+  if out.shape != shapes[leaf]:
+    raise ValueError(f"{path}: {name} has shape {np.asarray(a).shape}, which does not fit "
+                     f"config.json (expected {shapes[leaf]} after transposing)")
+  return np.ascontiguousarray(out)

@@ -260,6 +260,55 @@ def layer_forward(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array
   return mid, out
 
 
+def attention_probs(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array) -> jax.Array:
+  """The attention probabilities ``(H, T, T)`` of one layer on its input stream (after
+  its P norm): what ``DecoderLM`` sows with ``capture_probs`` (tested equal)."""
+  _, norm = sublayer_parts(cfg, layer, "attn")
+  _, state = CausalSelfAttention(cfg).apply(
+      {"params": layer["attn"]}, norm("p", h_TxD)[None], deterministic=True,
+      capture_probs=True, mutable=["intermediates"])
+  return state["intermediates"]["attn_probs"][0][0]
+
+
+def layer_sites(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array, perturbations: dict
+                ) -> tuple[jax.Array, dict]:
+  """``(h_out, sites)`` of one layer with ``perturbations[name]`` added at each of
+  X_1, Y_1, X_2, Y_2 (``SUBLAYER_NAMES``, postnorm Eq. 1), the captures of
+  ``DecoderBlock`` (without a P norm X_k is the stream entering the sublayer, so that
+  dL/dX_k includes the skip path): the gradient w.r.t. a zero perturbation is the
+  gradient w.r.t. that site, for a layer at a time (``rankjax analyze``; tested equal
+  to ``intermediate_grads``)."""
+  ops = dict(zip("pbr", cfg.norm_ops))
+  sites = {}
+
+  def record(name, v):
+    sites[name] = v + perturbations[name]
+    return sites[name]
+
+  h = h_TxD
+  for k, sub in enumerate(("attn", "ffn"), start=1):
+    f, norm = sublayer_parts(cfg, layer, sub)
+    if ops["p"] == "none":
+      h = record(f"x{k}", h)
+
+    def tap(name, v, k=k):
+      return v if name == "x" and ops["p"] == "none" else record(f"{name}{k}", v)
+
+    _, _, h = blocks.residual_sublayer(h, f, norm, cfg.beta, tap=tap)
+  return h, sites
+
+
+def final_logits(cfg: TransformerConfig, params: dict, h_TxD: jax.Array) -> jax.Array:
+  """``DecoderLM``'s head on the last layer's output: the final norm (where the
+  placement has one), then the tied or untied head; ``params`` needs only the
+  non-layer entries (tested equal to ``DecoderLM``)."""
+  if cfg.uses_final_norm:
+    h_TxD = make_norm(cfg, cfg.norm_op, None).apply(
+        {"params": params.get("norm_final", {})}, h_TxD)
+  w_DxV = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]
+  return head_logits(h_TxD, w_DxV)[..., :cfg.vocab_size]
+
+
 def first_layer_input(cfg: TransformerConfig, params, tokens_BxT: jax.Array) -> jax.Array:
   """The stream entering layer 1 (evaluation mode) from ``DecoderLM`` parameters:
   embeddings, learned positions, the embedding norm; equal to DecoderLM's (tested)."""

@@ -1,0 +1,192 @@
+"""``rankjax analyze``'s layer-at-a-time passes against whole-model computations: the
+DecoderLM's own forward pass, attention capture and Flax-perturbation gradients
+(``transformer.intermediate_grads``) for every placement; GPT-2's stacked-parameter
+gradient; weights read per layer from sharded safetensors equal to resident ones; the
+bf16 compute path; and the weights sharded over 8 host devices by the training rules."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rankjax import cli
+from rankjax.analyze import checkpoints, passes
+from rankjax.config import TransformerConfig
+from rankjax.measure import gradients as gr
+from rankjax.measure import losses
+from rankjax.models import gpt2, hf_llama, transformer
+from rankjax.train import diagnostics_postnorm
+
+from tests.test_analyze import FIXTURES, _ids_file
+
+
+def _decoder(placement: str, **kw):
+  cfg = TransformerConfig(vocab_size=41, num_layers=3, d_model=16, num_heads=2, d_ff=24,
+                          max_seq_len=16, norm_position=placement, pos_embedding="rope",
+                          init="gpt2", **kw)
+  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, cfg.vocab_size)
+  params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens)["params"]
+  # perturb the norm gains so that a gain read from the wrong layer would show
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, x: x * (1 + 0.3 * jnp.sin(jnp.arange(x.size).reshape(x.shape)))
+      if getattr(p[-1], "key", "") == "scale" else x, params)
+  return cfg, params, np.asarray(tokens, np.int32)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post", "output", "none"])
+def test_decoder_passes_equal_the_whole_model(placement):
+  cfg, params, seqs = _decoder(placement)
+  model = checkpoints.decoder_model(cfg, params)
+  fwd = passes.forward_pass(model, seqs, [], keep_streams=True, attention=False)
+  dlm = transformer.DecoderLM(cfg)
+  # the head on the last stream = DecoderLM's logits (the streams of every layer feed it)
+  logits = jax.vmap(lambda h: transformer.final_logits(cfg, params, h))(fwd["streams"][-1])
+  np.testing.assert_allclose(logits, dlm.apply({"params": params}, seqs), atol=2e-6)
+  # attention probabilities of each layer = DecoderLM's captured ones
+  _, state = dlm.apply({"params": params}, seqs, capture_probs=True, mutable=["intermediates"])
+  captured = state["intermediates"]["layers"]["attn"]["attn_probs"][0]        # (L, K, H, T, T)
+  for l in range(cfg.num_layers):
+    got = passes._attention(model.fns, model.weights.layer(l), jnp.asarray(fwd["streams"][l]))
+    np.testing.assert_allclose(got, captured[l], atol=1e-6)
+  # gradients: loss, every sublayer factor and the layer gradient norms
+  bwd = passes.backward_pass(model, seqs, fwd["streams"])
+  targets = seqs[:, 1:]
+  loss, g_params, g_acts, acts = transformer.intermediate_grads(
+      dlm, params, seqs[:, :-1], lambda z: losses.cross_entropy(z, targets))
+  gains = {k: params["layers"].get(diagnostics_postnorm.NORM_AFTER_Y[k], {}).get("scale")
+           if placement == "post" else None for k in (1, 2)}
+  ref = diagnostics_postnorm.sublayer_factors(acts, g_acts, cfg.norm_eps, gains)
+  ref["grad_norm"] = gr.layer_grad_norms(g_params, ("layers",))
+  np.testing.assert_allclose(bwd["loss"], loss, rtol=1e-6)
+  assert set(bwd["layers"][0]) == set(ref)
+  for name, values in ref.items():
+    got = [row[name] for row in bwd["layers"]]
+    np.testing.assert_allclose(got, values, rtol=2e-5, atol=1e-7, err_msg=name)
+
+
+def test_gpt2_backward_pass_equals_the_stacked_gradient():
+  model = checkpoints.open_checkpoint(str(FIXTURES / "gpt2"))
+  seqs = np.asarray(np.load(FIXTURES / "gpt2" / "expected.npz")["token_ids"][None], np.int32)
+  fwd = passes.forward_pass(model, seqs, [], keep_streams=True, attention=False)
+  bwd = passes.backward_pass(model, seqs, fwd["streams"])
+  params = gpt2.load_gpt2(FIXTURES / "gpt2")
+  heads = model.num_heads
+
+  def loss(p):
+    h = gpt2.streams(p, jnp.asarray(seqs[0, :-1]), heads)[-1]
+    return losses.cross_entropy(gpt2.logits(p, h)[None], jnp.asarray(seqs[:, 1:]))
+
+  value, grads = jax.value_and_grad(loss)(jax.tree.map(jnp.asarray, params))
+  np.testing.assert_allclose(bwd["loss"], value, rtol=1e-6)
+  np.testing.assert_allclose([r["grad_norm"] for r in bwd["layers"]],
+                             gr.layer_grad_norms(grads, ("blocks",)), rtol=1e-5)
+
+
+def _analysis(out):
+  r = json.loads((out / "analysis.json").read_text())
+  for k in ("seconds", "seconds_per_layer", "provenance", "model", "source"):
+    r.pop(k)
+  return r
+
+
+def test_weights_read_a_layer_at_a_time_give_the_same_analysis(tmp_path, monkeypatch):
+  folder = hf_llama.write_random_checkpoint(
+      tmp_path / "ckpt", hidden_size=32, num_layers=3, intermediate_size=40, num_heads=4,
+      num_kv_heads=2, vocab_size=50, model_type="qwen2", seed=3)
+  assert len(list(folder.glob("*.safetensors"))) == 4       # a shard per layer + top
+  ids = _ids_file(tmp_path, np.arange(40) % 50)
+  reads = []
+  read_layer = hf_llama.read_layer
+  monkeypatch.setattr(hf_llama, "read_layer", lambda f, i: reads.append(i) or read_layer(f, i))
+  results = {}
+  for mode in ("on", "off"):
+    reads.clear()
+    out = tmp_path / mode
+    assert cli.main(["analyze", str(folder), "--out", str(out), "--token-ids", ids,
+                     "--tokens", "20", "--sequences", "2", "--layer-at-a-time", mode]) == 0
+    results[mode] = _analysis(out)
+    weights = json.loads((out / "analysis.json").read_text())["model"]["weights"]
+    # per layer: each pass reads each layer once (forward 0..L-1, backward L-1..0)
+    assert (weights, reads) == (("layer at a time", [0, 1, 2, 2, 1, 0]) if mode == "on"
+                                else ("resident", [0, 1, 2]))
+  assert results["on"] == results["off"]
+  # the loaded weights are the ones written (load_llama: the stacked whole)
+  cfg, params = hf_llama.load_llama(folder)
+  model = checkpoints.open_checkpoint(str(folder), layer_at_a_time="on")
+  np.testing.assert_array_equal(model.weights.layer(1)["attn"]["b_k"],
+                                params["layers"]["attn"]["b_k"][1])
+
+
+def test_bfloat16_compute_is_within_bf16_tolerance(tmp_path, capsys):
+  expected = np.load(FIXTURES / "llama_gqa" / "expected.npz")
+  ids = _ids_file(tmp_path, expected["token_ids"])
+  n = len(expected["token_ids"])
+  rows = {}
+  for dtype in ("float32", "bfloat16"):
+    out = tmp_path / dtype
+    assert cli.main(["analyze", str(FIXTURES / "llama_gqa"), "--out", str(out), "--token-ids",
+                     ids, "--tokens", str(n), "--sequences", "1", "--dtype", dtype,
+                     "--measures", "stream,gradients"]) == 0
+    rows[dtype] = json.loads((out / "analysis.json").read_text())
+  assert rows["bfloat16"]["model"]["compute_dtype"] == "bfloat16"
+  sim = lambda r: [l["token_similarity"]["mean"] for l in r["layers"]]
+  np.testing.assert_allclose(sim(rows["bfloat16"]), sim(rows["float32"]), atol=2e-2)
+  np.testing.assert_allclose(rows["bfloat16"]["loss"], rows["float32"]["loss"], rtol=2e-2)
+  assert sim(rows["bfloat16"]) != sim(rows["float32"])          # bf16 really computed
+  assert cli.main(["analyze", str(FIXTURES / "gpt2"), "--out", str(tmp_path / "g"),
+                   "--token-ids", ids, "--tokens", "8", "--dtype", "bfloat16"]) == 2
+  assert "analyzed in float32" in capsys.readouterr().err
+
+
+_SHARDED = textwrap.dedent("""
+    import json, sys
+    import jax
+    from rankjax import cli
+    from rankjax.analyze import checkpoints
+    from rankjax.train import sharding
+    assert len(jax.devices()) == 8
+    folder, ids, out1, out8 = sys.argv[1:]
+    args = ["--token-ids", ids, "--tokens", "12", "--sequences", "2"]
+    assert cli.main(["analyze", folder, "--out", out1, "--mesh-fsdp", "1", *args]) == 0
+    assert cli.main(["analyze", folder, "--out", out8, *args]) == 0
+    mesh = sharding.make_mesh(data=1, fsdp=8)
+    model = checkpoints.open_checkpoint(folder, placement=checkpoints.Placement(mesh))
+    w = model.weights.layer(0)["ffn"]["w_1"]
+    print(json.dumps({"spec": str(w.sharding.spec), "shard": list(w.addressable_shards[0].data.shape),
+                      "whole": list(w.shape)}))
+""")
+
+
+def test_weights_sharded_over_8_host_devices_give_the_same_analysis(tmp_path):
+  folder = hf_llama.write_random_checkpoint(
+      tmp_path / "ckpt", hidden_size=32, num_layers=2, intermediate_size=64, num_heads=4,
+      num_kv_heads=2, vocab_size=48, seed=5)
+  ids = _ids_file(tmp_path, np.arange(24) % 48)
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", _SHARDED, str(folder), ids,
+                         str(tmp_path / "one"), str(tmp_path / "eight")],
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  placed = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert placed["whole"] == [32, 64] and placed["shard"] != placed["whole"]   # really split
+  one, eight = _analysis(tmp_path / "one"), _analysis(tmp_path / "eight")
+  flat = lambda r: np.array([v for l in r["layers"] for v in _numbers(l)])
+  np.testing.assert_allclose(flat(eight), flat(one), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(eight["loss"], one["loss"], rtol=1e-6)
+
+
+def _numbers(tree):
+  if isinstance(tree, dict):
+    for k in sorted(tree):
+      yield from _numbers(tree[k])
+  elif isinstance(tree, list):
+    for v in tree:
+      yield from _numbers(v)
+  elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+    yield float(tree)
