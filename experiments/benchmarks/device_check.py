@@ -18,6 +18,11 @@ the script writes the section ``## Device check`` of RESULTS.md itself.
    (``rankjax.train.mfu``) and the peak device memory.
 4. **Jacobian engine**: ``mlp_jacobian_study`` at L=48, d=256, 8 seeds (Pre-Norm ReLU,
    4x expansion): time per call after compilation, and its reconstruction error.
+5. **rankjax analyze at 7B width**: a random checkpoint of Llama-2-7B's layer shape
+   (d=4096, d_ff=11008, 32 heads, vocabulary 32000) with 4 layers, bf16, analyzed in
+   bfloat16 on one sequence of 2048 tokens (stream, attention, gradients): the device
+   seconds per layer of the forward and backward passes (median over the layers; x32
+   for the 7B model) and the peak device memory.
 
 ``--smoke`` runs every part at tiny sizes (on the CPU in the test suite); it never
 writes RESULTS.md.
@@ -50,7 +55,7 @@ from rankjax.train.tasks import count_params
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 SECTION = "## Device check"
-PARTS = ("precision", "attention", "steps", "jacobian")
+PARTS = ("precision", "attention", "steps", "jacobian", "analyze")
 
 
 def timed(fn: Callable[[], Any], reps: int) -> float:
@@ -190,6 +195,38 @@ def check_jacobian(smoke: bool) -> dict:
               erank_last=float(jnp.mean(study.erank[..., -1])))
 
 
+def check_analyze(smoke: bool) -> dict:
+  import tempfile
+  from rankjax import cli
+  from rankjax.models import hf_llama
+  shape = (dict(hidden_size=64, num_layers=2, intermediate_size=96, num_heads=4,
+                num_kv_heads=4, vocab_size=300) if smoke else
+           dict(hidden_size=4096, num_layers=4, intermediate_size=11008, num_heads=32,
+                num_kv_heads=32, vocab_size=32000))
+  tokens = 32 if smoke else 2048
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = pathlib.Path(tmp)
+    folder = hf_llama.write_random_checkpoint(tmp / "llama", dtype="bfloat16",
+                                              max_position_embeddings=4096, **shape)
+    (tmp / "ids.txt").write_text(" ".join(str(i % 300) for i in range(tokens)))
+    start = time.perf_counter()
+    rc = cli.main(["analyze", str(folder), "--out", str(tmp / "out"), "--token-ids",
+                   str(tmp / "ids.txt"), "--tokens", str(tokens), "--sequences", "1",
+                   "--dtype", "bfloat16", "--layer-at-a-time", "off",
+                   "--measures", "stream,attention,gradients"])
+    wall = time.perf_counter() - start
+    if rc:
+      raise RuntimeError(f"rankjax analyze exited {rc}")
+    r = json.loads((tmp / "out" / "analysis.json").read_text())
+  med = lambda xs: float(np.median(xs[1:] if len(xs) > 1 else xs))   # first: compiles
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return dict(**shape, tokens=tokens, wall_s=wall, loss=r["loss"],
+              forward_s=med(r["seconds_per_layer"]["forward"]),
+              attention_s=med(r["seconds_per_layer"]["attention"]),
+              backward_s=med(r["seconds_per_layer"]["backward"]),
+              peak_memory_gib=stats.get("peak_bytes_in_use", float("nan")) / 2 ** 30)
+
+
 # ---------------------------------------------------------------------------
 
 def markdown(r: dict, command: str) -> str:
@@ -227,6 +264,14 @@ def markdown(r: dict, command: str) -> str:
     lines += [f"**Jacobian engine** (L={j['L']}, d={j['d']}, {j['seeds']} seeds): "
               f"{j['time_s']:.3g} s per study, reconstruction error {j['reconstruction_error']:.1e}, "
               f"erank/d at L {j['erank_last']:.3f}.", ""]
+  if "analyze" in r:
+    a = r["analyze"]
+    lines += [f"**rankjax analyze** (random Llama, {a['num_layers']} layers of d="
+              f"{a['hidden_size']}, d_ff={a['intermediate_size']}, bf16, {a['tokens']} tokens): "
+              f"per layer forward {a['forward_s'] * 1e3:.1f} ms, attention measures "
+              f"{a['attention_s'] * 1e3:.1f} ms, backward {a['backward_s'] * 1e3:.1f} ms "
+              f"(x32 layers for 7B); {a['wall_s']:.0f} s in all; peak device memory "
+              f"{a['peak_memory_gib']:.1f} GiB; loss {a['loss']:.3f}.", ""]
   return "\n".join(lines)
 
 
@@ -252,6 +297,8 @@ def main(argv=None) -> dict:
                   for n in ("postnorm_48l_d512_c4.json", "gpt2_774m.json")]
   if "jacobian" in parts:
     r["jacobian"] = check_jacobian(args.smoke)
+  if "analyze" in parts:
+    r["analyze"] = check_analyze(args.smoke)
   r["wall_s"] = time.perf_counter() - start
   command = "python experiments/benchmarks/device_check.py " + " ".join(argv or sys.argv[1:])
   text = markdown(r, command.strip())

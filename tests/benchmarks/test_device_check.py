@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -30,6 +31,9 @@ def test_device_check_smoke(tmp_path):
   for s in r["steps"]:
     assert s["step_s"] > 0 and s["mfu_spec"] is None   # no spec peak for a CPU
   assert r["jacobian"]["reconstruction_error"] < 1e-4
+  a = r["analyze"]
+  assert a["forward_s"] > 0 and a["backward_s"] > 0 and np.isfinite(a["loss"])
+  assert "**rankjax analyze**" in proc.stdout
 
 
 def test_device_check_rejects_unknown_part():
