@@ -38,7 +38,9 @@ def _decoder(placement: str, **kw):
   return cfg, params, np.asarray(tokens, np.int32)
 
 
-@pytest.mark.parametrize("placement", ["pre", "post", "output", "none"])
+@pytest.mark.parametrize("placement", [
+    "pre", "post", pytest.param("output", marks=pytest.mark.slow),
+    pytest.param("none", marks=pytest.mark.slow)])
 def test_decoder_passes_equal_the_whole_model(placement):
   cfg, params, seqs = _decoder(placement)
   model = checkpoints.decoder_model(cfg, params)
@@ -162,6 +164,7 @@ _SHARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_weights_sharded_over_8_host_devices_give_the_same_analysis(tmp_path):
   folder = hf_llama.write_random_checkpoint(
       tmp_path / "ckpt", hidden_size=32, num_layers=2, intermediate_size=64, num_heads=4,

@@ -11,6 +11,10 @@ The measures (``--measures``): ``stream`` (token similarity, mean spike, coheren
 ``attention`` (per head), ``jacobian`` (at ``--positions``), ``gradients`` (with the
 next-token loss on the sequences: alpha_k, sqrt(d)/||y||, the contraction c, per-layer
 gradient norms; postnorm Sec 4.2); ``rankjax.analyze.measures`` says what each is.
+Any size (``rankjax.analyze.passes``: a layer at a time): ``--layer-at-a-time`` reads a
+Llama-family folder's layers from the memory-mapped files on every pass (auto: when the
+weights exceed half the free memory), ``--mesh-fsdp`` shards the weights over the local
+devices by the training rules, ``--dtype bfloat16`` computes in bf16.
 Bad input is one line and exit 2; nothing is downloaded.
 """
 from __future__ import annotations
