@@ -18,7 +18,7 @@ NormOp = Literal["rms", "layer", "mean", "detached_rms", "none"]
 LMFFN = Literal["swiglu", "gelu"]
 LMInit = Literal["paper_collapse", "gpt2"]
 PosEmbedding = Literal["learned", "rope", "none"]
-RopeScaling = Literal["none", "linear", "llama3"]
+RopeScaling = Literal["none", "linear", "llama3", "yarn"]
 DType = Literal["float32", "float64", "bfloat16"]
 RematPolicy = Literal["none", "dots", "full"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
@@ -252,7 +252,12 @@ class TransformerConfig(JsonConfig):
       linear (position interpolation: every frequency divided by ``rope_factor``); llama3
       (Llama 3.1: wavelengths above ``rope_original_max_len / rope_low_freq_factor``
       divided by ``rope_factor``, below ``rope_original_max_len / rope_high_freq_factor``
-      kept, interpolated between).
+      kept, interpolated between); yarn (YaRN, Peng et al. 2023: a linear ramp between
+      interpolated and kept frequencies over the dimensions rotating between
+      ``rope_beta_fast`` and ``rope_beta_slow`` times in ``rope_original_max_len``,
+      floored/ceiled with ``rope_truncate``).
+    rope_attention_factor: multiplies q and k after the rotation (transformers'
+      ``attention_scaling``; YaRN's ``0.1 ln(factor) + 1``), 1 otherwise.
     init: paper_collapse (every matrix N(0, 1/(3d)), W_2 N(0, 1/(3 d_ff)); postnorm
       paper Sec 2) or gpt2 (N(0, 0.02^2), output projections 0.02/sqrt(2N)).
     init_scale: multiplies every matrix's init variance (Fig 1's x1, x2, x4 sweep).
@@ -314,6 +319,10 @@ class TransformerConfig(JsonConfig):
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  rope_beta_fast: float = 32.0
+  rope_beta_slow: float = 1.0
+  rope_truncate: bool = True
+  rope_attention_factor: float = 1.0
   init: LMInit = "paper_collapse"
   init_scale: float = 1.0
   embed_std: float | None = None
@@ -365,6 +374,10 @@ class TransformerConfig(JsonConfig):
     _positive("rope_base", self.rope_base)
     _positive("rope_factor", self.rope_factor)
     _positive_int("rope_original_max_len", self.rope_original_max_len)
+    _positive("rope_attention_factor", self.rope_attention_factor)
+    if self.rope_scaling == "yarn" and not 0 < self.rope_beta_slow < self.rope_beta_fast:
+      raise ValueError("rope_scaling='yarn' needs 0 < rope_beta_slow < rope_beta_fast; got "
+                       f"{self.rope_beta_slow}, {self.rope_beta_fast}")
     if self.rope_scaling == "llama3" and not (
         0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
       raise ValueError("rope_scaling='llama3' needs 0 < rope_low_freq_factor < "

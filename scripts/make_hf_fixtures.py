@@ -81,6 +81,14 @@ def main(out: str = "tests/fixtures/hf") -> None:
       vocab_size=71, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)), out)
+  # YaRN (Qwen2's long-context RoPE): at d_head = 16 the ramp runs over dimensions 1..5
+  # of 8; attention factor 0.1 ln 4 + 1 (last: the fixtures above keep their draws)
+  _save("qwen2_yarn", transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+      vocab_size=59, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+      rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+      rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 1024})), out)
 
 
 if __name__ == "__main__":

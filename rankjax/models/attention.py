@@ -60,7 +60,8 @@ def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False):
 def rope_frequencies(d_head: int, base: float = 10000.0, scaling: str = "none",
                      factor: float = 1.0, low_freq_factor: float = 1.0,
                      high_freq_factor: float = 4.0, original_max_len: int = 8192,
-                     dtype=jnp.float32) -> jax.Array:
+                     dtype=jnp.float32, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                     truncate: bool = True) -> jax.Array:
   """The rotation frequencies ``theta_i``, ``(d_head/2,)``: ``base^(-2i/d_head)``
   (RoFormer Eq. 34), scaled by ``scaling``: "linear" divides every one by ``factor``
   (position interpolation, Chen et al. 2023); "llama3" (Llama 3.1) divides those whose
@@ -68,14 +69,27 @@ def rope_frequencies(d_head: int, base: float = 10000.0, scaling: str = "none",
   ``factor``, keeps those below ``original_max_len / high_freq_factor``, and between
   them interpolates ``(1 - s) theta / factor + s theta`` with ``s = (original_max_len /
   wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)`` (the formula of
-  transformers' ``_compute_llama3_parameters``)."""
+  transformers' ``_compute_llama3_parameters``); "yarn" (YaRN, Peng et al. 2023, Eq. 18-19
+  "NTK-by-parts") blends ``theta / factor`` and ``theta`` with a ramp over the dimension
+  index between ``d(beta_fast)`` and ``d(beta_slow)``, ``d(r) = d_head ln(original_max_len
+  / (2 pi r)) / (2 ln base)`` (floored and ceiled when ``truncate``; transformers'
+  ``_compute_yarn_parameters``); its attention factor is ``rope_attention_factor``."""
   theta = base ** (-jnp.arange(0, d_head, 2, dtype=dtype) / d_head)
   if scaling == "none":
     return theta
   if scaling == "linear":
     return theta / factor
+  if scaling == "yarn":
+    dim = lambda r: d_head * math.log(original_max_len / (r * 2 * math.pi)) / (2 * math.log(base))
+    low, high = dim(beta_fast), dim(beta_slow)
+    if truncate:
+      low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d_head - 1)
+    high = high + 0.001 if low == high else high
+    ramp = jnp.clip((jnp.arange(d_head // 2, dtype=dtype) - low) / (high - low), 0, 1)
+    return theta / factor * ramp + theta * (1 - ramp)
   if scaling != "llama3":
-    raise ValueError(f"rope scaling {scaling!r}; choose none, linear or llama3")
+    raise ValueError(f"rope scaling {scaling!r}; choose none, linear, llama3 or yarn")
   wavelength = 2 * math.pi / theta
   low, high = original_max_len / low_freq_factor, original_max_len / high_freq_factor
   s = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
@@ -209,8 +223,11 @@ class CausalSelfAttention(nn.Module):
     if cfg.pos_embedding == "rope":
       theta = None if cfg.rope_scaling == "none" else rope_frequencies(
           dh, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor, cfg.rope_low_freq_factor,
-          cfg.rope_high_freq_factor, cfg.rope_original_max_len, float_dtype(dtype))
+          cfg.rope_high_freq_factor, cfg.rope_original_max_len, float_dtype(dtype),
+          cfg.rope_beta_fast, cfg.rope_beta_slow, cfg.rope_truncate)
       q, k = rope(q, cfg.rope_base, theta), rope(k, cfg.rope_base, theta)
+      if cfg.rope_attention_factor != 1.0:
+        q, k = q * cfg.rope_attention_factor, k * cfg.rope_attention_factor
     drop_probs = bool(cfg.attn_dropout_rate) and not deterministic
     # float64 (the checks in x64) keeps float64 logits: only the einsum path has them
     wide = jnp.dtype(dtype) == jnp.float64

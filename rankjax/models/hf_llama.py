@@ -15,9 +15,12 @@ biases for Qwen2, a final norm and a tied or untied head. Conversion:
     model unchanged (it undoes the permutation transformers' conversion script applies
     to Meta's checkpoints).
 
-RoPE scaling: default, linear and llama3 (``attention.rope_frequencies``). What the
-config states and ``DecoderLM`` does not have is refused with one line (``ValueError``):
-other RoPE scalings (dynamic, yarn, longrope), biases on the output
+RoPE scaling: default, linear, llama3 and yarn (``attention.rope_frequencies``, with
+YaRN's attention factor from ``factor`` / ``mscale`` / ``mscale_all_dim`` as transformers
+derives it); dynamic NTK is the default RoPE up to ``max_position_embeddings`` (transformers
+rescales only beyond it, where ``max_seq_len`` stops). What the config states and
+``DecoderLM`` does not have is refused with one line (``ValueError``): other RoPE
+scalings (longrope, ...), biases on the output
 projection or the FFN, a ``head_dim`` other than ``hidden_size / num_attention_heads``,
 an activation other than SiLU. A sliding window (Mistral) is exact up to its length:
 ``max_seq_len`` is capped at it.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import re
@@ -61,8 +65,26 @@ def _rope(hf: dict) -> dict:
     except (KeyError, TypeError, ValueError):
       raise ValueError(f"rope_type='llama3' without its factor, low_freq_factor, "
                        f"high_freq_factor, original_max_position_embeddings: {merged}") from None
+  if kind == "dynamic":     # dynamic NTK: the default frequencies up to max_position_embeddings
+    return out              # (transformers rescales only beyond it; max_seq_len stops there)
+  if kind == "yarn":
+    max_len = int(hf.get("max_position_embeddings", 2048))
+    original = int(merged.get("original_max_position_embeddings") or max_len)
+    factor = float(merged.get("factor") or max_len / original)
+    mscale = lambda m: 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+    attention = merged.get("attention_factor")
+    if attention is None:
+      m, m_all = merged.get("mscale"), merged.get("mscale_all_dim")
+      attention = mscale(m) / mscale(m_all) if m and m_all else mscale(1.0)
+    return {**out, "rope_scaling": "yarn", "rope_factor": factor,
+            "rope_original_max_len": original,
+            "rope_beta_fast": float(merged.get("beta_fast") or 32.0),
+            "rope_beta_slow": float(merged.get("beta_slow") or 1.0),
+            "rope_truncate": bool(merged.get("truncate", True)),
+            "rope_attention_factor": float(attention)}
   raise ValueError(f"rope_type={kind!r} (RoPE scaling) is not implemented; rankjax has "
-                   "default, linear and llama3")
+                   "default, linear, llama3, yarn and dynamic (exact up to "
+                   "max_position_embeddings)")
 
 
 def llama_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConfig:

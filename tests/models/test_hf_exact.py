@@ -68,7 +68,7 @@ def _check_llama(folder: pathlib.Path) -> None:
   np.testing.assert_allclose(np.asarray(logits), expected["logits"], rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2", "llama3_rope"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2", "llama3_rope", "qwen2_yarn"])
 def test_llama_family_hidden_states_and_logits_equal_transformers(name):
   _check_llama(FIXTURES / name)
 
@@ -125,12 +125,23 @@ def test_llama_config_refusals():
   cfg = hf_llama.llama_config(base)
   assert (cfg.kv_heads, cfg.tie_embeddings, cfg.attn_bias) == (4, False, False)
   for extra, match in [({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3"),
-                       ({"rope_parameters": {"rope_type": "yarn"}}, "yarn"),
+                       ({"rope_parameters": {"rope_type": "longrope"}}, "longrope"),
                        ({"attention_bias": True}, "output projection"),
                        ({"head_dim": 16}, "head_dim"), ({"hidden_act": "gelu"}, "silu"),
                        ({"model_type": "falcon"}, "model_type")]:
     with pytest.raises(ValueError, match=match):
       hf_llama.llama_config({**base, **extra})
+  # dynamic NTK is the default RoPE up to max_position_embeddings (transformers rescales
+  # beyond it only); YaRN's attention factor from mscale / mscale_all_dim (DeepSeek form)
+  dynamic = hf_llama.llama_config({**base, "rope_scaling": {"rope_type": "dynamic",
+                                                            "factor": 2.0}})
+  assert (dynamic.rope_scaling, dynamic.max_seq_len) == ("none", 2048)
+  yarn = hf_llama.llama_config({**base, "rope_scaling": {
+      "rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707,
+      "original_max_position_embeddings": 4096, "beta_fast": 16}})
+  m = lambda k: 0.1 * k * np.log(40.0) + 1
+  assert (yarn.rope_scaling, yarn.rope_beta_fast, yarn.rope_original_max_len) == ("yarn", 16, 4096)
+  np.testing.assert_allclose(yarn.rope_attention_factor, m(1.0) / m(0.707), rtol=1e-12)
   mistral = hf_llama.llama_config({**base, "model_type": "mistral", "sliding_window": 8,
                                    "max_position_embeddings": 64})
   assert mistral.max_seq_len == 8
@@ -162,7 +173,9 @@ def test_regenerated_fixtures_match(tmp_path):
   _check_llama(tmp_path / "llama_gqa")
   _check_llama(tmp_path / "qwen2")
   _check_llama(tmp_path / "llama3_rope")
-  for name in ("gpt2", "llama_gqa", "qwen2", "llama3_rope"):   # the committed files are what it writes
+  _check_llama(tmp_path / "qwen2_yarn")
+  # the committed files are what it writes
+  for name in ("gpt2", "llama_gqa", "qwen2", "llama3_rope", "qwen2_yarn"):
     for f in ("expected.npz",):
       a, b = np.load(tmp_path / name / f), np.load(FIXTURES / name / f)
       for k in a.files:
