@@ -193,3 +193,23 @@ def _numbers(tree):
       yield from _numbers(v)
   elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
     yield float(tree)
+
+
+def test_a_jacobian_too_large_for_memory_is_refused_before_any_work(tmp_path, capsys,
+                                                                    monkeypatch):
+  expected = np.load(FIXTURES / "llama_gqa" / "expected.npz")
+  ids = _ids_file(tmp_path, expected["token_ids"])
+  model = checkpoints.open_checkpoint(str(FIXTURES / "llama_gqa"))
+  from rankjax.analyze import cli as analyze_cli
+  need = analyze_cli.jacobian_bytes(model, 12)
+  assert need == 4 * 32 * (4 * 12 * 12 + 8 * 12 * 32)
+  monkeypatch.setattr(checkpoints, "available_bytes",
+                      lambda _: analyze_cli.jacobian_bytes(model, 7))
+  out = tmp_path / "out"
+  assert cli.main(["analyze", str(FIXTURES / "llama_gqa"), "--out", str(out), "--token-ids",
+                   ids, "--tokens", "12", "--sequences", "1"]) == 2
+  err = capsys.readouterr().err
+  assert "use --tokens 7 or fewer" in err and len(err.strip().splitlines()) == 1
+  assert not (out / "analysis.json").exists()
+  assert cli.main(["analyze", str(FIXTURES / "llama_gqa"), "--out", str(out), "--token-ids",
+                   ids, "--tokens", "12", "--sequences", "1", "--measures", "stream"]) == 0

@@ -205,6 +205,29 @@ def _ints(spec: str, flag: str) -> list[int]:
     raise ValueError(f"{flag} {spec!r}: comma-separated integers or 'all'") from None
 
 
+def jacobian_bytes(model, tokens: int) -> int:
+  """An estimate of the memory of one attention sublayer's token Jacobian: ``jax.jacfwd``
+  pushes d tangents through the sublayer on all T tokens, each carrying the (H, T, T)
+  probabilities and about eight (T, d) activations."""
+  import numpy as np
+  d, h = model.d_model, model.num_heads
+  itemsize = np.dtype(model.description.get("compute_dtype", "float32")).itemsize
+  return itemsize * d * (h * tokens * tokens + 8 * tokens * d)
+
+
+def _check_jacobian_memory(model, tokens: int) -> None:
+  from rankjax.analyze import checkpoints
+  free = checkpoints.available_bytes(checkpoints.Placement())
+  need = jacobian_bytes(model, tokens)
+  if need > free:
+    fits = max(t for t in range(1, tokens + 1) if jacobian_bytes(model, t) <= free) \
+        if jacobian_bytes(model, 1) <= free else 0
+    raise ValueError(f"--measures jacobian at d={model.d_model}, {tokens} tokens needs about "
+                     f"{need / 2**30:.0f} GiB for an attention sublayer's d tangents; "
+                     f"{free / 2**30:.0f} GiB are free: use --tokens {fits} or fewer, or "
+                     "leave jacobian out of --measures")
+
+
 def _placement(args):
   """The devices and dtype of the weights: a ``(1, n)`` mesh over ``--mesh-fsdp`` local
   devices (0: all) when n > 1."""
@@ -251,6 +274,8 @@ def run(args) -> int:
       ids, tokenizer = _token_ids(args, model)
       seqs = _sequences(ids, args, model)
       positions = _positions(args.positions, args.tokens)
+      if "jacobian" in measures:
+        _check_jacobian_memory(model, args.tokens)
     elif seqs.max() >= model.vocab_size or seqs.shape[1] > model.max_len:
       raise ValueError(f"{model.source}: its vocabulary or positions do not fit the "
                        "sequences of the first checkpoint")

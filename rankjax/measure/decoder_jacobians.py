@@ -57,12 +57,16 @@ def token_sublayer(cfg: TransformerConfig, layer: dict, which: str, h_TxD: Array
   ``x -> [beta B(f(P(h)))]_t`` with ``h_t = x``, R the sublayer's post-residual norm on
   the token (None where the placement has none). Its K and B (Eq. 18) are the token's
   sublayer Jacobian ``J_R (I + G)`` split into skip and branch; ``jax.jacfwd`` (no
-  closed form: attention mixes tokens). The block reads no stacked parameters."""
+  closed form: attention mixes tokens; the FFN sublayer is token-wise and is evaluated
+  on the token alone, so its d tangents carry no other tokens). The block reads no
+  stacked parameters."""
   sub = "attn" if which == "attention" else "ffn"
   _, norm = transformer.sublayer_parts(cfg, layer, sub)
   has_r = (sub, "r") in transformer.norm_names(cfg)
 
   def branch(_, x_D):
+    if sub == "ffn":      # token-wise (norms over features, the FFN per token): the token
+      return _sublayer(cfg, layer, which, x_D[None])[0][0]      # alone, no (T, d_ff) tangents
     return _sublayer(cfg, layer, which, h_TxD.at[position].set(x_D))[0][position]
 
   return engine.ResidualBlock(branch=branch,
