@@ -209,7 +209,6 @@ def jacobian_bytes(model, tokens: int) -> int:
   """An estimate of the memory of one attention sublayer's token Jacobian: ``jax.jacfwd``
   pushes d tangents through the sublayer on all T tokens, each carrying the (H, T, T)
   probabilities and about eight (T, d) activations."""
-  import numpy as np
   d, h = model.d_model, model.num_heads
   itemsize = np.dtype(model.description.get("compute_dtype", "float32")).itemsize
   return itemsize * d * (h * tokens * tokens + 8 * tokens * d)
