@@ -213,3 +213,10 @@ def test_a_jacobian_too_large_for_memory_is_refused_before_any_work(tmp_path, ca
   assert not (out / "analysis.json").exists()
   assert cli.main(["analyze", str(FIXTURES / "llama_gqa"), "--out", str(out), "--token-ids",
                    ids, "--tokens", "12", "--sequences", "1", "--measures", "stream"]) == 0
+
+
+def test_host_memory_counts_the_droppable_page_cache():
+  free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  # MemAvailable: free pages plus reclaimable cache, never above the machine's memory
+  assert free * 0.9 <= checkpoints.host_available_bytes() <= total

@@ -203,13 +203,27 @@ def _slicer(stacked: dict) -> Callable[[int], dict]:
   return lambda l: jax.tree.map(lambda x: np.asarray(x[l]), stacked)
 
 
+def host_available_bytes() -> int:
+  """The host memory available without swapping: ``MemAvailable`` of /proc/meminfo (free
+  pages plus the page cache that can be dropped: the safetensors files just read count
+  as available), else the free pages."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
 def available_bytes(placement: Placement) -> int:
   """Free memory the weights could use: the devices' (summed over the mesh), or the
   host's available memory on CPU."""
   devices = list(placement.mesh.devices.flat) if placement.mesh is not None else \
       [jax.local_devices()[0]]
   if devices[0].platform == "cpu":
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return host_available_bytes()
   total = 0
   for d in devices:
     stats = d.memory_stats() or {}
