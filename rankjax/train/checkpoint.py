@@ -58,6 +58,23 @@ from rankjax.train import paths
 
 log = logging.getLogger("rankjax.train")
 
+
+class _AbandonedOrbaxReads(logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" for orbax's array reads. When
+  one read of a damaged checkpoint fails, ``asyncio.gather`` raises it and abandons the
+  other reads, which fail the same way and are logged (as ERRORs with tracebacks) when
+  garbage-collected, at a time that depends on the event loop; the restore has already
+  said it in one line (``restore_newest``). Every other asyncio record passes."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    msg = record.getMessage()
+    return not (msg.startswith("Task exception was never retrieved")
+                and "orbax" in msg and "deserialize" in msg)
+
+
+ABANDONED_READS_FILTER = _AbandonedOrbaxReads()
+logging.getLogger("asyncio").addFilter(ABANDONED_READS_FILTER)
+
 # Fields that may change when a run resumes: they do not change the trajectory
 # (``resumable=True`` in TrainConfig's field metadata).
 RESUMABLE_FIELDS = frozenset(config_lib.fields_with(TrainConfig, "resumable", True))

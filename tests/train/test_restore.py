@@ -95,8 +95,10 @@ def test_every_step_unreadable_refuses_and_moves_nothing(reference, tmp_path, ca
 
 
 def test_corrupt_step_is_one_warning_naming_the_storage_error(reference, tmp_path, caplog):
-  """A truncated array chunk: one logged line (no RuntimeWarning as well), with
+  """A truncated array chunk: one logged line (no RuntimeWarning as well, no asyncio
+  "Task exception was never retrieved" for each of orbax's other failed reads), with
   TensorStore's own error rather than the pybind repr of the outer error."""
+  import gc
   import warnings
   workdir = _copy(reference, tmp_path)
   chunks = list((workdir / "checkpoints" / "8" / "state").glob("ocdbt.process_0/d/*"))
@@ -108,6 +110,7 @@ def test_corrupt_step_is_one_warning_naming_the_storage_error(reference, tmp_pat
     with logs_warning(caplog, r"step 8 .* is unreadable \(ValueError: OUT_OF_RANGE: .*\); "
                               r"using step 4 instead"):
       assert load_run(workdir).step == 4
+    gc.collect()   # orbax's abandoned reads, collected now: asyncio would log each as an ERROR
   assert [r.levelname for r in caplog.records] == ["WARNING"]
   assert "pybind" not in caplog.text and "<bound method" not in caplog.text
   assert not [w for w in caught if "checkpoint" in str(w.message)]
@@ -217,3 +220,17 @@ def test_bad_input_touches_nothing(reference, tmp_path, monkeypatch):
   monkeypatch.undo()
   after = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
   assert after == before
+
+
+def test_only_orbax_abandoned_reads_are_kept_out_of_the_log(caplog):
+  import logging
+  from rankjax.train import checkpoint as ckpt
+  log = logging.getLogger("asyncio")
+  abandoned = ("Task exception was never retrieved\nfuture: <Task finished name='Task-7' "
+               "coro=<async_deserialize() done, defined at /x/orbax/checkpoint/_src/"
+               "serialization/serialization.py:394> exception=Exception('read')>")
+  with caplog.at_level(logging.ERROR, logger="asyncio"):
+    log.error(abandoned)
+    log.error("Task exception was never retrieved\nfuture: <Task finished coro=<mine()>>")
+  assert ckpt.ABANDONED_READS_FILTER in log.filters
+  assert [r.getMessage()[-8:] for r in caplog.records] == ["mine()>>"]
