@@ -195,12 +195,6 @@ class LlamaFiles:
       names[("lm_head",)] = "lm_head.weight"
     return names
 
-  @property
-  def stored_bytes(self) -> int:
-    """Bytes of the weights as stored."""
-    return sum(int(np.prod(self.shapes[n])) * np.dtype(t).itemsize
-               for n, t in self.dtypes.items())
-
 
 def open_llama(path: str | os.PathLike, *, compute_dtype: str = "float32") -> LlamaFiles:
   """A Llama-family checkpoint folder (``config.json`` + ``model.safetensors``, or
