@@ -29,7 +29,8 @@ import math
 import operator
 from typing import Any, Iterable, Sequence
 
-STATUSES = ("match", "mismatch", "qualitative", "missing", "failed")
+# "tiny": a row of --scale tiny, measured but not judged against the paper
+STATUSES = ("match", "mismatch", "qualitative", "tiny", "missing", "failed")
 FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "seeds", "per_seed",
           "tolerance", "rule", "status", "scale", "note")
 NOISE_SDS = 2.0   # the default widening of a band by the measured noise: max(band, 2 sd)

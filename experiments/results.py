@@ -115,7 +115,9 @@ def table(rows: Sequence[dict], fields: Sequence[str] = evidence.FIELDS) -> list
 
 
 def counts(rows: Sequence[dict]) -> dict[str, int]:
-  return {s: sum(r["status"] == s for r in rows) for s in evidence.STATUSES}
+  """Rows per status (``tiny`` only when a row has it: only --scale tiny makes them)."""
+  n = {s: sum(r["status"] == s for r in rows) for s in evidence.STATUSES}
+  return {s: k for s, k in n.items() if k or s != "tiny"}
 
 
 def summary_markdown(study, rows: list[dict], scale: str,

@@ -33,7 +33,7 @@ import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from experiments import evidence, results as results_files
+from experiments import evidence, results as results_files, training
 
 STATUSES = evidence.STATUSES
 FIELDS = evidence.FIELDS
@@ -56,6 +56,11 @@ class Experiment:
     a row whose item, paper or rule is not the declared claim's is an error.
   options: keyword arguments of its ``run`` that a command line may give (e.g.
     ``checkpoints``: ``rankjax reproduce --checkpoint``).
+  runs: scale -> ``{name: TrainConfig}``, the ``rankjax train`` runs it reads at that
+    scale (``experiments.training``; None or {} for none). The runner trains them in
+    ``<folder>/runs/<name>`` before any experiment runs, in every process of a
+    multi-host job (skipping finished runs, resuming half-done ones); ``run`` then finds
+    them finished.
   """
   module: str
   rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
@@ -65,6 +70,7 @@ class Experiment:
   why_missing: str = "no path at this scale"
   claims: Mapping[str, evidence.Claim] = dataclasses.field(default_factory=dict)
   options: tuple[str, ...] = ()
+  runs: Callable[[str], Mapping[str, Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +79,7 @@ class Study:
   title: str
   experiments: dict[str, Experiment]
   aliases: dict[str, str] = dataclasses.field(default_factory=dict)
-  scales: tuple[str, ...] = ("quick", "paper")
+  scales: tuple[str, ...] = ("quick", "paper", "tiny")
   notes: dict[str, str] = dataclasses.field(default_factory=dict)   # scale -> summary note
   package: str = ""   # where the modules are; "" = experiments.<name>
 
@@ -129,6 +135,8 @@ def _filled(name: str, r: dict[str, Any], scale: str) -> dict:
   out = {k: r.get(k) for k in FIELDS}
   out["experiment"], out["scale"] = name, scale
   out["note"] = out.get("note") or ""
+  if scale == "tiny" and out["status"] in ("match", "mismatch", "qualitative"):
+    out["status"] = "tiny"     # the code path of paper scale, at sizes no paper number fits
   if out["status"] not in STATUSES:
     raise ValueError(f"{name}: row {out['item']!r} has status {out['status']!r}")
   return {k: _jsonable(v) for k, v in out.items()}
@@ -140,9 +148,31 @@ def _runner_row(item: str, status: str, note: str) -> dict[str, Any]:
           "rule": None, "note": note}
 
 
-def preflight(study: Study, names: Sequence[str], scale: str) -> list[str]:
+def training_runs(study: Study, names: Sequence[str], scale: str,
+                  out_dir: str | pathlib.Path) -> dict[str, Any]:
+  """``{workdir: TrainConfig}`` of every training run the experiments ``names`` read at
+  ``scale`` (``Experiment.runs``), under ``out_dir``; a run two experiments share once."""
+  out: dict[str, Any] = {}
+  for n in names:
+    exp = study.experiments[n]
+    if exp.runs is None or scale not in exp.scales:
+      continue
+    folder = pathlib.Path(out_dir) / exp.folder if exp.folder else pathlib.Path(out_dir)
+    for run_name, cfg in (exp.runs(scale) or {}).items():
+      path = training.workdir(folder, run_name)
+      if out.get(path, cfg) != cfg:
+        raise ValueError(f"{study.name}: two experiments train {path} with different configs")
+      out[path] = cfg
+  return out
+
+
+def preflight(study: Study, names: Sequence[str], scale: str,
+              out_dir: str | pathlib.Path | None = None) -> list[str]:
   """Before anything runs: the experiments without a path at ``scale`` (returned, and
-  announced); raises :class:`NotPrepared` when a data set is missing."""
+  announced); raises :class:`NotPrepared` when a data set is missing. With ``out_dir``
+  also the training runs: their plan is printed (``training.plan_text``) and a run
+  that cannot start (data, tokenizer, memory: ``training.refusals``) raises
+  :class:`NotPrepared`."""
   if scale not in study.scales:
     raise ValueError(f"{study.name}: --scale {scale!r} is not known; choose one of "
                      f"{list(study.scales)}")
@@ -157,6 +187,11 @@ def preflight(study: Study, names: Sequence[str], scale: str) -> list[str]:
     line = exp.needs(scale) if exp.needs and n not in missing else None
     if line and line not in lacks:
       lacks.append(line)
+  if out_dir is not None:
+    runs = training_runs(study, [n for n in names if n not in missing], scale, out_dir)
+    if runs:
+      print(training.plan_text(training.plan(runs)), flush=True)
+      lacks += [line for line in training.refusals(runs) if line not in lacks]
   if lacks:
     raise NotPrepared(f"{study.name} --scale {scale}: " + "; ".join(lacks))
   return missing
@@ -179,16 +214,24 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
   ``options``: keyword arguments for the experiments that take them
   (``Experiment.options``).
 
+  The experiments' training runs (``Experiment.runs``) are trained first, in every
+  process of a multi-host job; the experiments then run on process 0 only (the others
+  return no rows, ``"analysed": False``).
+
   Returns ``{"results": {name: result or {"error": traceback}}, "rows": [...],
-  "failed": [names], "seconds": {name: s}}``.
+  "failed": [names], "seconds": {name: s}, "analysed": bool}``.
   """
+  import jax
   names = study.resolve(only)
   options = dict(options or {})
   check_options(study, names, options)
-  missing = (preflight(study, names, scale) if not checked else
+  missing = (preflight(study, names, scale, out_dir) if not checked else
              [n for n in names if scale not in study.experiments[n].scales])
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
+  training.train_all(training_runs(study, [n for n in names if n not in missing], scale, out))
+  if jax.process_index() != 0:
+    return {"results": {}, "rows": [], "failed": [], "seconds": {}, "analysed": False}
   package = study.package or f"{__package__ or 'experiments'}.{study.name}"
   results, rows, failed, seconds = {}, [], [], {}
   for name in names:
@@ -219,7 +262,8 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
   (out / "summary.md").write_text(results_files.summary_markdown(study, rows, scale) + (
       "\nRun times (s): " + ", ".join(f"{n} {t:.0f}" for n, t in seconds.items()) + "\n"
       if seconds else ""))
-  return {"results": results, "rows": rows, "failed": failed, "seconds": seconds}
+  return {"results": results, "rows": rows, "failed": failed, "seconds": seconds,
+          "analysed": True}
 
 
 to_jsonable = results_files.to_jsonable   # the studies' JSON values

@@ -53,7 +53,8 @@ def _figure(path: pathlib.Path, caption: str, name: str | None = None) -> str:
           f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "qualitative": "#eef", "missing": "#eee",
+STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "qualitative": "#eef", "tiny": "#ffe",
+                 "missing": "#eee",
                  "failed": "#f99"}
 ROW_FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "tolerance", "rule",
               "status", "scale", "note")   # experiments.evidence.FIELDS minus the per-seed lists

@@ -14,6 +14,14 @@ a data set the scale needs and lacks stops it before anything runs (exit 2).
 (``experiments/<study>/results/<scale>/``) and renders the summary and EXPECTED.md there;
 ``--check`` compares the rerun with those committed numbers and exits 1 naming every
 number that moved beyond its tolerance (``experiments.results.compare``).
+Training experiments are sets of ``rankjax train`` runs under the study's output folder
+(``experiments.training``): before anything runs the command prints their plan (runs,
+updates, tokens, checkpoint disk, peak memory, device-hours) and stops with one line
+(exit 2) when a data set or tokenizer is missing or a run does not fit the devices;
+rerunning it skips finished runs and resumes half-done ones. On a multi-host job (the
+same command on every host: ``launch/``) every process trains, process 0 alone
+analyses, records and builds the report. ``--scale tiny`` runs the paper-scale code
+path at laptop sizes (rows ``tiny``, not judged against the paper).
 ``--scale paper`` refuses to start without an accelerator (exit 2; ``--allow-cpu``
 overrides), and a requested experiment with no path at the chosen scale makes the
 command exit 1 naming it (its row still says ``missing``): never a quiet exit 0. The
@@ -101,6 +109,9 @@ def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
   print(f"reproduce {name} ({scale} scale) -> {out}", flush=True)
   the_study = study(name)
   res = runner.run_study(the_study, out, scale, only, checked=True, options=options)
+  if not res["analysed"]:     # a multi-host job's other processes: trained, nothing to read
+    res["moved"] = []
+    return res
   print(f"report: {build_report(out)}")
   ran = [n for n in the_study.resolve(only)
          if n not in res["failed"] and n in res["results"]]
@@ -165,11 +176,11 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
     raise ValueError("--checkpoint measures your weights: its numbers are not the committed "
                      "results (no --record or --check with it)")
   for s, names in plan.items():   # every check before the first experiment runs
-    runner.preflight(study(s), study(s).resolve(names), scale)
+    runner.preflight(study(s), study(s).resolve(names), scale, pathlib.Path(out_dir) / s)
     runner.check_options(study(s), study(s).resolve(names), options or {})
   results = {s: _run_one(s, out_dir, scale, names, record, check, options)
              for s, names in plan.items()}
-  if name == "all":
+  if name == "all" and all(r["analysed"] for r in results.values()):
     print(f"report: {build_report(out_dir)}")
   return results
 
@@ -180,6 +191,8 @@ def failed(results: dict) -> list[str]:
 
 
 def _command(args) -> int:
+  from rankjax.train import sharding
+  sharding.maybe_initialize_distributed()           # before any other JAX call (multi-host)
   check_accelerator(args.scale, args.allow_cpu)     # ValueError: one line, exit 2 (cli)
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
   results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options)
@@ -202,7 +215,8 @@ def add_parser(sub) -> None:
                                        "a paper-vs-measured summary (summary.json, .md)")
   p.add_argument("study", choices=studies() + ("all",))
   p.add_argument("--scale", default="quick",
-                 help="quick (default) or paper; a study may name more (see its reproduce.py)")
+                 help="quick (default), paper, or tiny (the paper-scale code path at laptop sizes); "
+                      "a study may name more (see its reproduce.py)")
   p.add_argument("--out", default="runs/reproduce", help="output directory")
   p.add_argument("--only", action="append", default=None, metavar="NAME",
                  help="run only this experiment (e.g. fig3); repeatable")

@@ -1,0 +1,305 @@
+"""A study's training runs: ``rankjax train`` runs under the study's output folder.
+
+A training experiment declares, per scale, the runs it reads
+(``Experiment.runs(scale) -> {name: TrainConfig}``); the runner trains them all before
+any analysis, in every process of a multi-host job (``rankjax.train.loop.train``, the
+code of ``rankjax train``), and the experiment's ``run`` then reads them
+(``rankjax.load_run``) on process 0. A run lives in ``<experiment folder>/runs/<name>``:
+rerunning the command skips a finished run (same config, its last checkpoint saved)
+and resumes a half-done one from its newest checkpoint.
+
+Scales:
+
+* ``paper``: the paper's model, data, tokenizer, batch, schedule, steps and seeds (the
+  study's configs);
+* ``tiny``: the same configs through :func:`tiny` (depth <= 4, width 32, 32 tokens,
+  ``TINY_STEPS`` updates, the byte tokenizer; the data set is the offline stand-in
+  unless ``RANKJAX_TINY_DATA_DIR`` names a tfds ``data_dir`` holding the paper's set):
+  every code path of ``paper`` on a laptop CPU in minutes. Its rows are not judged
+  against the paper (status ``tiny``).
+
+Before anything trains, :func:`plan` gives each run's updates, tokens, parameters,
+checkpoint disk, estimated peak memory per device and device-hours, and
+:func:`refusals` the one-line reasons a run cannot start (a data set not prepared, a
+tokenizer file missing, a config that the devices cannot hold).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any, Mapping
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY_STEPS = 24          # updates of a tiny run
+TINY_WIDTH = 32          # d_model (LM) / width (MLP) of a tiny run
+TINY_TOKENS = 32         # sequence length of a tiny run
+TINY_DATA_DIR = "RANKJAX_TINY_DATA_DIR"   # env: tiny runs read the paper's set from here
+# the share of a device's memory a run may plan to use (the rest: XLA's workspace,
+# fragmentation, the diagnostics step)
+MEMORY_SHARE = 0.9
+
+
+def load(config: str | pathlib.Path, overrides: tuple[str, ...] | list[str] = ()):
+  """A TrainConfig from a JSON file (relative paths from the repository root) with
+  ``key=value`` overrides."""
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  path = pathlib.Path(config)
+  path = path if path.is_absolute() else ROOT / path
+  return config_lib.override(config_lib.from_json(TrainConfig, path), list(overrides))
+
+
+def _scaled(n: int, total: int, steps: int) -> int:
+  """``n`` of ``total`` updates as the same share of ``steps`` (0 stays 0, else >= 1)."""
+  return 0 if n <= 0 else max(1, min(steps, round(n * steps / total)))
+
+
+def tiny(cfg, data_dir: str | None = None):
+  """``cfg`` shrunk to a laptop CPU, every other setting kept (placement, norms,
+  positions, init, optimizer, schedule shape, dtype, remat, dropout, diagnostics,
+  seed, learning rate).
+
+  LM: at most 4 layers, d_model=32 with d_ff in the config's ratio, 2 heads (the kv
+  heads' ratio kept), 32 tokens, the byte tokenizer (257 classes), batch 8 in at most 2
+  micro-batches, ``TINY_STEPS`` updates with warmup and diagnostics at the same shares
+  of the run (at least every update), evaluation at most twice. MLP: at most 4 blocks of width 32. Data: the offline stand-in
+  (the Shakespeare corpus; an image set's offline fallback) unless ``data_dir`` holds the
+  paper's tfds set (then the config's ``dataset`` is read from there).
+  """
+  steps = min(cfg.total_steps, TINY_STEPS)
+  total = cfg.total_steps
+  changes: dict[str, Any] = dict(
+      total_steps=steps, warmup_steps=min(_scaled(cfg.warmup_steps, total, steps), steps),
+      diag_every=_scaled(cfg.diag_every, total, steps) if cfg.diag_every else 0,
+      eval_every=max(_scaled(cfg.eval_every, total, steps), steps // 2) if cfg.eval_every else 0,
+      eval_batches=min(cfg.eval_batches, 2), checkpoint_every=steps, max_to_keep=1,
+      log_every=max(1, steps // 4), async_checkpointing=False, mesh_fsdp=1, mesh_data=0,
+      grad_accum=min(cfg.grad_accum, 2), batch_size=8, compilation_cache_dir="",
+      diag_examples=min(cfg.diag_examples, 2) if cfg.diag_examples else 2)
+  if data_dir:
+    changes["data_dir"] = data_dir
+  if cfg.model == "lm":
+    lm = cfg.lm
+    heads = min(lm.num_heads, 2)
+    kv = lm.num_kv_heads and max(1, heads * lm.num_kv_heads // lm.num_heads)
+    d_ff = max(8, round(lm.d_ff * TINY_WIDTH / lm.d_model))
+    lm = dataclasses.replace(
+        lm, num_layers=min(lm.num_layers, 4), d_model=TINY_WIDTH, num_heads=heads,
+        num_kv_heads=kv or None, d_ff=d_ff, max_seq_len=TINY_TOKENS, vocab_size=257,
+        loss_chunk=min(lm.loss_chunk, 64) if lm.loss_chunk else 0)
+    changes.update(lm=lm, seq_len=TINY_TOKENS, tokenizer="byte")
+    if not data_dir:
+      changes["dataset"] = "shakespeare"
+  elif cfg.model == "mlp":
+    changes["mlp"] = dataclasses.replace(cfg.mlp, depth=min(cfg.mlp.depth, 4),
+                                         width=TINY_WIDTH)
+    if not data_dir:
+      changes["dataset"] = "digits"
+      changes["mlp"] = dataclasses.replace(changes["mlp"], input_dim=64)
+  return dataclasses.replace(cfg, **changes)
+
+
+def at_scale(cfg, scale: str):
+  """``cfg`` as the runs of ``scale`` train it: :func:`tiny` at ``tiny``, else as is."""
+  if scale == "tiny":
+    return tiny(cfg, os.environ.get(TINY_DATA_DIR) or None)
+  return cfg
+
+
+def workdir(folder: str | pathlib.Path, name: str) -> str:
+  """Where run ``name`` of an experiment writing into ``folder`` lives."""
+  return os.path.join(str(folder), "runs", name)
+
+
+def finished(path: str, cfg) -> bool:
+  """The run in ``path`` has ``cfg`` (up to the resumable fields) and its last step saved."""
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  from rankjax.train import checkpoint
+  saved = os.path.join(path, "config.json")
+  if not (os.path.isfile(saved)
+          and os.path.isdir(os.path.join(path, "checkpoints", str(cfg.total_steps)))):
+    return False
+  differ = config_lib.diff(config_lib.from_json(TrainConfig, saved), cfg)
+  return not [k for k in differ if k not in checkpoint.RESUMABLE_FIELDS]
+
+
+def train(path: str, cfg) -> str:
+  """Trains ``cfg`` in ``path`` unless it finished there; resumes a half-done run.
+  Every process of a multi-host job calls it (the step is one SPMD program)."""
+  if finished(path, cfg):
+    return path
+  from rankjax.train.loop import train as train_loop
+  train_loop(cfg, path, progress_bar=False)
+  return path
+
+
+def train_all(runs: Mapping[str, Any]) -> dict[str, str]:
+  """``{workdir: cfg}`` -> the same workdirs, each trained (or skipped when finished)."""
+  for path, cfg in runs.items():
+    print(f"train {path}", flush=True)
+    train(path, cfg)
+  return dict(runs)
+
+
+# ---------------------------------------------------------------------------------------
+# The plan and the refusals, before anything trains
+
+
+def _task(cfg):
+  from rankjax.train import tasks
+  return tasks.make_task(cfg)
+
+
+def _param_count(task) -> int:
+  import jax
+  import numpy as np
+  shapes = jax.eval_shape(task.init, jax.random.key(0))
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
+
+
+def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
+  """Estimated peak bytes per device of the training step (an estimate, not a
+  measurement: the device check measures it).
+
+  State: float32 parameters, gradients and AdamW's two moments (16 bytes a parameter)
+  plus a compute-dtype copy, split over ``mesh_fsdp`` devices (all of them when it is 0
+  or larger than the count). Activations of one micro-batch (``batch_size / grad_accum``
+  split over the devices), in the compute dtype per layer: ``remat=dots`` keeps the
+  matmul outputs, about (5 d + 2 d_ff) per token (SwiGLU's gate and up; GELU: d_ff
+  once), ``none`` about 3x that, ``full`` the layer input (d); the chunked head adds
+  ``loss_chunk`` x vocabulary float32 logits and their gradient (the whole micro-batch's
+  when ``loss_chunk`` is 0). An MLP keeps width x depth x (1 + expansion) per example.
+  """
+  task = _task(cfg)
+  n = _param_count(task)
+  width = 2 if cfg.compute_dtype == "bfloat16" else 4
+  fsdp = cfg.mesh_fsdp if 0 < cfg.mesh_fsdp <= num_devices else num_devices
+  state = n * (16 + (width if width != 4 else 0)) / max(fsdp, 1)
+  micro = cfg.batch_size / max(cfg.grad_accum, 1) / max(num_devices, 1)
+  if cfg.model == "lm":
+    lm = cfg.lm
+    ffn = (2 if lm.ffn == "swiglu" else 1) * lm.d_ff
+    per_token = {"dots": 5 * lm.d_model + ffn, "none": 3 * (5 * lm.d_model + ffn),
+                 "full": lm.d_model}.get(lm.remat, 5 * lm.d_model + ffn)
+    tokens = micro * cfg.seq_len
+    acts = per_token * tokens * lm.num_layers * width
+    head_rows = lm.loss_chunk if lm.loss_chunk else tokens
+    head = 2 * min(head_rows, tokens) * lm.padded_vocab_size * 4
+  else:
+    m = cfg.mlp
+    acts = micro * m.width * m.depth * (1 + m.expansion) * 4
+    head = 0.0
+  return {"parameters": float(n), "state": float(state), "activations": float(acts),
+          "head": float(head), "total": float(state + acts + head),
+          "devices": float(num_devices), "fsdp": float(fsdp)}
+
+
+def checkpoint_bytes(cfg, params: int) -> float:
+  """Disk of the kept checkpoints: parameters and AdamW moments in float32 (12 bytes a
+  parameter) times ``max_to_keep`` (the diagnostics history is small beside them)."""
+  return 12.0 * params * max(cfg.max_to_keep, 1)
+
+
+def device_memory() -> tuple[str, int, float | None]:
+  """(device kind, number of devices, bytes of one device or None when unknown)."""
+  import jax
+  devices = jax.devices()
+  stats = devices[0].memory_stats() or {}
+  limit = stats.get("bytes_limit")
+  if devices[0].platform == "cpu":
+    from rankjax.analyze.checkpoints import host_available_bytes
+    limit = host_available_bytes() / len(devices)
+  return devices[0].device_kind, len(devices), (float(limit) if limit else None)
+
+
+def measured_mfu(device_kind: str) -> float | None:
+  """The training MFU the device check measured on ``device_kind``
+  (``experiments/benchmarks/device_check.json``: ``{"train_mfu": {kind: mfu}}``), or
+  None when it never ran there."""
+  import json
+  path = ROOT / "experiments" / "benchmarks" / "device_check.json"
+  if not path.is_file():
+    return None
+  return (json.loads(path.read_text()).get("train_mfu") or {}).get(device_kind)
+
+
+def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
+  """Rows (one per run: workdir, updates, tokens, parameters, checkpoint GB, peak GB per
+  device, device-hours) and totals, for ``runs`` ({workdir: cfg}) on this machine's
+  devices. Device-hours: the model FLOPs of every update (``Task.flops_per_example``,
+  causal attention at half) over the devices' spec peak times the measured MFU of the
+  device check, or at the spec peak itself (a lower bound, said so) when it has none."""
+  from rankjax.train import mfu as mfu_lib
+  kind, count, memory = device_memory()
+  dtype = "bfloat16"
+  rows = []
+  mfu = measured_mfu(kind)
+  for path, cfg in runs.items():
+    task = _task(cfg)
+    est = memory_estimate(cfg, count)
+    flops = task.flops_per_example(causal=True) * cfg.batch_size * cfg.total_steps
+    peak = mfu_lib.spec_peak(kind, dtype if cfg.compute_dtype == "bfloat16" else "float32")
+    hours = None if not peak else flops / (peak * (mfu or 1.0)) / 3600
+    rows.append({
+        "run": path, "updates": cfg.total_steps, "done": finished(path, cfg),
+        "tokens": (cfg.batch_size * cfg.seq_len * cfg.total_steps if cfg.model == "lm"
+                   else None), "examples": cfg.batch_size * cfg.total_steps,
+        "parameters": int(est["parameters"]), "flops": flops,
+        "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
+        "peak_gb_per_device": est["total"] / 1e9, "device_hours": hours})
+  todo = [r for r in rows if not r["done"]]
+  hours = [r["device_hours"] for r in todo]
+  return {
+      "device": kind, "devices": count,
+      "device_memory_gb": None if memory is None else memory / 1e9,
+      "mfu": mfu, "mfu_source": ("measured by the device check" if mfu else
+                                 "none measured here: hours at the spec peak (a lower bound)"),
+      "rows": rows, "to_train": len(todo),
+      "device_hours": (sum(hours) if hours and None not in hours else None),
+      "checkpoint_gb": sum(r["checkpoint_gb"] for r in rows)}
+
+
+def plan_text(p: Mapping[str, Any]) -> str:
+  """The plan as the lines ``rankjax reproduce`` prints."""
+  def num(x, fmt="{:.3g}"):
+    return "-" if x is None else fmt.format(x)
+  lines = [f"plan: {len(p['rows'])} training runs ({p['to_train']} to train) on "
+           f"{p['devices']} x {p['device']} ({num(p['device_memory_gb'])} GB each); "
+           f"MFU {num(p['mfu'])} ({p['mfu_source']})",
+           f"  {'run':<48} {'updates':>8} {'tokens':>10} {'params':>9} {'ckpt GB':>8} "
+           f"{'GB/dev':>7} {'dev-h':>7}"]
+  for r in p["rows"]:
+    name = r["run"] if len(r["run"]) <= 48 else "..." + r["run"][-45:]
+    lines.append(f"  {name:<48} {r['updates']:>8} {num(r['tokens'], '{:.3g}'):>10} "
+                 f"{num(r['parameters'], '{:.3g}'):>9} {num(r['checkpoint_gb']):>8} "
+                 f"{num(r['peak_gb_per_device']):>7} "
+                 f"{'done' if r['done'] else num(r['device_hours']):>7}")
+  lines.append(f"  total: {num(p['device_hours'])} device-hours to train, "
+               f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory is an estimate)")
+  return "\n".join(lines)
+
+
+def refusals(runs: Mapping[str, Any]) -> list[str]:
+  """One line per reason a run cannot start (duplicates once): its data set or
+  tokenizer is not there (``rankjax.data.dataset_info`` says which command prepares
+  it), or its estimated peak memory exceeds ``MEMORY_SHARE`` of a device."""
+  from rankjax.data import pipeline
+  from rankjax.train import tasks
+  kind, count, memory = device_memory()
+  out: list[str] = []
+  for path, cfg in runs.items():
+    task = _task(cfg)
+    try:
+      pipeline.dataset_info(task.data_kind, **tasks.data_kwargs(cfg, task))
+    except (OSError, ValueError) as e:
+      line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      out.append(line)
+      continue
+    est = memory_estimate(cfg, count)
+    if memory and not finished(path, cfg) and est["total"] > MEMORY_SHARE * memory:
+      out.append(f"{os.path.basename(path)}: an estimated {est['total'] / 1e9:.1f} GB per "
+                 f"device exceeds {MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB of a "
+                 f"{kind} ({count} devices; a larger grad_accum or lm.remat=full in its config lowers it)")
+  return list(dict.fromkeys(out))
