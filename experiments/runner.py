@@ -65,7 +65,7 @@ class Experiment:
   module: str
   rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
   folder: str = ""
-  scales: tuple[str, ...] = ("quick", "paper")
+  scales: tuple[str, ...] = ("quick", "paper", "tiny")
   needs: Callable[[str], str | None] | None = None
   why_missing: str = "no path at this scale"
   claims: Mapping[str, evidence.Claim] = dataclasses.field(default_factory=dict)
@@ -229,7 +229,8 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
              [n for n in names if scale not in study.experiments[n].scales])
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  training.train_all(training_runs(study, [n for n in names if n not in missing], scale, out))
+  training.train_all(training_runs(study, [n for n in names if n not in missing], scale, out),
+                     cache_dir=out / "xla_cache")
   if jax.process_index() != 0:
     return {"results": {}, "rows": [], "failed": [], "seconds": {}, "analysed": False}
   package = study.package or f"{__package__ or 'experiments'}.{study.name}"

@@ -62,8 +62,9 @@ def tiny(cfg, data_dir: str | None = None):
 
   LM: at most 4 layers, d_model=32 with d_ff in the config's ratio, 2 heads (the kv
   heads' ratio kept), 32 tokens, the byte tokenizer (257 classes), batch 8 in at most 2
-  micro-batches, ``TINY_STEPS`` updates with warmup and diagnostics at the same shares
-  of the run (at least every update), evaluation at most twice. MLP: at most 4 blocks of width 32. Data: the offline stand-in
+  micro-batches, ``TINY_STEPS`` updates with warmup at the same share of the run,
+  diagnostics at update 1 and at least every ``TINY_STEPS // 8`` updates (a diagnostics
+  step costs about a second here), evaluation at most twice. MLP: at most 4 blocks of width 32. Data: the offline stand-in
   (the Shakespeare corpus; an image set's offline fallback) unless ``data_dir`` holds the
   paper's tfds set (then the config's ``dataset`` is read from there).
   """
@@ -71,7 +72,7 @@ def tiny(cfg, data_dir: str | None = None):
   total = cfg.total_steps
   changes: dict[str, Any] = dict(
       total_steps=steps, warmup_steps=min(_scaled(cfg.warmup_steps, total, steps), steps),
-      diag_every=_scaled(cfg.diag_every, total, steps) if cfg.diag_every else 0,
+      diag_every=max(_scaled(cfg.diag_every, total, steps), steps // 8) if cfg.diag_every else 0,
       eval_every=max(_scaled(cfg.eval_every, total, steps), steps // 2) if cfg.eval_every else 0,
       eval_batches=min(cfg.eval_batches, 2), checkpoint_every=steps, max_to_keep=1,
       log_every=max(1, steps // 4), async_checkpointing=False, mesh_fsdp=1, mesh_data=0,
@@ -135,8 +136,15 @@ def train(path: str, cfg) -> str:
   return path
 
 
-def train_all(runs: Mapping[str, Any]) -> dict[str, str]:
-  """``{workdir: cfg}`` -> the same workdirs, each trained (or skipped when finished)."""
+def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = None
+              ) -> dict[str, str]:
+  """``{workdir: cfg}`` -> the same workdirs, each trained (or skipped when finished).
+  ``cache_dir``: JAX's persistent compilation cache for the runs (runs that differ only
+  in seed or learning rate compile once), unless one is configured already."""
+  import jax
+  if cache_dir is not None and runs and not jax.config.jax_compilation_cache_dir:
+    from rankjax.train.loop import enable_compilation_cache
+    enable_compilation_cache(str(cache_dir))
   for path, cfg in runs.items():
     print(f"train {path}", flush=True)
     train(path, cfg)
@@ -203,15 +211,16 @@ def checkpoint_bytes(cfg, params: int) -> float:
 
 
 def device_memory() -> tuple[str, int, float | None]:
-  """(device kind, number of devices, bytes of one device or None when unknown)."""
+  """(device kind, number of devices of the job, bytes of one device or None when
+  unknown; on CPU the host's available memory over its devices)."""
   import jax
-  devices = jax.devices()
-  stats = devices[0].memory_stats() or {}
+  local = jax.local_devices()
+  stats = local[0].memory_stats() or {}
   limit = stats.get("bytes_limit")
-  if devices[0].platform == "cpu":
+  if local[0].platform == "cpu":
     from rankjax.analyze.checkpoints import host_available_bytes
-    limit = host_available_bytes() / len(devices)
-  return devices[0].device_kind, len(devices), (float(limit) if limit else None)
+    limit = host_available_bytes() / len(local)
+  return local[0].device_kind, jax.device_count(), (float(limit) if limit else None)
 
 
 def measured_mfu(device_kind: str) -> float | None:

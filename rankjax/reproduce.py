@@ -195,7 +195,10 @@ def _command(args) -> int:
   sharding.maybe_initialize_distributed()           # before any other JAX call (multi-host)
   check_accelerator(args.scale, args.allow_cpu)     # ValueError: one line, exit 2 (cli)
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
-  results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options)
+  try:
+    results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options)
+  finally:        # the other processes of a multi-host job wait for process 0's analysis
+    sharding.wait_for_every_process("rankjax_reproduce_done")
   bad = failed(results)
   absent = missing(results)
   if absent:

@@ -16,6 +16,7 @@ results give. The policy (EXPECTED.md, "How rows are judged") adds to
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -37,14 +38,16 @@ def _num(x: Any) -> float:
 
 
 # ---------------------------------------------------------------- collapse study
-def _collapse_claims():
+def _collapse_claims(lr: str = "1e-2", low: str = "5e-3"):
+  """The collapse study's claims with its learning rates in the items: the quick runs'
+  (1e-2, 5e-3) by default, the paper's (8e-4, 6e-4: ``paper_runs``) at paper / tiny."""
   freq = ("(loss, mean of the last 10% of updates - stream L_freq) / L_freq", 0.0, Abs(NEAR))
   return [
-      Claim("Post-Norm LR 1e-2: loss near L_freq", *freq[:2], freq[2],
+      Claim(f"Post-Norm LR {lr}: loss near L_freq", *freq[:2], freq[2],
             "Sec 4.3: once collapse occurs the loss stays near the frequency loss"),
-      Claim("Post-Norm LR 1e-2: last layer collapsed", "last-layer t_sim at the last update",
+      Claim(f"Post-Norm LR {lr}: last layer collapsed", "last-layer t_sim at the last update",
             f35.ONSET_SIM, Bound(">=", every_seed=True), "Sec 4.2: t_sim of the last layer ~1"),
-      Claim("Post-Norm LR 1e-2: early-layer gradients vanish", "||g_1|| / ||g_L|| at the "
+      Claim(f"Post-Norm LR {lr}: early-layer gradients vanish", "||g_1|| / ||g_L|| at the "
             "last update", f35.GRAD_COLLAPSE_RATIO, Bound("<", every_seed=True),
             "Sec 4.2 / Fig 5: early-layer gradients orders of magnitude smaller"),
       Claim("Pre-Norm, same LR: no collapse", "last-layer t_sim at the last update",
@@ -52,36 +55,40 @@ def _collapse_claims():
             "Sec 1, 5: Post-Norm is more prone to collapse than Pre-Norm"),
       Claim("Pre-Norm, same LR: loss below the frequency loss", freq[0], -NEAR, Bound("<"),
             "Sec 1, 5: Pre-Norm trains where Post-Norm collapses"),
-      Claim("Post-Norm, lower LR 5e-3: no collapse (App F.5)", "last-layer t_sim at the "
+      Claim(f"Post-Norm, lower LR {low}: no collapse (App F.5)", "last-layer t_sim at the "
             "last update", f35.ONSET_SIM, Bound("<", every_seed=True),
             "App F.5: at a lower LR Post-Norm trains without collapse"),
-      Claim("Post-Norm, lower LR 5e-3: loss below the frequency loss", freq[0], -NEAR,
+      Claim(f"Post-Norm, lower LR {low}: loss below the frequency loss", freq[0], -NEAR,
             Bound("<"), "App F.5: trains stably"),
-      Claim("Post-Norm, lower LR 5e-3: no early-layer vanishing (Fig 22)", "||g_1|| / ||g_L||"
+      Claim(f"Post-Norm, lower LR {low}: no early-layer vanishing (Fig 22)", "||g_1|| / ||g_L||"
             " at the last update", f35.GRAD_COLLAPSE_RATIO, Bound(">", every_seed=True),
             "App F.5, Fig 22: no early-layer gradient vanishing"),
   ]
 
 
-COLLAPSE = evidence.claims(_collapse_claims())
+PAPER_LRS = ("8e-4", "6e-4")     # paper_runs.COLLAPSE_LR, STABLE_LR as the items write them
+_QUICK_COLLAPSE = _collapse_claims()
+COLLAPSE = evidence.claims(_QUICK_COLLAPSE + [c for c in _collapse_claims(*PAPER_LRS)
+                                              if c not in _QUICK_COLLAPSE])
 
 
 def collapse_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   by, freq = res["by_seed"], res["stream_freq_loss"]
+  lr, low = ("1e-2", "5e-3") if res.get("scale", "quick") == "quick" else PAPER_LRS
   seeds = [int(s) for s in by["post_collapse"]]
   note = f"seeds {seeds}; stream L_freq {freq:.4f}"
   get = lambda run, key: [_num(by[run][str(s)][key]) for s in seeds]
   rel = lambda run: [g / freq for g in get(run, "loss_minus_stream_freq")]
-  spec = [("Post-Norm LR 1e-2: loss near L_freq", rel("post_collapse")),
-          ("Post-Norm LR 1e-2: last layer collapsed", get("post_collapse", "final_last_tsim")),
-          ("Post-Norm LR 1e-2: early-layer gradients vanish",
+  spec = [(f"Post-Norm LR {lr}: loss near L_freq", rel("post_collapse")),
+          (f"Post-Norm LR {lr}: last layer collapsed", get("post_collapse", "final_last_tsim")),
+          (f"Post-Norm LR {lr}: early-layer gradients vanish",
            get("post_collapse", "final_grad_ratio_first_over_last")),
           ("Pre-Norm, same LR: no collapse", get("pre_same_lr", "final_last_tsim")),
           ("Pre-Norm, same LR: loss below the frequency loss", rel("pre_same_lr")),
-          ("Post-Norm, lower LR 5e-3: no collapse (App F.5)",
+          (f"Post-Norm, lower LR {low}: no collapse (App F.5)",
            get("post_stable", "final_last_tsim")),
-          ("Post-Norm, lower LR 5e-3: loss below the frequency loss", rel("post_stable")),
-          ("Post-Norm, lower LR 5e-3: no early-layer vanishing (Fig 22)",
+          (f"Post-Norm, lower LR {low}: loss below the frequency loss", rel("post_stable")),
+          (f"Post-Norm, lower LR {low}: no early-layer vanishing (Fig 22)",
            get("post_stable", "final_grad_ratio_first_over_last"))]
   return [COLLAPSE[item].judge(v, seeds=seeds, note=note) for item, v in spec]
 
@@ -178,7 +185,14 @@ F35_ITEM6 = [
           "(sim_rise 0.1/0.2/0.3 x loss_rise 5/10/20%) that find a transition", 1.0,
           Bound(">=", every_seed=True), "Sec 4.2's transition; our detector's thresholds"),
 ]
-FIG3_FIG5 = evidence.claims(_transition_claims(F35) + F35_EXTRA + F35_ITEM6)
+# --scale paper / tiny: the paper's run (paper_runs.post_collapse at its seeds), the same
+# claims without the quick-only extended run; the onset-window claim keeps its note
+F35_PAPER = "Figs 3-5, Post-Norm LR 8e-4 (the paper's run)"
+F35_PAPER_EXTRA = [dataclasses.replace(c, item=c.item.replace(F35, F35_PAPER),
+                                       quantity=c.quantity.replace(" (60)", ""))
+                   for c in (*F35_EXTRA[:3], F35_EXTRA[5], *F35_ITEM6)]
+FIG3_FIG5 = evidence.claims(_transition_claims(F35) + F35_EXTRA + F35_ITEM6
+                            + _transition_claims(F35_PAPER) + F35_PAPER_EXTRA)
 
 
 def _sensitivity(a: dict[str, Any]) -> float:
@@ -186,7 +200,26 @@ def _sensitivity(a: dict[str, Any]) -> float:
   return float(sum(found)) / len(found) if found else math.nan
 
 
+def _fig3_fig5_paper_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+  pre = res["ours"]["preregistered"]
+  seeds = [int(s) for s in pre]
+  note = (f"seeds {seeds}; {res['scale']} scale: the paper's schedule (2000 warmup, cosine "
+          "to 40000) shrunk by experiments.training.tiny at tiny; diagnostics every update")
+  rows = _transition_rows(FIG3_FIG5, F35_PAPER, pre, note)
+  fns = (lambda a: _num(a["final_grad_first_over_last"]),
+         lambda a: _num(a.get("contraction_1_ratio_exceeds_c")),
+         lambda a: _num(a.get("contraction_2_ratio_exceeds_c")),
+         lambda a: _num(a.get("grad_window_onset_layer1_drop")),
+         lambda a: _num(a.get("contraction_mean_1_frac_below1_post")),
+         lambda a: _num(a.get("contraction_mean_2_frac_below1_post")),
+         lambda a: _num(a.get("alpha_max_excluding_vanished")), _sensitivity)
+  return rows + [FIG3_FIG5[c.item].judge([fn(a) for a in pre.values()], seeds=seeds, note=note)
+                 for c, fn in zip(F35_PAPER_EXTRA, fns)]
+
+
 def fig3_fig5_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+  if res.get("scale", "quick") != "quick":
+    return _fig3_fig5_paper_rows(res)
   o = res["ours"]
   pre = o.get("preregistered_60", {})
   seeds = [int(s) for s in pre]

@@ -51,10 +51,9 @@ SEED_RUNS: dict[str, tuple[str, list[str]]] = {
 WINDOW_RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse_window": ("collapse_post_quick", ["total_steps=30", "diag_every=1"]),
 }
-# "paper" scale: the paper's 48-layer C4 setup (experiments/configs/postnorm_48l_d512_c4.json
-# at LR 8e-4 collapsing, 6e-4 stable); needs an accelerator pod and C4 through tfds.
-PAPER_RUNS: dict[str, tuple[str, list[str]]] = {}
 STREAM_FREQ_BATCHES = 256
+# Sec 4.3: the full-training frequency reference reads 500M tokens of the stream
+PAPER_FREQ_TOKENS = 500_000_000
 # what each seed's row reads (summarize's keys)
 SEED_KEYS = ("final_loss_last10pct_mean", "loss_minus_stream_freq", "final_last_tsim",
              "final_grad_ratio_first_over_last", "min_loss", "max_last_tsim")
@@ -112,11 +111,12 @@ def summarize(workdir: str, stream_freq: float) -> dict[str, Any]:
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """Trains (or reuses) the three runs and writes ``collapse_study.json``."""
+  """Trains (or reuses) the three runs at every seed and writes ``collapse_study.json``
+  (paper / tiny: the paper's runs, ``paper_runs``)."""
+  if scale in ("paper", "tiny"):
+    return run_paper(out_dir, scale)
   if scale != "quick":
-    raise ValueError("collapse_study has only the quick scale here; the paper-scale runs are "
-                     "experiments/configs/postnorm_48l_d512_c4.json with `rankjax train` "
-                     "(accelerator, C4)")
+    raise ValueError(f"collapse_study has the quick, paper and tiny scales, not {scale!r}")
   start = time.time()
   out: dict[str, Any] = {"figure": "postnorm_collapse quick collapse study (Sec 4.2-4.3)",
                          "scale": scale, "runs": {}}
@@ -139,6 +139,36 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   common.write_json(out_dir, "collapse_study.json", out)
   return out
 
+
+def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
+  """The three roles at the paper's learning rates (``paper_runs.ROLES``: Post-Norm 8e-4,
+  Pre-Norm 8e-4, Post-Norm 6e-4) and ``paper_runs.SEEDS``, against the frequency loss of
+  the stream's labels (Sec 4.3: 500M tokens at paper scale, ``STREAM_FREQ_BATCHES``
+  batches at tiny); the result has the quick run's shape (``by_seed[role][seed]``)."""
+  from experiments.postnorm_collapse import paper_runs
+  start = time.time()
+  seeds = paper_runs.seeds(scale)
+  cfg = paper_runs.config(paper_runs.post_collapse(seeds[0]), scale)
+  batches = (-(-PAPER_FREQ_TOKENS // (cfg.batch_size * cfg.seq_len)) if scale == "paper"
+             else STREAM_FREQ_BATCHES)
+  freq = stream_frequency_loss(cfg, batches)
+  out: dict[str, Any] = {"figure": f"postnorm_collapse collapse study (Sec 4.2-4.3, App F.5), "
+                                   f"{scale} scale", "scale": scale, "runs": {},
+                         "seeds": list(seeds), "by_seed": {}, "stream_freq_loss": freq,
+                         "stream_freq_batches": batches,
+                         "settings": {"config": paper_runs.CONFIG,
+                                      "runs": {n: list(o) for n, o in paper_runs.RUNS.items()}}}
+  for role, name_of in paper_runs.ROLES.items():
+    out["by_seed"][role] = {}
+    for seed in seeds:
+      wd = paper_runs.train(out_dir, name_of(seed), scale)
+      s = summarize(wd, freq)
+      if seed == seeds[0]:
+        out["runs"][role] = {**s, "workdir": wd}
+      out["by_seed"][role][str(seed)] = {k: s[k] for k in SEED_KEYS}
+  out["seconds"] = time.time() - start
+  common.write_json(out_dir, "collapse_study.json", out)
+  return out
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments import training
 from experiments.postnorm_collapse import common
 from experiments.postnorm_collapse import collapse_study
 from experiments.postnorm_collapse import seed_lr_runs
@@ -496,9 +497,12 @@ SECONDARY_RUNS = ("post_collapse", "post_collapse_window")   # no warmup: collap
 def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict[str, Any]:
   """Trains (or reuses) ``run_name`` (default: ``HEADLINE_RUN``) and writes
   ``fig3_fig5_<run>.json`` and the PNGs. For the headline run it also analyses the
-  immediate-collapse runs ``SECONDARY_RUNS`` (``ours["secondary"]``)."""
+  immediate-collapse runs ``SECONDARY_RUNS`` (``ours["secondary"]``). Paper / tiny: the
+  paper's collapsing run at every seed (:func:`run_paper`)."""
+  if scale in ("paper", "tiny"):
+    return run_paper(out_dir, scale)
   if scale != "quick":
-    raise ValueError("only the quick scale runs here (see collapse_study.py)")
+    raise ValueError(f"fig3_fig5 has the quick, paper and tiny scales, not {scale!r}")
   start = time.time()
   run_name = run_name or HEADLINE_RUN
   files: list[str] = []
@@ -539,6 +543,33 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
   return result
 
 
+def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
+  """Figs 3-5 of the paper's collapsing run (Post-Norm at 8e-4, ``paper_runs``) at each
+  of its seeds, diagnostics at every update; ``ours["preregistered"][seed]``."""
+  from experiments.postnorm_collapse import paper_runs
+  start = time.time()
+  files: list[str] = []
+  pre = {}
+  for seed in paper_runs.seeds(scale):
+    name = paper_runs.post_collapse(seed)
+    paper_runs.train(out_dir, name, scale)
+    a = analyze(training.workdir(out_dir, name), grad_window=GRAD_WINDOW)
+    files += plot(a, out_dir, name, grad_window=GRAD_WINDOW)
+    a["transition_table"] = transition_table(a)
+    a["onset_table"] = transition_table(a, "onset_step")
+    a.pop("_series")
+    pre[str(seed)] = a
+  result = {
+      "figure": f"postnorm_collapse Figs 3-5 (Sec 4.2), {scale} scale",
+      "scale": scale, "run": paper_runs.post_collapse(0),
+      "paper": {"transition_step": 2644, "alpha": "stays below 2.5"},
+      "ours": {"preregistered": pre}, "files": files, "seconds": time.time() - start,
+      "settings": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.seeds(scale)),
+                   "overrides": list(paper_runs.RUNS[paper_runs.post_collapse(0)])}}
+  common.write_json(out_dir, f"fig3_fig5_{scale}.json", result)
+  return result
+
+
 def run_dir(workdir: str, out_dir: str, tag: str | None = None,
             mask_threshold: float | None = None, grad_window: tuple[int, int] | None = None,
             names: tuple[str, str, str] = ("fig3", "fig4", "fig5")) -> dict[str, Any]:
@@ -557,7 +588,7 @@ def run_dir(workdir: str, out_dir: str, tag: str | None = None,
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--scale", choices=["quick"], default="quick")
+  parser.add_argument("--scale", choices=["quick", "paper", "tiny"], default="quick")
   parser.add_argument("--run", default=None,
                       choices=sorted({*collapse_study.RUNS, *collapse_study.WINDOW_RUNS,
                                       *seed_lr_runs.RUNS}),

@@ -35,6 +35,7 @@ SCALES: dict[str, dict[str, Any]] = {
     # samples per value; n and widths of panel (c) are the paper's (Sec 4).
     "quick": dict(grid=101, num_nodes=48, mc_rhos=6, mc_samples=200_000, n=2048),
     "paper": dict(grid=1001, num_nodes=96, mc_rhos=11, mc_samples=4_000_000, n=2048),
+    "tiny": dict(grid=21, num_nodes=16, mc_rhos=3, mc_samples=20_000, n=2048),
 }
 
 

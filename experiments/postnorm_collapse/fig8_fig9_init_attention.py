@@ -46,11 +46,13 @@ SCALES: dict[str, dict[str, Any]] = {
     # (P^l is 48 x 4 x 2048 x 2048 floats per sequence: 14.7 GB peak, 20 min on 2 cores).
     "paper": dict(num_layers=48, d_model=512, d_ff=1536, num_heads=4, seq_len=2048,
                   num_inits=32, batch=1, vocab_size=32000),
+    "tiny": dict(num_layers=8, d_model=32, d_ff=96, num_heads=2, seq_len=32,
+                 num_inits=2, batch=1, vocab_size=257),
 }
 
 
 # the seeds (independent sets of num_inits initializations): 3 at either scale (issue 25)
-SEEDS: dict[str, tuple[int, ...]] = {"quick": (0, 1, 2), "paper": (0, 1, 2)}
+SEEDS: dict[str, tuple[int, ...]] = {"quick": (0, 1, 2), "paper": (0, 1, 2), "tiny": (0, 1)}
 
 
 def model_config(cfg: dict[str, Any], norm_position: str = "post") -> TransformerConfig:

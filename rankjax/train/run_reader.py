@@ -90,6 +90,14 @@ def read_metrics_jsonl(path: str | epath.PathLike,
   return [by_step[k] for k in sorted(by_step)]
 
 
+def _this_process() -> ocp.options.MultiprocessingOptions:
+  """Orbax reads with this process alone: a run is read into host memory, also by one
+  process of a multi-host job (``rankjax reproduce``: process 0 analyses)."""
+  me = jax.process_index()
+  return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
+                                            barrier_sync_key_prefix=f"load_run_{me}")
+
+
 def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   """Reads the newest readable checkpoint of ``workdir`` (or ``step``).
 
@@ -116,11 +124,12 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   absl_log.setLevel(logging.ERROR)
   try:
     manager = ocp.CheckpointManager(paths.absolute(directory),
-                                    options=ocp.CheckpointManagerOptions(read_only=True),
+                                    options=ocp.CheckpointManagerOptions(
+                                        read_only=True, multiprocessing_options=_this_process()),
                                     item_handlers=ckpt_lib.handlers())
   finally:
     absl_log.setLevel(level)
-  cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+  cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
 
   def restore(s: int) -> dict[str, Any]:
     reason = ckpt_lib.incomplete_reason(directory / str(s))

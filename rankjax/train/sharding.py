@@ -181,6 +181,20 @@ def maybe_initialize_distributed() -> bool:
   return True
 
 
+def wait_for_every_process(name: str, timeout_s: float = 7 * 24 * 3600) -> None:
+  """Blocks until every process of the job reaches ``name`` (nothing on one process).
+
+  A barrier of JAX's distributed runtime (its coordination service), not a device
+  collective: a process may wait here for hours while process 0 analyses what all of
+  them trained (``rankjax reproduce``); exiting instead would end that process's part
+  of the job before process 0 is done (its shutdown barrier times out).
+  """
+  if jax.process_count() <= 1:
+    return
+  from jax._src import distributed
+  distributed.global_state.client.wait_at_barrier(name, int(timeout_s * 1000))
+
+
 def make_mesh(data: int = 0, fsdp: int = 1, devices: Any = None) -> Mesh:
   """Mesh ``(data, fsdp)`` over all devices; ``data=0`` takes what fsdp leaves."""
   devices = list(devices if devices is not None else jax.devices())

@@ -217,3 +217,23 @@ print("matplotlib" in sys.modules, "matplotlib.pyplot" in sys.modules)
                         timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.split() == ["False", "True", "False"]
+
+
+def test_profile_images_at_most_once_per_image_every_updates(tmp_path):
+  """Diagnostics at every update, images on update 1 and the first diagnostics step of
+  every 4 updates; scalars at every step."""
+  pytest.importorskip("tensorboardX")
+  import numpy as np
+  from rankjax.train import tensorboard as tb
+  w = MetricsWriter(tmp_path, total_steps=10, log_every=1, stream=io.StringIO(),
+                    image_every=4, diag_every=1)
+  for step in range(1, 11):
+    w.write_diagnostics(step, {"basic": {"tsim_x1": np.array([0.1, 0.2]) * step}})
+  w.close()
+  logdir = str(tmp_path / "tensorboard")
+  assert [s for s, _ in tb.read_images(logdir)["diagnostics/basic/per_layer"]] == [1, 4, 8]
+  assert len(tb.read_scalars(logdir)["diagnostics/basic/tsim_x1/layer_01"]) == 10
+  w = MetricsWriter(tmp_path / "b", total_steps=10, log_every=1, stream=io.StringIO(),
+                    image_every=4, diag_every=3)        # steps 1, 3, 6, 9: blocks 0, 0, 1, 2
+  assert [s for s in (1, 3, 6, 9) if w.draws_images(s)] == [1, 6, 9]
+  w.close()

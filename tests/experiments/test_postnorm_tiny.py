@@ -1,0 +1,101 @@
+"""The Post-Norm collapse study's paper-scale code path at --scale tiny: the paper's runs
+(experiments/postnorm_collapse/paper_runs.py) shrunk, trained as rankjax train runs,
+analysed from their saved diagnostics; rerun skips them; two processes joined by
+jax.distributed train together and process 0 alone analyses."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments import runner, training
+from experiments.postnorm_collapse import paper_runs
+from experiments.postnorm_collapse.reproduce import STUDY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_paper_runs_are_the_papers_protocol():
+  cfg = paper_runs.config(paper_runs.post_collapse(0), "paper")
+  lm = cfg.lm
+  assert (lm.num_layers, lm.d_model, lm.d_ff, lm.num_heads, lm.norm_position, lm.ffn,
+          lm.norm_op, lm.vocab_size) == (48, 512, 1536, 4, "post", "swiglu", "rms", 32000)
+  assert (cfg.seq_len, cfg.batch_size, cfg.total_steps, cfg.warmup_steps, cfg.lr_schedule,
+          cfg.clip_norm, cfg.weight_decay, cfg.b1, cfg.b2, cfg.dataset) == \
+      (2048, 256, 40000, 2000, "cosine", 1.0, 0.1, 0.9, 0.95, "c4/en")
+  lrs = {n: paper_runs.config(n, "paper").learning_rate for n in paper_runs.RUNS}
+  assert sorted(set(lrs.values())) == [6e-4, 8e-4]
+  assert paper_runs.config(paper_runs.pre_same_lr(1), "paper").lm.norm_position == "pre"
+  assert paper_runs.config(paper_runs.post_collapse(2), "paper").diag_every == 1   # Fig 5
+  runs = STUDY.experiments["collapse"].runs("paper")
+  assert len(runs) == 9 and {c.seed for c in runs.values()} == {0, 1, 2}
+  assert STUDY.experiments["collapse"].runs("quick") == {}
+
+
+@pytest.mark.slow
+def test_tiny_collapse_and_figs_3_5_train_once_and_give_tiny_rows(tmp_path, capsys):
+  out = tmp_path / "pn"
+  res = runner.run_study(STUDY, out, "tiny", ["collapse", "fig3"])
+  assert res["failed"] == [] and res["analysed"]
+  rows = res["rows"]
+  assert {r["experiment"] for r in rows} == {"collapse", "fig3_fig5"}
+  assert {r["status"] for r in rows} == {"tiny"} and {r["scale"] for r in rows} == {"tiny"}
+  seeded = [r for r in rows if r["seeds"]]
+  assert seeded and all(r["seeds"] == [0, 1] for r in seeded)
+  workdirs = sorted((out / "collapse" / "runs").iterdir())
+  assert [w.name for w in workdirs] == sorted(STUDY.experiments["collapse"].runs("tiny"))
+  results = json.loads((out / "results" / "tiny" / "collapse.json").read_text())
+  assert results["provenance"]["commit"] and results["scale"] == "tiny"
+  plan = capsys.readouterr().out
+  assert "plan: 6 training runs (6 to train)" in plan
+  stamps = {w.name: (w / "metrics.jsonl").stat().st_mtime_ns for w in workdirs}
+  again = runner.run_study(STUDY, out, "tiny", ["collapse", "fig3"])   # nothing retrained
+  assert "plan: 6 training runs (0 to train)" in capsys.readouterr().out
+  assert stamps == {w.name: (w / "metrics.jsonl").stat().st_mtime_ns for w in workdirs}
+  assert [r["ours"] for r in again["rows"]] == [r["ours"] for r in rows]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_train_together_and_process_0_alone_analyses(tmp_path):
+  """`rankjax reproduce` on both processes of a jax.distributed job (localhost, gloo):
+  the runs are trained once by both (one mesh over the two processes' devices), the
+  summary and report come from process 0 only."""
+  port, procs = _free_port(), []
+  out = tmp_path / "out"
+  for i in range(2):
+    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(i), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+               XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    procs.append(subprocess.Popen(
+        [sys.executable, "-c", "import sys; from rankjax import cli; sys.exit(cli.main())",
+         "reproduce", "postnorm_collapse", "--scale", "tiny",
+         "--only", "fig3", "--out", str(out)], env=env, cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+  deadline, logs = time.time() + 600, []
+  try:
+    for p in procs:
+      logs.append(p.communicate(timeout=max(1, deadline - time.time())))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert [p.returncode for p in procs] == [0, 0], logs
+  study = out / "postnorm_collapse"
+  rows = json.loads((study / "summary.json").read_text())
+  assert rows and {r["status"] for r in rows} == {"tiny"}
+  assert "report:" in logs[0][0] and "report:" not in logs[1][0]
+  for name in STUDY.experiments["fig3_fig5"].runs("tiny"):
+    metrics = (study / "collapse" / "runs" / name / "metrics.jsonl").read_text()
+    assert len(metrics.splitlines()) >= training.TINY_STEPS
+  assert "2 process(es)" in logs[0][0]

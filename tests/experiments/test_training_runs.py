@@ -1,0 +1,132 @@
+"""experiments/training.py: tiny configs, the plan, the refusals, and the runner's use of
+them (the plan printed and a one-line refusal before anything trains)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import runner, training
+from rankjax import cli
+
+PAPER_LM = "experiments/configs/postnorm_48l_d512_c4.json"
+
+
+def test_tiny_shrinks_sizes_and_keeps_every_other_setting():
+  cfg = training.load(PAPER_LM, ["learning_rate=8e-4", "diag_every=1"])
+  t = training.tiny(cfg)
+  assert (t.lm.num_layers, t.lm.d_model, t.lm.num_heads, t.seq_len, t.lm.max_seq_len) == \
+      (4, 32, 2, 32, 32)
+  assert t.lm.d_ff == 96                             # 1536 / 512 = 3: the ratio kept
+  assert (t.total_steps, t.batch_size, t.grad_accum) == (training.TINY_STEPS, 8, 2)
+  assert t.warmup_steps == 1                         # 2000 / 40000 of 24 updates, at least 1
+  assert (t.tokenizer, t.dataset, t.lm.vocab_size) == ("byte", "shakespeare", 257)
+  assert t.diag_every == training.TINY_STEPS // 8      # every update asked: at most 8 here
+  for field in ("norm_position", "norm_op", "ffn", "init", "pos_embedding", "remat",
+                "tie_embeddings", "dropout_rate"):
+    assert getattr(t.lm, field) == getattr(cfg.lm, field), field
+  for field in ("learning_rate", "b1", "b2", "weight_decay", "lr_schedule", "clip_norm",
+                "compute_dtype", "diagnostics", "seed", "optimizer"):
+    assert getattr(t, field) == getattr(cfg, field), field
+  gpt2 = training.tiny(training.load("experiments/configs/gpt2_774m.json"))
+  assert gpt2.lm.d_ff == 128 and gpt2.lm.num_layers == 4   # 5120 / 1280 = 4
+  assert gpt2.warmup_steps == 6                            # 500 / 2000 of 24
+  mlp = training.tiny(training.load("experiments/configs/mlp_classifier.json"))
+  assert (mlp.mlp.depth, mlp.mlp.width, mlp.dataset) == (4, 32, "digits")
+  assert training.at_scale(cfg, "paper") is cfg
+
+
+def test_tiny_reads_the_papers_set_from_a_data_dir(monkeypatch):
+  monkeypatch.setenv(training.TINY_DATA_DIR, "/data/tfds")
+  t = training.at_scale(training.load(PAPER_LM), "tiny")
+  assert (t.dataset, t.data_dir) == ("c4/en", "/data/tfds")
+
+
+def _lm_params(cfg) -> int:
+  """The decoder's parameter count by hand: untied embedding and head, per layer the four
+  attention matrices, SwiGLU's three, two RMSNorm gains; the embedding norm (Post-Norm)."""
+  lm = cfg.lm
+  d, f, v = lm.d_model, lm.d_ff, lm.padded_vocab_size
+  return 2 * v * d + lm.num_layers * (4 * d * d + 3 * d * f + 2 * d) + d
+
+
+def test_plan_counts_the_paper_run_and_its_device_hours(monkeypatch):
+  cfg = training.load(PAPER_LM, ["learning_rate=8e-4"])
+  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 8, 141e9))
+  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
+  p = training.plan({"/x/runs/post": cfg})
+  (row,) = p["rows"]
+  assert row["tokens"] == 256 * 2048 * 40000 and row["updates"] == 40000
+  assert row["parameters"] == _lm_params(cfg)
+  tokens = 256 * 2048 * 40000                 # 6 N per token + causal attention at half
+  norms = (2 * 48 + 1) * 512                 # gains: no matmul; the embedding is a lookup
+  flops = tokens * (6.0 * (_lm_params(cfg) - norms - 32000 * 512) + 6.0 * 48 * 2048 * 512)
+  assert row["flops"] == pytest.approx(flops, rel=1e-9)
+  assert row["device_hours"] == pytest.approx(flops / 989e12 / 3600, rel=1e-6)
+  assert "spec peak" in p["mfu_source"]
+  assert row["checkpoint_gb"] == pytest.approx(12 * row["parameters"] * cfg.max_to_keep / 1e9)
+  monkeypatch.setattr(training, "measured_mfu", lambda kind: 0.4)
+  assert training.plan({"/x/runs/post": cfg})["device_hours"] == pytest.approx(
+      row["device_hours"] / 0.4)
+  text = training.plan_text(p)
+  assert "/x/runs/post" in text and "8 x NVIDIA H200" in text
+
+
+def test_refusals_name_the_missing_tokenizer_and_a_config_too_big(monkeypatch, tmp_path):
+  cfg = training.load(PAPER_LM)
+  lines = training.refusals({str(tmp_path / "runs" / "a"): cfg})
+  assert len(lines) == 1 and "tokenizers/llama2/tokenizer.model" in lines[0]
+  ok = training.load(PAPER_LM, ["tokenizer=byte", "lm.vocab_size=257", "dataset=shakespeare"])
+  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 10e9))
+  (line,) = training.refusals({str(tmp_path / "runs" / "big"): ok})
+  assert line.startswith("big: an estimated") and "10.0 GB" in line and "\n" not in line
+  est = training.memory_estimate(ok, 1)
+  assert 15e9 < est["total"] < 40e9        # configs/README.md estimates ~25 GB on one H200
+
+
+def test_paper_scale_prints_the_plan_then_refuses_in_one_line(tmp_path, capsys):
+  """Without Llama-2's tokenizer file the paper-scale collapse runs stop before anything
+  trains: exit 2, one line, the plan printed before it."""
+  code = cli.main(["reproduce", "postnorm_collapse", "--scale", "paper", "--allow-cpu",
+                   "--only", "fig3", "--out", str(tmp_path / "out")])
+  out, err = capsys.readouterr()
+  assert code == 2
+  assert "plan: 3 training runs (3 to train)" in out and "post_lr8e-4_seed2" in out
+  assert "tokenizer file tokenizers/llama2/tokenizer.model does not exist" in err
+  assert len(err.strip().splitlines()) == 1
+  assert not (tmp_path / "out" / "postnorm_collapse" / "fig3_fig5" / "runs").exists()
+  assert not list((tmp_path / "out").rglob("config.json"))
+
+
+def test_finished_ignores_resumable_fields_and_needs_the_last_checkpoint(tmp_path):
+  from rankjax import config as config_lib
+  cfg = training.tiny(training.load(PAPER_LM))
+  path = tmp_path / "run"
+  (path / "checkpoints" / str(cfg.total_steps - 1)).mkdir(parents=True)
+  config_lib.to_json(cfg, path / "config.json")
+  assert not training.finished(str(path), cfg)            # the last step is not saved
+  (path / "checkpoints" / str(cfg.total_steps)).mkdir()
+  assert training.finished(str(path), cfg)
+  import dataclasses
+  assert training.finished(str(path), dataclasses.replace(cfg, log_every=1))   # resumable
+  assert not training.finished(str(path), dataclasses.replace(cfg, learning_rate=1e-3))
+
+
+def test_two_experiments_training_one_workdir_differently_is_an_error(tmp_path):
+  cfg = training.tiny(training.load(PAPER_LM))
+  other = training.tiny(training.load(PAPER_LM, ["learning_rate=1e-3"]))
+  rows = lambda res: []
+  study = runner.Study("fake", "Fake", {
+      "a": runner.Experiment("m", rows, folder="f", runs=lambda s: {"r": cfg}),
+      "b": runner.Experiment("m", rows, folder="f", runs=lambda s: {"r": other})})
+  assert list(runner.training_runs(study, ["a"], "tiny", tmp_path)) == [
+      training.workdir(tmp_path / "f", "r")]
+  with pytest.raises(ValueError, match="two experiments train"):
+    runner.training_runs(study, ["a", "b"], "tiny", tmp_path)
+
+
+def test_tiny_rows_are_not_judged():
+  row = runner._filled("x", {"item": "i", "status": "mismatch"}, "tiny")
+  assert row["status"] == "tiny"
+  assert runner._filled("x", {"item": "i", "status": "failed"}, "tiny")["status"] == "failed"
+  assert json.dumps(row)
