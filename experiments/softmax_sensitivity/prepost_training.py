@@ -22,8 +22,9 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
   tiny   the six paper runs through ``experiments.training.tiny``: 4 layers, d=32,
          2 heads, T=32, byte tokenizer, offline Shakespeare, 24 updates (warmup 6,
          diagnostics every update), batch 8 = 2 x 4; every other setting of the paper
-         config kept. The same code path as paper in about a minute; its rows are not
-         judged (status tiny).
+         config kept. The code path of paper, 45-130 s wall a run on the shared 2-core
+         CPU (mostly the compile and the diagnostics step); its rows are not judged
+         (status tiny).
   quick  ``quick.json``: d=64, 6 layers, 4 heads, d_ff=256, T=64, byte-level
          offline Shakespeare corpus, 200 updates, warmup 50 (a quarter of the run,
          as in the paper), batch 16 = 2 x 8, float32, learning rate 1e-3 (a small-model

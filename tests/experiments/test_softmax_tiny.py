@@ -58,8 +58,10 @@ def test_paper_scale_refuses_without_fineweb(tmp_path, monkeypatch, value):
   assert not (tmp_path / "runs").exists()
 
 
-def _metrics_lines(folder):
-  return {n: (folder / "runs" / n / "metrics.jsonl").read_text().count("\n") for n in NAMES}
+def _metrics(folder):
+  """Each run's metrics.jsonl rows (one per update, and the evaluations)."""
+  return {n: [json.loads(line) for line in
+              (folder / "runs" / n / "metrics.jsonl").read_text().splitlines()] for n in NAMES}
 
 
 @pytest.mark.slow   # trains six tiny LMs and runs every experiment (~5 min on 2 shared cores)
@@ -75,8 +77,10 @@ def test_whole_study_at_tiny_scale(tmp_path, monkeypatch):
   folder = tmp_path / "prepost_training"
   tiny = pt.runs("tiny")
   assert all(training.finished(training.workdir(folder, n), c) for n, c in tiny.items())
-  lines = _metrics_lines(folder)
-  assert all(n == training.TINY_STEPS for n in lines.values()), lines   # one row an update
+  metrics = _metrics(folder)
+  train_rows = {n: [r["step"] for r in rows if r.get("kind", "train") == "train"]
+                for n, rows in metrics.items()}
+  assert all(s == list(range(1, training.TINY_STEPS + 1)) for s in train_rows.values())
   tb = res["results"]["trained_bounds"]
   assert tb["settings"]["runs"] == str(folder / "runs") and tb["scale"] == "tiny"
   assert res["results"]["prepost_training"]["settings"]["config"] == dataclasses.asdict(
@@ -84,7 +88,7 @@ def test_whole_study_at_tiny_scale(tmp_path, monkeypatch):
   # a rerun trains nothing: the same checkpoints, no new metrics rows
   stamps = {n: os.path.getmtime(folder / "runs" / n / "checkpoints") for n in NAMES}
   again = runner.run_study(STUDY, tmp_path, "tiny", only="prepost_training,trained_bounds")
-  assert again["failed"] == [] and _metrics_lines(folder) == lines
+  assert again["failed"] == [] and _metrics(folder) == metrics
   assert {n: os.path.getmtime(folder / "runs" / n / "checkpoints") for n in NAMES} == stamps
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert {r["scale"] for r in summary} == {"tiny"}
