@@ -33,6 +33,7 @@ SCALES: dict[str, dict[str, Any]] = {
     # also the full sweep below), fixed before any run
     "quick": dict(num=100, seeds=(0, 1, 2)),
     "paper": dict(num=500, seeds=(0, 1, 2)),  # "500 random distributions per length" (Fig 2)
+    "tiny": dict(num=20, seeds=(0, 1, 2)),    # the paper path in seconds (status tiny)
 }
 LENGTHS = (32, 64, 128, 256, 512, 1024)  # App D.2
 LOGIT_SCALES = (1.0, 4.0)                # 1.0: the small-L protocol; 4.0: ours
@@ -150,7 +151,7 @@ def _show(res: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
   runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/certificates_large_L",
-                     scales=("quick", "paper"), show=_show,
+                     scales=tuple(SCALES), show=_show,
                      options={"--seed": dict(type=int, default=0)})
 
 

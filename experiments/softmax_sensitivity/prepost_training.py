@@ -15,8 +15,16 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
          ``SCALE_SETS["paper"]`` (attention-probability dropout 0.1 and no Post-LN
          embedding LayerNorm, as App D.1):
          d=1280, 36 layers, 20 heads, d_ff=5120, T=1024, 2000 updates, warmup 500,
-         batch 64, lr 3e-4, bfloat16, GPT-2 BPE, diagnostics every 10 updates. Needs
-         accelerators and a web-text corpus (``overrides={"dataset": ..., ...}``).
+         batch 64, lr 3e-4, bfloat16, GPT-2 BPE, diagnostics every 10 updates, on the
+         paper's FineWeb: a directory of text or ArrayRecord files named by the env
+         var ``RANKJAX_FINEWEB`` (without it the runner refuses before anything runs).
+         Needs accelerators; the runner trains the six runs (``Experiment.runs``).
+  tiny   the six paper runs through ``experiments.training.tiny``: 4 layers, d=32,
+         2 heads, T=32, byte tokenizer, offline Shakespeare, 24 updates (warmup 6,
+         diagnostics every update), batch 8 = 2 x 4; every other setting of the paper
+         config kept. The code path of paper, 45-130 s wall a run on the shared 2-core
+         CPU (mostly the compile and the diagnostics step); its rows are not judged
+         (status tiny).
   quick  ``quick.json``: d=64, 6 layers, 4 heads, d_ff=256, T=64, byte-level
          offline Shakespeare corpus, 200 updates, warmup 50 (a quarter of the run,
          as in the paper), batch 16 = 2 x 8, float32, learning rate 1e-3 (a small-model
@@ -35,7 +43,12 @@ seeds; entropy and p_max curves = mean over layers of the per-layer row mean, av
 over seeds; final loss = mean over the last 50 updates; spikes = ``gradient_spikes``
 (window 50, first 10 excluded); +- = sample std over seeds (ddof 1).
 
+Runs live in ``out_dir/runs/<arch>_s<seed>`` (``experiments.training.workdir``) at every
+scale; a finished run is reused, a half-done one resumed.
+
 Run:  python -m experiments.softmax_sensitivity.prepost_training --out runs/prepost --scale quick
+      RANKJAX_FINEWEB=/data/fineweb python -m experiments.softmax_sensitivity.prepost_training \
+          --out runs/prepost_paper --scale paper
       python -m experiments.softmax_sensitivity.prepost_training --out runs/prepost_sharpen \
           --scale quick_sharpen --seeds 42
 """
@@ -48,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import runner
+from experiments import runner, training
 from rankjax import plotting
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,6 +75,8 @@ CONFIGS = {"quick": os.path.join(HERE, "configs", "quick.json"),
 # experiments/configs/README.md), no embedding LayerNorm in Post-LN (the library's
 # placement rule would add one), and the log cadence of every update's loss / norm.
 SCALE_SETS = {"paper": ("lm.attn_dropout_rate=0.1", "lm.embed_norm=false", "log_every=10")}
+FINEWEB = "RANKJAX_FINEWEB"   # env: the paper's FineWeb, a directory of text / ArrayRecord files
+TRAINED_BY_RUNNER = ("paper", "tiny")   # scales whose runs the runner trains (Experiment.runs)
 SEEDS = (42, 123, 456)
 ARCHS = ("pre", "post")
 FIG_SEED = 123  # the seed of Fig 1(d) and Fig 4
@@ -78,14 +93,49 @@ PAPER = {
 }
 
 
+def needs(scale: str) -> str | None:
+  """``Experiment.needs``: at paper, one line when ``RANKJAX_FINEWEB`` does not name a
+  directory (the paper's FineWeb), else None."""
+  if scale != "paper":
+    return None
+  path = os.environ.get(FINEWEB)
+  if not path:
+    return (f"the paper's FineWeb is not given: set {FINEWEB}=/path/to/fineweb (a directory "
+            "of text or ArrayRecord files)")
+  if not os.path.isdir(path):
+    return f"{FINEWEB}={path} is not a directory (the paper's FineWeb: text or ArrayRecord files)"
+  return None
+
+
 def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | None = None):
+  """One run's config at ``scale``: the scale's JSON, ``SCALE_SETS``, the placement and
+  seed, ``overrides``; at paper the data set is ``$RANKJAX_FINEWEB``; at tiny the paper
+  config through ``training.at_scale``."""
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
-  cfg = config_lib.from_json(TrainConfig, CONFIGS[scale])
-  cfg = config_lib.override(cfg, SCALE_SETS.get(scale, ()))
+  base = "paper" if scale == "tiny" else scale
+  cfg = config_lib.from_json(TrainConfig, CONFIGS[base])
+  cfg = config_lib.override(cfg, SCALE_SETS.get(base, ()))
+  if base == "paper" and os.environ.get(FINEWEB):
+    cfg = dataclasses.replace(cfg, dataset=os.environ[FINEWEB])
   cfg = dataclasses.replace(cfg, seed=seed, lm=dataclasses.replace(cfg.lm, norm_position=arch),
                             **(overrides or {}))
-  return cfg
+  return training.at_scale(cfg, scale)
+
+
+def run_configs(scale: str, seeds: tuple[int, ...] = SEEDS,
+                overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+  """``{run name: TrainConfig}``: both placements at each seed (``<arch>_s<seed>``)."""
+  return {f"{arch}_s{seed}": make_config(scale, arch, seed, overrides)
+          for arch in ARCHS for seed in seeds}
+
+
+def runs(scale: str) -> dict[str, Any]:
+  """``Experiment.runs`` of prepost_training and trained_bounds: the six runs at paper
+  (when FineWeb is given) and tiny; none at the quick scales (``run`` trains those)."""
+  if scale not in TRAINED_BY_RUNNER or needs(scale):
+    return {}
+  return run_configs(scale)
 
 
 def use_compile_cache(path: str) -> None:
@@ -97,13 +147,20 @@ def use_compile_cache(path: str) -> None:
   compilation_cache.reset_cache()
 
 
-def train_one(cfg, workdir: str) -> float:
-  """Trains (or resumes / reuses) one run; returns seconds spent."""
-  import rankjax.train.diagnostics_attention  # noqa: F401  registers "attention"
-  from rankjax.train import loop
-  t0 = time.time()
-  loop.train(cfg, workdir, progress_bar=False)
-  return time.time() - t0
+def train_runs(out_dir: str, scale: str, seeds: tuple[int, ...] = SEEDS,
+               overrides: dict[str, Any] | None = None) -> dict[str, tuple[Any, str, float]]:
+  """Trains (or resumes / reuses: ``training.train``) every run of ``scale`` in
+  ``out_dir/runs``; ``{name: (config, workdir, seconds spent)}``. Raises the one line of
+  :func:`needs` when the data set is not given."""
+  line = needs(scale)
+  if line:
+    raise ValueError(line)
+  out = {}
+  for name, cfg in run_configs(scale, seeds, overrides).items():
+    path, t0 = training.workdir(out_dir, name), time.time()
+    training.train(path, cfg)
+    out[name] = (cfg, path, time.time() - t0)
+  return out
 
 
 def read_run(workdir: str) -> dict[str, np.ndarray]:
@@ -300,22 +357,17 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS,
   os.makedirs(out_dir, exist_ok=True)
   use_compile_cache(os.path.join(out_dir, "jax_cache"))
   t0 = time.time()
-  runs: dict[str, dict[int, dict[str, np.ndarray]]] = {a: {} for a in ARCHS}
-  seconds = {}
-  warmup = 0
-  for arch in ARCHS:
-    for seed in seeds:
-      cfg = make_config(scale, arch, seed, overrides)
-      warmup = cfg.warmup_steps
-      workdir = os.path.join(out_dir, "runs", f"{arch}_s{seed}")
-      seconds[f"{arch}_s{seed}"] = train_one(cfg, workdir)
-      runs[arch][seed] = read_run(workdir)
-  res = analyze(runs, warmup)
-  res.update(scale=scale, seeds=list(seeds), config=CONFIGS[scale], overrides=overrides or {},
-             paper=PAPER, train_seconds=seconds, seconds=time.time() - t0)
+  trained = train_runs(out_dir, scale, seeds, overrides)
+  runs = {arch: {seed: read_run(trained[f"{arch}_s{seed}"][1]) for seed in seeds}
+          for arch in ARCHS}
+  first = trained[f"pre_s{seeds[0]}"][0]
+  res = analyze(runs, first.warmup_steps)
+  res.update(scale=scale, seeds=list(seeds),
+             config=CONFIGS["paper" if scale == "tiny" else scale], overrides=overrides or {},
+             paper=PAPER, train_seconds={n: t[2] for n, t in trained.items()},
+             seconds=time.time() - t0)
   res["settings"] = dict(seeds=list(seeds), archs=list(ARCHS), fig_seed=FIG_SEED,
-                         config=dataclasses.asdict(make_config(scale, "pre", seeds[0],
-                                                               overrides)))
+                         config=dataclasses.asdict(first))
   res["figures"] = _plot(runs, res, out_dir)
   runner.write_json(out_dir, "prepost_training.json", res)
   return res
@@ -325,7 +377,7 @@ def main() -> None:
   runner.script_main(
       lambda out, scale, seeds: run(out, scale, tuple(int(x) for x in seeds.split(","))),
       __doc__, default_out="runs/softmax_sensitivity/prepost_training",
-      scales=("quick", *sorted(set(CONFIGS) - {"quick"})),
+      scales=("quick", *sorted(set(CONFIGS) - {"quick"}), "tiny"),
       show=lambda res: {"table1": res["table1"], "fig4": res["fig4"],
                         "seconds": res["seconds"]},
       options={"--seeds": dict(default=",".join(map(str, SEEDS)))})

@@ -12,6 +12,15 @@ Scripts (each ``run(out_dir, scale) -> dict``, output in ``out_dir/<name>/``):
   trained_bounds        Thm 4.1 vs measured MHA Jacobian norms and Lemma A.2(iv) / Cor A.3
                         on the trained prepost checkpoints (seeds 42, 123, 456)
 
+At ``--scale paper`` and ``tiny`` the runner trains the six runs of both training
+experiments (``prepost_training.runs``: 2 placements x seeds 42, 123, 456 of
+``experiments/configs/gpt2_774m.json``, through ``experiments.training.tiny`` at tiny)
+into ``prepost_training/runs/`` before any experiment runs; the two experiments share
+that folder, so ``trained_bounds`` reads the same runs. Paper scale reads the paper's
+FineWeb from the directory named by the env var ``RANKJAX_FINEWEB`` (text or
+ArrayRecord files) and refuses before anything runs without it. ``tiny``: every
+experiment's paper path shrunk (rows of status tiny).
+
 Each experiment's claims (``evidence.Claim``: item, quantity, the paper's number, the
 rule) are declared below at import, before anything runs; the row functions only
 measure and call ``judge``. The rules follow one policy (the constants below and
@@ -19,6 +28,8 @@ EXPECTED.md, "How rows are judged").
 
 Run:  python -m experiments.softmax_sensitivity.reproduce --out runs/softmax --scale quick
       [--only theorem_check,prepost_training]
+      RANKJAX_FINEWEB=/data/fineweb python -m experiments.softmax_sensitivity.reproduce \
+          --out runs/softmax_paper --scale paper
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ import numpy as np
 
 from experiments import evidence, runner
 from experiments.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
+from experiments.softmax_sensitivity import prepost_training
 
 SCRIPTS = ("theorem_check", "certificates_large_L", "prepost_training", "trained_bounds",
            "lemma_checks")
@@ -48,7 +60,9 @@ SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Sh
               "quick_paper_lr": "quick_paper_lr: the quick LM at the paper's peak rate 3e-4 "
                                 "(200 updates, byte-level Shakespeare), not GPT-2 774M",
               "quick_sharpen": "quick_sharpen: the quick LM run 800 updates; chosen after "
-                               "seed 42's outcome (EXPECTED.md), not the preregistered setting"}
+                               "seed 42's outcome (EXPECTED.md), not the preregistered setting",
+              "tiny": "tiny: the 774M config shrunk by experiments.training.tiny (4 layers, "
+                      "d=32, 24 updates, byte-level Shakespeare): not judged"}
 LOSS_UNITS = ("the paper's loss is per GPT-2 BPE token of FineWeb, ours per byte of "
               "Shakespeare at quick scale: not the same unit")
 
@@ -334,34 +348,42 @@ def _trained_bounds_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
   return out
 
 
+_TRAINING_ONLY = "quick_paper_lr and quick_sharpen are training-only scales"
 STUDY = runner.Study(
     name="softmax_sensitivity", title="Softmax sensitivity: paper vs ours",
     experiments={"lemma_checks": runner.Experiment(
                      "lemma_checks", _lemma_rows, folder="lemma_checks", claims=LEMMAS,
-                     why_missing="quick_paper_lr and quick_sharpen are training-only scales"),
+                     scales=("quick", "paper", "tiny"), why_missing=_TRAINING_ONLY),
                  "theorem_check": runner.Experiment(
                      "theorem_check", _theorem_rows, folder="theorem_check", claims=THEOREM,
-                     why_missing="quick_paper_lr and quick_sharpen are training-only scales"),
+                     scales=("quick", "paper", "tiny"), why_missing=_TRAINING_ONLY),
                  "certificates_large_L": runner.Experiment(
                      "certificates_large_L", _certificate_rows, folder="certificates_large_L",
-                     claims=CERTIFICATES, why_missing="quick_paper_lr and quick_sharpen are training-only scales"),
+                     claims=CERTIFICATES, scales=("quick", "paper", "tiny"),
+                     why_missing=_TRAINING_ONLY),
+                 # the two training experiments share one folder: the runs the runner
+                 # trains there at paper and tiny (prepost_training.runs) are read by both
                  "prepost_training": runner.Experiment(
                      "prepost_training", _prepost_rows, folder="prepost_training",
-                     claims=PREPOST, scales=("quick", "quick_paper_lr", "quick_sharpen"),
-                     why_missing="the paper's GPT-2 774M runs (experiments/configs/gpt2_774m.json) are "
-                                 "accelerator jobs"),
+                     claims=PREPOST, scales=("quick", "quick_paper_lr", "quick_sharpen",
+                                             "paper", "tiny"),
+                     needs=prepost_training.needs, runs=prepost_training.runs),
                  "trained_bounds": runner.Experiment(
-                     "trained_bounds", _trained_bounds_rows, folder="trained_bounds",
-                     claims=TRAINED, scales=("quick", "quick_sharpen"),
-                     why_missing="it reads the prepost_training checkpoints of quick and "
-                                 "quick_sharpen only (CPU cost)")},
-    scales=("quick", "quick_paper_lr", "quick_sharpen", "paper"),
+                     "trained_bounds", _trained_bounds_rows, folder="prepost_training",
+                     claims=TRAINED, scales=("quick", "quick_sharpen", "paper", "tiny"),
+                     needs=prepost_training.needs, runs=prepost_training.runs,
+                     why_missing="it reads the prepost_training checkpoints of quick, "
+                                 "quick_sharpen, paper and tiny only (CPU cost)")},
+    scales=("quick", "quick_paper_lr", "quick_sharpen", "paper", "tiny"),
     notes={"quick": "Details, settings the paper leaves open and deviations: EXPECTED.md.",
            "quick_paper_lr": "quick_paper_lr: the quick LM at the paper's peak learning rate "
                              "3e-4, the second quick setting, fixed before its run.",
            "quick_sharpen": "quick_sharpen: the quick model trained 800 updates (warmup 200), "
                             "chosen after seed 42's outcome and overturned by seeds 123 and "
-                            "456 (EXPECTED.md); the preregistered setting is quick."})
+                            "456 (EXPECTED.md); the preregistered setting is quick.",
+           "tiny": "tiny: every experiment's paper path shrunk to a laptop CPU (the six "
+                   "774M runs through experiments.training.tiny, fewer draws elsewhere); "
+                   "measured, not judged against the paper."})
 
 
 def names() -> set[str]:

@@ -35,6 +35,8 @@ SCALES: dict[str, dict[str, Any]] = {
     # the extra temperatures). Fixed before any run (issue 25: >= 10 seeds where cheap).
     "quick": dict(num=100, spread_seeds=10, identity_seeds=(0, 1, 2)),
     "paper": dict(num=500, spread_seeds=40, identity_seeds=(0, 1, 2)),
+    # the paper path shrunk to a laptop CPU in seconds (rows of status tiny)
+    "tiny": dict(num=20, spread_seeds=3, identity_seeds=(0, 1, 2)),
 }
 LENGTHS = (8, 16)        # App D.2
 PAPER_TAU = 1.0          # App D.2, step 1
@@ -186,7 +188,7 @@ def _show(res: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
   runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/theorem_check",
-                     scales=("quick", "paper"), show=_show,
+                     scales=tuple(SCALES), show=_show,
                      options={"--seed": dict(type=int, default=0)})
 
 

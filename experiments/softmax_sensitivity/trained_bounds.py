@@ -2,10 +2,11 @@
 norms, Cor A.3's Post-LN contraction condition, per-row (certificate, p_max) records.
 
 Paper: "Exact Attention Sensitivity and the Geometry of Transformer Stability".
-For the final parameters of the quick Pre-LN and Post-LN runs of ``prepost_training``
-(seeds 42, 123, 456; trained there, or here when missing), on the first ``SEQS`` sequences of one training
-batch, first ``T`` tokens (the attention is causal, so the first ``T`` outputs are
-those of the full sequence), per layer:
+For the final parameters of the Pre-LN and Post-LN runs of ``prepost_training`` at the
+same scale (seeds 42, 123, 456; the runs in ``out_dir/runs``, the folder both experiments
+share: trained there, or here when missing), on the first ``SEQS`` sequences of one
+training batch, first ``T`` tokens (the attention is causal, so the first ``T`` outputs
+are those of the full sequence), per layer:
 
 * the MHA input ``U`` is the captured sublayer input ``X_1`` (``LN(h)`` in Pre-LN,
   the stream ``h`` in Post-LN); the model's ``(d, d)`` projections are split per head
@@ -26,7 +27,11 @@ those of the full sequence), per layer:
   certificate, the paper's) with ``p_max``, entropy and the balance certificate (ours)
   of the same rows, saved to ``rows_<run>.json``.
 
-Run:  python -m experiments.softmax_sensitivity.trained_bounds --out runs/softmax_sensitivity
+Scales: quick, quick_sharpen, paper (``RANKJAX_FINEWEB``, accelerators) and tiny, the
+runs of ``prepost_training.run_configs`` at that scale.
+
+Run:  python -m experiments.softmax_sensitivity.trained_bounds \
+          --out runs/softmax_sensitivity/prepost_training --scale quick
 """
 from __future__ import annotations
 
@@ -176,34 +181,36 @@ def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   return res, recs
 
 
+SCALES = ("quick", "quick_sharpen", "paper", "tiny")
+
+
 def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS) -> dict[str, Any]:
-  """Both placements at each of ``seeds``; writes ``trained_bounds.json`` and the row
-  records."""
-  if scale not in ("quick", "quick_sharpen"):
-    raise ValueError(f"scale {scale!r}: only quick and quick_sharpen run here (it reads the "
-                     "prepost_training checkpoints of that scale)")
+  """Both placements at each of ``seeds``, the ``prepost_training`` runs of ``scale`` in
+  ``out_dir/runs`` (trained when missing); writes ``trained_bounds.json`` and the row
+  records into ``out_dir``."""
+  if scale not in SCALES:
+    raise ValueError(f"scale {scale!r}: trained_bounds runs at {', '.join(SCALES)} (it reads "
+                     "the prepost_training checkpoints of that scale)")
   start = time.time()
-  train_dir = os.path.join(os.path.dirname(os.path.abspath(out_dir)), "prepost_training")
-  pt.use_compile_cache(os.path.join(train_dir, "jax_cache"))
+  pt.use_compile_cache(os.path.join(out_dir, "jax_cache"))
+  trained = pt.train_runs(out_dir, scale, seeds)        # reuses finished runs
   per_seed: dict[str, dict[str, Any]] = {}
   for seed in seeds:
     per_seed[str(seed)] = {}
     for arch in pt.ARCHS:
-      wd = os.path.join(train_dir, "runs", f"{arch}_s{seed}")
-      pt.train_one(pt.make_config(scale, arch, seed), wd)      # reuses a finished run
-      res, recs = analyze_run(wd)
+      res, recs = analyze_run(trained[f"{arch}_s{seed}"][1])
       runner.write_json(out_dir, f"rows_{arch}_s{seed}.json", {"rows": recs})
       per_seed[str(seed)][arch] = res
   result = {"figure": "softmax_sensitivity Thm 4.1 / Cor 4.2 / Cor A.3 on trained checkpoints",
             "scale": scale, "seeds": list(seeds),
             "settings": {"seeds": list(seeds), "seqs": SEQS, "tokens": T,
-                         "rows_per_layer": ROWS, "runs": os.path.join(train_dir, "runs")},
+                         "rows_per_layer": ROWS, "runs": os.path.join(out_dir, "runs")},
             "per_seed": per_seed, "seconds": time.time() - start}
   runner.write_json(out_dir, "trained_bounds.json", result)
   return result
 
 
 if __name__ == "__main__":
-  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/trained_bounds",
-                     scales=["quick", "quick_sharpen"], show=lambda r: {f"{a} s{s}": v["summary"] for s, by in r["per_seed"].items()
+  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/prepost_training",
+                     scales=SCALES, show=lambda r: {f"{a} s{s}": v["summary"] for s, by in r["per_seed"].items()
                                     for a, v in by.items()})
