@@ -19,7 +19,7 @@ all d directions (paper, pretrained Medium: mean 0.96; blocks 1, 2: 1.6, 1.3; ot
 
 At initialization (GPT-2 init, ``gpt2.init_gpt2``) quick scale keeps the depths and
 the 4x FFN and scales the width down (Small d=192, Medium d=256, heads of 64); paper
-scale uses the real sizes. Pretrained weights are read from Hugging Face
+scale uses the real sizes; tiny scale GPT-2-shaped models of L=4, d=64 and L=8, d=128. Pretrained weights are read from Hugging Face
 ``model.safetensors`` files given with ``--checkpoint`` (repeatable); each is measured
 together with a GPT-2 initialization of the same shape. Nothing is downloaded.
 
