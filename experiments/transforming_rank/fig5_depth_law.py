@@ -44,7 +44,7 @@ SCALES = {
                   expansions=(1.0, 4.0),
                   alphas=tuple(2.0 ** (np.arange(-18, 9) / 4)), levels=(0.4, 0.5, 0.6),
                   stream_seeds=8, stream_inputs=64),
-    "tiny": dict(width=16, seeds=2, independent_depths=True, depths=(12, 24, 48, 96),
+    "tiny": dict(width=16, seeds=2, independent_depths=True, depths=(24, 48, 96),
                  expansions=(1.0, 4.0),
                  alphas=tuple(2.0 ** (np.arange(-9, 5) / 2)), levels=(0.4, 0.5, 0.6),
                  stream_seeds=2, stream_inputs=16),

@@ -15,10 +15,10 @@ def _module(name):
 
 
 @pytest.mark.parametrize("name", sorted(reproduce.EXPERIMENTS))
-def test_tiny_settings_have_the_paper_keys(name):
+def test_every_scale_has_the_paper_settings(name):
   scales = _module(name).SCALES
-  assert set(scales) == set(common.SCALE_NAMES)
-  assert set(scales["tiny"]) == set(scales["paper"])
+  assert set(scales) == set(common.SCALE_NAMES)   # quick, paper, tiny
+  assert all(set(scales[s]) == set(scales["paper"]) for s in scales)
   assert "tiny" in reproduce.STUDY.experiments[name].scales
 
 
