@@ -22,7 +22,7 @@ def test_every_scale_has_the_paper_settings(name):
   assert "tiny" in reproduce.STUDY.experiments[name].scales
 
 
-@pytest.mark.slow   # ~4-7 min on 2 cores: every experiment of the study at tiny scale
+@pytest.mark.slow   # ~3.5 min on 2 cores (~5 min loaded): every experiment at tiny scale
 def test_the_study_runs_at_tiny_scale(tmp_path):
   res = runner.run_study(reproduce.STUDY, tmp_path, "tiny")
   assert res["failed"] == []
