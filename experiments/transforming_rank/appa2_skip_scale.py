@@ -45,6 +45,8 @@ SCALES = {
                   lambdas=(0.9, 0.95, 1.0, 1.05, 1.1), betas=("1", "1/sqrt(L)", "1/L")),
     "paper": dict(depth=48, width=256, expansion=4.0, seeds=8,
                   lambdas=(0.9, 0.95, 1.0, 1.05, 1.1), betas=("1", "1/sqrt(L)", "1/L")),
+    "tiny": dict(depth=48, width=16, expansion=4.0, seeds=2,
+                 lambdas=(0.9, 0.95, 1.0, 1.05, 1.1), betas=("1", "1/sqrt(L)", "1/L")),
 }
 KEY = jax.random.PRNGKey(12)
 _A2 = ("App A.2: any lambda != 1 makes the skip path lambda^L explode (lambda > 1) or "

@@ -59,6 +59,10 @@ SCALES = {
                   steps=1000, record_every=50, probe=512, seeds=3, lambdas=(2.0, 3.0),
                   placements=("pre", "post"), dtypes=("float32", "float64"),
                   adam_lr=1e-3, adam_eps=1e-8, sgd_lr=0.05),
+    "tiny": dict(width=8, depth=4, input_dim=8, classes=10, examples=256, batch=16,
+                 steps=20, record_every=5, probe=32, seeds=2, lambdas=(2.0,),
+                 placements=("pre", "post"), dtypes=("float32", "float64"),
+                 adam_lr=1e-3, adam_eps=1e-8, sgd_lr=0.05),
 }
 KEY = jax.random.PRNGKey(44)
 M = 2   # branch matrices (W_up, W_down)

@@ -31,6 +31,7 @@ NAME = "appc_backward"
 SCALES = {
     "quick": dict(depth=512, width=64, seeds=3, inputs=256, classes=10, layer_every=64),
     "paper": dict(depth=512, width=256, seeds=3, inputs=512, classes=10, layer_every=32),
+    "tiny": dict(depth=512, width=16, seeds=2, inputs=64, classes=10, layer_every=32),
 }
 CONFIGS = {
     "M=1 relu": dict(branch_matrices=1, activation="relu"),

@@ -29,6 +29,7 @@ NAME = "appc_mean_growth"
 SCALES = {
     "quick": dict(depth=512, width=64, seeds=3, ns=(256, 1024, 4096), fit_from=50),
     "paper": dict(depth=512, width=256, seeds=3, ns=(512, 4096, 32768), fit_from=50),
+    "tiny": dict(depth=512, width=16, seeds=2, ns=(64, 1024), fit_from=50),
 }
 CONFIGS = {
     "M=1 relu": dict(branch_matrices=1, activation="relu"),

@@ -34,6 +34,8 @@ SCALES = {
                   activations=("relu", "abs", "gelu", "silu")),
     "paper": dict(width=512, seeds=40, ratios=(0.5, 1.0, 2.0, 4.0, 8.0),
                   activations=("relu", "abs", "gelu", "silu")),
+    "tiny": dict(width=16, seeds=2, ratios=(0.5, 2.0, 8.0),
+                 activations=("relu", "abs", "gelu", "silu")),
 }
 KEY = jax.random.PRNGKey(93)
 # Pr[sigma'(z) != 0] for z ~ N(0, 1) (D.1): relu 1/2; abs and the smooth ones 1.

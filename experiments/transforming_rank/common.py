@@ -1,6 +1,6 @@
 """Shared helpers for the Transforming Rank experiment scripts.
 
-Every script exposes ``run(out_dir, scale="quick"|"paper", **overrides) -> dict`` and
+Every script exposes ``run(out_dir, scale="quick"|"paper"|"tiny", **overrides) -> dict`` and
 writes ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
 ``summary`` list of rows, each made by a claim the script declares at import
 (``CLAIMS``, ``experiments.evidence``) and judged after the run; ``experiments.runner``
@@ -34,6 +34,9 @@ from rankjax import plotting  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
 from rankjax.fast_paths import single_blas_thread  # noqa: E402,F401
+
+
+SCALE_NAMES = ("quick", "paper", "tiny")   # the keys of every script's SCALES table
 
 
 def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> dict:
@@ -134,4 +137,5 @@ def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, 
 
 def main(run: Callable[..., dict], description: str) -> None:
   """A script's command line (``runner.script_main``): ``--out``, ``--scale``."""
-  runner.script_main(run, description, default_out="runs/transforming_rank")
+  runner.script_main(run, description, default_out="runs/transforming_rank",
+                     scales=SCALE_NAMES)

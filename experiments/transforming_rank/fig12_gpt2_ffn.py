@@ -19,7 +19,7 @@ all d directions (paper, pretrained Medium: mean 0.96; blocks 1, 2: 1.6, 1.3; ot
 
 At initialization (GPT-2 init, ``gpt2.init_gpt2``) quick scale keeps the depths and
 the 4x FFN and scales the width down (Small d=192, Medium d=256, heads of 64); paper
-scale uses the real sizes. Pretrained weights are read from Hugging Face
+scale uses the real sizes; tiny scale GPT-2-shaped models of L=4, d=64 and L=8, d=128. Pretrained weights are read from Hugging Face
 ``model.safetensors`` files given with ``--checkpoint`` (repeatable); each is measured
 together with a GPT-2 initialization of the same shape. Nothing is downloaded.
 
@@ -50,6 +50,8 @@ SCALES = {
                   probe=-1, top_k=20, seeds=(0, 1, 2), checkpoints=()),
     "paper": dict(models=(("small", 12, 768), ("medium", 24, 1024)), prompt_ids=PROMPT_IDS,
                   probe=-1, top_k=20, seeds=(0, 1, 2), checkpoints=()),
+    "tiny": dict(models=(("small", 4, 64), ("medium", 8, 128)), prompt_ids=PROMPT_IDS,
+                 probe=-1, top_k=20, seeds=(0, 1), checkpoints=()),
 }
 KNOWN = {(12, 768): "small", (24, 1024): "medium", (36, 1280): "large", (48, 1600): "xl"}
 PAPER = {   # App B.3 / D.5 (pretrained); at init every check is exact.
@@ -258,7 +260,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", default="runs/transforming_rank", help="output folder")
-  parser.add_argument("--scale", default="quick", choices=["quick", "paper"])
+  parser.add_argument("--scale", default="quick", choices=list(common.SCALE_NAMES))
   parser.add_argument("--checkpoint", action="append", default=[],
                       help="GPT-2 model.safetensors (file or folder); repeatable")
   parser.add_argument("--prompt-ids", default=None,

@@ -20,6 +20,7 @@ NAME = "fig15_output_norm"
 SCALES = {
     "quick": dict(depth=512, width=64, seeds=10, inputs=512, layer_every=16),
     "paper": dict(depth=512, width=256, seeds=3, inputs=512, layer_every=8),
+    "tiny": dict(depth=512, width=16, seeds=2, inputs=128, layer_every=32),
 }
 PANELS = {
     "a/pre rms": dict(p_norm="rms"),

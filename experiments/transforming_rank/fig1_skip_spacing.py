@@ -22,6 +22,7 @@ NAME = "fig1_skip_spacing"
 SCALES = {
     "quick": dict(depth=48, width=64, seeds=10, expansions=(1.0, 2.0, 4.0, 8.0)),
     "paper": dict(depth=48, width=256, seeds=12, expansions=(1.0, 2.0, 4.0, 8.0)),
+    "tiny": dict(depth=48, width=16, seeds=2, expansions=(1.0, 2.0, 4.0, 8.0)),
 }
 
 

@@ -24,6 +24,8 @@ SCALES = {
                   beta_exponents=(-3, -2, -1, 0)),
     "paper": dict(depth=48, width=256, seeds=3, alpha_exponents=tuple(range(-8, 7)),
                   beta_exponents=(-3, -2, -1, 0)),
+    "tiny": dict(depth=48, width=16, seeds=2, alpha_exponents=tuple(range(-8, 7, 2)),
+                 beta_exponents=(-3, -2, -1, 0)),
 }
 CLAIMS = common.evidence.claims([
     *(common.exact(f"Fig 2b/d: {pos}, equal beta*alpha^2 coincide",

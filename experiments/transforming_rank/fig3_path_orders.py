@@ -26,6 +26,8 @@ SCALES = {
     "paper": dict(depth=48, width=256, seeds=8,
                   alphas=(0.25, 0.35, 0.5, 0.71, 1.0, 1.41, 2.0),
                   panel_c_alphas=(0.5, 1.0, 2.0)),
+    "tiny": dict(depth=48, width=16, seeds=2, alphas=(0.25, 0.5, 1.0, 2.0),
+                 panel_c_alphas=(0.5, 1.0, 2.0)),
 }
 
 INT = common.evidence.Abs(0.5)   # an integer (an order): equal as integers

@@ -30,6 +30,8 @@ SCALES = {
                   alphas=(0.5, 1.0, 2.0), gap_depths=(48, 384)),
     "paper": dict(depth=384, width=256, seeds=3, report_depths=(48, 96, 192, 384),
                   alphas=(0.5, 1.0, 2.0), gap_depths=(48, 96, 192, 384)),
+    "tiny": dict(depth=96, width=16, seeds=2, report_depths=(12, 24, 48, 96),
+                 alphas=(0.5, 1.0, 2.0), gap_depths=(12, 24, 48, 96)),
 }
 KEY = jax.random.PRNGKey(4)
 _L = "at L=384"

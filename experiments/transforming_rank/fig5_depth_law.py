@@ -44,6 +44,10 @@ SCALES = {
                   expansions=(1.0, 4.0),
                   alphas=tuple(2.0 ** (np.arange(-18, 9) / 4)), levels=(0.4, 0.5, 0.6),
                   stream_seeds=8, stream_inputs=64),
+    "tiny": dict(width=16, seeds=2, independent_depths=True, depths=(24, 48, 96),
+                 expansions=(1.0, 4.0),
+                 alphas=tuple(2.0 ** (np.arange(-9, 5) / 2)), levels=(0.4, 0.5, 0.6),
+                 stream_seeds=2, stream_inputs=16),
 }
 KEY = jax.random.PRNGKey(5)
 PAPER_T4 = {("pre", 1.0): (-0.46, -0.50, -0.52), ("pre", 4.0): (-0.57, -0.47, -0.48),

@@ -21,8 +21,8 @@ Data: paper scale reads CIFAR-10 through tfds and never falls back (``rankjax
 reproduce --scale paper`` stops before running when it is not prepared). Quick scale
 takes CIFAR-10 when prepared, else the offline set that
 ``rankjax.data.images.resolve_image_set`` picks (Fashion-MNIST, then sklearn digits,
-with a warning); the set used is in the result (``dataset``), every summary row and
-the figure titles.
+with a warning); tiny scale trains on sklearn digits (always available). The set used
+is in the result (``dataset``), every summary row and the figure titles.
 
 All runs of one (placement, M, depth) cell, i.e. every (alpha, eta, seed), train in
 one jitted program: ``sweep_trainer`` vmaps a pure-JAX Adam loop (``optax.adam``,
@@ -78,6 +78,13 @@ SCALES = {
                   rank_width=256, fig16_depths=(10, 20, 50, 100, 200, 500, 1000),
                   fig16_steps=5000, fig16_large_lr_max_depth=200, magnitude_depth=1000,
                   magnitude_inputs=256, norm_eps=1e-6, dataset="cifar10", data_dir=None),
+    "tiny": dict(width=8, batch=16, steps=100, train_examples=512, test_examples=256,
+                 alphas=(0.5, 1.0, 2.0, 4.0), depths=(12, 24),
+                 placements=("pre", "post", "output"), lrs=PAPER_LRS, seeds=1,
+                 spread_cells=(("post", 12), ("pre", 24)),
+                 rank_width=16, fig16_depths=(10, 200), fig16_steps=100,
+                 fig16_large_lr_max_depth=100, magnitude_depth=100, magnitude_inputs=64,
+                 norm_eps=1e-6, dataset="digits", data_dir=None),
 }
 KEY = jax.random.PRNGKey(6)
 

@@ -33,6 +33,8 @@ SCALES = {
                   inputs_rank=1024, layer_every=8, fit_from=50),
     "paper": dict(depth=512, width=256, seeds=3, inputs_mean=32768, inputs_align=4096,
                   inputs_rank=512, layer_every=8, fit_from=50),
+    "tiny": dict(depth=512, width=16, seeds=2, inputs_mean=256, inputs_align=256,
+                 inputs_rank=256, layer_every=8, fit_from=50),
 }
 PANEL_INPUTS = {"mean": "inputs_mean", "align": "inputs_align", "rank": "inputs_rank"}
 CONFIGS = {

@@ -27,6 +27,8 @@ SCALES = {
                   ratios=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0)),
     "paper": dict(width=256, seeds=40, product_seeds=20,
                   ratios=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0)),
+    "tiny": dict(width=16, seeds=2, product_seeds=2,
+                 ratios=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0)),
 }
 
 CLAIMS = common.evidence.claims([

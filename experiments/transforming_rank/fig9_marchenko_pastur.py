@@ -25,6 +25,7 @@ ACTS = ("relu", "gelu", "silu", "abs")
 SCALES = {
     "quick": dict(width=128, seeds=6, ratios=(2, 4, 8), d7_ratios=(4, 8, 16, 32)),
     "paper": dict(width=512, seeds=40, ratios=(2, 4, 8), d7_ratios=(4, 8, 16, 32)),
+    "tiny": dict(width=16, seeds=2, ratios=(2, 4, 8), d7_ratios=(4, 8, 16, 32)),
 }
 
 CLAIMS = common.evidence.claims([

@@ -14,6 +14,10 @@ initialization (quick: depths 12 / 24, width scaled down); pretrained weights:
 ``rankjax reproduce transforming_rank --only fig12 --checkpoint PATH`` (repeatable: GPT-2
 Small and Medium; Hugging Face ``model.safetensors`` or its folder; nothing is
 downloaded), judged against the paper's pretrained numbers.
+Tiny scale (``--scale tiny``, every script's ``SCALES["tiny"]``) runs the paper scale's
+code path with widths 8-32, two seeds, fewer sweep points and steps (Fig 6 on sklearn
+digits, Fig 12 on GPT-2-shaped models of d=64 / 128) in a few CPU minutes; its rows are
+measured, not judged (status ``tiny``).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import importlib
 from typing import Sequence
 
 from experiments import runner
+from experiments.transforming_rank import common
 
 EXPERIMENTS = {
     "fig1": "fig1_skip_spacing",
@@ -70,7 +75,7 @@ def _needs_cifar10(scale: str) -> str | None:
 STUDY = runner.Study(
     name="transforming_rank",
     title="Transforming Rank: paper vs rankjax",
-    experiments={name: runner.Experiment(module, _rows,
+    experiments={name: runner.Experiment(module, _rows, scales=common.SCALE_NAMES,
                                          needs=_needs_cifar10 if name == "fig6" else None,
                                          claims=claims(name),
                                          options=("checkpoints",) if name == "fig12" else ())
@@ -78,7 +83,11 @@ STUDY = runner.Study(
     aliases=ALIASES,
     notes={"quick": "Quick scale: the paper's depths, ratios (m/d, beta*alpha^M, L) and sweeps "
                     "with width mostly 256 -> 64 and fewer seeds; width-dependent numbers (e.g. "
-                    "a one-direction rank loss, 1/d) are expected to differ. See EXPECTED.md."})
+                    "a one-direction rank loss, 1/d) are expected to differ. See EXPECTED.md.",
+           "tiny": "Tiny scale: the paper scale's code path at widths 8-32, two seeds and "
+                   "fewer sweep points and steps (Fig 6 on sklearn digits); a row's quantity "
+                   "may name the paper's depth (e.g. L=384) where the tiny run is shallower "
+                   "(the settings are in each results file). Measured, not judged."})
 
 
 def names() -> set[str]:

@@ -27,6 +27,7 @@ SCALES = {
                   n_sweep=(256, 512, 1024, 2048, 4096)),
     "paper": dict(width=256, inputs=1024, seeds=10, sweep_seeds=3,
                   n_sweep=(256, 512, 1024, 2048, 4096)),
+    "tiny": dict(width=32, inputs=128, seeds=2, sweep_seeds=2, n_sweep=(32, 64, 128)),
 }
 PAPER = {"abs": (0.637, 1.57, 1.56), "relu": (0.318, 3.14, 3.09), "gelu": (0.187, 5.35, 5.16),
          "silu": (0.120, 8.33, 7.86), "tanh": (0.0, float("inf"), 50.66)}
