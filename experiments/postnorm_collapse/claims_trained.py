@@ -253,12 +253,18 @@ def fig3_fig5_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
 F10 = "Figs 10-11, another seed (warmup LR 1.5e-2)"
 FIG10_ITEMS = ("a transition", "alpha stays below 2.5", "most attention c < 1 after",
                "most FFN c < 1 after", "layer-1 gradient drops by orders")
-FIG10 = evidence.claims([c for c in _transition_claims(F10)
+F10_PAPER = "Figs 10-11, another seed (Post-Norm LR 8e-4)"
+FIG10 = evidence.claims([c for prefix in (F10, F10_PAPER) for c in _transition_claims(prefix)
                          if c.item.split(": ", 1)[1] in FIG10_ITEMS])
 
 
 def fig10_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   o = res["ours"]
+  if res.get("scale", "quick") != "quick":      # the paper's runs: seeds after 0
+    others = {name.rsplit("seed", 1)[1]: a for name, a in o.items()}
+    note = (f"the paper's collapsing run at seeds {list(others)} (seed 0 is the Figs 3-5 "
+            f"row), {res['scale']} scale; unmasked")
+    return _transition_rows(FIG10, F10_PAPER, others, note, FIG10_ITEMS)
   others = {str(s): o[sl.warmup_run_name(sl.MAIN_WARMUP_LR, s)] for s in sl.WARMUP_SEEDS[1:]}
   note = ("the paper's Figs 10-11 repeat Figs 3-5 on one other seed; ours: seeds "
           f"{list(others)} (seed 0 is the Figs 3-5 row); unmasked")
@@ -271,26 +277,29 @@ def _f12(lr: float) -> str:
 
 FIG12_ITEMS = ("alpha stays below 2.5", "most attention c < 1 after", "most FFN c < 1 after",
                "layer-1 gradient drops by orders", "last-layer gradient changes much less")
+PAPER_ABLATION_LRS = (1.2e-3, 1.5e-3, 1.8e-3)     # paper_runs.ABLATION_LRS (App F.4)
 FIG12 = evidence.claims(
     [Claim(f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded", "max of "
            "alpha_k^l (masked) over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run "
            "median", f35.ALPHA_PAPER_MAX, Bound("<"), "issue 25 item 6")
-     for lr in sl.ABLATION_LRS]
+     for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
     + [Claim(f"{_f12(lr)}: collapses", "collapse onset found (1) or not (0): last-layer t_sim "
            "stays >= 0.99", 1.0, Bound(">="), "App F.4: the run collapses at each LR")
-     for lr in sl.ABLATION_LRS]
-    + [c for lr in sl.ABLATION_LRS for c in _transition_claims(_f12(lr))
+     for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
+    + [c for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS for c in _transition_claims(_f12(lr))
        if c.item.split(": ", 1)[1] in FIG12_ITEMS])
 
 
 def fig12_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   rows = []
-  for lr in sl.ABLATION_LRS:
+  paper = res.get("scale", "quick") != "quick"
+  for lr in PAPER_ABLATION_LRS if paper else sl.ABLATION_LRS:
     if f"lr{lr}" not in res["ours"]:
       continue      # not trained in this output folder (fig12's "not_run")
     a = res["ours"][f"lr{lr}"]
-    note = ("seed 0 only (n = 1: three more ablation runs per seed did not fit the budget);"
-            " alpha and c masked where both gradient norms < 1e-10 (App F.4); window centred"
+    note = (("seed 0 (one run per LR, as the paper's App F.4);" if paper else
+             "seed 0 only (n = 1: three more ablation runs per seed did not fit the budget);")
+            + " alpha and c masked where both gradient norms < 1e-10 (App F.4); window centred"
             f" on the {'transition' if a.get('transition_found') else 'onset'}")
     rows.append(FIG12[f"{_f12(lr)}: collapses"].judge(
         1.0 if a.get("onset_step") is not None else 0.0, note=note))

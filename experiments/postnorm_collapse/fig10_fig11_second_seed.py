@@ -74,9 +74,12 @@ def same_trajectory(workdir_a: str, workdir_b: str) -> dict[str, Any]:
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """Trains (or reuses) the runs and writes ``fig10_fig11.json`` and the PNGs."""
+  """Trains (or reuses) the runs and writes ``fig10_fig11.json`` and the PNGs (paper /
+  tiny: :func:`run_paper`)."""
+  if scale in ("paper", "tiny"):
+    return run_paper(out_dir, scale)
   if scale != "quick":
-    raise ValueError("only the quick scale runs here (see collapse_study.py)")
+    raise ValueError(f"fig10 has the quick, paper and tiny scales, not {scale!r}")
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []
@@ -111,6 +114,27 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   common.write_json(out_dir, "fig10_fig11.json", result)
   return result
 
+
+def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
+  """Figs 10-11: Figs 3-5's analysis of the paper's collapsing run (Post-Norm 8e-4,
+  ``paper_runs``) at its other seeds (seed 0 is Figs 3-5's); ``ours[run name]``."""
+  from experiments import training
+  from experiments.postnorm_collapse import paper_runs
+  start = time.time()
+  ours: dict[str, Any] = {}
+  files: list[str] = []
+  for seed in paper_runs.seeds(scale)[1:]:
+    name = paper_runs.post_collapse(seed)
+    paper_runs.train(out_dir, name, scale)
+    a = f35.analyze(training.workdir(out_dir, name), grad_window=f35.GRAD_WINDOW)
+    files += f35.plot(a, out_dir, name, ("fig10", "fig11", "fig11grad"), f35.GRAD_WINDOW)
+    a.pop("_series")
+    ours[name] = a
+  result = {"figure": f"postnorm_collapse Figs 10-11 (App F.3), {scale} scale", "scale": scale,
+            "paper": PAPER, "ours": ours, "files": files, "seconds": time.time() - start,
+            "settings": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.seeds(scale)[1:])}}
+  common.write_json(out_dir, f"fig10_fig11_{scale}.json", result)
+  return result
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
   ax[0].set(title="training loss", xlabel="update")
   ax[1].set(title="last-layer token similarity", xlabel="update")
   ax[0].legend(fontsize=7)
-  fig.suptitle("Figs 12-20 overview: Post-Norm, 20 warmup updates, seed 0", fontsize=9)
+  fig.suptitle("Figs 12-20 overview: Post-Norm with warmup, seed 0", fontsize=9)
   fig.tight_layout()
   path = os.path.join(out_dir, "fig12_fig20_overview.png")
   plotting.save_figure(fig, path, dpi=110)
@@ -80,9 +80,12 @@ def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """Trains (or reuses) the three runs and writes ``fig12_fig20.json`` and the PNGs."""
+  """Trains (or reuses) the three runs and writes ``fig12_fig20.json`` and the PNGs
+  (paper / tiny: :func:`run_paper`)."""
+  if scale in ("paper", "tiny"):
+    return run_paper(out_dir, scale)
   if scale != "quick":
-    raise ValueError("only the quick scale runs here (see collapse_study.py)")
+    raise ValueError(f"fig12 has the quick, paper and tiny scales, not {scale!r}")
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []
@@ -119,6 +122,39 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   common.write_json(out_dir, "fig12_fig20.json", result)
   return result
 
+
+def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
+  """Figs 12-20 of the paper's ablation runs (Post-Norm at 1.2e-3, 1.5e-3, 1.8e-3 with the
+  paper's warmup, ``paper_runs``), masked as App F.4, beside the main 8e-4 run."""
+  from experiments import training
+  from experiments.postnorm_collapse import paper_runs
+  start = time.time()
+  ours: dict[str, Any] = {}
+  files: list[str] = []
+  workdirs: dict[str, str] = {}
+  names = [(f"lr {lr:g}", f"lr{lr}", paper_runs.ablation(lr)) for lr in paper_runs.ABLATION_LRS]
+  names.append((f"lr {paper_runs.COLLAPSE_LR:g} (main)", f"lr{paper_runs.COLLAPSE_LR}_main",
+                paper_runs.post_collapse(0)))
+  for i, (label, key, name) in enumerate(names):
+    wd = paper_runs.train(out_dir, name, scale)
+    workdirs[label] = wd
+    a = f35.analyze(training.workdir(out_dir, name), mask_threshold=f35.MASK_THRESHOLD,
+                    grad_window=f35.GRAD_WINDOW)
+    if i < len(paper_runs.ABLATION_LRS):
+      figs = (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")
+      files += f35.plot(a, out_dir, key, figs, f35.GRAD_WINDOW)
+    a.pop("_series")
+    ours[key] = a
+  files.append(_overview(out_dir, workdirs))
+  result = {"figure": f"postnorm_collapse Figs 12-20 (App F.4), {scale} scale", "scale": scale,
+            "paper": PAPER,
+            "settings": {"learning_rates": list(paper_runs.ABLATION_LRS),
+                         "config": paper_runs.CONFIG, "mask_threshold": f35.MASK_THRESHOLD,
+                         "mask_rule": "both", "grad_window": list(f35.GRAD_WINDOW), "seed": 0},
+            "summary": {k: {lr: v.get(k) for lr, v in ours.items()} for k in SUMMARY_KEYS},
+            "ours": ours, "not_run": [], "files": files, "seconds": time.time() - start}
+  common.write_json(out_dir, f"fig12_fig20_{scale}.json", result)
+  return result
 
 
 if __name__ == "__main__":

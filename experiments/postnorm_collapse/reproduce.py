@@ -4,8 +4,8 @@ Each script's ``run(out_dir/<folder>, scale)`` (the training scripts share
 ``out_dir/collapse`` so the collapsing run is trained once) gives a result that
 ``ROWS[name]`` turns into rows, each judged by a claim of ``CLAIMS[name]`` declared
 before the run (``claims_init``, ``claims_trained``; ``summary.json``, ``summary.md``). A script
-that fails is a failed row and the others still run. ``collapse`` and ``fig3_fig5``
-train the paper's own runs at ``--scale paper`` (48 layers, C4, LR 8e-4 / 6e-4:
+that fails is a failed row and the others still run. ``collapse``, ``fig3_fig5``,
+``fig10`` and ``fig12`` train the paper's own runs at ``--scale paper`` (48 layers, C4, LR 8e-4 / 6e-4:
 ``paper_runs``; ``rankjax train`` runs under ``collapse/runs/``) and the same configs
 shrunk at ``--scale tiny``; the other training scripts have only the quick scale (at
 paper / tiny a ``missing`` row, and ``rankjax reproduce`` exits 1 naming them).
@@ -50,6 +50,9 @@ TRAINING = {"collapse", "fig3_fig5", "fig6", "thm38", "fig10", "fig12", "propd2"
 PAPER_TRAINING = {
     "collapse": paper_runs.runs_of(*paper_runs.ROLES.values()),
     "fig3_fig5": paper_runs.runs_of(paper_runs.post_collapse),
+    "fig10": paper_runs.runs_of(paper_runs.post_collapse),
+    "fig12": paper_runs.runs_of(names=(paper_runs.post_collapse(0), *map(
+        paper_runs.ablation, paper_runs.ABLATION_LRS))),
 }
 # the claims each experiment's rows judge, declared at import (before anything runs), and
 # the functions that turn a result into those rows (claims_init, claims_trained)
@@ -72,8 +75,8 @@ def _experiment(name: str) -> runner.Experiment:
     scales = ("quick", "paper", "tiny")
   return runner.Experiment(module, ROWS[name], folder=folder, scales=scales,
                            claims=CLAIMS[name], runs=PAPER_TRAINING.get(name),
-                           why_missing="its paper-scale runs are not written yet (only collapse "
-                                       "and fig3_fig5 train the paper's runs: "
+                           why_missing="its paper-scale runs are not written yet (collapse, "
+                                       "fig3_fig5, fig10 and fig12 train the paper's runs: "
                                        "experiments/postnorm_collapse/paper_runs.py)")
 
 
