@@ -147,6 +147,9 @@ def _summary(res: dict[str, Any]) -> dict[str, Any]:
   return s
 
 
+PAPER_SEQUENCES = 4     # paper / tiny: sequences of the trained batch (as init_random's 4)
+
+
 def exact_collapse(mcfg, batch_tokens: tuple[int, ...], seed: int = 0) -> dict[str, Any]:
   """Exact collapse per sequence: sequence ``b`` repeats token ``batch_tokens[b]``;
   float64, ``norm_eps = 0``, random labels, init parameters."""
@@ -169,13 +172,16 @@ def init_random(mcfg, batch: int = 4, seed: int = 0) -> dict[str, Any]:
   return norm_growth(mcfg, params, tokens, targets)
 
 
-def trained(out_dir: str) -> dict[str, Any]:
-  """The collapsed run's final parameters on its first training batch."""
+def trained(out_dir: str, workdir: str | None = None, sequences: int | None = None
+            ) -> dict[str, Any]:
+  """The collapsed run's final parameters on its first training batch (its first
+  ``sequences``; quick: the no-warmup collapse run unless ``workdir``)."""
   from rankjax.train import loop, tasks
   from rankjax.train.run_reader import load_run
-  r = load_run(collapse_study.train_run("post_collapse", out_dir))
+  r = load_run(workdir or collapse_study.train_run("post_collapse", out_dir))
   cfg = r.config
-  batch = next(loop.make_data_iterator(cfg, tasks.make_task(cfg)))
+  batch = {k: np.asarray(v)[:sequences]
+           for k, v in next(loop.make_data_iterator(cfg, tasks.make_task(cfg))).items()}
   params = jax.tree.map(jnp.asarray, r.params)
   res = norm_growth(cfg.lm, params, jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"]),
                     lr=cfg.learning_rate)
@@ -183,21 +189,31 @@ def trained(out_dir: str) -> dict[str, Any]:
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """Prop D.2 in the four settings of the module docstring; writes ``propd2.json``."""
-  if scale != "quick":
-    raise ValueError("only the quick scale runs here (it reuses the quick collapse run)")
+  """Prop D.2 in the four settings of the module docstring; writes ``propd2.json``.
+  Paper / tiny: the paper's model and its collapsing run (Post-Norm 8e-4, seed 0,
+  ``paper_runs``), the trained setting on ``PAPER_SEQUENCES`` sequences."""
   start = time.time()
-  mcfg = common.load_config(collapse_study.RUNS["post_collapse"][0]).lm
+  workdir = sequences = None
+  if scale in ("paper", "tiny"):
+    from experiments.postnorm_collapse import paper_runs
+    name = paper_runs.post_collapse(0)
+    mcfg, config = paper_runs.config(name, scale).lm, paper_runs.CONFIG
+    workdir, sequences = paper_runs.train(out_dir, name, scale), PAPER_SEQUENCES
+  elif scale == "quick":
+    config = collapse_study.RUNS["post_collapse"][0]
+    mcfg = common.load_config(config).lm
+  else:
+    raise ValueError(f"propd2 has the quick, paper and tiny scales, not {scale!r}")
   settings = {"exact_one_sequence": exact_collapse(mcfg, (7,)),
               "exact_per_sequence_batch": exact_collapse(mcfg, (7, 11, 42, 100)),
               "init_random_tokens": init_random(mcfg)}
-  tr = trained(out_dir)
+  tr = trained(out_dir, workdir, sequences)
   settings["trained_collapsed"] = tr["rows"]
   ours = {name: _summary(res) for name, res in settings.items()}
   result = {"figure": "postnorm_collapse Prop D.2 (App D.3)", "scale": scale,
             "paper": {"claim": "at exact collapse <Y_k, U_k> = 0, so ||Y_k(eta)||^2 = "
                                "||Y_k||^2 + eta^2 ||U_k||^2 > ||Y_k||^2 for every eta > 0"},
-            "settings": {"config": collapse_study.RUNS["post_collapse"][0],
+            "settings": {"config": config,
                          "trained_step": tr["step"], "trained_lr": tr["learning_rate"],
                          "step": "eta = 0.1 ||Y_k|| / ||U_k|| per layer"},
             "ours": ours, "seconds": time.time() - start}

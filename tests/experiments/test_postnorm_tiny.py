@@ -29,33 +29,41 @@ def test_paper_runs_are_the_papers_protocol():
           cfg.clip_norm, cfg.weight_decay, cfg.b1, cfg.b2, cfg.dataset) == \
       (2048, 256, 40000, 2000, "cosine", 1.0, 0.1, 0.9, 0.95, "c4/en")
   lrs = {n: paper_runs.config(n, "paper").learning_rate for n in paper_runs.RUNS}
-  assert sorted(set(lrs.values())) == [6e-4, 8e-4]
+  assert sorted(set(lrs.values())) == [6e-4, 8e-4, 1.2e-3, 1.5e-3, 1.8e-3]
   assert paper_runs.config(paper_runs.pre_same_lr(1), "paper").lm.norm_position == "pre"
   assert paper_runs.config(paper_runs.post_collapse(2), "paper").diag_every == 1   # Fig 5
   runs = STUDY.experiments["collapse"].runs("paper")
   assert len(runs) == 9 and {c.seed for c in runs.values()} == {0, 1, 2}
   assert STUDY.experiments["collapse"].runs("quick") == {}
+  ablation = STUDY.experiments["fig12"].runs("paper")
+  assert sorted(c.learning_rate for c in ablation.values()) == [8e-4, 1.2e-3, 1.5e-3, 1.8e-3]
+  assert all(c.warmup_steps == 2000 and c.diag_every == 1 for c in ablation.values())
+  # the experiments without a paper-scale path say so (missing, the command exits 1)
+  assert [n for n, e in STUDY.experiments.items() if "paper" not in e.scales] == ["fig6", "sec43"]
 
 
 @pytest.mark.slow
 def test_tiny_collapse_and_figs_3_5_train_once_and_give_tiny_rows(tmp_path, capsys):
   out = tmp_path / "pn"
-  res = runner.run_study(STUDY, out, "tiny", ["collapse", "fig3"])
+  only = ["collapse", "fig3", "fig10", "fig12", "thm38", "propd2"]
+  res = runner.run_study(STUDY, out, "tiny", only)
   assert res["failed"] == [] and res["analysed"]
   rows = res["rows"]
-  assert {r["experiment"] for r in rows} == {"collapse", "fig3_fig5"}
+  assert {r["experiment"] for r in rows} == {"collapse", "fig3_fig5", "fig10", "fig12", "thm38",
+                                             "propd2"}
   assert {r["status"] for r in rows} == {"tiny"} and {r["scale"] for r in rows} == {"tiny"}
   seeded = [r for r in rows if r["seeds"]]
   assert seeded and all(r["seeds"] == [0, 1] for r in seeded)
   workdirs = sorted((out / "collapse" / "runs").iterdir())
-  assert [w.name for w in workdirs] == sorted(STUDY.experiments["collapse"].runs("tiny"))
+  assert [w.name for w in workdirs] == sorted(
+      {n for e in only for n in STUDY.experiments[STUDY.aliases.get(e, e)].runs("tiny")})
   results = json.loads((out / "results" / "tiny" / "collapse.json").read_text())
   assert results["provenance"]["commit"] and results["scale"] == "tiny"
   plan = capsys.readouterr().out
-  assert "plan: 6 training runs (6 to train)" in plan
+  assert "plan: 9 training runs (9 to train)" in plan      # 3 roles x 2 seeds + 3 ablation LRs
   stamps = {w.name: (w / "metrics.jsonl").stat().st_mtime_ns for w in workdirs}
-  again = runner.run_study(STUDY, out, "tiny", ["collapse", "fig3"])   # nothing retrained
-  assert "plan: 6 training runs (0 to train)" in capsys.readouterr().out
+  again = runner.run_study(STUDY, out, "tiny", only)      # nothing retrained
+  assert "plan: 9 training runs (0 to train)" in capsys.readouterr().out
   assert stamps == {w.name: (w / "metrics.jsonl").stat().st_mtime_ns for w in workdirs}
   assert [r["ours"] for r in again["rows"]] == [r["ours"] for r in rows]
 
