@@ -126,13 +126,26 @@ def finished(path: str, cfg) -> bool:
   return not [k for k in differ if k not in checkpoint.RESUMABLE_FIELDS]
 
 
+class Preempted(RuntimeError):
+  """A run saved a checkpoint and stopped on SIGTERM / Ctrl-C (``rankjax reproduce``
+  exits 75, as ``rankjax train``: run the same command again to resume)."""
+
+
 def train(path: str, cfg) -> str:
   """Trains ``cfg`` in ``path`` unless it finished there; resumes a half-done run.
-  Every process of a multi-host job calls it (the step is one SPMD program)."""
+  Every process of a multi-host job calls it (the step is one SPMD program).
+
+  Raises:
+    Preempted: the run was stopped by SIGTERM or Ctrl-C after saving (nothing after it
+      may run: the analysis would read an unfinished run).
+  """
   if finished(path, cfg):
     return path
   from rankjax.train.loop import train as train_loop
-  train_loop(cfg, path, progress_bar=False)
+  result = train_loop(cfg, path, progress_bar=False)
+  if result.status == "preempted":
+    raise Preempted(f"{path}: saved at update {result.step} and stopped (SIGTERM or Ctrl-C); "
+                    "run the same command again to resume")
   return path
 
 
@@ -223,12 +236,13 @@ def device_memory() -> tuple[str, int, float | None]:
   return local[0].device_kind, jax.device_count(), (float(limit) if limit else None)
 
 
-def measured_mfu(device_kind: str) -> float | None:
+def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | None:
   """The training MFU the device check measured on ``device_kind``
-  (``experiments/benchmarks/device_check.json``: ``{"train_mfu": {kind: mfu}}``), or
-  None when it never ran there."""
+  (``experiments/benchmarks/device_check.json``: ``{"train_mfu": {kind: mfu}}``, the lower
+  of its two paper steps; written by ``device_check.py``), or None when it never ran
+  there."""
   import json
-  path = ROOT / "experiments" / "benchmarks" / "device_check.json"
+  path = path or ROOT / "experiments" / "benchmarks" / "device_check.json"
   if not path.is_file():
     return None
   return (json.loads(path.read_text()).get("train_mfu") or {}).get(device_kind)

@@ -3,6 +3,7 @@
 #
 #   launch/tpu_pod.sh setup TPU ZONE                 copy this checkout to every worker, install
 #   launch/tpu_pod.sh train TPU ZONE CONFIG WORKDIR [--set key=value ...]
+#   launch/tpu_pod.sh reproduce TPU ZONE STUDY --scale paper --out gs://bucket/DIR
 #   launch/tpu_pod.sh logs  TPU ZONE [WORKER]        tail a worker's log (default 0)
 #   launch/tpu_pod.sh stop  TPU ZONE                 SIGTERM every worker (saves a checkpoint)
 #
@@ -16,7 +17,7 @@
 # PYTHON (default python3 on the VMs).
 set -euo pipefail
 
-usage() { sed -n '2,17p' "$0"; exit 2; }
+usage() { sed -n '2,18p' "$0"; exit 2; }
 [[ $# -ge 3 ]] || usage
 cmd=$1 tpu=$2 zone=$3
 shift 3
@@ -51,6 +52,17 @@ case "$cmd" in
       JAX_COMPILATION_CACHE_DIR=\${JAX_COMPILATION_CACHE_DIR:-$(printf '%q' "$workdir")/xla_cache} \
       setsid nohup $py -m rankjax.cli train \
       --config $(printf '%q' "$config") --workdir $(printf '%q' "$workdir")$extra \
+      > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
+      echo started on \$(hostname)"
+    ;;
+  reproduce)
+    # a study's experiments on every worker: each trains the runs, worker 0 analyses and
+    # writes the report (rankjax reproduce; OUT must be gs:// or storage all workers see)
+    [[ $# -ge 1 ]] || usage
+    extra=""
+    for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
+    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 \
+      setsid nohup $py -m rankjax.cli reproduce$extra \
       > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
       echo started on \$(hostname)"
     ;;

@@ -22,7 +22,8 @@ rerunning it skips finished runs and resumes half-done ones. On a multi-host job
 same command on every host: ``launch/``) every process trains, process 0 alone
 analyses, records and builds the report. ``--scale tiny`` runs the paper-scale code
 path at laptop sizes (rows ``tiny``, not judged against the paper).
-``--scale paper`` refuses to start without an accelerator (exit 2; ``--allow-cpu``
+A run stopped by SIGTERM (preemption, a time limit) saves and the command exits 75, as
+``rankjax train`` (requeue and rerun: it resumes). ``--scale paper`` refuses to start without an accelerator (exit 2; ``--allow-cpu``
 overrides), and a requested experiment with no path at the chosen scale makes the
 command exit 1 naming it (its row still says ``missing``): never a quiet exit 0. The
 experiments ship with the source checkout (not with an installed wheel), so this
@@ -203,8 +204,12 @@ def _command(args) -> int:
   sharding.maybe_initialize_distributed()           # before any other JAX call (multi-host)
   check_accelerator(args.scale, args.allow_cpu)     # ValueError: one line, exit 2 (cli)
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
+  preempted = _runner().training.Preempted
   try:
     results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options)
+  except preempted as e:                             # every process stopped at the same run
+    print(f"rankjax reproduce: {e}", file=sys.stderr)
+    return 75
   finally:        # the other processes of a multi-host job wait for process 0's analysis
     sharding.wait_for_every_process("rankjax_reproduce_done")
   bad = failed(results)

@@ -64,10 +64,12 @@ def fixed_batch_run(cfg, batch_size: int, steps: int, seed: int = 0) -> dict[str
   from rankjax.train import loop, tasks
   from rankjax.train.state import make_init, make_optimizer, make_step
   cfg = config_lib.override(cfg, [f"batch_size={batch_size}", f"total_steps={steps}",
-                                  "diag_every=0", f"seed={seed}"])
+                                  "diag_every=0", f"seed={seed}",
+                                  f"grad_accum={min(cfg.grad_accum, batch_size)}"])
   task = tasks.make_task(cfg)
   batch = next(loop.make_data_iterator(cfg, task))
-  batch = jax.tree.map(lambda x: np.asarray(x)[None], batch)      # (1, B, T)
+  batch = jax.tree.map(lambda x: np.asarray(x).reshape(cfg.grad_accum, -1, *x.shape[1:]),
+                       batch)                                     # (accum, B / accum, T)
   tx = make_optimizer(cfg, task.stacked_roots)
   state = jax.jit(make_init(task, tx, cfg.seed))()
   step = jax.jit(make_step(task, cfg, tx))
@@ -87,9 +89,12 @@ def _tail(x) -> float:
 
 
 def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[str, Any]:
-  """Fig 6 at quick scale; writes ``fig6.json`` and ``fig6.png``."""
+  """Fig 6 at quick scale (paper / tiny: :func:`run_paper`); writes ``fig6.json`` and
+  ``fig6.png``."""
+  if scale in ("paper", "tiny"):
+    return run_paper(out_dir, scale)
   if scale != "quick":
-    raise ValueError("only the quick scale runs here (see collapse_study.py)")
+    raise ValueError(f"fig6 has the quick, paper and tiny scales, not {scale!r}")
   from rankjax.train.run_reader import load_run
   start = time.time()
   base = collapse_study.RUNS["post_collapse"][0]
@@ -163,6 +168,87 @@ def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[s
             "ours": ours, "seconds": time.time() - start}
   common.write_json(out_dir, "fig6.json", {**result, "left": left, "right": right,
                                            "right_original": right_original})
+  return result
+
+
+# paper / tiny: updates of the one-batch / one-sequence runs (the paper does not say; the
+# warmup of the paper's schedule, 2000, fixed before any run), and at tiny the tiny runs'
+PAPER_FIXED_STEPS = 2000
+
+
+def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
+  """Fig 6 from the paper's runs (``paper_runs``): left, the no-warmup run on the full
+  stream (Post-Norm 8e-4) beside the same config on one fixed batch and on one fixed
+  sequence, at every seed, each against the frequency loss of its labels (Sec 4.3: 500M
+  tokens of the stream at paper scale); right, the ablation runs at 1.2e-3, 1.5e-3,
+  1.8e-3 against the stream's frequency loss."""
+  from experiments import training
+  from experiments.postnorm_collapse import paper_runs
+  from rankjax.train.run_reader import load_run
+  start = time.time()
+  seeds = paper_runs.seeds(scale)
+  cfg = paper_runs.config(paper_runs.post_nowarmup(seeds[0]), scale)
+  batches = (-(-collapse_study.PAPER_FREQ_TOKENS // (cfg.batch_size * cfg.seq_len))
+             if scale == "paper" else collapse_study.STREAM_FREQ_BATCHES)
+  stream_freq = collapse_study.stream_frequency_loss(cfg, batches)
+  steps = PAPER_FIXED_STEPS if scale == "paper" else training.TINY_STEPS
+  by_seed: dict[str, dict[int, Any]] = {"full_stream": {}, "one_batch": {}, "one_sequence": {}}
+  for seed in seeds:
+    name = paper_runs.post_nowarmup(seed)
+    hist = [h for h in load_run(paper_runs.train(out_dir, name, scale)).history
+            if h.get("kind", "train") == "train"]
+    by_seed["full_stream"][seed] = {
+        "step": [h["step"] for h in hist], "loss": [h["loss"] for h in hist],
+        "freq_loss": stream_freq, "tokens": batches * cfg.batch_size * cfg.seq_len}
+    seed_cfg = paper_runs.config(name, scale)
+    by_seed["one_batch"][seed] = fixed_batch_run(seed_cfg, seed_cfg.batch_size, steps, seed)
+    by_seed["one_sequence"][seed] = fixed_batch_run(seed_cfg, 1, steps, seed)
+  ours: dict[str, Any] = {}
+  for k, runs in by_seed.items():
+    tails = [_tail(v["loss"]) for v in runs.values()]
+    freqs = [v["freq_loss"] for v in runs.values()]
+    ours[k] = {"seeds": list(runs), "final_loss_tail_mean": tails, "freq_loss": freqs,
+               "gap": [t - f for t, f in zip(tails, freqs)],
+               "relative_gap": [(t - f) / f for t, f in zip(tails, freqs)],
+               "label_tokens": next(iter(runs.values()))["tokens"]}
+  right = {}
+  for lr in paper_runs.ABLATION_LRS:
+    r = load_run(paper_runs.train(out_dir, paper_runs.ablation(lr), scale))
+    h = [x for x in r.history if x.get("kind", "train") == "train"]
+    t = _tail([x["loss"] for x in h])
+    right[f"{lr:g}"] = {"step": [x["step"] for x in h], "loss": [x["loss"] for x in h]}
+    ours[f"warmup_lr{lr:g}"] = {"final_loss_tail_mean": t, "freq_loss": stream_freq,
+                                "gap": t - stream_freq,
+                                "relative_gap": (t - stream_freq) / stream_freq,
+                                "last_tsim_final": float(r.diagnostics["postnorm/last_tsim"][-1])}
+  left = {k: v[seeds[0]] for k, v in by_seed.items()}
+  plt = common.pyplot()
+  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+  for i, (k, v) in enumerate(left.items()):
+    ax[0].plot(v.get("step", np.arange(1, len(v["loss"]) + 1)), v["loss"], color=f"C{i}",
+               lw=0.8, label=k)
+    ax[0].axhline(v["freq_loss"], color=f"C{i}", ls="--", lw=0.8)
+  ax[0].set(title="no warmup: loss vs frequency loss (dashed)", xlabel="step", ylabel="loss")
+  ax[0].legend(fontsize=7)
+  for i, (lr, v) in enumerate(right.items()):
+    ax[1].plot(v["step"], v["loss"], color=f"C{i}", lw=0.8, label=f"lr {lr}")
+  ax[1].axhline(stream_freq, color="k", ls="--", lw=0.8, label="stream frequency loss")
+  ax[1].set(title="the paper's warmup", xlabel="step")
+  ax[1].legend(fontsize=7)
+  fig.suptitle(f"Fig 6 ({scale})", fontsize=9)
+  fig.tight_layout()
+  os.makedirs(out_dir, exist_ok=True)
+  plotting.save_figure(fig, os.path.join(out_dir, f"fig6_{scale}.png"), dpi=110)
+  plt.close(fig)
+  result = {"figure": f"postnorm_collapse Fig 6 (Sec 4.3), {scale} scale", "scale": scale,
+            "settings": {"config": paper_runs.CONFIG, "fixed_steps": steps,
+                         "seeds": list(seeds), "stream_freq_batches": batches,
+                         "warmup_lrs": list(paper_runs.ABLATION_LRS),
+                         "no_warmup_lr": paper_runs.COLLAPSE_LR},
+            "paper": {"claim": "after collapse each loss stays near the frequency loss of its "
+                               "label collection (aggregated labels)"},
+            "ours": ours, "seconds": time.time() - start}
+  common.write_json(out_dir, f"fig6_{scale}.json", {**result, "left": left, "right": right})
   return result
 
 

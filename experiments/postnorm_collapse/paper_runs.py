@@ -14,14 +14,16 @@ layers, d=512, d_ff=1536, 4 heads, SwiGLU, RMSNorm, Llama-2 tokenizer, C4, T=204
   pre_lr8e-4_seed{s}    Pre-Norm at 8e-4, everything else matched (Sec 4: "all architectural
                         and optimization settings are matched except for normalization")
   post_lr6e-4_seed{s}   Post-Norm at 6e-4: "trains stably for 40000 steps" (App F.5)
+  post_nowarmup_lr8e-4_seed{s}  Fig 6 left's no-warmup run (the paper does not give its
+                        rate: ours is the collapsing 8e-4, fixed before any run)
   post_lr{lr}_seed0     Post-Norm at the App F.4 ablation rates 1.2e-3, 1.5e-3, 1.8e-3 (Figs
                         12-20; one run each, as the paper and the quick ablation), with the
                         diagnostics of the collapsing run
 
 at seeds ``SEEDS`` (the paper shows one run each; issue 25 asks >= 3 for a trained result;
 ``TINY_SEEDS`` at tiny).
-The other training experiments of the study (Fig 6's one-batch / one-sequence scopes,
-Thm 3.8, Prop D.2, Sec 4.3) have no paper-scale path yet (their rows say ``missing``, and the command exits 1 naming them).
+Sec 4.3's per-batch references (``sec43``: the labels of every update re-read) have no
+paper-scale path yet (their rows say ``missing``, and the command exits 1 naming them).
 """
 from __future__ import annotations
 
@@ -50,6 +52,10 @@ def post_stable(seed: int) -> str:
   return f"post_lr6e-4_seed{seed}"
 
 
+def post_nowarmup(seed: int) -> str:
+  return f"post_nowarmup_lr8e-4_seed{seed}"
+
+
 def ablation(lr: float) -> str:
   return f"post_lr{lr:g}_seed0"
 
@@ -63,6 +69,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     **{post_stable(s): (f"learning_rate={STABLE_LR}", f"seed={s}") for s in SEEDS},
     **{ablation(lr): (f"learning_rate={lr}", "seed=0", "diag_every=1", DIAGS)
        for lr in ABLATION_LRS},
+    **{post_nowarmup(s): (f"learning_rate={COLLAPSE_LR}", "warmup_steps=0", f"seed={s}")
+       for s in SEEDS},
 }
 # the roles of collapse_study.RUNS (the quick runs) at this scale
 ROLES = {"post_collapse": post_collapse, "pre_same_lr": pre_same_lr,

@@ -39,18 +39,18 @@ def test_paper_runs_are_the_papers_protocol():
   assert sorted(c.learning_rate for c in ablation.values()) == [8e-4, 1.2e-3, 1.5e-3, 1.8e-3]
   assert all(c.warmup_steps == 2000 and c.diag_every == 1 for c in ablation.values())
   # the experiments without a paper-scale path say so (missing, the command exits 1)
-  assert [n for n, e in STUDY.experiments.items() if "paper" not in e.scales] == ["fig6", "sec43"]
+  assert [n for n, e in STUDY.experiments.items() if "paper" not in e.scales] == ["sec43"]
 
 
 @pytest.mark.slow
 def test_tiny_collapse_and_figs_3_5_train_once_and_give_tiny_rows(tmp_path, capsys):
   out = tmp_path / "pn"
-  only = ["collapse", "fig3", "fig10", "fig12", "thm38", "propd2"]
+  only = ["collapse", "fig3", "fig6", "fig10", "fig12", "thm38", "propd2"]
   res = runner.run_study(STUDY, out, "tiny", only)
   assert res["failed"] == [] and res["analysed"]
   rows = res["rows"]
-  assert {r["experiment"] for r in rows} == {"collapse", "fig3_fig5", "fig10", "fig12", "thm38",
-                                             "propd2"}
+  assert {r["experiment"] for r in rows} == {"collapse", "fig3_fig5", "fig6", "fig10", "fig12",
+                                             "thm38", "propd2"}
   assert {r["status"] for r in rows} == {"tiny"} and {r["scale"] for r in rows} == {"tiny"}
   seeded = [r for r in rows if r["seeds"]]
   assert seeded and all(r["seeds"] == [0, 1] for r in seeded)
@@ -60,10 +60,11 @@ def test_tiny_collapse_and_figs_3_5_train_once_and_give_tiny_rows(tmp_path, caps
   results = json.loads((out / "results" / "tiny" / "collapse.json").read_text())
   assert results["provenance"]["commit"] and results["scale"] == "tiny"
   plan = capsys.readouterr().out
-  assert "plan: 9 training runs (9 to train)" in plan      # 3 roles x 2 seeds + 3 ablation LRs
+  # 3 roles x 2 seeds, 3 ablation LRs, Fig 6's no-warmup run x 2 seeds
+  assert "plan: 11 training runs (11 to train)" in plan
   stamps = {w.name: (w / "metrics.jsonl").stat().st_mtime_ns for w in workdirs}
   again = runner.run_study(STUDY, out, "tiny", only)      # nothing retrained
-  assert "plan: 9 training runs (0 to train)" in capsys.readouterr().out
+  assert "plan: 11 training runs (0 to train)" in capsys.readouterr().out
   assert stamps == {w.name: (w / "metrics.jsonl").stat().st_mtime_ns for w in workdirs}
   assert [r["ours"] for r in again["rows"]] == [r["ours"] for r in rows]
 

@@ -130,3 +130,34 @@ def test_tiny_rows_are_not_judged():
   assert row["status"] == "tiny"
   assert runner._filled("x", {"item": "i", "status": "failed"}, "tiny")["status"] == "failed"
   assert json.dumps(row)
+
+
+def test_the_device_checks_measured_mfu_feeds_the_plan(tmp_path, monkeypatch):
+  import importlib
+  monkeypatch.syspath_prepend(str(training.ROOT / "experiments" / "benchmarks"))  # a script
+  device_check = importlib.import_module("device_check")
+  path = tmp_path / "device_check.json"
+  assert training.measured_mfu("NVIDIA H200", path) is None
+  device_check.write_measured_mfu("NVIDIA H200", [{"mfu_spec": 0.41}, {"mfu_spec": 0.47}], path)
+  device_check.write_measured_mfu("TPU v5 lite", [{"mfu_spec": None}], path)   # no peak: none
+  assert training.measured_mfu("NVIDIA H200", path) == 0.41     # the lower of the two steps
+  assert training.measured_mfu("TPU v5 lite", path) is None
+
+
+def test_a_preempted_run_stops_reproduce_with_exit_75(tmp_path, monkeypatch, capsys):
+  """SIGTERM during a run (the loop saved and returned "preempted"): nothing after it
+  runs (no analysis of an unfinished run), and the command exits 75 as rankjax train."""
+  from rankjax.train import loop
+  seen = []
+
+  def preempted(cfg, workdir, **kw):
+    seen.append(str(workdir))
+    return loop.TrainResult(workdir=workdir, step=3, status="preempted", metrics={},
+                            start_step=0)
+  monkeypatch.setattr(loop, "train", preempted)
+  code = cli.main(["reproduce", "postnorm_collapse", "--scale", "tiny", "--only", "fig3",
+                   "--out", str(tmp_path / "out")])
+  err = capsys.readouterr().err
+  assert code == 75 and len(seen) == 1
+  assert "saved at update 3 and stopped" in err and "run the same command again" in err
+  assert not (tmp_path / "out" / "postnorm_collapse" / "summary.json").exists()
