@@ -229,8 +229,9 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
              [n for n in names if scale not in study.experiments[n].scales])
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  training.train_all(training_runs(study, [n for n in names if n not in missing], scale, out),
-                     cache_dir=out / "xla_cache")
+  untrained = training.train_all(
+      training_runs(study, [n for n in names if n not in missing], scale, out),
+      cache_dir=out / "xla_cache")
   if jax.process_index() != 0:
     return {"results": {}, "rows": [], "failed": [], "seconds": {}, "analysed": False}
   package = study.package or f"{__package__ or 'experiments'}.{study.name}"
@@ -242,6 +243,10 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
       continue
     start = time.time()
     try:
+      bad = [e for p, e in untrained.items()
+             if p in training_runs(study, [name], scale, out)]
+      if bad:
+        raise RuntimeError("; ".join(bad))
       module = importlib.import_module(f"{package}.{exp.module}")
       given = {k: v for k, v in options.items() if k in exp.options}
       result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale,

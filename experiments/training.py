@@ -151,17 +151,31 @@ def train(path: str, cfg) -> str:
 
 def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = None
               ) -> dict[str, str]:
-  """``{workdir: cfg}`` -> the same workdirs, each trained (or skipped when finished).
-  ``cache_dir``: JAX's persistent compilation cache for the runs (runs that differ only
-  in seed or learning rate compile once), unless one is configured already."""
+  """Trains each of ``runs`` ({workdir: cfg}; skipped when finished) and returns
+  {workdir: one-line error} of the runs that failed (a NaN loss, a bad config): the
+  experiments that read them fail, the others still run. ``cache_dir``: JAX's persistent
+  compilation cache for the runs (runs that differ only in seed or learning rate compile
+  once), unless one is configured already.
+
+  Raises:
+    Preempted: a run was stopped by SIGTERM / Ctrl-C (nothing after it runs).
+  """
   import jax
   if cache_dir is not None and runs and not jax.config.jax_compilation_cache_dir:
     from rankjax.train.loop import enable_compilation_cache
     enable_compilation_cache(str(cache_dir))
+  failed: dict[str, str] = {}
   for path, cfg in runs.items():
     print(f"train {path}", flush=True)
-    train(path, cfg)
-  return dict(runs)
+    try:
+      train(path, cfg)
+    except Preempted:
+      raise
+    except Exception as e:  # noqa: BLE001 (the experiments reading it fail, one line each)
+      failed[path] = f"training {os.path.basename(path)}: {type(e).__name__}: " + (
+          str(e).splitlines() or [""])[0][:300]
+      print(failed[path], flush=True)
+  return failed
 
 
 # ---------------------------------------------------------------------------------------

@@ -83,6 +83,59 @@ def fixed_batch_run(cfg, batch_size: int, steps: int, seed: int = 0) -> dict[str
           "tokens": int(np.prod(batch["targets"].shape))}
 
 
+def warmup_curve(r) -> dict[str, Any]:
+  """A loaded run's training loss curve and its last-layer t_sim at the end."""
+  h = [x for x in r.history if x.get("kind", "train") == "train"]
+  return {"step": [x["step"] for x in h], "loss": [x["loss"] for x in h],
+          "last_tsim_final": float(r.diagnostics["postnorm/last_tsim"][-1])}
+
+
+def stream_gap(curve: dict[str, Any], stream_freq: float) -> dict[str, float]:
+  """A warmup run's tail loss against the stream's frequency loss."""
+  t = _tail(curve["loss"])
+  return {"final_loss_tail_mean": t, "freq_loss": stream_freq, "gap": t - stream_freq,
+          "relative_gap": (t - stream_freq) / stream_freq,
+          "last_tsim_final": curve["last_tsim_final"]}
+
+
+def scope_gaps(by_seed: dict[str, dict[int, Any]]) -> dict[str, Any]:
+  """Per label scope (full stream, one batch, one sequence): each seed's tail loss
+  against the frequency loss of its own labels."""
+  ours: dict[str, Any] = {}
+  for k, runs in by_seed.items():
+    tails = [_tail(v["loss"]) for v in runs.values()]
+    freqs = [v["freq_loss"] for v in runs.values()]
+    ours[k] = {"seeds": list(runs), "final_loss_tail_mean": tails, "freq_loss": freqs,
+               "gap": [t - f for t, f in zip(tails, freqs)],
+               "relative_gap": [(t - f) / f for t, f in zip(tails, freqs)],
+               "label_tokens": next(iter(runs.values()))["tokens"]}
+  return ours
+
+
+def figure(left: dict, right: dict, stream_freq: float, path: str, scale: str,
+           right_title: str) -> None:
+  """Fig 6: left, the no-warmup scopes against their frequency losses (dashed); right,
+  the warmup runs against the stream's."""
+  plt = common.pyplot()
+  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+  for i, (k, v) in enumerate(left.items()):
+    x = v.get("step", np.arange(1, len(v["loss"]) + 1))
+    ax[0].plot(x, v["loss"], color=f"C{i}", lw=0.8, label=k)
+    ax[0].axhline(v["freq_loss"], color=f"C{i}", ls="--", lw=0.8)
+  ax[0].set(title="no warmup: loss vs frequency loss (dashed)", xlabel="step", ylabel="loss")
+  ax[0].legend(fontsize=7)
+  for i, (lr, v) in enumerate(right.items()):
+    ax[1].plot(v["step"], v["loss"], color=f"C{i}", lw=0.8, label=f"lr {lr}")
+  ax[1].axhline(stream_freq, color="k", ls="--", lw=0.8, label="stream frequency loss")
+  ax[1].set(title=right_title, xlabel="step")
+  ax[1].legend(fontsize=7)
+  fig.suptitle(f"Fig 6 ({scale})", fontsize=9)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  plotting.save_figure(fig, path, dpi=110)
+  plt.close(fig)
+
+
 def _tail(x) -> float:
   x = np.asarray(x)
   return float(x[-max(len(x) // 5, 1):].mean())
@@ -120,43 +173,13 @@ def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[s
       for lr in lrs:
         if not sl.finished(name_of(lr), out_dir):
           continue     # not trained here (sl.finished): its row is absent
-        r = load_run(sl.train(name_of(lr), out_dir))
-        h = [x for x in r.history if x.get("kind", "train") == "train"]
-        panel[f"{lr:g}"] = {"step": [x["step"] for x in h], "loss": [x["loss"] for x in h],
-                            "last_tsim_final": float(r.diagnostics["postnorm/last_tsim"][-1])}
-  ours: dict[str, Any] = {}
-  for k, runs in by_seed.items():
-    tails = [_tail(v["loss"]) for v in runs.values()]
-    freqs = [v["freq_loss"] for v in runs.values()]
-    ours[k] = {"seeds": list(runs), "final_loss_tail_mean": tails, "freq_loss": freqs,
-               "gap": [t - f for t, f in zip(tails, freqs)],
-               "relative_gap": [(t - f) / f for t, f in zip(tails, freqs)],
-               "label_tokens": next(iter(runs.values()))["tokens"]}
+        panel[f"{lr:g}"] = warmup_curve(load_run(sl.train(name_of(lr), out_dir)))
+  ours = scope_gaps(by_seed)
   for prefix, panel in (("warmup_lr", right), ("original_warmup_lr", right_original)):
     for lr, v in panel.items():
-      t = _tail(v["loss"])
-      ours[f"{prefix}{lr}"] = {"final_loss_tail_mean": t, "freq_loss": stream_freq,
-                               "gap": t - stream_freq,
-                               "relative_gap": (t - stream_freq) / stream_freq,
-                               "last_tsim_final": v["last_tsim_final"]}
-  plt = common.pyplot()
-  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
-  for i, (k, v) in enumerate(left.items()):
-    x = v.get("step", np.arange(1, len(v["loss"]) + 1))
-    ax[0].plot(x, v["loss"], color=f"C{i}", lw=0.8, label=k)
-    ax[0].axhline(v["freq_loss"], color=f"C{i}", ls="--", lw=0.8)
-  ax[0].set(title="no warmup: loss vs frequency loss (dashed)", xlabel="step", ylabel="loss")
-  ax[0].legend(fontsize=7)
-  for i, (lr, v) in enumerate(right.items()):
-    ax[1].plot(v["step"], v["loss"], color=f"C{i}", lw=0.8, label=f"lr {lr}")
-  ax[1].axhline(stream_freq, color="k", ls="--", lw=0.8, label="stream frequency loss")
-  ax[1].set(title=f"warmup {WARMUP_STEPS} steps", xlabel="step")
-  ax[1].legend(fontsize=7)
-  fig.suptitle(f"Fig 6 ({scale})", fontsize=9)
-  fig.tight_layout()
-  os.makedirs(out_dir, exist_ok=True)
-  plotting.save_figure(fig, os.path.join(out_dir, "fig6.png"), dpi=110)
-  plt.close(fig)
+      ours[f"{prefix}{lr}"] = stream_gap(v, stream_freq)
+  figure(left, right, stream_freq, os.path.join(out_dir, "fig6.png"), scale,
+         f"warmup {WARMUP_STEPS} steps")
   result = {"figure": "postnorm_collapse Fig 6 (Sec 4.3)", "scale": scale,
             "settings": {"config": base, "fixed_steps": FIXED_STEPS,
                          "warmup_steps": WARMUP_STEPS, "warmup_total": WARMUP_TOTAL,
@@ -203,43 +226,15 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
     seed_cfg = paper_runs.config(name, scale)
     by_seed["one_batch"][seed] = fixed_batch_run(seed_cfg, seed_cfg.batch_size, steps, seed)
     by_seed["one_sequence"][seed] = fixed_batch_run(seed_cfg, 1, steps, seed)
-  ours: dict[str, Any] = {}
-  for k, runs in by_seed.items():
-    tails = [_tail(v["loss"]) for v in runs.values()]
-    freqs = [v["freq_loss"] for v in runs.values()]
-    ours[k] = {"seeds": list(runs), "final_loss_tail_mean": tails, "freq_loss": freqs,
-               "gap": [t - f for t, f in zip(tails, freqs)],
-               "relative_gap": [(t - f) / f for t, f in zip(tails, freqs)],
-               "label_tokens": next(iter(runs.values()))["tokens"]}
+  ours = scope_gaps(by_seed)
   right = {}
   for lr in paper_runs.ABLATION_LRS:
-    r = load_run(paper_runs.train(out_dir, paper_runs.ablation(lr), scale))
-    h = [x for x in r.history if x.get("kind", "train") == "train"]
-    t = _tail([x["loss"] for x in h])
-    right[f"{lr:g}"] = {"step": [x["step"] for x in h], "loss": [x["loss"] for x in h]}
-    ours[f"warmup_lr{lr:g}"] = {"final_loss_tail_mean": t, "freq_loss": stream_freq,
-                                "gap": t - stream_freq,
-                                "relative_gap": (t - stream_freq) / stream_freq,
-                                "last_tsim_final": float(r.diagnostics["postnorm/last_tsim"][-1])}
+    right[f"{lr:g}"] = warmup_curve(load_run(paper_runs.train(out_dir, paper_runs.ablation(lr),
+                                                              scale)))
+    ours[f"warmup_lr{lr:g}"] = stream_gap(right[f"{lr:g}"], stream_freq)
   left = {k: v[seeds[0]] for k, v in by_seed.items()}
-  plt = common.pyplot()
-  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
-  for i, (k, v) in enumerate(left.items()):
-    ax[0].plot(v.get("step", np.arange(1, len(v["loss"]) + 1)), v["loss"], color=f"C{i}",
-               lw=0.8, label=k)
-    ax[0].axhline(v["freq_loss"], color=f"C{i}", ls="--", lw=0.8)
-  ax[0].set(title="no warmup: loss vs frequency loss (dashed)", xlabel="step", ylabel="loss")
-  ax[0].legend(fontsize=7)
-  for i, (lr, v) in enumerate(right.items()):
-    ax[1].plot(v["step"], v["loss"], color=f"C{i}", lw=0.8, label=f"lr {lr}")
-  ax[1].axhline(stream_freq, color="k", ls="--", lw=0.8, label="stream frequency loss")
-  ax[1].set(title="the paper's warmup", xlabel="step")
-  ax[1].legend(fontsize=7)
-  fig.suptitle(f"Fig 6 ({scale})", fontsize=9)
-  fig.tight_layout()
-  os.makedirs(out_dir, exist_ok=True)
-  plotting.save_figure(fig, os.path.join(out_dir, f"fig6_{scale}.png"), dpi=110)
-  plt.close(fig)
+  figure(left, right, stream_freq, os.path.join(out_dir, f"fig6_{scale}.png"), scale,
+         "the paper's warmup")
   result = {"figure": f"postnorm_collapse Fig 6 (Sec 4.3), {scale} scale", "scale": scale,
             "settings": {"config": paper_runs.CONFIG, "fixed_steps": steps,
                          "seeds": list(seeds), "stream_freq_batches": batches,

@@ -161,3 +161,36 @@ def test_a_preempted_run_stops_reproduce_with_exit_75(tmp_path, monkeypatch, cap
   assert code == 75 and len(seen) == 1
   assert "saved at update 3 and stopped" in err and "run the same command again" in err
   assert not (tmp_path / "out" / "postnorm_collapse" / "summary.json").exists()
+
+
+def test_a_failed_run_fails_the_experiments_that_read_it_only(tmp_path, monkeypatch):
+  """A run that raises (here: a NaN loss) is one failed row for each experiment reading
+  it; an experiment that does not read it still runs."""
+  from experiments.postnorm_collapse.reproduce import STUDY
+  monkeypatch.setattr(training, "train_all", lambda runs, cache_dir=None: {
+      p: "training x: NonFiniteLossError: loss is nan at update 3"
+      for p in runs if "post_lr0.0012" in p})
+  res = runner.run_study(STUDY, tmp_path / "out", "tiny", ["fig7", "fig12"])
+  assert res["failed"] == ["fig12"]
+  (row,) = [r for r in res["rows"] if r["experiment"] == "fig12"]
+  assert row["status"] == "failed" and "NonFiniteLossError: loss is nan" in row["note"]
+  assert {r["status"] for r in res["rows"] if r["experiment"] == "fig7"} == {"tiny"}
+
+
+def test_train_all_records_a_failure_and_goes_on_but_stops_on_preemption(monkeypatch):
+  from rankjax.train import loop
+  done = []
+
+  def train(path, cfg):
+    if path == "b":
+      raise loop.NonFiniteLossError("loss is nan at update 3\nmore")
+    if path == "d":
+      raise training.Preempted("d: saved at update 2 and stopped")
+    done.append(path)
+  monkeypatch.setattr(training, "train", train)
+  assert training.train_all({"a": None, "b": None, "c": None}) == {
+      "b": "training b: NonFiniteLossError: loss is nan at update 3"}
+  assert done == ["a", "c"]
+  with pytest.raises(training.Preempted):
+    training.train_all({"d": None, "e": None})
+  assert done == ["a", "c"]
