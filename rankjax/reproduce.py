@@ -173,6 +173,9 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   plan = (_split_all(only) if only else {s: None for s in studies()}) if name == "all" \
       else {name: only}
   plan = {s: names for s, names in plan.items() if names is None or names}
+  if (record or check) and scale == "tiny":
+    raise ValueError("--scale tiny measures the code path at laptop sizes: its rows are not "
+                     "evidence (no --record or --check with it)")
   if options and (record or check):
     raise ValueError("--checkpoint measures your weights: its numbers are not the committed "
                      "results (no --record or --check with it)")

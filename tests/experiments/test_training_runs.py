@@ -194,3 +194,11 @@ def test_train_all_records_a_failure_and_goes_on_but_stops_on_preemption(monkeyp
   with pytest.raises(training.Preempted):
     training.train_all({"d": None, "e": None})
   assert done == ["a", "c"]
+
+
+@pytest.mark.parametrize("flag", ["--record", "--check"])
+def test_tiny_results_are_never_recorded_as_evidence(tmp_path, capsys, flag):
+  code = cli.main(["reproduce", "postnorm_collapse", "--scale", "tiny", "--only", "fig7",
+                   flag, "--out", str(tmp_path / "out")])
+  assert code == 2 and "its rows are not evidence" in capsys.readouterr().err
+  assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.json"))
