@@ -488,6 +488,10 @@ class TrainConfig(JsonConfig):
     async_checkpointing: write checkpoints in the background.
     eval_every: evaluate on ``eval_batches`` batches of ``eval_split`` every N
       updates (0: never).
+    image_every: TensorBoard's per-layer profile images at update 1 and on the first
+      diagnostics step of every N updates (drawing one is ~0.3-0.8 s of host time in the
+      loop: at every diagnostics step of a 40000-update run with diag_every=1 that would
+      be hours); scalars, histograms and the saved arrays at every diagnostics step.
   """
 
   model: str = "lm"
@@ -526,6 +530,7 @@ class TrainConfig(JsonConfig):
   eval_every: int = _field(0, resumable=True, build=False)
   eval_batches: int = _field(10, resumable=True, build=False)
   eval_split: str = _field("validation", resumable=True, build=False)
+  image_every: int = _field(100, resumable=True, build=False)
 
   def __post_init__(self):
     # Which names train is rankjax.train.tasks' registry (require_task): configs import
@@ -582,6 +587,7 @@ class TrainConfig(JsonConfig):
       raise ValueError(f"async_checkpointing={self.async_checkpointing!r} must be true or false")
     _non_negative_int("eval_every", self.eval_every)
     _positive_int("eval_batches", self.eval_batches)
+    _positive_int("image_every", self.image_every)
 
   @property
   def micro_batch_size(self) -> int:

@@ -50,12 +50,6 @@ from rankjax.train.logging import MetricsWriter
 from rankjax.train.state import TrainState, make_eval_step, make_init, make_optimizer, make_step
 
 
-# TensorBoard's per-layer profile images: at most one drawing per diagnostic every this
-# many updates (drawing is host time in the loop: at diag_every=1 over 40000 updates,
-# one per step would cost hours; the arrays themselves are in every checkpoint)
-IMAGE_EVERY = 100
-
-
 class NonFiniteLossError(RuntimeError):
   """The loss or the gradient norm became NaN or Inf; the run stopped."""
 
@@ -321,7 +315,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
   MetricsWriter.truncate(workdir, start)
   writer = MetricsWriter(workdir, total_steps=cfg.total_steps, log_every=cfg.log_every,
                          start_step=start, stream=stream, progress_bar=progress_bar,
-                         image_every=IMAGE_EVERY, diag_every=cfg.diag_every)
+                         image_every=cfg.image_every, diag_every=cfg.diag_every)
   writer.backfill(start, history)   # events a kill lost before they reached the files
   writer.message(
       f"{'resumed' if restored is not None else 'started'} {workdir} at step {start}: "

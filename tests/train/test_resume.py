@@ -178,11 +178,11 @@ def test_tensorboard_holds_each_step_once_after_kill_and_resume(runs):
 @pytest.mark.slow
 def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, tmp_path):
   """MLP, diagnostics at 1, 2, 4, 6, 8: SIGKILL after update 6 (checkpoint 4), resume.
-  The per-layer profile image is in the event files once at each diagnostics step,
-  as in the uninterrupted run."""
+  The per-layer profile image (``image_every=1``: at every diagnostics step) is in the
+  event files once at each diagnostics step, as in the uninterrupted run."""
   from rankjax.train import tensorboard as tb
   pytest.importorskip("tensorboardX")
-  cfg = tiny_mlp(diag_every=2, diag_examples=4)
+  cfg = tiny_mlp(diag_every=2, diag_examples=4, image_every=1)
   full = train(cfg, tmp_path / "full", progress_bar=False)
   assert full.step == 8
   code, _, err = worker(cfg, tmp_path / "killed", "--kill-at", "6", "--wait-checkpoint", "4")
