@@ -26,6 +26,7 @@ tokenizer file missing, a config that the devices cannot hold).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 from typing import Any, Mapping
@@ -182,15 +183,18 @@ def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = No
 # The plan and the refusals, before anything trains
 
 
+@functools.lru_cache(maxsize=None)
 def _task(cfg):
+  """The run's Task (cached: the plan, the memory estimate and the refusals all ask)."""
   from rankjax.train import tasks
   return tasks.make_task(cfg)
 
 
-def _param_count(task) -> int:
+@functools.lru_cache(maxsize=None)
+def _param_count(cfg) -> int:
   import jax
   import numpy as np
-  shapes = jax.eval_shape(task.init, jax.random.key(0))
+  shapes = jax.eval_shape(_task(cfg).init, jax.random.key(0))
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
 
 
@@ -207,8 +211,7 @@ def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
   ``loss_chunk`` x vocabulary float32 logits and their gradient (the whole micro-batch's
   when ``loss_chunk`` is 0). An MLP keeps width x depth x (1 + expansion) per example.
   """
-  task = _task(cfg)
-  n = _param_count(task)
+  n = _param_count(cfg)
   width = 2 if cfg.compute_dtype == "bfloat16" else 4
   fsdp = cfg.mesh_fsdp if 0 < cfg.mesh_fsdp <= num_devices else num_devices
   state = n * (16 + (width if width != 4 else 0)) / max(fsdp, 1)
