@@ -14,10 +14,11 @@
 # checkpoint holds one data-iterator file per worker. Re-running `train` with the
 # same WORKDIR resumes; so does a slice recreated after preemption (same size).
 # Environment: PROJECT (default: gcloud's), RANKJAX_DIR (default ~/rankjax on the VMs),
-# PYTHON (default python3 on the VMs).
+# PYTHON (default python3 on the VMs). setup installs launch/requirements-tpu.txt (the
+# pinned versions); train / reproduce set LIBTPU_INIT_ARGS from launch/xla_flags.sh.
 set -euo pipefail
 
-usage() { sed -n '2,18p' "$0"; exit 2; }
+usage() { sed -n '2,20p' "$0"; exit 2; }
 [[ $# -ge 3 ]] || usage
 cmd=$1 tpu=$2 zone=$3
 shift 3
@@ -26,6 +27,9 @@ project_flag=()
 remote_dir=${RANKJAX_DIR:-'~/rankjax'}
 py=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")/.." && pwd)
+# async collective fusion / overlap flags for libtpu (launch/xla_flags.sh; yours win)
+source "$here/launch/xla_flags.sh"
+libtpu_args=$(printf '%q' "${RANKJAX_TPU_LIBTPU_ARGS}${LIBTPU_INIT_ARGS:+ $LIBTPU_INIT_ARGS}")
 
 ssh_all() {
   gcloud compute tpus tpu-vm ssh "$tpu" --zone "$zone" "${project_flag[@]}" --worker=all \
@@ -38,7 +42,7 @@ case "$cmd" in
     gcloud compute tpus tpu-vm scp /tmp/rankjax_src.tgz "$tpu":/tmp/rankjax_src.tgz \
       --zone "$zone" "${project_flag[@]}" --worker=all
     ssh_all "mkdir -p $remote_dir && tar -xzf /tmp/rankjax_src.tgz -C $remote_dir && \
-      $py -m pip install -q -U 'jax[tpu]' gcsfs -e $remote_dir"
+      $py -m pip install -q -r $remote_dir/launch/requirements-tpu.txt -e $remote_dir"
     ;;
   train)
     [[ $# -ge 2 ]] || usage
@@ -48,7 +52,7 @@ case "$cmd" in
     for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
     # nohup + setsid: the run survives the ssh session; one log per worker.
     # the compilation cache next to the run: a restarted slice loads the compiled step
-    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 \
+    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
       JAX_COMPILATION_CACHE_DIR=\${JAX_COMPILATION_CACHE_DIR:-$(printf '%q' "$workdir")/xla_cache} \
       setsid nohup $py -m rankjax.cli train \
       --config $(printf '%q' "$config") --workdir $(printf '%q' "$workdir")$extra \
@@ -61,7 +65,7 @@ case "$cmd" in
     [[ $# -ge 1 ]] || usage
     extra=""
     for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
-    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 \
+    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
       setsid nohup $py -m rankjax.cli reproduce$extra \
       > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
       echo started on \$(hostname)"
