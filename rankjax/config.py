@@ -484,6 +484,11 @@ class TrainConfig(JsonConfig):
     diagnostics: names of registered diagnostics (``rankjax.train.diagnostics``).
     diag_examples: examples of the last micro-batch the diagnostics see (0: all).
     checkpoint_every: save every N updates (and at the end and on SIGTERM).
+    checkpoint_minutes: also save when this many minutes have passed since the last
+      save (or the loop's start) and no save is still being written (0: off): for
+      preemptible pods, where a preemption without warning loses the updates since the
+      last save. Process 0's clock decides; every process agrees on the step (Orbax's
+      ``ContinuousCheckpointingPolicy``, through the coordination service).
     max_to_keep: checkpoints kept on disk (the diagnostics history is in each).
     async_checkpointing: write checkpoints in the background.
     eval_every: evaluate on ``eval_batches`` batches of ``eval_split`` every N
@@ -525,6 +530,7 @@ class TrainConfig(JsonConfig):
   diagnostics: tuple[str, ...] = ("basic",)
   diag_examples: int = 8
   checkpoint_every: int = _field(1000, resumable=True, build=False)
+  checkpoint_minutes: float = _field(0.0, resumable=True, build=False)
   max_to_keep: int = _field(3, resumable=True, build=False)
   async_checkpointing: bool = _field(True, resumable=True, build=False)
   eval_every: int = _field(0, resumable=True, build=False)
@@ -582,6 +588,7 @@ class TrainConfig(JsonConfig):
     object.__setattr__(self, "diagnostics", tuple(self.diagnostics))
     _non_negative_int("diag_examples", self.diag_examples)
     _positive_int("checkpoint_every", self.checkpoint_every)
+    _non_negative("checkpoint_minutes", self.checkpoint_minutes)
     _positive_int("max_to_keep", self.max_to_keep)
     if not isinstance(self.async_checkpointing, bool):
       raise ValueError(f"async_checkpointing={self.async_checkpointing!r} must be true or false")

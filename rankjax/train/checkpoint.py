@@ -40,6 +40,7 @@ with one line naming both process counts.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import re
@@ -349,6 +350,18 @@ def saved_renames(metadata_tree: Any, renames: Mapping[str, str]) -> dict[str, s
   return {old: new for old, new in renames.items() if old in held}
 
 
+@dataclasses.dataclass(frozen=True)
+class _StepTime:
+  """What Orbax's save-decision policies read of a step (``PolicyCheckpointInfo``)."""
+  step: int
+  time: datetime.datetime
+  metrics: Any = None
+
+
+def _now() -> datetime.datetime:
+  return datetime.datetime.now(tz=datetime.timezone.utc)
+
+
 class Checkpointer:
   """Saves and restores the four items of a run's steps under ``WORKDIR/checkpoints``."""
 
@@ -361,6 +374,28 @@ class Checkpointer:
         cleanup_tmp_directories=True, enable_background_delete=paths.is_remote(self.directory))
     self.manager = ocp.CheckpointManager(paths.absolute(self.directory), options=options,
                                          item_handlers=handlers())
+    self.last_save_time = _now()
+
+  def time_to_save(self, step: int, minutes: float) -> bool:
+    """Whether ``minutes`` have passed since the last save (or ``start_clock``) and no
+    save is still being written: the same answer on every process, for ``step``.
+
+    Orbax's ``ContinuousCheckpointingPolicy`` decides on the primary host, by its clock,
+    and hands the answer to the others through the coordination service (a host-level
+    key-value exchange, no device synchronization); every process must call this at
+    the same steps. Its reference time is this run's last save here, not the newest
+    step on disk, so a resumed run waits ``minutes`` before its first timed save."""
+    policy = ocp.checkpoint_managers.ContinuousCheckpointingPolicy(
+        minimum_interval_secs=minutes * 60)
+    context = ocp.checkpoint_managers.save_decision_policy.DecisionContext(
+        is_saving_in_progress=self.manager.is_saving_in_progress(), reached_preemption=False,
+        multiprocessing_options=ocp.options.MultiprocessingOptions())
+    return policy.should_save(_StepTime(step, _now()), [_StepTime(-1, self.last_save_time)],
+                              context=context)
+
+  def start_clock(self) -> None:
+    """Timed saves count from now (the loop's start: compiling does not count)."""
+    self.last_save_time = _now()
 
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
@@ -379,6 +414,7 @@ class Checkpointer:
     if diagnostics:
       items["diagnostics"] = ocp.args.StandardSave(diagnostics)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    self.last_save_time = _now()
 
   def _has_item(self, step: int, item: str) -> bool:
     return (self.directory / str(step) / item).is_dir()

@@ -11,7 +11,8 @@ restores the newest readable checkpoint of ``workdir``), and runs updates until
   for update s-1; a NaN/Inf loss or gradient norm stops the run with
   ``NonFiniteLossError`` before anything is saved from it, leaving the last good
   checkpoint as the newest;
-* checkpoints every ``checkpoint_every`` updates, at the end, and on SIGTERM
+* checkpoints every ``checkpoint_every`` updates (and every ``checkpoint_minutes`` of
+  wall time, if set), at the end, and on SIGTERM
   (preemption) or Ctrl-C, after which the run returns with ``status="preempted"``;
   an exception after training started (an evaluation, the data, a disk) first saves
   the newest finished update whose loss is finite, then propagates;
@@ -375,6 +376,7 @@ class _Loop:
       self.writer.message(f"{preemption.signal_name} before update {start + 1}: nothing new "
                           "to save; run the same command again to continue")
       return step, "preempted"
+    self.ckpt.start_clock()
     for step in range(start + 1, cfg.total_steps + 1):
       batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
       diag_now = c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
@@ -392,7 +394,12 @@ class _Loop:
       if on_step is not None:
         on_step(step)
       stop = preemption.reached(step)
-      if stop or step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
+      timed = cfg.checkpoint_minutes > 0 and self.ckpt.time_to_save(step,
+                                                                    cfg.checkpoint_minutes)
+      if timed:
+        self.writer.message(f"update {step}: {cfg.checkpoint_minutes:g} min since the last "
+                            "save; saving (checkpoint_minutes)")
+      if stop or timed or step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
         if self.pending is not None:   # saving needs this step checked finite
           self._finish(*self.pending)
           self.pending = None
