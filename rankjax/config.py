@@ -497,6 +497,10 @@ class TrainConfig(JsonConfig):
       diagnostics step of every N updates (drawing one is ~0.3-0.8 s of host time in the
       loop: at every diagnostics step of a 40000-update run with diag_every=1 that would
       be hours); scalars, histograms and the saved arrays at every diagnostics step.
+    label_frequency: also log, at every update, the frequency loss (postnorm Def 3.7)
+      of the update's labels, pooled (``label_freq_aggregate``) and per sequence
+      (``label_freq_per_sequence``): Sec 4.3's references for the collapsed loss,
+      computed in the step rather than by re-reading the data (LM only).
   """
 
   model: str = "lm"
@@ -537,6 +541,7 @@ class TrainConfig(JsonConfig):
   eval_batches: int = _field(10, resumable=True, build=False)
   eval_split: str = _field("validation", resumable=True, build=False)
   image_every: int = _field(100, resumable=True, build=False)
+  label_frequency: bool = False
 
   def __post_init__(self):
     # Which names train is rankjax.train.tasks' registry (require_task): configs import
@@ -574,6 +579,11 @@ class TrainConfig(JsonConfig):
         raise ValueError(
             f"lm.compute_dtype={self.lm.compute_dtype!r} conflicts with "
             f"compute_dtype={self.compute_dtype!r}; set the training option compute_dtype")
+    if not isinstance(self.label_frequency, bool):
+      raise ValueError(f"label_frequency={self.label_frequency!r} must be true or false")
+    if self.label_frequency and self.model != "lm":
+      raise ValueError(f"label_frequency=true needs model='lm' (sequences of labels), "
+                       f"not {self.model!r}")
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):
       raise ValueError(f"seed={self.seed!r} must be an integer")
     if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset):

@@ -364,7 +364,16 @@ def fig6_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   return rows
 
 
-def _sec43_runs():
+def _sec43_runs(scale: str = "quick"):
+  """label -> the runs (one per seed) of each Sec 4.3 row: the quick runs, or the
+  paper's (``sec43_frequency_reference.paper_run_groups``) at paper / tiny."""
+  if scale != "quick":
+    from experiments.postnorm_collapse import paper_runs, sec43_frequency_reference as s43
+    groups = s43.paper_run_groups(scale)
+    labels = {"post_collapse": f"Post-Norm LR {PAPER_LRS[0]} (the paper's run)",
+              "post_nowarmup": f"no warmup, LR {PAPER_LRS[0]}",
+              **{f"warmup_lr{lr:g}": f"warmup, LR {lr:g}" for lr in paper_runs.ABLATION_LRS}}
+    return {role: (labels[role], names) for role, names in groups.items()}
   return {"post_collapse": ("no warmup, LR 1e-2", ("post_collapse", *[
       f"post_collapse_seed{s}" for s in collapse_study.SEEDS[1:]])),
           **{f"warmup_lr{lr:g}": (f"warmup, LR {lr:g}", (f"warmup_lr{lr:g}",))
@@ -376,12 +385,14 @@ SEC43 = evidence.claims(
            "mean |loss - aggregate stream L_freq| - mean |loss - per-sequence L_freq|, "
            "updates after the onset", 0.0, Bound("<", every_seed=True),
            "Sec 4.3: the aggregate frequency loss matches the post-collapse loss more "
-           "closely than the mean per-sequence one") for label, _ in _sec43_runs().values()])
+           "closely than the mean per-sequence one")
+     for label in dict.fromkeys(label for scale in ("quick", "paper")
+                                for label, _ in _sec43_runs(scale).values())])
 
 
 def sec43_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   o, rows = res["ours"], []
-  for label, names in _sec43_runs().values():
+  for label, names in _sec43_runs(res.get("scale", "quick")).values():
     if not any(n in o for n in names):
       continue      # not trained in this output folder
     vals = []

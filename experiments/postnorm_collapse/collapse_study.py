@@ -91,6 +91,30 @@ def stream_frequency_loss(cfg, num_batches: int = STREAM_FREQ_BATCHES) -> float:
   return float(frequency_loss(labels, vocab_size=cfg.lm.vocab_size))
 
 
+def scale_stream_frequency(cfg, scale: str, out_dir: str) -> tuple[float, int]:
+  """(stream frequency loss, batches pooled) at paper / tiny scale: Sec 4.3's 500M tokens
+  of the stream (``PAPER_FREQ_TOKENS``) at paper, ``STREAM_FREQ_BATCHES`` batches at tiny.
+  Computed once per output folder (``stream_freq_SCALE.json``): collapse, fig6 and sec43
+  share it, and at paper it reads and tokenizes 500M tokens of C4."""
+  import json
+  batches = (-(-PAPER_FREQ_TOKENS // (cfg.batch_size * cfg.seq_len)) if scale == "paper"
+             else STREAM_FREQ_BATCHES)
+  key = {"dataset": cfg.dataset, "data_dir": cfg.data_dir, "tokenizer": cfg.tokenizer,
+         "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "seed": cfg.seed,
+         "batches": batches}
+  path = os.path.join(out_dir, f"stream_freq_{scale}.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if saved["key"] == key:
+      return saved["stream_freq_loss"], batches
+  freq = stream_frequency_loss(cfg, batches)
+  os.makedirs(out_dir, exist_ok=True)
+  with open(path, "w") as f:
+    json.dump({"key": key, "stream_freq_loss": freq}, f)
+  return freq, batches
+
+
 def summarize(workdir: str, stream_freq: float) -> dict[str, Any]:
   from rankjax.train.diagnostics_postnorm import summarize_run
   from rankjax.train.run_reader import load_run
@@ -149,9 +173,7 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   start = time.time()
   seeds = paper_runs.seeds(scale)
   cfg = paper_runs.config(paper_runs.post_collapse(seeds[0]), scale)
-  batches = (-(-PAPER_FREQ_TOKENS // (cfg.batch_size * cfg.seq_len)) if scale == "paper"
-             else STREAM_FREQ_BATCHES)
-  freq = stream_frequency_loss(cfg, batches)
+  freq, batches = scale_stream_frequency(cfg, scale, out_dir)
   out: dict[str, Any] = {"figure": f"postnorm_collapse collapse study (Sec 4.2-4.3, App F.5), "
                                    f"{scale} scale", "scale": scale, "runs": {},
                          "seeds": list(seeds), "by_seed": {}, "stream_freq_loss": freq,

@@ -211,9 +211,7 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   start = time.time()
   seeds = paper_runs.seeds(scale)
   cfg = paper_runs.config(paper_runs.post_nowarmup(seeds[0]), scale)
-  batches = (-(-collapse_study.PAPER_FREQ_TOKENS // (cfg.batch_size * cfg.seq_len))
-             if scale == "paper" else collapse_study.STREAM_FREQ_BATCHES)
-  stream_freq = collapse_study.stream_frequency_loss(cfg, batches)
+  stream_freq, batches = collapse_study.scale_stream_frequency(cfg, scale, out_dir)
   steps = PAPER_FIXED_STEPS if scale == "paper" else training.TINY_STEPS
   by_seed: dict[str, dict[int, Any]] = {"full_stream": {}, "one_batch": {}, "one_sequence": {}}
   for seed in seeds:

@@ -5,10 +5,9 @@ Each script's ``run(out_dir/<folder>, scale)`` (the training scripts share
 ``ROWS[name]`` turns into rows, each judged by a claim of ``CLAIMS[name]`` declared
 before the run (``claims_init``, ``claims_trained``; ``summary.json``, ``summary.md``). A script
 that fails is a failed row and the others still run. ``collapse``, ``fig3_fig5``,
-``fig6``, ``fig10``, ``fig12``, ``thm38`` and ``propd2`` train the paper's own runs at ``--scale paper`` (48 layers, C4, LR 8e-4 / 6e-4:
-``paper_runs``; ``rankjax train`` runs under ``collapse/runs/``) and the same configs
-shrunk at ``--scale tiny``; the other training scripts have only the quick scale (at
-paper / tiny a ``missing`` row, and ``rankjax reproduce`` exits 1 naming them).
+``fig6``, ``fig10``, ``fig12``, ``thm38``, ``propd2`` and ``sec43`` train the paper's own
+runs at ``--scale paper`` (48 layers, C4, LR 8e-4 / 6e-4: ``paper_runs``; ``rankjax train``
+runs under ``collapse/runs/``) and the same configs shrunk at ``--scale tiny``.
 
 Run:  python -m experiments.postnorm_collapse.reproduce --out runs/postnorm_collapse
       [--scale quick|paper] [--only fig1,fig2]
@@ -44,9 +43,7 @@ ALIASES: dict[str, str] = {
     "fig11": "fig10", "fig10_fig11": "fig10",
     **{f"fig{i}": "fig12" for i in range(13, 21)}, "fig12_fig20": "fig12",
 }
-TRAINING = {"collapse", "fig3_fig5", "fig6", "thm38", "fig10", "fig12", "propd2", "sec43"}
-# the training experiments with a paper-scale path (paper_runs: the paper's runs) and the
-# runs each reads; the others are quick-scale only for now
+# the training experiments and the paper's runs (paper_runs) each reads at paper / tiny
 PAPER_TRAINING = {
     "collapse": paper_runs.runs_of(*paper_runs.ROLES.values()),
     "fig3_fig5": paper_runs.runs_of(paper_runs.post_collapse),
@@ -56,6 +53,8 @@ PAPER_TRAINING = {
     "thm38": paper_runs.runs_of(names=(paper_runs.post_collapse(0),)),
     "propd2": paper_runs.runs_of(names=(paper_runs.post_collapse(0),)),
     "fig6": paper_runs.runs_of(paper_runs.post_nowarmup, names=tuple(
+        map(paper_runs.ablation, paper_runs.ABLATION_LRS))),
+    "sec43": paper_runs.runs_of(paper_runs.post_collapse, paper_runs.post_nowarmup, names=tuple(
         map(paper_runs.ablation, paper_runs.ABLATION_LRS))),
 }
 # the claims each experiment's rows judge, declared at import (before anything runs), and
@@ -71,17 +70,8 @@ def names() -> set[str]:
 
 def _experiment(name: str) -> runner.Experiment:
   module, folder = SCRIPTS[name]
-  if name in PAPER_TRAINING:
-    scales = ("quick", "paper", "tiny")
-  elif name in TRAINING:
-    scales = ("quick",)
-  else:
-    scales = ("quick", "paper", "tiny")
-  return runner.Experiment(module, ROWS[name], folder=folder, scales=scales,
-                           claims=CLAIMS[name], runs=PAPER_TRAINING.get(name),
-                           why_missing="its paper-scale path is not written yet: sec43's "
-                                       "per-batch references re-read the labels of every "
-                                       "update (experiments/postnorm_collapse/paper_runs.py)")
+  return runner.Experiment(module, ROWS[name], folder=folder, scales=("quick", "paper", "tiny"),
+                           claims=CLAIMS[name], runs=PAPER_TRAINING.get(name))
 
 
 STUDY = runner.Study(name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",

@@ -20,6 +20,13 @@ A network that collapses every sequence to one vector of its own could reach
 ``per_sequence_batch``; one whose output ignores the input reaches at best
 ``aggregate_batch`` on batch ``t``, and ``aggregate_stream`` on average.
 
+At ``--scale paper`` / ``tiny`` the runs are the paper's (``paper_runs``: Post-Norm 8e-4
+at its seeds, the no-warmup run at its seeds, the App F.4 ablation rates), and the
+per-batch references come from the step itself (``label_frequency``: each update's
+labels pooled and per sequence, in metrics.jsonl) instead of replaying 40000 batches of
+C4; ``aggregate_stream`` pools ``collapse_study.PAPER_FREQ_TOKENS`` of the stream (Fig 6's
+reference at that scale).
+
 Run:  python -m experiments.postnorm_collapse.sec43_frequency_reference --out runs/collapse
 """
 from __future__ import annotations
@@ -49,8 +56,14 @@ def batch_references(cfg, num_updates: int) -> dict[str, np.ndarray]:
   return {"aggregate_batch": np.asarray(agg), "per_sequence_batch": np.asarray(per)}
 
 
+LOGGED = {"aggregate_batch": "label_freq_aggregate",
+          "per_sequence_batch": "label_freq_per_sequence"}   # label_frequency's metrics
+
+
 def compare(workdir: str, stream_freq: float) -> dict[str, Any]:
-  """Training loss after the collapse onset against the three references."""
+  """Training loss after the collapse onset against the three references; the
+  per-batch ones from the run's metrics when it logged them (``label_frequency``), else
+  from its data iterator replayed."""
   from rankjax.train.run_reader import load_run
   r = load_run(workdir)
   hist = [h for h in r.history if h.get("kind", "train") == "train" and "loss" in h]
@@ -58,8 +71,11 @@ def compare(workdir: str, stream_freq: float) -> dict[str, Any]:
   loss = np.asarray([h["loss"] for h in hist])
   idx = fig3_fig5_transition.collapse_onset(np.ravel(r.diagnostics["postnorm/last_tsim"]))
   onset = None if idx is None else int(r.diagnostic_steps[idx])
-  refs = batch_references(r.config, int(steps.max()))
-  refs = {k: v[steps - 1] for k, v in refs.items()}
+  if r.config.label_frequency:
+    refs = {ref: np.asarray([h[key] for h in hist]) for ref, key in LOGGED.items()}
+  else:
+    refs = batch_references(r.config, int(steps.max()))
+    refs = {k: v[steps - 1] for k, v in refs.items()}
   refs["aggregate_stream"] = np.full(loss.shape, stream_freq)
   after = steps >= onset if onset is not None else np.zeros(loss.shape, bool)
   out: dict[str, Any] = {"onset_step": onset, "updates_after_onset": int(after.sum())}
@@ -74,10 +90,45 @@ def compare(workdir: str, stream_freq: float) -> dict[str, Any]:
   return out
 
 
+def paper_run_groups(scale: str) -> dict[str, tuple[str, ...]]:
+  """Sec 4.3's runs at paper / tiny scale, by role: ``paper_runs`` names per seed."""
+  from experiments.postnorm_collapse import paper_runs
+  seeds = paper_runs.seeds(scale)
+  return {"post_collapse": tuple(map(paper_runs.post_collapse, seeds)),
+          "post_nowarmup": tuple(map(paper_runs.post_nowarmup, seeds)),
+          **{f"warmup_lr{lr:g}": (paper_runs.ablation(lr),) for lr in paper_runs.ABLATION_LRS}}
+
+
+def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
+  """The comparison on the paper's runs (trained by the runner first); ``sec43_SCALE.json``."""
+  from experiments.postnorm_collapse import paper_runs
+  start = time.time()
+  groups = paper_run_groups(scale)
+  cfg = paper_runs.config(groups["post_nowarmup"][0], scale)
+  stream_freq, batches = collapse_study.scale_stream_frequency(cfg, scale, out_dir)
+  ours = {name: compare(paper_runs.train(out_dir, name, scale), stream_freq)
+          for names in groups.values() for name in names}
+  result = {"figure": f"postnorm_collapse Sec 4.3 aggregate vs per-sequence frequency loss, "
+                      f"{scale} scale", "scale": scale,
+            "paper": {"claim": "the aggregate frequency loss matches the post-collapse "
+                               "training loss more closely than the per-sequence one"},
+            "settings": {"config": paper_runs.CONFIG, "runs": groups,
+                         "stream_freq_batches": batches, "stream_freq_loss": stream_freq,
+                         "per_batch_references": "logged in the step (label_frequency)",
+                         "onset": "first logged update from which last-layer t_sim stays "
+                                  ">= 0.99 (fig3_fig5_transition.collapse_onset)"},
+            "ours": ours, "seconds": time.time() - start}
+  common.write_json(out_dir, f"sec43_{scale}.json", result)
+  return result
+
+
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """The comparison for ``post_collapse`` and the three warmup runs; ``sec43.json``."""
+  """The comparison for ``post_collapse`` and the three warmup runs; ``sec43.json``
+  (paper / tiny: :func:`run_paper`)."""
+  if scale in ("paper", "tiny"):
+    return run_paper(out_dir, scale)
   if scale != "quick":
-    raise ValueError("only the quick scale runs here (it reuses the quick collapse runs)")
+    raise ValueError(f"sec43 has the quick, paper and tiny scales, not {scale!r}")
   start = time.time()
   cfg = common.load_config(collapse_study.RUNS["post_collapse"][0])
   stream_freq = collapse_study.stream_frequency_loss(cfg)

@@ -30,6 +30,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rankjax import numerics, partitioning
+from rankjax.measure.losses import frequency_loss
 from rankjax.config import TrainConfig
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train.sharding import ACTIVATION_RULES, gather_lookup_tables
@@ -216,7 +217,9 @@ def make_step(task: Task, cfg: TrainConfig, tx: optax.GradientTransformation,
     clipped = clip(grads)
     updates, opt_state = tx.update(clipped, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**aux, "grad_norm": grad_norm, "lr": schedule(state.step)}
+    metrics = {**aux, "grad_norm": grad_norm, "lr": schedule(state.step),
+               **(label_frequencies(batch["targets"], cfg.lm.vocab_size)
+                  if cfg.label_frequency else {})}
     out = {}
     if diags:
       out = run_diagnostics(task, cfg, diags, state, batch, grads, metrics["loss"], mesh)
@@ -224,6 +227,15 @@ def make_step(task: Task, cfg: TrainConfig, tx: optax.GradientTransformation,
     return new_state, metrics, out
 
   return step
+
+
+def label_frequencies(targets: Array, vocab_size: int) -> dict[str, Array]:
+  """Frequency loss (postnorm Def 3.7) of one update's labels ``(grad_accum, micro, T)``:
+  pooled over every sequence (a ``(V,)`` histogram) and the mean of each sequence's own
+  (sorted per sequence: no ``(B, V)`` histogram), Sec 4.3's two references."""
+  seqs = targets.reshape(-1, targets.shape[-1])
+  return {"label_freq_aggregate": frequency_loss(seqs, "aggregate", vocab_size=vocab_size),
+          "label_freq_per_sequence": frequency_loss(seqs, "per_sequence")}
 
 
 def run_diagnostics(task: Task, cfg: TrainConfig, diags: Sequence[diag_lib.Diagnostic],

@@ -38,23 +38,25 @@ def test_paper_runs_are_the_papers_protocol():
   ablation = STUDY.experiments["fig12"].runs("paper")
   assert sorted(c.learning_rate for c in ablation.values()) == [8e-4, 1.2e-3, 1.5e-3, 1.8e-3]
   assert all(c.warmup_steps == 2000 and c.diag_every == 1 for c in ablation.values())
-  # the experiments without a paper-scale path say so (missing, the command exits 1)
-  assert [n for n, e in STUDY.experiments.items() if "paper" not in e.scales] == ["sec43"]
+  assert all("paper" in e.scales for e in STUDY.experiments.values())   # every one
+  sec43 = STUDY.experiments["sec43"].runs("paper")
+  assert len(sec43) == 9 and all(c.label_frequency for c in sec43.values())  # logged refs
 
 
 @pytest.mark.slow
 def test_tiny_collapse_and_figs_3_5_train_once_and_give_tiny_rows(tmp_path, capsys):
   out = tmp_path / "pn"
-  only = ["collapse", "fig3", "fig6", "fig10", "fig12", "thm38", "propd2"]
+  only = ["collapse", "fig3", "fig6", "fig10", "fig12", "thm38", "propd2", "sec43"]
   res = runner.run_study(STUDY, out, "tiny", only)
   assert res["failed"] == [] and res["analysed"]
   rows = res["rows"]
   assert {r["experiment"] for r in rows} == {"collapse", "fig3_fig5", "fig6", "fig10", "fig12",
-                                             "thm38", "propd2"}
+                                             "thm38", "propd2", "sec43"}
   assert {r["status"] for r in rows} == {"tiny"} and {r["scale"] for r in rows} == {"tiny"}
   seeds = {r["experiment"]: r["seeds"] for r in rows if r["seeds"]}
   assert seeds == {"collapse": [0, 1], "fig3_fig5": [0, 1], "fig6": [0, 1], "fig10": [1],
-                   "fig12": [0]}      # tiny seeds 0, 1; Figs 10-11 the seed after 0; App F.4
+                   "fig12": [0], "sec43": [0, 1]}   # tiny seeds 0, 1; Figs 10-11 the seed
+  #                                                  after 0; App F.4 one run per rate
   workdirs = sorted((out / "collapse" / "runs").iterdir())
   assert [w.name for w in workdirs] == sorted(
       {n for e in only for n in STUDY.experiments[STUDY.aliases.get(e, e)].runs("tiny")})

@@ -146,7 +146,7 @@ def test_sublayer_norm_diagnostic():
 def test_reproduce_aliases():
   assert set(reproduce.ALIASES.values()) <= set(reproduce.SCRIPTS)
   assert reproduce.ALIASES["fig11"] == "fig10" and reproduce.ALIASES["fig17"] == "fig12"
-  assert {"fig10", "fig12"} <= reproduce.TRAINING
+  assert {"fig10", "fig12"} <= set(reproduce.PAPER_TRAINING)
   with pytest.raises(ValueError, match="unknown experiment 'fig99'"):
     reproduce.run_all("/nonexistent", "quick", only=["fig99"])
 

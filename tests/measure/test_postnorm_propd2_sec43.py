@@ -43,9 +43,14 @@ def test_prop_d2_cross_term_is_not_zero_when_the_batch_mixes_sequences():
     assert s[k]["max_rel_err_vs_prop_d2"] > 1e-5
 
 
-def _fake_run(loss, last_tsim, diag_steps):
+def _fake_run(loss, last_tsim, diag_steps, logged=None):
+  """A run's history; ``logged``: (aggregate, per-sequence) label_frequency metrics."""
   hist = [{"step": i + 1, "loss": x} for i, x in enumerate(loss)]
-  return types.SimpleNamespace(history=hist, config=None, diagnostic_steps=np.asarray(diag_steps),
+  if logged is not None:
+    for h, a, p in zip(hist, *logged):
+      h.update(label_freq_aggregate=a, label_freq_per_sequence=p)
+  cfg = types.SimpleNamespace(label_frequency=logged is not None)
+  return types.SimpleNamespace(history=hist, config=cfg, diagnostic_steps=np.asarray(diag_steps),
                                diagnostics={"postnorm/last_tsim": np.asarray(last_tsim)})
 
 
@@ -67,6 +72,11 @@ def test_sec43_compare_picks_the_reference_the_loss_meets(monkeypatch):
   # no sustained collapse: no comparison
   monkeypatch.setattr(rr, "load_run", lambda wd: _fake_run(loss, [0.2, 0.995, 0.5], [1, 3, 5]))
   assert s43.compare("fake", 3.25) == {"onset_step": None, "updates_after_onset": 0}
+  # a run that logged its labels' frequency losses (label_frequency): read, not replayed
+  monkeypatch.setattr(rr, "load_run", lambda wd: _fake_run(loss, [0.2, 0.995, 0.999], [1, 3, 5],
+                                                           logged=(agg, per)))
+  monkeypatch.setattr(s43, "batch_references", lambda cfg, n: pytest.fail("replayed"))
+  assert s43.compare("fake", stream_freq=3.25) == out
 
 
 def test_sec43_per_sequence_reference_is_below_the_aggregate():
@@ -77,4 +87,4 @@ def test_sec43_per_sequence_reference_is_below_the_aggregate():
 
 
 def test_propd2_and_sec43_are_training_experiments():
-  assert {"propd2", "sec43"} <= reproduce.TRAINING
+  assert {"propd2", "sec43"} <= set(reproduce.PAPER_TRAINING)

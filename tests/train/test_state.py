@@ -13,7 +13,7 @@ import pytest
 from rankjax.config import TrainConfig
 from rankjax.train import state as state_lib
 from rankjax.train.tasks import make_task
-from tests.train.conftest import losses, tiny_lm
+from tests.train.conftest import losses, tiny_lm, tiny_mlp
 
 
 def test_schedule_warmup_then_cosine_to_min():
@@ -154,3 +154,32 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   assert run.step == 1 and all(np.all(np.isfinite(p)) for p in jax.tree.leaves(run.params))
   recorded = losses(tmp_path)                   # the bad step is logged, then nothing
   assert sorted(recorded) == [1, 2] and np.isfinite(recorded[1]) and not np.isfinite(recorded[2])
+
+
+def test_label_frequency_metrics_are_the_updates_label_entropies():
+  """label_frequency=true: the step's label_freq_aggregate / label_freq_per_sequence are
+  the entropies (nats) of the update's labels, pooled over all grad_accum x micro
+  sequences and per sequence then averaged: against numpy float64 counts."""
+  from rankjax.train import sharding as shard_lib
+  from rankjax.train.loop import build
+  cfg = tiny_lm(label_frequency=True, diag_every=0, batch_size=8, grad_accum=2)
+  c = build(cfg)
+  rng = np.random.default_rng(3)
+  tokens = rng.integers(0, 12, (cfg.batch_size, cfg.seq_len + 1)).astype(np.int32)  # repeats
+  batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
+                                 cfg.grad_accum, c.batch_sharding)
+  _, metrics, _ = c.step(c.init(), batch)
+
+  def entropy(labels):
+    p = np.bincount(labels.ravel()).astype(np.float64)
+    p = p[p > 0] / p.sum()
+    return float(-(p * np.log(p)).sum())
+
+  targets = tokens[:, 1:]
+  assert float(metrics["label_freq_aggregate"]) == pytest.approx(entropy(targets), rel=1e-6)
+  assert float(metrics["label_freq_per_sequence"]) == pytest.approx(
+      np.mean([entropy(row) for row in targets]), rel=1e-6)
+  assert float(metrics["label_freq_per_sequence"]) < float(metrics["label_freq_aggregate"])
+  assert "label_freq_aggregate" not in build(tiny_lm(diag_every=0)).step(c.init(), batch)[1]
+  with pytest.raises(ValueError, match="label_frequency=true needs model='lm'"):
+    tiny_mlp(label_frequency=True)
