@@ -110,20 +110,35 @@ class _Streams:
 
 
 class _StreamsIterator(grain.DatasetIterator):
+  """Batches of ``_Streams``, the next one cut in a background thread while this one
+  is used; the state is that after the last batch returned."""
+
   def __init__(self, streams: _Streams):
     super().__init__()
     self._streams = streams
+    self._state = streams.get_state()
+    self._ahead: concurrent.futures.Future | None = None
+    self._background = concurrent.futures.ThreadPoolExecutor(1)
+
+  def _cut(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    chunks = self._streams.next_batch()
+    return ({"inputs": np.ascontiguousarray(chunks[:, :-1]),
+             "targets": np.ascontiguousarray(chunks[:, 1:])}, self._streams.get_state())
 
   def __next__(self) -> dict[str, np.ndarray]:
-    chunks = self._streams.next_batch()
-    return {"inputs": np.ascontiguousarray(chunks[:, :-1]),
-            "targets": np.ascontiguousarray(chunks[:, 1:])}
+    batch, self._state = self._cut() if self._ahead is None else self._ahead.result()
+    self._ahead = self._background.submit(self._cut)
+    return batch
 
   def get_state(self) -> dict[str, Any]:
-    return self._streams.get_state()
+    return self._state
 
   def set_state(self, state: dict[str, Any]) -> None:
+    if self._ahead is not None:
+      concurrent.futures.wait([self._ahead])     # a batch being cut: let it finish
+      self._ahead = None
     self._streams.set_state(state)
+    self._state = self._streams.get_state()
 
 
 class StreamsIterDataset(grain.IterDataset):

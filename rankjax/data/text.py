@@ -306,8 +306,7 @@ def text_dataset(
         shuffle=shuffle, shard_index=shard_index, shard_count=shard_count,
         micro_batches=micro_batches, num_threads=threads,
         what=f"{source.name} {split}")
-    return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2), \
-        source.name, tok
+    return ds, source.name, tok
   ds = grain.MapDataset.source(source.docs)
   ds = common.shard_shuffle_repeat(
       ds, shard_index=shard_index, shard_count=shard_count, seed=seed, shuffle=shuffle,
