@@ -78,6 +78,22 @@ def shard_shuffle_repeat(ds: grain.MapDataset, *, shard_index: int, shard_count:
   return ds
 
 
+def host_rows(batch_size: int, micro_batches: int, shard_index: int,
+              shard_count: int) -> np.ndarray:
+  """The rows of a global batch of ``batch_size * shard_count`` that host
+  ``shard_index`` holds: of each of its ``micro_batches`` consecutive micro-batches,
+  the ``shard_index``-th of ``shard_count`` equal parts (so that
+  ``rankjax.train.sharding.global_batch`` reassembles micro-batch j as the same rows in
+  the same order whatever the number of hosts)."""
+  if batch_size % micro_batches:
+    raise ValueError(f"batch_size={batch_size} is not divisible by "
+                     f"micro_batches={micro_batches}")
+  part = batch_size // micro_batches
+  micro = part * shard_count
+  return np.concatenate([j * micro + shard_index * part + np.arange(part)
+                         for j in range(micro_batches)])
+
+
 class IndexedSource:
   """A random-access view ``source[indices[i]]`` with an item transform (picklable)."""
 
@@ -102,8 +118,7 @@ class EpochBatches:
   Element e is this host's part of global batch ``e % n`` of epoch ``e // n`` (n
   global batches per epoch). The global batch of ``batch_size * shard_count`` items
   is a slice of one order of all items, drawn afresh each epoch from (seed, epoch)
-  and the same on every host; host i takes, of each of its ``micro_batches``
-  consecutive micro-batches, the i-th of ``shard_count`` equal parts (so after
+  and the same on every host; host i takes its rows of it (``host_rows``: after
   ``rankjax.train.sharding.global_batch`` reassembles them, micro-batch j is the
   same examples in the same order whatever the number of hosts). One host reads
   the order itself, exactly as before hosts shared it. A grain iterator over it
@@ -117,9 +132,7 @@ class EpochBatches:
   def __init__(self, num_items: int, fetch: Callable[[np.ndarray], Any], *, batch_size: int,
                seed: int, shuffle: bool, num_epochs: int | None, drop_remainder: bool,
                shard_index: int, shard_count: int, what: str, micro_batches: int = 1):
-    if batch_size % micro_batches:
-      raise ValueError(f"batch_size={batch_size} is not divisible by "
-                       f"micro_batches={micro_batches}")
+    self._rows = host_rows(batch_size, micro_batches, shard_index, shard_count)
     self._items = np.arange(num_items)
     self._fetch = fetch
     self._batch_size = batch_size
@@ -127,10 +140,6 @@ class EpochBatches:
     self._shard = (shard_index, shard_count)
     self._seed = (seed % 2**32, 0)
     self._shuffle = shuffle
-    part = batch_size // micro_batches
-    micro = part * shard_count
-    self._rows = np.concatenate([j * micro + shard_index * part + np.arange(part)
-                                 for j in range(micro_batches)])
     usable = num_items - num_items % shard_count
     self.batches_per_epoch = (num_items // self._global if drop_remainder
                               else math.ceil(usable / self._global))

@@ -13,8 +13,10 @@ Evaluation: ``split="validation", shuffle=False, num_epochs=1`` (add
 ``drop_remainder=False`` to keep a last short batch). In-memory sets (the default
 corpus, text folders up to 64 MiB, fashion_mnist, digits) and cifar10 give every
 host its part of the same global batches (the run does not depend on the number of
-hosts; ``common.EpochBatches``); streamed text (tfds, ArrayRecord) is sharded by
-document, so a finite pass can give hosts different numbers of batches (the
+hosts; ``common.EpochBatches``), and so do repeated passes over streamed text (tfds,
+ArrayRecord, large text folders: one packing stream per global batch row over one
+global document order, ``rankjax.data.streams``). A finite pass over streamed text
+is sharded by document, so it can give hosts different numbers of batches (the
 training loop's evaluation stops when the first host runs out).
 
 Check a model config against the data before training::
@@ -128,10 +130,10 @@ def make_iterator(
     drop_remainder: drop a last partial batch (only reached when num_epochs is set).
     num_threads: reader threads for streamed sources (tfds, ArrayRecord, large text
       folders); default min(16, 2 * cpus).
-    micro_batches: the batch's micro-batches (gradient accumulation). In-memory sets
-      then give hosts their parts of each global micro-batch, so the global batches
-      (and the training run) do not depend on the number of hosts
-      (``common.EpochBatches``); streamed sets shard by document and do.
+    micro_batches: the batch's micro-batches (gradient accumulation). Hosts then get
+      their parts of each global micro-batch, so the global batches (and the training
+      run) do not depend on the number of hosts (``common.host_rows``; a finite pass
+      over a streamed set shards by document and does).
 
   Returns:
     a ``grain.DatasetIterator`` yielding dicts of numpy arrays (see module doc);

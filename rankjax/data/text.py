@@ -19,10 +19,13 @@ Sources (``dataset=``):
                          ``data_dir`` (ArrayRecord format), feature ``text_feature``.
 
 Small sources (the default corpus, text folders up to 64 MiB) are tokenized once in
-memory and chunked; the chunks are then sharded across hosts (equal counts) and
-shuffled. Large sources stream: documents are sharded across hosts and shuffled, then
-tokenized in threads and packed by ``PackIterDataset``, whose checkpoint state is the
-position of the document being cut and the offset into it.
+memory and chunked; every host then takes its part of the same global batches of
+chunks (``common.EpochBatches``). Large sources stream. A repeated (training) pass
+packs one stream per row of the global batch over one global document order
+(``rankjax.data.streams``): the global batches do not depend on the number of hosts
+and the iterator resumes with another. A finite pass (evaluation) shards documents
+across hosts, tokenizes them in threads and packs them by ``PackIterDataset``, whose
+checkpoint state is the position of the document being cut and the offset into it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import numpy as np
 
 from rankjax.data import common
 from rankjax.data import corpus
+from rankjax.data import streams
 from rankjax.data.tokenizer import Tokenizer, as_tokenizer
 
 IN_MEMORY_MAX_BYTES = 64 * 2**20
@@ -295,11 +299,18 @@ def text_dataset(
         shard_count=shard_count, micro_batches=micro_batches,
         what=f"{source.name} {split} ({num_chunks} sequences of {length} tokens)")
     return common.epoch_batches_dataset(batches), source.name, tok
+  threads = num_threads or min(16, 2 * (os.cpu_count() or 1))
+  if num_epochs is None:
+    ds = streams.StreamsIterDataset(
+        source.docs, _Encode(tok), seq_len=seq_len, batch_size=batch_size, seed=seed,
+        shuffle=shuffle, shard_index=shard_index, shard_count=shard_count,
+        micro_batches=micro_batches, num_threads=threads,
+        what=f"{source.name} {split}")
+    return ds, source.name, tok
   ds = grain.MapDataset.source(source.docs)
   ds = common.shard_shuffle_repeat(
       ds, shard_index=shard_index, shard_count=shard_count, seed=seed, shuffle=shuffle,
       num_epochs=num_epochs, what=f"{source.name} {split} ({len(source.docs)} documents)")
-  threads = num_threads or min(16, 2 * (os.cpu_count() or 1))
   ds = ds.map(_Encode(tok)).to_iter_dataset(
       grain.ReadOptions(num_threads=threads, prefetch_buffer_size=4 * threads))
   ds = PackIterDataset(ds, length).map(example_from_chunk)

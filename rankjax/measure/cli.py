@@ -10,6 +10,11 @@ max; ``rankjax.measure.summary``) as JSON and a figure next to it (``R.png``).
 product: ``R.json`` holds every point, ``R.csv`` / ``R.md`` one table row per point,
 ``R.png`` one figure. ``--set param_dtype=float64`` turns on JAX's x64 mode for the
 run; every output records the dtype actually computed (``"dtype"``).
+
+On a multi-host job (``jax.distributed``: the environment ``rankjax train`` reads,
+``sharding.maybe_initialize_distributed``) every process runs the command: the seeds
+are split between the processes (``StudyOptions.across_processes``) and process 0
+alone writes the outputs.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ def measure_one(cfg, args) -> dict:
   study, samples = mlp_jacobian_study(cfg, jax.random.key(args.seed), num_inputs=args.inputs,
                                       num_seeds=args.seeds,
                                       path_sums=False if args.no_paths else None,
-                                      return_samples=True)
+                                      across_processes=True, return_samples=True)
   dtype = str(np.asarray(samples["erank"]).dtype)
   if dtype != cfg.param_dtype:
     raise ValueError(f"param_dtype={cfg.param_dtype} was requested but the study computed "
@@ -87,8 +92,10 @@ def run_mlp(args: argparse.Namespace) -> int:
   from rankjax import config as config_lib
   from rankjax.config import MLPConfig
   from rankjax.measure import summary
-  from rankjax.train import paths
+  from rankjax.train import paths, sharding
 
+  sharding.maybe_initialize_distributed()  # before any other JAX call (multi-host)
+  import jax
   if args.seeds < 1 or args.inputs < 1:
     raise ValueError("--seeds and --inputs must be positive integers")
   plugins.import_modules(args.imports)
@@ -101,15 +108,18 @@ def run_mlp(args: argparse.Namespace) -> int:
   if out.suffix != ".json":
     raise ValueError(f"--out {out} must end in .json")
   paths.check_output(args.out, "--out", file=True)
-  out.parent.mkdir(parents=True, exist_ok=True)
+  writer = jax.process_index() == 0     # every process measures, process 0 writes
   points = [{k: getattr(cfg, k) for k, _ in sweeps} for cfg in configs]
   results = []
   for point, cfg in zip(points, configs):   # every config is checked before any runs
     with x64_if(cfg.param_dtype == "float64"):
       results.append(measure_one(cfg, args))
-    if sweeps:
+    if sweeps and writer:
       print(", ".join(f"{k}={v}" for k, v in point.items()) +
             f": erank/d at depth {cfg.depth} {results[-1]['erank'][-1]:.4f}")
+  if not writer:
+    return 0
+  out.parent.mkdir(parents=True, exist_ok=True)
   if not sweeps:
     result = results[0]
     out.write_text(json.dumps(result, indent=2))

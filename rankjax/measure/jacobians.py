@@ -288,7 +288,8 @@ class StudyOptions:
       stack, which reads ``cfg.beta``: the study's beta is then fixed; about a third of
       the DP's cost at d=256, 4x). Needs path sums.
     num_chunks: static block groups of the DP (``paths.path_sums``); needs path sums.
-    devices: devices of the seed mesh (default ``jax.local_devices()``).
+    devices: devices of the seed mesh (default ``jax.local_devices()``; this process's
+      devices only when ``across_processes``).
     seed_batch: seeds vmapped together on a device (default
       ``seed_devices.default_seed_batch``).
     precision: matmul precision of every dot (``rankjax.measure.precision``; default
@@ -296,6 +297,12 @@ class StudyOptions:
     draw: the bit generator of the weights and inputs (``weight_draws.DRAWS``; default
       "threefry", the recorded numbers, and the fastest on CPU). Every option draws the
       same distribution; the numbers differ.
+    across_processes: split the seeds between the processes of a ``jax.distributed``
+      job: process p measures the p-th contiguous block of seeds on its own devices and
+      every process gets every seed's results, in seed order
+      (``seed_devices.process_seed_blocks`` / ``gather_seed_blocks``). Every process
+      must then call the study; on one process it changes nothing. False (default): the
+      study is process-local, as one that a single process runs alone must be.
   """
 
   num_inputs: int = 1
@@ -308,6 +315,7 @@ class StudyOptions:
   seed_batch: int | None = None
   precision: str | None = None
   draw: str = "threefry"
+  across_processes: bool = False
 
   def __post_init__(self):
     method = BlockJacobianMethod(self.method)
@@ -377,7 +385,10 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
   seeds in ``lax.map`` groups of ``seed_batch`` vmapped seeds
   (``seed_devices.default_seed_batch``: 1 on CPU for d >= 128, memory-bounded on
   GPU/TPU). Every dot is traced at ``precision``. Weights and inputs come from the bit
-  generator ``draw`` (``seed_samples``). Cached on (cfg, options).
+  generator ``draw`` (``seed_samples``). Cached on (cfg, options). With
+  ``across_processes`` on several processes ``fn`` measures this process's block of
+  seeds (``fn.seeds``) and returns every seed's results as numpy arrays; ``fn.jitted``
+  / ``fn.args`` are then this process's part.
   """
   if options is None:
     options = StudyOptions(num_inputs, num_seeds, **fields)
@@ -388,6 +399,8 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
 
 @functools.lru_cache(maxsize=64)
 def _study_fn(cfg: MLPConfig, options: StudyOptions):
+  if options.across_processes and jax.process_count() > 1:
+    return _split_study_fn(cfg, options)
   with_paths = options.with_paths(cfg)
   num_seeds = options.num_seeds
   mesh = seed_devices.seed_mesh(num_seeds, options.devices)
@@ -410,18 +423,44 @@ def _study_fn(cfg: MLPConfig, options: StudyOptions):
                    out_shardings=sharded)
   dtype = jnp.dtype(cfg.param_dtype)
 
-  def args(key: Array, alpha: float | Array, beta: float | Array) -> tuple:
+  def args(key: Array, alpha: float | Array, beta: float | Array, keys=None) -> tuple:
+    """The jitted study's arguments; ``keys``: the seeds' keys (default the
+    ``num_seeds`` keys split from ``key``)."""
     if options.beta_is_static and not isinstance(beta, jax.core.Tracer) \
         and float(beta) != cfg.beta:
       raise ValueError(f"reference='network' measures cfg.beta={cfg.beta}; beta={beta} "
                        "would be ignored (set it in the config)")
-    keys = jax.device_put(jax.random.split(key, num_seeds), sharded)
-    return keys, jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype)
+    keys = jax.random.split(key, num_seeds) if keys is None else keys
+    return jax.device_put(keys, sharded), jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype)
 
   def fn(key: Array, alpha: float | Array, beta: float | Array) -> dict:
     return jitted(*args(key, alpha, beta))
 
   fn.jitted, fn.args = jitted, args    # for lowering/exporting the whole study
+  return fn
+
+
+def _split_study_fn(cfg: MLPConfig, options: StudyOptions):
+  """The study split across processes: this process's block of seeds on its devices
+  (the process-local study of that many seeds, each seed's key the one it has in the
+  whole study), then every block gathered on every process."""
+  me = jax.process_index()
+  if options.devices is not None and any(d.process_index != me for d in options.devices):
+    raise ValueError("devices= must be this process's devices when across_processes=True "
+                     "(each process measures its seeds on its own devices)")
+  blocks = seed_devices.process_seed_blocks(options.num_seeds, jax.process_count())
+  seeds = blocks[me]
+  local = _study_fn(cfg, dataclasses.replace(options, num_seeds=len(seeds),
+                                             across_processes=False))
+
+  def args(key: Array, alpha: float | Array, beta: float | Array) -> tuple:
+    keys = jax.random.split(key, options.num_seeds)[seeds.start:seeds.stop]
+    return local.args(key, alpha, beta, keys=keys)
+
+  def fn(key: Array, alpha: float | Array, beta: float | Array) -> dict:
+    return seed_devices.gather_seed_blocks(local.jitted(*args(key, alpha, beta)), blocks)
+
+  fn.jitted, fn.args, fn.seeds = local.jitted, args, seeds
   return fn
 
 
@@ -433,9 +472,11 @@ def mlp_jacobian_study(cfg: MLPConfig, key: Array, num_inputs: int = 1, num_seed
   Each of ``num_seeds`` weight draws is evaluated at ``num_inputs`` Gaussian inputs
   ``h_0 ~ N(0, I_d)``; the seed axis is sharded over a 1-D mesh of this process's
   devices (``jax.jit`` with a ``NamedSharding``; the mesh uses the largest local device
-  count dividing ``num_seeds``). The settings are ``StudyOptions(num_inputs, num_seeds,
+  count dividing ``num_seeds``), and with ``across_processes`` split between the
+  processes of a ``jax.distributed`` job (every process calls the study and gets every
+  seed's results; ``make_study_fn``). The settings are ``StudyOptions(num_inputs, num_seeds,
   **fields)`` (or ``options``): path_sums, method, reference, num_chunks, devices,
-  seed_batch, precision, draw; an unknown or inapplicable one is refused.
+  seed_batch, precision, draw, across_processes; an unknown or inapplicable one is refused.
 
   Args:
     cfg: the model config (``input_dim``/``num_classes`` layers are not part of the

@@ -33,8 +33,8 @@ Restoring never destroys a run (``restore_with_fallback``):
 
 A checkpoint written by another number of processes restores the train state (Orbax
 reshards it onto the current mesh) and rebuilds the data iterator deterministically
-(``rebuild_data_state``); a data set whose iterator cannot be re-sharded is refused
-with one line naming both process counts.
+(``rebuild_data_state``: in-memory sets and the training order of streamed sets); a
+state that cannot be re-sharded is refused with one line naming both process counts.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from etils import epath
 
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
+from rankjax.data import streams
 from rankjax.train import paths
 
 log = logging.getLogger("rankjax.train")
@@ -280,16 +281,23 @@ def saved_process_count(data_dir: epath.Path) -> int | None:
 def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dict[str, Any]:
   """The iterator state for this process when ``saved_count`` processes wrote the step.
 
-  Only a position-only state (``{"next_index": k}``: in-memory text and image sets,
-  ``rankjax.data.common.EpochBatches``) can be re-sharded. There every host reads
-  its part of the same global batches, drawn from one order of the whole set per
-  epoch, and k counts global batches, so every process of the new run continues at
-  global batch k: no example is repeated or skipped, and the run continues exactly
-  as with the old process count (same global batch size). Deterministic: a
-  function of (seed, k). Streamed sets (documents sharded by process) are refused.
+  Two kinds of state re-shard, both describing the same global batches for any number
+  of hosts, so the run continues exactly as with the old process count (same global
+  batch size): no example is repeated or skipped.
+
+  * position-only (``{"next_index": k}``: in-memory text and image sets,
+    ``rankjax.data.common.EpochBatches``): every host reads its part of global
+    batches drawn from one order of the whole set per epoch, and k counts global
+    batches, so every process of the new run continues at global batch k;
+  * the global streamed order of streamed text (tfds, ArrayRecord;
+    ``rankjax.data.streams``): each process saved the positions of its packing
+    streams; they are merged (``streams.merge_states``) into one state holding every
+    stream, from which each new process takes its own.
 
   Raises:
-    ProcessCountError (a ValueError; one line naming both counts) for any other state.
+    ProcessCountError (a ValueError; one line naming both counts) for any other
+    state (a finite pass's per-host document shards; checkpoints of the earlier
+    per-host streamed order) or states that do not fit together.
   """
   now = jax.process_count()
   refuse = (f"checkpoint step {step} was written by {saved_count} process(es) and this "
@@ -301,6 +309,12 @@ def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dic
     if not f.exists():
       raise IncompleteStep(f"data/{f.name} is missing")
     states.append(json.loads(f.read_text()))
+  try:
+    merged = streams.merge_states(states)
+  except ValueError as e:
+    raise ProcessCountError(f"{refuse} ({e})") from None
+  if merged is not None:
+    return merged
   if not all(isinstance(s, dict) and set(s) == {"next_index"} for s in states):
     raise ProcessCountError(refuse)
   positions = {int(s["next_index"]) for s in states}

@@ -104,3 +104,82 @@ def test_study_in_each_of_two_processes_uses_its_own_devices():
   assert [r["devices"] for r in joint] == [4, 4] and alone[0]["devices"] == 2
   for j, a in zip(joint, alone):
     np.testing.assert_allclose(j["erank"], a["erank"], rtol=1e-5)
+
+
+def test_process_seed_blocks_are_contiguous_and_cover_every_seed():
+  assert seed_devices.process_seed_blocks(5, 2) == [range(0, 3), range(3, 5)]
+  assert seed_devices.process_seed_blocks(4, 2) == [range(0, 2), range(2, 4)]
+  assert seed_devices.process_seed_blocks(3, 3) == [range(0, 1), range(1, 2), range(2, 3)]
+  with pytest.raises(ValueError, match="num_seeds=2 is fewer than the 3 processes"):
+    seed_devices.process_seed_blocks(2, 3)
+
+
+SPLIT = textwrap.dedent("""
+    import sys
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    port, pid, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if pid >= 0:
+      jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from rankjax import cli
+    from rankjax.config import MLPConfig
+    from rankjax.measure import jacobians
+    name = "alone" if pid < 0 else f"p{pid}"
+    sent = []                  # what this process hands the gather: the seeds it computed
+    gather = multihost_utils.process_allgather
+    multihost_utils.process_allgather = lambda tree, tiled=False: (
+        sent.append(tree), gather(tree, tiled=tiled))[1]
+    cfg = MLPConfig(depth=4, width=8, expansion=2.0, norm_position="pre")
+    fn = jacobians.make_study_fn(cfg, 2, 5, seed_batch=1, across_processes=True)
+    samples = fn(jax.random.PRNGKey(7), 1.3, 0.7)
+    seeds = getattr(fn, "seeds", range(5))
+    np.savez(f"{out}/{name}.npz", seeds=np.array([seeds.start, seeds.stop]),
+             **{k: np.asarray(v) for k, v in samples.items()},
+             **{"sent_" + k: np.asarray(v) for k, v in (sent[0] if sent else {}).items()})
+    assert cli.main(["measure", "mlp", "--set", "depth=3", "--set", "width=8", "--seeds", "3",
+                     "--inputs", "2", "--out", f"{out}/{name}.json"]) == 0
+""")
+
+
+@pytest.mark.slow   # ~30 s: three interpreters, each compiling the study and the CLI's
+def test_two_processes_split_the_seeds_and_both_get_all_of_them(tmp_path):
+  """A study with across_processes=True on two jax.distributed processes (localhost,
+  gloo): process 0 computes seeds 0-2 and process 1 seeds 3-4 (what each hands the
+  gather, padded to 3 rows for process 1), and both get all five seeds, bit for bit
+  those of one process running the same study (same per-seed program, same machine).
+  ``rankjax measure mlp`` on both: process 0 alone writes, the numbers of one process."""
+  env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+  port = str(_free_port())
+  run = lambda pid: subprocess.Popen(
+      [sys.executable, "-c", SPLIT, port, str(pid), str(tmp_path)], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  def wait(p):
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+
+  for p in [run(0), run(1)]:
+    wait(p)
+  wait(run(-1))
+  alone, *joint = (np.load(tmp_path / f"{n}.npz") for n in ("alone", "p0", "p1"))
+  fields = [k for k in alone.files if k != "seeds"]
+  assert "erank" in fields and not any(k.startswith("sent_") for k in fields)
+  assert [tuple(j["seeds"]) for j in joint] == [(0, 3), (3, 5)]
+  for j, (start, stop) in zip(joint, [(0, 3), (3, 5)]):
+    for k in fields:
+      assert alone[k].shape[:2] == (5, 2), k
+      np.testing.assert_array_equal(j[k], alone[k], err_msg=k)      # every seed, same bits
+      sent = j["sent_" + k]
+      assert sent.shape[0] == 3, k
+      np.testing.assert_array_equal(sent[:stop - start], alone[k][start:stop], err_msg=k)
+      assert not np.any(sent[stop - start:]), k                      # padding only
+  assert (tmp_path / "p0.json").exists() and (tmp_path / "p0.png").exists()
+  assert not (tmp_path / "p1.json").exists() and not (tmp_path / "p1.png").exists()
+  written, reference = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("p0", "alone"))
+  assert written["num_seeds"] == 3 and written["config"] == reference["config"]
+  for k in ("erank", "stable_rank", "mean_order", "stream_rms"):
+    np.testing.assert_allclose(written[k], reference[k], rtol=1e-5, err_msg=k)
+  np.testing.assert_allclose(written["spread"]["erank"]["sd_seed_means"],
+                             reference["spread"]["erank"]["sd_seed_means"], rtol=1e-4)

@@ -158,11 +158,12 @@ def test_slurm_environment_of_the_launcher(runs, worker_env, tmp_path):
   assert losses(workdir) == losses(runs["2x2"])
 
 
-def test_streamed_eval_with_uneven_hosts_and_refused_reshard(worker_env, tmp_path):
-  """A streamed set (ArrayRecord, sharded by document): the hosts' validation shards
-  give different batch counts, evaluation asks for more than either has, and every
-  host stops together (no hang). Its iterator cannot be re-sharded: resuming with
-  one process is refused with one line naming both counts, nothing moved."""
+def test_streamed_set_uneven_eval_hosts_and_resume_with_one_process(worker_env, tmp_path):
+  """A streamed set (ArrayRecord). Its validation pass is sharded by document: the
+  hosts' shards give different batch counts, evaluation asks for more than either has,
+  and every host stops together (no hang). Its training order is one global order
+  (``rankjax.data.streams``): a checkpoint of 2 processes resumes with 1 process x 4
+  devices (iterator re-sharded) to the losses of the uninterrupted 2-process run."""
   from array_record.python.array_record_module import ArrayRecordWriter
 
   from rankjax import data
@@ -174,21 +175,26 @@ def test_streamed_eval_with_uneven_hosts_and_refused_reshard(worker_env, tmp_pat
     writer.write(doc.encode("utf-8"))
   writer.close()
   cfg = tiny_lm(dataset=str(root), batch_size=8, grad_accum=2, eval_every=4, eval_batches=10**6,
-                diag_every=0, total_steps=4)
+                diag_every=0, total_steps=8)
   counts = [sum(1 for _ in data.make_iterator(
       "text", dataset=str(root), split="validation", batch_size=2, seq_len=cfg.seq_len,
       shuffle=False, num_epochs=1, shard_index=i, shard_count=2)) for i in range(2)]
   assert counts[0] != counts[1], counts           # the hosts really differ
-  workdir = tmp_path / "streamed"
-  for code, result, err in launch(worker_env, cfg, workdir, tmp_path, processes=2, devices=2):
+  reference = tmp_path / "streamed"
+  for code, result, err in launch(worker_env, cfg, reference, tmp_path, processes=2, devices=2):
     assert code == 0, err[-3000:]
-    assert result["step"] == 4
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows if r.get("kind") == "eval"] == [4]
+    assert result["step"] == 8
+  rows = [json.loads(l) for l in (reference / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r.get("kind") == "eval"] == [4, 8]
 
-  before = sorted(str(p) for p in workdir.rglob("*"))
-  (code, _, err), = launch(worker_env, cfg, workdir, tmp_path, processes=1, devices=4)
-  assert code != 0
-  assert ("checkpoint step 4 was written by 2 process(es) and this run has 1; the data "
-          "iterator of this data set cannot be re-sharded: resume with 2 process(es)") in err
-  assert sorted(str(p) for p in workdir.rglob("*")) == before
+  workdir = tmp_path / "killed"
+  killed = launch(worker_env, cfg, workdir, tmp_path, processes=2, devices=2,
+                  args_of=lambda i: ("--kill-at", "6", "--wait-checkpoint", "4"))
+  assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2, killed[0][2][-2000:]
+  (code, result, err), = launch(worker_env, cfg, workdir, tmp_path, processes=1, devices=4)
+  assert code == 0, err[-3000:]
+  assert (result["start_step"], result["step"]) == (4, 8)
+  after, expected = losses(workdir), losses(reference)
+  assert sorted(after) == list(range(1, 9))
+  for step in range(1, 9):
+    assert after[step] == pytest.approx(expected[step], rel=1e-6, abs=0), step

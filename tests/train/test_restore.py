@@ -151,6 +151,8 @@ def test_checkpoint_of_another_process_count_restores_and_reshards(reference, tm
 
 
 def test_unreshardable_iterator_is_refused_naming_both_counts(reference, tmp_path):
+  """A per-host state (a finite pass's document shard, or the streamed order before
+  ``rankjax.data.streams``) cannot be re-sharded: one line, nothing moved."""
   workdir = _copy(reference, tmp_path)
   _as_if_written_by(workdir, 8, 2, state={"parent": {"next_index": 3}, "buffer": []})
   before = _listing(workdir)
