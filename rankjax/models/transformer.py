@@ -39,7 +39,8 @@ import jax.numpy as jnp
 from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models import activations, blocks
-from rankjax.models.attention import ATTENTION_OUT, CausalSelfAttention, matrix_init
+from rankjax.models.attention import (ATTENTION_OUT, CausalSelfAttention, matrix_init,
+                                      projections)
 from rankjax.models.lm_head import head_logits
 from rankjax.models.norms import Norm
 
@@ -98,7 +99,8 @@ def sublayer_norm(cfg: TransformerConfig, sub: str, apply_norm):
 
 
 class FeedForward(nn.Module):
-  """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2``."""
+  """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2``;
+  ``cfg.fused_projections``: X [W1 | W3] as one matmul (``attention.projections``)."""
 
   cfg: TransformerConfig
 
@@ -110,7 +112,8 @@ class FeedForward(nn.Module):
     w2 = self.param("w_2", matrix_init(cfg, f, output_proj=True), (f, d), pdt).astype(dtype)
     if cfg.ffn == "swiglu":
       w3 = self.param("w_3", matrix_init(cfg, d), (d, f), pdt).astype(dtype)
-      hidden = activations.silu(x @ w1) * (x @ w3)
+      gate, up = projections(x, {"1": w1, "3": w3}, fused=cfg.fused_projections)
+      hidden = activations.silu(gate) * up
     else:
       hidden = activations.gelu(x @ w1)
     return hidden @ w2
