@@ -20,7 +20,7 @@ LMInit = Literal["paper_collapse", "gpt2"]
 PosEmbedding = Literal["learned", "rope", "none"]
 RopeScaling = Literal["none", "linear", "llama3", "yarn"]
 DType = Literal["float32", "float64", "bfloat16"]
-RematPolicy = Literal["none", "dots", "full"]
+RematPolicy = Literal["none", "dots", "full", "auto"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
 MLPActivation = Literal["relu", "gelu", "silu", "abs", "tanh", "swiglu"]
@@ -270,7 +270,9 @@ class TransformerConfig(JsonConfig):
       stay in ``param_dtype``; softmax, norms and logits are computed in float32.
     remat: rematerialization of each layer in the backward pass: none, dots (save
       the matmul outputs and the attention heads' output, recompute the rest) or full
-      (save only the layer input).
+      (save only the layer input), or auto: at build, the cheapest of none, dots,
+      full whose estimated peak fits in 85% of a device's memory
+      (``rankjax.train.memory``; dots where the device reports no limit, as on CPU).
       Old configs' true / false read as full / none.
     attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
       flash attention on GPU when it applies, Pallas splash attention on TPU when the

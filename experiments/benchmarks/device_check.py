@@ -173,6 +173,7 @@ def check_step(name: str, smoke: bool) -> dict:
   stats = jax.devices()[0].memory_stats() or {}
   return dict(config=name, params=n_params, batch=cfg.batch_size, seq_len=cfg.seq_len,
               compute_dtype=cfg.compute_dtype, lm=config_lib.to_dict(cfg.lm),
+              remat=c.task.model.cfg.remat, remat_note=c.remat_note,   # lm.remat="auto"
               step_s=t, tokens_s=cfg.batch_size * cfg.seq_len / t,
               mfu_spec=mfu_lib.mfu(flops, t, jax.device_count(), peak),
               peak_memory_gib=stats.get("peak_bytes_in_use", float("nan")) / 2 ** 30)
@@ -255,7 +256,8 @@ def markdown(r: dict, command: str) -> str:
       m = "n/a" if s["mfu_spec"] is None else f"{s['mfu_spec']:.1%}"
       mem = s["peak_memory_gib"]
       mem = "n/a" if np.isnan(mem) else f"{mem:.1f} GiB"
-      lines.append(f"| {s['config']} | {s['params'] / 1e6:.1f}M | {s['batch']} x {s['seq_len']} "
+      lines.append(f"| {s['config']} (remat {s['remat']}) | {s['params'] / 1e6:.1f}M | "
+                   f"{s['batch']} x {s['seq_len']} "
                    f"| {s['compute_dtype']} | {s['step_s'] * 1e3:.1f} ms | {s['tokens_s']:.4g} "
                    f"| {m} | {mem} |")
     lines.append("")

@@ -51,6 +51,9 @@ REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
                       jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                       jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT)),
                   "full": jax.checkpoint_policies.nothing_saveable}
+# remat="auto" where no memory estimate chose for it (rankjax.train.memory.resolve_remat
+# chooses at build; a model built from the config alone, or a device reporting no limit)
+REMAT_AUTO_FALLBACK = "dots"
 
 
 def norm_names(cfg: TransformerConfig) -> dict[tuple[str, str], str]:
@@ -203,9 +206,10 @@ class DecoderLM(nn.Module):
       h = make_norm(cfg, cfg.embed_norm_op, "norm_embed")(h)  # postnorm Eq. 1: X_1^1 = N(Y_0^1)
 
     block = DecoderBlock
-    if cfg.remat != "none":
+    remat = REMAT_AUTO_FALLBACK if cfg.remat == "auto" else cfg.remat
+    if remat != "none":
       block = nn.remat(block, static_argnums=(), prevent_cse=False,
-                       policy=REMAT_POLICIES[cfg.remat])
+                       policy=REMAT_POLICIES[remat])
     stack = nn.scan(
         block,
         variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},
