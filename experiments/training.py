@@ -192,46 +192,25 @@ def _task(cfg):
 
 @functools.lru_cache(maxsize=None)
 def _param_count(cfg) -> int:
-  import jax
-  import numpy as np
-  shapes = jax.eval_shape(_task(cfg).init, jax.random.key(0))
-  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
+  from rankjax.train import memory
+  return memory.param_count(cfg)
+
+
+def resolved(cfg, num_devices: int):
+  """``(cfg, note)``: ``lm.remat="auto"`` replaced by the policy ``rankjax train`` will
+  choose on these devices (``rankjax.train.memory.resolve_remat``, the same limit:
+  ``memory.device_limit``), and the line saying so (None when nothing was chosen)."""
+  from rankjax.train import memory
+  return memory.resolve_remat(cfg, num_devices, memory.device_limit(),
+                              params=_param_count(cfg))
 
 
 def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
-  """Estimated peak bytes per device of the training step (an estimate, not a
-  measurement: the device check measures it).
-
-  State: float32 parameters, gradients and AdamW's two moments (16 bytes a parameter)
-  plus a compute-dtype copy, split over ``mesh_fsdp`` devices (all of them when it is 0
-  or larger than the count). Activations of one micro-batch (``batch_size / grad_accum``
-  split over the devices), in the compute dtype per layer: ``remat=dots`` keeps the
-  matmul outputs, about (5 d + 2 d_ff) per token (SwiGLU's gate and up; GELU: d_ff
-  once), ``none`` about 3x that, ``full`` the layer input (d); the chunked head adds
-  ``loss_chunk`` x vocabulary float32 logits and their gradient (the whole micro-batch's
-  when ``loss_chunk`` is 0). An MLP keeps width x depth x (1 + expansion) per example.
-  """
-  n = _param_count(cfg)
-  width = 2 if cfg.compute_dtype == "bfloat16" else 4
-  fsdp = cfg.mesh_fsdp if 0 < cfg.mesh_fsdp <= num_devices else num_devices
-  state = n * (16 + (width if width != 4 else 0)) / max(fsdp, 1)
-  micro = cfg.batch_size / max(cfg.grad_accum, 1) / max(num_devices, 1)
-  if cfg.model == "lm":
-    lm = cfg.lm
-    ffn = (2 if lm.ffn == "swiglu" else 1) * lm.d_ff
-    per_token = {"dots": 5 * lm.d_model + ffn, "none": 3 * (5 * lm.d_model + ffn),
-                 "full": lm.d_model}.get(lm.remat, 5 * lm.d_model + ffn)
-    tokens = micro * cfg.seq_len
-    acts = per_token * tokens * lm.num_layers * width
-    head_rows = lm.loss_chunk if lm.loss_chunk else tokens
-    head = 2 * min(head_rows, tokens) * lm.padded_vocab_size * 4
-  else:
-    m = cfg.mlp
-    acts = micro * m.width * m.depth * (1 + m.expansion) * 4
-    head = 0.0
-  return {"parameters": float(n), "state": float(state), "activations": float(acts),
-          "head": float(head), "total": float(state + acts + head),
-          "devices": float(num_devices), "fsdp": float(fsdp)}
+  """Estimated peak bytes per device of the training step
+  (``rankjax.train.memory.estimate``, the library's one estimate) under the remat policy
+  the run will use (``resolved``)."""
+  from rankjax.train import memory
+  return memory.estimate(resolved(cfg, num_devices)[0], num_devices, _param_count(cfg))
 
 
 def checkpoint_bytes(cfg, params: int) -> float:
@@ -244,9 +223,9 @@ def device_memory() -> tuple[str, int, float | None]:
   """(device kind, number of devices of the job, bytes of one device or None when
   unknown; on CPU the host's available memory over its devices)."""
   import jax
+  from rankjax.train import memory
   local = jax.local_devices()
-  stats = local[0].memory_stats() or {}
-  limit = stats.get("bytes_limit")
+  limit = memory.device_limit()
   if local[0].platform == "cpu":
     from rankjax.analyze.checkpoints import host_available_bytes
     limit = host_available_bytes() / len(local)
@@ -267,7 +246,7 @@ def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | 
 
 def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
   """Rows (one per run: workdir, updates, tokens, parameters, checkpoint GB, peak GB per
-  device, device-hours) and totals, for ``runs`` ({workdir: cfg}) on this machine's
+  device, device-hours, the remat policy and, for "auto", the line saying why) and totals, for ``runs`` ({workdir: cfg}) on this machine's
   devices. Device-hours: the model FLOPs of every update (``Task.flops_per_example``,
   causal attention at half) over the devices' spec peak times the measured MFU of the
   device check, or at the spec peak itself (a lower bound, said so) when it has none."""
@@ -279,6 +258,7 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
   for path, cfg in runs.items():
     task = _task(cfg)
     est = memory_estimate(cfg, count)
+    run_cfg, note = resolved(cfg, count)
     flops = task.flops_per_example(causal=True) * cfg.batch_size * cfg.total_steps
     peak = mfu_lib.spec_peak(kind, dtype if cfg.compute_dtype == "bfloat16" else "float32")
     hours = None if not peak else flops / (peak * (mfu or 1.0)) / 3600
@@ -288,7 +268,8 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
                    else None), "examples": cfg.batch_size * cfg.total_steps,
         "parameters": int(est["parameters"]), "flops": flops,
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
-        "peak_gb_per_device": est["total"] / 1e9, "device_hours": hours})
+        "peak_gb_per_device": est["total"] / 1e9, "device_hours": hours,
+        "remat": run_cfg.lm.remat if cfg.model == "lm" else None, "remat_note": note})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
   return {
@@ -316,6 +297,8 @@ def plan_text(p: Mapping[str, Any]) -> str:
                  f"{num(r['parameters'], '{:.3g}'):>9} {num(r['checkpoint_gb']):>8} "
                  f"{num(r['peak_gb_per_device']):>7} "
                  f"{'done' if r['done'] else num(r['device_hours']):>7}")
+    if r.get("remat_note"):
+      lines.append(f"    {r['remat_note']}")
   lines.append(f"  total: {num(p['device_hours'])} device-hours to train, "
                f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory is an estimate)")
   return "\n".join(lines)

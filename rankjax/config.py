@@ -20,7 +20,7 @@ LMInit = Literal["paper_collapse", "gpt2"]
 PosEmbedding = Literal["learned", "rope", "none"]
 RopeScaling = Literal["none", "linear", "llama3", "yarn"]
 DType = Literal["float32", "float64", "bfloat16"]
-RematPolicy = Literal["none", "dots", "full"]
+RematPolicy = Literal["none", "dots", "full", "auto"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
 MLPActivation = Literal["relu", "gelu", "silu", "abs", "tanh", "swiglu"]
@@ -270,7 +270,9 @@ class TransformerConfig(JsonConfig):
       stay in ``param_dtype``; softmax, norms and logits are computed in float32.
     remat: rematerialization of each layer in the backward pass: none, dots (save
       the matmul outputs and the attention heads' output, recompute the rest) or full
-      (save only the layer input).
+      (save only the layer input), or auto: at build, the cheapest of none, dots,
+      full whose estimated peak fits in 85% of a device's memory
+      (``rankjax.train.memory``; dots where the device reports no limit, as on CPU).
       Old configs' true / false read as full / none.
     attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
       flash attention on GPU when it applies, Pallas splash attention on TPU when the
@@ -287,6 +289,11 @@ class TransformerConfig(JsonConfig):
       B*T*V float32 logits; 0: one chunk.
     prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
       default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
+    fused_projections: Q, K, V as one matmul and SwiGLU's W1, W3 as one, the weights
+      concatenated along their output axis where the layer uses them and the product
+      split (``attention.projections``); the parameters keep their names and shapes.
+      The same function up to float rounding (tested); off by default so recorded
+      results keep their bits, on in the paper configs (fewer, wider matmuls).
     scan_unroll: layers per iteration of the layer scan (the parameters stay stacked
       either way; ``num_layers`` unrolls it fully, which lets XLA fuse across layers
       and slice the stacked weights statically, at the cost of compile time).
@@ -338,6 +345,7 @@ class TransformerConfig(JsonConfig):
   loss_chunk: int = 0
   prng_impl: PRNGImpl = "threefry"
   scan_unroll: int = 1
+  fused_projections: bool = False
 
   def __post_init__(self):
     if isinstance(self.remat, bool):                 # configs written before the policy field
@@ -357,8 +365,9 @@ class TransformerConfig(JsonConfig):
       if self.num_heads % self.num_kv_heads:
         raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                          f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
-    if not isinstance(self.attn_bias, bool):
-      raise ValueError(f"attn_bias={self.attn_bias!r} must be true or false")
+    for name in ("attn_bias", "fused_projections"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
     _non_negative("norm_eps", self.norm_eps)
     if not isinstance(self.tie_embeddings, bool):
       raise ValueError(f"tie_embeddings={self.tie_embeddings!r} must be true or false")

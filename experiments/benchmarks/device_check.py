@@ -235,6 +235,7 @@ def check_step(name: str, smoke: bool, prng_impl: str | None = None) -> dict:
   return dict(config=name, prng_impl=cfg.lm.prng_impl, variant=prng_impl is not None,
               params=n_params, batch=cfg.batch_size, seq_len=cfg.seq_len,
               compute_dtype=cfg.compute_dtype, lm=config_lib.to_dict(cfg.lm),
+              remat=c.task.model.cfg.remat, remat_note=c.remat_note,   # lm.remat="auto"
               step_s=t, tokens_s=cfg.batch_size * cfg.seq_len / t, loss=loss, **mfu,
               peak_memory_gib=stats.get("peak_bytes_in_use", float("nan")) / 2 ** 30)
 
@@ -323,8 +324,9 @@ def markdown(r: dict, command: str) -> str:
       target = MFU_TARGET.get(s["config"])
       mem = s["peak_memory_gib"]
       mem = "n/a" if np.isnan(mem) else f"{mem:.1f} GiB"
-      name = s["config"] + (f" ({s['prng_impl']} dropout)" if s.get("variant") else "")
-      lines.append(f"| {name} | {s['params'] / 1e6:.1f}M | {s['batch']} x {s['seq_len']} "
+      name = s["config"] + (f", {s['prng_impl']} dropout" if s.get("variant") else "")
+      lines.append(f"| {name} (remat {s['remat']}) | {s['params'] / 1e6:.1f}M | "
+                   f"{s['batch']} x {s['seq_len']} "
                    f"| {s['compute_dtype']} | {s['step_s'] * 1e3:.1f} ms | {s['tokens_s']:.4g} "
                    f"| {pct(s['mfu_spec'])} ({pct(s['mfu_full_attention'])}) | {est} | "
                    f"{pct(target) if target else '-'} | {mem} |")

@@ -30,6 +30,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
@@ -187,6 +188,28 @@ def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
   return jnp.cumsum(v_BxTxHxD.astype(acc), axis=1) / counts
 
 
+def projections(x: jax.Array, weights: dict[str, jax.Array],
+                biases: dict[str, jax.Array] | None = None, fused: bool = False
+                ) -> list[jax.Array]:
+  """``[x @ W_n (+ b_n) for n in weights]`` (in the dicts' order). ``fused``: one matmul
+  with the weights concatenated along their output axis, its product split back.
+
+  The parameters keep their own names and shapes either way (checkpoints, sharding
+  rules, the Jacobian adapters and loaders see no difference); the concatenation is
+  formed where the layer uses its weights, so under FSDP it joins the layer's gathered
+  slices, one copy per layer. One dot of width sum(cols) instead of several narrow ones
+  (QKV, and W1|W3 of SwiGLU): fewer, larger matmuls and one read of x."""
+  names = list(weights)
+  if fused:
+    y = x @ jnp.concatenate([weights[n] for n in names], axis=-1)
+    if biases is not None:
+      y = y + jnp.concatenate([biases[n] for n in names], axis=-1)
+    ends = np.cumsum([weights[n].shape[-1] for n in names])[:-1]
+    return jnp.split(y, ends.tolist(), axis=-1)
+  ys = [x @ weights[n] for n in names]
+  return ys if biases is None else [y + biases[n] for y, n in zip(ys, names)]
+
+
 class CausalSelfAttention(nn.Module):
   """Multi-head causal self-attention (grouped-query with ``num_kv_heads``; q/k/v biases
   with ``attn_bias``, none on the output). Input and output ``(B, T, d)``.
@@ -211,13 +234,15 @@ class CausalSelfAttention(nn.Module):
     def proj(name, cols=d, output_proj=False):
       return self.param(name, matrix_init(cfg, d, output_proj), (d, cols), pdt).astype(dtype)
 
-    def heads_of(name, n):
-      y = x_BxTxD @ proj(f"w_{name}", n * dh)
+    counts = {"q": heads, "k": kv, "v": kv}
+    weights, biases = {}, {}
+    for n, c in counts.items():     # created in this order: w_q, b_q, w_k, ... (init rngs)
+      weights[n] = proj(f"w_{n}", c * dh)
       if cfg.attn_bias:
-        y = y + self.param(f"b_{name}", nn.initializers.zeros, (n * dh,), pdt).astype(dtype)
-      return y.reshape(b, t, n, dh)
-
-    q, k, v = heads_of("q", heads), heads_of("k", kv), heads_of("v", kv)
+        biases[n] = self.param(f"b_{n}", nn.initializers.zeros, (c * dh,), pdt).astype(dtype)
+    q, k, v = (y.reshape(b, t, c, dh) for y, c in zip(
+        projections(x_BxTxD, weights, biases or None, cfg.fused_projections),
+        counts.values()))
     if kv != heads:   # grouped-query attention: query head h reads key/value head h // group
       k, v = jnp.repeat(k, heads // kv, axis=2), jnp.repeat(v, heads // kv, axis=2)
     if cfg.pos_embedding == "rope":

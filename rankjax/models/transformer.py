@@ -39,7 +39,8 @@ import jax.numpy as jnp
 from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models import activations, blocks
-from rankjax.models.attention import ATTENTION_OUT, CausalSelfAttention, matrix_init
+from rankjax.models.attention import (ATTENTION_OUT, CausalSelfAttention, matrix_init,
+                                      projections)
 from rankjax.models.lm_head import head_logits
 from rankjax.models.norms import Norm
 
@@ -50,6 +51,9 @@ REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
                       jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                       jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT)),
                   "full": jax.checkpoint_policies.nothing_saveable}
+# remat="auto" where no memory estimate chose for it (rankjax.train.memory.resolve_remat
+# chooses at build; a model built from the config alone, or a device reporting no limit)
+REMAT_AUTO_FALLBACK = "dots"
 
 
 def norm_names(cfg: TransformerConfig) -> dict[tuple[str, str], str]:
@@ -98,7 +102,8 @@ def sublayer_norm(cfg: TransformerConfig, sub: str, apply_norm):
 
 
 class FeedForward(nn.Module):
-  """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2``."""
+  """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2``;
+  ``cfg.fused_projections``: X [W1 | W3] as one matmul (``attention.projections``)."""
 
   cfg: TransformerConfig
 
@@ -110,7 +115,8 @@ class FeedForward(nn.Module):
     w2 = self.param("w_2", matrix_init(cfg, f, output_proj=True), (f, d), pdt).astype(dtype)
     if cfg.ffn == "swiglu":
       w3 = self.param("w_3", matrix_init(cfg, d), (d, f), pdt).astype(dtype)
-      hidden = activations.silu(x @ w1) * (x @ w3)
+      gate, up = projections(x, {"1": w1, "3": w3}, fused=cfg.fused_projections)
+      hidden = activations.silu(gate) * up
     else:
       hidden = activations.gelu(x @ w1)
     return hidden @ w2
@@ -200,9 +206,10 @@ class DecoderLM(nn.Module):
       h = make_norm(cfg, cfg.embed_norm_op, "norm_embed")(h)  # postnorm Eq. 1: X_1^1 = N(Y_0^1)
 
     block = DecoderBlock
-    if cfg.remat != "none":
+    remat = REMAT_AUTO_FALLBACK if cfg.remat == "auto" else cfg.remat
+    if remat != "none":
       block = nn.remat(block, static_argnums=(), prevent_cse=False,
-                       policy=REMAT_POLICIES[cfg.remat])
+                       policy=REMAT_POLICIES[remat])
     stack = nn.scan(
         block,
         variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},

@@ -41,6 +41,7 @@ from rankjax.config import TrainConfig
 from rankjax.data import pipeline as data_pipeline
 from rankjax.data.common import DataUnavailableError
 from rankjax.train import diagnostics as diag_lib
+from rankjax.train import memory
 from rankjax.train import mfu as mfu_lib
 from rankjax.train import paths
 from rankjax.train import sharding as shard_lib
@@ -80,11 +81,14 @@ class Compiled:
   step: Callable
   diag_step: Callable | None
   eval_step: Callable
+  remat_note: str | None = None    # lm.remat="auto": the policy chosen and the estimates
 
 
 def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
           diags: tuple[diag_lib.Diagnostic, ...] | None = None) -> Compiled:
-  """The task, mesh, shardings and jitted functions of ``cfg`` (no data, no I/O)."""
+  """The task, mesh, shardings and jitted functions of ``cfg`` (no data, no I/O);
+  ``lm.remat="auto"`` is resolved here by the memory estimate (``memory.resolve_remat``)."""
+  cfg, remat_note = memory.resolve_remat(cfg, jax.device_count(), memory.device_limit())
   task = task_lib.make_task(cfg)
   if diags is None:
     diags = diag_lib.resolve(cfg.diagnostics) if cfg.diag_every else ()
@@ -107,7 +111,8 @@ def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
                       out_shardings=repl)
   return Compiled(task=task, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sh,
                   init=jax.jit(init, out_shardings=shardings), step=jit_step(()),
-                  diag_step=jit_step(diags) if diags else None, eval_step=eval_step)
+                  diag_step=jit_step(diags) if diags else None, eval_step=eval_step,
+                  remat_note=remat_note)
 
 
 @functools.lru_cache(maxsize=2)
@@ -322,6 +327,8 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
       f"{'resumed' if restored is not None else 'started'} {workdir} at step {start}: "
       f"{task.kind} on {info.name}, mesh {dict(compiled.mesh.shape)}, "
       f"{jax.process_count()} process(es){resharded}")
+  if compiled.remat_note:
+    writer.message(compiled.remat_note)
   loop = _Loop(cfg, compiled, ckpt, writer, history, data_it)
   loop.data_name = info.name
   loop.param_dtype = str(jax.tree.leaves(state.params)[0].dtype)   # what is computed

@@ -117,6 +117,11 @@ def paper() -> None:
       hlo, params = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), which)
       out[f"{name}/{which}"] = collectives(hlo)
     out[f"{name}/params"] = params
+    # fused projections: XLA may concatenate a layer's w_q|w_k|w_v (w_1|w_3) slices
+    # before gathering them, one gather of the layer's concatenated weight
+    fused = [[lm.d_model, (lm.num_heads + 2 * lm.kv_heads) * lm.d_head]]
+    fused += [[lm.d_model, 2 * lm.d_ff]] if lm.ffn == "swiglu" else []
+    out[f"{name}/fused"] = fused if lm.fused_projections else []
   print(json.dumps(out))
 
 

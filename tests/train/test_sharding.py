@@ -128,7 +128,8 @@ def test_paper_configs_step_and_diagnostics_move_no_activation():
   training step and of the diagnostics step moves a weight (a parameter, one layer's
   slice of a stacked one, or its gradient), a scalar or a per-layer vector; integer
   ones move only token ids. Before: the loss chunks all-reduced (chunk, vocab) logits
-  and the diagnostics split activations along d_model."""
+  and the diagnostics split activations along d_model. With fused projections a
+  gathered weight may be a layer's concatenated w_q|w_k|w_v (w_1|w_3)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
   proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
@@ -140,6 +141,7 @@ def test_paper_configs_step_and_diagnostics_move_no_activation():
     params = [tuple(s) for s in out[f"{name}/params"]]
     layers = 2
     weights = set(params) | {s[1:] for s in params if len(s) >= 2 and s[0] == layers}
+    weights |= {tuple(s) for s in out[f"{name}/fused"]}       # a layer's w_q|w_k|w_v
     weights |= {s[::-1] for s in weights if len(s) == 2}     # a tied head is embed^T
     for which in ("step", "diag"):
       seen = out[f"{name}/{which}"]

@@ -1,0 +1,138 @@
+"""rankjax.train.memory: the peak-memory estimate against its formula by hand, and
+lm.remat="auto" chosen by it at build (device memory faked), printed at start-up, the
+same on resume, and the plan's note."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import signal
+
+import jax
+import pytest
+
+from rankjax.train import loop, memory
+from tests.train.conftest import tiny_lm
+
+
+def _cfg(remat="auto", **kw):
+  lm = dataclasses.replace(tiny_lm().lm, remat=remat, dropout_rate=0.0)
+  return tiny_lm(lm=lm, diag_every=0, eval_every=0, **kw)
+
+
+def test_estimate_is_its_formula_by_hand():
+  """A 1-layer LM, d=16, SwiGLU d_ff=32, vocab 257, micro-batch 8/2 = 4 on 2 devices,
+  T=8, float32: state 16 bytes a parameter over fsdp=1; activations per token
+  (5 d + 2 d_ff) = 144 floats for dots, 3x for none, d for full; the whole micro-batch's
+  logits and their gradient (loss_chunk 0)."""
+  cfg = _cfg()
+  params = memory.param_count(cfg)
+  lm = cfg.lm
+  d, f, v = 16, 32, 257
+  assert params == 2 * v * d + 4 * d * d + 3 * d * f + 2 * d + d   # + norm_final gain
+  tokens = 8 / 2 / 2 * 8                                  # per device
+  for policy, per_token in (("dots", 5 * d + 2 * f), ("none", 3 * (5 * d + 2 * f)),
+                            ("full", d)):
+    est = memory.estimate(cfg, 2, params, policy)
+    assert est["state"] == 16 * params
+    assert est["activations"] == per_token * tokens * lm.num_layers * 4
+    assert est["head"] == 2 * tokens * v * 4
+    assert est["total"] == est["state"] + est["activations"] + est["head"]
+  assert memory.estimate(cfg, 2, params)["total"] == memory.estimate(
+      cfg, 2, params, memory.REMAT_AUTO_FALLBACK)["total"]     # auto unresolved: fallback
+
+
+def _limits(cfg):
+  """A device limit each policy is the cheapest to fit in (85% of it), and one that
+  nothing fits in, for this process's devices."""
+  params = memory.param_count(cfg)
+  n = jax.device_count()
+  peaks = {p: memory.estimate(cfg, n, params, p)["total"] for p in memory.AUTO_ORDER}
+  assert peaks["none"] > peaks["dots"] > peaks["full"]
+  fit = lambda b: b / memory.AUTO_SHARE * 1.001     # a limit whose 85% just holds b
+  return {"none": fit(peaks["none"]), "dots": fit(peaks["dots"]),
+          "full": fit(peaks["full"]), "nothing": fit(peaks["full"]) / 2}
+
+
+@pytest.mark.parametrize("size,want", [("none", "none"), ("dots", "dots"),
+                                       ("full", "full"), ("nothing", "full")])
+def test_build_chooses_the_cheapest_policy_that_fits(size, want, monkeypatch):
+  cfg = _cfg()
+  limit = _limits(cfg)[size]
+  monkeypatch.setattr(memory, "device_limit", lambda: limit)
+  compiled = loop.build(cfg)
+  assert compiled.task.model.cfg.remat == want
+  note = compiled.remat_note
+  assert note.startswith(f"remat auto -> {want} (estimated peak GB per device: none ")
+  assert f"85% of {limit / 1e9:.1f} GB" in note and "\n" not in note
+  # deterministic: the same config, devices and limit give the same policy
+  n = jax.device_count()
+  assert memory.resolve_remat(cfg, n, limit) == memory.resolve_remat(cfg, n, limit)
+
+
+def test_without_a_device_limit_auto_keeps_the_fallback_and_others_stand():
+  assert memory.device_limit() is None                  # XLA:CPU reports no bytes_limit
+  compiled = loop.build(_cfg())
+  assert compiled.task.model.cfg.remat == memory.REMAT_AUTO_FALLBACK == "dots"
+  assert "reports no memory limit" in compiled.remat_note
+  for policy in ("none", "dots", "full"):             # a named policy is never replaced
+    cfg = _cfg(policy)
+    assert memory.resolve_remat(cfg, 1, 1.0) == (cfg, None)
+
+
+@pytest.mark.slow   # two trainings (~10 s); the choice itself is tested fast above
+def test_auto_run_prints_its_choice_keeps_auto_saved_and_resumes_the_same(tmp_path,
+                                                                         monkeypatch):
+  """The start-up line names the choice; config.json keeps "auto" (the checkpoint's
+  config check passes on resume) and the resumed run chooses the same policy."""
+  cfg = _cfg()
+  monkeypatch.setattr(memory, "device_limit", lambda: _limits(cfg)["dots"])
+
+  def on_step(step):
+    if step == 3:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  out = io.StringIO()
+  first = loop.train(cfg, tmp_path, on_step=on_step, stream=out, progress_bar=False)
+  assert (first.status, first.step) == ("preempted", 3)
+  assert json.loads((tmp_path / "config.json").read_text())["lm"]["remat"] == "auto"
+  again = io.StringIO()
+  second = loop.train(cfg, tmp_path, stream=again, progress_bar=False)
+  assert (second.start_step, second.step) == (3, cfg.total_steps)
+  lines = [[ln for ln in s.getvalue().splitlines() if ln.startswith("remat auto")]
+           for s in (out, again)]
+  assert lines[0] == lines[1] and len(lines[0]) == 1 and "-> dots" in lines[0][0]
+
+
+def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
+  from experiments import training
+  cfg = _cfg()
+  limit = _limits(cfg)["none"]
+  monkeypatch.setattr(memory, "device_limit", lambda: limit)
+  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
+  n = jax.device_count()
+  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", n, limit))
+  p = training.plan({"/x/runs/auto": cfg})
+  (row,) = p["rows"]
+  params = memory.param_count(cfg)
+  assert row["peak_gb_per_device"] == memory.estimate(cfg, n, params, "none")["total"] / 1e9
+  assert row["remat"] == "none" and row["remat_note"].startswith("remat auto -> none")
+  assert "    remat auto -> none" in training.plan_text(p)
+
+
+def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():
+  """DecoderLM(remat="auto") outside a build (load_run, analyses): the fallback's
+  program exactly, and not the program without remat."""
+  import jax.numpy as jnp
+  from rankjax.models.transformer import DecoderLM
+  tokens = jnp.zeros((2, 8), jnp.int32)
+
+  def program(remat):
+    model = DecoderLM(dataclasses.replace(_cfg().lm, remat=remat))
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    loss = lambda p: jnp.sum(model.apply(p, tokens))
+    return str(jax.make_jaxpr(jax.grad(loss))(params))
+
+  assert program("auto") == program(memory.REMAT_AUTO_FALLBACK) != program("none")
