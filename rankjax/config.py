@@ -23,6 +23,7 @@ DType = Literal["float32", "float64", "bfloat16"]
 RematPolicy = Literal["none", "dots", "full", "auto"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
+GradReduceDType = Literal["float32", "compute"]
 MLPActivation = Literal["relu", "gelu", "silu", "abs", "tanh", "swiglu"]
 BranchMatrices = Literal[1, 2]
 Optimizer = Literal["adamw", "adam"]
@@ -294,6 +295,10 @@ class TransformerConfig(JsonConfig):
       split (``attention.projections``); the parameters keep their names and shapes.
       The same function up to float rounding (tested); off by default so recorded
       results keep their bits, on in the paper configs (fewer, wider matmuls).
+    grad_reduce_dtype: under a 16-bit compute dtype, "float32" forms each weight's
+      (and the embedding's) gradient in float32, so FSDP reduces it across devices in
+      float32 and rounds the sum once (``models.matmul``); "compute": jax's own rule,
+      bf16 partial sums (half the bytes). Float32 compute is the same either way.
     scan_unroll: layers per iteration of the layer scan (the parameters stay stacked
       either way; ``num_layers`` unrolls it fully, which lets XLA fuse across layers
       and slice the stacked weights statically, at the cost of compile time).
@@ -346,6 +351,7 @@ class TransformerConfig(JsonConfig):
   prng_impl: PRNGImpl = "threefry"
   scan_unroll: int = 1
   fused_projections: bool = False
+  grad_reduce_dtype: GradReduceDType = "float32"
 
   def __post_init__(self):
     if isinstance(self.remat, bool):                 # configs written before the policy field

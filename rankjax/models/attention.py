@@ -35,6 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
 from rankjax.models import splash_attention
+from rankjax.models.matmul import weight_matmul
 
 ATTENTION_OUT = "attention_out"   # checkpoint_name of the heads' output, before W_O
 from rankjax.numerics import float_dtype
@@ -189,8 +190,8 @@ def prefix_mean(v_BxTxHxD: jax.Array) -> jax.Array:
 
 
 def projections(x: jax.Array, weights: dict[str, jax.Array],
-                biases: dict[str, jax.Array] | None = None, fused: bool = False
-                ) -> list[jax.Array]:
+                biases: dict[str, jax.Array] | None = None, fused: bool = False,
+                grad_reduce_dtype: str = "float32") -> list[jax.Array]:
   """``[x @ W_n (+ b_n) for n in weights]`` (in the dicts' order). ``fused``: one matmul
   with the weights concatenated along their output axis, its product split back.
 
@@ -198,15 +199,17 @@ def projections(x: jax.Array, weights: dict[str, jax.Array],
   rules, the Jacobian adapters and loaders see no difference); the concatenation is
   formed where the layer uses its weights, so under FSDP it joins the layer's gathered
   slices, one copy per layer. One dot of width sum(cols) instead of several narrow ones
-  (QKV, and W1|W3 of SwiGLU): fewer, larger matmuls and one read of x."""
+  (QKV, and W1|W3 of SwiGLU): fewer, larger matmuls and one read of x. Each product is
+  ``matmul.weight_matmul`` (``grad_reduce_dtype``: the weight gradient's dtype)."""
   names = list(weights)
+  mm = lambda w: weight_matmul(x, w, grad_reduce_dtype)
   if fused:
-    y = x @ jnp.concatenate([weights[n] for n in names], axis=-1)
+    y = mm(jnp.concatenate([weights[n] for n in names], axis=-1))
     if biases is not None:
       y = y + jnp.concatenate([biases[n] for n in names], axis=-1)
     ends = np.cumsum([weights[n].shape[-1] for n in names])[:-1]
     return jnp.split(y, ends.tolist(), axis=-1)
-  ys = [x @ weights[n] for n in names]
+  ys = [mm(weights[n]) for n in names]
   return ys if biases is None else [y + biases[n] for y, n in zip(ys, names)]
 
 
@@ -241,7 +244,8 @@ class CausalSelfAttention(nn.Module):
       if cfg.attn_bias:
         biases[n] = self.param(f"b_{n}", nn.initializers.zeros, (c * dh,), pdt).astype(dtype)
     q, k, v = (y.reshape(b, t, c, dh) for y, c in zip(
-        projections(x_BxTxD, weights, biases or None, cfg.fused_projections),
+        projections(x_BxTxD, weights, biases or None, cfg.fused_projections,
+                    cfg.grad_reduce_dtype),
         counts.values()))
     if kv != heads:   # grouped-query attention: query head h reads key/value head h // group
       k, v = jnp.repeat(k, heads // kv, axis=2), jnp.repeat(v, heads // kv, axis=2)
@@ -269,7 +273,8 @@ class CausalSelfAttention(nn.Module):
         out = (out.astype(float_dtype(dtype))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
     out = checkpoint_name(out, ATTENTION_OUT)     # saved by remat="dots" (not recomputed)
-    return out.reshape(b, t, d) @ proj("w_o", output_proj=True)
+    return weight_matmul(out.reshape(b, t, d), proj("w_o", output_proj=True),
+                         cfg.grad_reduce_dtype)
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:
     cfg, dtype, t = self.cfg, q.dtype, q.shape[1]

@@ -42,7 +42,9 @@ from rankjax.models import activations, blocks
 from rankjax.models.attention import (ATTENTION_OUT, CausalSelfAttention, matrix_init,
                                       projections)
 from rankjax.models.lm_head import head_logits
+from rankjax.models.matmul import lookup, weight_matmul
 from rankjax.models.norms import Norm
+from rankjax.numerics import float_dtype
 
 SUBLAYER_NAMES = ("x1", "y1", "x2", "y2")
 # dots: the matmul outputs and the attention heads' output (a fused kernel is no dot:
@@ -115,11 +117,12 @@ class FeedForward(nn.Module):
     w2 = self.param("w_2", matrix_init(cfg, f, output_proj=True), (f, d), pdt).astype(dtype)
     if cfg.ffn == "swiglu":
       w3 = self.param("w_3", matrix_init(cfg, d), (d, f), pdt).astype(dtype)
-      gate, up = projections(x, {"1": w1, "3": w3}, fused=cfg.fused_projections)
+      gate, up = projections(x, {"1": w1, "3": w3}, fused=cfg.fused_projections,
+                             grad_reduce_dtype=cfg.grad_reduce_dtype)
       hidden = activations.silu(gate) * up
     else:
-      hidden = activations.gelu(x @ w1)
-    return hidden @ w2
+      hidden = activations.gelu(weight_matmul(x, w1, cfg.grad_reduce_dtype))
+    return weight_matmul(hidden, w2, cfg.grad_reduce_dtype)
 
 
 class DecoderBlock(nn.Module):
@@ -195,11 +198,15 @@ class DecoderLM(nn.Module):
     embed_std = cfg.embed_std or (1.0 if cfg.init == "paper_collapse" else 0.02)
     embed = nn.Embed(cfg.padded_vocab_size, cfg.d_model, param_dtype=pdt,
                      embedding_init=nn.initializers.normal(embed_std), name="embed")
-    h = partitioning.constrain(embed(tokens_BxT).astype(dtype), ("batch", "length", "embed"))
+    rows = lookup(embed.embedding, tokens_BxT, cfg.grad_reduce_dtype)   # = embed(tokens)
+    h = partitioning.constrain(rows.astype(dtype), ("batch", "length", "embed"))
     if cfg.pos_embedding == "learned":
       pos = self.param("pos_embed", nn.initializers.normal(embed_std),
                        (cfg.max_seq_len, cfg.d_model), pdt)
-      h = h + pos[:t].astype(dtype)
+      if cfg.grad_reduce_dtype == "float32":   # its gradient, a sum over the batch, in f32
+        h = (h.astype(float_dtype(dtype)) + pos[:t].astype(float_dtype(dtype))).astype(dtype)
+      else:
+        h = h + pos[:t].astype(dtype)
     if cfg.dropout_rate and not deterministic:
       h = nn.Dropout(cfg.dropout_rate)(h, deterministic=False)
     if cfg.uses_embed_norm:

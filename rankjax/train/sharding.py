@@ -63,8 +63,10 @@ PARAM_RULES: dict[str, tuple[str, ...]] = {
 # Parameters read by a gather (a token lookup): all-gathered whole where the loss
 # uses them (``gather_lookup_tables``), so the lookup is local and its output keeps
 # the batch sharding; otherwise GSPMD gathers the token ids and all-to-alls the
-# embedded activations.
-LOOKUP_TABLES = ("embedding",)
+# embedded activations. The learned positions too: sliced and added to every sequence,
+# they are read whole like a table (gathered in the compute dtype; their gradient, a sum
+# over the batch, is then reduced once).
+LOOKUP_TABLES = ("embedding", "pos_embed")
 # Logical axis -> mesh axis (absent: not sharded).
 MESH_RULES: dict[str, str] = {"embed": "fsdp"}
 # Activations: logical axis -> mesh axes (rankjax.partitioning.constrain).

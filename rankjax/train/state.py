@@ -133,9 +133,13 @@ def accumulate_grads(task: Task, params: Any, batch: Any, rng: Array,
   """
   k = jax.tree.leaves(batch)[0].shape[0]
 
-  def loss(p, micro, key):   # cast first: the tables are gathered in the compute dtype
-    return task.loss(gather_lookup_tables(numerics.compute_copy(p, task.compute_dtype), mesh),
-                     micro, key)
+  def loss(p, micro, key):
+    # cast first, on the shards (pinned there: else GSPMD gathers the float32 table and
+    # casts the replica), then gather the lookup tables in the compute dtype
+    copy = numerics.compute_copy(p, task.compute_dtype)
+    if grad_shardings is not None:
+      copy = jax.lax.with_sharding_constraint(copy, grad_shardings)
+    return task.loss(gather_lookup_tables(copy, mesh), micro, key)
 
   grad_fn = jax.grad(loss, has_aux=True)
   groups = mesh.shape["data"] if mesh is not None and k > 1 else 1

@@ -5,6 +5,9 @@
   python tests/train/hlo_worker.py paper -> the same for the two paper configs
                                         (experiments/configs) at reduced width under
                                         mesh_fsdp=8, training and diagnostics steps
+  python tests/train/hlo_worker.py reductions DTYPE -> their bf16 training steps'
+                                        collectives after SPMD partitioning, with
+                                        lm.grad_reduce_dtype=DTYPE (needs --xla_dump_to)
 
 Runs apart from the test process (JAX must see 8 devices before it starts).
 """
@@ -125,6 +128,36 @@ def paper() -> None:
   print(json.dumps(out))
 
 
+def reductions(grad_reduce_dtype: str) -> None:
+  """The collectives of both paper configs' training step (shrunk as in ``paper``,
+  bfloat16 compute, mesh_fsdp=8) right after SPMD partitioning, read from the module
+  XLA dumps (the test sets ``--xla_dump_to``): XLA:CPU's later passes turn bfloat16
+  collectives into float32 ones, so only this module shows the dtype a GPU or TPU
+  reduces in."""
+  import glob
+  import os
+  import re as re_
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  from tests.train.conftest import ROOT
+  dump = re_.search(r"--xla_dump_to=(\S+)", os.environ["XLA_FLAGS"]).group(1)
+  out = {}
+  for name in PAPER_CONFIGS:
+    cfg = config_lib.from_json(TrainConfig,
+                               (ROOT / "experiments" / "configs" / name).read_text())
+    lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
+                             vocab_size=1000, max_seq_len=40, vocab_multiple=128,
+                             loss_chunk=256, grad_reduce_dtype=grad_reduce_dtype)
+    cfg = dataclasses.replace(cfg, lm=lm, seq_len=40, batch_size=64, grad_accum=2,
+                              diag_every=0, compute_dtype="bfloat16")
+    before = set(glob.glob(os.path.join(dump, "*")))
+    _, params = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), "step")
+    (path,) = [f for f in set(glob.glob(os.path.join(dump, "*jit_step*after_spmd-partitioning*")))
+               - before]
+    out[name] = {"collectives": collectives(open(path).read()), "params": params}
+  print(json.dumps(out))
+
+
 def main() -> None:
   assert jax.device_count() == 8, jax.devices()
   lm = dataclasses.replace(tiny_lm().lm, num_layers=3, d_model=32, num_heads=2, d_ff=64,
@@ -148,4 +181,7 @@ def main() -> None:
 
 if __name__ == "__main__":
   import sys
-  paper() if sys.argv[1:] == ["paper"] else main()
+  if sys.argv[1:2] == ["reductions"]:
+    reductions(sys.argv[2])
+  else:
+    paper() if sys.argv[1:] == ["paper"] else main()

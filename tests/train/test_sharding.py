@@ -155,6 +155,40 @@ def test_paper_configs_step_and_diagnostics_move_no_activation():
           assert small or shape in weights, (name, which, c)
 
 
+@pytest.mark.slow   # two 8-device processes, 4 bf16 steps compiled and dumped
+@pytest.mark.parametrize("grad_reduce_dtype", ["float32", "compute"])
+def test_paper_configs_gather_bf16_and_reduce_gradients_in_float32(tmp_path,
+                                                                  grad_reduce_dtype):
+  """The bfloat16 training steps of both paper configs (shrunk, mesh_fsdp=8) right after
+  SPMD partitioning, where the dtypes are those a GPU / TPU runs (XLA:CPU's later passes
+  widen bf16 collectives): every weight all-gather, the embedding table's and the
+  learned positions' included, moves bfloat16 (cast on the shards, then gathered), and
+  with grad_reduce_dtype="float32" every gradient reduction is float32. "compute"
+  (jax's own rule) reduces the layers' weight gradients in bfloat16: what the check
+  would see without models/matmul.py."""
+  dump = tmp_path / "dump"
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_pass_re=spmd-partitioning",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
+                         "reductions", grad_reduce_dtype], env=env, capture_output=True,
+                        text=True, timeout=900, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name in ("postnorm_48l_d512_c4.json", "gpt2_774m.json"):
+    seen = out[name]["collectives"]
+    gathers = [c for c in seen if c["op"] == "all-gather"]
+    assert gathers and all(c["dtypes"] == ["bf16"] for c in gathers), (name, gathers)
+    reduced = [(c["dtypes"][0], tuple(c["shapes"][0])) for c in seen
+               if c["op"] in ("all-reduce", "reduce-scatter")]
+    matrices = [r for r in reduced if len(r[1]) == 2]
+    assert len(matrices) >= 6, (name, reduced)              # the layers' weight gradients
+    if grad_reduce_dtype == "float32":
+      assert {dtype for dtype, _ in reduced} == {"f32"}, (name, reduced)
+    else:
+      assert sum(dtype == "bf16" for dtype, _ in matrices) >= 5, (name, reduced)
+
+
 def test_rule_table_names_every_parameter_and_shards_d_model():
   import jax
   from rankjax.train import tasks

@@ -1,0 +1,62 @@
+"""models/matmul.py: weight products and lookups whose gradient is formed in float32
+under 16-bit operands (so FSDP reduces it in float32), against float64 references."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rankjax.models import matmul
+
+
+def _rel(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def test_weight_matmul_is_x_at_w_with_a_float32_weight_gradient():
+  kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (4, 64, 32), jnp.bfloat16)
+  w = jax.random.normal(kw, (32, 48), jnp.bfloat16)
+  g = jax.random.normal(kg, (4, 64, 48), jnp.bfloat16)
+  ours = matmul.weight_matmul(x, w)
+  assert ours.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(x @ w, np.float32))
+  _, vjp = jax.vjp(matmul.weight_matmul, x, w)
+  dx, dw = vjp(g)
+  assert dx.dtype == dw.dtype == jnp.bfloat16
+  x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
+  dw64 = np.einsum("btd,btn->dn", x64, g64)
+  dx64 = g64 @ w64.T
+  eps = 2.0 ** -8                      # one bfloat16 rounding of the result
+  assert _rel(dw, dw64) < eps and _rel(dx, dx64) < eps
+  # float32 operands: jax's own product and rule, bit for bit
+  x32, w32, g32 = (a.astype(jnp.float32) for a in (x, w, g))
+  ref = jax.vjp(lambda a, b: a @ b, x32, w32)[1](g32)
+  got = jax.vjp(matmul.weight_matmul, x32, w32)[1](g32)
+  for a, b in zip(got, ref):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # "compute": jax's rule for bfloat16 too
+  ref16 = jax.vjp(lambda a, b: a @ b, x, w)[1](g)
+  got16 = jax.vjp(lambda a, b: matmul.weight_matmul(a, b, "compute"), x, w)[1](g)
+  for a, b in zip(got16, ref16):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_lookup_accumulates_the_table_gradient_in_float32():
+  """4096 cotangents of 1 on one row: a bfloat16 sum stalls at 256 (2^8 + 1 is not a
+  bfloat16), the float32 accumulation gives 4096 exactly; values are table[ids]."""
+  table = jnp.arange(12, dtype=jnp.bfloat16).reshape(4, 3)
+  ids = jnp.concatenate([jnp.zeros((4096,), jnp.int32), jnp.array([2, 3], jnp.int32)])
+  rows, vjp = jax.vjp(lambda t: matmul.lookup(t, ids), table)
+  np.testing.assert_array_equal(np.asarray(rows, np.float32),
+                                np.asarray(table, np.float32)[np.asarray(ids)])
+  (grad,) = vjp(jnp.ones(rows.shape, jnp.bfloat16))
+  assert grad.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(grad, np.float32),
+                                [[4096] * 3, [0] * 3, [1] * 3, [1] * 3])
+  t32 = table.astype(jnp.float32)        # float32 tables: jax's take and its rule
+  ref = jax.vjp(lambda t: jnp.take(t, ids, axis=0), t32)[1](jnp.ones((len(ids), 3)))
+  got = jax.vjp(lambda t: matmul.lookup(t, ids), t32)[1](jnp.ones((len(ids), 3)))
+  np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(ref[0]))
