@@ -190,7 +190,6 @@ def test_paper_configs_gather_bf16_and_reduce_gradients_in_float32(tmp_path,
 
 
 def test_rule_table_names_every_parameter_and_shards_d_model():
-  import jax
   from rankjax.train import tasks
   from tests.train.conftest import tiny_lm, tiny_mlp
   mesh = {"data": 2, "fsdp": 4}
