@@ -98,24 +98,30 @@ def _compiled_hlo(cfg, mesh, which: str) -> tuple[str, list]:
                                                         for x in jax.tree.leaves(state.params)]
 
 
+def shrunk_paper_config(name: str, **lm_fields):
+  """The shipped paper config ``name`` with its sizes shrunk (see ``paper``), everything
+  else its own; ``lm_fields`` override more model fields."""
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  from tests.train.conftest import ROOT
+  cfg = config_lib.from_json(TrainConfig, (ROOT / "experiments" / "configs" / name).read_text())
+  lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
+                           vocab_size=1000, max_seq_len=40, vocab_multiple=128,
+                           loss_chunk=256, **lm_fields)
+  return dataclasses.replace(cfg, lm=lm, seq_len=40, batch_size=64, grad_accum=2,
+                             diag_examples=4)
+
+
 def paper() -> None:
   """The shipped paper configs with their sizes shrunk (2 layers, d=64, d_ff=128, vocab
   1000 padded to 1024, 40 tokens (no size equals another), 64 sequences, loss chunks of
   256 tokens) and
   everything else theirs: placement, norm, FFN, positions, dtype, remat, dropout,
   diagnostics and their example count (4: fewer than the 8 devices)."""
-  from rankjax import config as config_lib
-  from rankjax.config import TrainConfig
-  from tests.train.conftest import ROOT
   out = {}
   for name in PAPER_CONFIGS:
-    cfg = config_lib.from_json(TrainConfig,
-                               (ROOT / "experiments" / "configs" / name).read_text())
-    lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
-                             vocab_size=1000, max_seq_len=40, vocab_multiple=128,
-                             loss_chunk=256)
-    cfg = dataclasses.replace(cfg, lm=lm, seq_len=40, batch_size=64, grad_accum=2,
-                              diag_examples=4)
+    cfg = shrunk_paper_config(name)
+    lm = cfg.lm
     for which in ("step", "diag"):
       hlo, params = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), which)
       out[f"{name}/{which}"] = collectives(hlo)
@@ -137,18 +143,10 @@ def reductions(grad_reduce_dtype: str) -> None:
   import glob
   import os
   import re as re_
-  from rankjax import config as config_lib
-  from rankjax.config import TrainConfig
-  from tests.train.conftest import ROOT
   dump = re_.search(r"--xla_dump_to=(\S+)", os.environ["XLA_FLAGS"]).group(1)
   out = {}
   for name in PAPER_CONFIGS:
-    cfg = config_lib.from_json(TrainConfig,
-                               (ROOT / "experiments" / "configs" / name).read_text())
-    lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
-                             vocab_size=1000, max_seq_len=40, vocab_multiple=128,
-                             loss_chunk=256, grad_reduce_dtype=grad_reduce_dtype)
-    cfg = dataclasses.replace(cfg, lm=lm, seq_len=40, batch_size=64, grad_accum=2,
+    cfg = dataclasses.replace(shrunk_paper_config(name, grad_reduce_dtype=grad_reduce_dtype),
                               diag_every=0, compute_dtype="bfloat16")
     before = set(glob.glob(os.path.join(dump, "*")))
     _, params = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), "step")
