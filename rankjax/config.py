@@ -17,6 +17,7 @@ NormPosition = Literal["pre", "post", "output", "peri", "none"]
 NormOp = Literal["rms", "layer", "mean", "detached_rms", "none"]
 LMFFN = Literal["swiglu", "gelu"]
 LMInit = Literal["paper_collapse", "gpt2"]
+InitScaleTo = Literal["all", "value_ffn"]
 PosEmbedding = Literal["learned", "rope", "none"]
 RopeScaling = Literal["none", "linear", "llama3", "yarn"]
 DType = Literal["float32", "float64", "bfloat16"]
@@ -261,7 +262,13 @@ class TransformerConfig(JsonConfig):
       ``attention_scaling``; YaRN's ``0.1 ln(factor) + 1``), 1 otherwise.
     init: paper_collapse (every matrix N(0, 1/(3d)), W_2 N(0, 1/(3 d_ff)); postnorm
       paper Sec 2) or gpt2 (N(0, 0.02^2), output projections 0.02/sqrt(2N)).
-    init_scale: multiplies every matrix's init variance (Fig 1's x1, x2, x4 sweep).
+    init_scale: multiplies the init variance of the matrices ``init_scale_to`` names
+      (Fig 1's x1, x2, x4 sweep).
+    init_scale_to: "all" (every matrix: W_Q, W_K, W_V, W_O, W_1, W_2, W_3 and an untied
+      head) or "value_ffn" (W_V, W_O, W_2, W_3 only: the matrices of sigma_W^2 = d
+      sigma_V^2 sigma_O^2 and xi = d d_ff sigma_W2^2 sigma_W3^2 (postnorm Sec 2, Thm
+      3.2 / 3.4), leaving the logits' W_Q, W_K and the gate's W_1 at the standard init:
+      the other reading of the paper's "sublayer initialization variance").
     embed_std: std of the token (and position) embeddings; None -> 1.0 for
       paper_collapse (unit-RMS rows, as after a norm) and 0.02 for gpt2.
     prefix_avg_removal: alpha of the P - alpha*C_n intervention (Cor 3.3); 0 = off.
@@ -337,6 +344,7 @@ class TransformerConfig(JsonConfig):
   rope_attention_factor: float = 1.0
   init: LMInit = "paper_collapse"
   init_scale: float = 1.0
+  init_scale_to: InitScaleTo = "all"
   embed_std: float | None = None
   tie_embeddings: bool = False
   prefix_avg_removal: float = 0.0

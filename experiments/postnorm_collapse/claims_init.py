@@ -31,16 +31,19 @@ MUCH_SMALLER = 0.1
 SMALL = 0.05
 LINEAR_R2 = 0.99
 FIG1_SETTINGS = ("post_x1", "post_x2", "post_x4", "pre_x1", "pre_x2", "pre_x4")
+# issue 25: x4 also under the reading that scales only W_V, W_O, W_2, W_3 (beside the
+# headline settings above, which scale every matrix)
+FIG1_ALT_SETTINGS = ("post_x4_value_ffn", "pre_x4_value_ffn")
 
 
 def _label(key: str) -> str:
-  pos, sc = key.split("_")
-  return f"{pos.capitalize()} {sc}"
+  pos, sc, *alt = key.split("_", 2)
+  return f"{pos.capitalize()} {sc}" + (" on W_V, W_O, W_2, W_3" if alt else "")
 
 
 def _fig1_claims():
   out = []
-  for key in FIG1_SETTINGS:
+  for key in FIG1_SETTINGS + FIG1_ALT_SETTINGS:
     lab = _label(key)
     out += [
         Claim(f"Fig 1 {lab}: attention increment positive", "share of layers with a "
@@ -121,7 +124,7 @@ def _scale_note(res: dict[str, Any]) -> str:
 def fig1_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   o, note = res["ours"], _scale_note(res)
   rows = []
-  for key in FIG1_SETTINGS:
+  for key in FIG1_SETTINGS + FIG1_ALT_SETTINGS:
     pi, lab = o[key]["per_init"], _label(key)
     seeds = list(range(len(pi["attn_sum_ratio"])))
     for item, field in (("attention increment positive", "attn_positive_share"),

@@ -46,13 +46,20 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
+# the other reading of "sublayer initialization variance" (issue 25): x4 on W_V, W_O, W_2,
+# W_3 only (TransformerConfig.init_scale_to="value_ffn"), beside the headline's x4 on
+# every matrix; settings keyed f"{pos}_x4_{ALT_READING}"
+ALT_READING = "value_ffn"
+
+
 def model_config(cfg: dict[str, Any], norm_position: str, init_scale: float,
-                 prefix_avg_removal: float = 0.0) -> TransformerConfig:
+                 prefix_avg_removal: float = 0.0, init_scale_to: str = "all"
+                 ) -> TransformerConfig:
   return TransformerConfig(
       vocab_size=cfg["vocab_size"], num_layers=cfg["num_layers"], d_model=cfg["d_model"],
       num_heads=cfg["num_heads"], d_ff=cfg["d_ff"], max_seq_len=cfg["seq_len"],
       norm_position=norm_position, init="paper_collapse", init_scale=init_scale,
-      prefix_avg_removal=prefix_avg_removal)
+      init_scale_to=init_scale_to, prefix_avg_removal=prefix_avg_removal)
 
 
 def measure(cfg: dict[str, Any], mcfg: TransformerConfig, seed: int = 0
@@ -64,7 +71,9 @@ def measure(cfg: dict[str, Any], mcfg: TransformerConfig, seed: int = 0
   scale = mcfg.init_scale
   sigma_w2 = th.folded_attention_variance(d) * scale ** 2
   xi = th.swiglu_xi(d, cfg["d_ff"]) * scale ** 2
-  var_u = scale / 3.0
+  # sigma_W^2 (W_V, W_O) and xi (W_2, W_3) scale under either reading; the gate's
+  # pre-activation variance (W_1) only when every matrix is scaled
+  var_u = (scale if mcfg.init_scale_to == "all" else 1.0) / 3.0
 
   @jax.jit
   def one(key):
@@ -126,32 +135,35 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   start = time.time()
   per: dict[str, dict[str, Any]] = {}
   ours: dict[str, Any] = {}
-  for pos in ("post", "pre"):
-    for sc in cfg["scales"]:
-      m, per_seq = measure(cfg, model_config(cfg, pos, sc))
-      key = f"{pos}_x{sc:g}"
-      per[key] = {k: v.tolist() for k, v in m.items()}
-      rel = lambda a, b: float(np.sum(np.abs(a - b)) / max(np.sum(np.abs(a)), 1e-30))
-      ours[key] = {
-          "attn_measured_max": float(m["attn"].max()),
-          "attn_measured_layer": int(np.argmax(m["attn"]) + 1),
-          "attn_predicted_max": float(m["pred_attn"].max()),
-          "attn_all_positive": bool(np.all(m["attn"] > 0)),
-          "attn_rel_l1_error": rel(m["attn"], m["pred_attn"]),
-          "ffn_measured_min": float(m["ffn"].min()),
-          "ffn_predicted_min": float(m["pred_ffn"].min()),
-          "ffn_frac_negative": float(np.mean(m["ffn"] < 0)),
-          "ffn_over_attn_abs_ratio": float(np.sum(np.abs(m["ffn"]))
-                                           / max(np.sum(np.abs(m["attn"])), 1e-30)),
-          "tsim_last_layer": float(m["tsim_x1"][-1]),
-          "spread_over_sequences": sequence_spread(per_seq),
-          "per_init": per_init(per_seq),
-      }
+  settings = [(pos, sc, "all") for pos in ("post", "pre") for sc in cfg["scales"]]
+  settings += [(pos, 4.0, ALT_READING) for pos in ("post", "pre")]
+  for pos, sc, to in settings:
+    m, per_seq = measure(cfg, model_config(cfg, pos, sc, init_scale_to=to))
+    key = f"{pos}_x{sc:g}" + ("" if to == "all" else f"_{to}")
+    per[key] = {k: v.tolist() for k, v in m.items()}
+    rel = lambda a, b: float(np.sum(np.abs(a - b)) / max(np.sum(np.abs(a)), 1e-30))
+    ours[key] = {
+        "attn_measured_max": float(m["attn"].max()),
+        "attn_measured_layer": int(np.argmax(m["attn"]) + 1),
+        "attn_predicted_max": float(m["pred_attn"].max()),
+        "attn_all_positive": bool(np.all(m["attn"] > 0)),
+        "attn_rel_l1_error": rel(m["attn"], m["pred_attn"]),
+        "ffn_measured_min": float(m["ffn"].min()),
+        "ffn_predicted_min": float(m["pred_ffn"].min()),
+        "ffn_frac_negative": float(np.mean(m["ffn"] < 0)),
+        "ffn_over_attn_abs_ratio": float(np.sum(np.abs(m["ffn"]))
+                                         / max(np.sum(np.abs(m["attn"])), 1e-30)),
+        "tsim_last_layer": float(m["tsim_x1"][-1]),
+        "spread_over_sequences": sequence_spread(per_seq),
+        "per_init": per_init(per_seq),
+    }
   result = {
       "figure": "postnorm_collapse Fig 1 (Sec 4.1)",
       "scale": scale,
       "settings": {**{k: v for k, v in cfg.items() if k != "scales"},
                    "init_scales": list(cfg["scales"]), "init": "paper_collapse",
+                   "alternative_reading": f"x4 with init_scale_to={ALT_READING!r} "
+                   "(W_V, W_O, W_2, W_3 only)",
                    "tokens": "iid uniform over vocab", "seed": 0},
       "paper": {"attn": "positive, layer-dependent, tracked by Thm 3.2 (visible mismatch)",
                 "ffn": "small negative, tracked by Thm 3.4",
@@ -171,6 +183,11 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       ax[r, 0].plot(layers, m["pred_attn"], "--", color=c, label=f"Thm 3.2 x{sc:g}")
       ax[r, 1].plot(layers, m["ffn"], "o", ms=2.5, color=c, label=f"measured x{sc:g}")
       ax[r, 1].plot(layers, m["pred_ffn"], "--", color=c, label=f"Thm 3.4 x{sc:g}")
+    m, lab = per[f"{pos}_x4_{ALT_READING}"], "x4 on W_V, W_O, W_2, W_3"
+    ax[r, 0].plot(layers, m["attn"], "o", ms=2.5, color="C3", label=f"measured {lab}")
+    ax[r, 0].plot(layers, m["pred_attn"], "--", color="C3", label=f"Thm 3.2 {lab}")
+    ax[r, 1].plot(layers, m["ffn"], "o", ms=2.5, color="C3", label=f"measured {lab}")
+    ax[r, 1].plot(layers, m["pred_ffn"], "--", color="C3", label=f"Thm 3.4 {lab}")
     ax[r, 0].set(title=f"{pos}-norm: attention", xlabel="layer", ylabel="one-step change in t_sim")
     ax[r, 1].set(title=f"{pos}-norm: SwiGLU", xlabel="layer")
     ax[r, 1].axhline(0, color="gray", lw=0.5)

@@ -43,17 +43,26 @@ from rankjax.numerics import float_dtype
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
-def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False):
-  """The init of a weight matrix under ``cfg.init`` (times ``cfg.init_scale`` in variance).
+# the matrices ``init_scale_to="value_ffn"`` scales (TransformerConfig.init_scale_to)
+VALUE_FFN_MATRICES = ("w_v", "w_o", "w_2", "w_3")
+
+
+def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False,
+                name: str | None = None):
+  """The init of weight matrix ``name`` under ``cfg.init`` (times ``cfg.init_scale`` in
+  variance where ``cfg.init_scale_to`` includes it: "all", or "value_ffn" and ``name`` in
+  :data:`VALUE_FFN_MATRICES`).
 
   paper_collapse (postnorm Sec 2): N(0, 1/(3 fan_in)) -- 1/(3d) for every d-input
   matrix and 1/(3 d_ff) for W_2. gpt2: N(0, 0.02^2), output projections (W_O and the
   FFN's down projection) N(0, (0.02/sqrt(2N))^2) with N the number of layers.
   """
+  scale = (cfg.init_scale if cfg.init_scale_to == "all" or name in VALUE_FFN_MATRICES
+           else 1.0)
   if cfg.init == "paper_collapse":
-    std = math.sqrt(cfg.init_scale / (3.0 * fan_in))
+    std = math.sqrt(scale / (3.0 * fan_in))
   else:
-    std = 0.02 * math.sqrt(cfg.init_scale)
+    std = 0.02 * math.sqrt(scale)
     if output_proj:
       std /= math.sqrt(2.0 * cfg.num_layers)
   return nn.initializers.normal(stddev=std)
@@ -235,7 +244,8 @@ class CausalSelfAttention(nn.Module):
     kv = cfg.kv_heads
 
     def proj(name, cols=d, output_proj=False):
-      return self.param(name, matrix_init(cfg, d, output_proj), (d, cols), pdt).astype(dtype)
+      return self.param(name, matrix_init(cfg, d, output_proj, name), (d, cols),
+                        pdt).astype(dtype)
 
     counts = {"q": heads, "k": kv, "v": kv}
     weights, biases = {}, {}

@@ -132,10 +132,12 @@ def test_init_rows_on_synthetic_results():
          "ffn_over_attn_abs_ratio": [0.3] * 10, "tsim_last_layer": [0.7] * 10,
          "amount": [list(0.1 / np.arange(1, 49))] * 10}     # s^l = 0.1 / l: slope -1
   ours = {k: {"per_init": dict(per, tsim_last_layer=[0.7 if k.startswith("post") else 0.4]
-                               * 10)} for k in claims_init.FIG1_SETTINGS}
+                               * 10)}
+          for k in claims_init.FIG1_SETTINGS + claims_init.FIG1_ALT_SETTINGS}
   status = {r["item"]: r["status"] for r in claims_init.fig1_rows({"ours": ours,
                                                                    "settings": {}})}
-  assert len(status) == 36
+  assert len(status) == 46
+  assert status["Fig 1 Post x4 on W_V, W_O, W_2, W_3: attention tracked by Thm 3.2"] == "match"
   assert status["Sec 3.1 Pre x1: s^l of order 1/l"] == "match"
   assert status["Fig 1 Post x1: attention tracked by Thm 3.2"] == "match"
   assert status["Fig 1 Post x1: SwiGLU tracked by Thm 3.4"] == "mismatch"
