@@ -79,7 +79,7 @@ def test_decoder_token_product_is_the_whole_network_jacobian(x64, placement):
   its per-layer Jacobians (other tokens held fixed) is d h_L,t / d h_0,t of the model."""
   cfg = TransformerConfig(**TINY, norm_position=placement)
   tokens = jax.random.randint(jax.random.key(1), (5,), 0, cfg.vocab_size)
-  params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens[None])["params"]
+  params = jax.jit(transformer.DecoderLM(cfg).init)(jax.random.key(0), tokens[None])["params"]
   pos = 3
   bj = decoder_jacobians.token_block_jacobians(cfg, params, tokens, pos)
   assert bj.branch.shape == (2 * cfg.num_layers, 8, 8) and bj.stream.shape == (5, 8)

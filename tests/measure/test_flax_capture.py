@@ -27,7 +27,7 @@ def setup():
   model = PlainLM(V, D, H, 2 * D, L, T)
   key = jax.random.key(0)
   tokens = jax.random.randint(key, (B, T + 1), 0, V)
-  params = model.init(key, tokens[:, :-1])["params"]
+  params = jax.jit(model.init)(key, tokens[:, :-1])["params"]
   x, y = tokens[:, :-1], tokens[:, 1:]
   loss = lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
   sites = {
@@ -159,7 +159,7 @@ class NamedModel(nn.Module):
 def named():
   x = jax.random.normal(jax.random.key(0), (2, 5, 8))
   model = NamedModel(3, 8)
-  return model, model.init(jax.random.key(1), x), x
+  return model, jax.jit(model.init)(jax.random.key(1), x), x
 
 
 def test_nth_call_matches_by_type_and_call_order_not_automatic_names(named):
@@ -188,7 +188,7 @@ def test_an_ambiguous_nth_call_raises_naming_what_it_found(named):
 def test_an_nth_call_missing_in_some_layer_raises_naming_it(named):
   _, _, x = named
   model = NamedModel(3, 8, last_ffn=False)
-  variables = model.init(jax.random.key(1), x)
+  variables = jax.jit(model.init)(jax.random.key(1), x)
   with pytest.raises(ValueError, match=r"captured 2 calls \(layer0/ln_ffn, layer1/ln_ffn\) "
                                        r"but NamedBlock ran 3 times; layer2 made fewer than 2"):
     fc.capture(model, variables, x,
