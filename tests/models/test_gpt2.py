@@ -132,7 +132,8 @@ def test_ffn_inputs_are_causal_and_follow_the_residual_recursion():
 
 
 def test_gpt2_init_scales():
-  params = gpt2.init_gpt2(jax.random.PRNGKey(0), 4, 128, vocab_size=64, max_positions=8)
+  params = jax.jit(lambda k: gpt2.init_gpt2(k, 4, 128, vocab_size=64, max_positions=8))(
+      jax.random.PRNGKey(0))                            # one compile, not eager ops
   b = params["blocks"]
   assert b["fc_w"].shape == (4, 128, 512) and b["proj_w"].shape == (4, 512, 128)
   assert abs(float(jnp.std(b["fc_w"])) - 0.02) < 1e-3
