@@ -7,9 +7,12 @@ in the same process are untouched.
 import os
 
 # Tests compile many small programs; XLA's cheaper CPU backend passes halve compile
-# time and change no semantics. Set before JAX initializes; an explicit XLA_FLAGS wins.
+# time and change no semantics. The CPU backend's loop emitters instead of its MLIR
+# fusion emitters (the same fused computations) cut the suite's compile time by another
+# ~35%. Set before JAX initializes; an explicit XLA_FLAGS wins.
 os.environ.setdefault(
-    "XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+    "XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    " --xla_cpu_use_fusion_emitters=false")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -30,12 +30,15 @@ def _decoder(placement: str, **kw):
                           max_seq_len=16, norm_position=placement, pos_embedding="rope",
                           init="gpt2", **kw)
   tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, cfg.vocab_size)
-  params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens)["params"]
-  # perturb the norm gains so that a gain read from the wrong layer would show
-  params = jax.tree_util.tree_map_with_path(
-      lambda p, x: x * (1 + 0.3 * jnp.sin(jnp.arange(x.size).reshape(x.shape)))
-      if getattr(p[-1], "key", "") == "scale" else x, params)
-  return cfg, params, np.asarray(tokens, np.int32)
+
+  @jax.jit                            # one compile, not ~90 eager ops (~20 ms each)
+  def init(tokens):
+    params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens)["params"]
+    # perturb the norm gains so that a gain read from the wrong layer would show
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: x * (1 + 0.3 * jnp.sin(jnp.arange(x.size).reshape(x.shape)))
+        if getattr(p[-1], "key", "") == "scale" else x, params)
+  return cfg, init(tokens), np.asarray(tokens, np.int32)
 
 
 @pytest.mark.parametrize("placement", [
@@ -46,24 +49,32 @@ def test_decoder_passes_equal_the_whole_model(placement):
   model = checkpoints.decoder_model(cfg, params)
   fwd = passes.forward_pass(model, seqs, [], keep_streams=True, attention=False)
   dlm = transformer.DecoderLM(cfg)
+
+  @jax.jit        # the whole-model references in one compile (eager: ~150 tiny programs)
+  def whole_model(params, seqs):
+    logits = dlm.apply({"params": params}, seqs)
+    _, state = dlm.apply({"params": params}, seqs, capture_probs=True,
+                         mutable=["intermediates"])
+    captured = state["intermediates"]["layers"]["attn"]["attn_probs"][0]      # (L, K, H, T, T)
+    targets = seqs[:, 1:]
+    loss, g_params, g_acts, acts = transformer.intermediate_grads(
+        dlm, params, seqs[:, :-1], lambda z: losses.cross_entropy(z, targets))
+    gains = {k: params["layers"].get(diagnostics_postnorm.NORM_AFTER_Y[k], {}).get("scale")
+             if placement == "post" else None for k in (1, 2)}
+    ref = diagnostics_postnorm.sublayer_factors(acts, g_acts, cfg.norm_eps, gains)
+    ref["grad_norm"] = gr.layer_grad_norms(g_params, ("layers",))
+    return logits, captured, loss, ref
+
+  ref_logits, captured, loss, ref = whole_model(params, seqs)
   # the head on the last stream = DecoderLM's logits (the streams of every layer feed it)
   logits = jax.vmap(lambda h: transformer.final_logits(cfg, params, h))(fwd["streams"][-1])
-  np.testing.assert_allclose(logits, dlm.apply({"params": params}, seqs), atol=2e-6)
+  np.testing.assert_allclose(logits, ref_logits, atol=2e-6)
   # attention probabilities of each layer = DecoderLM's captured ones
-  _, state = dlm.apply({"params": params}, seqs, capture_probs=True, mutable=["intermediates"])
-  captured = state["intermediates"]["layers"]["attn"]["attn_probs"][0]        # (L, K, H, T, T)
   for l in range(cfg.num_layers):
     got = passes._attention(model.fns, model.weights.layer(l), jnp.asarray(fwd["streams"][l]))
     np.testing.assert_allclose(got, captured[l], atol=1e-6)
   # gradients: loss, every sublayer factor and the layer gradient norms
   bwd = passes.backward_pass(model, seqs, fwd["streams"])
-  targets = seqs[:, 1:]
-  loss, g_params, g_acts, acts = transformer.intermediate_grads(
-      dlm, params, seqs[:, :-1], lambda z: losses.cross_entropy(z, targets))
-  gains = {k: params["layers"].get(diagnostics_postnorm.NORM_AFTER_Y[k], {}).get("scale")
-           if placement == "post" else None for k in (1, 2)}
-  ref = diagnostics_postnorm.sublayer_factors(acts, g_acts, cfg.norm_eps, gains)
-  ref["grad_norm"] = gr.layer_grad_norms(g_params, ("layers",))
   np.testing.assert_allclose(bwd["loss"], loss, rtol=1e-6)
   assert set(bwd["layers"][0]) == set(ref)
   for name, values in ref.items():
@@ -83,7 +94,8 @@ def test_gpt2_backward_pass_equals_the_stacked_gradient():
     h = gpt2.streams(p, jnp.asarray(seqs[0, :-1]), heads)[-1]
     return losses.cross_entropy(gpt2.logits(p, h)[None], jnp.asarray(seqs[:, 1:]))
 
-  value, grads = jax.value_and_grad(loss)(jax.tree.map(jnp.asarray, params))
+  # jitted: one compile, not ~100 eager ops of the stacked forward and its gradient
+  value, grads = jax.jit(jax.value_and_grad(loss))(jax.tree.map(jnp.asarray, params))
   np.testing.assert_allclose(bwd["loss"], value, rtol=1e-6)
   np.testing.assert_allclose([r["grad_norm"] for r in bwd["layers"]],
                              gr.layer_grad_norms(grads, ("blocks",)), rtol=1e-5)

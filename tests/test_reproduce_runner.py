@@ -181,7 +181,8 @@ def test_checkpoint_reaches_fig12(tmp_path):
 
   from rankjax import cli
   from rankjax.models import gpt2
-  params = gpt2.init_gpt2(jax.random.PRNGKey(0), 2, 64, vocab_size=50257, max_positions=64)
+  params = jax.jit(lambda k: gpt2.init_gpt2(k, 2, 64, vocab_size=50257, max_positions=64))(
+      jax.random.PRNGKey(0))                            # one compile, not eager ops
   folder = tmp_path / "gpt2"
   folder.mkdir()
   gpt2.write_safetensors(folder / "model.safetensors", gpt2.gpt2_tensors(params))

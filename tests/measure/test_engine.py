@@ -21,10 +21,13 @@ def close(a, b, tol=TOL):
 
 def _toy(grouped: bool):
   """h_l = LN(0.5 h_start + tanh(W_l h)) with scale; grouped: skips every second block."""
-  w = jax.random.normal(jax.random.key(0), (L, D, D), jnp.float64) * 0.6
-  scale = 1.0 + 0.2 * jax.random.normal(jax.random.key(1), (L, D), jnp.float64)
-  flags = jnp.arange(1, L + 1) % 2 == 0
-  params = {"w": w, "scale": scale, "closes": flags}
+  @jax.jit                                            # one compile for the draws
+  def draw():
+    w = jax.random.normal(jax.random.key(0), (L, D, D), jnp.float64) * 0.6
+    scale = 1.0 + 0.2 * jax.random.normal(jax.random.key(1), (L, D), jnp.float64)
+    flags = jnp.arange(1, L + 1) % 2 == 0
+    return {"w": w, "scale": scale, "closes": flags}
+  params = draw()
   post = lambda p, y: norms.normalize(y, "layer", 1e-6) * p["scale"]
   block = engine.ResidualBlock(
       branch=lambda p, h: jnp.tanh(p["w"] @ h),
@@ -44,15 +47,17 @@ def test_closed_form_and_jacfwd_give_the_network_jacobian(x64, grouped):
   auto = jax.jit(lambda p, h: engine.block_jacobians(block, p, h, "jacfwd"))(params, h0)
   for a, b in zip(closed[:3], auto[:3]):
     close(a, b)
-  ts = engine.input_output_jacobians(closed)
+  # jitted (each a compile, not dozens of eager float64 ops)
+  ts = jax.jit(engine.input_output_jacobians)(closed)
   ref = jax.jit(jax.jacfwd(lambda x: engine.forward(block, params, x)))(h0)   # (L, d, d)
   close(ts, ref)
-  close(closed.stream[1:], engine.forward(block, params, h0))
+  close(closed.stream[1:], jax.jit(lambda p, x: engine.forward(block, p, x))(params, h0))
   if not grouped:   # the product form: its path sums rebuild T_L (App A.1)
     out = jax.jit(engine.measurements)(closed)
     assert float(out["reconstruction_error"]) < 1e-12
-    close(out["erank"] * D, spectra.effective_rank(ts))
-  assert engine.block_terms(block, jax.tree.map(lambda x: x[0], params), h0).skip is not None
+    close(out["erank"] * D, jax.jit(spectra.effective_rank)(ts))
+  terms = jax.jit(lambda p, h: engine.block_terms(block, jax.tree.map(lambda x: x[0], p), h))
+  assert terms(params, h0).skip is not None
 
 
 @pytest.mark.slow   # network_rank_estimates (test_matrix_free) runs the same path by default
@@ -79,12 +84,12 @@ def test_decoder_token_product_is_the_whole_network_jacobian(x64, placement):
   its per-layer Jacobians (other tokens held fixed) is d h_L,t / d h_0,t of the model."""
   cfg = TransformerConfig(**TINY, norm_position=placement)
   tokens = jax.random.randint(jax.random.key(1), (5,), 0, cfg.vocab_size)
-  params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens[None])["params"]
+  params = jax.jit(transformer.DecoderLM(cfg).init)(jax.random.key(0), tokens[None])["params"]
   pos = 3
   bj = decoder_jacobians.token_block_jacobians(cfg, params, tokens, pos)
   assert bj.branch.shape == (2 * cfg.num_layers, 8, 8) and bj.stream.shape == (5, 8)
   assert (bj.skip is None) == (placement == "pre")
-  h0 = transformer.first_layer_input(cfg, params, tokens[None])[0]
+  h0 = jax.jit(lambda p, t: transformer.first_layer_input(cfg, p, t[None])[0])(params, tokens)
 
   def network(x_D):
     h = h0.at[pos].set(x_D)
@@ -92,7 +97,7 @@ def test_decoder_token_product_is_the_whole_network_jacobian(x64, placement):
       h = transformer.layer_forward(cfg, jax.tree.map(lambda a: a[l], params["layers"]), h)[1]
     return h[pos]
 
-  close(engine.input_output_jacobians(bj)[-1], jax.jit(jax.jacfwd(network))(h0[pos]))
+  close(jax.jit(engine.input_output_jacobians)(bj)[-1], jax.jit(jax.jacfwd(network))(h0[pos]))
   close(bj.stream[-1], jax.jit(network)(h0[pos]))
   out = jax.jit(engine.measurements)(bj)
   assert float(out["reconstruction_error"]) < 1e-10
@@ -103,13 +108,13 @@ def test_decoder_token_product_is_the_whole_network_jacobian(x64, placement):
 
 
 def test_gpt2_and_llama_adapters(x64):
-  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64),
-                        gpt2.init_gpt2(jax.random.PRNGKey(0), 2, 8, vocab_size=16,
-                                       max_positions=8))
+  params = jax.jit(lambda k: jax.tree.map(         # one compile, not dozens of eager ops
+      lambda x: jnp.asarray(x, jnp.float64),
+      gpt2.init_gpt2(k, 2, 8, vocab_size=16, max_positions=8)))(jax.random.PRNGKey(0))
   tokens = jnp.array([1, 5, 2, 7])
   pos, heads = 2, 2
   bj = gpt2_jacobians.token_block_jacobians(params, tokens, pos, heads)
-  h0 = gpt2.embed(params, tokens)
+  h0 = jax.jit(gpt2.embed)(params, tokens)
 
   def network(x_D):
     h = h0.at[pos].set(x_D)
@@ -117,13 +122,18 @@ def test_gpt2_and_llama_adapters(x64):
       h = gpt2.block_forward(jax.tree.map(lambda a: a[l], params["blocks"]), h, heads)[1]
     return h[pos]
 
-  close(engine.input_output_jacobians(bj)[-1], jax.jit(jax.jacfwd(network))(h0[pos]))
+  close(jax.jit(engine.input_output_jacobians)(bj)[-1], jax.jit(jax.jacfwd(network))(h0[pos]))
   # Llama FFN: the closed form (Eq. 9, 19) through the engine against jacfwd of the branch
-  key = jax.random.split(jax.random.key(3), 4)
-  block = {"ln_scale": 1 + 0.1 * jax.random.normal(key[0], (D,), jnp.float64),
-           "gate_w": jax.random.normal(key[1], (10, D), jnp.float64),
-           "up_w": jax.random.normal(key[2], (10, D), jnp.float64),
-           "down_w": jax.random.normal(key[3], (D, 10), jnp.float64)}
-  h = jnp.linspace(-1.0, 1.0, D)
-  got = llama_ffn.ffn_jacobians(jax.tree.map(lambda x: x[None], block), h[None])[0]
-  close(got, jax.jacfwd(lambda x: llama_ffn.ffn_branch(block, x))(h))
+  @jax.jit                                  # draws, closed form and jacfwd: one compile
+  def llama(key):
+    key = jax.random.split(key, 4)
+    block = {"ln_scale": 1 + 0.1 * jax.random.normal(key[0], (D,), jnp.float64),
+             "gate_w": jax.random.normal(key[1], (10, D), jnp.float64),
+             "up_w": jax.random.normal(key[2], (10, D), jnp.float64),
+             "down_w": jax.random.normal(key[3], (D, 10), jnp.float64)}
+    h = jnp.linspace(-1.0, 1.0, D)
+    got = llama_ffn.ffn_jacobians(jax.tree.map(lambda x: x[None], block), h[None])[0]
+    return got, jax.jacfwd(lambda x: llama_ffn.ffn_branch(block, x))(h)
+
+  got, want = llama(jax.random.key(3))
+  close(got, want)

@@ -27,7 +27,7 @@ def setup():
   model = PlainLM(V, D, H, 2 * D, L, T)
   key = jax.random.key(0)
   tokens = jax.random.randint(key, (B, T + 1), 0, V)
-  params = model.init(key, tokens[:, :-1])["params"]
+  params = jax.jit(model.init)(key, tokens[:, :-1])["params"]
   x, y = tokens[:, :-1], tokens[:, 1:]
   loss = lambda logits: optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
   sites = {
@@ -107,16 +107,23 @@ def test_residual_statistics_and_attention_of_the_recipe(setup, reference):
   qkv = acts["qkv"]                                  # (L, B, T, 3, H, dh)
   probs = fc.causal_probs(qkv[..., 0, :, :], qkv[..., 1, :, :])
   assert probs.shape == (L, B, H, T, T)
-  streams = reference[0]
-  for l in range(L):      # recomputed from the parameters
-    p = params[f"Block_{l}"]
-    h = streams[l]
-    hn = (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-6)
-    hn = hn * p["LayerNorm_0"]["scale"]
-    q = jnp.einsum("btd,dhk->bthk", hn, p["DenseGeneral_0"]["kernel"][:, 0])
-    k = jnp.einsum("btd,dhk->bthk", hn, p["DenseGeneral_0"]["kernel"][:, 1])
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D // H)
-    ref = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((T, T), bool)), logits, -1e30), -1)
+
+  @jax.jit                # recomputed from the parameters, one compile for the layers
+  def recomputed(params, streams):
+    refs = []
+    for l in range(L):
+      p = params[f"Block_{l}"]
+      h = streams[l]
+      hn = (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-6)
+      hn = hn * p["LayerNorm_0"]["scale"]
+      q = jnp.einsum("btd,dhk->bthk", hn, p["DenseGeneral_0"]["kernel"][:, 0])
+      k = jnp.einsum("btd,dhk->bthk", hn, p["DenseGeneral_0"]["kernel"][:, 1])
+      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D // H)
+      refs.append(jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((T, T), bool)), logits, -1e30),
+                                 -1))
+    return refs
+
+  for l, ref in enumerate(recomputed(params, reference[0])):
     np.testing.assert_allclose(probs[l], ref, rtol=1e-4, atol=1e-6)
   att = fc.attention_statistics(probs, jax.random.key(1), num_rows=16, min_query=4)
   assert att["p_max_mean"].shape == (L,)
@@ -159,7 +166,7 @@ class NamedModel(nn.Module):
 def named():
   x = jax.random.normal(jax.random.key(0), (2, 5, 8))
   model = NamedModel(3, 8)
-  return model, model.init(jax.random.key(1), x), x
+  return model, jax.jit(model.init)(jax.random.key(1), x), x
 
 
 def test_nth_call_matches_by_type_and_call_order_not_automatic_names(named):
@@ -188,7 +195,7 @@ def test_an_ambiguous_nth_call_raises_naming_what_it_found(named):
 def test_an_nth_call_missing_in_some_layer_raises_naming_it(named):
   _, _, x = named
   model = NamedModel(3, 8, last_ffn=False)
-  variables = model.init(jax.random.key(1), x)
+  variables = jax.jit(model.init)(jax.random.key(1), x)
   with pytest.raises(ValueError, match=r"captured 2 calls \(layer0/ln_ffn, layer1/ln_ffn\) "
                                        r"but NamedBlock ran 3 times; layer2 made fewer than 2"):
     fc.capture(model, variables, x,

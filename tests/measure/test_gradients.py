@@ -95,7 +95,7 @@ def test_alpha_matches_direct_grad():
   model = DecoderLM(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 8), 0, cfg.vocab_size)
   targets = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, cfg.vocab_size)
-  params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"]
   loss_fn = lambda logits: cross_entropy(logits, targets)
 
   @jax.jit   # one program for the library's gradients and the direct ones
@@ -127,7 +127,7 @@ def test_rms_factor_contraction_and_theorem_3_6_bound():
   cfg = _cfg(norm_eps=0.0)
   model = DecoderLM(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 8), 0, cfg.vocab_size)
-  params = model.init(jax.random.PRNGKey(4), tokens)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(4), tokens)["params"]
   # unit gains so that the RMSNorm Jacobian is exactly sqrt(d)/||y|| (I - Proj)
   _, _, g, acts = intermediate_grads(model, params, tokens,
                                      lambda z: cross_entropy(z, tokens))
@@ -221,7 +221,7 @@ def _collapsed_setup(cfg, targets):
   head whose logits are log p_freq(targets) at every position."""
   model = DecoderLM(cfg)
   tokens = jnp.full((1, cfg.max_seq_len), 3, jnp.int32)
-  params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"]
   params = jax.tree.map(lambda x: x.astype(jnp.float64), params)
   _, xh = _forward_sites(cfg, params, tokens)
   x = xh[0, 0]                                             # the common row x^H
@@ -271,22 +271,32 @@ def test_theorem_3_8_lower_bound(x64):
     eps = gr.collapse_distance(xh)
     return cross_entropy(xh @ w, targets), gr.collapsed_loss_lower_bound(targets, w, eps)
 
-  for trial in range(4):
+  @jax.jit      # the draws of a trial, one compile for the four
+  def draw(key, scale):
     k1, k2, k3, key = jax.random.split(key, 4)
     targets = jax.random.randint(k1, (n,), 0, cfg.vocab_size)
     x = jax.random.normal(k2, (cfg.d_model,), jnp.float64)
-    noise = (10.0 ** -trial) * jax.random.normal(k3, (n, cfg.d_model), jnp.float64)
+    noise = scale * jax.random.normal(k3, (n, cfg.d_model), jnp.float64)
     xh = x[None, :] + noise
     w = jax.random.normal(key, (cfg.d_model, cfg.vocab_size), jnp.float64)
+    return key, xh, w, targets
+
+  for trial in range(4):
+    key, xh, w, targets = draw(key, 10.0 ** -trial)
     ce, bound = loss_and_bound(xh, w, targets)
     assert float(ce) >= float(bound) - 1e-12
-  # on the tiny model at init: its pre-head state and head
-  tokens = jax.random.randint(key, (1, n), 0, cfg.vocab_size)
-  params = model.init(jax.random.PRNGKey(6), tokens)["params"]
-  _, xh = _forward_sites(cfg, params, tokens)
-  eps = gr.collapse_distance(xh[0])
-  ce = cross_entropy(model.apply({"params": params}, tokens), tokens)
-  assert float(ce) >= float(gr.collapsed_loss_lower_bound(tokens[0], params["lm_head"], eps))
+
+  @jax.jit      # on the tiny model at init: its pre-head state and head, one compile
+  def at_init(key):
+    tokens = jax.random.randint(key, (1, n), 0, cfg.vocab_size)
+    params = model.init(jax.random.PRNGKey(6), tokens)["params"]
+    _, xh = _forward_sites(cfg, params, tokens)
+    eps = gr.collapse_distance(xh[0])
+    ce = cross_entropy(model.apply({"params": params}, tokens), tokens)
+    return ce, gr.collapsed_loss_lower_bound(tokens[0], params["lm_head"], eps)
+
+  ce, bound = at_init(key)
+  assert float(ce) >= float(bound)
 
 
 def test_contraction_bound_holds_off_collapse_with_gains_where_the_token_mean_fails():

@@ -43,7 +43,7 @@ def test_block_jacobians_match_network_jacfwd(x64, kw):
   cfg = MLPConfig(depth=4, width=d, expansion=2.0, param_dtype="float64", **kw)
   model = ResidualMLP(cfg)
   x0 = jax.random.normal(jax.random.PRNGKey(1), (d,), jnp.float64)
-  variables = model.init(jax.random.PRNGKey(0), x0[None])
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), x0[None])
   blocks = variables["params"]["blocks"]
   if cfg.norm_gain:   # move the gains off one so their Jacobian factor is exercised
     blocks = {k: (v * (1.0 + 0.3 * jax.random.normal(jax.random.PRNGKey(2), v.shape, v.dtype))
@@ -208,7 +208,7 @@ def test_representation_trace_matches_model(x64):
   cfg = MLPConfig(depth=4, width=6, branch_matrices=1, param_dtype="float64")
   model = ResidualMLP(cfg)
   x = jax.random.normal(jax.random.PRNGKey(0), (9, 6), jnp.float64)
-  variables = model.init(jax.random.PRNGKey(1), x)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(1), x)
 
   @jax.jit   # one program: the model's captured stream and the traced representations
   def compute(variables, x):
@@ -233,7 +233,7 @@ def test_backward_stream_matches_autodiff_of_the_network(x64, kw):
   cfg = MLPConfig(depth=5, width=6, param_dtype="float64", **kw)
   model = ResidualMLP(cfg)
   x = jax.random.normal(jax.random.PRNGKey(0), (7, 6), jnp.float64)
-  blocks = model.init(jax.random.PRNGKey(1), x)["params"]["blocks"]
+  blocks = jax.jit(model.init)(jax.random.PRNGKey(1), x)["params"]["blocks"]
   delta_L = jax.random.normal(jax.random.PRNGKey(2), (7, 6), jnp.float64)
 
   @jax.jit   # one program: the library's backward stream and the autodiff reference

@@ -42,7 +42,7 @@ class UserModel(nn.Module):
 def _model_and_stacked(key):
   model = UserModel()
   h0 = jax.random.normal(key, (D,), jnp.float64)
-  params = model.init(jax.random.PRNGKey(1), h0)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), h0)["params"]
   stacked = jax.tree.map(lambda *p: jnp.stack(p), *[params[f"block_{i}"] for i in range(L)])
   branch = lambda p, h: GatedBlock(D).apply({"params": p}, h, method=GatedBlock.branch)
   return model, params, stacked, branch, h0

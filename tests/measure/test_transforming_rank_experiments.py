@@ -212,7 +212,7 @@ def test_appa4_rescaled_rates_keep_the_trajectory():
     cfg = MLPConfig(depth=2, width=4, expansion=1.0, input_dim=4, num_classes=3,
                     param_dtype="float64")
     x, y, probe = a4.make_task(jax.random.PRNGKey(0), s, jnp.float64)
-    params = ResidualMLP(cfg).init(jax.random.PRNGKey(1), x[:1])["params"]
+    params = jax.jit(ResidualMLP(cfg).init)(jax.random.PRNGKey(1), x[:1])["params"]
     lam = 3.0
     p_l = dict(params, blocks=jax.tree.map(lambda w: lam * w, params["blocks"]))
     cfg_l = dataclasses.replace(cfg, beta=lam ** -2)

@@ -132,7 +132,8 @@ def test_ffn_inputs_are_causal_and_follow_the_residual_recursion():
 
 
 def test_gpt2_init_scales():
-  params = gpt2.init_gpt2(jax.random.PRNGKey(0), 4, 128, vocab_size=64, max_positions=8)
+  params = jax.jit(lambda k: gpt2.init_gpt2(k, 4, 128, vocab_size=64, max_positions=8))(
+      jax.random.PRNGKey(0))                            # one compile, not eager ops
   b = params["blocks"]
   assert b["fc_w"].shape == (4, 128, 512) and b["proj_w"].shape == (4, 512, 128)
   assert abs(float(jnp.std(b["fc_w"])) - 0.02) < 1e-3
@@ -176,6 +177,7 @@ def test_sublayer_and_sequence_jacobians(x64):
   tokens = jnp.array([3, 1, 4, 1])
   seq = gpt2_jacobians.sequence_jacobians(params, tokens, num_heads=2)       # (L, T, d, T, d)
   assert seq.shape == (L, 4, D, 4, D)
+  seq = np.asarray(seq)                     # sliced by numpy: no eager program per slice
   for t in range(4):
     per = gpt2_jacobians.sublayer_jacobians(params, tokens, t, num_heads=2)
     np.testing.assert_allclose(per["attention"], seq[:, t, :, t, :], rtol=1e-12, atol=1e-13)
@@ -184,11 +186,16 @@ def test_sublayer_and_sequence_jacobians(x64):
   np.testing.assert_allclose(per["ffn"],
                              gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, 3]),
                              rtol=1e-12, atol=1e-13)
+
   # the first token attends only to itself: Attn(x)_0 = v_0 W_proj + b, so the Jacobian is
   # W_proj^T W_v^T J_LN(h_0) in closed form (Table 2 for J_LN)
-  b0 = jax.tree.map(lambda a: a[0], params["blocks"])
-  h0 = params["wte"][3] + params["wpe"][0]
-  w_v = b0["attn_w"][:, 2 * D:]
-  j_ln = jax.jacfwd(lambda x: gpt2.layer_norm(x, b0["ln_1_scale"], b0["ln_1_bias"]))(h0)
+  @jax.jit                                 # one compile, not a dozen eager float64 ops
+  def closed_form(params):
+    b0 = jax.tree.map(lambda a: a[0], params["blocks"])
+    h0 = params["wte"][3] + params["wpe"][0]
+    w_v = b0["attn_w"][:, 2 * D:]
+    j_ln = jax.jacfwd(lambda x: gpt2.layer_norm(x, b0["ln_1_scale"], b0["ln_1_bias"]))(h0)
+    return b0["attn_proj_w"].T @ w_v.T @ j_ln
+
   first = gpt2_jacobians.sublayer_jacobians(params, tokens, 0, num_heads=2)["attention"][0]
-  np.testing.assert_allclose(first, b0["attn_proj_w"].T @ w_v.T @ j_ln, rtol=1e-11, atol=1e-12)
+  np.testing.assert_allclose(first, closed_form(params), rtol=1e-11, atol=1e-12)

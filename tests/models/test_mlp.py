@@ -136,7 +136,7 @@ def test_init_statistics(alpha, m):
   cfg = MLPConfig(depth=4, width=128, expansion=4.0, branch_matrices=m, alpha=alpha,
                   activation="swiglu")
   x = jnp.ones((1, 128))
-  params = ResidualMLP(cfg).init(jax.random.key(0), x)["params"]["blocks"]
+  params = jax.jit(ResidualMLP(cfg).init)(jax.random.key(0), x)["params"]["blocks"]
   for name, (fan_in, _) in blocks.matrix_shapes(cfg).items():
     target = alpha**2 / fan_in
     var = float(jnp.var(params[name]))
@@ -146,6 +146,6 @@ def test_init_statistics(alpha, m):
 
 def test_blocks_are_independent_draws():
   cfg = MLPConfig(depth=3, width=16)
-  params = ResidualMLP(cfg).init(jax.random.key(0), jnp.ones((1, 16)))["params"]["blocks"]
+  params = jax.jit(ResidualMLP(cfg).init)(jax.random.key(0), jnp.ones((1, 16)))["params"]["blocks"]
   w = params["w_up"]
   assert not np.allclose(w[0], w[1])

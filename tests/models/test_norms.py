@@ -131,7 +131,7 @@ def test_unknown_op_raises():
 def test_norm_module_gain_is_learned_and_starts_at_one():
   module = norms.Norm("rms", gain=True, eps=0.0)
   x = jax.random.normal(jax.random.key(1), (2, D))
-  variables = module.init(jax.random.key(0), x)
+  variables = jax.jit(module.init)(jax.random.key(0), x)
   np.testing.assert_array_equal(variables["params"]["scale"], np.ones(D))
   doubled = jax.tree.map(lambda s: 2 * s, variables)
   np.testing.assert_allclose(module.apply(doubled, x), 2 * norms.normalize(x, "rms"), rtol=1e-6)

@@ -132,7 +132,7 @@ def test_attention_is_causal_without_position_embeddings():
   cfg = TransformerConfig(**TINY)
   x = jax.random.normal(jax.random.key(0), (1, 8, 16))
   attn = CausalSelfAttention(cfg)
-  params = attn.init(jax.random.key(1), x)
+  params = jax.jit(attn.init)(jax.random.key(1), x)
   jac = jax.jit(jax.jacfwd(lambda v: attn.apply(params, v)[0, 2]))(x)  # (d, 1, T, d)
   assert float(jnp.abs(jac[:, :, 3:]).max()) == 0.0
   assert float(jnp.abs(jac[:, :, :3]).min(axis=(0, 1, 3)).max()) > 0.0
@@ -175,7 +175,7 @@ def test_prefix_average_removal():
   cfg = TransformerConfig(**TINY)
   x = jax.random.normal(jax.random.key(0), (2, 8, 16))
   attn = CausalSelfAttention(cfg)
-  params = attn.init(jax.random.key(1), x)
+  params = jax.jit(attn.init)(jax.random.key(1), x)
   plain = attn.apply(params, x)
   # alpha = 0 equals plain attention
   zero = CausalSelfAttention(dataclasses.replace(cfg, prefix_avg_removal=0.0))

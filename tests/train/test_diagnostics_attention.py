@@ -39,7 +39,7 @@ def test_layer_probs_match_captured_stack(norm_position):
   cfg = _cfg(norm_position).lm
   model = DecoderLM(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, 257)
-  params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"]
   capture = jax.jit(lambda p, x: model.apply({"params": p}, x, capture_probs=True,
                                              mutable=["intermediates"])[1])
   stack = capture(params, tokens)["intermediates"]["layers"]["attn"]["attn_probs"][0]
