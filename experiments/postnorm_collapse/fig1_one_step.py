@@ -176,18 +176,14 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   fig, ax = plt.subplots(2, 2, figsize=(11, 7))
   colors = {1.0: "C0", 2.0: "C1", 4.0: "C2"}
   for r, pos in enumerate(("post", "pre")):
-    for sc in cfg["scales"]:
-      m = per[f"{pos}_x{sc:g}"]
-      c = colors.get(sc, None)
-      ax[r, 0].plot(layers, m["attn"], "o", ms=2.5, color=c, label=f"measured x{sc:g}")
-      ax[r, 0].plot(layers, m["pred_attn"], "--", color=c, label=f"Thm 3.2 x{sc:g}")
-      ax[r, 1].plot(layers, m["ffn"], "o", ms=2.5, color=c, label=f"measured x{sc:g}")
-      ax[r, 1].plot(layers, m["pred_ffn"], "--", color=c, label=f"Thm 3.4 x{sc:g}")
-    m, lab = per[f"{pos}_x4_{ALT_READING}"], "x4 on W_V, W_O, W_2, W_3"
-    ax[r, 0].plot(layers, m["attn"], "o", ms=2.5, color="C3", label=f"measured {lab}")
-    ax[r, 0].plot(layers, m["pred_attn"], "--", color="C3", label=f"Thm 3.2 {lab}")
-    ax[r, 1].plot(layers, m["ffn"], "o", ms=2.5, color="C3", label=f"measured {lab}")
-    ax[r, 1].plot(layers, m["pred_ffn"], "--", color="C3", label=f"Thm 3.4 {lab}")
+    series = [(f"{pos}_x{sc:g}", colors.get(sc), f"x{sc:g}") for sc in cfg["scales"]]
+    series.append((f"{pos}_x4_{ALT_READING}", "C3", "x4 on W_V, W_O, W_2, W_3"))
+    for key, c, lab in series:
+      m = per[key]
+      ax[r, 0].plot(layers, m["attn"], "o", ms=2.5, color=c, label=f"measured {lab}")
+      ax[r, 0].plot(layers, m["pred_attn"], "--", color=c, label=f"Thm 3.2 {lab}")
+      ax[r, 1].plot(layers, m["ffn"], "o", ms=2.5, color=c, label=f"measured {lab}")
+      ax[r, 1].plot(layers, m["pred_ffn"], "--", color=c, label=f"Thm 3.4 {lab}")
     ax[r, 0].set(title=f"{pos}-norm: attention", xlabel="layer", ylabel="one-step change in t_sim")
     ax[r, 1].set(title=f"{pos}-norm: SwiGLU", xlabel="layer")
     ax[r, 1].axhline(0, color="gray", lw=0.5)

@@ -45,17 +45,18 @@ CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 # the matrices ``init_scale_to="value_ffn"`` scales (TransformerConfig.init_scale_to)
 VALUE_FFN_MATRICES = ("w_v", "w_o", "w_2", "w_3")
+OUTPUT_PROJECTIONS = ("w_o", "w_2")   # gpt2's 1/sqrt(2N) output projections
 
 
-def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False,
-                name: str | None = None):
-  """The init of weight matrix ``name`` under ``cfg.init`` (times ``cfg.init_scale`` in
-  variance where ``cfg.init_scale_to`` includes it: "all", or "value_ffn" and ``name`` in
-  :data:`VALUE_FFN_MATRICES`).
+def matrix_init(cfg: TransformerConfig, name: str, fan_in: int):
+  """The init of weight matrix ``name`` (w_q, w_k, w_v, w_o, w_1, w_2, w_3, lm_head)
+  under ``cfg.init``, times ``cfg.init_scale`` in variance where ``cfg.init_scale_to``
+  includes it ("all", or "value_ffn" and ``name`` in :data:`VALUE_FFN_MATRICES`).
 
   paper_collapse (postnorm Sec 2): N(0, 1/(3 fan_in)) -- 1/(3d) for every d-input
   matrix and 1/(3 d_ff) for W_2. gpt2: N(0, 0.02^2), output projections (W_O and the
-  FFN's down projection) N(0, (0.02/sqrt(2N))^2) with N the number of layers.
+  FFN's down projection, :data:`OUTPUT_PROJECTIONS`) N(0, (0.02/sqrt(2N))^2) with N the
+  number of layers.
   """
   scale = (cfg.init_scale if cfg.init_scale_to == "all" or name in VALUE_FFN_MATRICES
            else 1.0)
@@ -63,7 +64,7 @@ def matrix_init(cfg: TransformerConfig, fan_in: int, output_proj: bool = False,
     std = math.sqrt(scale / (3.0 * fan_in))
   else:
     std = 0.02 * math.sqrt(scale)
-    if output_proj:
+    if name in OUTPUT_PROJECTIONS:
       std /= math.sqrt(2.0 * cfg.num_layers)
   return nn.initializers.normal(stddev=std)
 
@@ -243,9 +244,8 @@ class CausalSelfAttention(nn.Module):
 
     kv = cfg.kv_heads
 
-    def proj(name, cols=d, output_proj=False):
-      return self.param(name, matrix_init(cfg, d, output_proj, name), (d, cols),
-                        pdt).astype(dtype)
+    def proj(name, cols=d):
+      return self.param(name, matrix_init(cfg, name, d), (d, cols), pdt).astype(dtype)
 
     counts = {"q": heads, "k": kv, "v": kv}
     weights, biases = {}, {}
@@ -283,7 +283,7 @@ class CausalSelfAttention(nn.Module):
         out = (out.astype(float_dtype(dtype))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
     out = checkpoint_name(out, ATTENTION_OUT)     # saved by remat="dots" (not recomputed)
-    return weight_matmul(out.reshape(b, t, d), proj("w_o", output_proj=True),
+    return weight_matmul(out.reshape(b, t, d), proj("w_o"),
                          cfg.grad_reduce_dtype)
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:

@@ -113,11 +113,10 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.cfg
     d, f, dtype, pdt = cfg.d_model, cfg.d_ff, x.dtype, jnp.dtype(cfg.param_dtype)
-    w1 = self.param("w_1", matrix_init(cfg, d, name="w_1"), (d, f), pdt).astype(dtype)
-    w2 = self.param("w_2", matrix_init(cfg, f, output_proj=True, name="w_2"), (f, d),
-                    pdt).astype(dtype)
+    w1 = self.param("w_1", matrix_init(cfg, "w_1", d), (d, f), pdt).astype(dtype)
+    w2 = self.param("w_2", matrix_init(cfg, "w_2", f), (f, d), pdt).astype(dtype)
     if cfg.ffn == "swiglu":
-      w3 = self.param("w_3", matrix_init(cfg, d, name="w_3"), (d, f), pdt).astype(dtype)
+      w3 = self.param("w_3", matrix_init(cfg, "w_3", d), (d, f), pdt).astype(dtype)
       gate, up = projections(x, {"1": w1, "3": w3}, fused=cfg.fused_projections,
                              grad_reduce_dtype=cfg.grad_reduce_dtype)
       hidden = activations.silu(gate) * up
@@ -233,7 +232,7 @@ class DecoderLM(nn.Module):
     if cfg.tie_embeddings:
       w_DxV = embed.embedding.T
     else:
-      w_DxV = self.param("lm_head", matrix_init(cfg, cfg.d_model, name="lm_head"),
+      w_DxV = self.param("lm_head", matrix_init(cfg, "lm_head", cfg.d_model),
                          (cfg.d_model, cfg.padded_vocab_size), pdt)
     if return_hidden:
       return h, w_DxV

@@ -16,11 +16,10 @@ def test_matrix_init_scales_what_init_scale_to_names(init):
   base = TransformerConfig(num_layers=2, init=init)
   key, shape = jax.random.PRNGKey(0), (4, 8)
   for name in NAMES:
-    out = name in ("w_o", "w_2")
-    plain = matrix_init(base, 64, out, name)(key, shape)
+    plain = matrix_init(base, name, 64)(key, shape)
     for to in ("all", "value_ffn"):
       cfg = TransformerConfig(num_layers=2, init=init, init_scale=4.0, init_scale_to=to)
-      got = matrix_init(cfg, 64, out, name)(key, shape)
+      got = matrix_init(cfg, name, 64)(key, shape)
       factor = 2.0 if to == "all" or name in SCALED else 1.0   # sqrt of the variance x4
       assert jnp.allclose(got, factor * plain, rtol=1e-6), (init, to, name)
 
