@@ -171,6 +171,18 @@ def record(study, out_dir: str | pathlib.Path, scale: str, names: Sequence[str])
   return done
 
 
+def input_mismatch(name: str, new: dict[str, Any], old: dict[str, Any]) -> str | None:
+  """Why a rerun of ``name`` is not comparable with its committed result: it read another
+  data set (``data["dataset"]``, the set an experiment resolved, e.g. 'auto' -> 'digits'
+  where fashion_mnist is not installed). None when both read the same inputs."""
+  ran, committed = (r.get("data", {}).get("dataset") if isinstance(r.get("data"), dict)
+                    else None for r in (new, old))
+  if ran == committed:
+    return None
+  return (f"{name}: committed results read the data set {committed!r}, this rerun read "
+          f"{ran!r}: not comparable (make {committed!r} available and rerun)")
+
+
 def compare(new: Sequence[dict], old: Sequence[dict]) -> list[str]:
   """What moved between a rerun's rows and the committed rows of the same experiments:
   a status that changed, a number that moved by more than the row's tolerance (rows

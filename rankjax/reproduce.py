@@ -121,8 +121,14 @@ def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
     committed = results.load(results.committed_dir(name, scale))
     absent = [n for n in ran if n not in committed]
     res["moved"] = [f"{name}/{n}: no committed results to check against" for n in absent]
-    new = [r for r in res["rows"] if r["experiment"] in committed]
-    old = [r for n in ran if n in committed for r in committed[n]["rows"]]
+    rerun = results.load(out / "results" / scale)
+    differ = {n: results.input_mismatch(n, rerun[n], committed[n])
+              for n in ran if n in committed and n in rerun}
+    differ = {n: why for n, why in differ.items() if why}
+    res["moved"] += [f"{name}/{why}" for why in differ.values()]
+    same = [n for n in ran if n in committed and n not in differ]
+    new = [r for r in res["rows"] if r["experiment"] in same]
+    old = [r for n in same for r in committed[n]["rows"]]
     res["moved"] += [f"{name}/{line}" for line in results.compare(new, old)]
     print(f"check {name}: " + ("every committed number within its tolerance"
                                if not res["moved"] else f"{len(res['moved'])} moved"))

@@ -11,7 +11,7 @@ from experiments import evidence, runner
 from rankjax import cli, reproduce
 
 
-def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5):
+def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5, dataset=None):
   pkg = tmp_path / "fakepkg"
   pkg.mkdir(exist_ok=True)
   (pkg / "__init__.py").write_text("")
@@ -20,7 +20,8 @@ def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5):
       def run(out_dir, scale):
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(out_dir) / "ran").write_text(scale)
-        return {{"settings": {{"seeds": [0, 1]}}, "value": [{value}, {value} + 0.002]}}
+        out = {{"settings": {{"seeds": [0, 1]}}, "value": [{value}, {value} + 0.002]}}
+        return out if {dataset!r} is None else {{**out, "dataset": {dataset!r}}}
   """))
   (pkg / "bad.py").write_text("def run(out_dir, scale):\n  raise RuntimeError('boom')\n")
   monkeypatch.syspath_prepend(str(tmp_path))
@@ -99,6 +100,24 @@ def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, caps
   assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--check"]) == 1
   err = capsys.readouterr().err
   assert "fake/good / Fig 1: value: status match -> mismatch (ours 0.501 -> 0.521)" in err
+
+
+def test_check_refuses_a_rerun_that_read_another_data_set(tmp_path, monkeypatch, capsys):
+  from experiments import results
+  monkeypatch.setattr(results, "ROOT", tmp_path)
+  (tmp_path / "experiments" / "fake").mkdir(parents=True)
+  (tmp_path / "experiments" / "fake" / "EXPECTED.md").write_text("prose\n")
+  monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
+  out = str(tmp_path / "r")
+  for dataset, code in (("fashion_mnist", 0), ("fashion_mnist", 0), ("digits", 1)):
+    study = _fake_study(tmp_path, monkeypatch, dataset=dataset)     # the same numbers
+    monkeypatch.setattr(reproduce, "study", lambda name: study)
+    flag = "--record" if code == 0 and not (tmp_path / "experiments" / "fake" / "results"
+                                            ).exists() else "--check"
+    assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", flag]) == code
+  err = capsys.readouterr().err
+  assert ("fake/good: committed results read the data set 'fashion_mnist', this rerun read "
+          "'digits': not comparable") in err
 
 
 def test_unprepared_data_stops_before_anything_runs(tmp_path, monkeypatch):
