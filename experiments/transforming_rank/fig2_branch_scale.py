@@ -33,10 +33,36 @@ CLAIMS = common.evidence.claims([
                    note="Sec 3 / App A.4: the rank depends on beta, alpha only through "
                         "beta*alpha^M; exact for ReLU with one weight draw (float32 rounding)")
       for pos in ("pre", "post")),
+    common.exact("Fig 2b: pre, equal beta*alpha^2 coincide, float64",
+                 "max spread of erank_L/d among (alpha, beta) with equal beta*alpha^2, "
+                 "float64 parameters and arithmetic", dtype="float64",
+                 note="added after the paper-scale float32 row's mismatch (seed 0: 6e-5), "
+                      "to test whether it is float32 rounding; the float32 row is the "
+                      "headline"),
     common.bound("Fig 2: post below pre at beta*alpha^2 = 1",
                  "erank_L/d(pre) - erank_L/d(post) at beta*alpha^2 = 1", ">", 0.0,
                  "Fig 2: Post-Norm collapses further than Pre-Norm", every_seed=True),
 ])
+
+
+def _sweep(cfg: MLPConfig, s: dict) -> tuple[list, dict[int, list]]:
+  """Every (alpha, beta) point's seed-mean erank_L/d, and the per-seed values by
+  log2(beta * alpha^2)."""
+  pts, by_ratio = [], {}
+  for j in s["beta_exponents"]:
+    for i in s["alpha_exponents"]:
+      alpha, beta = 2.0 ** (i / 2), 2.0 ** j
+      er = common.jacobian_samples(cfg, jax.random.PRNGKey(2), alpha, beta,
+                                   num_seeds=s["seeds"])["erank"][..., -1].mean(axis=-1)
+      pts.append((i + j, alpha, beta, float(er.mean())))
+      by_ratio.setdefault(i + j, []).append(np.asarray(er, dtype=np.float64))
+  return pts, by_ratio
+
+
+def _spread(by_ratio: dict[int, list]) -> np.ndarray:
+  """Per seed: the largest spread among the points of equal ratio."""
+  return np.max([np.max(v, axis=0) - np.min(v, axis=0)
+                 for v in by_ratio.values() if len(v) > 1], axis=0)
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
@@ -44,27 +70,21 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   grid, spreads, per_seed_spread, at_one = {}, {}, {}, {}
   for pos in ("pre", "post"):
     cfg = MLPConfig(depth=s["depth"], width=s["width"], expansion=1.0, norm_position=pos)
-    pts, per = [], []
-    for j in s["beta_exponents"]:
-      for i in s["alpha_exponents"]:
-        alpha, beta = 2.0 ** (i / 2), 2.0 ** j
-        er = common.jacobian_samples(cfg, jax.random.PRNGKey(2), alpha, beta,
-                                     num_seeds=s["seeds"])["erank"][..., -1].mean(axis=-1)
-        pts.append((i + j, alpha, beta, float(er.mean())))
-        per.append((i + j, np.asarray(er)))
-    grid[pos] = pts
-    by_ratio: dict[int, list] = {}
-    for key, er in per:
-      by_ratio.setdefault(key, []).append(er)
-    # per seed: the largest spread among the points of equal ratio
-    per_seed_spread[pos] = np.max([np.max(v, axis=0) - np.min(v, axis=0)
-                                   for v in by_ratio.values() if len(v) > 1], axis=0)
+    grid[pos], by_ratio = _sweep(cfg, s)
+    per_seed_spread[pos] = _spread(by_ratio)
     spreads[pos] = float(per_seed_spread[pos].max())
     at_one[pos] = np.mean(by_ratio[0], axis=0)   # per seed, mean over the points at ratio 1
+  with jax.enable_x64(True):     # drawn and measured in float64: is the pre spread rounding?
+    cfg = MLPConfig(depth=s["depth"], width=s["width"], expansion=1.0, norm_position="pre",
+                    param_dtype="float64")
+    per_seed_spread["pre_float64"] = _spread(_sweep(cfg, s)[1])
+  spreads["pre_float64"] = float(per_seed_spread["pre_float64"].max())
 
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(2), num_seeds)
   summary = [CLAIMS[f"Fig 2b/d: {pos}, equal beta*alpha^2 coincide"].judge(
                  per_seed_spread[pos].tolist(), seeds=seeds) for pos in ("pre", "post")]
+  summary.append(CLAIMS["Fig 2b: pre, equal beta*alpha^2 coincide, float64"].judge(
+      per_seed_spread["pre_float64"].tolist(), seeds=seeds))
   summary.append(CLAIMS["Fig 2: post below pre at beta*alpha^2 = 1"].judge(
       (at_one["pre"] - at_one["post"]).tolist(), seeds=seeds,
       note=f"erank_L/d pre {at_one['pre'].mean():.3f}, post {at_one['post'].mean():.3f}"))
