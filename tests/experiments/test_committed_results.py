@@ -6,7 +6,8 @@ flags its provenance records (not the test suite's compile flags), and the test 
 naming every row whose status changed or whose number moved beyond the row's tolerance
 (``experiments.results.compare``), or a rerun that read another data set.
 
-Marked ``slow`` and ``committed``: CI runs them as a stage of their own (``.ci/run``).
+Marked ``committed`` (and ``slow`` but for the few-second ones in ``FAST``, which the
+default suite runs too): CI runs them as a stage of their own (``.ci/run``).
 The experiments in ``NOT_IN_CI`` train for too long for CI's 90 minutes on 2 cores;
 ``rankjax reproduce STUDY --check`` reruns them (and everything else) by hand.
 """
@@ -43,6 +44,8 @@ def committed() -> list[tuple[str, str]]:
 
 
 CHECKED = [key for key in committed() if key not in NOT_IN_CI]
+# a few seconds each: these also run in the default suite
+FAST = {("postnorm_collapse", "fig7"), ("transforming_rank", "table3")}
 
 
 def test_every_exclusion_names_a_committed_result():
@@ -51,6 +54,7 @@ def test_every_exclusion_names_a_committed_result():
   every = set(committed())
   assert set(NOT_IN_CI) <= every
   assert set(CHECKED) | set(NOT_IN_CI) == every and len(CHECKED) >= 20
+  assert FAST <= set(CHECKED)
 
 
 def _environment(provenance: dict) -> dict:
@@ -62,9 +66,9 @@ def _environment(provenance: dict) -> dict:
   return env
 
 
-@pytest.mark.slow
-@pytest.mark.committed
-@pytest.mark.parametrize("study,name", CHECKED, ids=[f"{s}/{n}" for s, n in CHECKED])
+@pytest.mark.parametrize("study,name", [
+    pytest.param(s, n, id=f"{s}/{n}", marks=[pytest.mark.committed] + (
+        [] if (s, n) in FAST else [pytest.mark.slow])) for s, n in CHECKED])
 def test_committed_quick_result_reproduces(study, name, tmp_path):
   doc = results.load(results.committed_dir(study, SCALE))[name]
   data = doc.get("data") if isinstance(doc.get("data"), dict) else {}
