@@ -9,7 +9,8 @@ naming every row whose status changed or whose number moved beyond the row's tol
 Marked ``committed`` (and ``slow`` but for the few-second ones in ``FAST``, which the
 default suite runs too): CI runs them as a stage of their own (``.ci/run``).
 The experiments in ``NOT_IN_CI`` train for too long for CI's 90 minutes on 2 cores;
-``rankjax reproduce STUDY --check`` reruns them (and everything else) by hand.
+``rankjax reproduce STUDY --check`` reruns them (and everything else) by hand. Those in
+``WITH`` read another experiment's training runs and rerun in its process.
 """
 
 from __future__ import annotations
@@ -28,13 +29,10 @@ SCALE = "quick"
 TIMEOUT_S = 1000          # under the suite's 1100 s faulthandler watchdog
 # (study, experiment) -> why CI does not rerun it
 _PN_TRAINED = "trains the collapse study's runs (about an hour on 2 cores)"
-_SOFTMAX_TRAINED = "trains the Pre-LN / Post-LN runs (about 17 minutes on 2 cores)"
-NOT_IN_CI = {
-    **{("postnorm_collapse", n): _PN_TRAINED
-       for n in ("collapse", "fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")},
-    **{("softmax_sensitivity", n): _SOFTMAX_TRAINED
-       for n in ("prepost_training", "trained_bounds")},
-}
+NOT_IN_CI = {("postnorm_collapse", n): _PN_TRAINED
+             for n in ("collapse", "fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")}
+# experiments that read another's training runs rerun in its process (trained once)
+WITH = {("softmax_sensitivity", "trained_bounds"): "prepost_training"}
 
 
 def committed() -> list[tuple[str, str]]:
@@ -43,7 +41,12 @@ def committed() -> list[tuple[str, str]]:
           for n in results.load(results.committed_dir(s, SCALE))]
 
 
-CHECKED = [key for key in committed() if key not in NOT_IN_CI]
+CHECKED = [key for key in committed() if key not in NOT_IN_CI and key not in WITH]
+
+
+def names(study: str, name: str) -> list[str]:
+  """``name`` and the experiments that rerun with it (``WITH``)."""
+  return [name] + [n for (s, n), host in WITH.items() if s == study and host == name]
 # a few seconds each: these also run in the default suite
 FAST = {("postnorm_collapse", "fig7"), ("transforming_rank", "table3")}
 
@@ -53,7 +56,8 @@ def test_every_exclusion_names_a_committed_result():
   and the check covers every other one."""
   every = set(committed())
   assert set(NOT_IN_CI) <= every
-  assert set(CHECKED) | set(NOT_IN_CI) == every and len(CHECKED) >= 20
+  assert set(CHECKED) | set(NOT_IN_CI) | set(WITH) == every and len(CHECKED) >= 20
+  assert {(s, host) for (s, _), host in WITH.items()} <= set(CHECKED)
   assert FAST <= set(CHECKED)
 
 
@@ -70,14 +74,15 @@ def _environment(provenance: dict) -> dict:
     pytest.param(s, n, id=f"{s}/{n}", marks=[pytest.mark.committed] + (
         [] if (s, n) in FAST else [pytest.mark.slow])) for s, n in CHECKED])
 def test_committed_quick_result_reproduces(study, name, tmp_path):
-  doc = results.load(results.committed_dir(study, SCALE))[name]
-  data = doc.get("data") if isinstance(doc.get("data"), dict) else {}
-  if data.get("dataset") == "fashion_mnist" and not images.fashion_mnist_available():
-    pytest.skip("committed on fashion_mnist, not installed here (apt-get install "
-                "dataset-fashion-mnist; .ci/run installs it)")
-  cmd = [sys.executable, "-m", "rankjax.cli", "reproduce", study, "--check", "--only", name,
-         "--out", str(tmp_path)]
-  proc = subprocess.run(cmd, env=_environment(doc["provenance"]), cwd=results.ROOT,
+  docs = results.load(results.committed_dir(study, SCALE))
+  for n in names(study, name):
+    data = docs[n].get("data") if isinstance(docs[n].get("data"), dict) else {}
+    if data.get("dataset") == "fashion_mnist" and not images.fashion_mnist_available():
+      pytest.skip("committed on fashion_mnist, not installed here (apt-get install "
+                  "dataset-fashion-mnist; .ci/run installs it)")
+  cmd = [sys.executable, "-m", "rankjax.cli", "reproduce", study, "--check",
+         "--only", ",".join(names(study, name)), "--out", str(tmp_path)]
+  proc = subprocess.run(cmd, env=_environment(docs[name]["provenance"]), cwd=results.ROOT,
                         capture_output=True, text=True, timeout=TIMEOUT_S)
   said = [line for line in proc.stderr.splitlines() if line.startswith("rankjax reproduce")]
   assert proc.returncode == 0, "\n".join(said or proc.stderr.splitlines()[-20:])
