@@ -6,8 +6,9 @@ flags its provenance records (not the test suite's compile flags), and the test 
 naming every row whose status changed or whose number moved beyond the row's tolerance
 (``experiments.results.compare``), or a rerun that read another data set.
 
-Marked ``committed`` (and ``slow`` but for the few-second ones in ``FAST``, which the
-default suite runs too): CI runs them as a stage of their own (``.ci/run``).
+Marked ``slow`` and ``committed``: CI runs them as a stage of their own (``.ci/run``).
+None is in the default suite: the fastest two (Post-Norm fig7, TR table3) were its two
+slowest tests (20 s of test time) with the suite already at its 4-minute budget.
 The experiments in ``NOT_IN_CI`` train for too long for CI's 90 minutes on 2 cores;
 ``rankjax reproduce STUDY --check`` reruns them (and everything else) by hand. Those in
 ``WITH`` read another experiment's training runs and rerun in its process.
@@ -47,8 +48,6 @@ CHECKED = [key for key in committed() if key not in NOT_IN_CI and key not in WIT
 def names(study: str, name: str) -> list[str]:
   """``name`` and the experiments that rerun with it (``WITH``)."""
   return [name] + [n for (s, n), host in WITH.items() if s == study and host == name]
-# a few seconds each: these also run in the default suite
-FAST = {("postnorm_collapse", "fig7"), ("transforming_rank", "table3")}
 
 
 def test_every_exclusion_names_a_committed_result():
@@ -58,7 +57,6 @@ def test_every_exclusion_names_a_committed_result():
   assert set(NOT_IN_CI) <= every
   assert set(CHECKED) | set(NOT_IN_CI) | set(WITH) == every and len(CHECKED) >= 20
   assert {(s, host) for (s, _), host in WITH.items()} <= set(CHECKED)
-  assert FAST <= set(CHECKED)
 
 
 def _environment(provenance: dict) -> dict:
@@ -70,9 +68,9 @@ def _environment(provenance: dict) -> dict:
   return env
 
 
-@pytest.mark.parametrize("study,name", [
-    pytest.param(s, n, id=f"{s}/{n}", marks=[pytest.mark.committed] + (
-        [] if (s, n) in FAST else [pytest.mark.slow])) for s, n in CHECKED])
+@pytest.mark.slow
+@pytest.mark.committed
+@pytest.mark.parametrize("study,name", CHECKED, ids=[f"{s}/{n}" for s, n in CHECKED])
 def test_committed_quick_result_reproduces(study, name, tmp_path):
   docs = results.load(results.committed_dir(study, SCALE))
   for n in names(study, name):
