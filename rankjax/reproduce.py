@@ -122,9 +122,8 @@ def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
     absent = [n for n in ran if n not in committed]
     res["moved"] = [f"{name}/{n}: no committed results to check against" for n in absent]
     rerun = results.load(out / "results" / scale)
-    differ = {n: results.input_mismatch(n, rerun[n], committed[n])
-              for n in ran if n in committed and n in rerun}
-    differ = {n: why for n, why in differ.items() if why}
+    differ = {n: why for n in ran if n in committed and n in rerun
+              if (why := results.input_mismatch(n, rerun[n], committed[n]))}
     res["moved"] += [f"{name}/{why}" for why in differ.values()]
     same = [n for n in ran if n in committed and n not in differ]
     new = [r for r in res["rows"] if r["experiment"] in same]
