@@ -234,11 +234,10 @@ def fig3_fig5_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
           lambda a: _num(a.get("contraction_1_ratio_exceeds_c"))), seeds=seeds, note=note),
       FIG3_FIG5[F35_EXTRA[2].item].judge(vals(
           lambda a: _num(a.get("contraction_2_ratio_exceeds_c"))), seeds=seeds, note=note)]
-  if "long_run_missing" not in o:     # the 120-update run, when it was trained
-    rows += [FIG3_FIG5[F35_EXTRA[3].item].judge(_num(o.get("final_grad_first_over_last")),
-                                                note=f"run {res.get('run')}"),
-             FIG3_FIG5[F35_EXTRA[4].item].judge(_num(o.get("alpha_max")),
-                                                note=f"run {res.get('run')}")]
+  rows += [FIG3_FIG5[F35_EXTRA[3].item].judge(_num(o.get("final_grad_first_over_last")),
+                                              note=f"run {res.get('run')}"),
+           FIG3_FIG5[F35_EXTRA[4].item].judge(_num(o.get("alpha_max")),
+                                              note=f"run {res.get('run')}")]
   rows += [
       FIG3_FIG5[F35_EXTRA[5].item].judge(vals(
           lambda a: _num(a.get("grad_window_onset_layer1_drop"))), seeds=seeds, note=note)]
@@ -281,31 +280,38 @@ PAPER_ABLATION_LRS = (1.2e-3, 1.5e-3, 1.8e-3)     # paper_runs.ABLATION_LRS (App
 FIG12 = evidence.claims(
     [Claim(f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded", "max of "
            "alpha_k^l (masked) over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run "
-           "median", f35.ALPHA_PAPER_MAX, Bound("<"), "issue 25 item 6")
+           "median", f35.ALPHA_PAPER_MAX, Bound("<", every_seed=True), "issue 25 item 6")
      for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
     + [Claim(f"{_f12(lr)}: collapses", "collapse onset found (1) or not (0): last-layer t_sim "
-           "stays >= 0.99", 1.0, Bound(">="), "App F.4: the run collapses at each LR")
+           "stays >= 0.99", 1.0, Bound(">=", every_seed=True),
+           "App F.4: the run collapses at each LR")
      for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
     + [c for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS for c in _transition_claims(_f12(lr))
        if c.item.split(": ", 1)[1] in FIG12_ITEMS])
 
 
 def fig12_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """Per LR, every seed's run: ``ours["lr<lr>"]`` is seed 0, ``ours["lr<lr>_seed<s>"]``
+  seed s (``fig12_fig20_lr_ablation.seed_key``)."""
   rows = []
   paper = res.get("scale", "quick") != "quick"
   for lr in PAPER_ABLATION_LRS if paper else sl.ABLATION_LRS:
-    if f"lr{lr}" not in res["ours"]:
-      continue      # not trained in this output folder (fig12's "not_run")
-    a = res["ours"][f"lr{lr}"]
+    runs = {k.rsplit("_seed", 1)[1] if "_seed" in k else "0": a
+            for k, a in res["ours"].items() if k == f"lr{lr}" or k.startswith(f"lr{lr}_seed")}
+    seeds = [int(s) for s in runs]
+    window = sorted({"transition" if a.get("transition_found") else "onset"
+                     for a in runs.values()})
     note = (("seed 0 (one run per LR, as the paper's App F.4);" if paper else
-             "seed 0 only (n = 1: three more ablation runs per seed did not fit the budget);")
+             f"seeds {seeds} (the paper: one run per LR);")
             + " alpha and c masked where both gradient norms < 1e-10 (App F.4); window centred"
-            f" on the {'transition' if a.get('transition_found') else 'onset'}")
+            f" on the {' / '.join(window)}")
     rows.append(FIG12[f"{_f12(lr)}: collapses"].judge(
-        1.0 if a.get("onset_step") is not None else 0.0, note=note))
-    rows += _transition_rows(FIG12, _f12(lr), {"0": a}, note, FIG12_ITEMS)
+        [1.0 if a.get("onset_step") is not None else 0.0 for a in runs.values()],
+        seeds=seeds, note=note))
+    rows += _transition_rows(FIG12, _f12(lr), runs, note, FIG12_ITEMS)
     rows.append(FIG12[f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded"].judge(
-        _num(a.get("alpha_max_excluding_vanished")), note=note))
+        [_num(a.get("alpha_max_excluding_vanished")) for a in runs.values()], seeds=seeds,
+        note=note))
   return rows
 
 
@@ -349,18 +355,13 @@ def fig6_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   rows = [FIG6[f"Fig 6 left, {v}: loss near its L_freq"].judge(
       o[k]["relative_gap"], seeds=o[k]["seeds"], note="no warmup, LR 1e-2, 150 updates")
       for k, v in SCOPES.items()]
-  for lr in sl.ORIGINAL_FIG6_LRS:
-    if f"original_warmup_lr{lr:g}" not in o:
-      continue      # not trained in this output folder
-    v = o[f"original_warmup_lr{lr:g}"]
-    rows.append(FIG6[f"Fig 6 right, LR {lr:g}: loss near L_freq"].judge(
-        v["relative_gap"], note=f"seed 0; last-layer t_sim at the end {v['last_tsim_final']:.3f}"))
-  for lr in sl.ABLATION_LRS:
-    if f"warmup_lr{lr:g}" not in o:
-      continue
-    v = o[f"warmup_lr{lr:g}"]
-    rows.append(FIG6[f"Fig 6 right, swapped set, LR {lr:g}: loss near L_freq"].judge(
-        v["relative_gap"], note=f"seed 0; last-layer t_sim at the end {v['last_tsim_final']:.3f}"))
+  for lr, item in [*((lr, f"Fig 6 right, LR {lr:g}") for lr in sl.ORIGINAL_FIG6_LRS),
+                   *((lr, f"Fig 6 right, swapped set, LR {lr:g}") for lr in sl.ABLATION_LRS)]:
+    v = o[f"{'original_' if 'swapped' not in item else ''}warmup_lr{lr:g}"]
+    tsim = ", ".join(f"{t:.3f}" for t in v["last_tsim_final"])
+    rows.append(FIG6[f"{item}: loss near L_freq"].judge(
+        v["relative_gap"], seeds=v["seeds"],
+        note=f"last-layer t_sim at the end, per seed: {tsim}"))
   return rows
 
 
@@ -376,7 +377,8 @@ def _sec43_runs(scale: str = "quick"):
     return {role: (labels[role], names) for role, names in groups.items()}
   return {"post_collapse": ("no warmup, LR 1e-2", ("post_collapse", *[
       f"post_collapse_seed{s}" for s in collapse_study.SEEDS[1:]])),
-          **{f"warmup_lr{lr:g}": (f"warmup, LR {lr:g}", (f"warmup_lr{lr:g}",))
+          **{f"warmup_lr{lr:g}": (f"warmup, LR {lr:g}", tuple(
+              f"warmup_lr{lr:g}" + (f"_seed{s}" if s else "") for s in sl.ABLATION_SEEDS))
              for lr in sl.ABLATION_LRS}}
 
 
@@ -393,8 +395,6 @@ SEC43 = evidence.claims(
 def sec43_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   o, rows = res["ours"], []
   for label, names in _sec43_runs(res.get("scale", "quick")).values():
-    if not any(n in o for n in names):
-      continue      # not trained in this output folder
     vals = []
     for n in names:
       v = o.get(n, {})
@@ -412,18 +412,20 @@ THM38 = evidence.claims([
           "attention, FFN and head blocks, exactly collapsed model with the frequency head "
           "(float64)", FLOAT64_ZERO, Bound("<"), "Thm 3.8 (ii): gradients vanish at p_freq"),
     Claim("Thm 3.8 (i): the lower bound holds on the collapsed run", "min over sequences of "
-          "CE - (L_freq - 2/sqrt(n) ||W_lm||_2 eps)", 0.0, Bound(">="),
-          "Thm 3.8 (i), on the post_collapse run's last batch"),
+          "CE - (L_freq - 2/sqrt(n) ||W_lm||_2 eps)", 0.0, Bound(">=", every_seed=True),
+          "Thm 3.8 (i), on each post_collapse run's first training batch, final parameters"),
 ])
 
 
 def thm38_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   g = res["gradient_vanishing"]["frequency_head"]["max_grad_norm_per_block"]
+  lb = res["lower_bound_trained"]
   return [THM38["Thm 3.8 (ii): zero gradient at p_freq"].judge(
               max(g[b] for b in ("attn", "ffn", "lm_head")),
               note="deterministic; the perturbed-head control is in the results file"),
           THM38["Thm 3.8 (i): the lower bound holds on the collapsed run"].judge(
-              res["lower_bound_trained"]["min_slack"], note="seed 0 run")]
+              [v["min_slack"] for v in lb.values()], seeds=[int(s) for s in lb],
+              note="the slack's minimum over each run's sequences")]
 
 
 PROPD2 = evidence.claims([

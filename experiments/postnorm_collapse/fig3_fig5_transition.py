@@ -507,19 +507,8 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
   run_name = run_name or HEADLINE_RUN
   files: list[str] = []
   per_update = "_diag1" in run_name or run_name.endswith("_window")
-  if run_name == HEADLINE_RUN and not seed_lr_runs.finished(run_name, out_dir):
-    a: dict[str, Any] = {"long_run_missing": f"{run_name} not trained in this output "
-                                              "folder (skipped, not trained here)"}
-  else:
-    a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
+  a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
   if run_name == HEADLINE_RUN:
-    # its first 60 updates are the Figs 10-11 seed-0 run's (when that run is there)
-    short = os.path.join(out_dir, "runs", seed_lr_runs.warmup_run_name(
-        seed_lr_runs.MAIN_WARMUP_LR, 0))
-    if "long_run_missing" not in a and os.path.isfile(os.path.join(short, "metrics.jsonl")):
-      from experiments.postnorm_collapse.fig10_fig11_second_seed import same_trajectory
-      a["same_trajectory_as_60_update_run"] = same_trajectory(os.path.join(
-          out_dir, "runs", run_name), short)
     a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
                                       else None) for n in SECONDARY_RUNS}
     # the preregistered protocol (issue 25 item 5): the same setting at its planned 60
@@ -529,6 +518,11 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
         str(seed): _analyze_run(seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR,
                                                              seed), out_dir, files, GRAD_WINDOW)
         for seed in seed_lr_runs.WARMUP_SEEDS}
+    # its first 60 updates are the seed-0 60-update run's
+    from experiments.postnorm_collapse.fig10_fig11_second_seed import same_trajectory
+    a["same_trajectory_as_60_update_run"] = same_trajectory(
+        os.path.join(out_dir, "runs", run_name), os.path.join(
+            out_dir, "runs", seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, 0)))
   result = {
       "figure": "postnorm_collapse Figs 3-5 (Sec 4.2), 10-22 at quick scale",
       "scale": scale, "run": run_name,

@@ -10,7 +10,9 @@ aggregated labels) of the same label collection:
 Right panel: Post-Norm runs with warmup at three learning rates, against the stream's
 frequency loss. As in the paper (Sec 4.3 and App F.4 both use 1.2e-3 / 1.5e-3 /
 1.8e-3), they are the same three runs as Figs 12-20: ``seed_lr_runs.ABLATION_LRS``
-(trained once, shared with ``fig12_fig20_lr_ablation``).
+(trained once, shared with ``fig12_fig20_lr_ablation``), and the first (preregistered)
+set ``seed_lr_runs.ORIGINAL_FIG6_LRS`` beside them. Every scope and every warmup run is
+measured at seeds 0, 1, 2 (``SEEDS``, ``WARMUP_SEEDS``); the figure shows seed 0.
 
 The one-batch / one-sequence runs use the training step of ``rankjax.train.state``
 (``make_step``) on a fixed batch, the same update as ``rankjax train``.
@@ -41,19 +43,18 @@ WARMUP_LRS = sl.ABLATION_LRS   # the paper's Fig 6-right LRs are its Figs 12-20 
 # WARMUP_LRS replaced it after its 1e-2 run did not collapse (rows beside, labelled)
 ORIGINAL_LRS = sl.ORIGINAL_FIG6_LRS
 SEEDS = collapse_study.SEEDS   # the full stream (the post_collapse runs) at seeds 0, 1, 2
-# the fixed-label runs: one sequence at the three seeds; one batch at seed 0 only (its 150
-# updates of 16 sequences did not fit this session's CPU budget three times)
-FIXED_SEEDS = {"one_batch": (0,), "one_sequence": SEEDS}
+# the seeds of the warmup runs of Fig 6-right (both LR sets): issue 25 item 5
+WARMUP_SEEDS = sl.ABLATION_SEEDS
 
 
-def original_run_name(lr: float) -> str:
-  """Fig 6-right's first set: the seed-0 warmup runs. It logged every 10 updates; the
+def original_run_name(lr: float, seed: int = 0) -> str:
+  """Fig 6-right's first set: the warmup runs. It logged every 10 updates; the
   diagnostics interval does not change training (Figs 10-11's ``diag_interval_check``),
-  so 1.5e-2 and 2e-2 read the per-update runs already trained (the Figs 3-5 seed-0 run
-  and the ablation run) and only 1e-2 has its own run, logged every 10."""
+  so 1.5e-2 and 2e-2 read the per-update runs already trained (the Figs 10-11 runs and
+  the ablation runs) and only 1e-2 has its own runs, logged every 10."""
   if lr == sl.MAIN_WARMUP_LR or lr in sl.ABLATION_LRS:
-    return sl.warmup_run_name(lr, 0)
-  return sl.diag10_run_name(lr)
+    return sl.warmup_run_name(lr, seed)
+  return sl.diag10_run_name(lr, seed)
 
 
 def fixed_batch_run(cfg, batch_size: int, steps: int, seed: int = 0) -> dict[str, Any]:
@@ -96,6 +97,14 @@ def stream_gap(curve: dict[str, Any], stream_freq: float) -> dict[str, float]:
   return {"final_loss_tail_mean": t, "freq_loss": stream_freq, "gap": t - stream_freq,
           "relative_gap": (t - stream_freq) / stream_freq,
           "last_tsim_final": curve["last_tsim_final"]}
+
+
+def seed_gaps(curves: dict[int, dict[str, Any]], stream_freq: float) -> dict[str, Any]:
+  """:func:`stream_gap` of each seed's warmup run, as lists in seed order."""
+  gaps = {seed: stream_gap(c, stream_freq) for seed, c in curves.items()}
+  return {"seeds": list(gaps), "freq_loss": stream_freq,
+          **{k: [g[k] for g in gaps.values()]
+             for k in ("final_loss_tail_mean", "gap", "relative_gap", "last_tsim_final")}}
 
 
 def scope_gaps(by_seed: dict[str, dict[int, Any]]) -> dict[str, Any]:
@@ -161,30 +170,29 @@ def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[s
         "step": [h["step"] for h in hist], "loss": [h["loss"] for h in hist],
         "freq_loss": stream_freq,
         "tokens": collapse_study.STREAM_FREQ_BATCHES * cfg.batch_size * cfg.seq_len}
-    if seed in FIXED_SEEDS["one_batch"]:
-      by_seed["one_batch"][seed] = fixed_batch_run(cfg, cfg.batch_size, FIXED_STEPS, seed)
-    if seed in FIXED_SEEDS["one_sequence"]:
-      by_seed["one_sequence"][seed] = fixed_batch_run(cfg, 1, FIXED_STEPS, seed)
+    by_seed["one_batch"][seed] = fixed_batch_run(cfg, cfg.batch_size, FIXED_STEPS, seed)
+    by_seed["one_sequence"][seed] = fixed_batch_run(cfg, 1, FIXED_STEPS, seed)
   left = {k: v[SEEDS[0]] for k, v in by_seed.items()}     # the figure shows seed 0
-  right, right_original = {}, {}
-  if warmup_panel:
-    for lrs, panel, name_of in ((WARMUP_LRS, right, lambda lr: sl.warmup_run_name(lr, 0)),
-                                (ORIGINAL_LRS, right_original, original_run_name)):
-      for lr in lrs:
-        if not sl.finished(name_of(lr), out_dir):
-          continue     # not trained here (sl.finished): its row is absent
-        panel[f"{lr:g}"] = warmup_curve(load_run(sl.train(name_of(lr), out_dir)))
+  right, right_original = {}, {}     # lr -> seed -> curve
   ours = scope_gaps(by_seed)
-  for prefix, panel in (("warmup_lr", right), ("original_warmup_lr", right_original)):
-    for lr, v in panel.items():
-      ours[f"{prefix}{lr}"] = stream_gap(v, stream_freq)
+  if warmup_panel:
+    for lrs, panel, prefix, name_of in (
+        (WARMUP_LRS, right, "warmup_lr", sl.warmup_run_name),
+        (ORIGINAL_LRS, right_original, "original_warmup_lr", original_run_name)):
+      for lr in lrs:
+        panel[f"{lr:g}"] = {seed: warmup_curve(load_run(sl.train(name_of(lr, seed), out_dir)))
+                            for seed in WARMUP_SEEDS}
+        ours[f"{prefix}{lr:g}"] = seed_gaps(panel[f"{lr:g}"], stream_freq)
+  # the figure and the results file keep seed 0's curves (the gaps above are per seed)
+  right, right_original = ({lr: v[WARMUP_SEEDS[0]] for lr, v in p.items()}
+                           for p in (right, right_original))
   figure(left, right, stream_freq, os.path.join(out_dir, "fig6.png"), scale,
          f"warmup {WARMUP_STEPS} steps")
   result = {"figure": "postnorm_collapse Fig 6 (Sec 4.3)", "scale": scale,
             "settings": {"config": base, "fixed_steps": FIXED_STEPS,
                          "warmup_steps": WARMUP_STEPS, "warmup_total": WARMUP_TOTAL,
                          "warmup_lrs": list(WARMUP_LRS), "original_lrs": list(ORIGINAL_LRS),
-                         "seeds": list(SEEDS),
+                         "seeds": list(SEEDS), "warmup_seeds": list(WARMUP_SEEDS),
                          "stream_freq_batches": collapse_study.STREAM_FREQ_BATCHES},
             "paper": {"claim": "after collapse each loss stays near the frequency loss of its "
                                "label collection (aggregated labels)"},

@@ -50,7 +50,7 @@ PAPER_TRAINING = {
     "fig10": paper_runs.runs_of(paper_runs.post_collapse),
     "fig12": paper_runs.runs_of(names=(paper_runs.post_collapse(0), *map(
         paper_runs.ablation, paper_runs.ABLATION_LRS))),
-    "thm38": paper_runs.runs_of(names=(paper_runs.post_collapse(0),)),
+    "thm38": paper_runs.runs_of(paper_runs.post_collapse),
     "propd2": paper_runs.runs_of(names=(paper_runs.post_collapse(0),)),
     "fig6": paper_runs.runs_of(paper_runs.post_nowarmup, names=tuple(
         map(paper_runs.ablation, paper_runs.ABLATION_LRS))),

@@ -123,7 +123,8 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """The comparison for ``post_collapse`` and the three warmup runs; ``sec43.json``
+  """The comparison for ``post_collapse`` and the three warmup runs, each at three seeds;
+  ``sec43.json``
   (paper / tiny: :func:`run_paper`)."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
@@ -133,14 +134,15 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   cfg = common.load_config(collapse_study.RUNS["post_collapse"][0])
   stream_freq = collapse_study.stream_frequency_loss(cfg)
   # the no-warmup collapse at seeds 0, 1, 2 (collapse_study.SEEDS) and the three
-  # ablation runs (seed 0 each)
+  # ablation runs at seeds 0, 1, 2 (seed_lr_runs.ABLATION_SEEDS)
   runs = {"post_collapse": collapse_study.train_run("post_collapse", out_dir)}
   for seed in collapse_study.SEEDS[1:]:
     runs[f"post_collapse_seed{seed}"] = collapse_study.train_run(
         collapse_study.seeded_name("post_collapse", seed), out_dir)
   for lr in sl.ABLATION_LRS:
-    if sl.finished(sl.warmup_run_name(lr, 0), out_dir):   # else not trained here: no row
-      runs[f"warmup_lr{lr:g}"] = sl.train(sl.warmup_run_name(lr, 0), out_dir)
+    for seed in sl.ABLATION_SEEDS:
+      runs[f"warmup_lr{lr:g}" + (f"_seed{seed}" if seed else "")] = sl.train(
+          sl.warmup_run_name(lr, seed), out_dir)
   ours = {name: compare(wd, stream_freq) for name, wd in runs.items()}
   result = {"figure": "postnorm_collapse Sec 4.3 aggregate vs per-sequence frequency loss",
             "scale": scale,

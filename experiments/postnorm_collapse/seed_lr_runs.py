@@ -3,8 +3,8 @@
 
 Every run here logs ``basic``, ``postnorm`` and ``postnorm_sublayer_norms`` (the
 gradient norms App F.4's masking rule needs) at every update (``diag_every=1``), so
-the transition window is resolved to one update (Fig 6-right reads the same three
-ablation runs). Training is deterministic given the seed: ``diag_every`` does not
+the transition window is resolved to one update (Fig 6-right and Sec 4.3 read the same
+ablation runs, at ``ABLATION_SEEDS``). Training is deterministic given the seed: ``diag_every`` does not
 change the trajectory, so ``post_warmup_lr0.015_seed0_diag1`` is ``DIAG10_RUN``
 (``post_warmup_lr0.015``, diagnostics every 10, basic + postnorm) with finer
 diagnostics (``fig10_fig11_second_seed`` checks this).
@@ -16,6 +16,8 @@ Settings (see EXPECTED.md, "Figures 10-11" and "Figures 12-20" for the reasons):
   no warmup: configs/collapse_post_quick.json as is (LR 1e-2, 150 updates)
 
 Run:  python -m experiments.postnorm_collapse.seed_lr_runs --out runs/collapse [--only a,b]
+(a 60-update run takes about 30 s on 2 cores; the experiments that read these runs
+train any that are missing.)
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ WARMUP_TOTAL = 60
 # (App F.5) and 1.5x-2.25x its main collapsing 8e-4; ours are 2.0x, 2.5x, 3.0x our
 # highest stable warmup LR (1e-2) and 1.33x-2x our main warmup collapse LR (1.5e-2)
 ABLATION_LRS = (0.02, 0.025, 0.03)
+# the seeds of every LR-ablation run (Figs 12-20, Fig 6-right, Sec 4.3's warmup rows) and of
+# Fig 6-right's first LR set: issue 25 item 5 (>= 3 per trained result), fixed before the
+# seed-1 and seed-2 runs were trained (2026-12-03)
+ABLATION_SEEDS = (0, 1, 2)
 MAIN_WARMUP_LR = 0.015
 # the seeds of the main warmup setting (Figs 3-5 at 60 updates, Figs 10-11): issue 25
 WARMUP_SEEDS = (0, 1, 2)
@@ -58,9 +64,9 @@ def warmup_run_name(lr: float, seed: int = 0) -> str:
   return f"post_warmup_lr{lr}_seed{seed}_diag1"
 
 
-def diag10_run_name(lr: float) -> str:
-  """A seed-0 warmup run with diagnostics every 10 (Fig 6-right's first LR set)."""
-  return f"post_warmup_lr{lr}"
+def diag10_run_name(lr: float, seed: int = 0) -> str:
+  """A warmup run with diagnostics every 10 (Fig 6-right's first LR set)."""
+  return f"post_warmup_lr{lr}" + (f"_seed{seed}" if seed else "")
 
 
 HEADLINE_RUN = f"post_warmup_lr{MAIN_WARMUP_LR}_seed0_diag1_t{HEADLINE_TOTAL}"
@@ -74,30 +80,19 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     warmup_run_name(MAIN_WARMUP_LR, 2): (CONFIG, _warmup(MAIN_WARMUP_LR, 2)),
     # Figs 10-11 for the no-warmup collapse config (collapse_study's post_collapse), seed 1
     "post_collapse_seed1_diag1": (CONFIG, ["seed=1", "diag_every=1", DIAGS]),
-    # Figs 12-20 and Fig 6-right: the LR ablation (seed 0)
-    **{warmup_run_name(lr, 0): (CONFIG, _warmup(lr, 0)) for lr in ABLATION_LRS},
+    # Figs 12-20, Fig 6-right and Sec 4.3's warmup rows: the LR ablation at every seed
+    **{warmup_run_name(lr, s): (CONFIG, _warmup(lr, s)) for lr in ABLATION_LRS
+       for s in ABLATION_SEEDS},
     # Figs 10-11's check that the diagnostics interval leaves training unchanged: the
     # main warmup run with diagnostics every 10 updates
     DIAG10_RUN: (CONFIG, [*_warmup(MAIN_WARMUP_LR, 0)[:-2], "diag_every=10"]),
-    # Fig 6-right's first LR set: 1e-2 (the 2e-2 one is the ablation run's trajectory,
-    # read from that run; 1.5e-2 is DIAG10_RUN)
-    diag10_run_name(0.01): (CONFIG, [*_warmup(0.01, 0)[:-2], "diag_every=10"]),
+    # Fig 6-right's first LR set: 1e-2 at every seed (2e-2 reads the ablation runs and
+    # 1.5e-2 the Figs 10-11 runs, whose trajectories are the same)
+    **{diag10_run_name(0.01, s): (CONFIG, [*_warmup(0.01, s)[:-2], "diag_every=10"])
+       for s in ABLATION_SEEDS},
     # Figs 3-5 headline: the main warmup run (seed 0) for HEADLINE_TOTAL updates
     HEADLINE_RUN: (CONFIG, _warmup(MAIN_WARMUP_LR, 0, HEADLINE_TOTAL)),
 }
-
-
-def finished(name: str, out_dir: str) -> bool:
-  """Whether run ``name`` finished under ``out_dir/runs/name`` (its last checkpoint).
-  The experiments that read optional runs (the 120-update run, the LR ablation) skip
-  an unfinished one instead of training it: this session's CPU budget (2026-12-02)
-  did not train them all; the rows that need them are then absent, and EXPECTED.md
-  says which."""
-  import os
-  from experiments.postnorm_collapse import common
-  cfg, overrides = RUNS[name]
-  total = common.load_config(cfg, overrides).total_steps
-  return os.path.isdir(os.path.join(out_dir, "runs", name, "checkpoints", str(total)))
 
 
 def train(name: str, out_dir: str) -> str:

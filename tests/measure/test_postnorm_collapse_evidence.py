@@ -68,20 +68,38 @@ def _transition(found=True, alpha=2.0, share=0.8, drop=1e3, last=2.0):
           "onset_step": 40}
 
 
+def _fig12_ours(**override):
+  """Every ablation LR at every seed (fig12_fig20_lr_ablation.seed_key's keys)."""
+  from experiments.postnorm_collapse.fig12_fig20_lr_ablation import seed_key
+  return {seed_key(lr, s): override.get(seed_key(lr, s), _transition())
+          for lr in claims_trained.sl.ABLATION_LRS for s in claims_trained.sl.ABLATION_SEEDS}
+
+
 def test_fig12_rows_judge_each_predicate():
-  ok = {f"lr{lr}": _transition() for lr in claims_trained.sl.ABLATION_LRS}
-  rows = claims_trained.fig12_rows({"ours": ok})
+  rows = claims_trained.fig12_rows({"ours": _fig12_ours()})
   assert len(rows) == 21 and all(r["status"] == "match" for r in rows)
-  bad = {**ok, "lr0.02": _transition(alpha=16.0, share=0.4, drop=9.9, last=12.0)}
+  assert all(r["n"] == 3 and r["seeds"] == [0, 1, 2] for r in rows)
+  worse = _transition(alpha=16.0, share=0.4, drop=9.9, last=12.0)
+  bad = _fig12_ours(**{k: worse for k in ("lr0.02", "lr0.02_seed1", "lr0.02_seed2")})
   status = {r["item"]: r["status"] for r in claims_trained.fig12_rows({"ours": bad})}
   for s in ("alpha stays below 2.5", "most attention c < 1 after",
             "layer-1 gradient drops by orders", "last-layer gradient changes much less"):
     assert status[f"Figs 12-20, LR 0.02: {s}"] == "mismatch", s
   assert status["Figs 12-20, LR 0.025: alpha stays below 2.5"] == "match"
-  missing = {**ok, "lr0.03": {**_transition(), "onset_step": None, "alpha_max": None}}
+  # one bad seed: alpha is judged on every seed; the shares and the drop factors on the
+  # mean (the rules _transition_spec declares), so 1/3 x 9.9 + 2/3 x 1e3 >= 100 holds
+  one = _fig12_ours(**{"lr0.02_seed1": worse})
+  rows = {r["item"]: r for r in claims_trained.fig12_rows({"ours": one})}
+  assert rows["Figs 12-20, LR 0.02: alpha stays below 2.5"]["status"] == "mismatch"
+  assert rows["Figs 12-20, LR 0.02: alpha stays below 2.5"]["per_seed"] == [2.0, 16.0, 2.0]
+  assert rows["Figs 12-20, LR 0.02: layer-1 gradient drops by orders"]["status"] == "match"
+  assert rows["Figs 12-20, LR 0.02: most attention c < 1 after"]["status"] == "match"
+  missing = _fig12_ours(**{"lr0.03_seed2": {**_transition(), "onset_step": None,
+                                            "alpha_max": None}})
   status = {r["item"]: r["status"] for r in claims_trained.fig12_rows({"ours": missing})}
-  assert status["Figs 12-20, LR 0.03: collapses"] == "mismatch"
+  assert status["Figs 12-20, LR 0.03: collapses"] == "mismatch"       # one seed did not
   assert status["Figs 12-20, LR 0.03: alpha stays below 2.5"] == "mismatch"   # NaN
+  assert status["Figs 12-20, LR 0.025: collapses"] == "match"
 
 
 def test_fig3_fig5_headline_is_every_seed_of_the_preregistered_run():
@@ -106,24 +124,32 @@ def test_fig6_and_sec43_rows():
   gap = {"seeds": [0, 1, 2], "relative_gap": [0.001, -0.002, 0.003]}
   o = {k: gap for k in claims_trained.SCOPES}
   o["one_sequence"] = {"seeds": [0, 1, 2], "relative_gap": [-0.18, 0.0, 0.0]}
+  per_seed = lambda gap, tsim: {"seeds": [0, 1, 2], "relative_gap": [gap, 0.01, 0.01],
+                                "last_tsim_final": [tsim] * 3}
   for lr in (*claims_trained.sl.ORIGINAL_FIG6_LRS, *claims_trained.sl.ABLATION_LRS):
-    o[f"original_warmup_lr{lr:g}"] = {"relative_gap": -0.19 if lr == 0.01 else 0.01,
-                                      "last_tsim_final": 0.5}
-    o[f"warmup_lr{lr:g}"] = {"relative_gap": 0.01, "last_tsim_final": 1.0}
-  status = {r["item"]: r["status"] for r in claims_trained.fig6_rows({"ours": o})}
+    o[f"original_warmup_lr{lr:g}"] = per_seed(-0.19 if lr == 0.01 else 0.01, 0.5)
+    o[f"warmup_lr{lr:g}"] = per_seed(0.01, 1.0)
+  rows = {r["item"]: r for r in claims_trained.fig6_rows({"ours": o})}
+  status = {k: r["status"] for k, r in rows.items()}
+  assert all(r["n"] == 3 for r in rows.values())
   assert status["Fig 6 left, one fixed batch (16 x 64): loss near its L_freq"] == "match"
   # -0.06 mean with sd 0.10: the 2-sd band (0.2) covers it
   assert status["Fig 6 left, one fixed sequence (64): loss near its L_freq"] == "match"
-  assert status["Fig 6 right, LR 0.01: loss near L_freq"] == "mismatch"
+  # mean -0.057 with sd 0.116: outside 0.05 but inside the 2-sd band, so a match; the
+  # per-seed values are in the row
+  assert rows["Fig 6 right, LR 0.01: loss near L_freq"]["per_seed"] == [-0.19, 0.01, 0.01]
   assert status["Fig 6 right, swapped set, LR 0.02: loss near L_freq"] == "match"
   g = lambda x: {"mean_abs_gap": x}
   run = {"aggregate_stream": g(0.06), "per_sequence_batch": g(0.42)}
   s43 = {n: run for n in ("post_collapse", "post_collapse_seed1", "post_collapse_seed2",
-                          *[f"warmup_lr{lr:g}" for lr in claims_trained.sl.ABLATION_LRS])}
+                          *[f"warmup_lr{lr:g}{s}" for lr in claims_trained.sl.ABLATION_LRS
+                            for s in ("", "_seed1", "_seed2")])}
   s43["post_collapse_seed2"] = {"onset_step": None}
+  s43["warmup_lr0.03_seed1"] = {"aggregate_stream": g(0.5), "per_sequence_batch": g(0.42)}
   rows = claims_trained.sec43_rows({"ours": s43})
   assert rows[0]["status"] == "mismatch" and rows[0]["n"] == 3     # a seed never collapsed
-  assert [r["status"] for r in rows[1:]] == ["match"] * 3
+  assert [r["status"] for r in rows[1:]] == ["match", "match", "mismatch"]   # every seed
+  assert all(r["n"] == 3 for r in rows)
 
 
 def test_init_rows_on_synthetic_results():
@@ -163,8 +189,11 @@ def test_propd2_and_thm38_rows():
   assert claims_trained.propd2_rows(bad)[0]["status"] == "mismatch"
   blocks = {"attn": 1e-17, "ffn": 1e-17, "lm_head": 1e-15}
   res = {"gradient_vanishing": {"frequency_head": {"max_grad_norm_per_block": blocks}},
-         "lower_bound_trained": {"min_slack": -1e-3}}
-  assert [r["status"] for r in claims_trained.thm38_rows(res)] == ["match", "mismatch"]
+         "lower_bound_trained": {"0": {"min_slack": 0.3}, "1": {"min_slack": -1e-3},
+                                 "2": {"min_slack": 0.2}}}
+  rows = claims_trained.thm38_rows(res)
+  assert [r["status"] for r in rows] == ["match", "mismatch"]      # the bound fails on seed 1
+  assert rows[1]["seeds"] == [0, 1, 2] and rows[1]["per_seed"] == [0.3, -1e-3, 0.2]
 
 
 @pytest.mark.slow

@@ -218,7 +218,6 @@ def test_fig3_fig5_run_defaults_to_the_warmup_run(monkeypatch, tmp_path):
   runs are secondary; the per-update table around the transition and the rows."""
   trained = []
   monkeypatch.setattr(f35, "_train", lambda name, out: trained.append(name) or name)
-  monkeypatch.setattr(f35.seed_lr_runs, "finished", lambda name, out: True)
   monkeypatch.setattr(f35, "_load", lambda wd: _synthetic_run())
   monkeypatch.setattr(f35, "plot", lambda a, out, tag, names=None, grad_window=None: [tag])
   res = f35.run(str(tmp_path))
@@ -234,6 +233,7 @@ def test_fig3_fig5_run_defaults_to_the_warmup_run(monkeypatch, tmp_path):
   assert table[-1]["grad_first_over_last"] == pytest.approx(1e-21, rel=1e-6)
   assert (tmp_path / f"fig3_fig5_{f35.HEADLINE_RUN}.json").is_file()
   assert set(o["preregistered_60"]) == {"0", "1", "2"}      # the planned 60-update runs
+  assert o["same_trajectory_as_60_update_run"]["max_abs_loss_diff"] == 0.0
   from experiments.postnorm_collapse import claims_trained
   rows = {r["item"]: r for r in claims_trained.fig3_fig5_rows(res)}
   head = rows[f"{claims_trained.F35}: layer-1 gradient drops by orders"]
