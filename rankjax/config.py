@@ -17,7 +17,7 @@ NormPosition = Literal["pre", "post", "output", "peri", "none"]
 NormOp = Literal["rms", "layer", "mean", "detached_rms", "none"]
 LMFFN = Literal["swiglu", "gelu"]
 LMInit = Literal["paper_collapse", "gpt2"]
-InitScaleTo = Literal["all", "value_ffn"]
+InitScaleTo = Literal["all", "value_ffn", "value_ffn_qk", "value_ffn_gate"]
 PosEmbedding = Literal["learned", "rope", "none"]
 RopeScaling = Literal["none", "linear", "llama3", "yarn"]
 DType = Literal["float32", "float64", "bfloat16"]
@@ -268,7 +268,9 @@ class TransformerConfig(JsonConfig):
       head) or "value_ffn" (W_V, W_O, W_2, W_3 only: the matrices of sigma_W^2 = d
       sigma_V^2 sigma_O^2 and xi = d d_ff sigma_W2^2 sigma_W3^2 (postnorm Sec 2, Thm
       3.2 / 3.4), leaving the logits' W_Q, W_K and the gate's W_1 at the standard init:
-      the other reading of the paper's "sublayer initialization variance").
+      the other reading of the paper's "sublayer initialization variance"); and, to
+      separate what the theorems do not carry, "value_ffn_qk" (those and W_Q, W_K) and
+      "value_ffn_gate" (those and W_1).
     embed_std: std of the token (and position) embeddings; None -> 1.0 for
       paper_collapse (unit-RMS rows, as after a norm) and 0.02 for gpt2.
     prefix_avg_removal: alpha of the P - alpha*C_n intervention (Cor 3.3); 0 = off.

@@ -43,23 +43,27 @@ from rankjax.numerics import float_dtype
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
-# the matrices ``init_scale_to="value_ffn"`` scales (TransformerConfig.init_scale_to)
+# the matrices ``init_scale_to="value_ffn"`` scales (TransformerConfig.init_scale_to), and
+# those each of its extensions scales; "all" scales every matrix
 VALUE_FFN_MATRICES = ("w_v", "w_o", "w_2", "w_3")
+INIT_SCALE_MATRICES = {"value_ffn": VALUE_FFN_MATRICES,
+                       "value_ffn_qk": (*VALUE_FFN_MATRICES, "w_q", "w_k"),
+                       "value_ffn_gate": (*VALUE_FFN_MATRICES, "w_1")}
 OUTPUT_PROJECTIONS = ("w_o", "w_2")   # gpt2's 1/sqrt(2N) output projections
 
 
 def matrix_init(cfg: TransformerConfig, name: str, fan_in: int):
   """The init of weight matrix ``name`` (w_q, w_k, w_v, w_o, w_1, w_2, w_3, lm_head)
   under ``cfg.init``, times ``cfg.init_scale`` in variance where ``cfg.init_scale_to``
-  includes it ("all", or "value_ffn" and ``name`` in :data:`VALUE_FFN_MATRICES`).
+  includes it ("all", or ``name`` in :data:`INIT_SCALE_MATRICES` of it).
 
   paper_collapse (postnorm Sec 2): N(0, 1/(3 fan_in)) -- 1/(3d) for every d-input
   matrix and 1/(3 d_ff) for W_2. gpt2: N(0, 0.02^2), output projections (W_O and the
   FFN's down projection, :data:`OUTPUT_PROJECTIONS`) N(0, (0.02/sqrt(2N))^2) with N the
   number of layers.
   """
-  scale = (cfg.init_scale if cfg.init_scale_to == "all" or name in VALUE_FFN_MATRICES
-           else 1.0)
+  scale = (cfg.init_scale if cfg.init_scale_to == "all"
+           or name in INIT_SCALE_MATRICES[cfg.init_scale_to] else 1.0)
   if cfg.init == "paper_collapse":
     std = math.sqrt(scale / (3.0 * fan_in))
   else:

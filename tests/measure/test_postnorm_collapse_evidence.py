@@ -159,10 +159,14 @@ def test_init_rows_on_synthetic_results():
          "amount": [list(0.1 / np.arange(1, 49))] * 10}     # s^l = 0.1 / l: slope -1
   ours = {k: {"per_init": dict(per, tsim_last_layer=[0.7 if k.startswith("post") else 0.4]
                                * 10)}
-          for k in claims_init.FIG1_SETTINGS + claims_init.FIG1_ALT_SETTINGS}
+          for k in (claims_init.FIG1_SETTINGS + claims_init.FIG1_ALT_SETTINGS
+                    + claims_init.FIG1_SPLIT_SETTINGS)}
   status = {r["item"]: r["status"] for r in claims_init.fig1_rows({"ours": ours,
                                                                    "settings": {}})}
-  assert len(status) == 46
+  assert len(status) == 46 + 12        # the split settings judge three items each
+  split = "Fig 1 Post x4 on W_V, W_O, W_2, W_3 and W_Q, W_K"
+  assert status[f"{split}: attention tracked by Thm 3.2"] == "match"
+  assert f"{split}: attention increment positive" not in status
   assert status["Fig 1 Post x4 on W_V, W_O, W_2, W_3: attention tracked by Thm 3.2"] == "match"
   assert status["Sec 3.1 Pre x1: s^l of order 1/l"] == "match"
   assert status["Fig 1 Post x1: attention tracked by Thm 3.2"] == "match"

@@ -9,6 +9,8 @@ from rankjax.models.transformer import DecoderLM
 
 NAMES = ("w_q", "w_k", "w_v", "w_o", "w_1", "w_2", "w_3", "lm_head")
 SCALED = ("w_v", "w_o", "w_2", "w_3")
+EXTRA = {"all": NAMES, "value_ffn": (), "value_ffn_qk": ("w_q", "w_k"),
+         "value_ffn_gate": ("w_1",)}
 
 
 @pytest.mark.parametrize("init", ["paper_collapse", "gpt2"])
@@ -17,10 +19,10 @@ def test_matrix_init_scales_what_init_scale_to_names(init):
   key, shape = jax.random.PRNGKey(0), (4, 8)
   for name in NAMES:
     plain = matrix_init(base, name, 64)(key, shape)
-    for to in ("all", "value_ffn"):
+    for to, extra in EXTRA.items():
       cfg = TransformerConfig(num_layers=2, init=init, init_scale=4.0, init_scale_to=to)
       got = matrix_init(cfg, name, 64)(key, shape)
-      factor = 2.0 if to == "all" or name in SCALED else 1.0   # sqrt of the variance x4
+      factor = 2.0 if name in SCALED or name in extra else 1.0   # sqrt of the variance x4
       assert jnp.allclose(got, factor * plain, rtol=1e-6), (init, to, name)
 
 
