@@ -1,7 +1,9 @@
 """The committed quick-scale results are fresh at HEAD (issue 25, item 4).
 
-Each committed ``experiments/<study>/results/quick/<name>.json`` is rerun by
-``rankjax reproduce STUDY --check --only NAME`` in a process of its own, under the XLA
+Each committed ``experiments/<study>/results/<scale>/<name>.json`` of every scale but
+``paper`` (``quick``, and the quick model's other settings such as the softmax study's
+``quick_paper_lr``) is rerun by
+``rankjax reproduce STUDY --scale SCALE --check --only NAME`` in a process of its own, under the XLA
 flags its provenance records (not the test suite's compile flags), and the test fails
 naming every row whose status changed or whose number moved beyond the row's tolerance
 (``experiments.results.compare``), or a rerun that read another data set.
@@ -26,9 +28,9 @@ from experiments import results
 from rankjax import reproduce
 from rankjax.data import images
 
-SCALE = "quick"
+PAPER = "paper"           # the one committed scale CI does not rerun (accelerator-sized)
 TIMEOUT_S = 1000          # under the suite's 1100 s faulthandler watchdog
-# (study, experiment) -> why CI does not rerun it
+# (study, experiment) -> why CI does not rerun it (at any scale)
 _PN_TRAINED = "trains the collapse study's runs (about an hour on 2 cores)"
 NOT_IN_CI = {("postnorm_collapse", n): _PN_TRAINED
              for n in ("collapse", "fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")}
@@ -36,27 +38,44 @@ NOT_IN_CI = {("postnorm_collapse", n): _PN_TRAINED
 WITH = {("softmax_sensitivity", "trained_bounds"): "prepost_training"}
 
 
-def committed() -> list[tuple[str, str]]:
-  """Every committed quick-scale result, as (study, experiment)."""
-  return [(s, n) for s in reproduce.studies()
-          for n in results.load(results.committed_dir(s, SCALE))]
+def scales(study: str) -> list[str]:
+  """The committed scales of ``study`` that CI reruns (all but ``PAPER``)."""
+  root = results.committed_dir(study, "quick").parent
+  return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != PAPER)
 
 
-CHECKED = [key for key in committed() if key not in NOT_IN_CI and key not in WITH]
+def committed() -> list[tuple[str, str, str]]:
+  """Every committed result CI may rerun, as (study, scale, experiment)."""
+  return [(s, sc, n) for s in reproduce.studies() for sc in scales(s)
+          for n in results.load(results.committed_dir(s, sc))]
 
 
-def names(study: str, name: str) -> list[str]:
-  """``name`` and the experiments that rerun with it (``WITH``)."""
-  return [name] + [n for (s, n), host in WITH.items() if s == study and host == name]
+CHECKED = [(s, sc, n) for s, sc, n in committed()
+           if (s, n) not in NOT_IN_CI and (s, n) not in WITH]
+
+
+def names(study: str, scale: str, name: str) -> list[str]:
+  """``name`` and the experiments that rerun with it (``WITH``, those committed at
+  ``scale``)."""
+  there = results.load(results.committed_dir(study, scale))
+  return [name] + [n for (s, n), host in WITH.items()
+                   if s == study and host == name and n in there]
 
 
 def test_every_exclusion_names_a_committed_result():
   """An exclusion outlives nothing: each names a committed result (no stale entries),
-  and the check covers every other one."""
+  and the check covers every other one, at every scale but paper."""
   every = set(committed())
-  assert set(NOT_IN_CI) <= every
-  assert set(CHECKED) | set(NOT_IN_CI) | set(WITH) == every and len(CHECKED) >= 20
-  assert {(s, host) for (s, _), host in WITH.items()} <= set(CHECKED)
+  by_name = {(s, n) for s, _, n in every}
+  assert set(NOT_IN_CI) <= by_name and set(WITH) <= by_name
+  assert {key for key in every if (key[0], key[2]) in NOT_IN_CI or (key[0], key[2]) in WITH
+          } | set(CHECKED) == every and len(CHECKED) >= 20
+  assert {(s, host) for (s, _), host in WITH.items()} <= {(s, n) for s, _, n in CHECKED}
+  assert ("softmax_sensitivity", "quick_paper_lr", "prepost_training") in CHECKED
+  assert names("softmax_sensitivity", "quick", "prepost_training") == [
+      "prepost_training", "trained_bounds"]
+  assert names("softmax_sensitivity", "quick_paper_lr", "prepost_training") == [
+      "prepost_training"]
 
 
 def _environment(provenance: dict) -> dict:
@@ -70,16 +89,17 @@ def _environment(provenance: dict) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.committed
-@pytest.mark.parametrize("study,name", CHECKED, ids=[f"{s}/{n}" for s, n in CHECKED])
-def test_committed_quick_result_reproduces(study, name, tmp_path):
-  docs = results.load(results.committed_dir(study, SCALE))
-  for n in names(study, name):     # an image set this machine lacks: skip, naming it
+@pytest.mark.parametrize("study,scale,name", CHECKED,
+                         ids=[f"{s}/{sc}/{n}" for s, sc, n in CHECKED])
+def test_committed_quick_result_reproduces(study, scale, name, tmp_path):
+  docs = results.load(results.committed_dir(study, scale))
+  for n in names(study, scale, name):     # an image set this machine lacks: skip, naming it
     data = docs[n].get("data") if isinstance(docs[n].get("data"), dict) else {}
     if data.get("dataset") in images.IMAGE_SETS and (
         why := images.missing_image_set_line(data["dataset"], None)):
       pytest.skip(f"committed on {data['dataset']}: {why}")
-  cmd = [sys.executable, "-m", "rankjax.cli", "reproduce", study, "--check",
-         "--only", ",".join(names(study, name)), "--out", str(tmp_path)]
+  cmd = [sys.executable, "-m", "rankjax.cli", "reproduce", study, "--scale", scale,
+         "--check", "--only", ",".join(names(study, scale, name)), "--out", str(tmp_path)]
   proc = subprocess.run(cmd, env=_environment(docs[name]["provenance"]), cwd=results.ROOT,
                         capture_output=True, text=True, timeout=TIMEOUT_S)
   said = [line for line in proc.stderr.splitlines() if line.startswith("rankjax reproduce")]
