@@ -292,13 +292,12 @@ FIG12 = evidence.claims(
 
 def fig12_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   """Per LR, every seed's run: ``ours["lr<lr>"]`` is seed 0, ``ours["lr<lr>_seed<s>"]``
-  seed s (``fig12_fig20_lr_ablation.seed_key``)."""
+  seed s (``collapse_study.seeded_name``)."""
   rows = []
   paper = res.get("scale", "quick") != "quick"
   for lr in PAPER_ABLATION_LRS if paper else sl.ABLATION_LRS:
-    runs = {k.rsplit("_seed", 1)[1] if "_seed" in k else "0": a
-            for k, a in res["ours"].items() if k == f"lr{lr}" or k.startswith(f"lr{lr}_seed")}
-    seeds = [int(s) for s in runs]
+    seeds = [0] if paper else list(sl.ABLATION_SEEDS)
+    runs = {str(s): res["ours"][collapse_study.seeded_name(f"lr{lr}", s)] for s in seeds}
     window = sorted({"transition" if a.get("transition_found") else "onset"
                      for a in runs.values()})
     note = (("seed 0 (one run per LR, as the paper's App F.4);" if paper else
@@ -355,9 +354,12 @@ def fig6_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   rows = [FIG6[f"Fig 6 left, {v}: loss near its L_freq"].judge(
       o[k]["relative_gap"], seeds=o[k]["seeds"], note="no warmup, LR 1e-2, 150 updates")
       for k, v in SCOPES.items()]
-  for lr, item in [*((lr, f"Fig 6 right, LR {lr:g}") for lr in sl.ORIGINAL_FIG6_LRS),
-                   *((lr, f"Fig 6 right, swapped set, LR {lr:g}") for lr in sl.ABLATION_LRS)]:
-    v = o[f"{'original_' if 'swapped' not in item else ''}warmup_lr{lr:g}"]
+  right = [(f"original_warmup_lr{lr:g}", f"Fig 6 right, LR {lr:g}")
+           for lr in sl.ORIGINAL_FIG6_LRS]
+  right += [(f"warmup_lr{lr:g}", f"Fig 6 right, swapped set, LR {lr:g}")
+            for lr in sl.ABLATION_LRS]
+  for key, item in right:
+    v = o[key]
     tsim = ", ".join(f"{t:.3f}" for t in v["last_tsim_final"])
     rows.append(FIG6[f"{item}: loss near L_freq"].judge(
         v["relative_gap"], seeds=v["seeds"],
@@ -378,7 +380,7 @@ def _sec43_runs(scale: str = "quick"):
   return {"post_collapse": ("no warmup, LR 1e-2", ("post_collapse", *[
       f"post_collapse_seed{s}" for s in collapse_study.SEEDS[1:]])),
           **{f"warmup_lr{lr:g}": (f"warmup, LR {lr:g}", tuple(
-              f"warmup_lr{lr:g}" + (f"_seed{s}" if s else "") for s in sl.ABLATION_SEEDS))
+              collapse_study.seeded_name(f"warmup_lr{lr:g}", s) for s in sl.ABLATION_SEEDS))
              for lr in sl.ABLATION_LRS}}
 
 

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 
-from experiments.postnorm_collapse import common
+from experiments.postnorm_collapse import collapse_study, common
 from experiments.postnorm_collapse import fig3_fig5_transition as f35
 from experiments.postnorm_collapse import seed_lr_runs as sl
 from rankjax import plotting
@@ -80,11 +80,6 @@ def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
   return path
 
 
-def seed_key(lr: float, seed: int) -> str:
-  """The key of ``ours`` for the run at ``lr`` and ``seed`` (seed 0 plain, as at paper)."""
-  return f"lr{lr}" + (f"_seed{seed}" if seed else "")
-
-
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Trains (or reuses) the ablation runs at every seed (``seed_lr_runs.ABLATION_SEEDS``)
   and writes ``fig12_fig20.json`` and seed 0's PNGs (paper / tiny: :func:`run_paper`)."""
@@ -104,7 +99,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
         workdirs[f"lr {lr}"] = wd
         files += f35.plot(a, out_dir, f"lr{lr}", FIG_NAMES[lr], f35.GRAD_WINDOW)
       a.pop("_series")
-      ours[seed_key(lr, seed)] = a
+      ours[collapse_study.seeded_name(f"lr{lr}", seed)] = a   # seed 0 plain, as at paper
   main = sl.train(sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0), out_dir)   # fig10's seed-0 run
   workdirs[f"lr {sl.MAIN_WARMUP_LR} (main)"] = main
   a = f35.analyze(main, mask_threshold=f35.MASK_THRESHOLD, grad_window=f35.GRAD_WINDOW)

@@ -141,7 +141,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
         collapse_study.seeded_name("post_collapse", seed), out_dir)
   for lr in sl.ABLATION_LRS:
     for seed in sl.ABLATION_SEEDS:
-      runs[f"warmup_lr{lr:g}" + (f"_seed{seed}" if seed else "")] = sl.train(
+      runs[collapse_study.seeded_name(f"warmup_lr{lr:g}", seed)] = sl.train(
           sl.warmup_run_name(lr, seed), out_dir)
   ours = {name: compare(wd, stream_freq) for name, wd in runs.items()}
   result = {"figure": "postnorm_collapse Sec 4.3 aggregate vs per-sequence frequency loss",

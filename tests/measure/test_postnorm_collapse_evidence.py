@@ -69,9 +69,9 @@ def _transition(found=True, alpha=2.0, share=0.8, drop=1e3, last=2.0):
 
 
 def _fig12_ours(**override):
-  """Every ablation LR at every seed (fig12_fig20_lr_ablation.seed_key's keys)."""
-  from experiments.postnorm_collapse.fig12_fig20_lr_ablation import seed_key
-  return {seed_key(lr, s): override.get(seed_key(lr, s), _transition())
+  """Every ablation LR at every seed (collapse_study.seeded_name's keys)."""
+  key = lambda lr, s: claims_trained.collapse_study.seeded_name(f"lr{lr}", s)
+  return {key(lr, s): override.get(key(lr, s), _transition())
           for lr in claims_trained.sl.ABLATION_LRS for s in claims_trained.sl.ABLATION_SEEDS}
 
 
