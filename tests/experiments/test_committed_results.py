@@ -11,8 +11,9 @@ naming every row whose status changed or whose number moved beyond the row's tol
 Marked ``slow`` and ``committed``: CI runs them as a stage of their own (``.ci/run``).
 None is in the default suite: the fastest two (Post-Norm fig7, TR table3) were its two
 slowest tests (20 s of test time) with the suite already at its 4-minute budget.
-The experiments in ``NOT_IN_CI`` train for too long for CI's 90 minutes on 2 cores;
-``rankjax reproduce STUDY --check`` reruns them (and everything else) by hand. Those in
+The experiments in ``NOT_IN_CI`` (and the scales in ``SCALES_NOT_IN_CI``) train for too
+long for CI's 90 minutes on 2 cores; ``rankjax reproduce STUDY --check`` reruns them
+(and everything else) by hand. Those in
 ``WITH`` read another experiment's training runs and rerun in its process.
 """
 
@@ -37,12 +38,23 @@ _PN_TRAINED = ("trains the collapse study's 28 runs: about 26 minutes on 2 cores
                "'Rounding moves the warmup runs'), so another CPU's kernels may move rows")
 NOT_IN_CI = {("postnorm_collapse", n): _PN_TRAINED
              for n in ("collapse", "fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")}
+# (study, scale) -> why CI reruns none of that scale's experiments
+SCALES_NOT_IN_CI = {("softmax_sensitivity", "quick_sharpen"): (
+    "six 800-update runs and their bounds, four times quick's training (1050 s on 2 "
+    "shared cores, 2026-12-04: past the rerun's 1000 s timeout), for a setting chosen "
+    "after an outcome and not a headline (EXPECTED.md)")}
 # experiments that read another's training runs rerun in its process (trained once)
 WITH = {("softmax_sensitivity", "trained_bounds"): "prepost_training"}
 
 
 def scales(study: str) -> list[str]:
-  """The committed scales of ``study`` that CI reruns (all but ``PAPER``)."""
+  """The committed scales of ``study`` that CI reruns (all but ``PAPER`` and
+  ``SCALES_NOT_IN_CI``)."""
+  return [sc for sc in committed_scales(study) if (study, sc) not in SCALES_NOT_IN_CI]
+
+
+def committed_scales(study: str) -> list[str]:
+  """Every committed scale of ``study`` but ``PAPER``."""
   root = results.committed_dir(study, "quick").parent
   return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != PAPER)
 
@@ -71,6 +83,7 @@ def test_every_exclusion_names_a_committed_result():
   every = set(committed())
   by_name = {(s, n) for s, _, n in every}
   assert set(NOT_IN_CI) <= by_name and set(WITH) <= by_name
+  assert all(sc in committed_scales(s) for s, sc in SCALES_NOT_IN_CI)
   assert {key for key in every if (key[0], key[2]) in NOT_IN_CI or (key[0], key[2]) in WITH
           } | set(CHECKED) == every and len(CHECKED) >= 20
   assert {(s, host) for (s, _), host in WITH.items()} <= {(s, n) for s, _, n in CHECKED}
