@@ -118,10 +118,12 @@ def per_seed_axis(x: Any, axis: int = 0) -> list[float]:
 
 def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, *,
                      num_seeds: int = 1, num_inputs: int = 1, path_sums: bool = False,
-                     num_chunks: int | None = None, reference: str = "product") -> dict:
+                     num_chunks: int | None = None, reference: str = "product",
+                     spectra_layers: tuple[int, ...] | None = None) -> dict:
   """Per-sample study arrays (leading (seeds, inputs) axes) as numpy.
 
   Compiled once per shape-determining config (alpha and beta are traced).
+  ``spectra_layers``: the layers whose ranks are measured (``StudyOptions``; all).
   """
   base = dataclasses.replace(cfg, alpha=1.0)
   if reference == "product":   # the network reference reads cfg.beta (static)
@@ -129,7 +131,8 @@ def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, 
   else:
     base = dataclasses.replace(base, beta=beta)
   fn = jacobians.make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums,
-                               num_chunks=num_chunks, reference=reference)
+                               num_chunks=num_chunks, reference=reference,
+                               spectra_layers=spectra_layers)
   with single_blas_thread():
     out = fn(key, alpha, beta)
     return {k: np.asarray(v) for k, v in out.items()}

@@ -191,7 +191,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
         for j, depth in enumerate(depths):
           cfg = MLPConfig(depth=int(depth), width=s["width"], expansion=e, norm_position=pos)
           runs = [common.jacobian_samples(cfg, jax.random.fold_in(KEY, int(depth)), a, 1.0,
-                                          num_seeds=s["seeds"]) for a in alphas]
+                                          num_seeds=s["seeds"], spectra_layers=(int(depth),))
+                  for a in alphas]   # the rank at the network's last layer only
           er_seed[:, :, j] = [r["erank"].mean(axis=1)[:, -1] for r in runs]
       else:   # prefixes of one network of the largest depth
         cfg = MLPConfig(depth=L, width=s["width"], expansion=e, norm_position=pos)

@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rankjax import fast_paths
 from rankjax.measure import paths, spectra
@@ -256,12 +257,24 @@ def input_output_jacobians(bj: BlockJacobians) -> Array:
   return jax.lax.scan(grouped, (eye, eye), (bj.skip, bj.branch, bj.closes))[1]
 
 
+def check_layers(layers: tuple[int, ...], depth: int) -> np.ndarray:
+  """``layers`` (1..depth, static) as 0-based indices; a clear error otherwise."""
+  idx = np.asarray(tuple(layers), dtype=int)
+  if idx.ndim != 1 or idx.size == 0 or idx.min() < 1 or idx.max() > depth:
+    raise ValueError(f"spectra_layers must be layers in [1, {depth}], got {tuple(layers)}")
+  return idx - 1
+
+
 @precision_lib.measured
 def measurements(bj: BlockJacobians, *, with_paths: bool = True,
-                 num_chunks: int | None = None, reference: Array | None = None) -> dict:
+                 num_chunks: int | None = None, reference: Array | None = None,
+                 spectra_layers: tuple[int, ...] | None = None) -> dict:
   """Every per-sample measurement of a study from one input's block Jacobians:
 
-    ``erank`` / ``stable_rank`` (L,): erank(dh_l/dh_0)/d, st(dh_l/dh_0)/d (Eq. 3);
+    ``erank`` / ``stable_rank`` (L,): erank(dh_l/dh_0)/d, st(dh_l/dh_0)/d (Eq. 3); at
+    ``spectra_layers`` only (static l in 1..L, in that order) when given: one singular
+    value decomposition per listed layer instead of L (a network whose rank is read at
+    its last layer needs one);
     ``stream_rms`` (L+1,): rms(h_l);
     ``branch_to_skip`` (L,): r_l = ||G_l||_F / ||I||_F (Eq. 4, 21);
     ``accumulated_branch``, ``accumulated_uncorrelated`` (L,): Fig 5b, 12b;
@@ -275,8 +288,9 @@ def measurements(bj: BlockJacobians, *, with_paths: bool = True,
   """
   d = bj.branch.shape[-1]
   ts = input_output_jacobians(bj)
-  # L singular-value decompositions (a thread per core on CPU: fast_paths)
-  sv = fast_paths.singular_values(as_float(ts))
+  at = ts if spectra_layers is None else ts[check_layers(spectra_layers, ts.shape[0])]
+  # a singular-value decomposition per layer measured (a thread per core on CPU)
+  sv = fast_paths.singular_values(as_float(at))
   acc, unc = paths.accumulated_branch(bj.relative_branch)
   out = {"erank": spectra.effective_rank_from_singular_values(sv) / d,
          "stable_rank": spectra.stable_rank_from_singular_values(sv) / d,

@@ -175,8 +175,9 @@ class JacobianStudy:
   """Jacobian measurements of one config, averaged over inputs and weight draws.
 
   Attributes (L = depth, d = width):
-    erank: (L,) erank(dh_l/dh_0)/d, l = 1..L (Eq. 3; Fig 1, 2, 4, 5).
-    stable_rank: (L,) st(dh_l/dh_0)/d.
+    erank: (L,) erank(dh_l/dh_0)/d, l = 1..L (Eq. 3; Fig 1, 2, 4, 5); at the study's
+      ``spectra_layers`` only when it lists them.
+    stable_rank: (L,) st(dh_l/dh_0)/d (as erank).
     order_log_mass: (L+1,) log of the mean over samples of mu_k = ||beta^k S_k||_F of
       dh_L/dh_0 (Fig 3a; App A.1); NaN where path sums do not apply.
     order_profile: (L+1,) mean over samples of mu_k / sum_j mu_j (Fig 3b).
@@ -215,12 +216,14 @@ class JacobianStudy:
 def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
                         beta: Array | float | None = None, *, with_paths: bool | None = None,
                         method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM,
-                        reference: str = "product", num_chunks: int | None = None) -> dict:
+                        reference: str = "product", num_chunks: int | None = None,
+                        spectra_layers: tuple[int, ...] | None = None) -> dict:
   """Every per-sample measurement of the study for one input and one weight draw.
 
   A pure function of the parameters (``vmap``/``lax.map`` it over inputs and draws):
   block Jacobians, dh_l/dh_0 for every l and their singular values, the path sums
   (``with_paths``; needs ``supports_path_sums(cfg)``), stream rms and branch ratios.
+  ``spectra_layers``: the layers whose spectra are measured (``engine.measurements``).
   Returns a dict with the per-sample versions of the ``JacobianStudy`` fields.
   """
   if with_paths is None:
@@ -229,7 +232,8 @@ def sample_measurements(blocks: dict, h0_D: Array, cfg: MLPConfig,
     raise ValueError(f"path sums need skip_every in {{0, 1}}; got {cfg.skip_every}")
   bj = block_jacobians(blocks, h0_D, cfg, method, beta)
   ref = network_jacobian(blocks, h0_D, cfg) if with_paths and reference == "network" else None
-  out = engine.measurements(bj, with_paths=with_paths, num_chunks=num_chunks, reference=ref)
+  out = engine.measurements(bj, with_paths=with_paths, num_chunks=num_chunks, reference=ref,
+                            spectra_layers=spectra_layers)
   del out["input_output"]
   return out
 
@@ -297,6 +301,9 @@ class StudyOptions:
     draw: the bit generator of the weights and inputs (``weight_draws.DRAWS``; default
       "threefry", the recorded numbers, and the fastest on CPU). Every option draws the
       same distribution; the numbers differ.
+    spectra_layers: the layers l (1..L) whose dh_l/dh_0 spectra give ``erank`` and
+      ``stable_rank``, in that order (default every layer: L decompositions per sample;
+      a study that reads only the last layer passes ``(L,)``).
     across_processes: split the seeds between the processes of a ``jax.distributed``
       job: process p measures the p-th contiguous block of seeds on its own devices and
       every process gets every seed's results, in seed order
@@ -315,6 +322,7 @@ class StudyOptions:
   seed_batch: int | None = None
   precision: str | None = None
   draw: str = "threefry"
+  spectra_layers: tuple[int, ...] | None = None
   across_processes: bool = False
 
   def __post_init__(self):
@@ -334,6 +342,8 @@ class StudyOptions:
     object.__setattr__(self, "precision", precision_lib.check_precision(self.precision))
     if self.devices is not None:
       object.__setattr__(self, "devices", tuple(self.devices))
+    if self.spectra_layers is not None:   # checked against the depth by the study
+      object.__setattr__(self, "spectra_layers", tuple(int(l) for l in self.spectra_layers))
     if self.path_sums is False and (self.num_chunks is not None
                                     or self.reference != "product"):
       raise ValueError("num_chunks and reference='network' need path sums "
@@ -365,7 +375,8 @@ def _per_seed(keys, alpha, beta, cfg, options: StudyOptions, with_paths, seed_ba
     blocks, h0 = seed_samples(cfg, key, options.num_inputs, alpha, options.draw)
     fn = lambda h: sample_measurements(blocks, h, cfg, beta, with_paths=with_paths,
                                        method=options.method, reference=options.reference,
-                                       num_chunks=options.num_chunks)
+                                       num_chunks=options.num_chunks,
+                                       spectra_layers=options.spectra_layers)
     return jax.vmap(fn)(h0)
   # Seeds in groups of seed_batch, vmapped within a group (``seed_devices``: one
   # at a time on CPU, memory-bounded groups on GPU/TPU).
@@ -399,6 +410,8 @@ def make_study_fn(cfg: MLPConfig, num_inputs: int = 1, num_seeds: int = 1, *,
 
 @functools.lru_cache(maxsize=64)
 def _study_fn(cfg: MLPConfig, options: StudyOptions):
+  if options.spectra_layers is not None:
+    engine.check_layers(options.spectra_layers, cfg.depth)
   if options.across_processes and jax.process_count() > 1:
     return _split_study_fn(cfg, options)
   with_paths = options.with_paths(cfg)

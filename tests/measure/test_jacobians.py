@@ -327,3 +327,21 @@ def test_study_options_refuse_what_they_would_ignore():
     fn(jax.random.key(0), 1.0, 1.0)
   assert StudyOptions(method=jacobians.BlockJacobianMethod.JACFWD).method == "jacfwd"
   assert StudyOptions().with_paths(grouped) is False
+
+
+def test_spectra_layers_measure_the_listed_layers_of_the_full_study(x64):
+  """``spectra_layers`` gives the every-layer study's ranks at the listed layers, in
+  their order, from one decomposition each, and leaves every other field unchanged;
+  layers outside 1..L are refused with the depth named."""
+  cfg = MLPConfig(depth=6, width=8, norm_position="post", param_dtype="float64")
+  key = jax.random.key(3)
+  full = jacobians.make_study_fn(cfg, num_seeds=2)(key, 0.7, 1.0)
+  some = jacobians.make_study_fn(cfg, num_seeds=2, spectra_layers=(6, 2))(key, 0.7, 1.0)
+  for name in ("erank", "stable_rank"):
+    assert some[name].shape == full[name].shape[:-1] + (2,)
+    np.testing.assert_allclose(some[name], full[name][..., [5, 1]], rtol=1e-12)
+  for name in set(full) - {"erank", "stable_rank"}:
+    np.testing.assert_array_equal(some[name], full[name])
+  for bad in ((0,), (7,), ()):
+    with pytest.raises(ValueError, match=r"spectra_layers must be layers in \[1, 6\]"):
+      jacobians.make_study_fn(cfg, spectra_layers=bad)
