@@ -16,6 +16,11 @@ seeds (Sec 4 measures a single sample; the seeds give Table 4's per-seed spread)
 is a traced argument, so each (placement, width, depth) compiles once. Fig 5a/b read
 the deepest network. A depth whose rank never crosses r* from above on the alpha grid
 has no contour point: it is left out of that fit and named in the row's note.
+Two diagnostics (declared after the paper-scale mismatches, issue 25): the contour's
+slope between consecutive depths (``local_slopes``: a power law has the same slope
+between every two depths), and Fig 5d's spread at the x the alpha grid gives exactly
+at several depths (``grid_spread``: no interpolation), over all depths and over the
+two deepest.
 
   python -m experiments.transforming_rank.fig5_depth_law --scale quick --out runs/tr
 """
@@ -55,6 +60,12 @@ PAPER_T4 = {("pre", 1.0): (-0.46, -0.50, -0.52), ("pre", 4.0): (-0.57, -0.47, -0
 LEVELS = (0.4, 0.5, 0.6)
 EQ22_PRE_RATIO_384 = 1 / math.sqrt(1 + 0.5 * (384 - 1))   # Eq. 22: r~_l = 1/sqrt(1 + p (l-1))
 _T4 = "Table 4: iso-rank exponent"
+_LOCAL = "Fig 5c: contour slope between two depths"
+LOCAL_LEVEL = 0.4                                      # the r* of Table 4's mismatch
+LOCAL_RUNS = (("pre", 1.0), ("pre", 4.0), ("post", 1.0))   # post 1x: the clean control
+LOCAL_DEPTHS = (48, 96, 192, 384)                      # the quick and paper depths
+_AFTER = ("a diagnostic declared after Table 4's pre 1x r*=0.4 and Fig 5d mismatches at "
+          "paper scale, before it ran")
 CLAIMS = common.evidence.claims([
     *(common.claim(f"{_T4}, {pos} {e:g}x, r*={lvl}", "slope s of log(beta*alpha^M) vs log L "
                    "along erank/d = r*, fit per seed", v, "App B.3")
@@ -86,6 +97,22 @@ CLAIMS = common.evidence.claims([
                    "erank/d across depths at equal beta*alpha^M*sqrt(L), seed mean", 0.0,
                    "Fig 5d: the depths fall onto one curve per placement")
       for pos in ("pre", "post")),
+    # Diagnostics declared after the paper-scale run showed Table 4's pre 1x r*=0.4 and
+    # Fig 5d mismatches (issue 25), before they were run: is the departure a finite-depth
+    # correction (largest between the shallowest depths), and is Fig 5d's spread the
+    # interpolation onto a common x grid?
+    *(common.claim(f"{_LOCAL}, {pos} {e:g}x, r*={LOCAL_LEVEL}, L={a}-{b}", "log(c_b/c_a) / "
+                   "log(b/a) of the iso-rank contour c(L), per seed", -0.5,
+                   f"Sec 4: the contours scale as 1/sqrt(L) (measured slope -0.50), so "
+                   f"between every two depths; {_AFTER}")
+      for pos, e in LOCAL_RUNS for a, b in zip(LOCAL_DEPTHS[:-1], LOCAL_DEPTHS[1:])),
+    *(common.claim(f"Fig 5d: one curve of beta*alpha^M*sqrt(L), {pos}, {which}", "max spread "
+                   f"of erank/d across {over} at equal beta*alpha^M*sqrt(L), at the alpha "
+                   "grid's own points (no interpolation), seed mean", 0.0,
+                   f"Fig 5d: the depths fall onto one curve per placement; {_AFTER}")
+      for pos in ("pre", "post")
+      for which, over in (("on the grid", "depths"),
+                          ("two deepest depths", "the two deepest depths"))),
 ])
 
 
@@ -113,6 +140,28 @@ def iso_rank_exponent(alphas: np.ndarray, erank_AxL: np.ndarray, depths: np.ndar
   if ok.sum() < 2:
     return float("nan"), contour
   return float(np.polyfit(np.log(depths[ok]), np.log(c[ok]), 1)[0]), contour
+
+
+def local_slopes(contour, depths) -> list[float]:
+  """The contour's slope ``log(c_{j+1}/c_j) / log(L_{j+1}/L_j)`` between consecutive
+  depths (nan where a contour point is missing): constant, -1/2, for the power law
+  ``beta*alpha^M ~ L^(-1/2)`` of Sec 4 / App B.3."""
+  c, L = np.asarray(contour, float), np.asarray(depths, float)
+  return [float(v) for v in np.log(c[1:] / c[:-1]) / np.log(L[1:] / L[:-1])]
+
+
+def grid_spread(alphas: np.ndarray, erank_AxL: np.ndarray, depths: np.ndarray,
+                m: int = 2) -> float:
+  """Fig 5d's spread without interpolation: the largest ``max - min`` of the rank across
+  depths at a value of ``x = beta*alpha^M sqrt(L)`` (beta = 1) that the alpha grid hits
+  exactly at two or more depths (with alpha on 2^(i/4), M = 2 and depths doubling, each
+  doubling moves x by one grid step); nan when no x is shared."""
+  logx = np.round(m * np.log2(alphas)[:, None] + 0.5 * np.log2(depths)[None, :], 9)
+  at: dict[float, list[float]] = {}
+  for (i, j), k in np.ndenumerate(logx):
+    at.setdefault(float(k), []).append(float(erank_AxL[i, j]))
+  spreads = [max(v) - min(v) for v in at.values() if len(v) > 1]
+  return max(spreads) if spreads else float("nan")
 
 
 SLOPE_FROM = 48   # Fig 5b's log-log slope is fitted over l in [48, L]
@@ -213,6 +262,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
           "exponents_per_seed": per_seed, "no_crossing_depths_per_seed": no_crossing,
           "exponent_sd": {lvl: _sd(v) for lvl, v in per_seed.items()},
           "contours": {lvl: v[1] for lvl, v in exps.items()},
+          "contours_per_seed": {lvl: [f[1] for f in v] for lvl, v in fits.items()},
           "stream_rms": {a: r["stream_rms"].mean(axis=(0, 1)) for a, r in pick.items()},
           "nominal_ratio": {a: r["branch_to_skip"].mean(axis=(0, 1)) / math.sqrt(p)
                             for a, r in pick.items()},
@@ -242,10 +292,11 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   rms_L = {pos: np.sqrt(ms[(pos, 1.0)][:, -1]) for pos in ("pre", "output", "post")}
   ms = {k: v.mean(axis=0) for k, v in ms.items()}   # the figure's seed means
 
+  r1 = lambda pos: results[(pos, s["expansions"][0])]
   # Fig 5d collapse: interpolate each depth's rank onto a common x = alpha^2 sqrt(L) grid.
   collapse = {}
   for pos in ("pre", "post"):
-    er = results[(pos, s["expansions"][0])]["erank"]
+    er = r1(pos)["erank"]
     xgrid = np.geomspace(0.1, 10, 25)
     curves = []
     for j, depth in enumerate(depths):
@@ -253,8 +304,11 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       inside = (xgrid >= x.min()) & (xgrid <= x.max())
       curves.append(np.where(inside, np.interp(np.log(xgrid), np.log(x), er[:, j]), np.nan))
     collapse[pos] = float(np.nanmax(np.nanmax(curves, 0) - np.nanmin(curves, 0)))
+  grid_collapse = {(pos, which): grid_spread(alphas, r1(pos)["erank"][:, cols], depths[cols])
+                   for pos in ("pre", "post")
+                   for which, cols in (("on the grid", slice(None)),
+                                       ("two deepest depths", slice(-2, None)))}
 
-  r1 = lambda pos: results[(pos, s["expansions"][0])]
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(5), num_seeds)
   stream_seeds = list(range(s["stream_seeds"]))   # split(PRNGKey(5), stream_seeds)
   note = "" if L == 384 else f"at L={L}"
@@ -298,7 +352,19 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
         for pos in ("pre", "output", "post")),
       *(j(f"Fig 5d: one curve of beta*alpha^M*sqrt(L), {pos}", collapse[pos], None)
         for pos in ("pre", "post")),
+      *(j(f"Fig 5d: one curve of beta*alpha^M*sqrt(L), {pos}, {which}", v, None)
+        for (pos, which), v in grid_collapse.items() if np.isfinite(v)),
   ]
+  if tuple(int(d) for d in depths) == LOCAL_DEPTHS:
+    for pos, e in LOCAL_RUNS:
+      per_pair = np.array([local_slopes(c, depths) for c in
+                           results[(pos, e)]["contours_per_seed"][LOCAL_LEVEL]])  # (S, pairs)
+      for k, (a, b) in enumerate(zip(LOCAL_DEPTHS[:-1], LOCAL_DEPTHS[1:])):
+        ok = np.isfinite(per_pair[:, k])
+        if ok.any():
+          summary.append(j(f"{_LOCAL}, {pos} {e:g}x, r*={LOCAL_LEVEL}, L={a}-{b}",
+                           per_pair[ok, k], [sd for sd, keep in zip(seeds, ok) if keep],
+                           f"{int((~ok).sum())} seed(s) without both contour points"))
   summary = [r for r in summary if r is not None]
 
   fig, axes = common.plt.subplots(1, 5, figsize=(21, 3.8))
@@ -323,10 +389,20 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.set_title(t)
     ax.legend(fontsize=5)
   _fig11(out_dir, ms, kappas, kappa, L)
+  # what the figures plot (panels a, b and Fig 11 read the 1x networks) and the contours
+  # per seed; the per-seed curves along depth are in the rows only (DATA_LIMIT)
+  figure_keys = ("erank", "exponents", "exponents_per_seed", "exponent_sd", "contours",
+                 "contours_per_seed",
+                 "no_crossing_depths_per_seed")
+  saved = {f"{pos}/{e:g}x": {k: v for k, v in res.items()
+                             if k in figure_keys or e == s["expansions"][0]
+                             and not k.endswith("_per_seed")}
+           for (pos, e), res in results.items()}
   result = {"settings": s, "kappa": kappa, "kappa_by_alpha": kappas,
             "stream_mean_square": {f"{p}/alpha={a}": v for (p, a), v in ms.items()},
-            "results": {f"{pos}/{e:g}x": v for (pos, e), v in results.items()},
-            "collapse_spread": collapse, "summary": summary}
+            "results": saved, "collapse_spread": collapse,
+            "grid_spread": {f"{pos}/{w}": v for (pos, w), v in grid_collapse.items()},
+            "summary": summary}
   return common.write(out_dir, NAME, result, fig)
 
 

@@ -144,6 +144,35 @@ def test_fig5_contour_fit_on_synthetic_ranks():
   assert np.isnan(f5.iso_rank_exponent(alphas, np.full_like(surface, 0.9), depths, 0.5)[0])
 
 
+def test_fig5_local_slopes_and_grid_spread_on_synthetic_ranks():
+  """The two Fig 5 diagnostics on surfaces whose answer is known: a contour c = 3 L^-1/2
+  has slope -1/2 between every two depths, c = L^-1 bending to L^-1/2 shows the bend,
+  and a missing point gives nan; on the alpha grid 2^(i/4) with depths doubling, a rank
+  that is a function of alpha^2 sqrt(L) alone has no spread at the shared x (no
+  interpolation: float rounding only), one of alpha^2 L does, and a grid that shares no
+  x across depths gives nan."""
+  from experiments.transforming_rank import fig5_depth_law as f5
+  depths = np.array([48, 96, 192, 384])
+  assert f5.local_slopes(3.0 / np.sqrt(depths), depths) == pytest.approx([-0.5] * 3)
+  bent = np.array([1 / 48, 1 / 96, 1 / 96 / np.sqrt(2), 1 / 192])
+  assert f5.local_slopes(bent, depths) == pytest.approx([-1.0, -0.5, -0.5])
+  assert np.isnan(f5.local_slopes([1.0, np.nan, 0.5, 0.4], depths)[:2]).all()
+  alphas = 2.0 ** (np.arange(-14, 5) / 4)
+  g = lambda x: 1.0 / (1.0 + x)
+  sqrt_law = g(alphas[:, None] ** 2 * np.sqrt(depths)[None, :])
+  assert f5.grid_spread(alphas, sqrt_law, depths) < 1e-12
+  linear_law = g(alphas[:, None] ** 2 * depths[None, :] / 48)
+  # L at alpha_i and 2L at alpha_{i-1} share x = alpha^2 sqrt(L); their ranks
+  # g(alpha_i^2 L/48) and g(alpha_{i-1}^2 2L/48) differ, and the spread is at least that
+  a2 = alphas ** 2
+  pairs = [np.abs(g(a2[1:] * L / 48) - g(a2[:-1] * 2 * L / 48)) for L in depths[:-1]]
+  assert f5.grid_spread(alphas, linear_law, depths) >= max(float(p.max()) for p in pairs) - 1e-12
+  assert f5.grid_spread(alphas, linear_law, depths) > 0.05
+  coarse = 2.0 ** (np.arange(-9, 5) / 2)   # alpha^2 steps by 2: doubling L moves x half a step
+  two = depths[:2]
+  assert np.isnan(f5.grid_spread(coarse, g(coarse[:, None] ** 2 * np.sqrt(two)), two))
+
+
 def test_fig14_panels_drawn_and_separation_means(tmp_path):
   """Fig 14 (a, b, c) is its own figure; the near/far pair means read the right pairs."""
   from experiments.transforming_rank import fig7_mean_spike as f7
