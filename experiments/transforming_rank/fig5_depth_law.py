@@ -20,7 +20,7 @@ Two diagnostics (declared after the paper-scale mismatches, issue 25): the conto
 slope between consecutive depths (``local_slopes``: a power law has the same slope
 between every two depths), and Fig 5d's spread at the x the alpha grid gives exactly
 at several depths (``grid_spread``: no interpolation), over all depths and over the
-two deepest.
+two deepest, on every x the grid reaches and within Fig 5d's window x in [0.1, 10].
 
   python -m experiments.transforming_rank.fig5_depth_law --scale quick --out runs/tr
 """
@@ -64,6 +64,7 @@ _LOCAL = "Fig 5c: contour slope between two depths"
 LOCAL_LEVEL = 0.4                                      # the r* of Table 4's mismatch
 LOCAL_RUNS = (("pre", 1.0), ("pre", 4.0), ("post", 1.0))   # post 1x: the clean control
 LOCAL_DEPTHS = (48, 96, 192, 384)                      # the quick and paper depths
+FIG5D_X = (0.1, 10.0)             # Fig 5d's window in x = beta*alpha^M*sqrt(L): both spreads
 _AFTER = ("a diagnostic declared after Table 4's pre 1x r*=0.4 and Fig 5d mismatches at "
           "paper scale, before it ran")
 CLAIMS = common.evidence.claims([
@@ -113,6 +114,17 @@ CLAIMS = common.evidence.claims([
       for pos in ("pre", "post")
       for which, over in (("on the grid", "depths"),
                           ("two deepest depths", "the two deepest depths"))),
+    # the same within Fig 5d's window (the interpolated row's x range), added when the
+    # rows above turned out to read every x the grid reaches (a wider range)
+    *(common.claim(f"Fig 5d: one curve of beta*alpha^M*sqrt(L), {pos}, {which}, "
+                   f"x in [{FIG5D_X[0]:g}, {FIG5D_X[1]:g}]", "max spread of erank/d across "
+                   f"{over} at equal x = beta*alpha^M*sqrt(L) in Fig 5d's window, at the "
+                   "alpha grid's own points (no interpolation), seed mean", 0.0,
+                   f"Fig 5d: the depths fall onto one curve per placement; {_AFTER}; the "
+                   "window added after the full-range rows ran")
+      for pos in ("pre", "post")
+      for which, over in (("on the grid", "depths"),
+                          ("two deepest depths", "the two deepest depths"))),
 ])
 
 
@@ -151,15 +163,18 @@ def local_slopes(contour, depths) -> list[float]:
 
 
 def grid_spread(alphas: np.ndarray, erank_AxL: np.ndarray, depths: np.ndarray,
-                m: int = 2) -> float:
+                m: int = 2, window: tuple[float, float] | None = None) -> float:
   """Fig 5d's spread without interpolation: the largest ``max - min`` of the rank across
   depths at a value of ``x = beta*alpha^M sqrt(L)`` (beta = 1) that the alpha grid hits
   exactly at two or more depths (with alpha on 2^(i/4), M = 2 and depths doubling, each
-  doubling moves x by one grid step); nan when no x is shared."""
+  doubling moves x by one grid step); only x in ``window`` when given; nan when no x is
+  shared."""
   logx = np.round(m * np.log2(alphas)[:, None] + 0.5 * np.log2(depths)[None, :], 9)
+  lo, hi = (-np.inf, np.inf) if window is None else np.log2(window) - 1e-9 * np.array([1, -1])
   at: dict[float, list[float]] = {}
   for (i, j), k in np.ndenumerate(logx):
-    at.setdefault(float(k), []).append(float(erank_AxL[i, j]))
+    if lo <= k <= hi:
+      at.setdefault(float(k), []).append(float(erank_AxL[i, j]))
   spreads = [max(v) - min(v) for v in at.values() if len(v) > 1]
   return max(spreads) if spreads else float("nan")
 
@@ -297,17 +312,20 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   collapse = {}
   for pos in ("pre", "post"):
     er = r1(pos)["erank"]
-    xgrid = np.geomspace(0.1, 10, 25)
+    xgrid = np.geomspace(*FIG5D_X, 25)
     curves = []
     for j, depth in enumerate(depths):
       x = alphas ** 2 * math.sqrt(depth)
       inside = (xgrid >= x.min()) & (xgrid <= x.max())
       curves.append(np.where(inside, np.interp(np.log(xgrid), np.log(x), er[:, j]), np.nan))
     collapse[pos] = float(np.nanmax(np.nanmax(curves, 0) - np.nanmin(curves, 0)))
-  grid_collapse = {(pos, which): grid_spread(alphas, r1(pos)["erank"][:, cols], depths[cols])
+  window = f"x in [{FIG5D_X[0]:g}, {FIG5D_X[1]:g}]"
+  grid_collapse = {(pos, which + tail): grid_spread(alphas, r1(pos)["erank"][:, cols],
+                                                     depths[cols], window=w)
                    for pos in ("pre", "post")
                    for which, cols in (("on the grid", slice(None)),
-                                       ("two deepest depths", slice(-2, None)))}
+                                       ("two deepest depths", slice(-2, None)))
+                   for tail, w in (("", None), (f", {window}", FIG5D_X))}
 
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(5), num_seeds)
   stream_seeds = list(range(s["stream_seeds"]))   # split(PRNGKey(5), stream_seeds)

@@ -149,8 +149,8 @@ def test_fig5_local_slopes_and_grid_spread_on_synthetic_ranks():
   has slope -1/2 between every two depths, c = L^-1 bending to L^-1/2 shows the bend,
   and a missing point gives nan; on the alpha grid 2^(i/4) with depths doubling, a rank
   that is a function of alpha^2 sqrt(L) alone has no spread at the shared x (no
-  interpolation: float rounding only), one of alpha^2 L does, and a grid that shares no
-  x across depths gives nan."""
+  interpolation: float rounding only), one of alpha^2 L does, a window keeps only the x
+  inside it, and a grid that shares no x across depths gives nan."""
   from experiments.transforming_rank import fig5_depth_law as f5
   depths = np.array([48, 96, 192, 384])
   assert f5.local_slopes(3.0 / np.sqrt(depths), depths) == pytest.approx([-0.5] * 3)
@@ -168,6 +168,10 @@ def test_fig5_local_slopes_and_grid_spread_on_synthetic_ranks():
   pairs = [np.abs(g(a2[1:] * L / 48) - g(a2[:-1] * 2 * L / 48)) for L in depths[:-1]]
   assert f5.grid_spread(alphas, linear_law, depths) >= max(float(p.max()) for p in pairs) - 1e-12
   assert f5.grid_spread(alphas, linear_law, depths) > 0.05
+  x = alphas[:, None] ** 2 * np.sqrt(depths)[None, :]
+  off_window = np.where((x >= 0.1) & (x <= 10), g(x), g(x) * depths / 384)  # depth-dependent outside
+  assert f5.grid_spread(alphas, off_window, depths) > 0.05
+  assert f5.grid_spread(alphas, off_window, depths, window=(0.1, 10)) < 1e-12
   coarse = 2.0 ** (np.arange(-9, 5) / 2)   # alpha^2 steps by 2: doubling L moves x half a step
   two = depths[:2]
   assert np.isnan(f5.grid_spread(coarse, g(coarse[:, None] ** 2 * np.sqrt(two)), two))
