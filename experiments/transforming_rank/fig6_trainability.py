@@ -273,11 +273,14 @@ def run_cell(cfg: MLPConfig, data: ImageArrays, alphas: Sequence[float], lrs: Se
 
 def init_rank(width: int, depth: int, placement: str, alphas: Sequence[float],
               depths: Sequence[int], key: jax.Array) -> np.ndarray:
-  """(A, len(depths)) erank(dh_L/dh_0)/d at init (Fig 6a,c; one weight draw, as Sec 4)."""
+  """(A, len(depths)) erank(dh_L/dh_0)/d at init (Fig 6a,c; one weight draw, as Sec 4).
+
+  The prefixes of one ``depth``-layer network; the spectra are taken at ``depths`` only.
+  """
   cfg = MLPConfig(depth=depth, width=width, expansion=1.0, norm_position=placement)
-  idx = np.asarray(depths) - 1
-  return np.array([common.jacobian_samples(cfg, key, a, 1.0)["erank"].mean(axis=(0, 1))[idx]
-                   for a in alphas])
+  layers = tuple(int(l) for l in depths)
+  return np.array([common.jacobian_samples(cfg, key, a, 1.0, spectra_layers=layers)
+                   ["erank"].mean(axis=(0, 1)) for a in alphas])
 
 
 def init_magnitude(cfg: MLPConfig, key: jax.Array, num_inputs: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from experiments.transforming_rank import fig6_trainability as f6
 from experiments.transforming_rank import reproduce
 from rankjax.config import MLPConfig
 from rankjax.data import images
+from rankjax.measure import jacobians
 from rankjax.models.mlp import ResidualMLP
 
 
@@ -87,6 +88,18 @@ def test_max_stable_lr_rule():
   # order of the sweep does not matter
   assert f6.max_stable_lr(lrs[::-1], [0.1, 0.1, 0.5, 0.6, 0.7, 0.7]) == 1e-3
   assert f6.max_stable_lr((1e-3, 1e-2), (0.9, 0.35), threshold=0.3) == 1e-2
+
+
+def test_init_rank_is_the_full_study_at_the_grid_depths():
+  """Fig 6a,c's init ranks, spectra taken at the grid's depths only, are the every-layer
+  study's erank/d at those layers of the same network (an independent call)."""
+  key, alphas, depths = jax.random.key(5), (0.5, 2.0), (2, 6)
+  got = f6.init_rank(8, 6, "pre", alphas, depths, key)
+  cfg = MLPConfig(depth=6, width=8, expansion=1.0, norm_position="pre")
+  full = np.array([jacobians.make_study_fn(cfg)(key, a, 1.0)["erank"].mean(axis=(0, 1))
+                   for a in alphas])
+  assert got.shape == (2, 2) and np.all((got > 0) & (got <= 1))
+  np.testing.assert_allclose(got, full[:, [1, 5]], rtol=1e-5)
 
 
 def test_registered_with_aliases():
