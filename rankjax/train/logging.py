@@ -6,8 +6,9 @@ evaluation rows carry ``"kind": "eval"``). TensorBoard event files go to
 say TensorBoard is off): train scalars every
 ``log_every`` updates, every evaluation, and every diagnostics step's arrays and
 per-layer profile images (tags and layout in ``rankjax.train.tensorboard``); a resumed
-run first drops the events after its checkpoint step, so each step is in the files
-once. On a terminal (a TTY) a tqdm progress bar shows step, loss and tokens/s;
+run first drops the events after its checkpoint step (a run started over at step 0,
+e.g. after a kill before the first checkpoint, drops them all), so each step is in
+the files once. On a terminal (a TTY) a tqdm progress bar shows step, loss and tokens/s;
 otherwise (a log file, SLURM) one plain line is printed every ``log_every`` updates.
 Only process 0 writes.
 """
@@ -59,13 +60,13 @@ class MetricsWriter:
     try:
       from tensorboardX import SummaryWriter  # optional
       logdir = str(workdir / "tensorboard")
-      if start_step and not paths.is_remote(workdir):
+      if not paths.is_remote(workdir):   # a fresh start (0) drops a killed run's steps too
         tb_lib.purge_after(logdir, start_step)
       # purge_step: TensorBoard itself also discards older events of steps > start
       # (object stores, where the files are not rewritten).
       # The suffix keeps a restart within the same second from overwriting a file
       # (tensorboardX names files by the second and the host only).
-      self._tb = SummaryWriter(logdir, purge_step=start_step + 1 if start_step else None,
+      self._tb = SummaryWriter(logdir, purge_step=start_step + 1,
                                filename_suffix=f".{os.getpid()}.{start_step}")
     except ImportError:
       self.stream.write("TensorBoard off: tensorboardX is not installed "

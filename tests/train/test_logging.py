@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 
 import pytest
@@ -111,6 +112,28 @@ def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):
   images = tb.read_images(str(tmp_path / "tensorboard"))
   assert list(images) == ["diagnostics/basic/per_layer"]     # the scalar `loss` has none
   assert [s for s, _ in images["diagnostics/basic/per_layer"]] == [3, 6]
+
+
+def test_tensorboard_run_started_over_at_step_0_drops_the_killed_runs_steps(tmp_path):
+  """A run killed before its first checkpoint wrote steps 1-6; the rerun starts at
+  step 0 and writes 1-4: each step is in the files once, with the rerun's values."""
+  pytest.importorskip("tensorboardX")
+  from rankjax.train import tensorboard as tb
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
+  for step in range(1, 7):
+    w.write(step, {"loss": float(step)})
+  w.close()
+  [path] = tb.event_files(str(tmp_path / "tensorboard"))
+  os.rename(path, path + "1")     # another process's file (the name has the pid)
+  MetricsWriter.truncate(tmp_path, 0)
+  w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
+  for step in range(1, 5):
+    w.write(step, {"loss": 10.0 + step})
+  w.close()
+  assert tb.read_scalars(str(tmp_path / "tensorboard"))["train/loss"] == [
+      (s, 10.0 + s) for s in range(1, 5)]
+  assert [json.loads(line)["step"] for line in
+          (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_resume_backfills_events_a_kill_lost(tmp_path):

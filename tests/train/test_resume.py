@@ -5,12 +5,14 @@ second run of the same config is killed with SIGKILL at update 6 in its own proc
 after its checkpoint at update 4 is on disk, then resumed here: its loss must equal
 the reference bitwise at every update after 4 (slow: a second process; the fast
 tests resume in-process after SIGTERM, an error and a corrupt checkpoint, each
-against the same reference bitwise).
+against the same reference bitwise). A run SIGKILLed before its first checkpoint
+(a worker process too, ~5 s) is rerun from step 0 with each step logged once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -194,6 +196,28 @@ def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, 
     images = tb.read_images(str(tmp_path / run / "tensorboard"))
     assert list(images) == [tag], (run, list(images))
     assert sorted(s for s, _ in images[tag]) == [1, 2, 4, 6, 8], run
+
+
+def test_sigkill_before_the_first_checkpoint_then_rerun_holds_each_step_once(worker, tmp_path):
+  """No checkpoint yet (checkpoint_every=100) when update 10 is SIGKILLed: the rerun
+  starts over at step 0, and the event files and metrics.jsonl hold each step once."""
+  from rankjax.train import tensorboard as tb
+  pytest.importorskip("tensorboardX")
+  cfg = tiny_lm(total_steps=12, checkpoint_every=100, eval_every=0, image_every=1)
+  workdir, logdir = tmp_path / "killed", str(tmp_path / "killed" / "tensorboard")
+  code, _, err = worker(cfg, workdir, "--kill-at", "10")
+  assert code == -signal.SIGKILL, err
+  assert not any((workdir / "checkpoints").glob("*/commit_success.txt"))
+  assert any(e.step for e in tb.read_events(logdir) if e.summary.value)  # steps to drop
+  rerun = train(cfg, workdir, progress_bar=False)
+  assert (rerun.start_step, rerun.step, rerun.status) == (0, 12, "completed")
+  written = [(v.tag, int(e.step)) for e in tb.read_events(logdir) for v in e.summary.value]
+  assert len(written) == len(set(written)), sorted(written)
+  assert sorted(s for s, _ in tb.read_scalars(logdir)["train/loss"]) == list(range(1, 13))
+  assert sorted(losses(workdir)) == list(range(1, 13))
+  steps = [json.loads(line)["step"] for line in
+           (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert steps == list(range(1, 13))
 
 
 @pytest.mark.slow   # an end-to-end training run (the default suite keeps its others)
