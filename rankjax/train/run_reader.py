@@ -24,7 +24,7 @@ from rankjax.train import paths
 from rankjax.train import tasks as task_lib
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Run:
   """A saved run.
 
@@ -51,6 +51,9 @@ class Run:
     history: rows of ``metrics.jsonl`` up to ``step``: one per update (step, loss,
       grad_norm, lr, tokens_per_s, ...) and one per evaluation (``"kind": "eval"``,
       eval_loss, ...); ``train_history`` and ``eval_history`` hold each kind alone.
+    checkpoint_steps: the steps of the checkpoints in the workdir.
+
+  ``repr`` is one line (workdir, model, step, checkpoints, how many series and rows).
   """
 
   workdir: epath.Path
@@ -61,6 +64,13 @@ class Run:
   diagnostic_steps: np.ndarray
   metrics: dict[str, Any]
   history: list[dict[str, Any]]
+  checkpoint_steps: tuple[int, ...] = ()
+
+  def __repr__(self) -> str:
+    return (f"Run({str(self.workdir)!r}, model={self.config.model!r}, step={self.step} of "
+            f"{self.config.total_steps}, checkpoints={len(self.checkpoint_steps)}, "
+            f"diagnostics={len(self.diagnostics)} series x {len(self.diagnostic_steps)} "
+            f"steps, history={len(self.history)} rows)")
 
   @property
   def train_history(self) -> list[dict[str, Any]]:
@@ -99,7 +109,8 @@ def _this_process() -> ocp.options.MultiprocessingOptions:
 
 
 def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
-  """Reads the newest readable checkpoint of ``workdir`` (or ``step``).
+  """Reads the newest readable checkpoint of ``workdir`` (or ``step``): a ``Run``,
+  whose docstring names every field and diagnostic series.
 
   A run of a model registered by a module of your own (``rankjax train --import
   MODULE``) needs that module imported first (``rankjax.plugins.import_module``).
@@ -123,10 +134,10 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)
   try:
-    manager = ocp.CheckpointManager(paths.absolute(directory),
-                                    options=ocp.CheckpointManagerOptions(
-                                        read_only=True, multiprocessing_options=_this_process()),
-                                    item_handlers=ckpt_lib.handlers())
+    manager = ckpt_lib.open_manager(directory, lambda: ocp.CheckpointManager(
+        paths.absolute(directory), options=ocp.CheckpointManagerOptions(
+            read_only=True, multiprocessing_options=_this_process()),
+        item_handlers=ckpt_lib.handlers()))
   finally:
     absl_log.setLevel(level)
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
@@ -144,7 +155,8 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
     out = manager.restore(s, args=ocp.args.Composite(**items))
     return {k: out[k] for k in items}
 
-  steps = [step] if step is not None else list(manager.all_steps())
+  saved = sorted(int(x) for x in manager.all_steps())
+  steps = [step] if step is not None else saved
   if not steps:
     raise FileNotFoundError(f"{workdir} holds no checkpoint yet")
   try:
@@ -161,4 +173,5 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   return Run(workdir=workdir, config=cfg, step=s, params=params,
              diagnostics=history.flat(), diagnostic_steps=np.asarray(history.steps, np.int64),
              metrics=out["metrics"],
-             history=read_metrics_jsonl(workdir / "metrics.jsonl", up_to=s))
+             history=read_metrics_jsonl(workdir / "metrics.jsonl", up_to=s),
+             checkpoint_steps=tuple(saved))

@@ -93,6 +93,10 @@ def test_saved_run_has_its_diagnostics_history_and_max_to_keep(reference):
   assert [r["step"] for r in full.history if "kind" not in r] == list(range(1, 9))
   assert [r["step"] for r in full.history if r.get("kind") == "eval"] == [4, 8]
   assert full.metrics["step"] == 8 and full.metrics["diagnostic_steps"] == 5
+  assert full.checkpoint_steps == (8,)
+  assert repr(full) == (f"Run({str(full_dir)!r}, model='lm', step=8 of 8, checkpoints=1, "
+                        f"diagnostics={len(full.diagnostics)} series x 5 steps, "
+                        "history=10 rows)")
 
 
 @pytest.mark.slow   # uses the SIGKILLed run
