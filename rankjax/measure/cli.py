@@ -9,7 +9,10 @@ max; ``rankjax.measure.summary``) as JSON and a figure next to it (``R.png``).
 ``--sweep field=v1,v2,...`` (repeatable, any MLPConfig field) measures the cartesian
 product: ``R.json`` holds every point, ``R.csv`` / ``R.md`` one table row per point,
 ``R.png`` one figure. ``--set param_dtype=float64`` turns on JAX's x64 mode for the
-run; every output records the dtype actually computed (``"dtype"``).
+run; every output records the dtype actually computed (``"dtype"``). The weights and
+inputs are drawn at float32 and cast to param_dtype, so at one ``--seed`` every dtype
+measures the same weights: ``--sweep param_dtype=float32,float64`` compares precision,
+not two weight draws.
 
 On a multi-host job (``jax.distributed``: the environment ``rankjax train`` reads,
 ``sharding.maybe_initialize_distributed``) every process runs the command: the seeds
@@ -42,12 +45,16 @@ def add_parser(subparsers) -> None:
   mlp.add_argument("--sweep", dest="sweeps", action="append", default=[],
                    metavar="FIELD=V1,V2,...",
                    help="measure every value of an MLPConfig field (repeatable: the "
-                        "cartesian product); writes a table (.csv, .md) and one figure")
+                        "cartesian product); writes a table (.csv, .md) and one figure. "
+                        "Every point uses --seed; param_dtype points measure the same "
+                        "weights (drawn at float32, then cast)")
   mlp.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
                    help="independent weight draws (the spread's sample; default %(default)s)")
   mlp.add_argument("--inputs", type=int, default=DEFAULT_INPUTS,
                    help="random inputs h_0 ~ N(0, I) per weight draw (default %(default)s)")
-  mlp.add_argument("--seed", type=int, default=0, help="PRNG seed (default %(default)s)")
+  mlp.add_argument("--seed", type=int, default=0,
+                   help="PRNG seed (default %(default)s); the weights and inputs are drawn "
+                        "at float32 and cast to param_dtype, the same for every dtype")
   mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP (it runs by default where the config allows it: skip_every 0 or 1)")
   plugins.add_argument(mlp)
   mlp.add_argument("--out", required=True, help="output JSON path (figure: same name .png)")

@@ -259,7 +259,9 @@ def seed_samples(cfg: MLPConfig, key: Array, num_inputs: int,
 
   Everything comes from one standard normal draw (``weight_draws.standard_normal_pieces``
   with the bit generator ``draw``, one of ``weight_draws.DRAWS``: the same
-  distribution, different numbers). ``alpha`` may be traced, so an alpha sweep reuses
+  distribution, different numbers), made at float32 and cast to ``cfg.param_dtype``,
+  so every dtype gets the same weights and inputs at one key (to float32 rounding of
+  the scale alpha/sqrt(fan_in)). ``alpha`` may be traced, so an alpha sweep reuses
   one compiled function.
   """
   dtype = jnp.dtype(cfg.param_dtype)

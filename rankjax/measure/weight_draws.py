@@ -5,6 +5,12 @@ inverse error function); they differ only in the bit generator, so the same key 
 different numbers (the same distribution). ``jacobians.seed_samples`` draws a seed's
 weights and inputs in one call of ``standard_normal_pieces``.
 
+Every draw is made at float32 and cast to the requested dtype (float64 widens exactly,
+bfloat16 rounds to nearest), so at one key every dtype gets the same numbers: a float32
+vs float64 study compares precision, not two weight draws. (``jax.random.normal`` at
+float64 draws other bits, hence other weights. The float32 draw's 23-bit uniforms stop
+at 5.22 and -5.42, a tail of 1.2e-7 of N(0, 1)'s mass that float64 would resolve.)
+
 The default "threefry" gives ``jax.random.normal``'s numbers bit for bit (the recorded
 results) from a faster kernel on CPU: ``fast_paths.threefry_bits`` computes the same
 cipher unrolled (the plain ``jax.random.bits`` on other platforms).
@@ -44,6 +50,10 @@ def check_draw(draw: str) -> str:
   return draw
 
 
+# The dtype every draw is made at, whatever dtype it is cast to.
+DRAW_DTYPE = jnp.float32
+
+
 def _normal_from_bits(bits: Array, dtype) -> Array:
   """``jax.random.normal``'s float32 transform (``_uniform`` then ``_normal_real`` in
   jax/_src/random/core.py): the top 23 bits as a mantissa in [1, 2), shifted onto
@@ -55,15 +65,12 @@ def _normal_from_bits(bits: Array, dtype) -> Array:
   return (np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)).astype(dtype)
 
 
-def _bits(key: Array, size: int, dtype, draw: str) -> Array | None:
-  """The uint32 words ``_normal_from_bits`` turns into ``draw``'s normals of ``dtype``, or
-  None for the draws that go through ``jax.random.normal`` whole."""
+def _bits(key: Array, size: int, draw: str) -> Array | None:
+  """The uint32 words ``_normal_from_bits`` turns into ``draw``'s float32 normals, or None
+  for the draws that go through ``jax.random.normal`` whole."""
   if draw == "threefry":
-    # jax.random.normal's own bits and transform for float32 (other dtypes draw other bits)
-    return fast_paths.threefry_bits(key, size) if jnp.dtype(dtype) == jnp.float32 else None
+    return fast_paths.threefry_bits(key, size)    # jax.random.normal's float32 bits
   if draw == "xla_threefry":
-    if jnp.dtype(dtype).itemsize > 4:
-      raise ValueError(f"draw='xla_threefry' draws float32 or narrower, not {jnp.dtype(dtype)}")
     words = jax.random.bits(key, (4,), jnp.uint32)     # a RngBitGenerator key: 4 words
     _, bits = jax.lax.rng_bit_generator(words, (size,), jnp.uint32,
                                         algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
@@ -71,19 +78,23 @@ def _bits(key: Array, size: int, dtype, draw: str) -> Array | None:
   return None
 
 
-def standard_normal(key: Array, shape: tuple, dtype, draw: str = "threefry") -> Array:
-  """I.i.d. N(0, 1) of ``shape`` from ``key`` with the bit generator ``draw`` (``DRAWS``)."""
-  check_draw(draw)
-  bits = _bits(key, math.prod(shape), dtype, draw)
-  if bits is not None:
-    return _normal_from_bits(bits, dtype).reshape(shape)
-  if draw == "threefry":
-    return jax.random.normal(key, shape, dtype)
+def _normal_float32(key: Array, shape: tuple, draw: str) -> Array:
+  """``draw``'s float32 N(0, 1) of ``shape`` through ``jax.random.normal``."""
   if draw == "threefry_serial":
     with jax.threefry_partitionable(False):
-      return jax.random.normal(key, shape, dtype)
+      return jax.random.normal(key, shape, DRAW_DTYPE)
   words = jax.random.bits(key, (4,), jnp.uint32)
-  return jax.random.normal(jax.random.wrap_key_data(words, impl=draw), shape, dtype)
+  return jax.random.normal(jax.random.wrap_key_data(words, impl=draw), shape, DRAW_DTYPE)
+
+
+def standard_normal(key: Array, shape: tuple, dtype, draw: str = "threefry") -> Array:
+  """I.i.d. N(0, 1) of ``shape`` from ``key`` with the bit generator ``draw`` (``DRAWS``),
+  drawn at float32 and cast to ``dtype``: the same numbers for every dtype."""
+  check_draw(draw)
+  bits = _bits(key, math.prod(shape), draw)
+  if bits is not None:
+    return _normal_from_bits(bits, dtype).reshape(shape)
+  return _normal_float32(key, shape, draw).astype(dtype)
 
 
 def standard_normal_pieces(key: Array, sizes: list[int], dtype,
@@ -95,7 +106,9 @@ def standard_normal_pieces(key: Array, sizes: list[int], dtype,
   against 0.17 s for the 25M weights of L=48, d=256 with ``xla_threefry``)."""
   check_draw(draw)
   total = int(sum(sizes))
-  bits = _bits(key, total, dtype, draw)
-  flat = standard_normal(key, (total,), dtype, draw) if bits is None else bits
+  bits = _bits(key, total, draw)
+  flat = _normal_float32(key, (total,), draw) if bits is None else bits
   pieces = jnp.split(flat, np.cumsum(sizes)[:-1])
-  return pieces if bits is None else [_normal_from_bits(p, dtype) for p in pieces]
+  if bits is None:
+    return [p.astype(dtype) for p in pieces]
+  return [_normal_from_bits(p, dtype) for p in pieces]
