@@ -21,7 +21,9 @@ updates, tokens, checkpoint disk, peak memory, device-hours) and stops with one 
 rerunning it skips finished runs and resumes half-done ones. On a multi-host job (the
 same command on every host: ``launch/``) every process trains, process 0 alone
 analyses, records and builds the report. ``--scale tiny`` runs the paper-scale code
-path at laptop sizes (rows ``tiny``, not judged against the paper).
+path at laptop sizes (rows ``tiny``, not judged against the paper). The command ends
+with one ``verdicts <study>:`` line per study: its rows per status (match, mismatch,
+...), the counts of summary.md.
 A run stopped by SIGTERM (preemption, a time limit) saves and the command exits 75, as
 ``rankjax train`` (requeue and rerun: it resumes). ``--scale paper`` refuses to start without an accelerator (exit 2; ``--allow-cpu``
 overrides), and a requested experiment with no path at the chosen scale makes the
@@ -194,6 +196,14 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   return results
 
 
+def verdicts(results: dict, out_dir: str | pathlib.Path) -> list[str]:
+  """One line per analysed study: its rows per status, the counts of summary.md."""
+  counts = importlib.import_module("experiments.results").counts
+  return [f"verdicts {s}: " + ", ".join(f"{k} {n}" for k, n in counts(res["rows"]).items())
+          + f" ({pathlib.Path(out_dir) / s / 'summary.json'})"
+          for s, res in results.items() if res["analysed"]]
+
+
 def failed(results: dict) -> list[str]:
   """``study/experiment`` of every failed experiment in ``run``'s result."""
   return [f"{s}/{n}" for s, res in results.items() for n in res["failed"]]
@@ -220,6 +230,8 @@ def _command(args) -> int:
     return 75
   finally:        # the other processes of a multi-host job wait for process 0's analysis
     sharding.wait_for_every_process("rankjax_reproduce_done")
+  for line in verdicts(results, args.out):
+    print(line)
   bad = failed(results)
   absent = missing(results)
   if absent:

@@ -137,8 +137,13 @@ def test_reproduce_command_exits_nonzero_naming_the_failed(tmp_path, monkeypatch
   assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r"), "--only", "good",
                    "--check"]) == 1       # nothing committed to check against
   assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r")]) == 1
-  err = capsys.readouterr().err
+  out, err = capsys.readouterr()
   assert "FAILED: fake/bad" in err
+  md = (tmp_path / "r" / "fake" / "summary.md").read_text()
+  counts = md.split("Status counts: ")[1].split(". ")[0]
+  assert out.splitlines()[-1] == (f"verdicts fake: {counts} "
+                                  f"({tmp_path / 'r' / 'fake' / 'summary.json'})")
+  assert counts.startswith("match 0, mismatch 0") and "failed 1" in counts
   assert (tmp_path / "r" / "fake" / "report" / "report.html").is_file()
 
 
