@@ -101,7 +101,7 @@ def _cell(x: Any) -> str:
   if x is None:
     return ""
   if isinstance(x, float):
-    return f"{x:.4g}"
+    return f"{x + 0.0:.4g}"            # + 0.0: -0.0 prints as 0
   if isinstance(x, list):
     return ", ".join(_cell(v) for v in x)
   return str(x).replace("|", "\\|").replace("\n", " ")

@@ -67,7 +67,7 @@ def rows_to_html(rows: list[dict]) -> str:
   counts = {}
   for r in rows:
     counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
-  cell = lambda x: "" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+  cell = lambda x: "" if x is None else f"{x + 0.0:.4g}" if isinstance(x, float) else str(x)
   head = "".join(f"<th>{f}</th>" for f in ROW_FIELDS)
   body = "".join(
       f"<tr style='background:{STATUS_COLORS.get(r.get('status'), '#fff')}'>"

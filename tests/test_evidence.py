@@ -146,3 +146,14 @@ def test_every_committed_row_rechecks_and_is_one_number():
       if r["status"] in ("match", "mismatch"):
         assert evidence.recheck(r) == r["status"], (path, r["item"])
   assert seen > 0, "no committed results files"
+
+
+def test_negative_zero_prints_as_zero_in_summary_md_and_the_report():
+  """A paper value -0.000 (TR Fig 14) is stored as -0.0: printed "0", never "-0"."""
+  from rankjax.report import rows_to_html
+  row = {"experiment": "fig7", "item": "Fig 14", "paper": -0.0, "ours": -0.0,
+         "per_seed": [-0.0, 0.25], "status": "match"}
+  assert [results._cell(x) for x in (-0.0, 0.0, -1e-9, -0.5)] == ["0", "0", "-1e-09", "-0.5"]
+  line = results.table([row], ("paper", "ours", "per_seed"))[-1]
+  assert line == "| 0 | 0 | 0, 0.25 |"
+  assert "-0<" not in rows_to_html([row]) and "<td>0</td>" in rows_to_html([row])
