@@ -11,8 +11,11 @@ Path masses everywhere in these outputs are natural logs (``order_log_mass`` =
 ln mu_k); figures plot mu_k / max_k mu_k.
 
 A sweep is the cartesian product of ``--sweep field=v1,v2,...`` over MLPConfig
-fields: one row per point (``sweep_rows``), written as JSON, CSV and Markdown
-(``write_table``) and drawn as one figure (``plot_sweep``). Points differing only
+fields: one row per point (``sweep_row``), written as JSON, CSV and Markdown
+(``write_table``) and drawn as one figure (``plot_sweep``). Each column's name says
+its aggregate over the seeds x inputs samples: ``erank_L_mean``, ``erank_L_sd``,
+``erank_L_min``, ``erank_L_max``, ...; ``reconstruction_error_max`` (App A.1's check
+keeps the worst sample) with its ``_sd`` and ``_min``. Points differing only
 in ``alpha`` / ``beta`` share one compiled program (both are traced arguments of
 ``make_study_fn``); other fields change shapes or the traced graph and compile
 once per value.
@@ -34,10 +37,12 @@ from rankjax import plotting
 SAMPLE_FIELDS = ("erank", "stable_rank", "order_profile", "order_log_mass", "mean_order",
                  "stream_rms", "branch_to_skip", "accumulated_branch",
                  "accumulated_uncorrelated", "reconstruction_error")
-# the scalar columns of a sweep table: (name, field, index into the field's last axis)
-TABLE_COLUMNS = (("erank_L", "erank", -1), ("stable_rank_L", "stable_rank", -1),
-                 ("mean_order", "mean_order", None), ("stream_rms_L", "stream_rms", -1),
-                 ("reconstruction_error", "reconstruction_error", None))
+# the scalar columns of a sweep table: (name, field, index into the field's last axis,
+# what the study's value of the field is over the samples)
+TABLE_COLUMNS = (("erank_L", "erank", -1, "mean"), ("stable_rank_L", "stable_rank", -1, "mean"),
+                 ("mean_order", "mean_order", None, "mean"),
+                 ("stream_rms_L", "stream_rms", -1, "mean"),
+                 ("reconstruction_error", "reconstruction_error", None, "max"))
 
 
 def spread(samples: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -82,16 +87,18 @@ def sweep_points(sweeps: Sequence[tuple[str, list[str]]]) -> list[list[str]]:
 
 
 def sweep_row(point: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
-  """One table row: the swept values, then mean / sd / min / max of each column."""
+  """One table row: the swept values, then ``<column>_<aggregate>`` over the samples:
+  mean, sd, min, max (``reconstruction_error``: max, sd, min; the study keeps its
+  max, the worst sample)."""
   row = dict(point)
-  for name, field, index in TABLE_COLUMNS:
-    mean = np.asarray(result[field], np.float64)
+  for name, field, index, value_is in TABLE_COLUMNS:
+    value = np.asarray(result[field], np.float64)
     stats = result["spread"].get(field, {})
     pick = (lambda v: float(np.asarray(v, np.float64)[index])) if index is not None else (
         lambda v: float(np.asarray(v, np.float64)))
-    row[name] = pick(mean)
+    row[f"{name}_{value_is}"] = pick(value)
     for stat in ("sd", "min", "max"):
-      if stat in stats:
+      if stat in stats and stat != value_is:
         row[f"{name}_{stat}"] = pick(stats[stat])
   row["dtype"] = result["dtype"]
   return row

@@ -63,12 +63,30 @@ def test_sweep_writes_one_table_and_one_figure(tmp_path):
   assert [(r["depth"], r["norm_position"]) for r in result["rows"]] == [
       (2, "pre"), (2, "post"), (3, "pre"), (3, "post")]
   for row, point in zip(result["rows"], result["points"]):
-    assert row["erank_L"] == point["erank"][-1] and len(point["erank"]) == row["depth"]
-    assert row["erank_L_min"] <= row["erank_L"] <= row["erank_L_max"]
+    assert row["erank_L_mean"] == point["erank"][-1] and len(point["erank"]) == row["depth"]
+    assert row["erank_L_min"] <= row["erank_L_mean"] <= row["erank_L_max"]
+    assert row["reconstruction_error_max"] == point["reconstruction_error"]
   rows = list(csv.DictReader(out.with_suffix(".csv").open()))
-  assert len(rows) == 4 and float(rows[3]["erank_L"]) == result["rows"][3]["erank_L"]
+  assert len(rows) == 4 and float(rows[3]["erank_L_mean"]) == result["rows"][3]["erank_L_mean"]
   assert out.with_suffix(".md").read_text().count("\n") == 6      # header, rule, 4 rows
   assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_sweep_columns_name_their_aggregate():
+  """The study's reconstruction_error is the max over samples: its column says max,
+  beside the mean / sd / min / max columns of the other quantities."""
+  from rankjax.measure import summary
+  spread = lambda v: {"sd": v, "min": v, "max": v, "sd_seed_means": v}
+  result = {"erank": [0.5, 0.4], "stable_rank": [0.3, 0.2], "mean_order": 2.0,
+            "stream_rms": [1.0, 1.5], "reconstruction_error": 3e-7, "dtype": "float32",
+            "spread": {"erank": spread([0.1, 0.2]), "reconstruction_error": spread(3e-7)}}
+  row = summary.sweep_row({"depth": 2}, result)
+  assert list(row) == [
+      "depth", "erank_L_mean", "erank_L_sd", "erank_L_min", "erank_L_max",
+      "stable_rank_L_mean", "mean_order_mean", "stream_rms_L_mean",
+      "reconstruction_error_max", "reconstruction_error_sd", "reconstruction_error_min",
+      "dtype"]
+  assert row["erank_L_mean"] == 0.4 and row["reconstruction_error_max"] == 3e-7
 
 
 def test_bad_sweep_or_import_is_one_line(capsys, tmp_path):
@@ -107,4 +125,4 @@ def test_alpha_sweep_is_one_compiled_program(tmp_path):
   assert after.misses - before.misses <= 1 and after.hits - before.hits >= 2
   rows = json.loads(out.read_text())["rows"]
   assert [r["alpha"] for r in rows] == [0.25, 1.0, 4.0]
-  assert len({r["erank_L"] for r in rows}) == 3          # the values differ per point
+  assert len({r["erank_L_mean"] for r in rows}) == 3     # the values differ per point
