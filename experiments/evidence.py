@@ -4,23 +4,30 @@ An experiment declares its claims at import time, before anything runs: each
 :class:`Claim` names where the paper states it (``item``), the one quantity measured
 (``quantity``), the paper's number (or the limit of a worded claim) and the
 :class:`Rule` that judges it. After the run, ``claim.judge(values)`` turns the measured
-value(s) into one row; the status is computed there from the numbers, never typed:
+value(s) into one row; the status is computed there from the numbers, never typed.
 
-- :class:`Abs`, :class:`Rel`, :class:`OneMinus`: ``match`` iff ``|ours - paper| <=
-  tolerance``, with ``tolerance`` the absolute band written into the row, so anyone can
-  recheck it from the row alone. The band is the declared one (absolute near 0,
-  relative elsewhere, relative on ``1 - x`` near 1) widened by the measured noise:
-  ``max(band, noise * sd)`` (``noise`` = 2 sd by default; no widening with one value).
+The band is the declared one and is never widened by our own spread. With several
+values (one per seed) a row is judged on the two-sided 95% Student-t interval of their
+mean (``interval``, :func:`t_interval`); with one value, on the value itself:
+
+- :class:`Abs`, :class:`Rel`, :class:`OneMinus`: ``band`` is the absolute half-width
+  written into the row (absolute near 0, relative elsewhere, relative on ``1 - x`` near
+  1). ``match`` when the interval lies inside ``[paper - band, paper + band]``,
+  ``mismatch`` when it lies wholly outside, ``inconclusive`` otherwise (the note says
+  about how many seeds at the measured spread would decide it). One value: ``match``
+  iff ``|ours - paper| <= band``.
 - :class:`Bound`: a worded claim written as a predicate, ``ours <op> paper`` ("alpha
   stays below 2.5": ``Bound("<")`` with paper 2.5; "Post-LN spikes more than Pre-LN":
-  the difference, ``Bound(">")`` with paper 0). ``every_seed=True`` asks it of every
-  seed's value, not of their mean. The row's ``tolerance`` is null.
+  the difference, ``Bound(">")`` with paper 0). ``match`` when the whole interval
+  satisfies it, ``mismatch`` when none of it does, ``inconclusive`` otherwise;
+  ``every_seed=True`` asks it of every seed's value instead (match iff all do). The
+  row's ``band`` is null.
 - :class:`Qualitative`: what has no testable statement (a figure's look); the reason is
   the row's note.
 
 A row's fields are :data:`FIELDS`; ``experiments.runner`` adds ``experiment`` and
 ``scale``. The statuses are :data:`STATUSES` (``missing`` and ``failed`` come from the
-runner, never from a claim).
+runner, never from a claim). :func:`recheck` recomputes a status from the row alone.
 """
 from __future__ import annotations
 
@@ -29,59 +36,59 @@ import math
 import operator
 from typing import Any, Iterable, Sequence
 
+from scipy import stats
+
 # "tiny": a row of --scale tiny, measured but not judged against the paper
-STATUSES = ("match", "mismatch", "qualitative", "tiny", "missing", "failed")
+STATUSES = ("match", "mismatch", "inconclusive", "qualitative", "tiny", "missing", "failed")
 FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "seeds", "per_seed",
-          "tolerance", "rule", "status", "scale", "note")
-NOISE_SDS = 2.0   # the default widening of a band by the measured noise: max(band, 2 sd)
+          "interval", "band", "rule", "status", "scale", "note")
+CONFIDENCE = 0.95   # two-sided level of the mean's t-interval
+MAX_SEEDS = 10_000  # "more than this many seeds" ends the search for a deciding count
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
         "==": operator.eq}
 
 
 @dataclasses.dataclass(frozen=True)
 class Abs:
-  """``|ours - paper| <= max(tol, noise sd)``: for numbers near 0."""
+  """Band ``tol``: for numbers near 0."""
   tol: float
-  noise: float = NOISE_SDS
 
   def band(self, paper: float) -> float:
     return self.tol
 
   def describe(self) -> str:
-    return f"abs {self.tol:g}" + _noise_text(self.noise)
+    return f"abs {self.tol:g}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Rel:
-  """``|ours - paper| <= max(rtol |paper|, noise sd)``: for numbers away from 0 and 1."""
+  """Band ``rtol |paper|``: for numbers away from 0 and 1."""
   rtol: float
-  noise: float = NOISE_SDS
 
   def band(self, paper: float) -> float:
     return self.rtol * abs(paper)
 
   def describe(self) -> str:
-    return f"rel {self.rtol:g}" + _noise_text(self.noise)
+    return f"rel {self.rtol:g}"
 
 
 @dataclasses.dataclass(frozen=True)
 class OneMinus:
-  """``|ours - paper| <= max(rtol |1 - paper|, noise sd)``: relative on ``1 - x``, for
-  numbers near 1 (an erank/d of 0.980 is a rank loss of 0.020; 0.972 is 40% more)."""
+  """Band ``rtol |1 - paper|``: relative on ``1 - x``, for numbers near 1 (an erank/d of
+  0.980 is a rank loss of 0.020; 0.972 is 40% more)."""
   rtol: float
-  noise: float = NOISE_SDS
 
   def band(self, paper: float) -> float:
     return self.rtol * abs(1.0 - paper)
 
   def describe(self) -> str:
-    return f"rel {self.rtol:g} on 1-x" + _noise_text(self.noise)
+    return f"rel {self.rtol:g} on 1-x"
 
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
   """The predicate ``ours <op> paper`` (a worded claim); ``every_seed``: of each seed's
-  value rather than of the mean."""
+  value rather than of the mean's interval."""
   op: str
   every_seed: bool = False
 
@@ -104,10 +111,6 @@ class Qualitative:
 
 Rule = Abs | Rel | OneMinus | Bound | Qualitative
 _BANDS = (Abs, Rel, OneMinus)
-
-
-def _noise_text(noise: float) -> str:
-  return f" or {noise:g} sd" if noise else ""
 
 
 def _number(x: Any) -> float:
@@ -135,6 +138,85 @@ def spread(values: Any) -> tuple[float, float | None, int, list[float] | None]:
   return mean, sd, n, (per if n > 1 else None)
 
 
+def _floats(per_seed: Sequence[float | None]) -> list[float]:
+  """Per-seed values as read back from JSON (a NaN was written as null)."""
+  return [math.nan if v is None else float(v) for v in per_seed]
+
+
+def half_width(sd: float, n: int) -> float:
+  """Half the two-sided :data:`CONFIDENCE` t-interval of a mean of ``n`` values."""
+  return float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def t_interval(per_seed: Sequence[float] | None) -> list[float] | None:
+  """``[lo, hi]``: the two-sided 95% t-interval of the mean of ``per_seed`` (None for
+  fewer than two values or a NaN among them)."""
+  if not per_seed or len(per_seed) < 2:
+    return None
+  mean, sd, n, _ = spread(_floats(per_seed))
+  if math.isnan(mean):
+    return None
+  h = half_width(sd, n)
+  return [mean - h, mean + h]
+
+
+def seeds_to_decide(margin: float, sd: float, n: int) -> int | None:
+  """The fewest seeds (more than ``n``) whose interval at the measured ``sd`` would be
+  narrower than ``margin`` (the distance from the mean to the nearest band edge or
+  predicate limit); None when none up to :data:`MAX_SEEDS` would (or margin is 0)."""
+  if margin <= 0 or sd <= 0:
+    return None
+  lo, hi = n + 1, MAX_SEEDS
+  if half_width(sd, hi) >= margin:
+    return None
+  while lo < hi:                       # half_width falls with n: bisect
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if half_width(sd, mid) < margin else (mid + 1, hi)
+  return lo
+
+
+def _holds(op: str, lo: float, hi: float, paper: float) -> tuple[bool, bool]:
+  """(every point of [lo, hi] satisfies ``x op paper``, none does)."""
+  f = _OPS[op]
+  if op == "==":
+    return lo == hi == paper, not lo <= paper <= hi
+  return f(lo, paper) and f(hi, paper), not f(lo, paper) and not f(hi, paper)
+
+
+def verdict(paper: float, ours: float | None, per_seed: Sequence[float] | None,
+            band: float | None, op: str | None = None, every_seed: bool = False
+            ) -> tuple[str, list[float] | None, str]:
+  """``(status, interval, note)`` of a band row (``band``) or a predicate row (``op``);
+  the one judging rule (:func:`Claim.judge` and :func:`recheck` both call it)."""
+  if ours is None or (isinstance(ours, float) and math.isnan(ours)):
+    return "mismatch", None, ""
+  if op is not None and every_seed:
+    tested = _floats(per_seed or [ours])
+    status = "match" if all(_OPS[op](v, paper) for v in tested) else "mismatch"
+    return status, t_interval(per_seed), ""
+  interval = t_interval(per_seed)
+  lo, hi = interval if interval else (ours, ours)
+  if op is not None:
+    inside, outside = _holds(op, lo, hi, paper)
+    edges = [paper]
+  else:
+    inside = paper - band <= lo and hi <= paper + band
+    outside = hi < paper - band or lo > paper + band
+    edges = [paper - band, paper + band]
+  if inside:
+    return "match", interval, ""
+  if outside:
+    return "mismatch", interval, ""
+  _, sd, n, _ = spread(_floats(per_seed))
+  margin = min(abs(ours - e) for e in edges)
+  need = seeds_to_decide(margin, sd, n)
+  return "inconclusive", interval, (
+      f"inconclusive: the {CONFIDENCE:.0%} interval of {n} seeds straddles "
+      + ("the limit" if op is not None else "a band edge") + "; "
+      + (f"about {need} seeds at this spread would decide it" if need
+         else "no number of seeds at this spread would decide it"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
   """One claim of the paper and how it is judged, declared before the experiment runs.
@@ -142,7 +224,7 @@ class Claim:
   item: where the paper states it ("Table 3, eps=0.6, L=384").
   quantity: the one number measured ("erank(prod)/d").
   paper: the paper's number, the limit of a :class:`Bound`, or None (no number stated:
-    only a :class:`Bound` or :class:`Qualitative` rule then).
+    only a :class:`Qualitative` rule then).
   rule: how ``ours`` is judged against ``paper``.
   note: the paper's words, or what the protocol fixes (put into every row).
   """
@@ -166,23 +248,22 @@ class Claim:
     mean, sd, n, per_seed = spread(values)
     if seeds is not None and len(seeds) != n:
       raise ValueError(f"claim {self.item!r}: {n} values for {len(seeds)} seeds")
-    tolerance, status = None, "qualitative"
+    ours = None if math.isnan(mean) else mean
+    band, interval, status, why = None, t_interval(per_seed), "qualitative", ""
     if isinstance(self.rule, _BANDS):
-      tolerance = max(self.rule.band(self.paper), self.rule.noise * (sd or 0.0))
-      status = "match" if abs(mean - self.paper) <= tolerance else "mismatch"
+      band = self.rule.band(self.paper)
+      status, interval, why = verdict(self.paper, ours, per_seed, band)
     elif isinstance(self.rule, Bound):
-      op = _OPS[self.rule.op]
-      tested = (per_seed or [mean]) if self.rule.every_seed else [mean]
-      status = "match" if all(op(v, self.paper) for v in tested) else "mismatch"
-    if math.isnan(mean) and status == "match":
-      status = "mismatch"
+      status, interval, why = verdict(self.paper, ours, per_seed, None, self.rule.op,
+                                      self.rule.every_seed)
     notes = [x for x in (self.note, note,
-                         self.rule.reason if isinstance(self.rule, Qualitative) else "") if x]
+                         self.rule.reason if isinstance(self.rule, Qualitative) else "",
+                         why) if x]
     return {"item": self.item, "quantity": self.quantity, "paper": self.paper,
-            "ours": None if math.isnan(mean) else mean, "sd": sd, "n": n,
+            "ours": ours, "sd": sd, "n": n,
             "seeds": list(seeds) if seeds is not None else None, "per_seed": per_seed,
-            "tolerance": tolerance, "rule": self.rule.describe(), "status": status,
-            "note": "; ".join(notes)}
+            "interval": interval, "band": band, "rule": self.rule.describe(),
+            "status": status, "note": "; ".join(notes)}
 
 
 def claims(items: Iterable[Claim]) -> dict[str, Claim]:
@@ -201,11 +282,9 @@ def recheck(row: dict[str, Any]) -> str | None:
   rule = str(row.get("rule") or "")
   if row.get("status") in ("missing", "failed") or rule == "qualitative":
     return None
-  ours, paper = row.get("ours"), row.get("paper")
-  if ours is None or paper is None:
+  if row.get("paper") is None:
     return "mismatch"
-  if row.get("tolerance") is not None:
-    return "match" if abs(ours - paper) <= row["tolerance"] else "mismatch"
-  op = rule.split()[1]
-  tested = (row.get("per_seed") or [ours]) if rule.endswith("for every seed") else [ours]
-  return "match" if all(_OPS[op](v, paper) for v in tested) else "mismatch"
+  if row.get("band") is not None:
+    return verdict(row["paper"], row.get("ours"), row.get("per_seed"), row["band"])[0]
+  return verdict(row["paper"], row.get("ours"), row.get("per_seed"), None,
+                 rule.split()[1], rule.endswith("for every seed"))[0]

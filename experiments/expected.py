@@ -31,7 +31,7 @@ from typing import Sequence
 
 from experiments import results
 
-FIELDS = ("item", "quantity", "paper", "ours", "sd", "n", "tolerance", "rule", "status")
+FIELDS = ("item", "quantity", "paper", "ours", "sd", "n", "interval", "band", "rule", "status")
 _BLOCK = re.compile(r"(<!-- results (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)",
                     re.S)
 

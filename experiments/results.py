@@ -128,9 +128,10 @@ def summary_markdown(study, rows: list[dict], scale: str,
   if study.notes.get(scale):
     lines += [study.notes[scale], ""]
   lines += ["Status counts: " + ", ".join(f"{s} {n}" for s, n in counts(rows).items())
-            + ". Each status is computed from the row's numbers: |ours - paper| <= "
-            "tolerance, or the predicate its rule states; machine-readable: summary.json.",
-            ""]
+            + ". Each status is computed from the row's numbers: the 95% t-interval of "
+            "the seeds' mean (one value: the value) inside [paper - band, paper + band] "
+            "is a match, wholly outside a mismatch, else inconclusive; a predicate row "
+            "likewise; machine-readable: summary.json.", ""]
   lines += table(rows)
   if provenance_by:
     lines += ["", "| experiment | commit | dirty | device | wall (s) | date |",
@@ -183,11 +184,27 @@ def input_mismatch(name: str, new: dict[str, Any], old: dict[str, Any]) -> str |
           f"{ran!r}: not comparable (make {committed!r} available and rerun)")
 
 
-def compare(new: Sequence[dict], old: Sequence[dict]) -> list[str]:
-  """What moved between a rerun's rows and the committed rows of the same experiments:
-  a status that changed, a number that moved by more than the row's tolerance (rows
-  judged by a predicate: by more than 2 sd of the committed seeds, when it has them),
-  a row that appeared or vanished. Empty when nothing moved."""
+RECHECK_RTOL = 1e-4   # --check: a deterministic number's relative drift from its record
+
+
+def _drifted(a: float | None, b: float | None, rtol: float) -> bool:
+  if a is None or b is None:
+    return (a is None) != (b is None)
+  return abs(b - a) > rtol * max(abs(a), abs(b))
+
+
+def _overlap(a: list[float] | None, b: list[float] | None) -> bool:
+  return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
+
+
+def compare(new: Sequence[dict], old: Sequence[dict], rtol: float = RECHECK_RTOL,
+            trained: bool = False) -> list[str]:
+  """What moved between a rerun's rows and the committed rows of the same experiment,
+  judged by a reproducibility tolerance of its own (never the paper band): a status
+  that changed; for a deterministic experiment, a mean or per-seed value that moved by
+  more than ``rtol`` relative; for a ``trained`` one (rounding moves its runs), a
+  rerun whose 95% interval of the mean does not overlap the committed one (rows of one
+  value: ``rtol`` as above); a row that appeared or vanished. Empty when nothing moved."""
   key = lambda r: (r["experiment"], r["item"])
   before, after = {key(r): r for r in old}, {key(r): r for r in new}
   out = []
@@ -201,11 +218,16 @@ def compare(new: Sequence[dict], old: Sequence[dict]) -> list[str]:
       out.append(f"{k[0]} / {k[1]}: status {a['status']} -> {b['status']} "
                  f"(ours {_cell(a['ours'])} -> {_cell(b['ours'])})")
       continue
-    band = a.get("tolerance")
-    if band is None and a.get("sd") is not None:
-      band = evidence.NOISE_SDS * a["sd"]
-    if band is not None and a["ours"] is not None and b["ours"] is not None \
-        and abs(b["ours"] - a["ours"]) > band:
+    if trained and a.get("interval") and b.get("interval"):
+      if not _overlap(a["interval"], b["interval"]):
+        out.append(f"{k[0]} / {k[1]}: interval {_cell(a['interval'])} -> "
+                   f"{_cell(b['interval'])}, no overlap")
+      continue
+    pairs = [(a["ours"], b["ours"])]
+    if not trained:
+      pairs += list(zip(a.get("per_seed") or [], b.get("per_seed") or []))
+    if len(a.get("per_seed") or []) != len(b.get("per_seed") or []) or any(
+        _drifted(x, y, rtol) for x, y in pairs):
       out.append(f"{k[0]} / {k[1]}: ours {_cell(a['ours'])} -> {_cell(b['ours'])}, "
-                 f"moved more than {_cell(band)}")
+                 f"moved more than {rtol:g} relative (mean or a seed)")
   return out

@@ -56,6 +56,11 @@ class Experiment:
     a row whose item, paper or rule is not the declared claim's is an error.
   options: keyword arguments of its ``run`` that a command line may give (e.g.
     ``checkpoints``: ``rankjax reproduce --checkpoint``).
+  trained: its numbers come out of training runs, which a change of rounding alone
+    moves: ``--check`` judges a rerun at the distribution level (its seeds' interval
+    overlaps the committed one), not number by number.
+  recheck_rtol: ``--check``'s relative tolerance for a deterministic number
+    (``results.RECHECK_RTOL`` unless ``recheck_why`` says why not).
   runs: scale -> ``{name: TrainConfig}``, the ``rankjax train`` runs it reads at that
     scale (``experiments.training``; None or {} for none). The runner trains them in
     ``<folder>/runs/<name>`` before any experiment runs, in every process of a
@@ -71,6 +76,14 @@ class Experiment:
   claims: Mapping[str, evidence.Claim] = dataclasses.field(default_factory=dict)
   options: tuple[str, ...] = ()
   runs: Callable[[str], Mapping[str, Any]] | None = None
+  trained: bool = False
+  recheck_rtol: float = results_files.RECHECK_RTOL
+  recheck_why: str = ""
+
+  def __post_init__(self):
+    if self.recheck_rtol != results_files.RECHECK_RTOL and not self.recheck_why:
+      raise ValueError(f"{self.module}: recheck_rtol {self.recheck_rtol:g} is not the "
+                       f"default {results_files.RECHECK_RTOL:g}; say why (recheck_why)")
 
 
 @dataclasses.dataclass(frozen=True)

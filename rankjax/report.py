@@ -53,11 +53,11 @@ def _figure(path: pathlib.Path, caption: str, name: str | None = None) -> str:
           f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "qualitative": "#eef", "tiny": "#ffe",
-                 "missing": "#eee",
+STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "inconclusive": "#ffd",
+                 "qualitative": "#eef", "tiny": "#ffe", "missing": "#eee",
                  "failed": "#f99"}
-ROW_FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "tolerance", "rule",
-              "status", "scale", "note")   # experiments.evidence.FIELDS minus the per-seed lists
+ROW_FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "interval", "band",
+              "rule", "status", "scale", "note")   # experiments.evidence.FIELDS minus the per-seed lists
 
 
 def rows_to_html(rows: list[dict]) -> str:
@@ -67,7 +67,8 @@ def rows_to_html(rows: list[dict]) -> str:
   counts = {}
   for r in rows:
     counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
-  cell = lambda x: "" if x is None else f"{x + 0.0:.4g}" if isinstance(x, float) else str(x)
+  cell = lambda x: ("" if x is None else f"{x + 0.0:.4g}" if isinstance(x, float)  # no -0
+                    else ", ".join(map(cell, x)) if isinstance(x, list) else str(x))
   head = "".join(f"<th>{f}</th>" for f in ROW_FIELDS)
   body = "".join(
       f"<tr style='background:{STATUS_COLORS.get(r.get('status'), '#fff')}'>"
@@ -85,17 +86,18 @@ def _analysis_sentences(r: dict) -> list[str]:
   """Opening sentences computed from ``analysis.json`` (what the numbers say)."""
   layers = r["layers"]
   out = [f"{r['model'].get('model_type', r['family'])} with {r['model']['parameters']:,} "
-         f"parameters, {len(layers) - 1} layers, read from {r['source']}; "
+         f"parameters, {len(layers)} layers, read from {r['source']}; "
          f"{r['sequences']} sequence(s) of {r['sequence_length']} tokens ({r['tokenizer']})."]
-  if "token_similarity" in layers[0]:
-    first, last = (layers[i]["token_similarity"]["mean"] for i in (0, -1))
+  if "embeddings" in r:
+    first, last = r["embeddings"]["token_similarity"]["mean"], \
+        layers[-1]["token_similarity"]["mean"]
     out.append(f"Token similarity of the residual stream goes from {first:.3f} at the "
                f"embeddings to {last:.3f} after the last block (1 = every token the same "
                "direction: rank collapse).")
   for pos, depth in r.get("through_depth", {}).items():
     er = depth["erank_over_d"]
-    out.append(f"At token {pos} the stream Jacobian's effective rank is {er[0]:.3f} d after "
-               f"the first sublayer and {er[-1]:.3f} d after the last.")
+    out.append(f"At token {pos} the stream Jacobian's effective rank / d is {er[0]:.3f} "
+               f"after the first sublayer and {er[-1]:.3f} after the last.")
     break
   if "loss" in r:
     out.append(f"Next-token loss on the input: {r['loss']:.3f}.")
@@ -103,12 +105,18 @@ def _analysis_sentences(r: dict) -> list[str]:
 
 
 def build_analysis_report(out_dir: pathlib.Path, r: dict) -> pathlib.Path:
-  """``out_dir/analysis.html``: the sentences, a per-layer table and the figure."""
+  """``out_dir/analysis.html``: the sentences, a per-layer table (layer 0 = the first
+  block; the embeddings a row of their own) and the figure. Effective ranks are shown
+  divided by d throughout."""
   pos = next(iter(r.get("through_depth", {})), None)
+
+  def block_erank_over_d(l: dict) -> float | None:
+    e = l.get("jacobian", {}).get(pos, {}).get("block", {}).get("erank")
+    return None if e is None else e / r["model"]["d_model"]
+
   cols = [("token similarity", lambda l: l.get("token_similarity", {}).get("mean")),
           ("mean spike", lambda l: l.get("mean_spike")),
-          ("block erank", lambda l: l.get("jacobian", {}).get(pos, {}).get("block", {})
-           .get("erank")),
+          ("block erank / d", block_erank_over_d),
           ("median p_max", lambda l: _mean_of(l.get("attention"), "p_max")),
           ("median theta_cert", lambda l: _mean_of(l.get("attention"), "theta_cert")),
           ("alpha_1", lambda l: l.get("gradients", {}).get("alpha_1")),
@@ -116,19 +124,24 @@ def build_analysis_report(out_dir: pathlib.Path, r: dict) -> pathlib.Path:
           ("c_1 (Thm 3.6)", lambda l: l.get("gradients", {}).get("contraction_1")),
           ("grad norm", lambda l: l.get("gradients", {}).get("grad_norm"))]
   cols = [(name, f) for name, f in cols if any(f(l) is not None for l in r["layers"])]
-  head = "".join(f"<th>{html.escape(n)}</th>" for n in ["layer"] + [n for n, _ in cols])
-  body = "".join("<tr>" + f"<td>{l['layer']}</td>" + "".join(
+  head = "".join(f"<th>{html.escape(n)}</th>"
+                 for n in ["layer (0 = first block)"] + [n for n, _ in cols])
+  rows = ([("embeddings", r["embeddings"])] if "embeddings" in r else []) + \
+      [(l["layer"], l) for l in r["layers"]]
+  body = "".join("<tr>" + f"<td>{name}</td>" + "".join(
       f"<td>{'' if f(l) is None else format(f(l), '.4g')}</td>" for _, f in cols) + "</tr>"
-      for l in r["layers"])
+      for name, l in rows)
   parts = [_paragraph(_analysis_sentences(r)),
            f"<table><tr>{head}</tr>{body}</table>",
            "<p class='note'>Per-head attention statistics (percentiles over rows), every "
            "Jacobian's top singular values and the path-order profile are in "
-           "analysis.json.</p>"]
+           "analysis.json (there erank and stable_rank are absolute; keys ending _over_d "
+           "are divided by d).</p>"]
   png = out_dir / "analysis.png"
   if png.is_file():
-    parts.append(_figure(png, "Token similarity of h_l by layer; the erank of the token's "
-                              "stream Jacobian through the sublayers"))
+    parts.append(_figure(png, "Token similarity of each layer's output (layer 0 = the "
+                              "first block; the embeddings at -1); the erank / d of the "
+                              "token's stream Jacobian through the sublayers"))
   path = out_dir / "analysis.html"
   path.write_text(_page(f"rankjax analyze: {pathlib.Path(r['source']).name}", parts))
   return path
@@ -183,22 +196,48 @@ def _cell(value: float | None, fmt: str = ".3f") -> str:
 
 
 def _runs_table(runs: dict, numbers: dict[str, story.RunNumbers]) -> str:
+  from rankjax.train import tasks as task_lib
   rows = []
   for name, run in runs.items():
     n = numbers[name]
     lm = n.model == "lm"
     last_sim = float(n.tsim[-1, -1]) if n.tsim is not None else None
-    speed = [r for r in run.history if "tokens_per_s_avg" in r]
-    tok_s = f"{speed[-1]['tokens_per_s_avg']:.4g}" if speed else "not logged"
-    mfu = f"{speed[-1]['mfu']:.1%}" if speed and "mfu" in speed[-1] else "n/a"
+    speed = story.throughput(run.history, task_lib.make_task(run.config).throughput_unit)
+    rate = "not logged" if speed is None else f"{speed[0]:.4g} {speed[1]}" + (
+        "" if speed[2] else " (counts compile steps: logged before they were excluded)")
+    logged = [r for r in run.history if "mfu" in r]
+    mfu = f"{logged[-1]['mfu']:.1%}" if logged else "n/a"
     cells = [html.escape(name), str(n.updates), _cell(n.final_loss),
              _cell(n.freq_loss) if lm else "n/a (LM runs)",
-             _cell(last_sim) if lm else "n/a (LM runs)", tok_s, mfu]
+             _cell(last_sim) if lm else "n/a (LM runs)", rate, mfu]
     rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
   return ("<table><tr><th>run</th><th>updates</th><th>final loss</th>"
-          "<th>frequency loss</th><th>last-layer token similarity</th><th>tokens/s (last "
-          "log step)</th><th>MFU (spec peak; n/a without one)</th></tr>"
-          + "".join(rows) + "</table>")
+          "<th>frequency loss</th><th>last-layer token similarity</th><th>throughput (last "
+          "log window, excluding compile steps)</th><th>MFU (spec peak; n/a without "
+          "one)</th></tr>" + "".join(rows) + "</table>")
+
+
+def _diagnostics_table(runs: dict) -> str:
+  """Every diagnostics series the runs recorded: its shape per update, its values at
+  the last diagnostics update and the figure that draws it."""
+  import numpy as np
+  shown = figs.shown_in(runs)
+  rows = []
+  for name, run in runs.items():
+    for key in sorted(run.diagnostics):
+      values = np.asarray(run.diagnostics[key])
+      shape = "x".join(map(str, values.shape[1:])) + " values" if values.ndim > 1 else "scalar"
+      where = f"figure {shown[key]}" if shown[key] else "this table only"
+      cells = [name, key, shape, str(len(values)), story.last_values(values), where]
+      rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+  if not rows:
+    return ""
+  head = "".join(f"<th>{h}</th>" for h in ("run", "diagnostic series", "per update",
+                                           "updates", "at the last diagnostics update",
+                                           "drawn in"))
+  return (f"<details><summary>Every recorded diagnostic ({len(rows)} series; "
+          "rankjax.load_run(...).diagnostics holds them all)</summary>"
+          f"<table><tr>{head}</tr>{''.join(rows)}</table></details>")
 
 
 def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
@@ -261,6 +300,7 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
     body.append(_paragraph(["Layers are numbered from 0 (the first layer), as in "
                             "rankjax.load_run's columns and TensorBoard's layer_00 tags."],
                            cls="note"))
+    body.append(_diagnostics_table(runs))
   body += [_figure(path, caption) for path, caption in figures]
   page = out / "report.html"
   title = "rankjax smoke tour" if smoke else "rankjax report"
@@ -270,21 +310,15 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
 
 def add_parser(sub) -> None:
   p = sub.add_parser("report", help="build an HTML report (figures embedded) from a saved "
-                                    "run or tour workdir")
+                                    "run or tour workdir",
+                     epilog="exit status: 0 written, 2 bad input, 3 checkpoints unreadable "
+                            "(a run's all corrupt); a failure is one line on stderr")
   p.add_argument("workdir")
   plugins.add_argument(p)    # a run of a model registered by a module of one's own
 
   def run(args) -> int:
-    import sys
-
-    from rankjax.train.checkpoint import RestoreError
-    plugins.import_modules(args.imports)
-    try:
-      page = build_report(args.workdir)
-    except RestoreError as e:     # every checkpoint corrupt, or unreadable now: as train
-      print(f"rankjax report: {e}", file=sys.stderr)
-      return 3
-    print(f"report: {page}")
+    plugins.import_modules(args.imports)    # RestoreError: exit 3 (rankjax.cli)
+    print(f"report: {build_report(args.workdir)}")
     return 0
 
   p.set_defaults(func=run)

@@ -3,45 +3,81 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from experiments import evidence, expected, results
 from experiments.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
 
 
-def test_band_rules_compute_the_tolerance_written_in_the_row():
+def test_band_rules_write_the_declared_band_into_the_row():
   row = Claim("Fig 1", "erank/d", 0.5, Abs(0.01)).judge(0.505)
-  assert (row["status"], row["tolerance"], row["n"], row["sd"]) == ("match", 0.01, 1, None)
+  assert (row["status"], row["band"], row["n"], row["sd"], row["interval"]) == \
+      ("match", 0.01, 1, None, None)
   assert Claim("Fig 1", "erank/d", 0.5, Abs(0.01)).judge(0.52)["status"] == "mismatch"
-  assert Claim("x", "q", 2.0, Rel(0.05)).judge(2.09)["tolerance"] == pytest.approx(0.1)
+  assert Claim("x", "q", 2.0, Rel(0.05)).judge(2.09)["band"] == pytest.approx(0.1)
   # near 1 the band is relative on 1 - x: 0.972 is a rank loss 40% larger than 0.980
   near_one = Claim("Table 3", "erank/d", 0.980, OneMinus(0.25))
   assert near_one.judge(0.972)["status"] == "mismatch"
   assert near_one.judge(0.977)["status"] == "match"
-  assert near_one.judge(0.977)["tolerance"] == pytest.approx(0.005)
+  assert near_one.judge(0.977)["band"] == pytest.approx(0.005)
 
 
-def test_noise_widens_the_band_to_two_sd_of_the_seeds():
-  values = [0.40, 0.50, 0.60]          # mean 0.5, sd 0.1 (ddof 1)
-  row = Claim("x", "q", 0.62, Abs(0.01)).judge(values, seeds=[0, 1, 2])
-  assert row["sd"] == pytest.approx(0.1) and row["n"] == 3
-  assert row["tolerance"] == pytest.approx(0.2) and row["status"] == "match"
+def test_the_t_interval_is_scipys_and_independent_of_the_band():
+  values = [0.40, 0.50, 0.60]          # mean 0.5, sd 0.1 (ddof 1), t_{0.975, 2} = 4.3027
+  lo, hi = evidence.t_interval(values)
+  assert (lo, hi) == pytest.approx((0.5 - 4.302653 * 0.1 / 3 ** 0.5,
+                                    0.5 + 4.302653 * 0.1 / 3 ** 0.5), rel=1e-6)
+  row = Claim("x", "q", 0.5, Abs(0.01)).judge(values, seeds=[0, 1, 2])
+  assert row["band"] == 0.01 and row["interval"] == pytest.approx([lo, hi])
   assert row["per_seed"] == values and row["seeds"] == [0, 1, 2]
-  no_noise = Claim("x", "q", 0.62, Abs(0.01, noise=0)).judge(values)
-  assert no_noise["tolerance"] == 0.01 and no_noise["status"] == "mismatch"
   with pytest.raises(ValueError, match="3 values for 2 seeds"):
     Claim("x", "q", 0.5, Abs(0.1)).judge(values, seeds=[0, 1])
 
 
-def test_bounds_are_predicates_on_the_mean_or_every_seed():
+def test_noise_never_widens_the_band():
+  """The issue's example: seeds +0.5 and -1.5 around a paper value of -0.5 used to
+  "match" (2 sd = 2.83); their interval straddles the band, and a tight -0.40 is a
+  mismatch however many seeds show it."""
+  claim = Claim("x", "slope", -0.5, Abs(0.05))
+  noisy = claim.judge([0.5, -1.5])
+  assert noisy["status"] == "inconclusive" and noisy["band"] == 0.05
+  assert "no number of seeds" not in noisy["note"] and "seeds at this spread" in noisy["note"]
+  assert claim.judge([-0.40, -0.401, -0.399])["status"] == "mismatch"
+  assert claim.judge([-0.50, -0.501, -0.499])["status"] == "match"
+
+
+def test_inconclusive_says_how_many_seeds_would_decide():
+  values = [0.46, 0.50, 0.54]   # mean 0.5, sd 0.04: half width 0.0994 with 3 seeds
+  row = Claim("x", "q", 0.55, Abs(0.1)).judge(values)    # margin to the edge 0.45: 0.05
+  assert row["status"] == "inconclusive"
+  need = evidence.seeds_to_decide(0.05, 0.04, 3)
+  assert evidence.half_width(0.04, need) < 0.05 <= evidence.half_width(0.04, need - 1)
+  assert f"about {need} seeds" in row["note"]
+  assert evidence.seeds_to_decide(0.0, 0.04, 3) is None
+  # with that many seeds at the same mean and spread it is decided
+  more = np.linspace(-1, 1, need)
+  more = 0.5 + 0.04 * more / np.std(more, ddof=1)
+  assert Claim("x", "q", 0.55, Abs(0.1)).judge(list(more))["status"] == "match"
+
+
+def test_bounds_are_predicates_on_the_interval_or_every_seed():
   below = Claim("alpha", "max alpha", 2.5, Bound("<"), note="stays below 2.5")
-  row = below.judge([1.0, 3.0])
-  assert row["status"] == "match" and row["tolerance"] is None   # mean 2.0
-  assert row["note"] == "stays below 2.5" and row["rule"] == "ours < paper"
+  row = below.judge([1.0, 3.0])                 # mean 2.0, interval about [-4.4, 8.4]
+  assert row["status"] == "inconclusive" and row["band"] is None
+  assert row["note"].startswith("stays below 2.5") and row["rule"] == "ours < paper"
+  assert below.judge([1.0, 1.1, 1.2])["status"] == "match"
+  assert below.judge([3.0, 3.1, 3.2])["status"] == "mismatch"
+  assert below.judge(2.4)["status"] == "match" and below.judge(2.5)["status"] == "mismatch"
   every = Claim("alpha", "max alpha", 2.5, Bound("<", every_seed=True))
   assert every.judge([1.0, 3.0])["status"] == "mismatch"
+  assert every.judge([1.0, 2.0])["status"] == "match"
   assert Claim("both", "seeds with a transition", 2, Bound(">=")).judge(1)["status"] == \
       "mismatch"
+  equal = Claim("rank", "rank", 9, Bound("=="))
+  assert equal.judge([9, 9, 9])["status"] == "match"
+  assert equal.judge([8, 10])["status"] == "inconclusive"
+  assert equal.judge([7, 7])["status"] == "mismatch"
 
 
 def test_nan_never_matches_and_qualitative_needs_a_reason():
@@ -61,6 +97,9 @@ def test_nan_never_matches_and_qualitative_needs_a_reason():
 
 @pytest.mark.parametrize("claim, values", [
     (Claim("a", "q", 0.5, Abs(0.01)), [0.49, 0.52, 0.47]),
+    (Claim("a2", "q", 0.5, Abs(0.01)), [0.499, 0.5, 0.501]),
+    (Claim("a3", "q", 0.5, Rel(0.1)), [0.6, 0.601, 0.599]),
+    (Claim("b2", "q", 2.5, Bound("<")), [1.0, 3.0]),
     (Claim("b", "q", 0.98, OneMinus(0.25)), 0.972),
     (Claim("c", "q", 2.5, Bound("<", every_seed=True)), [1.0, 2.6]),
     (Claim("d", "q", 0.0, Bound(">")), [0.1, -0.05]),
@@ -70,24 +109,49 @@ def test_recheck_recomputes_a_status_from_the_row_alone(claim, values):
   assert evidence.recheck(row) == row["status"]
 
 
-def _row(item, ours, tol=0.01, status="match", sd=None):
-  return {"experiment": "e", "item": item, "ours": ours, "tolerance": tol, "status": status,
-          "sd": sd}
+def _row(item, ours, status="match", per_seed=None, interval=None):
+  return {"experiment": "e", "item": item, "ours": ours, "band": 0.1, "status": status,
+          "per_seed": per_seed, "interval": interval}
 
 
-def test_compare_names_what_moved():
-  old = [_row("a", 0.50), _row("b", 0.50), _row("c", 1.0, None, "match", 0.1),
+def test_compare_names_what_moved_by_its_own_tolerance_never_the_paper_band():
+  old = [_row("a", 0.50), _row("b", 0.50), _row("c", 1.0, per_seed=[0.9, 1.1]),
          _row("gone", 1.0)]
-  new = [_row("a", 0.505), _row("b", 0.52), _row("c", 1.3, None, "match"),
+  new = [_row("a", 0.500001), _row("b", 0.52), _row("c", 1.0, per_seed=[0.95, 1.05]),
          _row("fresh", 1.0)]
   moved = results.compare(new, old)
-  assert any(line.startswith("e / b: ours 0.5 -> 0.52") for line in moved)
-  assert any(line.startswith("e / c: ours 1 -> 1.3") for line in moved)   # beyond 2 sd
+  assert any(line.startswith("e / b: ours 0.5 -> 0.52") for line in moved)   # 4%, in band
+  assert any(line.startswith("e / c: ours 1 -> 1") for line in moved)        # a seed moved
   assert "e / gone: committed row no longer produced" in moved
   assert "e / fresh: new row, not committed" in moved
-  assert not any(line.startswith("e / a") for line in moved)
+  assert not any(line.startswith("e / a") for line in moved)                # 2e-6 relative
   flipped = results.compare([_row("a", 0.50, status="mismatch")], [_row("a", 0.50)])
   assert flipped == ["e / a: status match -> mismatch (ours 0.5 -> 0.5)"]
+
+
+def test_a_planted_five_percent_change_of_a_deterministic_number_fails_check():
+  """Every committed deterministic row, moved by 5% (inside most paper bands), is named."""
+  for path in results.ROOT.glob("experiments/transforming_rank/results/quick/*.json"):
+    if path.name == "summary.json":
+      continue
+    rows = json.loads(path.read_text())["rows"]
+    planted = [dict(r, ours=r["ours"] * 1.05 if r["ours"] is not None else None,
+                    per_seed=[v * 1.05 for v in r["per_seed"]] if r["per_seed"] else None)
+               for r in rows]
+    moved = results.compare(planted, rows)
+    for r in rows:
+      if r["ours"]:
+        assert any(f"/ {r['item']}:" in m for m in moved), (path.name, r["item"])
+
+
+def test_trained_experiments_recheck_at_the_distribution_level():
+  old = [_row("t", 1.0, per_seed=[0.9, 1.0, 1.1], interval=[0.75, 1.25])]
+  near = [_row("t", 1.05, per_seed=[0.95, 1.05, 1.15], interval=[0.8, 1.3])]
+  far = [_row("t", 2.0, per_seed=[1.9, 2.0, 2.1], interval=[1.75, 2.25])]
+  assert results.compare(near, old, trained=True) == []
+  assert results.compare(near, old) != []                # deterministic: 5% is drift
+  assert results.compare(far, old, trained=True) == [
+      "e / t: interval 0.75, 1.25 -> 1.75, 2.25, no overlap"]
 
 
 def test_expected_blocks_render_from_results_files(tmp_path, monkeypatch):
@@ -140,11 +204,13 @@ def test_every_committed_row_rechecks_and_is_one_number():
     for r in doc["rows"]:
       seen += 1
       assert list(r) == list(evidence.FIELDS), (path, r["item"])
-      for k in ("paper", "ours", "sd", "tolerance"):
+      for k in ("paper", "ours", "sd", "band"):
         assert r[k] is None or isinstance(r[k], (int, float)), (path, r["item"], k)
         assert r[k] is None or math.isfinite(r[k])
-      if r["status"] in ("match", "mismatch"):
+      if r["status"] in ("match", "mismatch", "inconclusive"):
         assert evidence.recheck(r) == r["status"], (path, r["item"])
+        assert r["interval"] == evidence.t_interval(r["per_seed"]), (path, r["item"])
+        assert "or 2 sd" not in (r["rule"] or ""), (path, r["item"])
   assert seen > 0, "no committed results files"
 
 

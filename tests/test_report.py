@@ -19,11 +19,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROWS = [
     {"experiment": "fig1", "item": "erank at L=48 <ok>", "quantity": "erank/d", "paper": 0.41,
      "ours": 0.3912345, "sd": 0.01, "n": 3, "seeds": [0, 1, 2], "per_seed": [0.38, 0.39, 0.4],
-     "tolerance": 0.02, "rule": "abs 0.01 or 2 sd", "status": "match", "scale": "quick",
+     "interval": [0.3652, 0.4148], "band": 0.05, "rule": "abs 0.05", "status": "match",
+     "scale": "quick",
      "note": ""},
     {"experiment": "fig2", "item": "slope", "quantity": "slope", "paper": 0.5, "ours": 0.2,
-     "sd": None, "n": 1, "seeds": None, "per_seed": None, "tolerance": 0.025,
-     "rule": "rel 0.05 or 2 sd", "status": "mismatch", "scale": "quick", "note": "a|b"},
+     "sd": None, "n": 1, "seeds": None, "per_seed": None, "interval": None,
+     "band": 0.025, "rule": "rel 0.05", "status": "mismatch", "scale": "quick", "note": "a|b"},
 ]
 
 
@@ -39,7 +40,8 @@ def test_rows_render_as_one_escaped_table_with_status_counts():
   page = rows_to_html(ROWS)
   assert page.count("<table>") == 1 and page.count("<tr") == 3
   assert ("<th>experiment</th><th>item</th><th>quantity</th><th>paper</th><th>ours</th>"
-          "<th>sd</th><th>n</th><th>tolerance</th><th>rule</th><th>status</th>") in page
+          "<th>sd</th><th>n</th><th>interval</th><th>band</th><th>rule</th><th>status</th>") in page
+  assert "<td>0.3652, 0.4148</td>" in page
   assert "<td>erank at L=48 &lt;ok&gt;</td>" in page and "<td>a|b</td>" in page
   assert "<td>0.3912</td>" in page                  # floats to 4 significant digits
   assert "status: match 1, mismatch 1" in page

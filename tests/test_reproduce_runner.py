@@ -20,7 +20,7 @@ def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5, dataset=None):
       def run(out_dir, scale):
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(out_dir) / "ran").write_text(scale)
-        out = {{"settings": {{"seeds": [0, 1]}}, "value": [{value}, {value} + 0.002]}}
+        out = {{"settings": {{"seeds": [0, 1]}}, "value": [{value}, {value} + 0.0002]}}
         return out if {dataset!r} is None else {{**out, "dataset": {dataset!r}}}
   """))
   (pkg / "bad.py").write_text("def run(out_dir, scale):\n  raise RuntimeError('boom')\n")
@@ -50,20 +50,20 @@ def test_run_study_writes_rows_results_files_and_names_failures(tmp_path, monkey
   assert all(list(r) == list(runner.FIELDS) for r in rows)
   assert [(r["experiment"], r["status"]) for r in rows] == [
       ("good", "match"), ("good", "qualitative"), ("bad", "failed"), ("quick_only", "missing")]
-  assert rows[0]["per_seed"] == [0.5, 0.502] and rows[0]["scale"] == "paper"
+  assert rows[0]["per_seed"] == [0.5, 0.5002] and rows[0]["scale"] == "paper"
   assert rows[0]["seeds"] == [0, 1] and rows[0]["n"] == 2
   assert rows[1]["note"] == "a figure's look"
   assert "RuntimeError: boom" in rows[2]["note"] and rows[3]["note"] == "CPU only"
   doc = json.loads((tmp_path / "out" / "results" / "paper" / "good.json").read_text())
   assert doc["rows"] == rows[:2] and doc["seeds"] == [0, 1]
-  assert doc["data"] == {"value": [0.5, 0.502]} and doc["settings"] == {"seeds": [0, 1]}
+  assert doc["data"] == {"value": [0.5, 0.5002]} and doc["settings"] == {"seeds": [0, 1]}
   assert {"commit", "dirty", "jax", "jaxlib", "flax", "backend", "device_kind", "cpu",
           "xla_flags", "wall_s"} <= set(doc["provenance"])
   assert not (tmp_path / "out" / "results" / "paper" / "bad.json").exists()
   md = (tmp_path / "out" / "summary.md").read_text()
   assert md.startswith("# Fake: paper vs ours (paper scale)")
-  assert "| good | Fig 1: value | v | 0.5 | 0.501 |" in md
-  assert "Status counts: match 1, mismatch 0, qualitative 1, missing 1, failed 1" in md
+  assert "| good | Fig 1: value | v | 0.5 | 0.5001 |" in md
+  assert "Status counts: match 1, mismatch 0, inconclusive 0, qualitative 1, missing 1, failed 1" in md
   assert study.resolve("FIG1,good") == ["good"]
   with pytest.raises(ValueError, match="unknown experiment 'fig9'"):
     study.resolve("fig9")
@@ -92,14 +92,16 @@ def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, caps
   out = str(tmp_path / "r")
   assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--record"]) == 0
   committed = tmp_path / "experiments" / "fake" / "results" / "quick"
-  assert json.loads((committed / "summary.json").read_text())[0]["ours"] == 0.501
-  assert "| Fig 1: value | 0.501 | match |" in expected.path_of("fake").read_text()
+  assert json.loads((committed / "summary.json").read_text())[0]["ours"] == pytest.approx(0.5001)
+  assert "| Fig 1: value | 0.5001 | match |" in expected.path_of("fake").read_text()
   assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--check"]) == 0
   study = _fake_study(tmp_path, monkeypatch, value=0.52)          # the number moves
   monkeypatch.setattr(reproduce, "study", lambda name: study)
   assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--check"]) == 1
   err = capsys.readouterr().err
-  assert "fake/good / Fig 1: value: status match -> mismatch (ours 0.501 -> 0.521)" in err
+  assert "fake/good / Fig 1: value: status match -> mismatch (ours 0.5001 -> 0.5201)" in err
+  # a qualitative row's number is rechecked too (its own tolerance, not a paper band)
+  assert "fake/good / Fig 1: look: ours 0.5 -> 0.52, moved more than 0.0001" in err
 
 
 def test_check_refuses_a_rerun_that_read_another_data_set(tmp_path, monkeypatch, capsys):
@@ -143,7 +145,7 @@ def test_reproduce_command_exits_nonzero_naming_the_failed(tmp_path, monkeypatch
   counts = md.split("Status counts: ")[1].split(". ")[0]
   assert out.splitlines()[-1] == (f"verdicts fake: {counts} "
                                   f"({tmp_path / 'r' / 'fake' / 'summary.json'})")
-  assert counts.startswith("match 0, mismatch 0") and "failed 1" in counts
+  assert counts.startswith("match 2, mismatch 0, inconclusive 0") and "failed 1" in counts
   assert (tmp_path / "r" / "fake" / "report" / "report.html").is_file()
 
 

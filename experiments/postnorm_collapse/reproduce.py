@@ -71,7 +71,8 @@ def names() -> set[str]:
 def _experiment(name: str) -> runner.Experiment:
   module, folder = SCRIPTS[name]
   return runner.Experiment(module, ROWS[name], folder=folder, scales=("quick", "paper", "tiny"),
-                           claims=CLAIMS[name], runs=PAPER_TRAINING.get(name))
+                           claims=CLAIMS[name], runs=PAPER_TRAINING.get(name),
+                           trained=name in claims_trained.CLAIMS)
 
 
 STUDY = runner.Study(name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",

@@ -367,11 +367,11 @@ STUDY = runner.Study(
                      "prepost_training", _prepost_rows, folder="prepost_training",
                      claims=PREPOST, scales=("quick", "quick_paper_lr", "quick_sharpen",
                                              "paper", "tiny"),
-                     needs=prepost_training.needs, runs=prepost_training.runs),
+                     needs=prepost_training.needs, runs=prepost_training.runs, trained=True),
                  "trained_bounds": runner.Experiment(
                      "trained_bounds", _trained_bounds_rows, folder="prepost_training",
                      claims=TRAINED, scales=("quick", "quick_sharpen", "paper", "tiny"),
-                     needs=prepost_training.needs, runs=prepost_training.runs,
+                     needs=prepost_training.needs, runs=prepost_training.runs, trained=True,
                      why_missing="it reads the prepost_training checkpoints of quick, "
                                  "quick_sharpen, paper and tiny only (CPU cost)")},
     scales=("quick", "quick_paper_lr", "quick_sharpen", "paper", "tiny"),

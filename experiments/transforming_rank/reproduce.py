@@ -72,12 +72,15 @@ def _needs_cifar10(scale: str) -> str | None:
   return images.missing_image_set_line("cifar10", None)
 
 
+# their numbers come out of training runs (--check: at the distribution level)
+TRAINED = ("fig6", "appa4")
+
 STUDY = runner.Study(
     name="transforming_rank",
     title="Transforming Rank: paper vs rankjax",
     experiments={name: runner.Experiment(module, _rows, scales=common.SCALE_NAMES,
                                          needs=_needs_cifar10 if name == "fig6" else None,
-                                         claims=claims(name),
+                                         claims=claims(name), trained=name in TRAINED,
                                          options=("checkpoints",) if name == "fig12" else ())
                  for name, module in EXPERIMENTS.items()},
     aliases=ALIASES,

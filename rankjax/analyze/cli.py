@@ -15,6 +15,7 @@ Any size (``rankjax.analyze.passes``: a layer at a time): ``--layer-at-a-time`` 
 Llama-family folder's layers from the memory-mapped files on every pass (auto: when the
 weights exceed half the free memory), ``--mesh-fsdp`` shards the weights over the local
 devices by the training rules, ``--dtype bfloat16`` computes in bf16.
+Results already in ``DIR`` are refused (one line, exit 2) unless ``--overwrite``.
 Bad input is one line and exit 2; nothing is downloaded.
 """
 from __future__ import annotations
@@ -36,6 +37,9 @@ def add_parser(subparsers) -> None:
                  help="Hugging Face checkpoint folder(s) or rankjax workdir(s); several: "
                       "a trajectory")
   p.add_argument("--out", required=True, help="output folder (analysis.json, figures)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace the results of an earlier analysis in --out (without it "
+                      "existing results are refused)")
   p.add_argument("--step", type=int, default=None, help="a rankjax run's checkpoint step")
   p.add_argument("--steps", default=None,
                  help="several steps of one rankjax run (comma-separated, or 'all'): each is "
@@ -250,6 +254,13 @@ def _write(out: pathlib.Path, result: dict, measures: set[str]) -> None:
   report.build_analysis_report(out, result)
 
 
+def _outputs(out: pathlib.Path, targets) -> list[pathlib.Path]:
+  """What ``run`` writes: each target's analysis files, and a trajectory's."""
+  files = [(out / label if label else out) / f"analysis.{ext}" for label, _, _ in targets
+           for ext in ("json", "png", "html")]
+  return files + ([out / "trajectory.json", out / "trajectory.png"] if len(targets) > 1 else [])
+
+
 def run(args) -> int:
   from rankjax import provenance
   from rankjax.analyze import checkpoints, trajectory
@@ -262,6 +273,7 @@ def run(args) -> int:
   out = pathlib.Path(args.out)
   paths_lib.check_output(str(out), "--out")
   targets = _targets(args)
+  paths_lib.check_new_outputs(_outputs(out, targets), f"--out {args.out}", args.overwrite)
   placement = _placement(args)
   seqs = positions = tokenizer = None
   results = []

@@ -8,7 +8,8 @@ max; ``rankjax.measure.summary``) as JSON and a figure next to it (``R.png``).
 
 ``--sweep field=v1,v2,...`` (repeatable, any MLPConfig field) measures the cartesian
 product: ``R.json`` holds every point, ``R.csv`` / ``R.md`` one table row per point,
-``R.png`` one figure. ``--set param_dtype=float64`` turns on JAX's x64 mode for the
+``R.png`` one figure. An existing output is refused (one line, exit 2) unless
+``--overwrite``. ``--set param_dtype=float64`` turns on JAX's x64 mode for the
 run; every output records the dtype actually computed (``"dtype"``). The weights and
 inputs are drawn at float32 and cast to param_dtype, so at one ``--seed`` every dtype
 measures the same weights: ``--sweep param_dtype=float32,float64`` compares precision,
@@ -58,6 +59,9 @@ def add_parser(subparsers) -> None:
   mlp.add_argument("--no-paths", action="store_true", help="skip the path-sum DP (it runs by default where the config allows it: skip_every 0 or 1)")
   plugins.add_argument(mlp)
   mlp.add_argument("--out", required=True, help="output JSON path (figure: same name .png)")
+  mlp.add_argument("--overwrite", action="store_true",
+                   help="replace the outputs of an earlier run at --out (without it an "
+                        "existing output is refused)")
   mlp.set_defaults(func=run_mlp)
 
 
@@ -95,6 +99,11 @@ def measure_one(cfg, args) -> dict:
           "path_mass_unit": "ln", **study.to_dict(), "spread": summary.spread(samples)}
 
 
+def _outputs(out: pathlib.Path, sweep: bool) -> list[pathlib.Path]:
+  """What a run writes: the JSON and the figure, and a sweep's tables."""
+  return [out.with_suffix(s) for s in (".json", ".png") + ((".csv", ".md") if sweep else ())]
+
+
 def run_mlp(args: argparse.Namespace) -> int:
   from rankjax import config as config_lib
   from rankjax.config import MLPConfig
@@ -115,6 +124,7 @@ def run_mlp(args: argparse.Namespace) -> int:
   if out.suffix != ".json":
     raise ValueError(f"--out {out} must end in .json")
   paths.check_output(args.out, "--out", file=True)
+  paths.check_new_outputs(_outputs(out, bool(sweeps)), f"--out {args.out}", args.overwrite)
   writer = jax.process_index() == 0     # every process measures, process 0 writes
   points = [{k: getattr(cfg, k) for k, _ in sweeps} for cfg in configs]
   results = []

@@ -41,7 +41,8 @@ def test_committed_rows_are_the_declared_claims_and_few_are_qualitative():
   for r in rows:
     c = reproduce.CLAIMS[r["experiment"]][r["item"]]
     assert (r["quantity"], r["paper"], r["rule"]) == (c.quantity, c.paper, c.rule.describe())
-    assert r["status"] in ("match", "mismatch", "qualitative"), (r["item"], r["status"])
+    assert r["status"] in ("match", "mismatch", "inconclusive", "qualitative"), \
+        (r["item"], r["status"])
   assert sum(r["status"] == "qualitative" for r in rows) < 0.15 * len(rows)
   summary = json.loads((QUICK / "summary.json").read_text())
   assert len(summary) == len(rows)
@@ -87,13 +88,15 @@ def test_fig12_rows_judge_each_predicate():
     assert status[f"Figs 12-20, LR 0.02: {s}"] == "mismatch", s
   assert status["Figs 12-20, LR 0.025: alpha stays below 2.5"] == "match"
   # one bad seed: alpha is judged on every seed; the shares and the drop factors on the
-  # mean (the rules _transition_spec declares), so 1/3 x 9.9 + 2/3 x 1e3 >= 100 holds
+  # interval of the mean (the rules _transition_spec declares): three seeds 9.9, 1e3,
+  # 1e3 put it across the limit 100, so neither side is shown
   one = _fig12_ours(**{"lr0.02_seed1": worse})
   rows = {r["item"]: r for r in claims_trained.fig12_rows({"ours": one})}
   assert rows["Figs 12-20, LR 0.02: alpha stays below 2.5"]["status"] == "mismatch"
   assert rows["Figs 12-20, LR 0.02: alpha stays below 2.5"]["per_seed"] == [2.0, 16.0, 2.0]
-  assert rows["Figs 12-20, LR 0.02: layer-1 gradient drops by orders"]["status"] == "match"
-  assert rows["Figs 12-20, LR 0.02: most attention c < 1 after"]["status"] == "match"
+  assert rows["Figs 12-20, LR 0.02: layer-1 gradient drops by orders"]["status"] == \
+      "inconclusive"
+  assert rows["Figs 12-20, LR 0.02: most attention c < 1 after"]["status"] == "inconclusive"
   missing = _fig12_ours(**{"lr0.03_seed2": {**_transition(), "onset_step": None,
                                             "alpha_max": None}})
   status = {r["item"]: r["status"] for r in claims_trained.fig12_rows({"ours": missing})}
@@ -133,9 +136,10 @@ def test_fig6_and_sec43_rows():
   status = {k: r["status"] for k, r in rows.items()}
   assert all(r["n"] == 3 for r in rows.values())
   assert status["Fig 6 left, one fixed batch (16 x 64): loss near its L_freq"] == "match"
-  # -0.06 mean with sd 0.10: the 2-sd band (0.2) covers it
-  assert status["Fig 6 left, one fixed sequence (64): loss near its L_freq"] == "match"
-  # mean -0.057 with sd 0.116: outside 0.05 but inside the 2-sd band, so a match; the
+  # -0.06 mean with sd 0.10: its interval (+-0.26) straddles the band's edge
+  assert status["Fig 6 left, one fixed sequence (64): loss near its L_freq"] == \
+      "inconclusive"
+  # mean -0.057 with sd 0.116: outside 0.05, interval across the edge: inconclusive; the
   # per-seed values are in the row
   assert rows["Fig 6 right, LR 0.01: loss near L_freq"]["per_seed"] == [-0.19, 0.01, 0.01]
   assert status["Fig 6 right, swapped set, LR 0.02: loss near L_freq"] == "match"
