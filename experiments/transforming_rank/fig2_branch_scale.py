@@ -74,7 +74,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     per_seed_spread[pos] = _spread(by_ratio)
     spreads[pos] = float(per_seed_spread[pos].max())
     at_one[pos] = np.mean(by_ratio[0], axis=0)   # per seed, mean over the points at ratio 1
-  with jax.enable_x64(True):     # drawn and measured in float64: is the pre spread rounding?
+  with jax.enable_x64(True):     # the same weights in float64: is the pre spread rounding?
     cfg = MLPConfig(depth=s["depth"], width=s["width"], expansion=1.0, norm_position="pre",
                     param_dtype="float64")
     per_seed_spread["pre_float64"] = _spread(_sweep(cfg, s)[1])
