@@ -1,6 +1,8 @@
-"""The rankjax command: help, version, measure mlp, bad input (one line, exit 2)."""
+"""The rankjax command: help, version, measure mlp, bad input (one line, exit 2),
+earlier results kept unless --overwrite."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -100,3 +102,35 @@ def test_unwritable_output_folder_is_one_line(capsys, tmp_path, monkeypatch):
   assert capsys.readouterr().err.strip().splitlines() == [
       "rankjax measure: error: --out ro/new/x.json: ro is not writable"]
   assert not (tmp_path / "ro" / "new").exists()
+
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize("command, existing", [
+    (["measure", "mlp", "--set", "depth=2", "--set", "width=8", "--seeds", "2",
+      "--inputs", "1", "--no-paths", "--out", "r.json"], ["r.json"]),
+    (["measure", "mlp", "--set", "width=8", "--seeds", "2", "--inputs", "1", "--no-paths",
+      "--sweep", "depth=2,3", "--out", "s.json"], ["s.png", "s.csv"]),
+    (["analyze", str(FIXTURES / "gpt2"), "--token-ids", "ids.txt", "--tokens", "8",
+      "--sequences", "1", "--measures", "stream", "--out", "a"], ["a/analysis.json"]),
+])
+def test_earlier_results_are_refused_unless_overwrite(command, existing, capsys, tmp_path,
+                                                      monkeypatch):
+  """measure / analyze --out: an output already there is one line and exit 2, nothing
+  changed; --overwrite replaces it (rankjax.train.paths.check_new_outputs)."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "ids.txt").write_text(" ".join(str(i) for i in range(3, 20)))
+  for name in existing:
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text("earlier")
+  before = sorted(str(p) for p in tmp_path.rglob("*"))
+  assert cli.main(command) == 2
+  more = f" (and {len(existing) - 1} more of its outputs)" if len(existing) > 1 else ""
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f"rankjax {command[0]}: error: --out {command[-1]}: {existing[0]} exists{more}; "
+      "add --overwrite to replace the earlier results"]
+  assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+  assert all((tmp_path / name).read_text() == "earlier" for name in existing)
+  assert cli.main(command + ["--overwrite"]) == 0
+  assert all((tmp_path / name).read_bytes() != b"earlier" for name in existing)

@@ -72,6 +72,18 @@ def check_output(path: str | os.PathLike, what: str, *, file: bool = False) -> e
   return p
 
 
+def check_new_outputs(outputs, what: str, overwrite: bool) -> None:
+  """Refuses (one-line ValueError, before any work) to replace earlier results: the
+  first of ``outputs`` that exists is named unless ``overwrite`` (``--overwrite``)."""
+  if overwrite:
+    return
+  existing = [os.fspath(p) for p in outputs if as_path(p, what).exists()]
+  if existing:
+    more = f" (and {len(existing) - 1} more of its outputs)" if len(existing) > 1 else ""
+    raise ValueError(f"{what}: {existing[0]} exists{more}; add --overwrite to replace "
+                     "the earlier results")
+
+
 def absolute(path: epath.Path) -> epath.Path:
   """A local path made absolute (Orbax wants one); URLs as they are."""
   return path if is_remote(path) else epath.Path(os.path.abspath(os.fspath(path)))
