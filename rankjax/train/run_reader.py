@@ -134,10 +134,10 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)
   try:
-    manager = ckpt_lib.open_manager(directory, lambda: ocp.CheckpointManager(
-        paths.absolute(directory), options=ocp.CheckpointManagerOptions(
-            read_only=True, multiprocessing_options=_this_process()),
-        item_handlers=ckpt_lib.handlers()))
+    manager = ocp.CheckpointManager(paths.absolute(directory),
+                                    options=ocp.CheckpointManagerOptions(
+                                        read_only=True, multiprocessing_options=_this_process()),
+                                    item_handlers=ckpt_lib.handlers())
   finally:
     absl_log.setLevel(level)
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
