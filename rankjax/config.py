@@ -75,6 +75,14 @@ def norm_ops_of(position: str, op: str, overrides: Sequence[str | None]) -> tupl
   return tuple(o if o is not None else d for o, d in zip(overrides, ops))
 
 
+def norm_position_of(ops: Sequence[str]) -> str:
+  """The placement name of (P, B, R) operations (``norm_ops``): the ``norm_position``
+  whose locations hold a norm, or ``"P+R"``-style locations when none matches."""
+  where = tuple(loc for loc, op in zip("PBR", ops) if op != "none")
+  names = {v: k for k, v in NORM_LOCATIONS.items()}
+  return names.get(where, "+".join(where))
+
+
 def _positive(name: str, value: Any) -> None:
   if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
     raise ValueError(f"{name}={value!r} must be a positive number")

@@ -4,7 +4,8 @@ Each ``fig_*`` takes ``{name: rankjax.load_run(...)}`` (or a tour's ``jacobians.
 and an output folder and returns ``(png path, caption)``, or None when nothing it
 draws was recorded; a caption describes only what is drawn. Layers are numbered from
 0 (the first layer), as ``load_run``'s columns and TensorBoard's ``layer_00`` tags;
-layer axes have integer ticks.
+layer axes have integer ticks. ``DRAWN`` names the diagnostics series each figure of
+its own draws; ``fig_recorded`` draws the other recorded ones (``shown_in``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,17 @@ import pathlib
 import numpy as np
 
 from rankjax import plotting
+from rankjax import report_story as story
 
 PLACEMENT_COLORS = {"pre": "tab:blue", "post": "tab:red", "output": "tab:green",
                     "none": "tab:gray", "peri": "tab:purple"}
+# Diagnostics series -> the figure (PNG name) of its own that draws it.
+DRAWN = {"basic/tsim_y2": "token_similarity", "basic/grad_norm": "grad_profile",
+         "postnorm/freq_loss": "loss", "postnorm/contraction_2": "contraction",
+         "postnorm/rms_factor_mean_2": "contraction", "attention/layers": "attention",
+         **{f"attention/{k}_{p}": "attention" for k in ("theta_cert", "entropy_norm")
+            for p in ("p5", "p50", "p95")}}
+MAX_PANELS = 16     # fig_recorded draws at most this many series (the table has all)
 
 
 def series(run, key: str):
@@ -27,12 +36,13 @@ def series(run, key: str):
 
 
 def label(name: str, run) -> str:
-  lm = run.config.lm
-  return f"{name} ({lm.norm_position}-norm)" if run.config.model == "lm" else name
+  """``name (Post-Norm)``: the placement the run's task declares, or the name alone."""
+  placement = story.placement_of(run.config)
+  return name if placement is None else f"{name} ({story.placement_name(placement)})"
 
 
 def _color(run) -> str | None:
-  return PLACEMENT_COLORS.get(run.config.lm.norm_position) if run.config.model == "lm" else None
+  return PLACEMENT_COLORS.get(story.placement_of(run.config))
 
 
 def _integer_ticks(axis) -> None:
@@ -184,6 +194,58 @@ def fig_attention(runs: dict, out: pathlib.Path):
       "only the lower tail of the certificate drops (5th percentile down to 0.26).")
 
 
+def undrawn(runs: dict) -> list[str]:
+  """Recorded series no figure of its own draws: first those of diagnostics with no
+  such figure at all (a plug-in's), then the rest; sorted within each."""
+  keys = sorted({k for run in runs.values() for k in run.diagnostics} - DRAWN.keys())
+  own = {k.split("/")[0] for k in DRAWN}
+  return sorted(keys, key=lambda k: k.split("/")[0] in own)
+
+
+def shown_in(runs: dict) -> dict[str, str | None]:
+  """Every recorded series -> the PNG name that draws it (None: the table only)."""
+  drawable = [k for k in undrawn(runs)     # a line per update: scalars and vectors
+               if all(np.ndim(r.diagnostics[k]) <= 2 for r in runs.values()
+                      if k in r.diagnostics)]
+  generic = dict.fromkeys(drawable[:MAX_PANELS], "diagnostics")
+  return {k: DRAWN.get(k, generic.get(k)) for run in runs.values() for k in run.diagnostics}
+
+
+def fig_recorded(runs: dict, out: pathlib.Path):
+  """The recorded diagnostics that no figure of their own draws, against the update."""
+  plt = plotting.pyplot()
+  keys = [k for k, png in shown_in(runs).items() if png == "diagnostics"]
+  if not keys:
+    return None
+  cols = min(len(keys), 4)
+  rows = -(-len(keys) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+  cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, key in zip(axes.flat, sorted(keys)):
+    for i, (name, run) in enumerate(runs.items()):
+      s = series(run, key)
+      if s is None:
+        continue
+      steps, v = s
+      color = _color(run) or cycle[i % len(cycle)]
+      if v.ndim == 1:
+        ax.plot(steps, v, color=color, label=name)
+        continue
+      shown = {0: ":", v.shape[1] // 2: "--", v.shape[1] - 1: "-"}   # a column drawn once
+      for col, ls in sorted(shown.items()):
+        ax.plot(steps, v[:, col], ls=ls, color=color, label=f"{name} [{col}]")
+    ax.set(xlabel="update", title=key)
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=6)
+  for ax in axes.flat[len(keys):]:
+    ax.set_visible(False)
+  return _save(fig, out, "diagnostics"), (
+      "Recorded diagnostics that no figure above draws, against the update: a scalar as "
+      "one line, a per-layer (or other vector) series at its first, middle and last "
+      "column (dotted, dashed, solid; [i] is column i, layers from 0). The table lists "
+      "every recorded series with its last values.")
+
+
 def fig_jacobian(jac: dict, out: pathlib.Path):
   plt = plotting.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -208,4 +270,5 @@ def fig_jacobian(jac: dict, out: pathlib.Path):
       "mass carried by paths through k branches.")
 
 
-RUN_FIGURES = (fig_loss, fig_similarity, fig_grad_profile, fig_contraction, fig_attention)
+RUN_FIGURES = (fig_loss, fig_similarity, fig_grad_profile, fig_contraction, fig_attention,
+               fig_recorded)

@@ -23,6 +23,22 @@ RECORD_HINT = ("train a new run (another --workdir) with --set "
                "diagnostics=basic,postnorm,attention")
 PLACEMENT_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "output": "Output-Norm",
                    "none": "no norm", "peri": "Peri-Norm"}
+NOT_DECLARED = "norm placement not declared by the plug-in"
+
+
+def placement_of(cfg: Any) -> str | None:
+  """The norm placement of the run's model, as its task declares it
+  (``Task.norm_position``: the library's models from the norms they build); None
+  when a plug-in task does not declare one. Never a config field the model may ignore."""
+  from rankjax.train import tasks
+  return tasks.make_task(cfg).norm_position
+
+
+def placement_name(placement: str | None) -> str:
+  """``Post-Norm``, ``norms at P+R`` or ``NOT_DECLARED``."""
+  if placement is None:
+    return NOT_DECLARED
+  return PLACEMENT_NAMES.get(placement, f"norms at {placement}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +46,8 @@ class RunNumbers:
   """What the sentences about one run need (None: not recorded)."""
 
   name: str
-  model: str                       # "lm" or "mlp"
-  placement: str
+  model: str                       # the task: "lm", "mlp" or a plug-in's name
+  placement: str | None            # Task.norm_position; None: not declared
   layers: int
   updates: int
   final_loss: float | None
@@ -52,7 +68,7 @@ def numbers_of(name: str, run: Any) -> RunNumbers:
   model_cfg = cfg.lm if cfg.model == "lm" else cfg.mlp
   layers = getattr(model_cfg, "num_layers", None) or getattr(model_cfg, "depth", 0)
   return RunNumbers(
-      name=name, model=cfg.model, placement=model_cfg.norm_position, layers=int(layers),
+      name=name, model=cfg.model, placement=placement_of(cfg), layers=int(layers),
       updates=int(run.step), final_loss=loss,
       steps=np.asarray(run.diagnostic_steps) if len(run.diagnostic_steps) else None,
       tsim=np.asarray(d["basic/tsim_y2"], float) if "basic/tsim_y2" in d else None,
@@ -115,8 +131,8 @@ def _g(x: float) -> str:
 
 def run_sentences(r: RunNumbers) -> list[str]:
   """What one run shows: its size, whether and where it collapsed, its losses."""
-  what = PLACEMENT_NAMES.get(r.placement, r.placement)
-  unit = "layers" if r.model == "lm" else "blocks"
+  what = placement_name(r.placement)
+  unit = ("layer" if r.model == "lm" else "block") + ("s" if r.layers != 1 else "")
   out = [f"{r.name} ({what}, {r.layers} {unit}) trained {r.updates} updates"
          + (f" to a loss of {_g(r.final_loss)} nats per target" if r.final_loss is not None
             else "")
@@ -144,6 +160,35 @@ def run_sentences(r: RunNumbers) -> list[str]:
     out.append(f"At the last diagnostics update layer 0's parameter-gradient norm was "
                f"{_g(ratio)} times layer {len(r.grad_norm) - 1}'s.")
   return out
+
+
+def throughput(history: Sequence[dict], unit: str) -> tuple[float, str, bool] | None:
+  """(value, "<unit>/s", whether compile steps were excluded) of the last log window
+  in ``metrics.jsonl`` rows, or None when none was logged. Runs logged before
+  ``compile_step`` rows existed counted compiles in; image runs then logged
+  ``tokens_per_s_avg`` (one token per example: images/s)."""
+  excluded = any("compile_step" in r for r in history)
+  for r in reversed(history):
+    for key in (f"{unit}_per_s_avg", "tokens_per_s_avg"):
+      if isinstance(r.get(key), float):
+        return r[key], f"{unit}/s", excluded
+  return None
+
+
+def last_values(values: np.ndarray) -> str:
+  """A diagnostics series' values at its last update: the number, a few numbers, or
+  the min / mean / max of a longer vector (non-finite entries counted, not printed)."""
+  last = np.ravel(np.asarray(values, float)[-1]) if len(values) else np.zeros(0)
+  finite = last[np.isfinite(last)]
+  bad = len(last) - len(finite)
+  if len(finite) == 0:
+    return f"{len(last)} non-finite value(s)" if len(last) else "empty"
+  if len(last) <= 4:
+    text = ", ".join(f"{x:.4g}" if np.isfinite(x) else "non-finite" for x in last)
+  else:
+    text = (f"min {finite.min():.4g}, mean {finite.mean():.4g}, max {finite.max():.4g} "
+            f"over {len(last)}")
+  return text + (f" ({bad} non-finite)" if bad and len(last) > 4 else "")
 
 
 def not_recorded(r: RunNumbers) -> list[str]:

@@ -152,7 +152,13 @@ def test_report_imports_the_module_of_a_plugin_model(tmp_path, capsys):
        "diag_every=0", "checkpoint_every=2", "eval_every=0", "log_every=1"])
   workdir = tmp_path / "run"
   train(cfg, workdir, progress_bar=False)
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r.get("compile_step") for r in rows] == [1.0, None]    # update 1 compiled
+  assert all("images_per_s" in r and not any(k.startswith("tokens") for k in r) for r in rows)
+  assert "images_per_s_avg" in rows[1] and "images_per_s_avg" not in rows[0]
   assert cli.main(["report", "--import", str(EXAMPLE), str(workdir)]) == 0
-  assert (workdir / "report" / "report.html").is_file()
+  page = (workdir / "report" / "report.html").read_text()
+  assert "run (no norm, 1 block)" in page and "Pre-Norm" not in page   # as declared
+  assert " images/s</td>" in page and "tokens/s" not in page
   assert cli.main(["report", "--import", "no_such_pieces", str(workdir)]) == 2
   assert "--import no_such_pieces: no module named" in capsys.readouterr().err

@@ -178,3 +178,109 @@ def test_figures_number_layers_from_0_with_integer_ticks_and_say_what_they_show(
   assert xlabel.startswith("depth l") and all(float(t).is_integer() for t in xticks + kticks)
   np.testing.assert_array_equal(x, [1, 2, 3])          # erank of dh_l/dh_0, l = 1 .. L
   np.testing.assert_array_equal(k, [0, 1, 2])          # path orders k = 0 .. L
+
+
+# ---------------------------------------------------------------------------
+# a plug-in model's placement, every recorded diagnostic, throughput
+
+
+def _register_resmlp(monkeypatch, name, norm_position):
+  """A plug-in Post-LN residual MLP (it ignores ``mlp.norm_position``) whose task
+  declares ``norm_position`` (None: declares nothing)."""
+  import flax.linen as nn
+  import jax.numpy as jnp
+
+  from rankjax.train import tasks
+
+  class PostLNResMLP(nn.Module):
+    width: int
+    depth: int
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+      x = nn.Dense(self.width)(x)
+      for _ in range(self.depth):
+        x = nn.LayerNorm()(x + nn.relu(nn.Dense(self.width)(x)))
+      return nn.Dense(self.num_classes)(x)
+
+  def factory(cfg):
+    mlp = cfg.mlp
+    spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
+    return tasks.ClassifierTask(name, "images", PostLNResMLP(mlp.width, mlp.depth,
+                                                            mlp.num_classes),
+                                spec, 1, (), norm_position=norm_position)
+
+  monkeypatch.setitem(tasks.TASKS, name, factory)
+
+
+def _plugin_run(tmp_path, name, history):
+  from rankjax.config import MLPConfig
+  cfg = TrainConfig(model=name, mlp=MLPConfig(depth=3, width=8, input_dim=8, num_classes=3),
+                    diag_every=10, diagnostics=("basic", "logit_margin"))
+  assert cfg.mlp.norm_position == "pre"            # the field the plug-in ignores
+  rng = np.random.default_rng(0)
+  n = len(STEPS)
+  diag = {"basic/batch_similarity_stream": rng.uniform(0, 1, (n, 3)),
+          "basic/grad_norm": rng.uniform(0.1, 1, (n, 3)),
+          "logit_margin/margin": rng.uniform(0, 1, n)}
+  folder = tmp_path / name
+  folder.mkdir()
+  (folder / "config.json").write_text("{}")
+  return Run(workdir=folder, config=cfg, step=40, params={}, diagnostics=diag,
+             diagnostic_steps=STEPS, metrics={}, history=history)
+
+
+def test_a_plugin_models_placement_is_what_its_task_declares(tmp_path, monkeypatch):
+  _register_resmlp(monkeypatch, "resmlp_post", "post")
+  _register_resmlp(monkeypatch, "resmlp_anon", None)
+  history = [{"step": s, "loss": 1.0} for s in range(1, 41)]
+  runs = {n: _plugin_run(tmp_path, n, history) for n in ("resmlp_post", "resmlp_anon")}
+  page = _page(tmp_path, monkeypatch, runs)
+  assert "resmlp_post (Post-Norm, 3 blocks) trained 40 updates" in page
+  assert "resmlp_anon (norm placement not declared by the plug-in, 3 blocks)" in page
+  assert "Pre-Norm" not in page and "pre-norm" not in page
+  assert story.placement_of(_run(tmp_path, "lm", "post", ()).config) == "post"
+  # the library's models: the norms they build, overrides included
+  lm = TransformerConfig(norm_position="pre", r_norm="rms")
+  assert story.placement_of(TrainConfig(model="lm", lm=lm)) == "P+R"
+  assert story.placement_name("P+R") == "norms at P+R"
+
+
+def test_every_recorded_diagnostic_is_in_the_report(tmp_path, monkeypatch):
+  """Series without a figure of their own (the MLP's batch similarity, a plug-in's
+  diagnostic) are drawn in the generic figure and listed with their last values."""
+  _register_resmlp(monkeypatch, "resmlp_post", "post")
+  runs = {"resmlp_post": _plugin_run(tmp_path, "resmlp_post", [{"step": 1, "loss": 1.0}])}
+  shown = report_figures.shown_in(runs)
+  assert shown == {"basic/batch_similarity_stream": "diagnostics",
+                   "basic/grad_norm": "grad_profile", "logit_margin/margin": "diagnostics"}
+  assert report_figures.undrawn(runs) == ["logit_margin/margin",     # a plug-in's first
+                                          "basic/batch_similarity_stream"]
+  page = _page(tmp_path, monkeypatch, runs)
+  for key, where in shown.items():
+    assert f"<td>{key}</td>" in page and f"<td>figure {where}</td>" in page
+  assert "Recorded diagnostics that no figure above draws" in page
+  assert (tmp_path / "report" / "diagnostics.png").is_file()
+  margin = runs["resmlp_post"].diagnostics["logit_margin/margin"][-1]
+  assert f"<td>{story.last_values(np.array([margin]))}</td>" in page
+  assert story.last_values(np.array([[1.0, np.nan, 2.0, 3.0, 4.0, 5.0]])) == (
+      "min 1, mean 3, max 5 over 6 (1 non-finite)")
+  assert story.last_values(np.array([[0.5], [0.25]])) == "0.25"
+
+
+def test_report_throughput_excludes_compile_steps_and_counts_images(tmp_path, monkeypatch):
+  _register_resmlp(monkeypatch, "resmlp_post", "post")
+  history = [{"step": 1, "loss": 1.0, "images_per_s": 30.0, "compile_step": 1.0},
+             {"step": 2, "loss": 1.0, "images_per_s": 1000.0, "images_per_s_avg": 1000.0}]
+  runs = {"resmlp_post": _plugin_run(tmp_path, "resmlp_post", history),
+          "old_lm": _run(tmp_path, "old_lm", "pre", ("basic",))}
+  runs["old_lm"].history[-1]["tokens_per_s_avg"] = 294.9      # a run logged before
+  page = _page(tmp_path, monkeypatch, runs)
+  assert "throughput (last log window, excluding compile steps)" in page
+  assert "<td>1000 images/s</td>" in page
+  assert "<td>294.9 tokens/s (counts compile steps: logged before they were excluded)" in page
+  assert story.throughput(history, "images") == (1000.0, "images/s", True)
+  old_mlp = [{"step": 4, "tokens_per_s_avg": 50.0}]           # image runs logged tokens
+  assert story.throughput(old_mlp, "images") == (50.0, "images/s", False)
+  assert story.throughput([{"step": 1}], "tokens") is None

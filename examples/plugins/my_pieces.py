@@ -11,7 +11,9 @@ the library (tested by ``tests/test_plugins.py``)::
 of ``mlp.depth`` hidden layers of ``mlp.width`` units; the diagnostic
 ``logit_margin`` is the mean gap between the two largest logits on the diagnostic
 examples. Both land in metrics, checkpoints, ``load_run`` and TensorBoard like the
-library's own.
+library's own. The task declares its norm placement (``norm_position="none"``: the
+model has no norm), which ``rankjax report`` names; a task that declares none is
+reported as "norm placement not declared by the plug-in".
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def plain_mlp_task(cfg):
   model = PlainMLP(width=mlp.width, depth=mlp.depth, num_classes=mlp.num_classes)
   spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
   return PlainMLPTask("plain_mlp", "images", model, spec, 1, (), jnp.dtype(cfg.compute_dtype),
-                      input_dim=mlp.input_dim)
+                      norm_position="none", input_dim=mlp.input_dim)
 
 
 def logit_margin(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:

@@ -8,9 +8,10 @@ say TensorBoard is off): train scalars every
 per-layer profile images (tags and layout in ``rankjax.train.tensorboard``); a resumed
 run first drops the events after its checkpoint step (a run started over at step 0,
 e.g. after a kill before the first checkpoint, drops them all), so each step is in
-the files once. On a terminal (a TTY) a tqdm progress bar shows step, loss and tokens/s;
-otherwise (a log file, SLURM) one plain line is printed every ``log_every`` updates.
-Only process 0 writes.
+the files once. On a terminal (a TTY) a tqdm progress bar shows step, loss and throughput
+(tokens/s, or images/s for image tasks); otherwise (a log file, SLURM) one plain line
+is printed every ``log_every`` updates. Throughput is the mean over the log window's
+updates that compiled nothing (``loop.throughput``). Only process 0 writes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from rankjax.train import paths
 from rankjax.train import tensorboard as tb_lib
 
 REPLACED = "metrics_replaced.jsonl"
+# Row keys that are no time series (not written to TensorBoard).
+NOT_SCALARS = ("step", "kind", "compile_step")
+# Throughput metrics (``loop.throughput``) and their console labels.
+THROUGHPUT = (("tokens_per_s_avg", "tokens/s"), ("images_per_s_avg", "images/s"))
 
 
 def _clean(v: Any) -> Any:
@@ -123,7 +128,7 @@ class MetricsWriter:
     self._file.write(json.dumps(row) + "\n")
     if self._tb is not None and (kind != "train" or step % self.log_every == 0):
       for k, v in row.items():
-        if k not in ("step", "kind") and isinstance(v, float):
+        if k not in NOT_SCALARS and isinstance(v, float):
           self._tb.add_scalar(f"{kind}/{k}", v, step)
     if kind != "train":
       self.message(f"step {step} {kind}: " + " ".join(
@@ -132,8 +137,8 @@ class MetricsWriter:
     if self._bar is not None:
       self._bar.update(step - self._bar.n)
       if step % self.log_every == 0:
-        self._bar.set_postfix(loss=f"{row.get('loss', float('nan')):.4f}",
-                              tok_s=f"{row.get('tokens_per_s_avg', 0.0):.3g}")
+        speed = {label: f"{row[k]:.3g}" for k, label in THROUGHPUT if k in row}
+        self._bar.set_postfix({"loss": f"{row.get('loss', float('nan')):.4f}", **speed})
     elif step % self.log_every == 0:
       self.stream.write(self.format(row) + "\n")
       self.stream.flush()
@@ -166,7 +171,7 @@ class MetricsWriter:
         continue
       for k, v in row.items():
         tag = f"{kind}/{k}"
-        if k not in ("step", "kind") and isinstance(v, float) and (tag, step) not in have:
+        if k not in NOT_SCALARS and isinstance(v, float) and (tag, step) not in have:
           self._tb.add_scalar(tag, v, step)
           have.add((tag, step))
           written += 1
@@ -218,7 +223,8 @@ class MetricsWriter:
     parts = [f"step {row['step']}"]
     for key, label, fmt in (("loss", "loss", ".4f"), ("grad_norm", "grad_norm", ".3g"),
                             ("lr", "lr", ".3g"), ("accuracy", "accuracy", ".3f"),
-                            ("tokens_per_s_avg", "tokens/s", ".4g"), ("mfu", "MFU", ".1%")):
+                            *((k, label, ".4g") for k, label in THROUGHPUT),
+                            ("mfu", "MFU", ".1%")):
       if isinstance(row.get(key), float):
         parts.append(f"{label} {row[key]:{fmt}}")
     return "  ".join(parts)

@@ -8,7 +8,10 @@ restores the newest readable checkpoint of ``workdir``), and runs updates until
 * two compiled variants of the step: the plain one, and one that also computes the
   configured diagnostics, used at update 1 and every ``diag_every`` updates;
 * metrics are fetched one step behind, so the host queues update s before it waits
-  for update s-1; a NaN/Inf loss or gradient norm stops the run with
+  for update s-1; throughput (``tokens_per_s_avg``, or ``images_per_s_avg`` for image
+  tasks, and MFU) is the mean over each ``log_every`` window of the updates whose
+  measured time includes no compile (``throughput``; such rows carry
+  ``compile_step: 1``); a NaN/Inf loss or gradient norm stops the run with
   ``NonFiniteLossError`` before anything is saved from it, leaving the last good
   checkpoint as the newest;
 * checkpoints every ``checkpoint_every`` updates (and every ``checkpoint_minutes`` of
@@ -214,6 +217,19 @@ def enable_compilation_cache(directory: str) -> None:
     compilation_cache.reset_cache()
 
 
+def throughput(units_per_step: float, step_times: list[float],
+               compiled: list[bool]) -> float | None:
+  """Units per second over the steps that did not compile; None when every step did."""
+  kept = [dt for dt, c in zip(step_times, compiled) if not c]
+  return units_per_step * len(kept) / sum(kept) if kept and sum(kept) > 0 else None
+
+
+def _compiled_count(fn) -> int | None:
+  """How many programs ``fn`` (a ``jax.jit`` function) has compiled, if jax says."""
+  size = getattr(fn, "_cache_size", None)
+  return size() if callable(size) else None
+
+
 class _Preemption:
   """Whether to save and stop at a step because of SIGTERM or Ctrl-C.
 
@@ -351,7 +367,9 @@ class _Loop:
                history: DiagnosticsHistory, data_it):
     self.cfg, self.c, self.ckpt, self.writer = cfg, compiled, ckpt, writer
     self.history, self.data_it = history, data_it
-    self.tokens_per_step = cfg.batch_size * compiled.task.tokens_per_example
+    self.unit = compiled.task.throughput_unit
+    self.units_per_step = cfg.batch_size * (
+        compiled.task.tokens_per_example if self.unit == "tokens" else 1)
     self.flops_per_step = compiled.task.flops_per_example() * cfg.batch_size
     self.flops_per_step_full = compiled.task.flops_per_example(causal=False) \
         * cfg.batch_size
@@ -359,7 +377,9 @@ class _Loop:
     self.last_metrics: dict[str, Any] = {}
     self.data_name = ""
     self.param_dtype = ""
-    self._window: list[float] = []
+    self._window: list[tuple[float, bool]] = []   # (step time, compiled) since the log
+    self._called: set[Any] = set()       # step variants called in this run
+    self._compiling = False              # a compile since the last measured step
     self.recent_losses: list[float] = []
     self._t_last = time.perf_counter()
     self._t_start = self._t_last
@@ -387,7 +407,7 @@ class _Loop:
     for step in range(start + 1, cfg.total_steps + 1):
       batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
       diag_now = c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
-      state, metrics, diag = (c.diag_step if diag_now else c.step)(self.state, batch)
+      state, metrics, diag = self._dispatch(c.diag_step if diag_now else c.step, batch)
       self.state, self.state_step = state, step
       if self.pending is not None:
         self._finish(*self.pending)    # waits for step - 1 while `step` is queued
@@ -422,6 +442,16 @@ class _Loop:
       self.pending = None
     return step, "completed"
 
+  def _dispatch(self, fn, batch):
+    """``fn(state, batch)``; notes a compile (the variant's first call in this run, or
+    a new program in its cache) for the next measured step time, which holds it."""
+    before = _compiled_count(fn)
+    out = fn(self.state, batch)
+    after = _compiled_count(fn)
+    self._compiling |= fn not in self._called or (after is not None and after != before)
+    self._called.add(fn)
+    return out
+
   def _save_after_error(self, error: Exception) -> None:
     """Saves ``self.state`` (update ``state_step``) unless it is already saved, its
     loss is not finite, or its buffers are gone; says what happened in one line."""
@@ -451,16 +481,23 @@ class _Loop:
     now = time.perf_counter()
     dt, self._t_last = now - self._t_last, now
     metrics["step_time_s"] = dt
-    metrics["tokens_per_s"] = self.tokens_per_step / dt if dt > 0 else 0.0
-    self._window.append(dt)
+    metrics[f"{self.unit}_per_s"] = self.units_per_step / dt if dt > 0 else 0.0
+    if self._compiling:               # this step's time includes compiling a variant
+      metrics["compile_step"] = 1.0
+    self._window.append((dt, self._compiling))
+    self._compiling = False
     if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
       window, self._window = self._window, []
-      metrics["tokens_per_s_avg"] = self.tokens_per_step * len(window) / max(sum(window), 1e-9)
-      for key, flops in (("mfu", self.flops_per_step),
-                         ("mfu_full_attention", self.flops_per_step_full)):
-        mfu = mfu_lib.mfu(flops, sum(window) / len(window), self.c.mesh.size, self.peak_flops)
-        if mfu is not None:           # model FLOPs / spec peak of the devices (train/mfu.py)
-          metrics[key] = mfu
+      times, compiled = [dt for dt, _ in window], [c for _, c in window]
+      rate = throughput(self.units_per_step, times, compiled)
+      if rate is not None:            # absent when every update of the window compiled
+        metrics[f"{self.unit}_per_s_avg"] = rate
+        for key, flops in (("mfu", self.flops_per_step),
+                           ("mfu_full_attention", self.flops_per_step_full)):
+          mfu = mfu_lib.mfu(flops, self.units_per_step / rate, self.c.mesh.size,
+                            self.peak_flops)
+          if mfu is not None:         # model FLOPs / spec peak of the devices (train/mfu.py)
+            metrics[key] = mfu
     self.writer.write(step, metrics)
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
       self.writer.flush()
@@ -486,8 +523,8 @@ class _Loop:
         "loss": self.last_metrics.get("loss"),
         "recent_loss": float(np.mean(self.recent_losses)) if self.recent_losses else None,
         "grad_norm": self.last_metrics.get("grad_norm"),
-        "tokens_per_s": self.last_metrics.get("tokens_per_s_avg",
-                                              self.last_metrics.get("tokens_per_s")),
+        f"{self.unit}_per_s": self.last_metrics.get(f"{self.unit}_per_s_avg",
+                                                    self.last_metrics.get(f"{self.unit}_per_s")),
         "mfu": self.last_metrics.get("mfu"),
         "elapsed_s": time.perf_counter() - self._t_start,
         "time": time.time(),

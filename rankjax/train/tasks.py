@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rankjax import config as config_lib
 from rankjax import numerics
 from rankjax.config import TrainConfig
 from rankjax.measure.losses import cross_entropy
@@ -53,6 +54,10 @@ class Task:
     lookup_tables: top-level parameter names read by lookup, not matmul (embeddings).
     compute_dtype: activations' dtype.
     dropout: whether the training forward pass needs a "dropout" rng.
+    norm_position: where the model's residual blocks normalize, as the report names
+      it ("pre", "post", "output", "peri", "none"; ``config.norm_position_of``).
+      The library's tasks read it from the norms their model builds; a task of one's
+      own declares it (None: not declared, and the report says so).
   """
 
   kind: str
@@ -64,6 +69,13 @@ class Task:
   compute_dtype: Any = jnp.float32
   dropout: bool = False
   lookup_tables: tuple[str, ...] = ()
+  norm_position: str | None = None
+
+  @property
+  def throughput_unit(self) -> str:
+    """What throughput counts: "images" (examples) for image data, else "tokens"
+    (the metrics ``<unit>_per_s`` and ``<unit>_per_s_avg``)."""
+    return "images" if self.data_kind == "images" else "tokens"
 
   def dummy_batch(self, batch_size: int) -> dict[str, Array]:
     return {k: jnp.zeros((batch_size, *shape), dtype)
@@ -211,7 +223,8 @@ def _lm_task(cfg: TrainConfig) -> Task:
   spec = {"inputs": ((cfg.seq_len,), jnp.int32), "targets": ((cfg.seq_len,), jnp.int32)}
   return LMTask("lm", "text", DecoderLM(lm), spec, cfg.seq_len, ("layers",), dtype,
                 dropout=bool(lm.dropout_rate or lm.attn_dropout_rate),
-                lookup_tables=("embed", "pos_embed"))
+                lookup_tables=("embed", "pos_embed"),
+                norm_position=config_lib.norm_position_of(lm.norm_ops))
 
 
 def _mlp_task(cfg: TrainConfig) -> Task:
@@ -221,7 +234,8 @@ def _mlp_task(cfg: TrainConfig) -> Task:
                      f"(got input_dim={mlp.input_dim}, num_classes={mlp.num_classes})")
   spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
   return ClassifierTask("mlp", "images", ResidualMLP(mlp), spec, 1, ("blocks",),
-                        jnp.dtype(cfg.compute_dtype))
+                        jnp.dtype(cfg.compute_dtype),
+                        norm_position=config_lib.norm_position_of(mlp.norm_ops))
 
 
 TaskFactory = Callable[[TrainConfig], Task]
@@ -232,7 +246,8 @@ TASKS: dict[str, TaskFactory] = {"lm": _lm_task, "mlp": _mlp_task}
 
 
 def register_task(name: str, factory: TaskFactory) -> TaskFactory:
-  """Makes ``TrainConfig(model=name)`` train ``factory(cfg)`` (a ``Task``)."""
+  """Makes ``TrainConfig(model=name)`` train ``factory(cfg)`` (a ``Task``; its
+  ``norm_position`` is the placement ``rankjax report`` names)."""
   if not isinstance(name, str) or not name:
     raise ValueError(f"task name {name!r} must be a non-empty string")
   TASKS[name] = factory

@@ -260,3 +260,38 @@ def test_profile_images_at_most_once_per_image_every_updates(tmp_path):
                     image_every=4, diag_every=3)        # steps 1, 3, 6, 9: blocks 0, 0, 1, 2
   assert [s for s in (1, 3, 6, 9) if w.draws_images(s)] == [1, 6, 9]
   w.close()
+
+
+def test_throughput_excludes_the_steps_that_compiled():
+  """A resumed run's first update holds the compile (5 s against 0.1 s steady): the
+  window's mean leaves it out; a window of compile steps alone has no mean."""
+  from rankjax.train.loop import throughput
+  times, compiled = [5.0, 0.1, 0.1, 0.1], [True, False, False, False]
+  assert throughput(100, times, compiled) == pytest.approx(1000.0)
+  assert throughput(100, times, [False] * 4) == pytest.approx(400 / 5.3)   # what it was
+  assert throughput(100, [5.0], [True]) is None
+
+
+def test_a_step_variants_first_call_and_any_recompile_count_as_compile_steps():
+  import jax
+  import jax.numpy as jnp
+
+  from rankjax.train.loop import _Loop
+  loop = object.__new__(_Loop)
+  loop.state, loop._called, loop._compiling = jnp.ones(3), set(), False
+  fn = jax.jit(lambda state, batch: state + batch)
+  seen = []
+  for batch in (jnp.ones(3), jnp.ones(3), jnp.ones(3), jnp.ones((2, 3))):
+    loop._dispatch(fn, batch)
+    seen.append(loop._compiling)
+    loop._compiling = False          # what _finish does with the step it measures
+  assert seen == [True, False, False, True]
+
+
+def test_image_throughput_is_logged_as_images_per_second(tmp_path):
+  out = io.StringIO()
+  w = MetricsWriter(tmp_path, total_steps=2, log_every=2, stream=out)
+  w.write(1, {"loss": 1.0, "images_per_s": 3.0, "compile_step": 1.0})
+  w.write(2, {"loss": 1.0, "images_per_s": 50.0, "images_per_s_avg": 50.0})
+  w.close()
+  assert out.getvalue().splitlines()[-1] == "step 2  loss 1.0000  images/s 50"

@@ -170,9 +170,10 @@ def test_tensorboard_holds_each_step_once_after_kill_and_resume(runs):
   for tag, series in resumed.items():
     steps = [s for s, _ in series]
     assert len(steps) == len(set(steps)), (tag, steps)
+    if "time" in tag or "_per_s" in tag:   # timings differ; a window of compile steps
+      continue                             # alone (update 1, the resumed 5) has no mean
     assert sorted(steps) == sorted(s for s, _ in full[tag]), tag
-    if "time" not in tag and "tokens_per_s" not in tag:    # timings differ between runs
-      assert sorted(series) == sorted(full[tag]), tag
+    assert sorted(series) == sorted(full[tag]), tag
   run = load_run(full_dir)
   for key, values in run.diagnostics.items():   # (diag steps, layers)
     if values.ndim == 2:
