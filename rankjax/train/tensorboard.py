@@ -21,9 +21,10 @@ A resumed run continues from a checkpoint step s that is older than the last ste
 the killed run wrote: ``purge_after(logdir, s)`` rewrites the existing event files
 without their events of steps > s (the resumed run writes them again), so every step
 is in the files once. A run killed before its first checkpoint starts over at step 0,
-and ``purge_after(logdir, 0)`` drops every step the killed run wrote. tensorboardX writes from a queue that its ``flush`` does not
-drain, so a kill can also lose events up to s that metrics.jsonl and the checkpoint
-hold: ``MetricsWriter.backfill`` writes those again. Readers need no TensorBoard
+and ``purge_after(logdir, 0)`` drops every step the killed run wrote. tensorboardX
+writes from a queue that its ``flush`` does not drain, so a kill can also lose events
+up to s that metrics.jsonl and the checkpoint hold: ``MetricsWriter.backfill`` writes
+those again. Readers need no TensorBoard
 install: ``read_scalars``.
 """
 
