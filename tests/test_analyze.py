@@ -29,22 +29,27 @@ def test_gpt2_analysis_matches_transformers_streams(tmp_path, capsys):
   r = json.loads((out / "analysis.json").read_text())
   assert (r["family"], r["tokens"], r["positions"]) == ("gpt2", 12, [11, 4])
   assert r["model"]["parameters"] == 27936          # transformers' count (tied head)
-  layers = r["layers"]
-  assert len(layers) == 3 and (out / "analysis.png").is_file()
+  layers = r["layers"]          # layer 0 = the first block; the embeddings apart
+  assert [l["layer"] for l in layers] == [0, 1] and (out / "analysis.png").is_file()
   page = (out / "analysis.html").read_text()
   assert "data:image/png;base64," in page and "Token similarity of the residual stream" in page
-  assert f"{layers[2]['token_similarity']['mean']:.4g}" in page
-  # token similarity of h_l, l = 0..L-1, against transformers' hidden states (the last
-  # one transformers returns is after ln_f; ours is before any final norm)
+  assert f"{layers[1]['token_similarity']['mean']:.4g}" in page
+  assert "<th>layer (0 = first block)</th>" in page and "<td>embeddings</td>" in page
+  assert "block erank / d" in page
+  # token similarity of the embeddings and of layer 0's output against transformers'
+  # hidden states (the last one transformers returns is after ln_f; ours is before any
+  # final norm)
   ref = np.asarray(similarity.token_similarity(expected["hidden_states"][:-1]))
-  got = np.array([layers[l]["token_similarity"]["mean"] for l in range(2)])
+  got = np.array([r["embeddings"]["token_similarity"]["mean"],
+                  layers[0]["token_similarity"]["mean"]])
   np.testing.assert_allclose(got, ref, rtol=1e-5)
-  heads = layers[1]["attention"]
-  assert len(heads) == 4 and "attention" not in layers[0]
+  assert "branch_mean_coherence" in layers[0] and "branch_mean_coherence" not in layers[1]
+  heads = layers[0]["attention"]
+  assert len(heads) == 4 and "attention" in layers[1] and "attention" not in r["embeddings"]
   for h in heads:       # the certificate is a lower bound of the exact theta (App D.2)
     assert h["theta_cert"]["p5"] <= 1 and 0 <= h["entropy_norm"]["mean"] <= 1
     assert h["p_max"]["p5"] >= 1 / 12 - 1e-6
-  jac = layers[2]["jacobian"]["11"]
+  jac = layers[1]["jacobian"]["11"]
   top = jac["block"]["top_singular_values"]
   assert top == sorted(top, reverse=True) and jac["block"]["erank"] <= 32
   depth = r["through_depth"]["11"]
@@ -56,12 +61,12 @@ def test_gpt2_analysis_matches_transformers_streams(tmp_path, capsys):
   lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
   ce = np.mean(lse - logits[np.arange(11), expected["token_ids"][1:]])
   np.testing.assert_allclose(r["loss"], ce, rtol=1e-5)
-  # Y_2 of block l is h_l: its sqrt(d)/||y|| factor from transformers' hidden states
+  # Y_2 of layer l is its output: its sqrt(d)/||y|| factor from transformers' hidden states
   from rankjax.measure import gradients as gr
   mean, _ = gr.rms_factor_stats(expected["hidden_states"][1:-1, None, :11], 1e-5)
-  np.testing.assert_allclose(layers[1]["gradients"]["rms_factor_mean_2"], float(mean[0]),
+  np.testing.assert_allclose(layers[0]["gradients"]["rms_factor_mean_2"], float(mean[0]),
                              rtol=1e-4)
-  assert set(layers[2]["gradients"]) >= {"alpha_1", "alpha_2", "contraction_1", "grad_norm"}
+  assert set(layers[1]["gradients"]) >= {"alpha_1", "alpha_2", "contraction_1", "grad_norm"}
 
 
 def test_llama_family_text_with_its_tokenizer_and_the_byte_fallback(tmp_path, capsys):
@@ -94,7 +99,6 @@ def test_llama_family_text_with_its_tokenizer_and_the_byte_fallback(tmp_path, ca
 
 @pytest.mark.parametrize("args, message", [
     (["--tokens", "99"], "exceeds the model's 16 positions"),
-    (["--tokens", "8", "--sequences", "9"], "need 72"),
     (["--positions=12"], "outside a sequence"),
     (["--measures", "spectra"], "--measures"),
     (["--step", "3"], "--step reads a rankjax run"),
@@ -107,6 +111,56 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
   assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_fewer_tokens_than_asked_are_analyzed_as_given(tmp_path, capsys):
+  few = _ids_file(tmp_path, range(3, 13))
+  out = tmp_path / "few"        # the defaults (2 x 64): one sequence of the 10 given
+  assert cli.main(["analyze", str(FIXTURES / "gpt2"), "--out", str(out), "--token-ids", few,
+                   "--measures", "stream"]) == 0
+  err = capsys.readouterr().err
+  assert "the input has 10 tokens, fewer than 2 sequences of 64; analyzing 1 sequence(s) " \
+         "of 10 tokens" in err
+  r = json.loads((out / "analysis.json").read_text())
+  assert (r["sequences"], r["sequence_length"]) == (1, 10)
+  more = _ids_file(tmp_path, range(20))          # whole sequences of --tokens, as many as fit
+  assert cli.main(["analyze", str(FIXTURES / "gpt2"), "--out", str(tmp_path / "more"),
+                   "--token-ids", more, "--tokens", "8", "--sequences", "9",
+                   "--measures", "stream"]) == 0
+  assert "analyzing 2 sequence(s) of 8 tokens" in capsys.readouterr().err
+  assert cli.main(["analyze", str(FIXTURES / "gpt2"), "--out", str(tmp_path / "one"),
+                   "--token-ids", _ids_file(tmp_path, [5])]) == 2
+  err = capsys.readouterr().err
+  assert "the input has 1 token(s); rankjax analyze needs at least 2" in err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_a_sliding_window_is_named_as_such(tmp_path, capsys):
+  from rankjax.models import hf_llama
+  folder = hf_llama.write_random_checkpoint(
+      tmp_path / "mistral", hidden_size=16, num_layers=1, intermediate_size=24, num_heads=2,
+      num_kv_heads=1, vocab_size=40, model_type="mistral", max_position_embeddings=128)
+  hf = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps({**hf, "sliding_window": 32}))
+  ids = _ids_file(tmp_path, np.arange(80) % 40)
+  assert cli.main(["analyze", str(folder), "--out", str(tmp_path / "o"), "--token-ids", ids,
+                   "--tokens", "64", "--sequences", "1"]) == 2
+  err = capsys.readouterr().err
+  assert "--tokens 64 exceeds the model's sliding window of 32 tokens (it has 128 " \
+         "positions" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_step_the_run_did_not_save_lists_those_it_did(tmp_path, capsys):
+  run = tmp_path / "run"                    # only the step folders are read before refusing
+  for step in (100, 200):
+    (run / "checkpoints" / str(step)).mkdir(parents=True)
+  ids = _ids_file(tmp_path, range(16))
+  for flag in ("--steps", "--step"):
+    assert cli.main(["analyze", str(run), "--out", str(tmp_path / "o"), "--token-ids", ids,
+                     flag, "999"]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint at step 999; the run has steps 100, 200" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_several_checkpoints_make_a_trajectory(tmp_path):
   ids = _ids_file(tmp_path, range(3, 43))
   out = tmp_path / "t"
@@ -116,8 +170,24 @@ def test_several_checkpoints_make_a_trajectory(tmp_path):
   traj = json.loads((out / "trajectory.json").read_text())
   assert traj["labels"] == ["gpt2", "qwen2"] and traj["steps"] == [None, None]
   one = json.loads((out / "qwen2" / "analysis.json").read_text())
+  assert len(one["layers"]) == one["model"]["num_layers"] == len(traj["token_similarity"][1])
   assert traj["token_similarity"][1] == [l["token_similarity"]["mean"] for l in one["layers"]]
+  assert traj["embeddings"]["token_similarity"][1] == one["embeddings"]["token_similarity"]["mean"]
   assert "alpha_1" not in traj and (out / "trajectory.png").is_file()
+
+
+def test_the_trajectory_has_a_column_per_layer_erank_over_d_and_the_embeddings_apart():
+  from rankjax.analyze import trajectory
+
+  def result(erank, embeddings):
+    return {"model": {"d_model": 4}, "through_depth": {"3": {}}, "loss": 1.0,
+            "embeddings": {"token_similarity": {"mean": embeddings}, "mean_spike": 0.5},
+            "layers": [{"layer": l, "token_similarity": {"mean": 0.5 + l},
+                        "jacobian": {"3": {"block": {"erank": erank + l}}}} for l in range(2)]}
+  traj = trajectory.collect([("a", 1, result(2.0, 0.1)), ("b", 2, result(3.0, 0.2))])
+  assert traj["token_similarity"] == [[0.5, 1.5], [0.5, 1.5]]
+  assert traj["block_erank_over_d"] == [[0.5, 0.75], [0.75, 1.0]] and "block_erank" not in traj
+  assert traj["embeddings"] == {"token_similarity": [0.1, 0.2], "mean_spike": [0.5, 0.5]}
 
 
 def test_unsupported_or_missing_checkpoints(tmp_path, capsys):
@@ -153,8 +223,9 @@ def test_a_rankjax_run_is_analyzed_at_its_newest_checkpoint(tmp_path):
                    "--tokens", "16", "--sequences", "2", "--steps", "all",
                    "--measures", "stream,gradients"]) == 0
   traj = json.loads((traj_out / "trajectory.json").read_text())
-  assert traj["steps"] == [2, 4] and len(traj["token_similarity"][0]) == 2
-  assert len(traj["alpha_1"]) == 2 and traj["alpha_1"][0][0] is None      # layer 0: none
+  assert traj["steps"] == [2, 4] and len(traj["token_similarity"][0]) == 1   # one layer
+  assert len(traj["embeddings"]["token_similarity"]) == 2
+  assert len(traj["alpha_1"]) == 2 and traj["alpha_1"][0][0] is not None   # layer 0: a block
   assert (traj_out / "trajectory.png").is_file() and (traj_out / "step_4" / "analysis.html").is_file()
   for step in (None, 2):
     out = tmp_path / f"out{step}"
@@ -163,4 +234,4 @@ def test_a_rankjax_run_is_analyzed_at_its_newest_checkpoint(tmp_path):
     assert cli.main(argv) == 0
     r = json.loads((out / "analysis.json").read_text())
     assert r["model"]["step"] == (4 if step is None else 2)
-    assert r["model"]["norm_position"] == "pre" and len(r["layers"]) == 2
+    assert r["model"]["norm_position"] == "pre" and len(r["layers"]) == 1

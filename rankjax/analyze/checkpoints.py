@@ -279,7 +279,7 @@ def _decoder(cfg: TransformerConfig, weights: Weights, parameters: int, stored: 
       fns=DecoderFns(cfg), weights=weights)
 
 
-def _llama(folder: pathlib.Path, kind: str, placement: Placement, layer_at_a_time: str
+def _llama(folder: pathlib.Path, hf: dict, placement: Placement, layer_at_a_time: str
            ) -> Model:
   files = hf_llama.open_llama(folder, compute_dtype=placement.compute_dtype)
   parameters = int(sum(np.prod(s) for s in files.shapes.values()))
@@ -289,8 +289,12 @@ def _llama(folder: pathlib.Path, kind: str, placement: Placement, layer_at_a_tim
   weights = Weights(hf_llama.read_top(files), lambda l: hf_llama.read_layer(files, l),
                     files.cfg.num_layers, placement, resident=not per_layer)
   stored = "/".join(sorted({str(np.dtype(t)) for t in files.dtypes.values()}))
-  return _decoder(files.cfg, weights, parameters, stored, str(folder),
-                  {"model_type": kind}, _tokenizer_in(folder))
+  extra = {"model_type": hf["model_type"],
+           "max_position_embeddings": int(hf.get("max_position_embeddings", 2048))}
+  if window := hf_llama.sliding_window(hf):
+    extra["sliding_window"] = window
+  return _decoder(files.cfg, weights, parameters, stored, str(folder), extra,
+                  _tokenizer_in(folder))
 
 
 def decoder_model(cfg: TransformerConfig, params: dict, source: str = "params", *,
@@ -354,6 +358,6 @@ def open_checkpoint(path: str, step: int | None = None, *,
   if kind == "gpt2":
     return _gpt2(folder, hf, placement, layer_at_a_time)
   if kind in hf_llama.MODEL_TYPES:
-    return _llama(folder, kind, placement, layer_at_a_time)
+    return _llama(folder, hf, placement, layer_at_a_time)
   raise ValueError(f"{config}: model_type={kind!r} is not supported (gpt2, "
                    f"{', '.join(hf_llama.MODEL_TYPES)})")

@@ -6,7 +6,8 @@ GPT-2, Llama, Mistral, Qwen2) or a rankjax LM training workdir (``--step``: defa
 newest checkpoint). The input is ``--token-ids FILE`` (integers, whitespace-separated),
 ``--text FILE`` (tokenized with the checkpoint's ``tokenizer.json`` / ``tokenizer.model``;
 without one, UTF-8 bytes, and the output says so) or ``--dataset shakespeare`` (the
-offline corpus's validation split), cut into ``--sequences`` sequences of ``--tokens``.
+offline corpus's validation split), cut into ``--sequences`` sequences of ``--tokens``
+(a shorter input: as many whole sequences as fit, else one of all its tokens; it says so).
 The measures (``--measures``): ``stream`` (token similarity, mean spike, coherence),
 ``attention`` (per head), ``jacobian`` (at ``--positions``), ``gradients`` (with the
 next-token loss on the sequences: alpha_k, sqrt(d)/||y||, the contraction c, per-layer
@@ -15,6 +16,9 @@ Any size (``rankjax.analyze.passes``: a layer at a time): ``--layer-at-a-time`` 
 Llama-family folder's layers from the memory-mapped files on every pass (auto: when the
 weights exceed half the free memory), ``--mesh-fsdp`` shards the weights over the local
 devices by the training rules, ``--dtype bfloat16`` computes in bf16.
+Layer l is block l, 0 = the first (as in training's diagnostics, TensorBoard and
+``load_run``): ``layers[l]`` of ``analysis.json`` and the trajectory's columns; the
+embeddings' stream measures are ``embeddings``. The page shows effective ranks / d.
 Results already in ``DIR`` are refused (one line, exit 2) unless ``--overwrite``.
 Bad input is one line and exit 2; nothing is downloaded.
 """
@@ -49,7 +53,8 @@ def add_parser(subparsers) -> None:
   src.add_argument("--token-ids", help="a file of whitespace-separated token ids")
   src.add_argument("--dataset", choices=["shakespeare"], help="the offline corpus")
   p.add_argument("--tokens", type=int, default=64, help="tokens per sequence (%(default)s)")
-  p.add_argument("--sequences", type=int, default=2, help="sequences (%(default)s)")
+  p.add_argument("--sequences", type=int, default=2,
+                 help="sequences (%(default)s; a shorter input: as many as fit)")
   p.add_argument("--positions", default="-1",
                  help="comma-separated token positions of the Jacobians (%(default)s: the "
                       "last; negative counts from the end)")
@@ -99,18 +104,44 @@ def _token_ids(args, model) -> tuple[np.ndarray, str]:
       "byte (the checkpoint has no tokenizer)"
 
 
+def too_long(n: int, model) -> str:
+  """The refusal of ``--tokens n`` beyond the model's positions; a sliding window
+  (Mistral) that caps them is named as such, beside the model's own positions."""
+  window = model.description.get("sliding_window")
+  if window and model.max_len == window:
+    return (f"--tokens {n} exceeds the model's sliding window of {window} tokens (it has "
+            f"{model.description['max_position_embeddings']} positions; rankjax attends "
+            f"without a window, so analyze is exact up to {window} tokens)")
+  return f"--tokens {n} exceeds the model's {model.max_len} positions"
+
+
+def fitted_shape(available: int, tokens: int, sequences: int) -> tuple[int, int]:
+  """``(sequences, tokens)`` analyzed from ``available`` input tokens: as asked when
+  they suffice, else as many whole sequences of ``tokens`` as fit, else one sequence of
+  all of them."""
+  if available >= tokens * sequences:
+    return sequences, tokens
+  if available >= tokens:
+    return available // tokens, tokens
+  return 1, available
+
+
 def _sequences(ids: np.ndarray, args, model) -> np.ndarray:
   n, k = args.tokens, args.sequences
   if n < 2 or k < 1:
     raise ValueError(f"--tokens must be >= 2 and --sequences >= 1; got {n}, {k}")
-  if n > model.max_len:
-    raise ValueError(f"--tokens {n} exceeds the model's {model.max_len} positions")
-  if ids.size < n * k:
-    raise ValueError(f"the input has {ids.size} tokens; {k} sequences of {n} need {n * k}")
-  if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
+  if ids.size < 2:
+    raise ValueError(f"the input has {ids.size} token(s); rankjax analyze needs at least 2")
+  k_fit, n_fit = fitted_shape(ids.size, n, k)
+  if n_fit > model.max_len:
+    raise ValueError(too_long(n, model))
+  if ids.min() < 0 or ids.max() >= model.vocab_size:
     raise ValueError(f"token ids must lie in [0, {model.vocab_size}); the input has "
                      f"{ids.min()}..{ids.max()}")
-  return ids[:n * k].reshape(k, n).astype(np.int32)
+  if (k_fit, n_fit) != (k, n):
+    print(f"rankjax analyze: the input has {ids.size} tokens, fewer than {k} sequences of "
+          f"{n}; analyzing {k_fit} sequence(s) of {n_fit} tokens", file=sys.stderr)
+  return ids[:n_fit * k_fit].reshape(k_fit, n_fit).astype(np.int32)
 
 
 def _positions(spec: str, n: int) -> list[int]:
@@ -129,25 +160,30 @@ def _positions(spec: str, n: int) -> list[int]:
 def analyze(model, seqs: np.ndarray, positions: list[int], measures: set[str],
             with_paths: bool = True) -> dict:
   """The measures of ``model`` on ``seqs`` (K, T): the ``analysis.json`` dict
-  (``passes``: a forward pass, and a backward pass for the gradients)."""
+  (``passes``: a forward pass, and a backward pass for the gradients). ``layers[l]``
+  is layer l, 0 = the first block (its attention, Jacobians and gradients, and the
+  stream measures of its output); the stream measures of the embeddings are
+  ``embeddings``."""
   from rankjax.analyze import measures as m
   from rankjax.analyze import passes
-  out = {"layers": [{"layer": l} for l in range(model.num_layers + 1)]}
+  out = {"layers": [{"layer": l} for l in range(model.num_layers)]}
   fwd = passes.forward_pass(model, seqs, positions if "jacobian" in measures else [],
                             keep_streams=bool(measures & {"stream", "gradients"}),
                             attention="attention" in measures)
   out["seconds_per_layer"] = fwd["seconds"]
   if "stream" in measures:
     streams = np.swapaxes(fwd["streams"], 0, 1)                         # (K, L+1, T, d)
-    for row, entry in zip(out["layers"], m.stream_measures(streams)):
-      row.update({k: v for k, v in entry.items() if k != "layer"})
-  for l, heads in enumerate(fwd["attention"], start=1):
+    stream = m.stream_measures(streams)
+    out["embeddings"] = stream["embeddings"]
+    for row, entry in zip(out["layers"], stream["layers"]):
+      row.update(entry)
+  for l, heads in enumerate(fwd["attention"]):
     out["layers"][l]["attention"] = heads
   if "jacobian" in measures:
     depth = {}
     for pos, blocks in fwd["token_blocks"].items():
       jac = m.jacobian_measures(blocks, with_paths=with_paths)
-      for l, entry in enumerate(jac["layers"], start=1):
+      for l, entry in enumerate(jac["layers"]):
         out["layers"][l].setdefault("jacobian", {})[str(pos)] = entry
       depth[str(pos)] = jac["through_depth"]
     out["through_depth"] = depth
@@ -155,7 +191,7 @@ def analyze(model, seqs: np.ndarray, positions: list[int], measures: set[str],
     bwd = passes.backward_pass(model, seqs, fwd["streams"])
     out["loss"] = bwd["loss"]
     out["seconds_per_layer"]["backward"] = bwd["seconds"]
-    for l, row in enumerate(bwd["layers"], start=1):
+    for l, row in enumerate(bwd["layers"]):
       out["layers"][l]["gradients"] = row
   return out
 
@@ -165,17 +201,23 @@ def _figure(result: dict, path: pathlib.Path) -> None:
   plt = plotting.pyplot()
   layers = result["layers"]
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-  if "token_similarity" in layers[0]:
+  if "embeddings" in result:
     axes[0].plot([r["layer"] for r in layers], [r["token_similarity"]["mean"] for r in layers],
-                 marker="o")
-    axes[0].set(xlabel="layer l (0: embeddings)", ylabel="token similarity of h_l",
+                 marker="o", label="output of layer l")
+    axes[0].plot([-1], [result["embeddings"]["token_similarity"]["mean"]], marker="s",
+                 ls="", color="gray", label="embeddings (at -1)")
+    axes[0].set(xlabel="layer l (0 = first block)", ylabel="token similarity",
                 title="Token similarity (postnorm Def 2.1)")
+    axes[0].xaxis.get_major_locator().set_params(integer=True)
+    axes[0].legend(fontsize=7)
   for pos, depth in result.get("through_depth", {}).items():
     er = depth["erank_over_d"]
-    axes[1].plot(np.arange(1, len(er) + 1) / 2, er, marker=".", label=f"token {pos}")
+    axes[1].plot(np.arange(len(er)) / 2, er, marker=".", label=f"token {pos}")
   if result.get("through_depth"):
-    axes[1].set(xlabel="layer (half steps: sublayers)", ylabel="erank(dh/dh_0) / d",
+    axes[1].set(xlabel="layer (0 = first block): l after its attention, l + 0.5 its FFN",
+                ylabel="erank(dh/dh_0) / d",
                 title="Token Jacobian through depth (TR Eq. 3)")
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
     axes[1].legend()
   fig.suptitle(result["source"])
   fig.tight_layout()
@@ -190,9 +232,13 @@ def _targets(args) -> list[tuple[str, str, int | None]]:
     if len(args.checkpoint) != 1 or args.step is not None:
       raise ValueError("--steps reads one rankjax run (and replaces --step)")
     wd = args.checkpoint[0]
-    steps = trajectory.run_steps(wd) if args.steps == "all" else _ints(args.steps, "--steps")
+    saved = trajectory.run_steps(wd)
+    steps = saved if args.steps == "all" else _ints(args.steps, "--steps")
+    _check_steps(steps, saved)
     return [(f"step_{s}", wd, s) for s in steps]
   if len(args.checkpoint) == 1:
+    if args.step is not None and (pathlib.Path(args.checkpoint[0]) / "checkpoints").is_dir():
+      _check_steps([args.step], trajectory.run_steps(args.checkpoint[0]))
     return [("", args.checkpoint[0], args.step)]
   if args.step is not None:
     raise ValueError("--step reads one rankjax run; give --steps for several")
@@ -200,6 +246,15 @@ def _targets(args) -> list[tuple[str, str, int | None]]:
   if len(set(labels)) < len(labels):
     labels = [f"{i}_{lab}" for i, lab in enumerate(labels)]
   return [(lab, c, None) for lab, c in zip(labels, args.checkpoint)]
+
+
+def _check_steps(steps: list[int], saved: list[int]) -> None:
+  """Refuses steps the run did not save, listing those it did."""
+  missing = [s for s in steps if s not in saved]
+  if missing:
+    plural = "s" if len(missing) > 1 else ""
+    raise ValueError(f"no checkpoint at step{plural} {', '.join(map(str, missing))}; the run "
+                     f"has steps {', '.join(map(str, saved))}")
 
 
 def _ints(spec: str, flag: str) -> list[int]:
@@ -284,9 +339,9 @@ def run(args) -> int:
     if seqs is None:      # the same token sequences for every checkpoint
       ids, tokenizer = _token_ids(args, model)
       seqs = _sequences(ids, args, model)
-      positions = _positions(args.positions, args.tokens)
+      positions = _positions(args.positions, seqs.shape[1])
       if "jacobian" in measures:
-        _check_jacobian_memory(model, args.tokens)
+        _check_jacobian_memory(model, seqs.shape[1])
     elif seqs.max() >= model.vocab_size or seqs.shape[1] > model.max_len:
       raise ValueError(f"{model.source}: its vocabulary or positions do not fit the "
                        "sequences of the first checkpoint")

@@ -1,10 +1,11 @@
 """The per-layer measures of ``rankjax analyze``: pure functions of a model's arrays
 (streams, attention probabilities, block Jacobians), each the library's one formula.
 
-  * ``stream_measures``: token similarity (postnorm Def 2.1) of h_l, layer 0 the
-    embeddings; the mean spike ``||mean_t h_l||`` with its noise floor and the coherence
-    ``cos(m_l, m_{l+1})`` of the branch means ``m_l = mean_t (h_l - h_{l-1})``
-    (Transforming Rank Sec 5, Fig 7).
+  * ``stream_measures``: token similarity (postnorm Def 2.1) of the embeddings and of
+    each layer's output (layer 0 = the first block, as in training's diagnostics); the
+    mean spike ``||mean_t h||`` with its noise floor and the coherence
+    ``cos(m_l, m_{l+1})`` of the branch means ``m_l = mean_t`` (layer l's output minus
+    its input) (Transforming Rank Sec 5, Fig 7).
   * ``attention_measures``: per head, percentiles over rows (queries t >= 1, restricted
     to their causal support) of the normalized entropy, p_max and the certificate
     ``theta_certificate`` (softmax paper App D.2, greedy prefix), and the exact
@@ -38,26 +39,30 @@ def _percentiles(x: np.ndarray) -> dict[str, float]:
   return out
 
 
-def stream_measures(streams_KxLxTxD: np.ndarray) -> list[dict]:
-  """Per layer l = 0..L (K sequences): token similarity (mean and min-max over the
-  sequences), mean spike, its noise floor, and the branch-mean coherence
-  ``cos(m_l, m_{l+1})`` (layers 1..L-1)."""
+def _stream_row(sim, spike, floor, i: int) -> dict:
+  return {"token_similarity": {"mean": float(sim[:, i].mean()), "min": float(sim[:, i].min()),
+                               "max": float(sim[:, i].max())},
+          "mean_spike": float(spike[:, i].mean()), "mean_noise_floor": float(floor[:, i].mean())}
+
+
+def stream_measures(streams_KxLxTxD: np.ndarray) -> dict:
+  """The streams h_0 (embeddings) .. h_L of K sequences: ``{"embeddings": {...},
+  "layers": [...]}``, layer l (0 = the first block) measured on its output h_{l+1}:
+  token similarity (mean and min-max over the sequences), mean spike, its noise floor,
+  and on layers 0..L-2 the branch-mean coherence ``cos(m_l, m_{l+1})``."""
   h = jnp.asarray(streams_KxLxTxD)
   sim = np.asarray(similarity.token_similarity(h))                       # (K, L+1)
   spike = np.asarray(representations.mean_spike(h))
   floor = np.asarray(representations.mean_noise_floor(h))
   means = jnp.mean(h[:, 1:] - h[:, :-1], axis=-2)                        # (K, L, d)
   coherence = np.asarray(representations.consecutive_cosine(means))      # (K, L-1)
-  out = []
-  for l in range(h.shape[1]):
-    row = {"layer": l,
-           "token_similarity": {"mean": float(sim[:, l].mean()), "min": float(sim[:, l].min()),
-                                "max": float(sim[:, l].max())},
-           "mean_spike": float(spike[:, l].mean()), "mean_noise_floor": float(floor[:, l].mean())}
-    if 1 <= l <= coherence.shape[1]:
-      row["branch_mean_coherence"] = float(coherence[:, l - 1].mean())
-    out.append(row)
-  return out
+  layers = []
+  for l in range(h.shape[1] - 1):
+    row = {"layer": l, **_stream_row(sim, spike, floor, l + 1)}
+    if l < coherence.shape[1]:
+      row["branch_mean_coherence"] = float(coherence[:, l].mean())
+    layers.append(row)
+  return {"embeddings": _stream_row(sim, spike, floor, 0), "layers": layers}
 
 
 @jax.jit
@@ -114,8 +119,9 @@ def jacobian_measures(bj: engine.BlockJacobians, *, with_paths: bool = True) -> 
   """At one token: per layer the attention and FFN sublayer Jacobians ``J_R (I + G)``,
   their branch parts G and the whole block's Jacobian (FFN sublayer @ attention
   sublayer), each ``_spectrum``; and the token's input-output Jacobian through the 2L
-  sublayers (``engine.measurements``: erank / d per sublayer, path-order profile and
-  mean order with path sums)."""
+  sublayers (``engine.measurements``: erank / d after each sublayer, entry 2l layer l's
+  attention and 2l+1 its FFN; path-order profile and mean order with path sums).
+  ``erank`` / ``stable_rank`` are absolute; the keys ending ``_over_d`` are divided by d."""
   sub = np.asarray(engine.sublayer_jacobian(bj.skip, bj.branch))          # (2L, d, d)
   g = np.asarray(bj.relative_branch)
   layers = []

@@ -87,6 +87,15 @@ def _rope(hf: dict) -> dict:
                    "max_position_embeddings)")
 
 
+def sliding_window(hf: dict) -> int | None:
+  """The attention window a ``config.json`` (as a dict) applies, or None (Mistral: on
+  unless ``use_sliding_window`` is false; Qwen2: only when it is true)."""
+  window = hf.get("sliding_window")
+  if window and hf.get("use_sliding_window", hf.get("model_type") == "mistral"):
+    return int(window)
+  return None
+
+
 def llama_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConfig:
   """The ``TransformerConfig`` of a Hugging Face ``config.json`` (as a dict)."""
   kind = hf.get("model_type")
@@ -105,9 +114,9 @@ def llama_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConf
     raise ValueError(f"head_dim={hf['head_dim']} differs from hidden_size / "
                      f"num_attention_heads = {d // heads}")
   max_len = int(hf.get("max_position_embeddings", 2048))
-  window = hf.get("sliding_window")
-  if window and hf.get("use_sliding_window", kind == "mistral"):
-    max_len = min(max_len, int(window))      # exact up to the window's length
+  window = sliding_window(hf)
+  if window:
+    max_len = min(max_len, window)      # exact up to the window's length
   return TransformerConfig(
       vocab_size=int(hf["vocab_size"]), num_layers=int(hf["num_hidden_layers"]),
       d_model=d, num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads", heads)),
