@@ -208,7 +208,7 @@ def test_sigkill_before_the_first_checkpoint_then_rerun_holds_each_step_once(wor
   starts over at step 0, and the event files and metrics.jsonl hold each step once."""
   from rankjax.train import tensorboard as tb
   pytest.importorskip("tensorboardX")
-  cfg = tiny_lm(total_steps=12, checkpoint_every=100, eval_every=0, image_every=1)
+  cfg = tiny_lm(total_steps=12, checkpoint_every=100, eval_every=0)
   workdir, logdir = tmp_path / "killed", str(tmp_path / "killed" / "tensorboard")
   code, _, err = worker(cfg, workdir, "--kill-at", "10")
   assert code == -signal.SIGKILL, err
