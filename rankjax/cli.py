@@ -3,7 +3,11 @@
 A thin entry point: each subcommand parses its arguments and calls the library.
 Subcommands that belong to a part of the library are defined next to it, in a
 module exposing ``add_parser(subparsers)``; the parser sets ``func`` to the function
-that runs the command. Bad input ends with one clear line on stderr and exit code 2.
+that runs the command. A failure is one line on stderr and a documented exit code:
+2 bad input, 3 a run's checkpoints cannot be read (all corrupt, their metadata
+damaged, or unreadable now: ``RestoreError``); a command documents its others. What
+Orbax and TensorStore print meanwhile goes to a log file (``cli_quiet``), which the
+line names when it holds errors.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from rankjax import cli_quiet
 
 # Modules that each add one or more subcommands: add_parser(subparsers).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -44,17 +50,34 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+EXIT_BAD_INPUT = 2
+EXIT_UNREADABLE = 3
+
+
+def _unreadable(e: BaseException) -> bool:
+  """Whether ``e`` is a ``RestoreError`` (its module is loaded once one was raised)."""
+  ckpt = sys.modules.get("rankjax.train.checkpoint")
+  return ckpt is not None and isinstance(e, ckpt.RestoreError)
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
-  try:
-    return int(args.func(args) or 0)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"rankjax {args.command}: error: {e}", file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print(f"rankjax {args.command}: interrupted", file=sys.stderr)
-    return 130
+  with cli_quiet.quiet(args.command) as log:
+    try:
+      return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+      line, code = f"error: {e}", EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+      line, code = "interrupted", 130
+    except Exception as e:
+      if not _unreadable(e):
+        raise
+      line, code = str(e), EXIT_UNREADABLE
+  if log.errors:     # counted once the stragglers settled
+    line += f" (library messages: {log.path})"
+  print(f"rankjax {args.command}: {line}", file=sys.stderr)
+  return code
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ Layer l is block l, 0 = the first (as in training's diagnostics, TensorBoard and
 ``load_run``): ``layers[l]`` of ``analysis.json`` and the trajectory's columns; the
 embeddings' stream measures are ``embeddings``. The page shows effective ranks / d.
 Results already in ``DIR`` are refused (one line, exit 2) unless ``--overwrite``.
-Bad input is one line and exit 2; nothing is downloaded.
+Bad input is one line and exit 2; checkpoints unreadable (a rankjax run's all corrupt)
+one line and exit 3; nothing is downloaded.
 """
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ Restoring never destroys a run (``restore_with_fallback``):
   ``corrupt_checkpoints/`` too (the resumed run writes that step number again);
 * any other error (a transient storage error, permissions, a state that does not
   fit) stops the restore with one line, nothing moved;
-* when steps exist but none is readable the run refuses to start (nothing moved).
+* when steps exist but none is readable, or Orbax cannot list them (a step's metrics
+  unreadable: ``open_manager``), the run refuses to start with one line (``RestoreError``;
+  nothing moved).
 
 A checkpoint written by another number of processes restores the train state (Orbax
 reshards it onto the current mesh) and rebuilds the data iterator deterministically
@@ -216,11 +218,13 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
                           ) -> tuple[int, Any] | None:
   """Tries ``restore(step)`` from the newest step down.
 
-  A step is skipped (one logged warning names it and the step used instead) only when
-  ``restore`` raises ``IncompleteStep`` or an integrity failure
-  (``is_integrity_failure``); ``on_skipped(step, incomplete)`` is called for each
-  skipped step once a restore succeeded (or at once for an incomplete step). Any
-  other error is raised as ``RestoreError`` naming the step; nothing is skipped.
+  A step is skipped only when ``restore`` raises ``IncompleteStep`` or an integrity
+  failure (``is_integrity_failure``): one logged warning names it and the step used
+  instead, at once for an incomplete step, once an earlier step restored for an
+  unreadable one (when none does, the ``RestoreError`` names them all, so a refusal is
+  one line). ``on_skipped(step, incomplete)`` is called for each skipped step once a
+  restore succeeded (or at once for an incomplete step). Any other error is raised as
+  ``RestoreError`` naming the step; nothing is skipped.
 
   Returns:
     (step, restored) or None when ``steps`` is empty.
@@ -249,14 +253,15 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
             "fix the cause and run again") from e
       reason, incomplete = _short(e), False
     else:
-      if on_skipped is not None:
-        for bad, _ in unreadable:
+      for bad, why in unreadable:
+        log.warning(f"checkpoint at step {bad} in {directory} is unreadable ({why}); "
+                    f"using step {step} instead")
+        if on_skipped is not None:
           on_skipped(bad, False)
       return step, out
-    kind = "incomplete" if incomplete else "unreadable"
-    nxt = f"using step {steps[i + 1]} instead" if i + 1 < len(steps) else "no earlier step"
-    log.warning(f"checkpoint at step {step} in {directory} is {kind} ({reason}); {nxt}")
     if incomplete:
+      nxt = f"using step {steps[i + 1]} instead" if i + 1 < len(steps) else "no earlier step"
+      log.warning(f"checkpoint at step {step} in {directory} is incomplete ({reason}); {nxt}")
       if on_skipped is not None:
         on_skipped(step, True)
     else:
@@ -267,6 +272,38 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
         f"no checkpoint in {directory} could be read: every step is corrupt ({listed}); "
         f"nothing was moved: move {directory} aside to start this run from scratch")
   return None
+
+
+def open_manager(directory: epath.Path, make: Callable[[], Any]) -> Any:
+  """``make()``: an ``ocp.CheckpointManager`` over ``directory``, whose constructor reads
+  every step's ``metrics`` item.
+
+  Raises:
+    RestoreError naming the steps whose ``metrics`` cannot be read when that fails with
+    an integrity failure (nothing moved); any other error as it is.
+  """
+  try:
+    return make()
+  except Exception as e:  # noqa: BLE001 - classified below
+    if not is_integrity_failure(e):
+      raise
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    bad = [s for s in steps if not _json_readable(directory / str(s) / "metrics" / "metrics")]
+    which = f"step(s) {', '.join(map(str, bad))}" if bad else "a step"
+    todo = (f"move {directory} aside to start this run from scratch" if bad == steps else
+            "move the damaged step folder(s) aside to use the others")
+    raise RestoreError(f"the checkpoints in {directory} cannot be listed: the metrics of "
+                       f"{which} are corrupt ({_short(e)}); nothing was moved: {todo}") from None
+
+
+def _json_readable(path: epath.Path) -> bool:
+  try:
+    json.loads(path.read_text())
+  except FileNotFoundError:
+    return True    # a step without metrics is incomplete, not damaged
+  except (ValueError, OSError):
+    return False
+  return True
 
 
 def saved_process_count(data_dir: epath.Path) -> int | None:
@@ -386,8 +423,8 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
         cleanup_tmp_directories=True, enable_background_delete=paths.is_remote(self.directory))
-    self.manager = ocp.CheckpointManager(paths.absolute(self.directory), options=options,
-                                         item_handlers=handlers())
+    self.manager = open_manager(self.directory, lambda: ocp.CheckpointManager(
+        paths.absolute(self.directory), options=options, item_handlers=handlers()))
     self.last_save_time = _now()
 
   def time_to_save(self, step: int, minutes: float) -> bool:

@@ -6,8 +6,9 @@ Exit codes (for requeue scripts: requeue on 75, never on 0):
   0   the run finished (reached total_steps), or was already complete;
   1   the loss became NaN/Inf (the last good checkpoint is kept);
   2   bad input (one line on stderr; nothing written);
-  3   the checkpoints could not be read for a reason that is not their integrity, or
-      none could be read (one line; nothing was moved);
+  3   checkpoints unreadable: none could be read (all corrupt, or their metadata
+      damaged), or one could not be read for a reason that is not its integrity
+      (one line; nothing was moved);
   75  stopped by SIGTERM (preemption, ``scancel``) or Ctrl-C after saving a checkpoint
       of the current step (one that comes before the first update has nothing to
       save): run the same command to resume (EX_TEMPFAIL);
@@ -29,7 +30,7 @@ EXIT_PREEMPTED = 75   # sysexits.h EX_TEMPFAIL: "try again later"
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
   parser = subparsers.add_parser(
       "train", help="train an LM or MLP classifier (resumes an interrupted run)",
-      description=__doc__.split("\n\n")[0],
+      description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="TrainConfig JSON file")
   parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -74,7 +75,6 @@ def _run(args: argparse.Namespace) -> int:
 
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
-  from rankjax.train.checkpoint import RestoreError
   from rankjax.train.loop import NonFiniteLossError, train
 
   plugins.import_modules(args.imports)
@@ -84,9 +84,6 @@ def _run(args: argparse.Namespace) -> int:
   except NonFiniteLossError as e:
     print(f"rankjax train: {e}", file=sys.stderr)
     return 1
-  except RestoreError as e:
-    print(f"rankjax train: {e}", file=sys.stderr)
-    return 3
   if result.status == "preempted":
     saved = ("nothing new to save" if result.step == result.start_step
              else f"checkpoint saved in {args.workdir}")

@@ -117,8 +117,9 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
 
   Raises:
     FileNotFoundError: no run or no complete checkpoint in ``workdir``.
-    RestoreError: every checkpoint is corrupt, or one could not be read for another
-      reason (``checkpoint.restore_with_fallback``; one line).
+    RestoreError: every checkpoint is corrupt, a step's metrics too damaged for Orbax
+      to list the steps (``checkpoint.open_manager``), or one could not be read for
+      another reason (``checkpoint.restore_with_fallback``; one line).
     ValueError: a URL whose filesystem package is missing.
   """
   workdir = paths.as_path(workdir, "workdir")
@@ -134,10 +135,10 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   level = absl_log.level
   absl_log.setLevel(logging.ERROR)
   try:
-    manager = ocp.CheckpointManager(paths.absolute(directory),
-                                    options=ocp.CheckpointManagerOptions(
-                                        read_only=True, multiprocessing_options=_this_process()),
-                                    item_handlers=ckpt_lib.handlers())
+    manager = ckpt_lib.open_manager(directory, lambda: ocp.CheckpointManager(
+        paths.absolute(directory), options=ocp.CheckpointManagerOptions(
+            read_only=True, multiprocessing_options=_this_process()),
+        item_handlers=ckpt_lib.handlers()))
   finally:
     absl_log.setLevel(level)
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
