@@ -25,6 +25,12 @@ mean (``interval``, :func:`t_interval`); with one value, on the value itself:
 - :class:`Qualitative`: what has no testable statement (a figure's look); the reason is
   the row's note.
 
+A row measured away from the paper's setting (another model, data or training budget
+than the one the paper measured the claim on) is a ``proxy`` (:func:`as_proxy`): its
+numbers and the side of the paper's value they fall on are shown, it is counted apart,
+and it is never a match. Mathematics, and measurements at the paper's own sizes, are
+judged as above wherever they run.
+
 A row's fields are :data:`FIELDS`; ``experiments.runner`` adds ``experiment`` and
 ``scale``. The statuses are :data:`STATUSES` (``missing`` and ``failed`` come from the
 runner, never from a claim). :func:`recheck` recomputes a status from the row alone.
@@ -39,7 +45,9 @@ from typing import Any, Iterable, Sequence
 from scipy import stats
 
 # "tiny": a row of --scale tiny, measured but not judged against the paper
-STATUSES = ("match", "mismatch", "inconclusive", "qualitative", "tiny", "missing", "failed")
+STATUSES = ("match", "mismatch", "inconclusive", "proxy", "qualitative", "tiny", "missing",
+            "failed")
+JUDGED = ("match", "mismatch", "inconclusive")   # the statuses a rule gives
 FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "seeds", "per_seed",
           "interval", "band", "rule", "status", "scale", "note")
 CONFIDENCE = 0.95   # two-sided level of the mean's t-interval
@@ -266,6 +274,34 @@ class Claim:
             "status": status, "note": "; ".join(notes)}
 
 
+def direction(row: dict[str, Any]) -> str:
+  """Which side of the paper's value (or limit) the row's numbers fall on, in words."""
+  paper, ours, iv = row.get("paper"), row.get("ours"), row.get("interval")
+  if ours is None or paper is None:
+    return "no finite value measured"
+  lo, hi = iv if iv else (ours, ours)
+  side = ("above" if lo > paper else "below" if hi < paper else
+          "on both sides of" if iv else "equal to")
+  return f"ours {_g(ours)}{f' [{_g(lo)}, {_g(hi)}]' if iv else ''} is {side} the paper's {_g(paper)}"
+
+
+def _g(x: float) -> str:
+  return f"{x:.4g}"
+
+
+PROXY = "proxy: "   # how a proxy row's note begins
+
+
+def as_proxy(row: dict[str, Any], setting: str) -> dict[str, Any]:
+  """``row`` (judged) as a proxy measured at ``setting`` (ours against the paper's):
+  status ``proxy``, the note opening with the setting and the direction."""
+  if row["status"] not in JUDGED:
+    return row
+  note = f"{PROXY}{setting}; {direction(row)}"
+  return {**row, "status": "proxy",
+          "note": "; ".join(x for x in (note, row.get("note") or "") if x)}
+
+
 def claims(items: Iterable[Claim]) -> dict[str, Claim]:
   """The claims keyed by item (an item declared twice is an error)."""
   out: dict[str, Claim] = {}
@@ -282,6 +318,8 @@ def recheck(row: dict[str, Any]) -> str | None:
   rule = str(row.get("rule") or "")
   if row.get("status") in ("missing", "failed") or rule == "qualitative":
     return None
+  if row.get("status") == "proxy":
+    return "proxy" if str(row.get("note") or "").startswith(PROXY) else "mismatch"
   if row.get("paper") is None:
     return "mismatch"
   if row.get("band") is not None:

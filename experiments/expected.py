@@ -7,7 +7,8 @@ each table of results in it is a block the renderer owns:
     (generated: the rows of experiments/<study>/results/quick/table3.json)
     <!-- end results -->
 
-Options after the name: ``items=REGEX`` keeps the rows whose item matches (search),
+``<!-- results SCALE/counts -->`` renders the scale's status counts (summary.json:
+at the paper's setting, the proxies apart). Options after the name: ``items=REGEX`` keeps the rows whose item matches (search),
 ``fields=a,b,c`` picks the columns (default :data:`FIELDS`). Under each table a line
 gives the provenance (commit, device, date, wall time). A block whose results file is
 missing renders as one line saying so.
@@ -31,6 +32,7 @@ from typing import Sequence
 
 from experiments import results
 
+COUNTS = "counts"   # <!-- results SCALE/counts -->: the scale's status counts
 FIELDS = ("item", "quantity", "paper", "ours", "sd", "n", "interval", "band", "rule", "status")
 _BLOCK = re.compile(r"(<!-- results (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)",
                     re.S)
@@ -51,6 +53,8 @@ def _block(study: str, spec: str) -> str:
   if unknown:
     raise ValueError(f"{study}/EXPECTED.md: results block {spec!r}: unknown option(s) "
                      f"{sorted(unknown)}")
+  if name == COUNTS:
+    return _counts_block(study, scale)
   path = results.committed_dir(study, scale) / f"{name}.json"
   if not path.is_file():
     return f"(no results file {path.relative_to(results.ROOT)} yet)\n"
@@ -68,6 +72,15 @@ def _block(study: str, spec: str) -> str:
             f"seeds {seeds if seeds is not None else 'not recorded'}, "
             f"{p.get('wall_s')} s, {p.get('date')}."]
   return "\n".join(lines) + "\n"
+
+
+def _counts_block(study: str, scale: str) -> str:
+  path = results.committed_dir(study, scale) / "summary.json"
+  if not path.is_file():
+    return f"(no results file {path.relative_to(results.ROOT)} yet)\n"
+  rows = json.loads(path.read_text())
+  return (f"{scale} scale, {len(rows)} rows: {results.counts_text(rows)} (rendered from "
+          f"`{path.relative_to(results.ROOT)}`).\n")
 
 
 def render(study: str, text: str | None = None) -> str:

@@ -120,6 +120,16 @@ def counts(rows: Sequence[dict]) -> dict[str, int]:
   return {s: k for s, k in n.items() if k or s != "tiny"}
 
 
+def counts_text(rows: Sequence[dict]) -> str:
+  """The counts in words: the verdicts at the paper's setting, the proxies apart, the
+  rest (the line summary.md, EXPECTED.md and ``rankjax reproduce`` print)."""
+  n = counts(rows)
+  part = lambda keys: ", ".join(f"{s} {n[s]}" for s in keys if s in n)
+  rest = part([s for s in n if s not in (*evidence.JUDGED, "proxy")])
+  return (f"at the paper's setting {part(evidence.JUDGED)}; proxy {n['proxy']} (measured "
+          f"at another setting, counted apart, never a match)" + (f"; {rest}" if rest else ""))
+
+
 def summary_markdown(study, rows: list[dict], scale: str,
                      provenance_by: dict[str, dict] | None = None) -> str:
   """``summary.md``: the status counts, the rows as one table, each experiment's
@@ -127,8 +137,8 @@ def summary_markdown(study, rows: list[dict], scale: str,
   lines = [f"# {study.title} ({scale} scale)", ""]
   if study.notes.get(scale):
     lines += [study.notes[scale], ""]
-  lines += ["Status counts: " + ", ".join(f"{s} {n}" for s, n in counts(rows).items())
-            + ". Each status is computed from the row's numbers: the 95% t-interval of "
+  lines += ["Status counts: " + counts_text(rows) + ". Each status is computed from the "
+            "row's numbers: the 95% t-interval of "
             "the seeds' mean (one value: the value) inside [paper - band, paper + band] "
             "is a match, wholly outside a mismatch, else inconclusive; a predicate row "
             "likewise; machine-readable: summary.json.", ""]

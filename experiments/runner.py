@@ -39,6 +39,9 @@ STATUSES = evidence.STATUSES
 FIELDS = evidence.FIELDS
 
 
+PAPER_SETTING = "paper"   # Experiment.setting's value for the paper's own setting
+
+
 class NotPrepared(ValueError):
   """A data set the chosen scale needs is not prepared (raised before anything runs)."""
 
@@ -56,6 +59,12 @@ class Experiment:
     a row whose item, paper or rule is not the declared claim's is an error.
   options: keyword arguments of its ``run`` that a command line may give (e.g.
     ``checkpoints``: ``rankjax reproduce --checkpoint``).
+  setting: scale -> :data:`PAPER_SETTING` when that scale runs the paper's own setting
+    (model, data, steps) for these claims, else one line saying how it differs (ours vs
+    the paper's): its rows are then ``proxy`` rows (``evidence.as_proxy``), never a
+    match. Every scale it runs but ``tiny`` must be declared.
+  scale_free: items judged against the paper at any scale (mathematics that holds at
+    every size; a measurement whose setting is the paper's at every scale).
   trained: its numbers come out of training runs, which a change of rounding alone
     moves: ``--check`` judges a rerun at the distribution level (its seeds' interval
     overlaps the committed one), not number by number.
@@ -76,11 +85,16 @@ class Experiment:
   claims: Mapping[str, evidence.Claim] = dataclasses.field(default_factory=dict)
   options: tuple[str, ...] = ()
   runs: Callable[[str], Mapping[str, Any]] | None = None
+  setting: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  scale_free: frozenset[str] = frozenset()
   trained: bool = False
   recheck_rtol: float = results_files.RECHECK_RTOL
   recheck_why: str = ""
 
   def __post_init__(self):
+    unknown = set(self.scale_free) - set(self.claims)
+    if unknown:
+      raise ValueError(f"{self.module}: scale_free names no declared claim: {sorted(unknown)}")
     if self.recheck_rtol != results_files.RECHECK_RTOL and not self.recheck_why:
       raise ValueError(f"{self.module}: recheck_rtol {self.recheck_rtol:g} is not the "
                        f"default {results_files.RECHECK_RTOL:g}; say why (recheck_why)")
@@ -133,14 +147,26 @@ def _jsonable(x: Any) -> Any:
   return str(x)
 
 
-def _complete(name: str, r: dict[str, Any], scale: str,
-              claims: Mapping[str, evidence.Claim]) -> dict:
+def setting_of(name: str, exp: Experiment, scale: str) -> str:
+  """``exp.setting[scale]`` (one line naming the undeclared scale otherwise)."""
+  if scale not in exp.setting:
+    raise ValueError(f"{name}: Experiment.setting does not say whether --scale {scale} is "
+                     "the paper's setting")
+  return exp.setting[scale]
+
+
+def _complete(name: str, r: dict[str, Any], scale: str, exp: Experiment) -> dict:
   """A row with every field of :data:`FIELDS` (the experiment's name and the scale
-  added), checked against the claim the experiment declared."""
-  claim = claims.get(r.get("item"))
+  added), checked against the claim the experiment declared; a ``proxy`` away from
+  the paper's setting."""
+  claim = exp.claims.get(r.get("item"))
   if claim is None or claim.paper != r.get("paper") or claim.rule.describe() != r.get("rule"):
     raise ValueError(f"{name}: row {r.get('item')!r} is not one of the declared claims "
                      "(item, paper and rule come from evidence.Claim.judge)")
+  if scale != "tiny" and r["item"] not in exp.scale_free:
+    setting = setting_of(name, exp, scale)
+    if setting != PAPER_SETTING:
+      r = evidence.as_proxy(r, setting)
   return _filled(name, r, scale)
 
 
@@ -148,7 +174,7 @@ def _filled(name: str, r: dict[str, Any], scale: str) -> dict:
   out = {k: r.get(k) for k in FIELDS}
   out["experiment"], out["scale"] = name, scale
   out["note"] = out.get("note") or ""
-  if scale == "tiny" and out["status"] in ("match", "mismatch", "qualitative"):
+  if scale == "tiny" and out["status"] in (*evidence.JUDGED, "proxy", "qualitative"):
     out["status"] = "tiny"     # the code path of paper scale, at sizes no paper number fits
   if out["status"] not in STATUSES:
     raise ValueError(f"{name}: row {out['item']!r} has status {out['status']!r}")
@@ -194,6 +220,9 @@ def preflight(study: Study, names: Sequence[str], scale: str,
     print(f"{study.name}: no {scale}-scale path for "
           + "; ".join(f"{n} ({study.experiments[n].why_missing})" for n in missing)
           + "; recorded as missing", flush=True)
+  for n in names:
+    if n not in missing and scale != "tiny":
+      setting_of(n, study.experiments[n], scale)
   lacks = []
   for n in names:
     exp = study.experiments[n]
@@ -264,7 +293,7 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
       given = {k: v for k, v in options.items() if k in exp.options}
       result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale,
                           **given)
-      mine = [_complete(name, r, scale, exp.claims) for r in exp.rows(result)]
+      mine = [_complete(name, r, scale, exp) for r in exp.rows(result)]
       results_files.write_result(out, study.name, name, scale, result, mine,
                                  time.time() - start)
       rows.extend(mine)

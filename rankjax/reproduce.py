@@ -201,8 +201,8 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
 
 def verdicts(results: dict, out_dir: str | pathlib.Path) -> list[str]:
   """One line per analysed study: its rows per status, the counts of summary.md."""
-  counts = importlib.import_module("experiments.results").counts
-  return [f"verdicts {s}: " + ", ".join(f"{k} {n}" for k, n in counts(res["rows"]).items())
+  counts_text = importlib.import_module("experiments.results").counts_text
+  return [f"verdicts {s}: " + counts_text(res["rows"])
           + f" ({pathlib.Path(out_dir) / s / 'summary.json'})"
           for s, res in results.items() if res["analysed"]]
 

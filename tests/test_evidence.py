@@ -80,6 +80,20 @@ def test_bounds_are_predicates_on_the_interval_or_every_seed():
   assert equal.judge([7, 7])["status"] == "mismatch"
 
 
+def test_a_proxy_shows_its_numbers_and_direction_and_is_never_a_match():
+  row = Claim("Fig 3", "alpha max", 2.5, Abs(0.5)).judge([2.4, 2.5, 2.6])
+  assert row["status"] == "match"
+  proxy = evidence.as_proxy(row, "12 layers, d=64 (paper: 48, d=512)")
+  assert proxy["status"] == "proxy" and proxy["ours"] == row["ours"]
+  assert proxy["note"].startswith("proxy: 12 layers, d=64 (paper: 48, d=512); ours 2.5 [")
+  assert "on both sides of the paper's 2.5" in proxy["note"]
+  assert evidence.recheck(proxy) == "proxy"
+  low = evidence.as_proxy(Claim("x", "q", 1.0, Rel(0.1)).judge(0.5), "toy")
+  assert "ours 0.5 is below the paper's 1" in low["note"]
+  qual = Claim("x", "q", None, Qualitative("a look")).judge(0.5)
+  assert evidence.as_proxy(qual, "toy") == qual       # nothing judged, nothing to mark
+
+
 def test_nan_never_matches_and_qualitative_needs_a_reason():
   row = Claim("x", "q", 0.5, Abs(1.0)).judge(float("nan"))
   assert row["status"] == "mismatch" and row["ours"] is None
@@ -181,6 +195,10 @@ def test_expected_blocks_render_from_results_files(tmp_path, monkeypatch):
   assert expected.write("s") and expected.main(["s", "--check"]) == 0
   with pytest.raises(ValueError, match="unknown option"):
     expected.render("s", "<!-- results quick/fig1 colour=red -->\n<!-- end results -->")
+  (folder / "summary.json").write_text(json.dumps(rows + [dict(rows[0], status="proxy")]))
+  counted = expected.render("s", "<!-- results quick/counts -->\n<!-- end results -->")
+  assert ("quick scale, 3 rows: at the paper's setting match 1, mismatch 1, inconclusive 0; "
+          "proxy 1 (measured at another setting") in counted
 
 
 def test_the_committed_expected_files_are_what_their_results_render():
@@ -207,7 +225,7 @@ def test_every_committed_row_rechecks_and_is_one_number():
       for k in ("paper", "ours", "sd", "band"):
         assert r[k] is None or isinstance(r[k], (int, float)), (path, r["item"], k)
         assert r[k] is None or math.isfinite(r[k])
-      if r["status"] in ("match", "mismatch", "inconclusive"):
+      if r["status"] in ("match", "mismatch", "inconclusive", "proxy"):
         assert evidence.recheck(r) == r["status"], (path, r["item"])
         assert r["interval"] == evidence.t_interval(r["per_seed"]), (path, r["item"])
         assert "or 2 sd" not in (r["rule"] or ""), (path, r["item"])
@@ -223,3 +241,26 @@ def test_negative_zero_prints_as_zero_in_summary_md_and_the_report():
   line = results.table([row], ("paper", "ours", "per_seed"))[-1]
   assert line == "| 0 | 0 | 0, 0.25 |"
   assert "-0<" not in rows_to_html([row]) and "<td>0</td>" in rows_to_html([row])
+
+
+def test_committed_rows_away_from_the_papers_setting_are_proxies():
+  """A committed row is a proxy exactly when its experiment declares its scale another
+  setting than the paper's and the row is not one of its scale-free items; its note
+  names that setting."""
+  from experiments import runner
+  from rankjax import reproduce
+  proxies = 0
+  for path in results.ROOT.glob("experiments/*/results/*/*.json"):
+    if path.name == "summary.json":
+      continue
+    doc = json.loads(path.read_text())
+    exp = reproduce.study(doc["study"]).experiments[doc["experiment"]]
+    setting = exp.setting[doc["scale"]]
+    for r in doc["rows"]:
+      judged = r["rule"] not in (None, "qualitative")
+      away = setting != runner.PAPER_SETTING and r["item"] not in exp.scale_free
+      assert (r["status"] == "proxy") == (judged and away), (path, r["item"])
+      if r["status"] == "proxy":
+        proxies += 1
+        assert r["note"].startswith(f"proxy: {setting}; "), (path, r["item"])
+  assert proxies > 0

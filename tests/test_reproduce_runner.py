@@ -11,6 +11,9 @@ from experiments import evidence, runner
 from rankjax import cli, reproduce
 
 
+PAPER = {"quick": runner.PAPER_SETTING, "paper": runner.PAPER_SETTING}
+
+
 def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5, dataset=None):
   pkg = tmp_path / "fakepkg"
   pkg.mkdir(exist_ok=True)
@@ -35,10 +38,11 @@ def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5, dataset=None):
   return runner.Study(
       name="fake", title="Fake: paper vs ours", package="fakepkg",
       experiments={"good": runner.Experiment("good", rows, folder="g", needs=needs,
-                                             claims=claims),
-                   "bad": runner.Experiment("bad", rows, claims=claims),
+                                             claims=claims, setting=PAPER),
+                   "bad": runner.Experiment("bad", rows, claims=claims, setting=PAPER),
                    "quick_only": runner.Experiment("good", rows, scales=("quick",),
-                                                   why_missing="CPU only", claims=claims)},
+                                                   why_missing="CPU only", claims=claims,
+                                                   setting=PAPER)},
       aliases={"fig1": "good"})
 
 
@@ -63,7 +67,9 @@ def test_run_study_writes_rows_results_files_and_names_failures(tmp_path, monkey
   md = (tmp_path / "out" / "summary.md").read_text()
   assert md.startswith("# Fake: paper vs ours (paper scale)")
   assert "| good | Fig 1: value | v | 0.5 | 0.5001 |" in md
-  assert "Status counts: match 1, mismatch 0, inconclusive 0, qualitative 1, missing 1, failed 1" in md
+  assert ("Status counts: at the paper's setting match 1, mismatch 0, inconclusive 0; "
+          "proxy 0 (measured at another setting, counted apart, never a match); "
+          "qualitative 1, missing 1, failed 1") in md
   assert study.resolve("FIG1,good") == ["good"]
   with pytest.raises(ValueError, match="unknown experiment 'fig9'"):
     study.resolve("fig9")
@@ -73,7 +79,7 @@ def test_a_row_not_from_its_declared_claim_is_an_error(tmp_path, monkeypatch):
   study = _fake_study(tmp_path, monkeypatch)
   forged = evidence.Claim("Fig 1: value", "v", 0.5, evidence.Abs(0.5))   # a wider band
   bent = runner.Experiment("good", lambda res: [forged.judge(res["value"])],
-                           claims=study.experiments["good"].claims)
+                           claims=study.experiments["good"].claims, setting=PAPER)
   study = dataclasses.replace(study, experiments={"good": bent})
   res = runner.run_study(study, tmp_path / "out", "paper")
   assert res["failed"] == ["good"]
@@ -142,10 +148,11 @@ def test_reproduce_command_exits_nonzero_naming_the_failed(tmp_path, monkeypatch
   out, err = capsys.readouterr()
   assert "FAILED: fake/bad" in err
   md = (tmp_path / "r" / "fake" / "summary.md").read_text()
-  counts = md.split("Status counts: ")[1].split(". ")[0]
+  counts = md.split("Status counts: ")[1].split(". Each")[0]
   assert out.splitlines()[-1] == (f"verdicts fake: {counts} "
                                   f"({tmp_path / 'r' / 'fake' / 'summary.json'})")
-  assert counts.startswith("match 2, mismatch 0, inconclusive 0") and "failed 1" in counts
+  assert counts.startswith("at the paper's setting match 2, mismatch 0, inconclusive 0; "
+                           "proxy 0") and "failed 1" in counts
   assert (tmp_path / "r" / "fake" / "report" / "report.html").is_file()
 
 
@@ -230,3 +237,25 @@ def test_checkpoint_is_refused_where_nothing_takes_it(tmp_path, capsys):
                      "--checkpoint", str(tmp_path / "weights")]) == 2
     assert message in capsys.readouterr().err
   assert not (tmp_path / "o" / "transforming_rank").exists()
+
+
+def test_rows_away_from_the_papers_setting_are_proxies(tmp_path, monkeypatch):
+  """A scale declared as another setting turns its judged rows into proxies (never a
+  match), except the scale-free items; an undeclared scale stops before anything runs."""
+  study = _fake_study(tmp_path, monkeypatch)
+  good = study.experiments["good"]
+  proxied = dataclasses.replace(good, setting={"quick": "a toy model (paper: a big one)"},
+                                scale_free=frozenset())
+  study = dataclasses.replace(study, experiments={"good": proxied})
+  res = runner.run_study(study, tmp_path / "out", "quick")
+  value = next(r for r in res["rows"] if r["item"] == "Fig 1: value")
+  assert value["status"] == "proxy" and value["ours"] == pytest.approx(0.5001)
+  assert value["note"].startswith("proxy: a toy model (paper: a big one); ours 0.5001")
+  free = dataclasses.replace(proxied, scale_free=frozenset({"Fig 1: value"}))
+  res = runner.run_study(dataclasses.replace(study, experiments={"good": free}),
+                         tmp_path / "out2", "quick")
+  assert next(r for r in res["rows"] if r["item"] == "Fig 1: value")["status"] == "match"
+  undeclared = dataclasses.replace(good, setting={})
+  with pytest.raises(ValueError, match="does not say whether --scale quick is the paper"):
+    runner.run_study(dataclasses.replace(study, experiments={"good": undeclared}),
+                     tmp_path / "out3", "quick")

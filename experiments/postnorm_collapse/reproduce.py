@@ -62,6 +62,28 @@ PAPER_TRAINING = {
 CLAIMS = {**claims_init.CLAIMS, **claims_trained.CLAIMS}
 ROWS = {**claims_init.ROWS, **claims_trained.ROWS}
 
+# Whether each scale is the paper's setting (Experiment.setting): paper scale runs the
+# paper's 48-layer d=512 stack; quick runs narrower stacks at initialization and a
+# 12-layer byte-level LM in training, whose rows are proxies (counted apart, never a
+# match) except SCALE_FREE's. Fig 7 is a closed form at the paper's parameters.
+_QUICK_INIT = "48 layers at d=128, n=128 (paper: d=512, n=2048)"
+_QUICK_TRAINED = ("a 12-layer d=64 byte-level LM trained 60-150 updates at LR 1e-2 to 3e-2 "
+                  "(paper: 48 layers, d=512, C4, 40000 steps at LR 8e-4 to 1.8e-3)")
+QUICK_SETTING = {**{n: _QUICK_INIT for n in claims_init.CLAIMS},
+                 **{n: _QUICK_TRAINED for n in claims_trained.CLAIMS},
+                 "fig7": runner.PAPER_SETTING}
+# rows judged against the paper at any scale: statements that hold for any weights
+# (Prop D.1's bound, Thm 3.8, Prop D.2 at exact collapse)
+SCALE_FREE = {
+    "fig3_fig5": {f"Figs 3-5, warmup LR 1.5e-2, 60 updates: Prop D.1 bound on the {s} step"
+                  for s in ("FFN", "attention")},
+    "thm38": {"Thm 3.8 (i): the lower bound holds on the collapsed run",
+              "Thm 3.8 (ii): zero gradient at p_freq"},
+    "propd2": {"Prop D.2: <Y_k, U_k> = 0 at exact collapse",
+               "Prop D.2: U_k = H H^T G at exact collapse",
+               "Prop D.2: ||Y(eta)||^2 = ||Y||^2 + eta^2 ||U||^2"},
+}
+
 
 def names() -> set[str]:
   """Every name ``run_all(only=...)`` accepts (experiments and aliases)."""
@@ -72,7 +94,10 @@ def _experiment(name: str) -> runner.Experiment:
   module, folder = SCRIPTS[name]
   return runner.Experiment(module, ROWS[name], folder=folder, scales=("quick", "paper", "tiny"),
                            claims=CLAIMS[name], runs=PAPER_TRAINING.get(name),
-                           trained=name in claims_trained.CLAIMS)
+                           trained=name in claims_trained.CLAIMS,
+                           setting={"paper": runner.PAPER_SETTING,
+                                    "quick": QUICK_SETTING[name]},
+                           scale_free=frozenset(SCALE_FREE.get(name, ())))
 
 
 STUDY = runner.Study(name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",

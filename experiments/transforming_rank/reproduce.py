@@ -53,6 +53,49 @@ ALIASES = {"fig10": "fig4", "fig11": "fig5", "table4": "fig5", "fig14": "fig7",
            "fig17": "fig9", "table2": "fig4", "fig8c": "fig12",
            "fig13": "fig6", "fig16": "fig6", "table5": "fig6"}
 
+# Whether each scale is the paper's setting (Experiment.setting): paper scale runs the
+# paper's sizes; quick runs them only for Tables 1, 3 and 6, and elsewhere narrower
+# networks, whose rows are proxies (counted apart, never a match) except SCALE_FREE's.
+_D64 = "d=64 (paper: d=256)"
+QUICK_SETTING = {
+    **{name: _D64 for name in EXPERIMENTS},
+    "fig7": "d=64, n=1024 per panel (paper: d=256, n=32768 / 4096 / 512)",
+    "appc": "d=64, n=256 (paper: d=256, n=512)",
+    "appc_mean": "d=64, n up to 4096 (paper: d=256, n up to 32768)",
+    "fig9": "d=128, 6 seeds (paper: d=512, 40 seeds)",
+    "appd3": "d=128, 6 seeds (paper: d=512, 40 seeds)",
+    "fig12": "GPT-2-shaped stacks at d=192 / 256 (paper: GPT-2 Small / Medium, d=768 / 1024)",
+    "fig6": "width-16 networks trained 200 steps on Fashion-MNIST (paper: width 256, 5000 "
+            "steps on CIFAR-10)",
+    "appa4": "a toy width-32, depth-8 network trained 300 steps (App A.4 is a derivation)",
+    "table1": runner.PAPER_SETTING, "table3": runner.PAPER_SETTING,
+    "table6": runner.PAPER_SETTING}
+# rows judged against the paper at any scale: exact identities (Eq. 16's positive
+# homogeneity, App A.4's rescaling symmetry, App D's general-position algebra), closed
+# forms, and Fig 6's initialization ranks, measured at the paper's width at every scale
+SCALE_FREE = {
+    "fig2": {"Fig 2b/d: post, equal beta*alpha^2 coincide",
+             "Fig 2b/d: pre, equal beta*alpha^2 coincide",
+             "Fig 2b: pre, equal beta*alpha^2 coincide, float64"},
+    "fig3": {"App A.1: reconstruction, float64", "Fig 3d: <k> on one curve of beta*alpha^M"},
+    "fig5": {"App B.3: rms(h_384), post"},
+    "fig6": {"Fig 13: Output-Norm init rank just below Pre-Norm",
+             "Fig 16b: no-norm magnitude slope, M=1", "Fig 16b: no-norm magnitude slope, M=2",
+             "Fig 6a: Pre-Norm init rank above 0.2",
+             "Fig 6c: Post-Norm init rank collapses at alpha=4, L=384"},
+    "fig9": {"App D.3: MP condition number at gamma = 2",
+             "App D.3: MP condition number at gamma = 4"},
+    "appa2": {"App A.2: lambda=0.9 vanishes at small beta",
+              "App A.2: lambda=1.1 explodes at every beta"},
+    "appa4": {f"App A.4: {norm}-norm, {what}" for norm in ("pre", "post")
+              for what in ("adam, rescaled rates keep the trajectory",
+                           "sgd, rescaled rates keep the trajectory",
+                           "other rates break the symmetry")},
+    "appd3": {*(f"App D.1/D.3: relu, m/d={r}" for r in ("0.5", "1", "2", "4", "8")),
+              *(f"App D.1/D.3: {a}, every m/d" for a in ("abs", "gelu", "silu")),
+              "App D.1: rank(D W_up) = min(#survivors, d)", "App D.3: rank J_f = rank(D W_up)"},
+}
+
 
 def _rows(result: dict) -> list[dict]:
   """A script's ``summary`` rows (each made by one of its declared ``CLAIMS``)."""
@@ -81,6 +124,9 @@ STUDY = runner.Study(
     experiments={name: runner.Experiment(module, _rows, scales=common.SCALE_NAMES,
                                          needs=_needs_cifar10 if name == "fig6" else None,
                                          claims=claims(name), trained=name in TRAINED,
+                                         setting={"paper": runner.PAPER_SETTING,
+                                                  "quick": QUICK_SETTING[name]},
+                                         scale_free=frozenset(SCALE_FREE.get(name, ())),
                                          options=("checkpoints",) if name == "fig12" else ())
                  for name, module in EXPERIMENTS.items()},
     aliases=ALIASES,
