@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from rankjax import cli_quiet
@@ -77,8 +78,28 @@ def main(argv: list[str] | None = None) -> int:
   if log.errors:     # counted once the stragglers settled
     line += f" (library messages: {log.path})"
   print(f"rankjax {args.command}: {line}", file=sys.stderr)
+  global _LATE_NOISE_TO
+  if log.errors or code == EXIT_UNREADABLE:
+    _LATE_NOISE_TO = log.path
   return code
 
 
+_LATE_NOISE_TO: str | None = None   # where stderr goes after a failure's one line
+
+
+def run() -> None:
+  """The ``rankjax`` executable: :func:`main`, then the exit. After a failure whose
+  reads were abandoned, the process's stderr (file descriptor 2) goes to the log file:
+  TensorStore's threads and the interpreter's shutdown may still report them, after
+  the one line was printed."""
+  code = main()
+  if _LATE_NOISE_TO is not None:
+    sys.stderr.flush()
+    fd = os.open(_LATE_NOISE_TO, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+  sys.exit(code)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  run()
