@@ -73,12 +73,9 @@ QUICK_SETTING = {**{n: _QUICK_INIT for n in claims_init.CLAIMS},
                  **{n: _QUICK_TRAINED for n in claims_trained.CLAIMS},
                  "fig7": runner.PAPER_SETTING}
 # rows judged against the paper at any scale: statements that hold for any weights
-# (Prop D.1's bound, Thm 3.8, Prop D.2 at exact collapse)
+# (Thm 3.8 (ii), Prop D.2 at exact collapse)
 SCALE_FREE = {
-    "fig3_fig5": {f"Figs 3-5, warmup LR 1.5e-2, 60 updates: Prop D.1 bound on the {s} step"
-                  for s in ("FFN", "attention")},
-    "thm38": {"Thm 3.8 (i): the lower bound holds on the collapsed run",
-              "Thm 3.8 (ii): zero gradient at p_freq"},
+    "thm38": {"Thm 3.8 (ii): zero gradient at p_freq"},
     "propd2": {"Prop D.2: <Y_k, U_k> = 0 at exact collapse",
                "Prop D.2: U_k = H H^T G at exact collapse",
                "Prop D.2: ||Y(eta)||^2 = ||Y||^2 + eta^2 ||U||^2"},
