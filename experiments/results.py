@@ -197,10 +197,10 @@ def input_mismatch(name: str, new: dict[str, Any], old: dict[str, Any]) -> str |
 RECHECK_RTOL = 1e-4   # --check: a deterministic number's relative drift from its record
 
 
-def _drifted(a: float | None, b: float | None, rtol: float) -> bool:
+def _drifted(a: float | None, b: float | None, rtol: float, atol: float = 0.0) -> bool:
   if a is None or b is None:
     return (a is None) != (b is None)
-  return abs(b - a) > rtol * max(abs(a), abs(b))
+  return abs(b - a) > rtol * max(abs(a), abs(b)) + atol
 
 
 def _overlap(a: list[float] | None, b: list[float] | None) -> bool:
@@ -208,11 +208,12 @@ def _overlap(a: list[float] | None, b: list[float] | None) -> bool:
 
 
 def compare(new: Sequence[dict], old: Sequence[dict], rtol: float = RECHECK_RTOL,
-            trained: bool = False) -> list[str]:
+            trained: bool = False, atol: float = 0.0) -> list[str]:
   """What moved between a rerun's rows and the committed rows of the same experiment,
   judged by a reproducibility tolerance of its own (never the paper band): a status
   that changed; for a deterministic experiment, a mean or per-seed value that moved by
-  more than ``rtol`` relative; for a ``trained`` one (rounding moves its runs), a
+  more than ``rtol`` relative (plus ``atol``, for rows that are rounding residuals);
+  for a ``trained`` one (rounding moves its runs), a
   rerun whose 95% interval of the mean does not overlap the committed one (rows of one
   value: ``rtol`` as above); a row that appeared or vanished. Empty when nothing moved."""
   key = lambda r: (r["experiment"], r["item"])
@@ -237,7 +238,8 @@ def compare(new: Sequence[dict], old: Sequence[dict], rtol: float = RECHECK_RTOL
     if not trained:
       pairs += list(zip(a.get("per_seed") or [], b.get("per_seed") or []))
     if len(a.get("per_seed") or []) != len(b.get("per_seed") or []) or any(
-        _drifted(x, y, rtol) for x, y in pairs):
+        _drifted(x, y, rtol, atol) for x, y in pairs):
       out.append(f"{k[0]} / {k[1]}: ours {_cell(a['ours'])} -> {_cell(b['ours'])}, "
-                 f"moved more than {rtol:g} relative (mean or a seed)")
+                 f"moved more than {rtol:g} relative" + (f" + {atol:g}" if atol else "")
+                 + " (mean or a seed)")
   return out

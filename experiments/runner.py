@@ -65,11 +65,13 @@ class Experiment:
     match. Every scale it runs but ``tiny`` must be declared.
   scale_free: items judged against the paper at any scale (mathematics that holds at
     every size; a measurement whose setting is the paper's at every scale).
-  trained: its numbers come out of training runs, which a change of rounding alone
-    moves: ``--check`` judges a rerun at the distribution level (its seeds' interval
-    overlaps the committed one), not number by number.
-  recheck_rtol: ``--check``'s relative tolerance for a deterministic number
-    (``results.RECHECK_RTOL`` unless ``recheck_why`` says why not).
+  trained: its numbers come out of training (one optimizer step counts), which a
+    change of rounding alone moves: ``--check`` judges a rerun at the distribution level
+    (its seeds' interval overlaps the committed one), not number by number.
+  recheck_rtol, recheck_atol: ``--check``'s relative and absolute tolerance for a
+    deterministic number (``results.RECHECK_RTOL`` and 0 unless ``recheck_why`` says
+    why not: e.g. rows that are rounding residuals, or contours interpolated between
+    float32 ranks).
   runs: scale -> ``{name: TrainConfig}``, the ``rankjax train`` runs it reads at that
     scale (``experiments.training``; None or {} for none). The runner trains them in
     ``<folder>/runs/<name>`` before any experiment runs, in every process of a
@@ -89,15 +91,18 @@ class Experiment:
   scale_free: frozenset[str] = frozenset()
   trained: bool = False
   recheck_rtol: float = results_files.RECHECK_RTOL
+  recheck_atol: float = 0.0
   recheck_why: str = ""
 
   def __post_init__(self):
     unknown = set(self.scale_free) - set(self.claims)
     if unknown:
       raise ValueError(f"{self.module}: scale_free names no declared claim: {sorted(unknown)}")
-    if self.recheck_rtol != results_files.RECHECK_RTOL and not self.recheck_why:
-      raise ValueError(f"{self.module}: recheck_rtol {self.recheck_rtol:g} is not the "
-                       f"default {results_files.RECHECK_RTOL:g}; say why (recheck_why)")
+    if (self.recheck_rtol != results_files.RECHECK_RTOL or self.recheck_atol) \
+        and not self.recheck_why:
+      raise ValueError(f"{self.module}: a recheck tolerance other than "
+                       f"{results_files.RECHECK_RTOL:g} relative needs its reason "
+                       "(recheck_why)")
 
 
 @dataclasses.dataclass(frozen=True)

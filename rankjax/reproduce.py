@@ -133,7 +133,7 @@ def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
       exp = the_study.experiments[n]
       new = [r for r in res["rows"] if r["experiment"] == n]
       res["moved"] += [f"{name}/{line}" for line in results.compare(
-          new, committed[n]["rows"], exp.recheck_rtol, exp.trained)]
+          new, committed[n]["rows"], exp.recheck_rtol, exp.trained, exp.recheck_atol)]
     print(f"check {name}: " + ("every committed number within its tolerance"
                                if not res["moved"] else f"{len(res['moved'])} moved"))
   if record:

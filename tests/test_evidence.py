@@ -144,18 +144,27 @@ def test_compare_names_what_moved_by_its_own_tolerance_never_the_paper_band():
 
 
 def test_a_planted_five_percent_change_of_a_deterministic_number_fails_check():
-  """Every committed deterministic row, moved by 5% (inside most paper bands), is named."""
-  for path in results.ROOT.glob("experiments/transforming_rank/results/quick/*.json"):
+  """Every committed row of a deterministic experiment, moved by 5% (inside most paper
+  bands), is named by --check under the experiment's declared tolerances."""
+  from rankjax import reproduce
+  checked = 0
+  for path in results.ROOT.glob("experiments/*/results/quick/*.json"):
     if path.name == "summary.json":
       continue
-    rows = json.loads(path.read_text())["rows"]
+    doc = json.loads(path.read_text())
+    exp = reproduce.study(doc["study"]).experiments[doc["experiment"]]
+    if exp.trained:
+      continue
+    rows = doc["rows"]
     planted = [dict(r, ours=r["ours"] * 1.05 if r["ours"] is not None else None,
                     per_seed=[v * 1.05 for v in r["per_seed"]] if r["per_seed"] else None)
                for r in rows]
-    moved = results.compare(planted, rows)
+    moved = results.compare(planted, rows, exp.recheck_rtol, False, exp.recheck_atol)
     for r in rows:
-      if r["ours"]:
+      if r["ours"] and 0.05 * abs(r["ours"]) > exp.recheck_atol:
+        checked += 1
         assert any(f"/ {r['item']}:" in m for m in moved), (path.name, r["item"])
+  assert checked > 200
 
 
 def test_trained_experiments_recheck_at_the_distribution_level():

@@ -117,6 +117,18 @@ def _needs_cifar10(scale: str) -> str | None:
 
 # their numbers come out of training runs (--check: at the distribution level)
 TRAINED = ("fig6", "appa4")
+# --check's tolerance where 1e-4 relative is not reproducible across CPUs (measured
+# 2026-12-05: a record made on an AMD EPYC rerun on an Intel Xeon)
+RECHECK = {
+    "fig2": dict(recheck_atol=2e-6, recheck_why=(
+        "the coincidence rows are float32 rounding residuals (4e-7 to 1e-6; float64 "
+        "1e-15): another CPU's kernels give other residuals of the same size")),
+    "fig3": dict(recheck_atol=1e-14, recheck_why=(
+        "App A.1's float64 reconstruction error is a rounding residual (~1e-15)")),
+    "fig5": dict(recheck_rtol=2e-3, recheck_why=(
+        "contours interpolated between float32 ranks and slopes fitted to them move by "
+        "up to 7e-4 relative across CPUs (Fig 5b's flattening)")),
+}
 
 STUDY = runner.Study(
     name="transforming_rank",
@@ -127,6 +139,7 @@ STUDY = runner.Study(
                                          setting={"paper": runner.PAPER_SETTING,
                                                   "quick": QUICK_SETTING[name]},
                                          scale_free=frozenset(SCALE_FREE.get(name, ())),
+                                         **RECHECK.get(name, {}),
                                          options=("checkpoints",) if name == "fig12" else ())
                  for name, module in EXPERIMENTS.items()},
     aliases=ALIASES,
