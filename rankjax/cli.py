@@ -37,8 +37,16 @@ def _version(_: argparse.Namespace) -> int:
   return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+  """argparse whose errors are one line, ``rankjax CMD: error: ...`` (exit 2), without
+  the usage block; ``--help`` shows the usage. Subcommands inherit the class."""
+
+  def error(self, message: str):
+    self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = OneLineParser(
       prog="rankjax",
       description="Rank collapse in deep residual networks and Transformers: "
                   "models, measurements, training and reports (JAX/Flax).")
@@ -67,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
   with cli_quiet.quiet(args.command) as log:
     try:
       return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError,
+            NotADirectoryError) as e:      # bad input, or an output place refusing writes
       line, code = f"error: {e}", EXIT_BAD_INPUT
     except KeyboardInterrupt:
       line, code = "interrupted", 130
@@ -75,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
       if not _unreadable(e):
         raise
       line, code = str(e), EXIT_UNREADABLE
+      log.abandoned = True
   if log.errors:     # counted once the stragglers settled
     line += f" (library messages: {log.path})"
   print(f"rankjax {args.command}: {line}", file=sys.stderr)

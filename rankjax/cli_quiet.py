@@ -38,6 +38,7 @@ class LogFile:
     self._file = None
     self._lock = threading.Lock()
     self.errors = 0
+    self.abandoned = False   # the command gave up reads (a RestoreError): stragglers follow
 
   def write(self, text: str, error: bool = True) -> None:
     with self._lock:
@@ -92,8 +93,8 @@ def _except_hook(sink: LogFile, previous):
 
 def _settle(sink: LogFile) -> None:
   """Collects abandoned coroutines and waits while stragglers still arrive (only when
-  there were errors)."""
-  if not sink.errors:
+  there were errors or abandoned reads)."""
+  if not (sink.errors or sink.abandoned):
     return
   gc.collect()
   seen = -1
@@ -124,5 +125,5 @@ def quiet(command: str) -> Iterator[LogFile]:
       lg.removeHandler(handler)
       lg.propagate = propagate
     sink.close()
-    if not sink.errors:    # else reads abandoned by the command may still report later
+    if not (sink.errors or sink.abandoned):   # else abandoned reads may report later
       sys.unraisablehook, sys.excepthook = hooks

@@ -686,7 +686,8 @@ def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
     from rankjax.train import paths
     path = paths.as_path(text, "config file")
     if not path.is_file():
-      raise ValueError(f"config file {path} does not exist")
+      raise ValueError(f"config file {path} " + ("is a folder, not a JSON file"
+                                                 if path.is_dir() else "does not exist"))
     text = path.read_text()
   try:
     data = json.loads(text)

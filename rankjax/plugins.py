@@ -43,9 +43,9 @@ def import_module(name: str):
     sys.modules[module_name] = module      # dataclasses and pickling look modules up here
     try:
       spec.loader.exec_module(module)
-    except Exception:
+    except Exception as e:
       del sys.modules[module_name]
-      raise
+      raise _failed(name, e) from e
     return module
   try:
     return importlib.import_module(name)
@@ -53,7 +53,24 @@ def import_module(name: str):
     if e.name and name.startswith(e.name):
       raise ValueError(f"--import {name}: no module named {e.name!r} on the import path "
                        "(add its folder to PYTHONPATH, or pass the .py file's path)") from None
-    raise
+    raise _failed(name, e) from e
+  except Exception as e:
+    raise _failed(name, e) from e
+
+
+def _failed(name: str, e: Exception) -> ValueError:
+  """The one line for a module that raised while ``--import`` ran it (where it raised)."""
+  where = ""
+  if isinstance(e, SyntaxError):
+    where = f" ({e.filename}, line {e.lineno})"
+  else:
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+      tb = tb.tb_next
+    if tb is not None:
+      where = f" ({tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno})"
+  return ValueError(f"--import {name}: the module raised {type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}{where}")
 
 
 def import_modules(names: Sequence[str]) -> None:

@@ -259,7 +259,8 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   if not paths.is_remote(workdir):
     workdir = pathlib.Path(workdir)
   if not workdir.is_dir():
-    raise FileNotFoundError(f"workdir {workdir} does not exist")
+    raise FileNotFoundError(f"workdir {workdir} " + ("is a file, not a run's folder"
+                                                     if workdir.exists() else "does not exist"))
   paths.check_output(workdir / "report", "report folder")
   studies = study_dirs(workdir)
   if studies:

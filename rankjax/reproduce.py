@@ -224,6 +224,9 @@ def _command(args) -> int:
   from rankjax.train import sharding
   sharding.maybe_initialize_distributed()           # before any other JAX call (multi-host)
   check_accelerator(args.scale, args.allow_cpu)     # ValueError: one line, exit 2 (cli)
+  for path in args.checkpoint:
+    if not pathlib.Path(path).exists():
+      raise FileNotFoundError(f"--checkpoint {path}: no such file or folder")
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
   preempted = _runner().training.Preempted
   try:

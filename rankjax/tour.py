@@ -168,6 +168,15 @@ def _sigterm_interrupts():
       signal.signal(signal.SIGTERM, previous)
 
 
+def check_tour_workdir(workdir: pathlib.Path) -> None:
+  """A tour's folder holds the tour's runs only: one holding a ``rankjax train`` run
+  (its ``config.json`` or ``checkpoints/``) is refused before anything runs."""
+  for marker in ("config.json", "checkpoints"):
+    if (workdir / marker).exists():
+      raise ValueError(f"--workdir {workdir} holds a rankjax train run ({marker}); the tour "
+                       "writes its own runs into a folder of their own: choose another")
+
+
 def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
   """Runs (or continues) the tour in ``workdir``; 0 when done, 130 when interrupted."""
   from rankjax.report import build_report
@@ -175,6 +184,7 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
   from rankjax.train.loop import train
 
   workdir = pathlib.Path(paths.check_output(workdir, "--workdir"))
+  check_tour_workdir(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   from rankjax.provenance import provenance
   start, prov = time.time(), provenance()

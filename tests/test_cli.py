@@ -66,7 +66,9 @@ def test_unknown_choice_is_rejected_by_argparse(capsys):
   with pytest.raises(SystemExit) as e:
     cli.main(["reproduce", "nonexistent_study"])
   assert e.value.code == 2
-  assert "invalid choice" in capsys.readouterr().err
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("rankjax reproduce: error: argument study: "
+                                              "invalid choice")
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -231,12 +231,16 @@ def test_checkpoint_is_refused_where_nothing_takes_it(tmp_path, capsys):
   """A study without an experiment that takes --checkpoint, or --record with it: one
   line, exit 2, before anything runs."""
   from rankjax import cli
+  (tmp_path / "weights").write_bytes(b"")       # exists: the refusals come after that check
   for argv, message in [(["--only", "fig3"], "no requested experiment takes 'checkpoints'"),
                         (["--only", "fig12", "--record"], "no --record or --check")]:
     assert cli.main(["reproduce", "transforming_rank", *argv, "--out", str(tmp_path / "o"),
                      "--checkpoint", str(tmp_path / "weights")]) == 2
     assert message in capsys.readouterr().err
   assert not (tmp_path / "o" / "transforming_rank").exists()
+  assert cli.main(["reproduce", "transforming_rank", "--only", "fig12", "--out",
+                   str(tmp_path / "o"), "--checkpoint", str(tmp_path / "nosuch")]) == 2
+  assert "--checkpoint" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 def test_rows_away_from_the_papers_setting_are_proxies(tmp_path, monkeypatch):

@@ -340,7 +340,9 @@ def open_checkpoint(path: str, step: int | None = None, *,
     raise ValueError(f"layer_at_a_time={layer_at_a_time!r}; one of {LAYER_AT_A_TIME}")
   folder = pathlib.Path(path)
   if not folder.is_dir():
-    raise FileNotFoundError(f"checkpoint folder {folder} not found")
+    raise FileNotFoundError(f"checkpoint folder {folder} " + (
+        "is a file: give the folder holding config.json (Hugging Face) or checkpoints/ "
+        "(a rankjax run)" if folder.exists() else "not found"))
   if (folder / "checkpoints").is_dir():
     return _rankjax_run(folder, step, placement, layer_at_a_time)
   if step is not None:

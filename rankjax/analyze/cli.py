@@ -76,6 +76,9 @@ def add_parser(subparsers) -> None:
   p.set_defaults(func=run)
 
 
+BYTES = "byte (the checkpoint has no tokenizer)"   # text read as UTF-8 bytes
+
+
 def _token_ids(args, model) -> tuple[np.ndarray, str]:
   """``(ids, tokenizer description)`` of the requested input."""
   if args.token_ids:
@@ -99,10 +102,7 @@ def _token_ids(args, model) -> tuple[np.ndarray, str]:
   if model.tokenizer:
     tok = tokenizer_lib.make_tokenizer(model.tokenizer)
     return tok.encode(text).astype(np.int64), tok.name
-  print("rankjax analyze: the checkpoint has no tokenizer file; the text is read as UTF-8 "
-        "bytes (ids 0-255)", file=sys.stderr)
-  return tokenizer_lib.ByteTokenizer().encode(text).astype(np.int64), \
-      "byte (the checkpoint has no tokenizer)"
+  return tokenizer_lib.ByteTokenizer().encode(text).astype(np.int64), BYTES
 
 
 def too_long(n: int, model) -> str:
@@ -127,7 +127,8 @@ def fitted_shape(available: int, tokens: int, sequences: int) -> tuple[int, int]
   return 1, available
 
 
-def _sequences(ids: np.ndarray, args, model) -> np.ndarray:
+def _sequences(ids: np.ndarray, args, model) -> tuple[np.ndarray, str | None]:
+  """The (K, T) sequences analyzed, and the note saying so when the input is short."""
   n, k = args.tokens, args.sequences
   if n < 2 or k < 1:
     raise ValueError(f"--tokens must be >= 2 and --sequences >= 1; got {n}, {k}")
@@ -139,10 +140,11 @@ def _sequences(ids: np.ndarray, args, model) -> np.ndarray:
   if ids.min() < 0 or ids.max() >= model.vocab_size:
     raise ValueError(f"token ids must lie in [0, {model.vocab_size}); the input has "
                      f"{ids.min()}..{ids.max()}")
+  note = None
   if (k_fit, n_fit) != (k, n):
-    print(f"rankjax analyze: the input has {ids.size} tokens, fewer than {k} sequences of "
-          f"{n}; analyzing {k_fit} sequence(s) of {n_fit} tokens", file=sys.stderr)
-  return ids[:n_fit * k_fit].reshape(k_fit, n_fit).astype(np.int32)
+    note = (f"the input has {ids.size} tokens, fewer than {k} sequences of {n}; analyzing "
+            f"{k_fit} sequence(s) of {n_fit} tokens")
+  return ids[:n_fit * k_fit].reshape(k_fit, n_fit).astype(np.int32), note
 
 
 def _positions(spec: str, n: int) -> list[int]:
@@ -339,10 +341,22 @@ def run(args) -> int:
                                         layer_at_a_time=args.layer_at_a_time)
     if seqs is None:      # the same token sequences for every checkpoint
       ids, tokenizer = _token_ids(args, model)
-      seqs = _sequences(ids, args, model)
+      try:
+        seqs, shape_note = _sequences(ids, args, model)
+      except ValueError as e:
+        if tokenizer != BYTES:
+          raise
+        raise ValueError(f"{e} (the checkpoint has no tokenizer file: the text was read as "
+                         "UTF-8 bytes, ids 0-255)") from None
       positions = _positions(args.positions, seqs.shape[1])
       if "jacobian" in measures:
         _check_jacobian_memory(model, seqs.shape[1])
+      # what the input became, said once every argument is known to be good
+      if tokenizer == BYTES:
+        print("rankjax analyze: the checkpoint has no tokenizer file; the text is read as "
+              "UTF-8 bytes (ids 0-255)", file=sys.stderr)
+      if shape_note:
+        print(f"rankjax analyze: {shape_note}", file=sys.stderr)
     elif seqs.max() >= model.vocab_size or seqs.shape[1] > model.max_len:
       raise ValueError(f"{model.source}: its vocabulary or positions do not fit the "
                        "sequences of the first checkpoint")

@@ -68,9 +68,11 @@ def parse_sweeps(sweeps: Sequence[str]) -> list[tuple[str, list[str]]]:
   out = []
   for item in sweeps:
     key, sep, values = item.partition("=")
-    items = [v.strip() for v in values.split(",") if v.strip()]
-    if not sep or not key.strip() or not items:
+    items = [v.strip() for v in values.split(",")]
+    if not sep or not key.strip() or not any(items):
       raise ValueError(f"--sweep expects field=v1,v2,..., got {item!r}")
+    if not all(items):
+      raise ValueError(f"--sweep {item!r}: an empty value in the list")
     if any(k == key.strip() for k, _ in out):
       raise ValueError(f"--sweep {key.strip()} given twice")
     out.append((key.strip(), items))
