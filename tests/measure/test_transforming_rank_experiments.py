@@ -275,3 +275,19 @@ def test_appd3_rank_equality_and_binomial_prediction():
   np.testing.assert_array_equal(out["rank_jacobian"], out["rank_masked"])
   np.testing.assert_array_equal(out["rank_masked"], np.minimum(out["survivors"], d))
   assert out["margin_jacobian"].min() > 3       # the counted singular values are clear
+
+
+def test_table3_walk_steps_agree_at_eps_zero_and_differ_after():
+  """Both readings of Table 3's step (geodesic, renormalized Gaussian) leave x fixed at
+  eps = 0 (one projection, erank of I - x x^T), and part ways for eps > 0."""
+  import jax
+  import numpy as np
+  from experiments.transforming_rank import table3_projections as t3
+  key = jax.random.PRNGKey(0)
+  still = [np.asarray(t3.projection_walk_erank(key, 0.0, 16, 8, (8,), kind))
+           for kind in t3.STEPS]
+  np.testing.assert_allclose(still[0], still[1], rtol=1e-6)
+  moving = [np.asarray(t3.projection_walk_erank(key, 0.6, 16, 8, (8,), kind))
+            for kind in t3.STEPS]
+  assert abs(float(moving[0][0] - moving[1][0])) > 1e-4
+  assert {c.item.split(":")[0] for c in t3.CLAIMS.values()} == {"Table 3", t3.SENSITIVITY}
