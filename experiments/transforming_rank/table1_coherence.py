@@ -8,6 +8,9 @@ d = 256, 10 seeds (the n sweep: 3). The paper does not state n for Table 1; we u
 n-independent (the mean spike), a centered activation's is not (no spike: st grows
 with n/d), so ``n_sweep`` measures abs / relu / tanh at several n (tanh: ~49 at
 n = 512, the Fig 7 rank-panel size; ~57 at 1024; the paper's 50.66 lies between).
+The sensitivity rows judge the stable ranks at n = ``sensitivity_inputs`` (512) with the
+same seeds, to show which verdicts rest on the open n (declared 2026-12-05, after the
+n sweep's outcome was known).
 Cheap: runs at the paper's size at both scales.
 
   python -m experiments.transforming_rank.table1_coherence --scale quick --out runs/tr
@@ -24,14 +27,16 @@ from rankjax.measure import representations, spectra
 NAME = "table1_coherence"
 SCALES = {
     "quick": dict(width=256, inputs=1024, seeds=10, sweep_seeds=3,
-                  n_sweep=(256, 512, 1024, 2048, 4096)),
+                  n_sweep=(256, 512, 1024, 2048, 4096), sensitivity_inputs=512),
     "paper": dict(width=256, inputs=1024, seeds=10, sweep_seeds=3,
-                  n_sweep=(256, 512, 1024, 2048, 4096)),
-    "tiny": dict(width=32, inputs=128, seeds=2, sweep_seeds=2, n_sweep=(32, 64, 128)),
+                  n_sweep=(256, 512, 1024, 2048, 4096), sensitivity_inputs=512),
+    "tiny": dict(width=32, inputs=128, seeds=2, sweep_seeds=2, n_sweep=(32, 64, 128),
+                 sensitivity_inputs=64),
 }
 PAPER = {"abs": (0.637, 1.57, 1.56), "relu": (0.318, 3.14, 3.09), "gelu": (0.187, 5.35, 5.16),
          "silu": (0.120, 8.33, 7.86), "tanh": (0.0, float("inf"), 50.66)}
 SURVIVAL = {"gelu": 0.46, "silu": 0.38}   # Sec 6 / App D.4: p = E[sigma'^2]
+SENSITIVITY = "Table 1 sensitivity, n=512:"
 _N_NOTE = "n = 1024 probe inputs (the paper does not state n; a centered activation's st grows with n)"
 CLAIMS = common.evidence.claims(
     [common.claim(f"Table 1 {a}: c", "coherence E[sigma]^2/E[sigma^2] (quadrature)", c)
@@ -41,7 +46,11 @@ CLAIMS = common.evidence.claims(
     + [common.claim(f"Table 1 {a}: st", "measured st(sigma(W h)), d=256", st, _N_NOTE)
        for a, (_, _, st) in PAPER.items()]
     + [common.claim(f"Sec 6 / App D.4: p, {a}", "E[sigma'(z)^2], z ~ N(0,1) (quadrature)", p)
-       for a, p in SURVIVAL.items()])
+       for a, p in SURVIVAL.items()]
+    + [common.claim(f"{SENSITIVITY} {a}: st", "measured st(sigma(W h)), d=256, n=512", st,
+                    "open setting: the paper does not state n; 512 is its Fig 7 rank "
+                    "panels' n; declared after the n sweep's outcome was known")
+       for a, (_, _, st) in PAPER.items()])
 
 
 def measured_stable_rank(key: jax.Array, activation: str, d: int, n: int) -> float:
@@ -61,7 +70,10 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       st = [measured_stable_rank(k, act, s["width"], s["inputs"])
             for k in jax.random.split(jax.random.PRNGKey(8), s["seeds"])]
       # a centered activation's bound 1/c is infinite: null in the results file
+      st_other = [measured_stable_rank(k, act, s["width"], s["sensitivity_inputs"])
+                  for k in jax.random.split(jax.random.PRNGKey(8), s["seeds"])]
       table[act] = {"coherence": mom.coherence,
+                    "per_seed_stable_rank_sensitivity_inputs": st_other,
                     "spike_bound": mom.spike_bound if np.isfinite(mom.spike_bound) else None,
                     "measured_stable_rank": float(np.mean(st)), "per_seed_stable_rank": st,
                     "survival": mom.survival, "kappa": mom.kappa}
@@ -83,6 +95,9 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                                                       seeds=seeds))
   for act in SURVIVAL:
     summary.append(CLAIMS[f"Sec 6 / App D.4: p, {act}"].judge(table[act]["survival"]))
+  for act in PAPER:
+    summary.append(CLAIMS[f"{SENSITIVITY} {act}: st"].judge(
+        table[act]["per_seed_stable_rank_sensitivity_inputs"], seeds=seeds))
   fig, ax = common.plt.subplots(figsize=(5, 3.5))
   acts = [a for a in PAPER if a != "tanh"]
   ax.plot([table[a]["spike_bound"] for a in acts], [table[a]["measured_stable_rank"] for a in acts],
