@@ -15,7 +15,9 @@ from rankjax import cli, tour
 from rankjax.train import loop
 from rankjax.train.run_reader import load_run
 
-FIGURES = ("loss", "token_similarity", "grad_profile", "contraction", "attention", "jacobian")
+# "diagnostics": the recorded series without a figure of their own (basic/batch_similarity_stream)
+FIGURES = ("loss", "token_similarity", "grad_profile", "contraction", "attention", "jacobian",
+           "diagnostics")
 
 
 @pytest.fixture(scope="module")

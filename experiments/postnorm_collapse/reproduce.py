@@ -72,6 +72,11 @@ _QUICK_TRAINED = ("a 12-layer d=64 byte-level LM trained 60-150 updates at LR 1e
 QUICK_SETTING = {**{n: _QUICK_INIT for n in claims_init.CLAIMS},
                  **{n: _QUICK_TRAINED for n in claims_trained.CLAIMS},
                  "fig7": runner.PAPER_SETTING}
+# --check's tolerance where 1e-4 relative is not reproducible (measured 2026-12-05
+# under the test suite's XLA flags against the default ones)
+RECHECK = {"fig2": dict(recheck_atol=1e-7, recheck_why=(
+    "Fig 2's increments are differences of token similarities near 1 (float32 spacing "
+    "6e-8): another compilation's rounding moves them by up to 3e-8"))}
 # rows judged against the paper at any scale: statements that hold for any weights
 # (Thm 3.8 (ii), Prop D.2 at exact collapse)
 SCALE_FREE = {
@@ -96,7 +101,8 @@ def _experiment(name: str) -> runner.Experiment:
                            trained=name in claims_trained.CLAIMS or name == "fig1",
                            setting={"paper": runner.PAPER_SETTING,
                                     "quick": QUICK_SETTING[name]},
-                           scale_free=frozenset(SCALE_FREE.get(name, ())))
+                           scale_free=frozenset(SCALE_FREE.get(name, ())),
+                           **RECHECK.get(name, {}))
 
 
 STUDY = runner.Study(name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",

@@ -55,7 +55,7 @@ def test_tiny_collapse_and_figs_3_5_train_once_and_give_tiny_rows(tmp_path, caps
   assert {r["status"] for r in rows} == {"tiny"} and {r["scale"] for r in rows} == {"tiny"}
   seeds = {r["experiment"]: r["seeds"] for r in rows if r["seeds"]}
   assert seeds == {"collapse": [0, 1], "fig3_fig5": [0, 1], "fig6": [0, 1], "fig10": [1],
-                   "fig12": [0], "sec43": [0, 1], "thm38": [0, 1]}   # tiny seeds 0, 1;
+                   "fig12": [0], "sec43": [0, 1]}   # tiny seeds 0, 1;
   #                       Figs 10-11 the seed after 0; App F.4 one run per rate
   workdirs = sorted((out / "collapse" / "runs").iterdir())
   assert [w.name for w in workdirs] == sorted(

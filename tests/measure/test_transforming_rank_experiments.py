@@ -77,9 +77,11 @@ def test_small_runs_make_claim_rows(tmp_path):
   assert (tmp_path / "table3_projections.png").is_file()
   saved = json.loads((tmp_path / "table3_projections.json").read_text())
   assert 0.5 < saved["table"]["0.6"][0] <= 1.0 and len(saved["per_seed"]["0.6"]) == 3
-  rows = [runner._complete("table3", r, "quick", table3_projections.CLAIMS)
-          for r in res["summary"]]
-  assert [r["item"] for r in rows] == ["Table 3: eps=0.6, L=48"]   # L=8 is not in the paper
+  exp = runner.Experiment("table3_projections", lambda r: [], claims=table3_projections.CLAIMS,
+                          setting={"quick": runner.PAPER_SETTING})
+  rows = [runner._complete("table3", r, "quick", exp) for r in res["summary"]]
+  assert [r["item"] for r in rows] == [                       # L=8 is not in the paper
+      "Table 3: eps=0.6, L=48", "Table 3 sensitivity, renormalized step: eps=0.6, L=48"]
   assert all(r["n"] == 3 and len(r["per_seed"]) == 3 and r["status"] == "mismatch"
              for r in rows)   # d = 16 loses 1/16 of the rank per direction: far from 0.994
   t1 = table1_coherence.run(str(tmp_path), width=16, inputs=64, seeds=2, sweep_seeds=2,
