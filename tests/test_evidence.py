@@ -143,16 +143,21 @@ def test_compare_names_what_moved_by_its_own_tolerance_never_the_paper_band():
   assert flipped == ["e / a: status match -> mismatch (ours 0.5 -> 0.5)"]
 
 
+def _committed(scale: str):
+  """``(path, results file, its Experiment)`` of every committed results file at
+  ``scale`` (a glob)."""
+  from rankjax import reproduce
+  for path in sorted(results.ROOT.glob(f"experiments/*/results/{scale}/*.json")):
+    if path.name != "summary.json":
+      doc = json.loads(path.read_text())
+      yield path, doc, reproduce.study(doc["study"]).experiments[doc["experiment"]]
+
+
 def test_a_planted_five_percent_change_of_a_deterministic_number_fails_check():
   """Every committed row of a deterministic experiment, moved by 5% (inside most paper
   bands), is named by --check under the experiment's declared tolerances."""
-  from rankjax import reproduce
   checked = 0
-  for path in results.ROOT.glob("experiments/*/results/quick/*.json"):
-    if path.name == "summary.json":
-      continue
-    doc = json.loads(path.read_text())
-    exp = reproduce.study(doc["study"]).experiments[doc["experiment"]]
+  for path, doc, exp in _committed("quick"):
     if exp.trained:
       continue
     rows = doc["rows"]
@@ -257,13 +262,8 @@ def test_committed_rows_away_from_the_papers_setting_are_proxies():
   setting than the paper's and the row is not one of its scale-free items; its note
   names that setting."""
   from experiments import runner
-  from rankjax import reproduce
   proxies = 0
-  for path in results.ROOT.glob("experiments/*/results/*/*.json"):
-    if path.name == "summary.json":
-      continue
-    doc = json.loads(path.read_text())
-    exp = reproduce.study(doc["study"]).experiments[doc["experiment"]]
+  for path, doc, exp in _committed("*"):
     setting = exp.setting[doc["scale"]]
     for r in doc["rows"]:
       judged = r["rule"] not in (None, "qualitative")
