@@ -15,7 +15,7 @@ not from our outcomes):
 - "approximately linear": R^2 of the linear fit >= 0.99 (``LINEAR_R2``);
 - "most": a share above one half; "positive"/"negative"/"increasing": the sign.
 
-Every rule is widened to 2 sd of the per-seed values (``experiments.evidence``).
+Several seeds are judged on their mean's 95% interval (``experiments.evidence``).
 """
 from __future__ import annotations
 

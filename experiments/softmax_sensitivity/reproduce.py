@@ -52,7 +52,7 @@ NEAR_ONE = OneMinus(0.25)  # a quantity bounded by 1 printed >= 0.9: 25% relativ
 FRACTION_FLOOR = 0.005     # near 0 (< 0.05): shares of samples, half a percentage point
 P_MAX_FLOOR = 0.0005       # near 0: attention weights, half the paper's last digit (0.010)
 COUNT_TOL = Abs(0.5)       # a count of seeds: half a unit
-# every band is widened to 2 sd of the seeds (experiments.evidence); worded claims are
+# several seeds are judged on their mean's 95% interval (experiments.evidence); worded claims are
 # Bound predicates on the measured values; identities are Bound("<", the paper's limit).
 
 SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Shakespeare, "

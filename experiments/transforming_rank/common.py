@@ -77,8 +77,8 @@ def rule(paper: float, fraction: bool = False) -> evidence.Rule:
   """The study's tolerance policy for a number the paper prints: ``Abs(0.005)`` near 0
   (|paper| < 0.1) and for a fraction printed as exactly 1 (half a unit of "1.00");
   ``OneMinus(0.25)`` for a fraction (erank/d, a share in [0, 1]) near 1 (0.9 <= paper
-  < 1); ``Rel(0.05)`` elsewhere (a ratio of 1 is "elsewhere"); each widened to 2 sd of
-  the seeds (``experiments.evidence``)."""
+  < 1); ``Rel(0.05)`` elsewhere (a ratio of 1 is "elsewhere"); several seeds are judged
+  on their mean's 95% interval (``experiments.evidence``), the band never widened."""
   if abs(paper) < NEAR_ZERO or (fraction and paper == 1.0):
     return evidence.Abs(ABS_FLOOR)
   if fraction and NEAR_ONE <= paper < 1.0:
