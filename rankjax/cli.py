@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     line += f" (library messages: {log.path})"
   print(f"rankjax {args.command}: {line}", file=sys.stderr)
   global _LATE_NOISE_TO
-  if log.errors or code == EXIT_UNREADABLE:
+  if log.errors or log.abandoned:
     _LATE_NOISE_TO = log.path
   return code
 

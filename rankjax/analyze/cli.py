@@ -77,6 +77,7 @@ def add_parser(subparsers) -> None:
 
 
 BYTES = "byte (the checkpoint has no tokenizer)"   # text read as UTF-8 bytes
+BYTES_NOTE = "the checkpoint has no tokenizer file: the text is read as UTF-8 bytes (ids 0-255)"
 
 
 def _token_ids(args, model) -> tuple[np.ndarray, str]:
@@ -346,15 +347,13 @@ def run(args) -> int:
       except ValueError as e:
         if tokenizer != BYTES:
           raise
-        raise ValueError(f"{e} (the checkpoint has no tokenizer file: the text was read as "
-                         "UTF-8 bytes, ids 0-255)") from None
+        raise ValueError(f"{e} ({BYTES_NOTE})") from None
       positions = _positions(args.positions, seqs.shape[1])
       if "jacobian" in measures:
         _check_jacobian_memory(model, seqs.shape[1])
       # what the input became, said once every argument is known to be good
       if tokenizer == BYTES:
-        print("rankjax analyze: the checkpoint has no tokenizer file; the text is read as "
-              "UTF-8 bytes (ids 0-255)", file=sys.stderr)
+        print(f"rankjax analyze: {BYTES_NOTE}", file=sys.stderr)
       if shape_note:
         print(f"rankjax analyze: {shape_note}", file=sys.stderr)
     elif seqs.max() >= model.vocab_size or seqs.shape[1] > model.max_len:
