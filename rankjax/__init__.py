@@ -1,6 +1,9 @@
 """rankjax: rank collapse in deep residual networks and Transformers, in JAX/Flax.
 
 Re-exports only; the code lives in the modules below (map: docs/architecture.md).
+The public API is ``__all__`` here and in the sub-packages (``measure``, ``models``,
+``train``, ``data``, ``studies``): the names and modules they list; what a study
+imports comes from there (tests/studies/test_study_imports.py).
 """
 
 from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
@@ -25,6 +28,16 @@ from rankjax.train.run_reader import load_run
 __version__ = "0.1.0"
 
 __all__ = [
+    # public modules and sub-packages (imported by name, not loaded here)
+    "config",
+    "data",
+    "fast_paths",
+    "measure",
+    "models",
+    "plotting",
+    "studies",
+    "train",
+    # names
     "BlockJacobianMethod",
     "DecoderLM",
     "JacobianStudy",

@@ -57,7 +57,7 @@ STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "inconclusive": "#ffd",
                  "qualitative": "#eef", "tiny": "#ffe", "missing": "#eee",
                  "failed": "#f99"}
 ROW_FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "interval", "band",
-              "rule", "status", "scale", "note")   # experiments.evidence.FIELDS minus the per-seed lists
+              "rule", "status", "scale", "note")   # rankjax.studies.evidence.FIELDS minus the per-seed lists
 
 
 def rows_to_html(rows: list[dict]) -> str:

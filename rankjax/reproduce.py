@@ -1,23 +1,24 @@
 """``rankjax reproduce STUDY --scale quick|paper``: runs a paper's experiments.
 
-A study is a folder ``experiments/<study>/`` of the source checkout whose
-``reproduce.py`` defines ``STUDY`` (``experiments.runner.Study``); the folders are
-found here, not listed, so a new study is a new folder. Each run writes, under
+A study is a package folder whose ``reproduce.py`` defines ``STUDY``
+(``rankjax.studies.Study``): the three papers' under the source checkout's
+``experiments/``, a user's own through ``--studies PATH`` (``rankjax.studies.finder``);
+the folders are found, not listed, so a new study is a new folder. Each run writes, under
 ``<out>/<study>/``, the experiments' figures and JSON, ``summary.json`` (rows
-``experiments.evidence.FIELDS``: one quantity each, judged by the claim the experiment
+``rankjax.studies.evidence.FIELDS``: one quantity each, judged by the claim the experiment
 declared before it ran), ``results/<scale>/<experiment>.json`` (rows, settings, seeds,
 provenance) and ``summary.md`` rendered from them, then the self-contained HTML report of ``rankjax
 report`` (``<out>/<study>/report/report.html``; for ``all`` also
 ``<out>/report/report.html``). The command exits 1 naming every failed experiment;
 a data set the scale needs and lacks stops it before anything runs (exit 2).
 ``--record`` copies the results files into the checkout
-(``experiments/<study>/results/<scale>/``) and renders the summary and EXPECTED.md there;
+(``<study folder>/results/<scale>/``) and renders the summary and EXPECTED.md there;
 ``--check`` compares the rerun with those committed numbers and exits 1 naming every
 number that moved beyond its reproducibility tolerance, which is not the paper band
-(``experiments.results.compare``: 1e-4 relative for a deterministic experiment unless
+(``rankjax.studies.results.compare``: 1e-4 relative for a deterministic experiment unless
 it says why; for a trained one, the seeds' 95% intervals must overlap).
 Training experiments are sets of ``rankjax train`` runs under the study's output folder
-(``experiments.training``): before anything runs the command prints their plan (runs,
+(``rankjax.studies.training``): before anything runs the command prints their plan (runs,
 updates, tokens, checkpoint disk, peak memory, device-hours) and stops with one line
 (exit 2) when a data set or tokenizer is missing or a run does not fit the devices;
 rerunning it skips finished runs and resumes half-done ones. On a multi-host job (the
@@ -30,68 +31,37 @@ A run stopped by SIGTERM (preemption, a time limit) saves and the command exits 
 ``rankjax train`` (requeue and rerun: it resumes). ``--scale paper`` refuses to start without an accelerator (exit 2; ``--allow-cpu``
 overrides), and a requested experiment with no path at the chosen scale makes the
 command exit 1 naming it (its row still says ``missing``): never a quiet exit 0. The
-experiments ship with the source checkout (not with an installed wheel), so this
-command runs from a clone.
+papers' studies ship with the source checkout (not with an installed wheel).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import pathlib
 import sys
+from typing import Sequence
+
+from rankjax.studies import finder
+
+def studies(extra: Sequence[str] = ()) -> tuple[str, ...]:
+  """The studies found: the checkout's ``experiments/`` and every ``extra`` path."""
+  return tuple(sorted(finder.find(extra)))
 
 
-def experiments_root() -> pathlib.Path:
-  root = pathlib.Path(__file__).resolve().parents[1] / "experiments"
-  if not (root / "__init__.py").is_file():
-    raise FileNotFoundError(
-        f"no experiments/ folder next to the rankjax package ({root}); "
-        "reproduce runs from a source checkout (git clone, pip install -e .)")
-  return root
-
-
-def studies() -> tuple[str, ...]:
-  """The study folders: ``experiments/<name>/`` holding ``__init__.py`` and ``reproduce.py``."""
-  try:
-    root = experiments_root()
-  except FileNotFoundError:
-    return ()
-  return tuple(sorted(p.name for p in root.iterdir() if p.is_dir()
-                      and (p / "__init__.py").is_file() and (p / "reproduce.py").is_file()))
-
-
-def _experiments_package():
-  """The ``experiments`` package of this checkout, imported from its location (no
-  ``sys.path`` edit); an ``experiments`` from elsewhere is an error."""
-  root = experiments_root()
-  module = sys.modules.get("experiments")
-  if module is None:
-    spec = importlib.util.spec_from_file_location(
-        "experiments", root / "__init__.py", submodule_search_locations=[str(root)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["experiments"] = module
-    spec.loader.exec_module(module)
-  if root.resolve() not in [pathlib.Path(p).resolve() for p in getattr(module, "__path__", [])]:
-    raise ValueError(f"a different 'experiments' package is imported ({module}); "
-                     f"reproduce needs {root}")
-  return module
-
-
-def study(name: str):
-  """The ``STUDY`` of ``experiments/<name>/reproduce.py``."""
-  known = studies()
+def study(name: str, extra: Sequence[str] = ()):
+  """The ``STUDY`` of the study package ``name`` (``rankjax.studies.finder``)."""
+  known = finder.find(extra)
   if name not in known:
-    raise ValueError(f"study {name!r} is not known; choose one of {list(known) + ['all']}")
-  _experiments_package()
-  return importlib.import_module(f"experiments.{name}.reproduce").STUDY
+    raise ValueError(f"study {name!r} is not known; choose one of "
+                     f"{sorted(known) + ['all']}" + ("" if extra else
+                                                     " (a study of your own: --studies PATH)"))
+  return finder.load(known[name])
 
 
-def _split_all(only: list[str]) -> dict[str, list[str]]:
+def _split_all(only: list[str], extra: Sequence[str]) -> dict[str, list[str]]:
   """For ``all``: each study gets the ``only`` names it knows; a name no study knows
   fails before anything runs."""
   wanted = [p.strip() for n in only for p in n.split(",") if p.strip()]
-  known = {s: {k.lower(): k for k in study(s).names()} for s in studies()}  # any case
+  known = {s: {k.lower(): k for k in study(s, extra).names()} for s in studies(extra)}
   unknown = [n for n in wanted if not any(n.lower() in k for k in known.values())]
   if unknown:
     raise ValueError(f"--only {unknown}: no study has such an experiment; "
@@ -99,20 +69,13 @@ def _split_all(only: list[str]) -> dict[str, list[str]]:
   return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in known}
 
 
-def _runner():
-  """``experiments.runner`` of this checkout (imported from its location)."""
-  _experiments_package()
-  return importlib.import_module("experiments.runner")
-
-
-def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
+def _run_one(the_study, out_dir, scale: str, only, record: bool, check: bool,
              options: dict | None = None) -> dict:
   from rankjax.report import build_report
-  runner = _runner()
-  results = importlib.import_module("experiments.results")
+  from rankjax.studies import results, runner
+  name = the_study.name
   out = pathlib.Path(out_dir) / name
   print(f"reproduce {name} ({scale} scale) -> {out}", flush=True)
-  the_study = study(name)
   res = runner.run_study(the_study, out, scale, only, checked=True, options=options)
   if not res["analysed"]:     # a multi-host job's other processes: trained, nothing to read
     res["moved"] = []
@@ -122,7 +85,7 @@ def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
          if n not in res["failed"] and n in res["results"]]
   res["moved"] = []
   if check:
-    committed = results.load(results.committed_dir(name, scale))
+    committed = results.load(results.committed_dir(the_study, scale))
     absent = [n for n in ran if n not in committed]
     res["moved"] = [f"{name}/{n}: no committed results to check against" for n in absent]
     rerun = results.load(out / "results" / scale)
@@ -139,7 +102,7 @@ def _run_one(name: str, out_dir, scale: str, only, record: bool, check: bool,
   if record:
     done = results.record(the_study, out, scale, ran)
     print(f"recorded {name}: {', '.join(done) or 'nothing'} -> "
-          f"{results.committed_dir(name, scale)}")
+          f"{results.committed_dir(the_study, scale)}")
   return res
 
 
@@ -169,19 +132,20 @@ def missing(results: dict) -> list[str]:
 
 def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
         only: list[str] | None = None, record: bool = False, check: bool = False,
-        options: dict | None = None) -> dict:
-  """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report.
+        options: dict | None = None, extra: Sequence[str] = ()) -> dict:
+  """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report;
+  ``extra``: ``--studies`` paths (``rankjax.studies.finder.find``).
 
   Returns ``{study: runner.run_study(...) result}``. With ``all``, ``only`` names run
   in every study that has them (``fig3`` is a figure of each paper), and studies with
   none of them are skipped; every study is checked (scale, names, data) before any runs.
   """
   from rankjax.report import build_report
+  from rankjax.studies import runner
   from rankjax.train import paths
   paths.check_output(out_dir, "--out")
-  runner = _runner()
-  plan = (_split_all(only) if only else {s: None for s in studies()}) if name == "all" \
-      else {name: only}
+  plan = (_split_all(only, extra) if only else {s: None for s in studies(extra)}) \
+      if name == "all" else {name: only}
   plan = {s: names for s, names in plan.items() if names is None or names}
   if (record or check) and scale == "tiny":
     raise ValueError("--scale tiny measures the code path at laptop sizes: its rows are not "
@@ -189,10 +153,11 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   if options and (record or check):
     raise ValueError("--checkpoint measures your weights: its numbers are not the committed "
                      "results (no --record or --check with it)")
+  loaded = {s: study(s, extra) for s in plan}
   for s, names in plan.items():   # every check before the first experiment runs
-    runner.preflight(study(s), study(s).resolve(names), scale, pathlib.Path(out_dir) / s)
-    runner.check_options(study(s), study(s).resolve(names), options or {})
-  results = {s: _run_one(s, out_dir, scale, names, record, check, options)
+    runner.preflight(loaded[s], loaded[s].resolve(names), scale, pathlib.Path(out_dir) / s)
+    runner.check_options(loaded[s], loaded[s].resolve(names), options or {})
+  results = {s: _run_one(loaded[s], out_dir, scale, names, record, check, options)
              for s, names in plan.items()}
   if name == "all" and all(r["analysed"] for r in results.values()):
     print(f"report: {build_report(out_dir)}")
@@ -201,7 +166,7 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
 
 def verdicts(results: dict, out_dir: str | pathlib.Path) -> list[str]:
   """One line per analysed study: its rows per status, the counts of summary.md."""
-  counts_text = importlib.import_module("experiments.results").counts_text
+  from rankjax.studies.results import counts_text
   return [f"verdicts {s}: " + counts_text(res["rows"])
           + f" ({pathlib.Path(out_dir) / s / 'summary.json'})"
           for s, res in results.items() if res["analysed"]]
@@ -228,9 +193,10 @@ def _command(args) -> int:
     if not pathlib.Path(path).exists():
       raise FileNotFoundError(f"--checkpoint {path}: no such file or folder")
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
-  preempted = _runner().training.Preempted
+  from rankjax.studies.training import Preempted as preempted
   try:
-    results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options)
+    results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options,
+                  args.studies)
   except preempted as e:                             # every process stopped at the same run
     print(f"rankjax reproduce: {e}", file=sys.stderr)
     return 75
@@ -255,7 +221,11 @@ def _command(args) -> int:
 def add_parser(sub) -> None:
   p = sub.add_parser("reproduce", help="run a paper's experiments and write figures and "
                                        "a paper-vs-measured summary (summary.json, .md)")
-  p.add_argument("study", choices=studies() + ("all",))
+  p.add_argument("study", help="a study's name (experiments/<study>/, or one under "
+                                "--studies) or all")
+  p.add_argument("--studies", action="append", default=[], metavar="PATH",
+                 help="a study package of your own (a folder with __init__.py and "
+                      "reproduce.py defining STUDY), or a folder of them; repeatable")
   p.add_argument("--scale", default="quick",
                  help="quick (default), paper, or tiny (the paper-scale code path at laptop sizes); "
                       "a study may name more (see its reproduce.py)")

@@ -15,7 +15,7 @@ not from our outcomes):
 - "approximately linear": R^2 of the linear fit >= 0.99 (``LINEAR_R2``);
 - "most": a share above one half; "positive"/"negative"/"increasing": the sign.
 
-Several seeds are judged on their mean's 95% interval (``experiments.evidence``).
+Several seeds are judged on their mean's 95% interval (``rankjax.studies.evidence``).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments import evidence
-from experiments.evidence import Abs, Bound, Claim, Rel
+from rankjax.studies import evidence
+from rankjax.studies.evidence import Abs, Bound, Claim, Rel
 
 TRACKS = 0.25
 MUCH_SMALLER = 0.1

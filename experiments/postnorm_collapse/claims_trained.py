@@ -20,10 +20,10 @@ import dataclasses
 import math
 from typing import Any
 
-from experiments import evidence
-from experiments.evidence import Abs, Bound, Claim
-from experiments.postnorm_collapse import collapse_study, seed_lr_runs as sl
-from experiments.postnorm_collapse import fig3_fig5_transition as f35
+from rankjax.studies import evidence
+from rankjax.studies.evidence import Abs, Bound, Claim
+from . import collapse_study, seed_lr_runs as sl
+from . import fig3_fig5_transition as f35
 
 NEAR = 0.05
 ORDERS = 100.0
@@ -204,7 +204,7 @@ def _fig3_fig5_paper_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
   pre = res["ours"]["preregistered"]
   seeds = [int(s) for s in pre]
   note = (f"seeds {seeds}; {res['scale']} scale: the paper's schedule (2000 warmup, cosine "
-          "to 40000) shrunk by experiments.training.tiny at tiny; diagnostics every update")
+          "to 40000) shrunk by rankjax.studies.training.tiny at tiny; diagnostics every update")
   rows = _transition_rows(FIG3_FIG5, F35_PAPER, pre, note)
   fns = (lambda a: _num(a["final_grad_first_over_last"]),
          lambda a: _num(a.get("grad_window_onset_layer1_drop")),
@@ -365,7 +365,7 @@ def _sec43_runs(scale: str = "quick"):
   """label -> the runs (one per seed) of each Sec 4.3 row: the quick runs, or the
   paper's (``sec43_frequency_reference.paper_run_groups``) at paper / tiny."""
   if scale != "quick":
-    from experiments.postnorm_collapse import paper_runs, sec43_frequency_reference as s43
+    from . import paper_runs, sec43_frequency_reference as s43
     groups = s43.paper_run_groups(scale)
     labels = {"post_collapse": f"Post-Norm LR {PAPER_LRS[0]} (the paper's run)",
               "post_nowarmup": f"no warmup, LR {PAPER_LRS[0]}",

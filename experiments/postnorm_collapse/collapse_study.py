@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.postnorm_collapse import common
+from . import common
 
 RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse": ("collapse_post_quick", []),
@@ -169,7 +169,7 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   Pre-Norm 8e-4, Post-Norm 6e-4) and ``paper_runs.SEEDS``, against the frequency loss of
   the stream's labels (Sec 4.3: 500M tokens at paper scale, ``STREAM_FREQ_BATCHES``
   batches at tiny); the result has the quick run's shape (``by_seed[role][seed]``)."""
-  from experiments.postnorm_collapse import paper_runs
+  from . import paper_runs
   start = time.time()
   seeds = paper_runs.seeds(scale)
   cfg = paper_runs.config(paper_runs.post_collapse(seeds[0]), scale)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import runner
+from rankjax.studies import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"

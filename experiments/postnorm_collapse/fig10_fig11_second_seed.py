@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from experiments.postnorm_collapse import collapse_study
-from experiments.postnorm_collapse import common
-from experiments.postnorm_collapse import fig3_fig5_transition as f35
-from experiments.postnorm_collapse import seed_lr_runs as sl
+from . import collapse_study
+from . import common
+from . import fig3_fig5_transition as f35
+from . import seed_lr_runs as sl
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
@@ -111,8 +111,8 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 10-11: Figs 3-5's analysis of the paper's collapsing run (Post-Norm 8e-4,
   ``paper_runs``) at its other seeds (seed 0 is Figs 3-5's); ``ours[run name]``."""
-  from experiments import training
-  from experiments.postnorm_collapse import paper_runs
+  from rankjax.studies import training
+  from . import paper_runs
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []

@@ -33,9 +33,9 @@ import time
 from typing import Any
 
 
-from experiments.postnorm_collapse import collapse_study, common
-from experiments.postnorm_collapse import fig3_fig5_transition as f35
-from experiments.postnorm_collapse import seed_lr_runs as sl
+from . import collapse_study, common
+from . import fig3_fig5_transition as f35
+from . import seed_lr_runs as sl
 from rankjax import plotting
 
 FIG_NAMES: dict[float, tuple[str, str, str]] = {
@@ -122,8 +122,8 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 12-20 of the paper's ablation runs (Post-Norm at 1.2e-3, 1.5e-3, 1.8e-3 with the
   paper's warmup, ``paper_runs``), masked as App F.4, beside the main 8e-4 run."""
-  from experiments import training
-  from experiments.postnorm_collapse import paper_runs
+  from rankjax.studies import training
+  from . import paper_runs
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.postnorm_collapse import common
+from . import common
 from rankjax import plotting
 from rankjax.config import TransformerConfig
 from rankjax.measure import theory as th

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from experiments.postnorm_collapse import common
-from experiments.postnorm_collapse import fig1_one_step as fig1
+from . import common
+from . import fig1_one_step as fig1
 from rankjax import plotting
 from rankjax.measure import theory as th
 from rankjax.measure.similarity import token_similarity

@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from experiments import training
-from experiments.postnorm_collapse import common
-from experiments.postnorm_collapse import collapse_study
-from experiments.postnorm_collapse import seed_lr_runs
+from rankjax.studies import training
+from . import common
+from . import collapse_study
+from . import seed_lr_runs
 from rankjax import plotting
 from rankjax.measure import gradients as gr
 
@@ -519,7 +519,7 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
                                                              seed), out_dir, files, GRAD_WINDOW)
         for seed in seed_lr_runs.WARMUP_SEEDS}
     # its first 60 updates are the seed-0 60-update run's
-    from experiments.postnorm_collapse.fig10_fig11_second_seed import same_trajectory
+    from .fig10_fig11_second_seed import same_trajectory
     a["same_trajectory_as_60_update_run"] = same_trajectory(
         os.path.join(out_dir, "runs", run_name), os.path.join(
             out_dir, "runs", seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, 0)))
@@ -540,7 +540,7 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 3-5 of the paper's collapsing run (Post-Norm at 8e-4, ``paper_runs``) at each
   of its seeds, diagnostics at every update; ``ours["preregistered"][seed]``."""
-  from experiments.postnorm_collapse import paper_runs
+  from . import paper_runs
   start = time.time()
   files: list[str] = []
   pre = {}

@@ -30,9 +30,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from experiments.postnorm_collapse import common
-from experiments.postnorm_collapse import collapse_study
-from experiments.postnorm_collapse import seed_lr_runs as sl
+from . import common
+from . import collapse_study
+from . import seed_lr_runs as sl
 from rankjax import plotting
 
 FIXED_STEPS = 150
@@ -213,8 +213,8 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   sequence, at every seed, each against the frequency loss of its labels (Sec 4.3: 500M
   tokens of the stream at paper scale); right, the ablation runs at 1.2e-3, 1.5e-3,
   1.8e-3 against the stream's frequency loss."""
-  from experiments import training
-  from experiments.postnorm_collapse import paper_runs
+  from rankjax.studies import training
+  from . import paper_runs
   from rankjax.train.run_reader import load_run
   start = time.time()
   seeds = paper_runs.seeds(scale)

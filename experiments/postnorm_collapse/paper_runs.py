@@ -1,5 +1,5 @@
 """The Post-Norm collapse paper's own training runs (Sec 4, App F.3, F.5): ``--scale paper``
-and its laptop-size twin ``--scale tiny`` (``experiments.training.tiny`` of the same
+and its laptop-size twin ``--scale tiny`` (``rankjax.studies.training.tiny`` of the same
 configs).
 
 The model and optimizer are ``experiments/configs/postnorm_48l_d512_c4.json`` (Sec 4: 48
@@ -28,11 +28,13 @@ compares the loss with them without re-reading 21B tokens of C4.
 """
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
-from experiments import training
+from rankjax.studies import training
 
-CONFIG = "experiments/configs/postnorm_48l_d512_c4.json"
+CONFIG = "experiments/configs/postnorm_48l_d512_c4.json"   # from the checkout's root
+_CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
 COLLAPSE_LR = 8e-4      # Sec 4.2: the collapsing run
 STABLE_LR = 6e-4        # App F.5: 40000 updates without collapse
 ABLATION_LRS = (1.2e-3, 1.5e-3, 1.8e-3)   # App F.4 (Figs 12-20) and Fig 6 right
@@ -83,7 +85,7 @@ def config(name: str, scale: str):
   """Run ``name``'s TrainConfig at ``scale`` (paper: as the paper; tiny: shrunk)."""
   if scale not in ("paper", "tiny"):
     raise ValueError(f"paper_runs has the paper and tiny scales, not {scale!r}")
-  return training.at_scale(training.load(CONFIG, RUNS[name]), scale)
+  return training.at_scale(training.load(_CHECKOUT / CONFIG, RUNS[name]), scale)
 
 
 def seeds(scale: str) -> tuple[int, ...]:

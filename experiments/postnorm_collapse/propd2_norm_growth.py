@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.postnorm_collapse import collapse_study, common
+from . import collapse_study, common
 from rankjax.measure.losses import cross_entropy
 from rankjax.measure.similarity import batch_mean_token_similarity
 from rankjax.models.transformer import DecoderLM, intermediate_grads
@@ -195,7 +195,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   start = time.time()
   workdir = sequences = None
   if scale in ("paper", "tiny"):
-    from experiments.postnorm_collapse import paper_runs
+    from . import paper_runs
     name = paper_runs.post_collapse(0)
     mcfg, config = paper_runs.config(name, scale).lm, paper_runs.CONFIG
     workdir, sequences = paper_runs.train(out_dir, name, scale), PAPER_SEQUENCES

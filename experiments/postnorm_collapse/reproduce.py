@@ -1,4 +1,4 @@
-"""Runs every Post-Norm collapse script of this folder; ``STUDY`` for ``experiments.runner``.
+"""Runs every Post-Norm collapse script of this folder; ``STUDY`` for ``rankjax.studies.runner``.
 
 Each script's ``run(out_dir/<folder>, scale)`` (the training scripts share
 ``out_dir/collapse`` so the collapsing run is trained once) gives a result that
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from experiments import runner
-from experiments.postnorm_collapse import claims_init, claims_trained, paper_runs
+from rankjax.studies import runner
+from . import claims_init, claims_trained, paper_runs
 
 # name -> (module, output sub-folder); training scripts share "collapse".
 SCRIPTS: dict[str, tuple[str, str]] = {

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.postnorm_collapse import collapse_study, common, fig3_fig5_transition
-from experiments.postnorm_collapse import seed_lr_runs as sl
+from . import collapse_study, common, fig3_fig5_transition
+from . import seed_lr_runs as sl
 
 REFERENCES = ("aggregate_stream", "aggregate_batch", "per_sequence_batch")
 
@@ -92,7 +92,7 @@ def compare(workdir: str, stream_freq: float) -> dict[str, Any]:
 
 def paper_run_groups(scale: str) -> dict[str, tuple[str, ...]]:
   """Sec 4.3's runs at paper / tiny scale, by role: ``paper_runs`` names per seed."""
-  from experiments.postnorm_collapse import paper_runs
+  from . import paper_runs
   seeds = paper_runs.seeds(scale)
   return {"post_collapse": tuple(map(paper_runs.post_collapse, seeds)),
           "post_nowarmup": tuple(map(paper_runs.post_nowarmup, seeds)),
@@ -101,7 +101,7 @@ def paper_run_groups(scale: str) -> dict[str, tuple[str, ...]]:
 
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """The comparison on the paper's runs (trained by the runner first); ``sec43_SCALE.json``."""
-  from experiments.postnorm_collapse import paper_runs
+  from . import paper_runs
   start = time.time()
   groups = paper_run_groups(scale)
   cfg = paper_runs.config(groups["post_nowarmup"][0], scale)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from experiments.postnorm_collapse import collapse_study
+from . import collapse_study
 
 CONFIG = "collapse_post_quick"
 DIAGS = 'diagnostics=["basic","postnorm","postnorm_sublayer_norms"]'

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.postnorm_collapse import common
-from experiments.postnorm_collapse import collapse_study
+from . import common
+from . import collapse_study
 from rankjax.measure import gradients as gr
 from rankjax.measure.losses import cross_entropy, frequency_logits, frequency_loss
 from rankjax.models.transformer import DecoderLM
@@ -101,7 +101,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   from rankjax.train.run_reader import load_run
   start = time.time()
   if scale in ("paper", "tiny"):
-    from experiments.postnorm_collapse import paper_runs
+    from . import paper_runs
     runs = {}
     for seed in paper_runs.seeds(scale):
       name = paper_runs.post_collapse(seed)

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from experiments import runner
+from rankjax.studies import runner
 from rankjax import plotting
 from rankjax.measure import sensitivity as sens
 

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import runner
+from rankjax.studies import runner
 
 SCALES: dict[str, dict[str, Any]] = {
     # seeds fixed before any run (>= 10: one seed takes well under a second)

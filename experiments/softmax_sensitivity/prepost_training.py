@@ -19,7 +19,7 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
          paper's FineWeb: a directory of text or ArrayRecord files named by the env
          var ``RANKJAX_FINEWEB`` (without it the runner refuses before anything runs).
          Needs accelerators; the runner trains the six runs (``Experiment.runs``).
-  tiny   the six paper runs through ``experiments.training.tiny``: 4 layers, d=32,
+  tiny   the six paper runs through ``rankjax.studies.training.tiny``: 4 layers, d=32,
          2 heads, T=32, byte tokenizer, offline Shakespeare, 24 updates (warmup 6,
          diagnostics every update), batch 8 = 2 x 4; every other setting of the paper
          config kept. The code path of paper, 45-130 s wall a run on the shared 2-core
@@ -43,7 +43,7 @@ seeds; entropy and p_max curves = mean over layers of the per-layer row mean, av
 over seeds; final loss = mean over the last 50 updates; spikes = ``gradient_spikes``
 (window 50, first 10 excluded); +- = sample std over seeds (ddof 1).
 
-Runs live in ``out_dir/runs/<arch>_s<seed>`` (``experiments.training.workdir``) at every
+Runs live in ``out_dir/runs/<arch>_s<seed>`` (``rankjax.studies.training.workdir``) at every
 scale; a finished run is reused, a half-done one resumed.
 
 Run:  python -m experiments.softmax_sensitivity.prepost_training --out runs/prepost --scale quick
@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import runner, training
+from rankjax.studies import runner, training
 from rankjax import plotting
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,4 +1,4 @@
-"""Every experiment of the softmax-sensitivity paper: ``STUDY`` for ``experiments.runner``.
+"""Every experiment of the softmax-sensitivity paper: ``STUDY`` for ``rankjax.studies.runner``.
 
 Scripts (each ``run(out_dir, scale) -> dict``, output in ``out_dir/<name>/``):
   lemma_checks          Lemmas 2.3 / 2.4 / A.2 (i-iii), Remarks 3.3 / B.1, Thm 4.5's
@@ -14,7 +14,7 @@ Scripts (each ``run(out_dir, scale) -> dict``, output in ``out_dir/<name>/``):
 
 At ``--scale paper`` and ``tiny`` the runner trains the six runs of both training
 experiments (``prepost_training.runs``: 2 placements x seeds 42, 123, 456 of
-``experiments/configs/gpt2_774m.json``, through ``experiments.training.tiny`` at tiny)
+``experiments/configs/gpt2_774m.json``, through ``rankjax.studies.training.tiny`` at tiny)
 into ``prepost_training/runs/`` before any experiment runs; the two experiments share
 that folder, so ``trained_bounds`` reads the same runs. Paper scale reads the paper's
 FineWeb from the directory named by the env var ``RANKJAX_FINEWEB`` (text or
@@ -38,9 +38,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from experiments import evidence, runner
-from experiments.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
-from experiments.softmax_sensitivity import prepost_training
+from rankjax.studies import evidence, runner
+from rankjax.studies.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
+from . import prepost_training
 
 SCRIPTS = ("theorem_check", "certificates_large_L", "prepost_training", "trained_bounds",
            "lemma_checks")
@@ -52,7 +52,7 @@ NEAR_ONE = OneMinus(0.25)  # a quantity bounded by 1 printed >= 0.9: 25% relativ
 FRACTION_FLOOR = 0.005     # near 0 (< 0.05): shares of samples, half a percentage point
 P_MAX_FLOOR = 0.0005       # near 0: attention weights, half the paper's last digit (0.010)
 COUNT_TOL = Abs(0.5)       # a count of seeds: half a unit
-# several seeds are judged on their mean's 95% interval (experiments.evidence); worded claims are
+# several seeds are judged on their mean's 95% interval (rankjax.studies.evidence); worded claims are
 # Bound predicates on the measured values; identities are Bound("<", the paper's limit).
 
 SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Shakespeare, "
@@ -61,7 +61,7 @@ SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Sh
                                 "(200 updates, byte-level Shakespeare), not GPT-2 774M",
               "quick_sharpen": "quick_sharpen: the quick LM run 800 updates; chosen after "
                                "seed 42's outcome (EXPECTED.md), not the preregistered setting",
-              "tiny": "tiny: the 774M config shrunk by experiments.training.tiny (4 layers, "
+              "tiny": "tiny: the 774M config shrunk by rankjax.studies.training.tiny (4 layers, "
                       "d=32, 24 updates, byte-level Shakespeare): not judged"}
 LOSS_UNITS = ("the paper's loss is per GPT-2 BPE token of FineWeb, ours per byte of "
               "Shakespeare at quick scale: not the same unit")
@@ -429,7 +429,7 @@ STUDY = runner.Study(
                             "chosen after seed 42's outcome and overturned by seeds 123 and "
                             "456 (EXPECTED.md); the preregistered setting is quick.",
            "tiny": "tiny: every experiment's paper path shrunk to a laptop CPU (the six "
-                   "774M runs through experiments.training.tiny, fewer draws elsewhere); "
+                   "774M runs through rankjax.studies.training.tiny, fewer draws elsewhere); "
                    "measured, not judged against the paper."})
 
 

@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import runner
-from experiments.softmax_sensitivity import prepost_training as pt
+from rankjax.studies import runner
+from . import prepost_training as pt
 
 SEEDS = (42, 123, 456)   # the prepost_training seeds (issue 25: >= 3 per trained result)
 SEQS = 2     # sequences per layer for the Jacobian

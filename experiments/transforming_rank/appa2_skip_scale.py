@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, residual_networks
 from rankjax.models import blocks as blocks_lib

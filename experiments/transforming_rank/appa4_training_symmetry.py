@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.config import MLPConfig
 from rankjax.models.mlp import ResidualMLP
 

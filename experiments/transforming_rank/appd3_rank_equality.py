@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.measure import jacobians, representations
 
 NAME = "appd3_rank_equality"

@@ -3,7 +3,7 @@
 Every script exposes ``run(out_dir, scale="quick"|"paper"|"tiny", **overrides) -> dict`` and
 writes ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
 ``summary`` list of rows, each made by a claim the script declares at import
-(``CLAIMS``, ``experiments.evidence``) and judged after the run; ``experiments.runner``
+(``CLAIMS``, ``rankjax.studies.evidence``) and judged after the run; ``rankjax.studies.runner``
 collects them into ``summary.json`` and ``summary.md``. Settings come from the script's
 ``SCALES`` table; any keyword argument overrides one setting.
 
@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402,F401
 
 import jax  # noqa: E402
 
-from experiments import evidence, runner  # noqa: E402
+from rankjax.studies import evidence, runner  # noqa: E402
 from rankjax import plotting  # noqa: E402
 from rankjax.config import MLPConfig  # noqa: E402
 from rankjax.measure import jacobians  # noqa: E402
@@ -78,7 +78,7 @@ def rule(paper: float, fraction: bool = False) -> evidence.Rule:
   (|paper| < 0.1) and for a fraction printed as exactly 1 (half a unit of "1.00");
   ``OneMinus(0.25)`` for a fraction (erank/d, a share in [0, 1]) near 1 (0.9 <= paper
   < 1); ``Rel(0.05)`` elsewhere (a ratio of 1 is "elsewhere"); several seeds are judged
-  on their mean's 95% interval (``experiments.evidence``), the band never widened."""
+  on their mean's 95% interval (``rankjax.studies.evidence``), the band never widened."""
   if abs(paper) < NEAR_ZERO or (fraction and paper == 1.0):
     return evidence.Abs(ABS_FLOOR)
   if fraction and NEAR_ONE <= paper < 1.0:

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.measure import gpt2_jacobians, paths, spectra
 from rankjax.models import gpt2
 

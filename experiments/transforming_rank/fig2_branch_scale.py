@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.config import MLPConfig
 
 NAME = "fig2_branch_scale"

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from scipy.special import logsumexp
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.config import MLPConfig
 
 NAME = "fig3_path_orders"

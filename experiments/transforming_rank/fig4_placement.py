@@ -21,7 +21,7 @@ import math
 import jax
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.config import MLPConfig
 
 NAME = "fig4_placement"

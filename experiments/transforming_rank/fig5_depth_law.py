@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax import plotting
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, spectra

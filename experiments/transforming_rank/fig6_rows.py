@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 
 STABLE_ACCURACY = 0.4                                # App B.4's "still trains"
 # Paper values (App B.4 Table 5, Fig 6, Fig 13, App C Fig 16).

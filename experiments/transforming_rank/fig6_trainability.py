@@ -47,8 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.transforming_rank import common
-from experiments.transforming_rank.fig6_rows import (  # noqa: F401 (the study's claims)
+from . import common
+from .fig6_rows import (  # noqa: F401 (the study's claims)
     CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, summary_rows)
 from rankjax.config import MLPConfig
 from rankjax.data import images

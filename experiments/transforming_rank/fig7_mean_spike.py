@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax import plotting
 from rankjax.config import MLPConfig
 from rankjax.measure import representations, spectra

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.measure import jacobians, representations, spectra
 
 NAME = "fig9_marchenko_pastur"

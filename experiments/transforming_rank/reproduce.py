@@ -2,7 +2,7 @@
 
   python -m experiments.transforming_rank.reproduce --scale quick --out runs/tr [--only fig3]
 
-``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``experiments.runner``).
+``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``rankjax.studies.runner``).
 Quick scale keeps the paper's depths, ratios and sweeps with the width scaled down
 (mostly d=256 -> 64) and fewer seeds; paper scale uses the paper's settings. The
 trainability experiments (Fig 6, 13, 16, Table 5: ``fig6_trainability``) train on
@@ -24,8 +24,8 @@ from __future__ import annotations
 import importlib
 from typing import Sequence
 
-from experiments import runner
-from experiments.transforming_rank import common
+from rankjax.studies import runner
+from . import common
 
 EXPERIMENTS = {
     "fig1": "fig1_skip_spacing",
@@ -103,7 +103,7 @@ def _rows(result: dict) -> list[dict]:
 
 
 def claims(name: str) -> dict:
-  """The claims experiment ``name`` declares at import (``experiments.evidence``)."""
+  """The claims experiment ``name`` declares at import (``rankjax.studies.evidence``)."""
   return importlib.import_module(f"experiments.transforming_rank.{EXPERIMENTS[name]}").CLAIMS
 
 
@@ -163,7 +163,7 @@ def resolve(only: str | Sequence[str] | None) -> list[str]:
 
 def run_all(out_dir: str, scale: str = "quick", only: str | Sequence[str] | None = None) -> dict:
   """Runs the selected experiments into ``out_dir``; writes ``summary.json`` and
-  ``summary.md`` (``experiments.runner.run_study``)."""
+  ``summary.md`` (``rankjax.studies.runner.run_study``)."""
   return runner.run_study(STUDY, out_dir, scale, only)
 
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.measure import representations, spectra
 
 NAME = "table1_coherence"

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.transforming_rank import common
+from . import common
 from rankjax.measure import spectra
 
 NAME = "table3_projections"

@@ -9,6 +9,7 @@ from rankjax.data.pipeline import DataInfo, check_model_fits, dataset_info, make
 from rankjax.data.tokenizer import Tokenizer, make_tokenizer
 
 __all__ = [
+    "images",
     "DataInfo",
     "DataUnavailableError",
     "Tokenizer",

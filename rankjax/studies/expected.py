@@ -13,7 +13,7 @@ at the paper's setting, the proxies apart). Options after the name: ``items=REGE
 gives the provenance (commit, device, date, wall time). A block whose results file is
 missing renders as one line saying so.
 
-  python -m experiments.expected [--check] [STUDY ...]
+  python -m rankjax.studies.expected [--check] [STUDY ...]
 
 writes every study's EXPECTED.md, and README.md's tour block (``<!-- tour
 docs/tour_summary.json -->``, ``rankjax.tour.render_readme``) when no study is named
@@ -30,7 +30,7 @@ import shlex
 import sys
 from typing import Sequence
 
-from experiments import results
+from rankjax.studies import finder, results
 
 COUNTS = "counts"   # <!-- results SCALE/counts -->: the scale's status counts
 FIELDS = ("item", "quantity", "paper", "ours", "sd", "n", "interval", "band", "rule", "status")
@@ -38,8 +38,9 @@ _BLOCK = re.compile(r"(<!-- results (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- en
                     re.S)
 
 
-def path_of(study: str) -> pathlib.Path:
-  return results.ROOT / "experiments" / study / "EXPECTED.md"
+def path_of(study) -> pathlib.Path:
+  """The study's EXPECTED.md (``study``: a Study, its folder, or a checkout study's name)."""
+  return finder.folder_of(study) / "EXPECTED.md"
 
 
 def _block(study: str, spec: str) -> str:
@@ -57,7 +58,7 @@ def _block(study: str, spec: str) -> str:
     return _counts_block(study, scale)
   path = results.committed_dir(study, scale) / f"{name}.json"
   if not path.is_file():
-    return f"(no results file {path.relative_to(results.ROOT)} yet)\n"
+    return f"(no results file {results.shown(path, study)} yet)\n"
   doc = json.loads(path.read_text())
   rows = doc["rows"]
   if "items" in opts:
@@ -66,7 +67,7 @@ def _block(study: str, spec: str) -> str:
   p = doc["provenance"]
   seeds = doc.get("seeds")
   lines = results.table(rows, fields)
-  lines += ["", f"Rendered from `{path.relative_to(results.ROOT)}`: commit "
+  lines += ["", f"Rendered from `{results.shown(path, study)}`: commit "
             f"{(p.get('commit') or '?')[:10]}{' (dirty)' if p.get('dirty') else ''}, "
             f"{p.get('device_kind')} ({p.get('cpu')}), jax {p.get('jax')}, "
             f"seeds {seeds if seeds is not None else 'not recorded'}, "
@@ -77,10 +78,10 @@ def _block(study: str, spec: str) -> str:
 def _counts_block(study: str, scale: str) -> str:
   path = results.committed_dir(study, scale) / "summary.json"
   if not path.is_file():
-    return f"(no results file {path.relative_to(results.ROOT)} yet)\n"
+    return f"(no results file {results.shown(path, study)} yet)\n"
   rows = json.loads(path.read_text())
   return (f"{scale} scale, {len(rows)} rows: {results.counts_text(rows)} (rendered from "
-          f"`{path.relative_to(results.ROOT)}`).\n")
+          f"`{results.shown(path, study)}`).\n")
 
 
 def render(study: str, text: str | None = None) -> str:
@@ -104,13 +105,14 @@ def write(study: str) -> bool:
 def readme() -> tuple[pathlib.Path, str]:
   """README.md and what it renders to (its tour block from docs/tour_summary.json)."""
   from rankjax import tour
-  path = results.ROOT / "README.md"
-  return path, tour.render_readme(path.read_text(), results.ROOT)
+  root = finder.CHECKOUT_STUDIES.parent
+  path = root / "README.md"
+  return path, tour.render_readme(path.read_text(), root)
 
 
 def studies() -> list[str]:
-  root = results.ROOT / "experiments"
-  return sorted(p.parent.name for p in root.glob("*/EXPECTED.md"))
+  """The checkout's studies that have an EXPECTED.md."""
+  return sorted(n for n, f in finder.find().items() if (f / "EXPECTED.md").is_file())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,9 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   for study in args.studies or studies():
     if args.check:
       if render(study) != path_of(study).read_text():
-        stale.append(str(path_of(study).relative_to(results.ROOT)))
+        stale.append(results.shown(path_of(study), study))
     elif write(study):
-      print(f"rewrote {path_of(study).relative_to(results.ROOT)}")
+      print(f"rewrote {results.shown(path_of(study), study)}")
   if not args.studies:
     path, text = readme()
     if text != path.read_text():
@@ -135,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path.write_text(text)
         print(f"rewrote {path.name}")
   if stale:
-    print("not what the results files render (run python -m experiments.expected): "
+    print("not what the results files render (run python -m rankjax.studies.expected): "
           + ", ".join(stale), file=sys.stderr)
     return 1
   return 0

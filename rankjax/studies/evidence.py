@@ -31,7 +31,7 @@ numbers and the side of the paper's value they fall on are shown, it is counted 
 and it is never a match. Mathematics, and measurements at the paper's own sizes, are
 judged as above wherever they run.
 
-A row's fields are :data:`FIELDS`; ``experiments.runner`` adds ``experiment`` and
+A row's fields are :data:`FIELDS`; ``rankjax.studies.runner`` adds ``experiment`` and
 ``scale``. The statuses are :data:`STATUSES` (``missing`` and ``failed`` come from the
 runner, never from a claim). :func:`recheck` recomputes a status from the row alone.
 """
@@ -272,6 +272,15 @@ class Claim:
             "seeds": list(seeds) if seeds is not None else None, "per_seed": per_seed,
             "interval": interval, "band": band, "rule": self.rule.describe(),
             "status": status, "note": "; ".join(notes)}
+
+
+def measured(item: str, values: Any, *, seeds: Sequence[int] | None = None,
+             note: str = "") -> dict[str, Any]:
+  """What an experiment's ``run`` reports for the claim ``item``: the measured value(s)
+  (one number, or one per seed in ``seeds``' order) and a note (settings, not verdicts).
+  The runner judges it by the declared claim (:meth:`Claim.judge`)."""
+  return {"item": item, "values": values,
+          "seeds": list(seeds) if seeds is not None else None, "note": note}
 
 
 def direction(row: dict[str, Any]) -> str:

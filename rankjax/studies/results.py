@@ -8,9 +8,9 @@ Every run of an experiment writes ``<out>/results/<scale>/<experiment>.json``:
      "data": what its figures need (null when larger than DATA_LIMIT bytes)}
 
 ``rankjax reproduce STUDY --record`` copies them into the checkout
-(``experiments/<study>/results/<scale>/``), where they are committed; ``summary.json``
+(``<study folder>/results/<scale>/``), where they are committed; ``summary.json``
 and ``summary.md`` beside them are rendered from them (:func:`render_summary`), and
-EXPECTED.md's tables from them too (``experiments.expected``). ``--check`` reruns and
+EXPECTED.md's tables from them too (``rankjax.studies.expected``). ``--check`` reruns and
 compares with the committed numbers (:func:`compare`).
 """
 from __future__ import annotations
@@ -20,10 +20,9 @@ import math
 import pathlib
 from typing import Any, Sequence
 
-from experiments import evidence
+from rankjax.studies import evidence, finder
 from rankjax.provenance import provenance
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA_LIMIT = 256 * 1024   # bytes of figure data a committed results file may hold
 
 
@@ -79,8 +78,16 @@ def _finite(x: Any) -> Any:
   return x
 
 
-def committed_dir(study: str, scale: str) -> pathlib.Path:
-  return ROOT / "experiments" / study / "results" / scale
+def committed_dir(study, scale: str) -> pathlib.Path:
+  """``<study folder>/results/<scale>``: where a study's results are committed
+  (``study``: a Study, its folder, or a checkout study's name)."""
+  return finder.folder_of(study) / "results" / scale
+
+
+def shown(path: pathlib.Path, study) -> str:
+  """``path`` as shown in rendered files: from the folder its package is imported from
+  (``experiments/<study>/results/...`` for the checkout's studies)."""
+  return str(path.relative_to(finder.import_name(finder.folder_of(study))[1]))
 
 
 def load(folder: str | pathlib.Path) -> dict[str, dict[str, Any]]:
@@ -167,9 +174,9 @@ def render_summary(study, folder: str | pathlib.Path, scale: str) -> list[dict]:
 def record(study, out_dir: str | pathlib.Path, scale: str, names: Sequence[str]) -> list[str]:
   """Copies the run's results files of ``names`` into the checkout's results folder,
   renders its summary and the study's EXPECTED.md; returns the recorded names."""
-  from experiments import expected
+  from rankjax.studies import expected
   src = pathlib.Path(out_dir) / "results" / scale
-  dst = committed_dir(study.name, scale)
+  dst = committed_dir(study, scale)
   dst.mkdir(parents=True, exist_ok=True)
   done = []
   for name in names:
@@ -178,7 +185,7 @@ def record(study, out_dir: str | pathlib.Path, scale: str, names: Sequence[str])
       (dst / path.name).write_text(path.read_text())
       done.append(name)
   render_summary(study, dst, scale)
-  expected.write(study.name)
+  expected.write(study)
   return done
 
 

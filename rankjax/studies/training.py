@@ -31,7 +31,6 @@ import os
 import pathlib
 from typing import Any, Mapping
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY_STEPS = 24          # updates of a tiny run
 TINY_WIDTH = 32          # d_model (LM) / width (MLP) of a tiny run
 TINY_TOKENS = 32         # sequence length of a tiny run
@@ -42,12 +41,10 @@ MEMORY_SHARE = 0.9
 
 
 def load(config: str | pathlib.Path, overrides: tuple[str, ...] | list[str] = ()):
-  """A TrainConfig from a JSON file (relative paths from the repository root) with
-  ``key=value`` overrides."""
+  """A TrainConfig from a JSON file with ``key=value`` overrides."""
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
   path = pathlib.Path(config)
-  path = path if path.is_absolute() else ROOT / path
   return config_lib.override(config_lib.from_json(TrainConfig, path), list(overrides))
 
 
@@ -238,7 +235,8 @@ def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | 
   of its two paper steps; written by ``device_check.py``), or None when it never ran
   there."""
   import json
-  path = path or ROOT / "experiments" / "benchmarks" / "device_check.json"
+  from rankjax.studies import finder
+  path = path or finder.CHECKOUT_STUDIES / "benchmarks" / "device_check.json"
   if not path.is_file():
     return None
   return (json.loads(path.read_text()).get("train_mfu") or {}).get(device_kind)

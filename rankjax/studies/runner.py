@@ -1,16 +1,24 @@
-"""The one runner convention of every study under ``experiments/``.
+"""The one form of a study, and the runner that judges it.
 
-A study is a folder ``experiments/<study>/`` whose ``reproduce.py`` defines ``STUDY``
-(a :class:`Study`): its experiments by name, each an :class:`Experiment` naming the
-module whose ``run(out_dir, scale) -> dict`` it calls and the function that turns that
-result into rows. ``rankjax reproduce`` finds the folders itself; nothing lists them.
+A study is a package whose ``reproduce.py`` defines ``STUDY`` (a :class:`Study`): its
+experiments by name, each an :class:`Experiment` naming a module of the package. The
+module declares, at import and so before anything runs,
+
+- ``CLAIMS``: ``evidence.claims([Claim(...), ...])``, what its rows judge;
+- ``SCALES``: ``{scale: settings}``, the scales it has a path for;
+
+and defines ``run(out_dir, scale, **options) -> dict``: the figure data, its
+``"settings"``, and ``"measured"``, a list of :func:`evidence.measured` values (one
+number, or one per seed, for a declared claim's item). The runner judges each measured
+value by its claim (``Claim.judge``) and writes the rows; an experiment never writes
+a status. ``rankjax reproduce`` finds the study packages (``rankjax.studies.finder``).
 
 Every run writes, into the study's output folder,
 
 - ``results/<scale>/<experiment>.json`` per experiment: its rows, settings, seeds,
-  figure data and provenance (``experiments.results``);
+  figure data and provenance (``rankjax.studies.results``);
 - ``summary.json``: every row, one quantity each, fields :data:`FIELDS`, judged by the
-  claim the experiment declared before it ran (``experiments.evidence``);
+  claim the experiment declared before it ran (``rankjax.studies.evidence``);
 - ``summary.md``: the same rows rendered as a table (nothing parses it back; the HTML
   report of ``rankjax report`` is rendered from ``summary.json``).
 
@@ -22,18 +30,16 @@ anything runs; one whose data are not prepared stops the study before anything r
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import json
 import math
 import pathlib
-import sys
 import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
-from experiments import evidence, results as results_files, training
+from rankjax.studies import evidence, results as results_files, training
 
 STATUSES = evidence.STATUSES
 FIELDS = evidence.FIELDS
@@ -50,13 +56,10 @@ class NotPrepared(ValueError):
 class Experiment:
   """One experiment of a study.
 
-  module: the study package's module whose ``run(out_dir, scale)`` runs it.
-  rows: result dict -> list of :func:`row` dicts.
+  module: the study package's module (``CLAIMS``, ``SCALES``, ``run``; see above). At a
+    scale its ``SCALES`` lacks it is a ``missing`` row (``why_missing``).
   folder: output sub-folder of the study folder ("" = the study folder itself).
-  scales: the scales it has a path for; at another scale it is a ``missing`` row.
   needs: scale -> None, or one line naming an unprepared data set (and its command).
-  claims: the claims its rows judge (``evidence.claims``), declared before it runs;
-    a row whose item, paper or rule is not the declared claim's is an error.
   options: keyword arguments of its ``run`` that a command line may give (e.g.
     ``checkpoints``: ``rankjax reproduce --checkpoint``).
   setting: scale -> :data:`PAPER_SETTING` when that scale runs the paper's own setting
@@ -73,18 +76,18 @@ class Experiment:
     why not: e.g. rows that are rounding residuals, or contours interpolated between
     float32 ranks).
   runs: scale -> ``{name: TrainConfig}``, the ``rankjax train`` runs it reads at that
-    scale (``experiments.training``; None or {} for none). The runner trains them in
+    scale (``rankjax.studies.training``; None or {} for none). The runner trains them in
     ``<folder>/runs/<name>`` before any experiment runs, in every process of a
     multi-host job (skipping finished runs, resuming half-done ones); ``run`` then finds
     them finished.
   """
   module: str
-  rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
+  rows: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None   # TRANSITION
   folder: str = ""
-  scales: tuple[str, ...] = ("quick", "paper", "tiny")
+  scales: tuple[str, ...] | None = None                                   # TRANSITION
   needs: Callable[[str], str | None] | None = None
   why_missing: str = "no path at this scale"
-  claims: Mapping[str, evidence.Claim] = dataclasses.field(default_factory=dict)
+  claims: Mapping[str, evidence.Claim] | None = None                      # TRANSITION
   options: tuple[str, ...] = ()
   runs: Callable[[str], Mapping[str, Any]] | None = None
   setting: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -95,9 +98,6 @@ class Experiment:
   recheck_why: str = ""
 
   def __post_init__(self):
-    unknown = set(self.scale_free) - set(self.claims)
-    if unknown:
-      raise ValueError(f"{self.module}: scale_free names no declared claim: {sorted(unknown)}")
     if (self.recheck_rtol != results_files.RECHECK_RTOL or self.recheck_atol) \
         and not self.recheck_why:
       raise ValueError(f"{self.module}: a recheck tolerance other than "
@@ -113,7 +113,36 @@ class Study:
   aliases: dict[str, str] = dataclasses.field(default_factory=dict)
   scales: tuple[str, ...] = ("quick", "paper", "tiny")
   notes: dict[str, str] = dataclasses.field(default_factory=dict)   # scale -> summary note
-  package: str = ""   # where the modules are; "" = experiments.<name>
+  package: str = ""   # its import name (set by rankjax.studies.finder.load)
+  folder: pathlib.Path | None = None   # its folder: results/, EXPECTED.md (finder.load)
+
+  def module(self, name: str):
+    """The module of experiment ``name`` (imported from the study's package)."""
+    if not self.package:
+      raise ValueError(f"study {self.name!r} has no package (load it with "
+                       "rankjax.studies.finder.load)")
+    module = importlib.import_module(f"{self.package}.{self.experiments[name].module}")
+    for attr in ("CLAIMS", "SCALES", "run"):
+      if not hasattr(module, attr):
+        raise ValueError(f"{self.name}/{name}: module {module.__name__} defines no {attr} "
+                         "(an experiment declares CLAIMS and SCALES and defines run)")
+    return module
+
+  def claims(self, name: str) -> Mapping[str, evidence.Claim]:
+    """The claims experiment ``name`` declares (its module's ``CLAIMS``), checked
+    against the study's ``scale_free`` items."""
+    exp = self.experiments[name]
+    claims = exp.claims if exp.claims is not None else self.module(name).CLAIMS
+    unknown = set(exp.scale_free) - set(claims)
+    if unknown:
+      raise ValueError(f"{self.name}/{name}: scale_free names no declared claim: "
+                       f"{sorted(unknown)}")
+    return claims
+
+  def scales_of(self, name: str) -> tuple[str, ...]:
+    """The scales experiment ``name`` has a path for (its module's ``SCALES``)."""
+    exp = self.experiments[name]
+    return tuple(exp.scales if exp.scales is not None else self.module(name).SCALES)
 
   def names(self) -> set[str]:
     """Every name ``only`` accepts (experiments and aliases)."""
@@ -160,11 +189,24 @@ def setting_of(name: str, exp: Experiment, scale: str) -> str:
   return exp.setting[scale]
 
 
-def _complete(name: str, r: dict[str, Any], scale: str, exp: Experiment) -> dict:
+def judged(name: str, claims: Mapping[str, evidence.Claim], result: dict[str, Any]
+           ) -> list[dict[str, Any]]:
+  """The rows of ``result["measured"]``, each judged by its declared claim."""
+  rows = []
+  for m in result.get("measured") or []:
+    claim = claims.get(m.get("item"))
+    if claim is None:
+      raise ValueError(f"{name}: measured {m.get('item')!r} is not a declared claim")
+    rows.append(claim.judge(m["values"], seeds=m.get("seeds"), note=m.get("note") or ""))
+  return rows
+
+
+def _complete(name: str, r: dict[str, Any], scale: str, exp: Experiment,
+              claims: Mapping[str, evidence.Claim]) -> dict:
   """A row with every field of :data:`FIELDS` (the experiment's name and the scale
   added), checked against the claim the experiment declared; a ``proxy`` away from
   the paper's setting."""
-  claim = exp.claims.get(r.get("item"))
+  claim = claims.get(r.get("item"))
   if claim is None or claim.paper != r.get("paper") or claim.rule.describe() != r.get("rule"):
     raise ValueError(f"{name}: row {r.get('item')!r} is not one of the declared claims "
                      "(item, paper and rule come from evidence.Claim.judge)")
@@ -199,7 +241,7 @@ def training_runs(study: Study, names: Sequence[str], scale: str,
   out: dict[str, Any] = {}
   for n in names:
     exp = study.experiments[n]
-    if exp.runs is None or scale not in exp.scales:
+    if exp.runs is None or scale not in study.scales_of(n):
       continue
     folder = pathlib.Path(out_dir) / exp.folder if exp.folder else pathlib.Path(out_dir)
     for run_name, cfg in (exp.runs(scale) or {}).items():
@@ -220,12 +262,13 @@ def preflight(study: Study, names: Sequence[str], scale: str,
   if scale not in study.scales:
     raise ValueError(f"{study.name}: --scale {scale!r} is not known; choose one of "
                      f"{list(study.scales)}")
-  missing = [n for n in names if scale not in study.experiments[n].scales]
+  missing = [n for n in names if scale not in study.scales_of(n)]
   if missing:
     print(f"{study.name}: no {scale}-scale path for "
           + "; ".join(f"{n} ({study.experiments[n].why_missing})" for n in missing)
           + "; recorded as missing", flush=True)
   for n in names:
+    study.claims(n)                       # declared, and scale_free names only them
     if n not in missing and scale != "tiny":
       setting_of(n, study.experiments[n], scale)
   lacks = []
@@ -273,7 +316,7 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
   options = dict(options or {})
   check_options(study, names, options)
   missing = (preflight(study, names, scale, out_dir) if not checked else
-             [n for n in names if scale not in study.experiments[n].scales])
+             [n for n in names if scale not in study.scales_of(n)])
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   untrained = training.train_all(
@@ -281,7 +324,6 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
       cache_dir=out / "xla_cache")
   if jax.process_index() != 0:
     return {"results": {}, "rows": [], "failed": [], "seconds": {}, "analysed": False}
-  package = study.package or f"{__package__ or 'experiments'}.{study.name}"
   results, rows, failed, seconds = {}, [], [], {}
   for name in names:
     exp = study.experiments[name]
@@ -294,11 +336,14 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
              if p in training_runs(study, [name], scale, out)]
       if bad:
         raise RuntimeError("; ".join(bad))
-      module = importlib.import_module(f"{package}.{exp.module}")
+      module = study.module(name) if exp.rows is None else None
+      run = module.run if module else importlib.import_module(
+          f"{study.package}.{exp.module}").run
       given = {k: v for k, v in options.items() if k in exp.options}
-      result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale,
-                          **given)
-      mine = [_complete(name, r, scale, exp) for r in exp.rows(result)]
+      result = run(str(out / exp.folder) if exp.folder else str(out), scale=scale, **given)
+      claims = study.claims(name)
+      made = exp.rows(result) if exp.rows is not None else judged(name, claims, result)
+      mine = [_complete(name, r, scale, exp, claims) for r in made]
       results_files.write_result(out, study.name, name, scale, result, mine,
                                  time.time() - start)
       rows.extend(mine)
@@ -329,51 +374,3 @@ def write_json(out_dir: str | pathlib.Path, name: str, obj: Any) -> pathlib.Path
   path = out / (name if name.endswith(".json") else f"{name}.json")
   path.write_text(json.dumps(to_jsonable(obj), indent=1) + "\n")
   return path
-
-
-def script_main(run: Callable[..., dict], doc: str, *, default_out: str,
-                scales: Sequence[str] = ("quick", "paper"),
-                show: Callable[[dict], Any] | None = None,
-                options: dict[str, dict[str, Any]] | None = None,
-                argv: Sequence[str] | None = None) -> None:
-  """The command line of one experiment script (``python -m experiments.<study>.<name>``):
-  ``--out``, ``--scale`` and the script's ``options`` (``{"--seed": {"type": int,
-  "default": 0}}``, passed to ``run`` by name); prints the result's rows (or
-  ``show(result)`` as JSON) and the wall time."""
-  parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
-  parser.add_argument("--out", default=default_out, help="output folder")
-  parser.add_argument("--scale", default=scales[0], choices=list(scales))
-  for flag, kw in (options or {}).items():
-    parser.add_argument(flag, **kw)
-  args = vars(parser.parse_args(argv))
-  out, scale = args.pop("out"), args.pop("scale")
-  start = time.time()
-  result = run(out, scale, **args)
-  if show is not None:
-    print(json.dumps(to_jsonable(show(result)), indent=2))
-  for r in result.get("summary", []) if isinstance(result.get("summary"), list) else []:
-    if isinstance(r, dict) and "item" in r:
-      print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note') or ''}")
-  print(f"done in {time.time() - start:.1f} s -> {out}")
-
-
-def main(study: Study, argv: Sequence[str] | None = None) -> int:
-  """The command line of a study's ``reproduce.py`` (``python -m
-  experiments.<study>.reproduce``): ``--out``, ``--scale``, ``--only``; exits non-zero
-  naming the failed experiments."""
-  parser = argparse.ArgumentParser(description=study.title)
-  parser.add_argument("--out", default=f"runs/{study.name}")
-  parser.add_argument("--scale", default="quick", choices=list(study.scales))
-  parser.add_argument("--only", default=None,
-                      help="comma-separated names: " + ",".join(sorted(study.names())))
-  args = parser.parse_args(argv)
-  try:
-    res = run_study(study, args.out, args.scale, args.only)
-  except ValueError as e:
-    print(f"{study.name}: error: {e}", file=sys.stderr)
-    return 2
-  print((pathlib.Path(args.out) / "summary.md").read_text())
-  if res["failed"]:
-    print(f"{study.name}: FAILED: {', '.join(res['failed'])}", file=sys.stderr)
-    return 1
-  return 0
