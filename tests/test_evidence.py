@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments import evidence, expected, results
-from experiments.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
+from rankjax.studies import evidence, expected, finder, results
+from rankjax.studies.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
 
 
 def test_band_rules_write_the_declared_band_into_the_row():
@@ -147,10 +147,11 @@ def _committed(scale: str):
   """``(path, results file, its Experiment)`` of every committed results file at
   ``scale`` (a glob)."""
   from rankjax import reproduce
-  for path in sorted(results.ROOT.glob(f"experiments/*/results/{scale}/*.json")):
-    if path.name != "summary.json":
-      doc = json.loads(path.read_text())
-      yield path, doc, reproduce.study(doc["study"]).experiments[doc["experiment"]]
+  for name, folder in sorted(finder.find().items()):
+    for path in sorted(folder.glob(f"results/{scale}/*.json")):
+      if path.name != "summary.json":
+        doc = json.loads(path.read_text())
+        yield path, doc, reproduce.study(name).experiments[doc["experiment"]]
 
 
 def test_a_planted_five_percent_change_of_a_deterministic_number_fails_check():
@@ -182,9 +183,9 @@ def test_trained_experiments_recheck_at_the_distribution_level():
       "e / t: interval 0.75, 1.25 -> 1.75, 2.25, no overlap"]
 
 
-def test_expected_blocks_render_from_results_files(tmp_path, monkeypatch):
-  monkeypatch.setattr(results, "ROOT", tmp_path)
-  folder = tmp_path / "experiments" / "s" / "results" / "quick"
+def test_expected_blocks_render_from_results_files(tmp_path):
+  study = tmp_path / "experiments" / "s"      # a study folder (rendering needs only that)
+  folder = study / "results" / "quick"
   folder.mkdir(parents=True)
   rows = [dict(Claim("Fig 1, L=4", "erank/d", 0.5, Abs(0.01)).judge(0.505),
                experiment="fig1", scale="quick"),
@@ -197,27 +198,27 @@ def test_expected_blocks_render_from_results_files(tmp_path, monkeypatch):
   text = ("prose 1\n<!-- results quick/fig1 items=L=8 fields=item,ours,status -->\n"
           "stale\n<!-- end results -->\nprose 2\n<!-- results quick/fig9 -->\n"
           "<!-- end results -->\n")
-  (tmp_path / "experiments" / "s" / "EXPECTED.md").write_text(text)
-  out = expected.render("s")
+  (study / "EXPECTED.md").write_text(text)
+  out = expected.render(study)
   assert out.startswith("prose 1\n<!-- results quick/fig1 items=L=8 fields=item,ours,status"
                         " -->\n| item | ours | status |\n|---|---|---|\n"
                         "| Fig 1, L=8 | 0.2 | mismatch |\n")
   assert "commit abc123, cpu (x)" in out and "stale" not in out
-  assert "(no results file experiments/s/results/quick/fig9.json yet)" in out
-  assert expected.render("s", out) == out            # rendering is a fixed point
-  assert expected.main(["s", "--check"]) == 1
-  assert expected.write("s") and expected.main(["s", "--check"]) == 0
+  assert "(no results file s/results/quick/fig9.json yet)" in out
+  assert expected.render(study, out) == out            # rendering is a fixed point
+  assert expected.main([str(study), "--check"]) == 1
+  assert expected.write(study) and expected.main([str(study), "--check"]) == 0
   with pytest.raises(ValueError, match="unknown option"):
-    expected.render("s", "<!-- results quick/fig1 colour=red -->\n<!-- end results -->")
+    expected.render(study, "<!-- results quick/fig1 colour=red -->\n<!-- end results -->")
   (folder / "summary.json").write_text(json.dumps(rows + [dict(rows[0], status="proxy")]))
-  counted = expected.render("s", "<!-- results quick/counts -->\n<!-- end results -->")
+  counted = expected.render(study, "<!-- results quick/counts -->\n<!-- end results -->")
   assert ("quick scale, 3 rows: at the paper's setting match 1, mismatch 1, inconclusive 0; "
           "proxy 1 (measured at another setting") in counted
 
 
 def test_the_committed_expected_files_are_what_their_results_render():
   """EXPECTED.md's results tables are rendered, never typed (python -m
-  experiments.expected rewrites them)."""
+  rankjax.studies.expected rewrites them)."""
   for study in expected.studies():
     assert expected.render(study) == expected.path_of(study).read_text(), study
   path, text = expected.readme()
@@ -228,7 +229,7 @@ def test_every_committed_row_rechecks_and_is_one_number():
   """Each committed status follows from the row's own numbers; paper and ours are
   numbers (or null), never strings packing several quantities."""
   seen = 0
-  for path in results.ROOT.glob("experiments/*/results/*/*.json"):
+  for path in (p for f in finder.find().values() for p in f.glob("results/*/*.json")):
     if path.name == "summary.json":
       continue
     doc = json.loads(path.read_text())
@@ -261,7 +262,7 @@ def test_committed_rows_away_from_the_papers_setting_are_proxies():
   """A committed row is a proxy exactly when its experiment declares its scale another
   setting than the paper's and the row is not one of its scale-free items; its note
   names that setting."""
-  from experiments import runner
+  from rankjax.studies import runner
   proxies = 0
   for path, doc, exp in _committed("*"):
     setting = exp.setting[doc["scale"]]

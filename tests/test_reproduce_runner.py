@@ -7,43 +7,59 @@ import textwrap
 
 import pytest
 
-from experiments import evidence, runner
+from rankjax.studies import evidence, finder, runner
 from rankjax import cli, reproduce
 
 
 PAPER = {"quick": runner.PAPER_SETTING, "paper": runner.PAPER_SETTING}
 
+_CLAIMS = """
+from rankjax.studies import Abs, Claim, Qualitative, claims, measured
+CLAIMS = claims([Claim("Fig 1: value", "v", 0.5, Abs(0.01)),
+                 Claim("Fig 1: look", "v", None, Qualitative("a figure's look"))])
+"""
+
 
 def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5, dataset=None):
-  pkg = tmp_path / "fakepkg"
-  pkg.mkdir(exist_ok=True)
+  """A study package ``fake`` under ``tmp_path/studies`` in the one form (each module:
+  CLAIMS, SCALES, run returning measured values), loaded by ``finder.load``."""
+  pkg = tmp_path / "studies" / "fake"
+  pkg.mkdir(parents=True, exist_ok=True)
   (pkg / "__init__.py").write_text("")
-  (pkg / "good.py").write_text(textwrap.dedent(f"""
+  good = _CLAIMS + textwrap.dedent(f"""
       import pathlib
       def run(out_dir, scale):
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(out_dir) / "ran").write_text(scale)
-        out = {{"settings": {{"seeds": [0, 1]}}, "value": [{value}, {value} + 0.0002]}}
+        v = [{value}, {value} + 0.0002]
+        out = {{"settings": {{"seeds": [0, 1]}}, "value": v,
+               "measured": [measured("Fig 1: value", v, seeds=[0, 1]),
+                            measured("Fig 1: look", v[0])]}}
         return out if {dataset!r} is None else {{**out, "dataset": {dataset!r}}}
+  """)
+  (pkg / "good.py").write_text(good + 'SCALES = {"quick": {}, "paper": {}, "tiny": {}}\n')
+  (pkg / "quick_only.py").write_text(good + 'SCALES = {"quick": {}}\n')
+  (pkg / "bad.py").write_text(_CLAIMS + "SCALES = {'quick': {}, 'paper': {}}\n"
+                              "def run(out_dir, scale):\n  raise RuntimeError('boom')\n")
+  (pkg / "reproduce.py").write_text(textwrap.dedent("""
+      from rankjax.studies import PAPER_SETTING, Experiment, Study
+      PAPER = {"quick": PAPER_SETTING, "paper": PAPER_SETTING}
+      STUDY = Study(
+          name="fake", title="Fake: paper vs ours",
+          experiments={"good": Experiment("good", folder="g", setting=PAPER),
+                       "bad": Experiment("bad", setting=PAPER),
+                       "quick_only": Experiment("quick_only", why_missing="CPU only",
+                                                setting=PAPER)},
+          aliases={"fig1": "good"})
   """))
-  (pkg / "bad.py").write_text("def run(out_dir, scale):\n  raise RuntimeError('boom')\n")
-  monkeypatch.syspath_prepend(str(tmp_path))
-  for name in [m for m in sys.modules if m.startswith("fakepkg")]:
+  monkeypatch.setattr(sys, "path", list(sys.path))      # finder.load's entry goes after
+  for name in [m for m in sys.modules if m == "fake" or m.startswith("fake.")]:
     del sys.modules[name]
-  claims = evidence.claims([
-      evidence.Claim("Fig 1: value", "v", 0.5, evidence.Abs(0.01)),
-      evidence.Claim("Fig 1: look", "v", None, evidence.Qualitative("a figure's look"))])
-  rows = lambda res: [claims["Fig 1: value"].judge(res["value"], seeds=[0, 1]),
-                      claims["Fig 1: look"].judge(res["value"][0])]
-  return runner.Study(
-      name="fake", title="Fake: paper vs ours", package="fakepkg",
-      experiments={"good": runner.Experiment("good", rows, folder="g", needs=needs,
-                                             claims=claims, setting=PAPER),
-                   "bad": runner.Experiment("bad", rows, claims=claims, setting=PAPER),
-                   "quick_only": runner.Experiment("good", rows, scales=("quick",),
-                                                   why_missing="CPU only", claims=claims,
-                                                   setting=PAPER)},
-      aliases={"fig1": "good"})
+  study = finder.load(pkg)
+  if needs is not None:
+    study = dataclasses.replace(study, experiments={
+        n: dataclasses.replace(e, needs=needs) for n, e in study.experiments.items()})
+  return study
 
 
 def test_run_study_writes_rows_results_files_and_names_failures(tmp_path, monkeypatch):
@@ -75,35 +91,40 @@ def test_run_study_writes_rows_results_files_and_names_failures(tmp_path, monkey
     study.resolve("fig9")
 
 
-def test_a_row_not_from_its_declared_claim_is_an_error(tmp_path, monkeypatch):
+def test_a_measured_value_without_a_declared_claim_is_an_error(tmp_path, monkeypatch):
+  """The runner judges only what the module declared before it ran."""
   study = _fake_study(tmp_path, monkeypatch)
-  forged = evidence.Claim("Fig 1: value", "v", 0.5, evidence.Abs(0.5))   # a wider band
-  bent = runner.Experiment("good", lambda res: [forged.judge(res["value"])],
-                           claims=study.experiments["good"].claims, setting=PAPER)
-  study = dataclasses.replace(study, experiments={"good": bent})
-  res = runner.run_study(study, tmp_path / "out", "paper")
+  (study.folder / "good.py").write_text(
+      (study.folder / "good.py").read_text().replace('measured("Fig 1: look"',
+                                                     'measured("Fig 2: made up"'))
+  sys.modules.pop("fake.good", None)
+  res = runner.run_study(study, tmp_path / "out", "paper", only="good")
   assert res["failed"] == ["good"]
-  assert "not one of the declared claims" in res["results"]["good"]["error"]
+  assert "measured 'Fig 2: made up' is not a declared claim" in res["results"]["good"]["error"]
+
+
+def test_an_experiment_module_without_claims_is_refused(tmp_path, monkeypatch):
+  study = _fake_study(tmp_path, monkeypatch)
+  (study.folder / "good.py").write_text("SCALES = {'quick': {}}\ndef run(o, s):\n  return {}\n")
+  sys.modules.pop("fake.good", None)
+  with pytest.raises(ValueError, match="defines no CLAIMS"):
+    runner.run_study(study, tmp_path / "out", "quick", only="good")
 
 
 def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, capsys):
-  from experiments import expected, results
-  monkeypatch.setattr(results, "ROOT", tmp_path)
-  (tmp_path / "experiments" / "fake").mkdir(parents=True)
-  (tmp_path / "experiments" / "fake" / "EXPECTED.md").write_text(
-      "prose\n<!-- results quick/good fields=item,ours,status -->\n<!-- end results -->\n")
-  monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
+  from rankjax.studies import expected
   study = _fake_study(tmp_path, monkeypatch)
-  monkeypatch.setattr(reproduce, "study", lambda name: study)
-  out = str(tmp_path / "r")
-  assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--record"]) == 0
-  committed = tmp_path / "experiments" / "fake" / "results" / "quick"
+  (study.folder / "EXPECTED.md").write_text(
+      "prose\n<!-- results quick/good fields=item,ours,status -->\n<!-- end results -->\n")
+  out, own = str(tmp_path / "r"), ["--studies", str(tmp_path / "studies")]
+  assert cli.main(["reproduce", "fake", *own, "--out", out, "--only", "good", "--record"]) == 0
+  committed = study.folder / "results" / "quick"            # in the study's own folder
   assert json.loads((committed / "summary.json").read_text())[0]["ours"] == pytest.approx(0.5001)
-  assert "| Fig 1: value | 0.5001 | match |" in expected.path_of("fake").read_text()
-  assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--check"]) == 0
-  study = _fake_study(tmp_path, monkeypatch, value=0.52)          # the number moves
-  monkeypatch.setattr(reproduce, "study", lambda name: study)
-  assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", "--check"]) == 1
+  assert "| Fig 1: value | 0.5001 | match |" in expected.path_of(study).read_text()
+  assert "Rendered from `fake/results/quick/good.json`" in expected.path_of(study).read_text()
+  assert cli.main(["reproduce", "fake", *own, "--out", out, "--only", "good", "--check"]) == 0
+  _fake_study(tmp_path, monkeypatch, value=0.52)                   # the number moves
+  assert cli.main(["reproduce", "fake", *own, "--out", out, "--only", "good", "--check"]) == 1
   err = capsys.readouterr().err
   assert "fake/good / Fig 1: value: status match -> mismatch (ours 0.5001 -> 0.5201)" in err
   # a qualitative row's number is rechecked too (its own tolerance, not a paper band)
@@ -111,17 +132,12 @@ def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, caps
 
 
 def test_check_refuses_a_rerun_that_read_another_data_set(tmp_path, monkeypatch, capsys):
-  from experiments import results
-  monkeypatch.setattr(results, "ROOT", tmp_path)
-  (tmp_path / "experiments" / "fake").mkdir(parents=True)
-  (tmp_path / "experiments" / "fake" / "EXPECTED.md").write_text("prose\n")
-  monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
-  out = str(tmp_path / "r")
+  out, own = str(tmp_path / "r"), ["--studies", str(tmp_path / "studies")]
   for dataset, flag, code in (("fashion_mnist", "--record", 0), ("fashion_mnist", "--check", 0),
                               ("digits", "--check", 1)):
     study = _fake_study(tmp_path, monkeypatch, dataset=dataset)     # the same numbers
-    monkeypatch.setattr(reproduce, "study", lambda name: study)
-    assert cli.main(["reproduce", "fake", "--out", out, "--only", "good", flag]) == code
+    (study.folder / "EXPECTED.md").write_text("prose\n")
+    assert cli.main(["reproduce", "fake", *own, "--out", out, "--only", "good", flag]) == code
   err = capsys.readouterr().err
   assert ("fake/good: committed results read the data set 'fashion_mnist', this rerun read "
           "'digits': not comparable") in err
@@ -138,13 +154,13 @@ def test_unprepared_data_stops_before_anything_runs(tmp_path, monkeypatch):
 
 
 def test_reproduce_command_exits_nonzero_naming_the_failed(tmp_path, monkeypatch, capsys):
-  study = _fake_study(tmp_path, monkeypatch)
-  monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
-  monkeypatch.setattr(reproduce, "study", lambda name: study)
-  assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r"), "--only", "good"]) == 0
-  assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r"), "--only", "good",
+  _fake_study(tmp_path, monkeypatch)
+  own = ["--studies", str(tmp_path / "studies")]
+  assert cli.main(["reproduce", "fake", *own, "--out", str(tmp_path / "r"), "--only",
+                   "good"]) == 0
+  assert cli.main(["reproduce", "fake", *own, "--out", str(tmp_path / "r"), "--only", "good",
                    "--check"]) == 1       # nothing committed to check against
-  assert cli.main(["reproduce", "fake", "--out", str(tmp_path / "r")]) == 1
+  assert cli.main(["reproduce", "fake", *own, "--out", str(tmp_path / "r")]) == 1
   out, err = capsys.readouterr()
   assert "FAILED: fake/bad" in err
   md = (tmp_path / "r" / "fake" / "summary.md").read_text()
@@ -165,38 +181,37 @@ def test_studies_are_the_folders():
 
 def test_studies_import_without_experiments_on_sys_path(tmp_path):
   """The checkout's experiments/ is found next to the rankjax package, not on sys.path
-  (a clone run from anywhere): a fresh interpreter that sees only a link to rankjax."""
+  (a clone run from anywhere): a fresh interpreter that sees only rankjax."""
   import pathlib
   import subprocess
   import sys
   root = pathlib.Path(reproduce.__file__).resolve().parents[1]
-  (tmp_path / "pp").mkdir()
-  (tmp_path / "pp" / "rankjax").symlink_to(root / "rankjax")
   code = ("import sys; sys.path = [p for p in sys.path if p not in ('', %r)]\n"
           "import importlib.util; assert importlib.util.find_spec('experiments') is None\n"
           "from rankjax import reproduce\n"
-          "print(reproduce.study('softmax_sensitivity').name, reproduce._runner().__name__)"
+          "s = reproduce.study('softmax_sensitivity')\n"
+          "print(s.name, s.package, s.folder, sys.modules['experiments'].__file__)"
           % str(root))
   out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                       text=True, env={"PYTHONPATH": str(tmp_path / "pp"), "PATH": "/usr/bin"})
+                       text=True, env={"PYTHONPATH": str(root), "PATH": "/usr/bin"})
   assert out.returncode == 0, out.stderr
-  assert out.stdout.split() == ["softmax_sensitivity", "experiments.runner"]
+  assert out.stdout.split() == ["softmax_sensitivity", "experiments.softmax_sensitivity",
+                                str(root / "experiments" / "softmax_sensitivity"),
+                                str(root / "experiments" / "__init__.py")]
 
 
 def test_paper_scale_refuses_a_cpu_and_a_missing_experiment_fails(tmp_path, monkeypatch,
                                                                    capsys):
-  study = _fake_study(tmp_path, monkeypatch)
-  monkeypatch.setattr(reproduce, "studies", lambda: ("fake",))
-  monkeypatch.setattr(reproduce, "study", lambda name: study)
-  out = str(tmp_path / "r")
-  assert cli.main(["reproduce", "fake", "--out", out, "--scale", "paper"]) == 2
+  _fake_study(tmp_path, monkeypatch)
+  out, own = str(tmp_path / "r"), ["--studies", str(tmp_path / "studies")]
+  assert cli.main(["reproduce", "fake", *own, "--out", out, "--scale", "paper"]) == 2
   assert "no accelerator found" in capsys.readouterr().err
   assert not (tmp_path / "r").exists()                      # refused before anything ran
   reproduce.check_accelerator("paper", False, backend="gpu")  # an accelerator: no refusal
   reproduce.check_accelerator("quick", False, backend="cpu")
   # quick_only has no paper path: its row says missing and the command says so, exit 1
-  assert cli.main(["reproduce", "fake", "--out", out, "--scale", "paper", "--allow-cpu",
-                   "--only", "good,quick_only"]) == 1
+  assert cli.main(["reproduce", "fake", *own, "--out", out, "--scale", "paper",
+                   "--allow-cpu", "--only", "good,quick_only"]) == 1
   err = capsys.readouterr().err
   assert "NOT RUN at paper scale (no path): fake/quick_only" in err
   rows = json.loads((tmp_path / "r" / "fake" / "summary.json").read_text())
@@ -263,3 +278,15 @@ def test_rows_away_from_the_papers_setting_are_proxies(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="does not say whether --scale quick is the paper"):
     runner.run_study(dataclasses.replace(study, experiments={"good": undeclared}),
                      tmp_path / "out3", "quick")
+
+
+def test_studies_path_errors_are_one_line(tmp_path, capsys):
+  (tmp_path / "empty").mkdir()
+  for path, message in ((tmp_path / "nosuch", "no such folder"),
+                        (tmp_path / "empty", "neither a study")):
+    assert cli.main(["reproduce", "fake", "--studies", str(path), "--out",
+                     str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+  assert cli.main(["reproduce", "nosuchstudy", "--out", str(tmp_path / "o")]) == 2
+  assert "(a study of your own: --studies PATH)" in capsys.readouterr().err

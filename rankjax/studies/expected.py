@@ -13,7 +13,7 @@ at the paper's setting, the proxies apart). Options after the name: ``items=REGE
 gives the provenance (commit, device, date, wall time). A block whose results file is
 missing renders as one line saying so.
 
-  python -m rankjax.studies.expected [--check] [STUDY ...]
+  python -m rankjax.studies.expected [--check] [STUDY or FOLDER ...]
 
 writes every study's EXPECTED.md, and README.md's tour block (``<!-- tour
 docs/tour_summary.json -->``, ``rankjax.tour.render_readme``) when no study is named
@@ -117,12 +117,14 @@ def studies() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description="render EXPECTED.md's results tables")
-  parser.add_argument("studies", nargs="*")
+  parser.add_argument("studies", nargs="*", help="names of the checkout's studies, or "
+                      "study folders (default: every checkout study, and README.md)")
   parser.add_argument("--check", action="store_true",
                       help="exit 1 when a file differs from what it renders")
   args = parser.parse_args(argv)
   stale = []
-  for study in args.studies or studies():
+  for study in [pathlib.Path(s) if pathlib.Path(s).is_dir() else s
+                for s in args.studies] or studies():
     if args.check:
       if render(study) != path_of(study).read_text():
         stale.append(results.shown(path_of(study), study))

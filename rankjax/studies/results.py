@@ -39,7 +39,7 @@ def write_result(out_dir: str | pathlib.Path, study: str, name: str, scale: str,
                  result: dict[str, Any], rows: list[dict], wall_s: float) -> pathlib.Path:
   """``out_dir/results/<scale>/<name>.json`` for one experiment's run."""
   data = _finite(to_jsonable({k: v for k, v in result.items()
-                              if k not in ("summary", "settings")}))
+                              if k not in ("measured", "settings")}))
   text = json.dumps(data)
   doc = {"study": study, "experiment": name, "scale": scale,
          "provenance": provenance(wall_s),
