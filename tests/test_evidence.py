@@ -274,3 +274,30 @@ def test_committed_rows_away_from_the_papers_setting_are_proxies():
         proxies += 1
         assert r["note"].startswith(f"proxy: {setting}; "), (path, r["item"])
   assert proxies > 0
+
+
+def test_every_committed_row_was_judged_by_the_claim_declared_today():
+  """A committed row carries its claim (item, quantity, paper, rule, band): each is the
+  claim its experiment declares now, so no claim was changed after its result was
+  recorded (changing one means recording the experiment again)."""
+  from rankjax import reproduce
+  seen = 0
+  for name, folder in sorted(finder.find().items()):
+    study = reproduce.study(name)
+    for path in sorted(folder.glob("results/*/*.json")):
+      if path.name == "summary.json":
+        continue
+      doc = json.loads(path.read_text())
+      claims = study.claims(doc["experiment"])
+      for r in doc["rows"]:
+        if r["status"] in ("missing", "failed"):
+          continue
+        c = claims.get(r["item"])
+        assert c is not None, (path, r["item"])
+        band = c.rule.band(c.paper) if hasattr(c.rule, "band") else None
+        assert (r["quantity"], r["paper"], r["rule"]) == (c.quantity, c.paper,
+                                                          c.rule.describe()), (path, r["item"])
+        assert r["band"] == band or (band is not None and math.isclose(r["band"], band)), (
+            path, r["item"])
+        seen += 1
+  assert seen > 700
