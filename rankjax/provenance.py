@@ -3,7 +3,7 @@
 ``provenance()`` is what every committed results file carries: the commit and whether
 the checkout had uncommitted changes, the jax / jaxlib / flax / numpy / Python
 versions, the backend, device kind and count, the CPU model, the XLA flags, the date
-and the wall time. ``experiments/results.py`` (the studies) and ``rankjax tour`` use it.
+and the wall time. ``rankjax.studies.results`` (the studies) and ``rankjax tour`` use it.
 """
 from __future__ import annotations
 
@@ -25,6 +25,19 @@ def _git(*args: str) -> str | None:
                           check=True, timeout=30).stdout
   except (OSError, subprocess.SubprocessError):
     return None
+
+
+def last_commit(path: str | pathlib.Path, at: str = "HEAD") -> str | None:
+  """The last commit at or before ``at`` that changed ``path`` (None outside git, or
+  when no commit did)."""
+  path = pathlib.Path(path).resolve()
+  try:
+    out = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%H", at,
+                          "--", path.name], capture_output=True, text=True, check=True,
+                         timeout=30).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out or None
 
 
 def cpu_name() -> str:

@@ -57,7 +57,7 @@ def study(name: str, extra: Sequence[str] = ()):
   return finder.load(known[name])
 
 
-def _split_all(only: list[str], extra: Sequence[str]) -> dict[str, list[str]]:
+def _split_all(only: list[str], extra: Sequence[str] = ()) -> dict[str, list[str]]:
   """For ``all``: each study gets the ``only`` names it knows; a name no study knows
   fails before anything runs."""
   wanted = [p.strip() for n in only for p in n.split(",") if p.strip()]

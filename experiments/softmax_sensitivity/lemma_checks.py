@@ -28,7 +28,9 @@ below the stated truncation limit, in every seed:
   centered v (violation max ratio - 1); (iii) ||J y_hat|| <= ||gamma||_inf / sigma
   rho(y) ||y_hat||, rho = 1 - ||y_hat||^2 / d (violation max ratio - 1).
 
-Run:  python -m experiments.softmax_sensitivity.lemma_checks --out runs/lemma_checks
+Each statement is one claim (``CLAIMS``, below): the largest violation per seed.
+
+Run:  rankjax reproduce softmax_sensitivity --only lemma_checks
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax.studies import runner
+from rankjax.studies import Bound, Claim, claims, measured, runner
 
 SCALES: dict[str, dict[str, Any]] = {
     # seeds fixed before any run (>= 10: one seed takes well under a second)
@@ -53,6 +55,32 @@ LIMIT = 1e-12               # float64 rounding allowance for an exact statement 
 FIRST_ORDER_LIMIT = 1e-4    # Remark B.1 at eps = 1e-6: o(eps) relative error (ours)
 EPS_B1 = 1e-6
 D, T, L_CUT = 16, 8, 10
+
+_EXACT = "the paper: an exact statement; 1e-12 is our float64 rounding allowance"
+CLAIMS = claims([
+    Claim("Lemma 2.3: attention mixing is nonexpansive",
+          "max over draws of ||A V||_inf,rms / ||V||_inf,rms - 1", 1e-12,
+          Bound("<=", every_seed=True), _EXACT),
+    Claim("Lemma 2.4: LayerNorm magnitude reset",
+          "max over draws of ||LN(x)||_rms - (||gamma||_inf + ||beta||_inf)", 1e-12,
+          Bound("<=", every_seed=True), _EXACT),
+    Claim("Remark 3.3: theta(p) is 4 x the max cut of the p_i p_j graph",
+          "max |x^T (Diag(p) - p p^T) x - 4 p(S)(1 - p(S))| and |max_x x^T M x - theta|",
+          1e-12, Bound("<=", every_seed=True), _EXACT),
+    Claim("Remark B.1: TV(p_eps, p) = |eps| / 2 ||J x||_1 + o(|eps|)",
+          "max relative difference at eps = 1e-6", 1e-4, Bound("<=", every_seed=True),
+          "o(|eps|): the relative error is O(eps); the limit 1e-4 at eps = 1e-6 is ours"),
+    Claim("Thm 4.5's example: alternating chain decays as (1 - a^2)^((m - l) / 2)",
+          "max relative |d x_m / d x_l (autodiff) - (1 - a^2)^((m - l) / 2)|", 1e-12,
+          Bound("<=", every_seed=True), _EXACT),
+    Claim("Lemma A.2(i): J_LN(y) 1 = 0", "max ||J 1||_2 / ||J||_2 (autodiff J)", 1e-12,
+          Bound("<=", every_seed=True), _EXACT),
+    Claim("Lemma A.2(ii): ||J v|| <= ||gamma||_inf / sigma ||v|| on centered v",
+          "max ratio - 1 (autodiff J)", 1e-12, Bound("<=", every_seed=True), _EXACT),
+    Claim("Lemma A.2(iii): extra factor rho(y) along y_hat",
+          "max ||J y_hat|| / (||gamma||_inf / sigma rho ||y_hat||) - 1 (autodiff J)", 1e-12,
+          Bound("<=", every_seed=True), _EXACT),
+])
 
 
 def _ln(x, gamma, beta):
@@ -154,8 +182,17 @@ CHECKS = ("lemma_2_3", "lemma_2_4", "remark_3_3", "remark_b_1", "theorem_4_5_exa
           "lemma_a_2_i", "lemma_a_2_ii", "lemma_a_2_iii")
 
 
+def measurements(r: dict[str, Any]) -> list[dict[str, Any]]:
+  """Item 7's exact statements: the largest violation per seed, one per claim in
+  ``CLAIMS``' order (``CHECKS``: the same order), from :func:`run`'s result."""
+  n = r["settings"]["draws"]
+  return [measured(item, r["per_seed"][key], seeds=r["seeds"], note=f"{n} draws per seed")
+          for item, key in zip(CLAIMS, CHECKS)]
+
+
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """Every check on every seed; writes ``lemma_checks.json`` under ``out_dir``."""
+  """Every check on every seed; writes ``lemma_checks.json`` under ``out_dir``; returns
+  the results with their ``measured`` values (:func:`measurements`)."""
   cfg = SCALES[scale]
   start = time.time()
   per_seed: dict[str, list[float]] = {k: [] for k in CHECKS}
@@ -177,9 +214,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
          "seconds": time.time() - start}
   os.makedirs(out_dir, exist_ok=True)
   runner.write_json(out_dir, "lemma_checks.json", res)
+  res["measured"] = measurements(res)
   return res
 
-
-if __name__ == "__main__":
-  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/lemma_checks",
-                     scales=tuple(SCALES), show=lambda r: {k: max(v) for k, v in r["per_seed"].items()})

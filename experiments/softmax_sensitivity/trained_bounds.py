@@ -27,11 +27,12 @@ are those of the full sequence), per layer:
   certificate, the paper's) with ``p_max``, entropy and the balance certificate (ours)
   of the same rows, saved to ``rows_<run>.json``.
 
-Scales: quick, quick_sharpen, paper (``RANKJAX_FINEWEB``, accelerators) and tiny, the
-runs of ``prepost_training.run_configs`` at that scale.
+Scales (``SCALES``): quick, quick_sharpen, paper (``RANKJAX_FINEWEB``, accelerators)
+and tiny, the runs of ``prepost_training.run_configs`` at that scale. Its claims
+(``CLAIMS``: Thm 4.1 per placement and Lemma A.2(iv) / Cor A.3, per seed) are declared
+below.
 
-Run:  python -m experiments.softmax_sensitivity.trained_bounds \
-          --out runs/softmax_sensitivity/prepost_training --scale quick
+Run:  rankjax reproduce softmax_sensitivity --only prepost_training,trained_bounds
 """
 from __future__ import annotations
 
@@ -43,13 +44,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax.studies import runner
+from rankjax.studies import Bound, Claim, claims, measured, runner
 from . import prepost_training as pt
+from .policy import fmt
 
 SEEDS = (42, 123, 456)   # the prepost_training seeds (issue 25: >= 3 per trained result)
 SEQS = 2     # sequences per layer for the Jacobian
 T = 32       # tokens per sequence for the Jacobian
 ROWS = 256   # attention rows per layer for the records
+# the scales whose prepost_training checkpoints it reads (quick_paper_lr: none, CPU cost)
+SCALES: dict[str, dict[str, Any]] = {
+    scale: dict(seeds=SEEDS, seqs=SEQS, tokens=T, rows_per_layer=ROWS)
+    for scale in ("quick", "quick_sharpen", "paper", "tiny")}
+
+CLAIMS = claims([
+    Claim(f"Thm 4.1 on the trained {arch} checkpoints",
+          "max over layers and sequences of measured ||D MHA(U)|| (lower end) / bound", 1.0,
+          Bound("<=", every_seed=True), "a theorem: the bound holds on any weights")
+    for arch in ("Pre-LN", "Post-LN")] + [
+    Claim("Lemma A.2(iv) / Cor A.3 on the trained Post-LN LayerNorms",
+          "log ||prod_k J_LN,k||_2 measured - log of the token bound", 0.0,
+          Bound("<=", every_seed=True), "over the 2N in-block LayerNorms, all tokens")])
 
 
 def split_heads(w_attn: dict[str, Any], heads: int):
@@ -181,13 +196,34 @@ def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   return res, recs
 
 
-SCALES = ("quick", "quick_sharpen", "paper", "tiny")
+def measurements(r: dict[str, Any]) -> list[dict[str, Any]]:
+  """Thm 4.1 against the measured MHA Jacobian and Lemma A.2(iv) on the Post-LN
+  LayerNorms, per trained seed (:func:`run`'s result)."""
+  seeds = list(r["seeds"])
+  per = [r["per_seed"][str(s)] for s in seeds]
+  out = []
+  for arch, name in (("pre", "Pre-LN"), ("post", "Post-LN")):
+    s = [p[arch]["summary"] for p in per]
+    out.append(measured(
+        f"Thm 4.1 on the trained {name} checkpoints",
+        [x["max_lower_over_thm41"] for x in s], seeds=seeds,
+        note=f"update {per[0][arch]['step']}; upper end of the bracket / bound, per seed: "
+             f"{fmt([x['max_upper_over_thm41'] for x in s])}; bound / measured median "
+             f"{fmt([x['thm41_over_measured_median'] for x in s])}"))
+  a3 = [p["post"]["cor_a3"] for p in per]
+  out.append(measured(
+      "Lemma A.2(iv) / Cor A.3 on the trained Post-LN LayerNorms",
+      [a["log_norm_measured"] - a["log_bound_token"] for a in a3], seeds=seeds,
+      note=f"share of modules with max_i a_k,i < 1: "
+           f"{fmt([a['frac_modules_worst_below_1'] for a in a3])}"))
+  return out
 
 
 def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS) -> dict[str, Any]:
   """Both placements at each of ``seeds``, the ``prepost_training`` runs of ``scale`` in
   ``out_dir/runs`` (trained when missing); writes ``trained_bounds.json`` and the row
-  records into ``out_dir``."""
+  records into ``out_dir``; returns the results with their ``measured`` values
+  (:func:`measurements`)."""
   if scale not in SCALES:
     raise ValueError(f"scale {scale!r}: trained_bounds runs at {', '.join(SCALES)} (it reads "
                      "the prepost_training checkpoints of that scale)")
@@ -207,10 +243,6 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS) -> d
                          "rows_per_layer": ROWS, "runs": os.path.join(out_dir, "runs")},
             "per_seed": per_seed, "seconds": time.time() - start}
   runner.write_json(out_dir, "trained_bounds.json", result)
+  result["measured"] = measurements(result)
   return result
 
-
-if __name__ == "__main__":
-  runner.script_main(run, __doc__, default_out="runs/softmax_sensitivity/prepost_training",
-                     scales=SCALES, show=lambda r: {f"{a} s{s}": v["summary"] for s, by in r["per_seed"].items()
-                                    for a, v in by.items()})

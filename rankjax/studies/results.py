@@ -4,6 +4,7 @@ Every run of an experiment writes ``<out>/results/<scale>/<experiment>.json``:
 
     {"study", "experiment", "scale", "provenance": {commit, dirty, versions, backend,
      device_kind, device_count, cpu, xla_flags, python, date, wall_s},
+     "claims_commit": the last commit that changed the module declaring its claims,
      "settings": the full config it ran with, "seeds": [...], "rows": [...],
      "data": what its figures need (null when larger than DATA_LIMIT bytes)}
 
@@ -21,7 +22,7 @@ import pathlib
 from typing import Any, Sequence
 
 from rankjax.studies import evidence, finder
-from rankjax.provenance import provenance
+from rankjax.provenance import last_commit, provenance
 
 DATA_LIMIT = 256 * 1024   # bytes of figure data a committed results file may hold
 
@@ -36,13 +37,17 @@ def _seeds(result: dict[str, Any], rows: Sequence[dict]) -> list[int] | None:
 
 
 def write_result(out_dir: str | pathlib.Path, study: str, name: str, scale: str,
-                 result: dict[str, Any], rows: list[dict], wall_s: float) -> pathlib.Path:
-  """``out_dir/results/<scale>/<name>.json`` for one experiment's run."""
+                 result: dict[str, Any], rows: list[dict], wall_s: float,
+                 claims_file: str | pathlib.Path | None = None) -> pathlib.Path:
+  """``out_dir/results/<scale>/<name>.json`` for one experiment's run; ``claims_commit``:
+  the last commit that changed ``claims_file`` (the module declaring its claims), which
+  is never later than the result's own commit."""
   data = _finite(to_jsonable({k: v for k, v in result.items()
                               if k not in ("measured", "settings")}))
   text = json.dumps(data)
   doc = {"study": study, "experiment": name, "scale": scale,
          "provenance": provenance(wall_s),
+         "claims_commit": last_commit(claims_file) if claims_file else None,
          "settings": to_jsonable(result.get("settings")),
          "seeds": _seeds(result, rows), "rows": rows,
          "data": data if len(text) <= DATA_LIMIT else None}

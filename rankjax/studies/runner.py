@@ -345,7 +345,8 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
       made = exp.rows(result) if exp.rows is not None else judged(name, claims, result)
       mine = [_complete(name, r, scale, exp, claims) for r in made]
       results_files.write_result(out, study.name, name, scale, result, mine,
-                                 time.time() - start)
+                                 time.time() - start,
+                                 claims_file=getattr(module, "__file__", None))
       rows.extend(mine)
       results[name] = result
     except Exception as e:  # noqa: BLE001 (recorded as a failed row; the others still run)

@@ -2,7 +2,7 @@
 
 Paper (Sec 5, App D.1): Pre-LN and Post-LN GPT-2 774M models, seeds 42, 123, 456, 2000
 updates, warmup 500, batch 64 of T = 1024 tokens, on FineWeb (``RANKJAX_FINEWEB``);
-tiny: the same six runs through ``experiments.training.tiny``.
+tiny: the same six runs through ``rankjax.studies.training.tiny``.
 """
 import dataclasses
 import json
@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from experiments import runner, training
+from rankjax.studies import runner, training
 from experiments.softmax_sensitivity import prepost_training as pt
-from experiments.softmax_sensitivity import reproduce
+from rankjax import reproduce
 
-STUDY = reproduce.STUDY
+STUDY = reproduce.study("softmax_sensitivity")
 NAMES = {f"{a}_s{s}" for a in ("pre", "post") for s in (42, 123, 456)}
 
 

@@ -2,7 +2,18 @@
 import numpy as np
 import pytest
 
-from experiments.softmax_sensitivity import reproduce, theorem_check
+from experiments.softmax_sensitivity import theorem_check
+from rankjax import reproduce
+from rankjax.studies import runner
+
+STUDY = reproduce.study("softmax_sensitivity")
+
+
+def _rows(name: str, result: dict) -> list[dict]:
+  """The rows the runner makes of experiment ``name``'s measurements of ``result``
+  (its module's ``measurements``, judged by its declared ``CLAIMS``)."""
+  measured = STUDY.module(name).measurements(result)
+  return runner.judged(name, STUDY.claims(name), {"measured": measured})
 
 
 def test_certificate_match_rates_small_run():
@@ -48,7 +59,7 @@ def test_theorem_rows_judge_the_seed_mean_by_the_declared_rules():
   17.8% within 5%, 2.6% within 0.005, judged on the 95% interval of the seeds' mean;
   the identity holds below 1e-13 in every seed; the worst gap is the larger of the two
   lengths'."""
-  rows = {r["item"]: r for r in reproduce._theorem_rows(
+  rows = {r["item"]: r for r in _rows("theorem_check", 
       _fake_theorem_result([0.15, 0.16, 0.17], [0.020, 0.022, 0.024], gaps=(0.108, 0.05)))}
   l8 = rows["App D.2, L = 8: greedy certificate = exact theta"]
   assert l8["ours"] == pytest.approx(0.16) and l8["sd"] == pytest.approx(0.01)
@@ -58,14 +69,14 @@ def test_theorem_rows_judge_the_seed_mean_by_the_declared_rules():
   assert l8["seeds"] == [0, 1, 2] and "seed 0 alone: 15.0%" in l8["note"]
   l16 = rows["App D.2, L = 16: greedy certificate = exact theta"]
   assert l16["status"] == "inconclusive" and l16["band"] == pytest.approx(0.005)
-  tight = {r["item"]: r for r in reproduce._theorem_rows(
+  tight = {r["item"]: r for r in _rows("theorem_check", 
       _fake_theorem_result([0.176, 0.177, 0.178], [0.025, 0.026, 0.027]))}
   assert tight["App D.2, L = 8: greedy certificate = exact theta"]["status"] == "match"
   assert tight["App D.2, L = 16: greedy certificate = exact theta"]["status"] == "match"
   gap = rows["App D.2: worst gap theta - theta_cert"]
   assert gap["ours"] == pytest.approx(0.108) and gap["status"] == "match"   # within 5%
   assert rows["App D.2 / Thm 3.2, L = 8"]["status"] == "match"
-  far = {r["item"]: r for r in reproduce._theorem_rows(_fake_theorem_result(
+  far = {r["item"]: r for r in _rows("theorem_check", _fake_theorem_result(
       [0.10, 0.10, 0.10], [0.040, 0.040, 0.040], errors=(1e-15, 1e-12, 1e-15)))}
   assert far["App D.2, L = 8: greedy certificate = exact theta"]["status"] == "mismatch"
   assert far["App D.2, L = 16: greedy certificate = exact theta"]["status"] == "mismatch"
@@ -116,8 +127,8 @@ def test_prepost_rows_judge_the_papers_claims():
   assert pre[123]["entropy_first"] == 1.0 and pre[123]["entropy_last"] == pytest.approx(0.8)
   assert pre[456]["p_max_last"] == pytest.approx(0.33) and pre[42]["lowest_p5_last"] == 0.9
   res.update(scale="quick", seeds=[42, 123, 456], paper=pt.PAPER)
-  rows = {r["item"]: r for r in reproduce._prepost_rows(res)}
-  assert set(rows) == set(reproduce.PREPOST)
+  rows = {r["item"]: r for r in _rows("prepost_training", res)}
+  assert set(rows) == set(STUDY.claims("prepost_training"))
   for r in rows.values():
     assert isinstance(r["ours"], float)
     assert r["status"] in ("match", "mismatch", "inconclusive")
@@ -150,16 +161,17 @@ def test_every_experiment_declares_claims_and_committed_results_cover_them():
   """Each experiment names its claims; the committed quick results cover every
   experiment with a quick path, and every row there is one of the declared claims."""
   import json
-  from experiments import results
+  from rankjax.studies import results
   committed = results.load(results.committed_dir("softmax_sensitivity", "quick"))
   rows = []
-  for name, exp in reproduce.STUDY.experiments.items():
-    assert exp.claims, name
-    if "quick" in exp.scales:
+  for name in STUDY.experiments:
+    claims = STUDY.claims(name)
+    assert claims, name
+    if "quick" in STUDY.scales_of(name):
       assert name in committed, f"no committed quick results for {name}"
       assert committed[name]["provenance"]["dirty"] is False, name
       for r in committed[name]["rows"]:
-        claim = exp.claims[r["item"]]
+        claim = claims[r["item"]]
         assert (r["paper"], r["rule"]) == (claim.paper, claim.rule.describe())
       rows += committed[name]["rows"]
   assert len(rows) >= 20
@@ -199,7 +211,10 @@ def test_lemma_rows_can_fail():
   from experiments.softmax_sensitivity import lemma_checks as lc
   r = {"seeds": [0, 1], "settings": {"draws": 3},
        "per_seed": {k: [-0.1, 1e-16] for k in lc.CHECKS}}
-  assert [x["status"] for x in reproduce._lemma_rows(r)] == ["match"] * len(lc.CHECKS)
+  assert [x["status"] for x in _rows("lemma_checks", r)] == ["match"] * len(lc.CHECKS)
   r["per_seed"]["lemma_2_3"] = [-0.1, 1e-9]
-  assert reproduce._lemma_rows(r)[0]["status"] == "mismatch"
-  assert tuple(lc.CHECKS) == reproduce._LEMMA_KEYS
+  assert _rows("lemma_checks", r)[0]["status"] == "mismatch"
+  assert _rows("lemma_checks", r)[0]["item"] == "Lemma 2.3: attention mixing is nonexpansive"
+  # one check per declared claim, in the claims' order
+  assert len(lc.CHECKS) == len(lc.CLAIMS)
+  assert [m["item"] for m in lc.measurements(r)] == list(STUDY.claims("lemma_checks"))

@@ -76,7 +76,10 @@ def test_split_heads_reproduces_the_model_attention_and_bounds_order(monkeypatch
 
 
 def test_trained_bounds_rows_are_predicates_per_seed():
-  from experiments.softmax_sensitivity import reproduce
+  from rankjax import reproduce
+  from rankjax.studies import runner
+  study = reproduce.study("softmax_sensitivity")
+  claims = study.claims("trained_bounds")
 
   def one(ratio, log_gap):
     summ = {"max_lower_over_thm41": ratio, "max_upper_over_thm41": ratio * 1.05,
@@ -88,9 +91,11 @@ def test_trained_bounds_rows_are_predicates_per_seed():
 
   res = {"seeds": [42, 123, 456], "per_seed": {"42": one(0.1, -0.01), "123": one(0.2, -0.02),
                                                "456": one(0.3, -0.03)}}
-  rows = reproduce._trained_bounds_rows(res)
+  rows = runner.judged("trained_bounds", claims, {"measured": tb.measurements(res)})
   assert [r["status"] for r in rows] == ["match", "match", "match"]
   assert rows[0]["per_seed"] == pytest.approx([0.1, 0.2, 0.3]) and rows[0]["seeds"] == [42, 123, 456]
   res["per_seed"]["123"] = one(1.2, 0.01)          # one seed above the bound: every seed fails
-  assert [r["status"] for r in reproduce._trained_bounds_rows(res)] == ["mismatch"] * 3
-  assert "trained_bounds" in reproduce.SCRIPTS and "trained_bounds" in reproduce.STUDY.experiments
+  again = runner.judged("trained_bounds", claims, {"measured": tb.measurements(res)})
+  assert [r["status"] for r in again] == ["mismatch"] * 3
+  assert "trained_bounds" in study.experiments
+  assert study.module("trained_bounds") is tb
