@@ -64,11 +64,18 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
 
 def test_unknown_choice_is_rejected_by_argparse(capsys):
   with pytest.raises(SystemExit) as e:
-    cli.main(["reproduce", "nonexistent_study"])
+    cli.main(["analyze", "--dtype", "float16"])
   assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith("rankjax reproduce: error: argument study: "
+  assert len(err) == 1 and err[0].startswith("rankjax analyze: error: argument --dtype: "
                                               "invalid choice")
+
+
+def test_unknown_study_is_one_line(capsys):
+  """Studies are found at run time (--studies adds more), so the name is checked then."""
+  assert cli.main(["reproduce", "nonexistent_study"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "study 'nonexistent_study' is not known" in err[0]
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -24,7 +24,7 @@ seed shared by every (lambda, beta):
 Block Jacobians, their running product and the path sums come from
 ``rankjax.measure.residual_networks.network_study`` with ``skip = lambda h``.
 
-  python -m experiments.transforming_rank.appa2_skip_scale --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only appa2
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, residual_networks
 from rankjax.models import blocks as blocks_lib
@@ -114,12 +115,12 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   summary = _rows(res, s, L, d)
   fig = _figure(res, s, L)
   result = {"settings": s, "results": {f"lambda={lam:g}/beta={b}": v for (lam, b), v in res.items()},
-            "summary": summary}
+            "measured": summary}
   return common.write(out_dir, NAME, result, fig)
 
 
 def _rows(res: dict, s: dict, L: int, d: int) -> list[dict]:
-  """The claims' rows. The order-0 path mass mu_0 = lambda^L sqrt(d) is our DP's own
+  """The claims' measured values. The order-0 path mass mu_0 = lambda^L sqrt(d) is our DP's own
   arithmetic (kept in the data as ``log_mu0_error``, not a row)."""
   lams, betas = s["lambdas"], s["betas"]
   seeds = list(range(s["seeds"]))   # split(PRNGKey(12), seeds)[i]
@@ -127,10 +128,10 @@ def _rows(res: dict, s: dict, L: int, d: int) -> list[dict]:
   hi, lo = max(lams), min(lams)
   if hi > 1.0:
     norms = np.min([res[(hi, b)]["log10_jacobian_norm_L"] for b in betas], axis=0)
-    rows.append(CLAIMS["App A.2: lambda=1.1 explodes at every beta"].judge(
+    rows.append(measured("App A.2: lambda=1.1 explodes at every beta",
         norms.tolist(), seeds=seeds, note=f"lambda={hi:g}; lambda^L = {hi ** L:.3g}"))
   if lo < 1.0 and "1/L" in betas:
-    rows.append(CLAIMS["App A.2: lambda=0.9 vanishes at small beta"].judge(
+    rows.append(measured("App A.2: lambda=0.9 vanishes at small beta",
         np.asarray(res[(lo, "1/L")]["log10_jacobian_norm_L"]).tolist(), seeds=seeds,
         note=f"lambda={lo:g}; lambda^L = {lo ** L:.3g}; at beta=1: "
              f"{np.mean(res[(lo, betas[0])]['log10_jacobian_norm_L']):.2f}"))
@@ -161,7 +162,3 @@ def _figure(res: dict, s: dict, L: int):
   fig.suptitle(f"App A.2: scaled skip h = lambda h + beta f(P(h)) (Pre-RMSNorm, ReLU 4x, "
                f"d={s['width']}, {s['seeds']} seeds)", fontsize=9)
   return fig
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -32,7 +32,7 @@ drift apart by a float-rounding amount (float64 shows the same at 1e-16).
 The task is synthetic (the paper's Appendix states the symmetry for any data): Gaussian
 inputs labeled by a random linear teacher, ``y = argmax(x T)``.
 
-  python -m experiments.transforming_rank.appa4_training_symmetry --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only appa4
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ import numpy as np
 import optax
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 from rankjax.models.mlp import ResidualMLP
 
@@ -225,7 +226,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
                                     for f in vals[0]}
   summary = _rows(res_seed, s)
   fig = _figure(res, s)
-  result = {"settings": s, "summary": summary,
+  result = {"settings": s, "measured": summary,
             "results": {"/".join(str(k) for k in key): v for key, v in res.items()}}
   return common.write(out_dir, NAME, result, fig)
 
@@ -253,7 +254,7 @@ def _rows(res_seed: dict, s: dict) -> list[dict]:
       per = np.max([[_gap(v) for v in res_seed[(dt, pl, kind, "symmetric", l)]]
                     for dt, l in cases], axis=0)
       base = res_seed.get((s["dtypes"][0], pl, kind, "base"))
-      rows.append(CLAIMS[f"App A.4: {pl}-norm, {kind}, rescaled rates keep the trajectory"].judge(
+      rows.append(measured(f"App A.4: {pl}-norm, {kind}, rescaled rates keep the trajectory",
           per.tolist(), seeds=seeds, note="cases " + ", ".join(f"{dt} lambda={l:g}" for dt, l in cases)
           + (f"; base {kind} loss {base[0]['loss_first']:.2f} -> {base[0]['loss_last']:.2f} "
              f"over {s['steps']} steps (seed 0)" if base else "")))
@@ -261,7 +262,7 @@ def _rows(res_seed: dict, s: dict) -> list[dict]:
       controls = [(kind, rule) for rule in RULES[1:] for kind in RULE_OPTIMIZER[rule]]
       per = np.min([[_gap(v) for v in res_seed[("float64", pl, k, r, lam)]] for k, r in controls],
                    axis=0)
-      rows.append(CLAIMS[f"App A.4: {pl}-norm, other rates break the symmetry"].judge(
+      rows.append(measured(f"App A.4: {pl}-norm, other rates break the symmetry",
           per.tolist(), seeds=seeds, note=f"lambda={lam:g}"))
   return rows
 
@@ -280,7 +281,3 @@ def _figure(res: dict, s: dict):
            title=f"App A.4: {pl}-norm, lambda={lam:g} (1e-18 = identical)")
     ax.legend(fontsize=6)
   return fig
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

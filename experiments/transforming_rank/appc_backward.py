@@ -12,7 +12,7 @@ effective rank of the n x d gradient matrix delta_l, and the mean fraction
 ||mean_x delta_l||^2 / mean_x ||delta_l||^2, next to the forward branch means m_l
 (cos(m_l, m_l') -> c = 1/pi for ReLU, Eq. in App C) and the forward mean fraction.
 
-  python -m experiments.transforming_rank.appc_backward --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only appc
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, representations, spectra
 from rankjax.models import blocks as blocks_lib
@@ -150,7 +151,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   rows = []
   for name in CONFIGS:
     rr, ce = res[name]["random"]["per_seed"], res[name]["cross_entropy"]["per_seed"]
-    j = lambda item, v, note="": CLAIMS[f"App C: {name}, {item}"].judge(
+    j = lambda item, v, note="": measured(f"App C: {name}, {item}",
         [float(x) for x in v], seeds=seeds, note=note)
     rows += [
         j("backward cos mean", rr["backward_cos_mean"]),
@@ -164,9 +165,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     if name == "M=1 relu":
       rows += [j("gradient rank ~0.9", rr["erank_min"]),
                j("forward cos(m_l, m_l')", rr["forward_cos_mean"])]
-  result = {"settings": s, "results": res, "summary": rows}
+  result = {"settings": s, "results": res, "measured": rows}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__.splitlines()[0])

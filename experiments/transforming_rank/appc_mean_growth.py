@@ -14,7 +14,7 @@ Measured for M=1 ReLU, M=2 ReLU (both d x d), M=2 SwiGLU (``(silu(z W_gate) * z 
 W_down``, d x d each: our choice, the paper does not state SwiGLU's widths) and M=1 tanh
 at n in ``ns`` (``mlp_representation_study``'s seeds from one key at every n).
 
-  python -m experiments.transforming_rank.appc_mean_growth --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only appc_mean
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 from rankjax.measure import representations
 
@@ -76,15 +77,15 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   summary = []
   for name in ("M=1 relu", "M=2 relu", "M=2 swiglu"):
     q = res[name]["q"]
-    summary.append(CLAIMS[f"App C: {name}, q independent of n"].judge(
+    summary.append(measured(f"App C: {name}, q independent of n",
         (np.asarray(q[hi]) - np.asarray(q[lo])).tolist(), seeds=seeds,
         note=f"n = {lo} -> {hi}: q {np.mean(q[lo]):.3f} -> {np.mean(q[hi]):.3f}; d={s['width']}"))
-  summary.append(CLAIMS["App C: M=2 swiglu, q"].judge(res["M=2 swiglu"]["q"][hi], seeds=seeds,
-                                                       note=f"n={hi}, d={s['width']}"))
+  summary.append(measured("App C: M=2 swiglu, q", res["M=2 swiglu"]["q"][hi], seeds=seeds,
+                          note=f"n={hi}, d={s['width']}"))
   ns = np.log(np.asarray(s["ns"], float))
   slopes = [float(np.polyfit(ns, np.log([res["M=1 tanh"]["mean_spike_L"][n][i] for n in s["ns"]]),
                              1)[0]) for i in range(s["seeds"])]
-  summary.append(CLAIMS["App C: M=1 tanh, apparent mean is noise"].judge(
+  summary.append(measured("App C: M=1 tanh, apparent mean is noise",
       slopes, seeds=seeds, note=f"n in {list(s['ns'])}"))
 
   fig, axes = common.plt.subplots(1, len(CONFIGS), figsize=(4.2 * len(CONFIGS), 3.6))
@@ -95,9 +96,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.legend(fontsize=7)
   result = {"settings": s, "results": {k: {f: {str(n): v for n, v in d.items()}
                                            for f, d in r.items()} for k, r in res.items()},
-            "summary": summary}
+            "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

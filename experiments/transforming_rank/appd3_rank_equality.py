@@ -17,7 +17,7 @@ holds for a different reason). Ranks are numerical ranks: singular values above
 and the tolerance, i.e. how unambiguous the count is (the zero singular values sit
 at ~1e-16 s_max, below the tolerance).
 
-  python -m experiments.transforming_rank.appd3_rank_equality --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only appd3
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.measure import jacobians, representations
 
 NAME = "appd3_rank_equality"
@@ -113,7 +114,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
         }
   summary = _rows(res, s)
   fig = _figure(res, s)
-  result = {"settings": s, "summary": summary,
+  result = {"settings": s, "measured": summary,
             "results": {f"{a}/m_over_d={r:g}": v for (a, r), v in res.items()}}
   return common.write(out_dir, NAME, result, fig)
 
@@ -125,11 +126,11 @@ def _rows(res: dict, s: dict) -> list[dict]:
   eq_j = np.mean([v["rank_jacobian"] == v["rank_masked"] for v in res.values()], axis=0)
   eq_b = np.mean([v["rank_masked"] == bound(v) for v in res.values()], axis=0)
   margin = min(v["min_margin"] for v in res.values())
-  rows = [CLAIMS["App D.3: rank J_f = rank(D W_up)"].judge(
+  rows = [measured("App D.3: rank J_f = rank(D W_up)",
               eq_j.tolist(), seeds=seeds, note=f"d={d}; smallest margin of a counted singular "
               f"value over the tolerance: 10^{margin:.1f}"),
-          CLAIMS["App D.1: rank(D W_up) = min(#survivors, d)"].judge(eq_b.tolist(), seeds=seeds,
-                                                                     note=f"d={d}")]
+          measured("App D.1: rank(D W_up) = min(#survivors, d)", eq_b.tolist(), seeds=seeds,
+                   note=f"d={d}")]
   for act in s["activations"]:
     p = SURVIVAL[act]
     diff = {r: res[(act, r)]["rank_jacobian"] / d - predicted_rank(d, int(round(r * d)), p)[0]
@@ -139,13 +140,13 @@ def _rows(res: dict, s: dict) -> list[dict]:
         item = f"App D.1/D.3: relu, m/d={r:g}"
         if item in CLAIMS:
           pred, full = predicted_rank(d, int(round(r * d)), p)
-          rows.append(CLAIMS[item].judge(diff[r].tolist(), seeds=seeds, note=(
+          rows.append(measured(item, diff[r].tolist(), seeds=seeds, note=(
               f"d={d}; predicted rank/d {pred:.3f}, full rank P(K >= d) {full:.2f}; measured "
               f"full-rank fraction {res[(act, r)]['full_rank']:.2f}")))
     elif f"App D.1/D.3: {act}, every m/d" in CLAIMS:
       worst = np.max([np.abs(v) for v in diff.values()], axis=0)
-      rows.append(CLAIMS[f"App D.1/D.3: {act}, every m/d"].judge(worst.tolist(), seeds=seeds,
-                                                                 note=f"d={d}"))
+      rows.append(measured(f"App D.1/D.3: {act}, every m/d", worst.tolist(), seeds=seeds,
+                           note=f"d={d}"))
   return rows
 
 
@@ -170,7 +171,3 @@ def _figure(res: dict, s: dict):
   for ax in axes:
     ax.legend(fontsize=7)
   return fig
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

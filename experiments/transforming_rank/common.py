@@ -1,11 +1,13 @@
-"""Shared helpers for the Transforming Rank experiment scripts.
+"""Shared helpers for the Transforming Rank experiments.
 
-Every script exposes ``run(out_dir, scale="quick"|"paper"|"tiny", **overrides) -> dict`` and
-writes ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
-``summary`` list of rows, each made by a claim the script declares at import
-(``CLAIMS``, ``rankjax.studies.evidence``) and judged after the run; ``rankjax.studies.runner``
-collects them into ``summary.json`` and ``summary.md``. Settings come from the script's
-``SCALES`` table; any keyword argument overrides one setting.
+Every experiment module declares ``CLAIMS`` and ``SCALES`` at import and exposes
+``run(out_dir, scale="quick"|"paper"|"tiny", **overrides) -> dict``, which writes
+``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
+``measured`` list (``rankjax.studies.measured``: the value(s) measured for one of the
+claims the module declares, ``CLAIMS``); ``rankjax.studies.runner`` judges each by its
+claim and collects the rows into ``summary.json`` and ``summary.md``
+(``rankjax reproduce transforming_rank``). Settings come from the module's ``SCALES``
+table; any keyword argument overrides one setting.
 
 The study's one tolerance policy (EXPECTED.md, "How rows are judged") is :func:`rule`:
 it is decided from the paper's printed number and the kind of quantity, never from
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +38,7 @@ from rankjax.measure import jacobians  # noqa: E402
 from rankjax.fast_paths import single_blas_thread  # noqa: E402,F401
 
 
-SCALE_NAMES = ("quick", "paper", "tiny")   # the keys of every script's SCALES table
+SCALE_NAMES = ("quick", "paper", "tiny")   # the keys of every experiment's SCALES table
 
 
 def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> dict:
@@ -136,9 +138,3 @@ def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, 
   with single_blas_thread():
     out = fn(key, alpha, beta)
     return {k: np.asarray(v) for k, v in out.items()}
-
-
-def main(run: Callable[..., dict], description: str) -> None:
-  """A script's command line (``runner.script_main``): ``--out``, ``--scale``."""
-  runner.script_main(run, description, default_out="runs/transforming_rank",
-                     scales=SCALE_NAMES)

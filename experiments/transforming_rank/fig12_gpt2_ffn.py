@@ -23,13 +23,12 @@ scale uses the real sizes; tiny scale GPT-2-shaped models of L=4, d=64 and L=8, 
 ``model.safetensors`` files given with ``--checkpoint`` (repeatable); each is measured
 together with a GPT-2 initialization of the same shape. Nothing is downloaded.
 
-  python -m experiments.transforming_rank.fig12_gpt2_ffn --scale quick --out runs/tr
-  python -m experiments.transforming_rank.fig12_gpt2_ffn --out runs/tr \\
+  rankjax reproduce transforming_rank --only fig12
+  rankjax reproduce transforming_rank --only fig12 \\
       --checkpoint ~/gpt2/model.safetensors --checkpoint ~/gpt2-medium/model.safetensors
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
 import time
 
@@ -38,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.measure import gpt2_jacobians, paths, spectra
 from rankjax.models import gpt2
 
@@ -119,7 +119,7 @@ def measure(params: dict, tokens_T: np.ndarray, probe: int, top_k: int) -> dict:
   jac_LxDxD = jax.jit(gpt2_jacobians.ffn_jacobians)(blocks, h_LxD)
   norms = np.asarray(jnp.linalg.norm(jac_LxDxD, axis=(-2, -1)))
   cos_LxL = np.asarray(paths.block_cosines(jac_LxDxD))
-  measured, uncorrelated = (np.asarray(a) for a in paths.accumulated_branch(jac_LxDxD[1:]))
+  accumulated, uncorrelated = (np.asarray(a) for a in paths.accumulated_branch(jac_LxDxD[1:]))
   coherent = np.cumsum(norms[1:]) / np.sqrt(d)
   erank = np.asarray(spectra.effective_rank(jac_LxDxD)) / d
   coh = np.array([singular_vector_coherence(f, p, top_k)
@@ -136,8 +136,8 @@ def measure(params: dict, tokens_T: np.ndarray, probe: int, top_k: int) -> dict:
       "jac_norm": norms, "ratio": norms / np.sqrt(d), "stream_rms": rms, "erank": erank,
       "cosines": cos_LxL, "offdiag_mean": float(cos_LxL[off].mean()),
       "offdiag_abs_mean": float(np.abs(cos_LxL[off]).mean()),
-      "accumulated": measured, "uncorrelated": uncorrelated, "coherent": coherent,
-      "accumulated_over_uncorrelated": float(measured[-1] / uncorrelated[-1]),
+      "accumulated": accumulated, "uncorrelated": uncorrelated, "coherent": coherent,
+      "accumulated_over_uncorrelated": float(accumulated[-1] / uncorrelated[-1]),
       "coherent_over_uncorrelated": float(coherent[-1] / uncorrelated[-1]),
       "stream_rms2_linear_r2": float(r2),
       "coherence_all": coh[:, 0], "coherence_top": coh[:, 1], "coherence_bottom": coh[:, 2],
@@ -174,8 +174,8 @@ def _plot(results: dict, top_k: int):
 
 
 def _summary(results: dict, seeds: tuple[int, ...]) -> list[dict]:
-  """The rows: at initialization per model over ``seeds`` (labels ``size/init/seed``),
-  pretrained from the one checkpoint per model."""
+  """The measured values: at initialization per model over ``seeds`` (labels
+  ``size/init/seed``), pretrained from the one checkpoint per model."""
   rows = []
   sizes = dict.fromkeys(label.split("/")[0] for label in results)
   for size in sizes:
@@ -185,7 +185,7 @@ def _summary(results: dict, seeds: tuple[int, ...]) -> list[dict]:
       # stay in the result (no claim judges them)
       r0 = init[0]
       tag = f"L={r0['num_layers']}, d={r0['d']}"
-      j = lambda item, v, note="": CLAIMS[item].judge(
+      j = lambda item, v, note="": measured(item,
           [float(x) for x in v], seeds=list(seeds[:len(init)]),
           note="; ".join(x for x in (tag, note) if x))
       rows += [
@@ -201,12 +201,12 @@ def _summary(results: dict, seeds: tuple[int, ...]) -> list[dict]:
       ]
     trained = results.get(f"{size}/pretrained")
     if trained is not None and size in PAPER:
-      rows += [CLAIMS[f"Fig 12 pretrained {size}: {k}"].judge(trained[f])
+      rows += [measured(f"Fig 12 pretrained {size}: {k}", trained[f])
                for k, f in (("off-diagonal block cosine", "offdiag_mean"),
                             ("accumulated / uncorrelated at k=L", "accumulated_over_uncorrelated"),
                             ("coherent / uncorrelated at k=L", "coherent_over_uncorrelated"))]
       if size == "medium":
-        rows += [CLAIMS[f"Fig 8c pretrained medium: coherence, {k}"].judge(
+        rows += [measured(f"Fig 8c pretrained medium: coherence, {k}",
                      float(np.mean(trained[f]))) for k, f in
                  (("all directions", "coherence_all"), ("top 20", "coherence_top"),
                   ("bottom 20", "coherence_bottom"))]
@@ -252,35 +252,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   shown = {k.replace(f"/init/{s['seeds'][0]}", "/init"): v for k, v in results.items()
            if "/init/" not in k or k.endswith(f"/init/{s['seeds'][0]}")}
   result = {"settings": s, "pretrained": bool(s["checkpoints"]), "models": results,
-            "summary": summary}
+            "measured": summary}
   return common.write(out_dir, NAME, result, _plot(shown, s["top_k"]))
-
-
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--out", default="runs/transforming_rank", help="output folder")
-  parser.add_argument("--scale", default="quick", choices=list(common.SCALE_NAMES))
-  parser.add_argument("--checkpoint", action="append", default=[],
-                      help="GPT-2 model.safetensors (file or folder); repeatable")
-  parser.add_argument("--prompt-ids", default=None,
-                      help="comma-separated GPT-2 token ids of the probe prompt")
-  parser.add_argument("--probe", type=int, default=None, help="probe token position (-1: last)")
-  args = parser.parse_args()
-  overrides = {"checkpoints": tuple(args.checkpoint)}
-  if args.prompt_ids:
-    overrides["prompt_ids"] = tuple(int(t) for t in args.prompt_ids.split(","))
-  if args.probe is not None:
-    overrides["probe"] = args.probe
-  start = time.time()
-  try:
-    result = run(args.out, scale=args.scale, **overrides)
-  except (FileNotFoundError, ValueError) as e:   # a bad checkpoint or setting: one line
-    parser.exit(2, f"error: {e}\n")
-  for r in result["summary"]:
-    print(f"{r['item']}: paper {r['paper']} | ours {r['ours']} {r.get('note', '')}")
-  print(f"done in {time.time() - start:.1f} s -> {args.out}")
-
-
-if __name__ == "__main__":
-  main()

@@ -5,7 +5,7 @@ erank(Z_l)/d for a one-matrix ReLU branch at initialization (beta=1, d=256, 3 se
 Pre-RMSNorm, a branch-output operation none / RMSNorm / mean subtraction / LayerNorm
 (0.009 / 0.008 / 0.745 / 0.745). Probe size n = 512 (the paper's rank-panel size).
 
-  python -m experiments.transforming_rank.fig15_output_norm --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig15
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 from rankjax.measure import representations
 
@@ -59,7 +60,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   final["b/out none"] = final["a/pre rms"]
   seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(10), ..., seeds)
   note = "" if L == 512 else f"at L={L}"
-  summary = [CLAIMS[ITEMS[k]].judge(final[k], seeds=seeds, note=note) for k in PANELS]
+  summary = [measured(ITEMS[k], final[k], seeds=seeds, note=note) for k in PANELS]
   fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
   for name, c in curves.items():
     panel, label = name.split("/")
@@ -69,9 +70,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.legend()
   axes[0].set_ylabel("erank(Z_l)/d")
   result = {"settings": s, "layers": layers, "curves": curves, "final_per_seed": final,
-            "summary": summary}
+            "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -5,7 +5,7 @@ beta=alpha=1, 4x expansion, 12 seeds): (left) no skips / a skip every block / a 
 every 4th block; (center) beta = 1 vs 1/sqrt(L); (right) width expansion 1x..8x with
 skips every 4th block.
 
-  python -m experiments.transforming_rank.fig1_skip_spacing --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig1
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 
 NAME = "fig1_skip_spacing"
@@ -86,7 +87,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   troughs = np.stack([np.min(curves[f"right/{e:g}x"], axis=1) for e in s["expansions"]])
   last = {k: v[:, -1] for k, v in curves.items()}
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(1), num_seeds)
-  j = lambda item, v, **kw: CLAIMS[item].judge(np.asarray(v).tolist(), seeds=seeds, **kw)
+  j = lambda item, v, **kw: measured(item, np.asarray(v).tolist(), seeds=seeds, **kw)
   summary = [
       j("Fig 1 left: no skips collapses", last["left/skip every block"] - last["left/no skips"],
         note=f"no skips {last['left/no skips'].mean():.3f}, every block "
@@ -115,9 +116,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.set_xlabel("layer l")
     ax.legend(fontsize=7)
   axes[0].set_ylabel("erank(dh_l/dh_0) / d")
-  result = {"settings": s, "curves": curves, "final_per_seed": last, "summary": summary}
+  result = {"settings": s, "curves": curves, "final_per_seed": last, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -7,7 +7,7 @@ several beta. The same weight draw is used at every (alpha, beta) (alpha rescale
 it), so for ReLU the symmetry is exact: points with equal beta * alpha^2 coincide up
 to rounding.
 
-  python -m experiments.transforming_rank.fig2_branch_scale --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig2
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 
 NAME = "fig2_branch_scale"
@@ -81,11 +82,11 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   spreads["pre_float64"] = float(per_seed_spread["pre_float64"].max())
 
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(2), num_seeds)
-  summary = [CLAIMS[f"Fig 2b/d: {pos}, equal beta*alpha^2 coincide"].judge(
+  summary = [measured(f"Fig 2b/d: {pos}, equal beta*alpha^2 coincide",
                  per_seed_spread[pos].tolist(), seeds=seeds) for pos in ("pre", "post")]
-  summary.append(CLAIMS["Fig 2b: pre, equal beta*alpha^2 coincide, float64"].judge(
+  summary.append(measured("Fig 2b: pre, equal beta*alpha^2 coincide, float64",
       per_seed_spread["pre_float64"].tolist(), seeds=seeds))
-  summary.append(CLAIMS["Fig 2: post below pre at beta*alpha^2 = 1"].judge(
+  summary.append(measured("Fig 2: post below pre at beta*alpha^2 = 1",
       (at_one["pre"] - at_one["post"]).tolist(), seeds=seeds,
       note=f"erank_L/d pre {at_one['pre'].mean():.3f}, post {at_one['post'].mean():.3f}"))
   fig, axes = common.plt.subplots(1, 4, figsize=(16, 3.8))
@@ -106,9 +107,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   result = {"settings": s, "points": {k: [dict(zip(("log2_ratio", "alpha", "beta", "erank"), p))
                                           for p in v] for k, v in grid.items()},
             "max_spread_at_equal_ratio": spreads,
-            "erank_at_ratio_one_per_seed": at_one, "summary": summary}
+            "erank_at_ratio_one_per_seed": at_one, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -6,7 +6,7 @@ sum to one; (c) alpha sweep at beta=1; (d) mean order <k> against beta*alpha^M f
 alpha sweeps at three betas (independent draws at every grid point, App A.1). Also the
 reconstruction check sum_k beta^k S_k = dh_L/dh_0 against autodiff in float64.
 
-  python -m experiments.transforming_rank.fig3_path_orders --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig3
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 
 NAME = "fig3_path_orders"
@@ -101,13 +102,13 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   peaks = {n: int(np.argmax(r["profile"])) for n, r in panel_ab.items()}
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(3), num_seeds)
   worst = int(np.argmax(zs))
-  summary = [CLAIMS[f"Fig 3b: peak order, beta={n}"].judge(panel_ab[n]["peak_per_seed"],
-                                                           seeds=seeds) for n in betas]
-  summary.append(CLAIMS["Fig 3d: <k> on one curve of beta*alpha^M"].judge(
+  summary = [measured(f"Fig 3b: peak order, beta={n}", panel_ab[n]["peak_per_seed"],
+                      seeds=seeds) for n in betas]
+  summary.append(measured("Fig 3d: <k> on one curve of beta*alpha^M",
       float(zs[worst]),
       note=f"largest deviation {dev[worst]:.3f}, its s.e. {dev_se[worst]:.3f}; "
            f"<k> at beta=alpha=1: {panel_ab['1']['mean_order']:.2f}"))
-  summary.append(CLAIMS["App A.1: reconstruction, float64"].judge(
+  summary.append(measured("App A.1: reconstruction, float64",
       recon64, note=f"float32 vs the block product: {recon32:.1e}"))
 
   fig, axes = common.plt.subplots(1, 4, figsize=(17, 3.8))
@@ -133,9 +134,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.legend(fontsize=7)
   result = {"settings": s, "panel_ab": panel_ab, "panel_c": {str(a): r for a, r in panel_c.items()},
             "panel_d": panel_d, "reconstruction_error_float64": recon64, "peaks": peaks,
-            "summary": summary}
+            "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

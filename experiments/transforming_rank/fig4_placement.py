@@ -12,7 +12,7 @@ the detached-vs-ordinary gap over L in {48..384}, beta in {1, 1/sqrt(L)}, with a
 without the Pre-RMSNorm. Depth curves come from one network of the largest depth (the
 first L blocks of it are a depth-L network).
 
-  python -m experiments.transforming_rank.fig4_placement --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig4
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 
 NAME = "fig4_placement"
@@ -127,7 +128,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   last = lambda c: c[:, -1]
   rate = lambda c: c[:, -1] / c[:, at[0]]
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(4), num_seeds)
-  j = lambda item, v, **kw: CLAIMS[item].judge(np.asarray(v).tolist(), seeds=seeds, **kw)
+  j = lambda item, v, **kw: measured(item, np.asarray(v).tolist(), seeds=seeds, **kw)
   d = s["width"]
   f10 = np.stack([last(fig10[o]) for o in ("none", "mean", "rms", "detached_rms")])
   summary = [
@@ -149,7 +150,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   ]
   b5 = [branch_output_rms(k, d, BRANCH_RMS_INPUTS)
         for k in jax.random.split(jax.random.fold_in(KEY, 5), BRANCH_RMS_SEEDS)]
-  summary.append(CLAIMS["App B.5: Pre-Norm branch output rms"].judge(
+  summary.append(measured("App B.5: Pre-Norm branch output rms",
       b5, seeds=list(range(BRANCH_RMS_SEEDS)),
       note=f"d={d}, {BRANCH_RMS_INPUTS} inputs per draw; split(fold_in(PRNGKey(4), 5), 10)"))
   per_seed = {"branch_output_rms": b5, "panel_a_last": {k: last(v) for k, v in panel_a.items()},
@@ -182,9 +183,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   axes[0].set_ylabel("erank(dh_l/dh_0) / d")
   result = {"settings": s, "panel_a": panel_a, "panel_b": panel_b, "fig10": fig10,
             "split": {str(a): v for a, v in split.items()},
-            "max_detached_gap": max_gap, "per_seed": per_seed, "summary": summary}
+            "max_detached_gap": max_gap, "per_seed": per_seed, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -22,7 +22,7 @@ between every two depths), and Fig 5d's spread at the x the alpha grid gives exa
 at several depths (``grid_spread``: no interpolation), over all depths and over the
 two deepest, on every x the grid reaches and within Fig 5d's window x in [0.1, 10].
 
-  python -m experiments.transforming_rank.fig5_depth_law --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig5
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax import plotting
 from rankjax.config import MLPConfig
 from rankjax.measure import jacobians, spectra
@@ -334,8 +335,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   def j(item, v, sd=seeds, extra=""):
     if item not in CLAIMS:
       return None
-    return CLAIMS[item].judge(np.asarray(v, float).tolist(), seeds=sd,
-                              note="; ".join(x for x in (note, extra) if x))
+    return measured(item, np.asarray(v, float).tolist(), seeds=sd,
+                    note="; ".join(x for x in (note, extra) if x))
 
   summary = []
   for (pos, e), res in results.items():
@@ -420,9 +421,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
             "stream_mean_square": {f"{p}/alpha={a}": v for (p, a), v in ms.items()},
             "results": saved, "collapse_spread": collapse,
             "grid_spread": {f"{pos}/{w}": v for (pos, w), v in grid_collapse.items()},
-            "summary": summary}
+            "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 
 STABLE_ACCURACY = 0.4                                # App B.4's "still trains"
 # Paper values (App B.4 Table 5, Fig 6, Fig 13, App C Fig 16).
@@ -94,10 +95,11 @@ def spearman_bootstrap(x: Sequence[float], y: Sequence[float], draws: int = 2000
   return rho, float(lo), float(hi)
 
 
-def summary_rows(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | None = None
-                 ) -> list[dict]:
-  """The claims' rows; on a set other than CIFAR-10 the note says so (the trained
-  claims are then judged on that set by the same predicates)."""
+def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | None = None
+                    ) -> list[dict]:
+  """The claims' measured values (``rankjax.studies.measured``); on a set other than
+  CIFAR-10 the note says so (the trained claims are then judged on that set by the same
+  predicates)."""
   alphas, depths = list(s["alphas"]), list(s["depths"])
   where = f"trained on {ds}" + ("" if ds == "cifar10" else ", not CIFAR-10")
   seeds = f"{s['seeds']} network(s) per cell (Sec 4: one)"
@@ -105,7 +107,7 @@ def summary_rows(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | None 
 
   def add(item, value, note=""):
     if item in CLAIMS:
-      rows.append(CLAIMS[item].judge(float(value), note="; ".join(
+      rows.append(measured(item, float(value), note="; ".join(
           x for x in (note, where if "accuracy" in CLAIMS[item].quantity or "lr" in
                       CLAIMS[item].quantity else "") if x)))
 

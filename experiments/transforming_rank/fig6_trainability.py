@@ -32,7 +32,7 @@ the forward pass of ``rankjax.ResidualMLP.apply``.
 Quick scale (width 16, 200 steps, a data subset) takes ~400 s of CPU time; paper scale
 (width 256, batch 256, 5000 steps, full data) is an accelerator job (see EXPECTED.md).
 
-  python -m experiments.transforming_rank.fig6_trainability --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig6
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ import optax
 
 from . import common
 from .fig6_rows import (  # noqa: F401 (the study's claims)
-    CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, summary_rows)
+    CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, measured_values)
 from rankjax.config import MLPConfig
 from rankjax.data import images
 from rankjax.measure import jacobians
@@ -440,10 +440,6 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       "grid": grid, "fig16": {f"M={m}/{pos}": v for (m, pos), v in fig16.items()},
       "wall_seconds": time.time() - wall0, "cpu_seconds": time.process_time() - cpu0,
       "second_network": spread,
-      "summary": summary_rows(s, ds, grid, fig16, spread),
+      "measured": measured_values(s, ds, grid, fig16, spread),
   }
   return common.write(out_dir, NAME, result, figure(s, ds, chance, grid, fig16))
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -12,7 +12,7 @@ branches in ``fig14_pairwise_cosines.png`` (panels a, b, c). App C: cos(m_l, 1) 
 sqrt(c) and cos(mu_l, 1) -> 1. Probe sizes per panel as the paper gives them
 (``SCALES``: 32768 for (b), 4096 for (a) and Fig 14, 512 for (c, d)).
 
-  python -m experiments.transforming_rank.fig7_mean_spike --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig7
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax import plotting
 from rankjax.config import MLPConfig
 from rankjax.measure import representations, spectra
@@ -164,7 +165,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(7), ..., seeds)
   note = "" if L == 512 else f"at L={L}"
   ps = lambda n, k: np.asarray(res[n]["per_seed"][k], float).tolist()
-  j = lambda item, v: CLAIMS[item].judge(v, seeds=seeds, note=note)
+  j = lambda item, v: measured(item, v, seeds=seeds, note=note)
   summary = [
       *(j(f"Fig 7a: consecutive cos, {n}", ps(n, "consecutive_cos_deep")) for n in FIG14_PANELS),
       *(j(f"Fig 14: pairwise cos, {n}", ps(n, "pairwise_offdiag_mean")) for n in FIG14_PANELS),
@@ -196,9 +197,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.set_title(t)
     ax.legend(fontsize=7)
   _fig14(out_dir, res, layers, s)
-  result = {"settings": s, "coherence": c, "results": res, "summary": summary}
+  result = {"settings": s, "coherence": c, "results": res, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -7,7 +7,7 @@ the pre-activations are standard Gaussian; d=256, 40 seeds; ReLU, GELU, SiLU, ab
 (erank(W_down W_up)/d with gamma d hidden units, 20 seeds, gamma <= 10). Fig 8c
 (pretrained GPT-2 coherence) is not part of this script.
 
-  python -m experiments.transforming_rank.fig8_width_expansion --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig8
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.measure import representations, spectra
 
 NAME = "fig8_width_expansion"
@@ -140,20 +141,19 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   idx1 = s["ratios"].index(1.0)
   seeds = list(range(s["seeds"]))   # vmap over split(fold_in(PRNGKey(11), i), seeds)
   at1 = {a: per[a][idx1] for a in ACTS}
-  j = CLAIMS.__getitem__
   summary = [
-      *(j(f"Fig 8a: {a} above relu at m/d = 1").judge((at1[a] - at1["relu"]).tolist(), seeds=seeds)
+      *(measured(f"Fig 8a: {a} above relu at m/d = 1", (at1[a] - at1["relu"]).tolist(), seeds=seeds)
         for a in ("gelu", "silu")),
-      j("Fig 8a: abs fastest at m/d = 1").judge(
+      measured("Fig 8a: abs fastest at m/d = 1",
           (at1["abs"] - np.max([at1[a] for a in ("relu", "gelu", "silu")], axis=0)).tolist(),
           seeds=seeds),
-      j("Fig 8a: rank rises with m/d").judge(
+      measured("Fig 8a: rank rises with m/d",
           min(curves[a][-1] - curves[a][0] for a in ACTS),
           note=f"m/d {s['ratios'][0]:g} -> {s['ratios'][-1]:g}"),
-      *(j(f"Fig 8b: {a} on the Gaussian-product curve").judge(gap_z(a)) for a in ("relu", "abs")),
-      *(j(f"Fig 8b: {a} approaches the curve from above").judge(
+      *(measured(f"Fig 8b: {a} on the Gaussian-product curve", gap_z(a)) for a in ("relu", "abs")),
+      *(measured(f"Fig 8b: {a} approaches the curve from above",
           above(a)[0], note=f"max {above(a)[1]:+.3f}") for a in ("gelu", "silu")),
-      j("App D.8: Gaussian-product curve at gamma = 10").judge(
+      measured("App D.8: Gaussian-product curve at gamma = 10",
           prod_per[10.0].tolist(), seeds=list(range(s["product_seeds"]))),
   ]
   fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8))
@@ -170,9 +170,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   result = {"settings": s, "curves": curves, "survival": p,
             "curves_se": se,
             "gaussian_product": {str(g): v for g, v in product.items()},
-            "gaussian_product_se": {str(g): v for g, v in product_se.items()}, "summary": summary}
+            "gaussian_product_se": {str(g): v for g, v in product_se.items()}, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -14,7 +14,7 @@ compare them with MP at the mean gamma; the sensitivity rows compare the same po
 eigenvalues with the mixture of each seed's MP law at its own gamma (what pooling draws
 from). Declared 2026-12-05, after the pooled rows' outcomes were known.
 
-  python -m experiments.transforming_rank.fig9_marchenko_pastur --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only fig9
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.measure import jacobians, representations, spectra
 
 NAME = "fig9_marchenko_pastur"
@@ -134,26 +135,26 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   seeds = list(range(s["seeds"]))   # vmap over split(fold_in(PRNGKey(12), .), seeds)
   ks = {a: max(res[(a, r)]["kolmogorov"] for r in s["ratios"]) for a in ACTS}
   mix = {a: max(res[(a, r)]["kolmogorov_mixture"] for r in s["ratios"]) for a in ACTS}
-  summary = [CLAIMS[f"Fig 9/17: {a} follows MP"].judge(ks[a], note=f"d={d}, {s['seeds']} seeds")
+  summary = [measured(f"Fig 9/17: {a} follows MP", ks[a], note=f"d={d}, {s['seeds']} seeds")
              for a in ("relu", "abs")]
-  summary += [CLAIMS[f"{MIXTURE}: {a} follows MP"].judge(mix[a],
-                                                         note=f"d={d}, {s['seeds']} seeds")
+  summary += [measured(f"{MIXTURE}: {a} follows MP", mix[a],
+                       note=f"d={d}, {s['seeds']} seeds")
               for a in ("relu", "abs")]
-  summary.append(CLAIMS["Fig 17: gelu, silu approximately MP"].judge(
+  summary.append(measured("Fig 17: gelu, silu approximately MP",
       max(ks["gelu"], ks["silu"]), note=f"max distance gelu {ks['gelu']:.3f}, silu {ks['silu']:.3f}"))
   for g in (2.0, 4.0):
-    summary.append(CLAIMS[f"App D.3: MP condition number at gamma = {g:g}"].judge(
+    summary.append(measured(f"App D.3: MP condition number at gamma = {g:g}",
         float(spectra.marchenko_pastur_condition_number(g))))
   lo, hi = min(s["d7_ratios"]), max(s["d7_ratios"])
   if (lo, hi) == (4, 32):
     summary += [
-        CLAIMS["App D.7: submatrix smallest Gram eig, gamma = 2"].judge(
+        measured("App D.7: submatrix smallest Gram eig, gamma = 2",
             d7[lo][0].tolist(), seeds=seeds, note=f"measured gamma {d7_summary[lo]['gamma']:.2f}"),
-        CLAIMS["App D.7: submatrix smallest Gram eig, gamma = 16"].judge(
+        measured("App D.7: submatrix smallest Gram eig, gamma = 16",
             d7[hi][0].tolist(), seeds=seeds, note=f"measured gamma {d7_summary[hi]['gamma']:.2f}"),
-        CLAIMS["App D.7: sigma_min(J_f)^2 at gamma = 16"].judge(
+        measured("App D.7: sigma_min(J_f)^2 at gamma = 16",
             np.log10(d7[hi][2]).tolist(), seeds=seeds, note=f"d={d}"),
-        CLAIMS["App D.7: erank(J_f)/d improves with width"].judge(
+        measured("App D.7: erank(J_f)/d improves with width",
             (d7[hi][3] - d7[lo][3]).tolist(), seeds=seeds)]
 
   fig, axes = common.plt.subplots(len(ACTS), len(s["ratios"]), figsize=(12, 10))
@@ -169,9 +170,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       ax.axvline(info["edge_hi"], ls=":", color="k")
       ax.set_title(f"{a}, m/d={r}, gamma={info['gamma']:.2f}", fontsize=8)
   result = {"settings": s, "spectra": {f"{a}/{r}": v for (a, r), v in res.items()},
-            "d7": {str(r): v for r, v in d7_summary.items()}, "summary": summary}
+            "d7": {str(r): v for r, v in d7_summary.items()}, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

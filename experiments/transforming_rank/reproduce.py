@@ -1,6 +1,6 @@
-"""Runs every Transforming Rank experiment and writes ``summary.md`` (paper vs ours).
+"""The Transforming Rank study: every experiment, run into ``summary.md`` (paper vs ours).
 
-  python -m experiments.transforming_rank.reproduce --scale quick --out runs/tr [--only fig3]
+  rankjax reproduce transforming_rank [--scale quick] [--only fig3] [--out runs/reproduce]
 
 ``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``rankjax.studies.runner``).
 Quick scale keeps the paper's depths, ratios and sweeps with the width scaled down
@@ -14,18 +14,14 @@ initialization (quick: depths 12 / 24, width scaled down); pretrained weights:
 ``rankjax reproduce transforming_rank --only fig12 --checkpoint PATH`` (repeatable: GPT-2
 Small and Medium; Hugging Face ``model.safetensors`` or its folder; nothing is
 downloaded), judged against the paper's pretrained numbers.
-Tiny scale (``--scale tiny``, every script's ``SCALES["tiny"]``) runs the paper scale's
+Tiny scale (``--scale tiny``, every experiment's ``SCALES["tiny"]``) runs the paper scale's
 code path with widths 8-32, two seeds, fewer sweep points and steps (Fig 6 on sklearn
 digits, Fig 12 on GPT-2-shaped models of d=64 / 128) in a few CPU minutes; its rows are
 measured, not judged (status ``tiny``).
 """
 from __future__ import annotations
 
-import importlib
-from typing import Sequence
-
 from rankjax.studies import runner
-from . import common
 
 EXPERIMENTS = {
     "fig1": "fig1_skip_spacing",
@@ -97,16 +93,6 @@ SCALE_FREE = {
 }
 
 
-def _rows(result: dict) -> list[dict]:
-  """A script's ``summary`` rows (each made by one of its declared ``CLAIMS``)."""
-  return list(result.get("summary", []))
-
-
-def claims(name: str) -> dict:
-  """The claims experiment ``name`` declares at import (``rankjax.studies.evidence``)."""
-  return importlib.import_module(f"experiments.transforming_rank.{EXPERIMENTS[name]}").CLAIMS
-
-
 def _needs_cifar10(scale: str) -> str | None:
   """Paper scale trains on CIFAR-10 (never a fallback set): one line when tfds lacks it."""
   if scale != "paper":
@@ -133,9 +119,9 @@ RECHECK = {
 STUDY = runner.Study(
     name="transforming_rank",
     title="Transforming Rank: paper vs rankjax",
-    experiments={name: runner.Experiment(module, _rows, scales=common.SCALE_NAMES,
+    experiments={name: runner.Experiment(module,
                                          needs=_needs_cifar10 if name == "fig6" else None,
-                                         claims=claims(name), trained=name in TRAINED,
+                                         trained=name in TRAINED,
                                          setting={"paper": runner.PAPER_SETTING,
                                                   "quick": QUICK_SETTING[name]},
                                          scale_free=frozenset(SCALE_FREE.get(name, ())),
@@ -150,22 +136,3 @@ STUDY = runner.Study(
                    "fewer sweep points and steps (Fig 6 on sklearn digits); a row's quantity "
                    "may name the paper's depth (e.g. L=384) where the tiny run is shallower "
                    "(the settings are in each results file). Measured, not judged."})
-
-
-def names() -> set[str]:
-  """Every name ``run_all(only=...)`` accepts (experiments and aliases)."""
-  return STUDY.names()
-
-
-def resolve(only: str | Sequence[str] | None) -> list[str]:
-  return STUDY.resolve(only)
-
-
-def run_all(out_dir: str, scale: str = "quick", only: str | Sequence[str] | None = None) -> dict:
-  """Runs the selected experiments into ``out_dir``; writes ``summary.json`` and
-  ``summary.md`` (``rankjax.studies.runner.run_study``)."""
-  return runner.run_study(STUDY, out_dir, scale, only)
-
-
-if __name__ == "__main__":
-  raise SystemExit(runner.main(STUDY))

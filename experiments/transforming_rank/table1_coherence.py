@@ -13,7 +13,7 @@ same seeds, to show which verdicts rest on the open n (declared 2026-12-05, afte
 n sweep's outcome was known).
 Cheap: runs at the paper's size at both scales.
 
-  python -m experiments.transforming_rank.table1_coherence --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only table1
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.measure import representations, spectra
 
 NAME = "table1_coherence"
@@ -87,16 +88,16 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   summary = []
   for act, (_, sb, _) in PAPER.items():
     t = table[act]
-    summary.append(CLAIMS[f"Table 1 {act}: c"].judge(t["coherence"]))
+    summary.append(measured(f"Table 1 {act}: c", t["coherence"]))
     if sb != float("inf"):
-      summary.append(CLAIMS[f"Table 1 {act}: 1/c"].judge(t["spike_bound"]))
+      summary.append(measured(f"Table 1 {act}: 1/c", t["spike_bound"]))
   for act in PAPER:
-    summary.append(CLAIMS[f"Table 1 {act}: st"].judge(table[act]["per_seed_stable_rank"],
-                                                      seeds=seeds))
+    summary.append(measured(f"Table 1 {act}: st", table[act]["per_seed_stable_rank"],
+                            seeds=seeds))
   for act in SURVIVAL:
-    summary.append(CLAIMS[f"Sec 6 / App D.4: p, {act}"].judge(table[act]["survival"]))
+    summary.append(measured(f"Sec 6 / App D.4: p, {act}", table[act]["survival"]))
   for act in PAPER:
-    summary.append(CLAIMS[f"{SENSITIVITY} {act}: st"].judge(
+    summary.append(measured(f"{SENSITIVITY} {act}: st",
         table[act]["per_seed_stable_rank_sensitivity_inputs"], seeds=seeds))
   fig, ax = common.plt.subplots(figsize=(5, 3.5))
   acts = [a for a in PAPER if a != "tanh"]
@@ -107,9 +108,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   ax.plot([1, 9], [1, 9], "k--", lw=0.8)
   ax.set_xlabel("bound 1/c")
   ax.set_ylabel("measured stable rank")
-  result = {"settings": s, "table": table, "n_dependence": n_dependence, "summary": summary}
+  result = {"settings": s, "table": table, "n_dependence": n_dependence, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

@@ -12,7 +12,7 @@ standard normal (a renormalized Gaussian step, whose angle is about eps), with t
 seeds: they show how much the verdicts rest on the reading. Declared on 2026-12-05,
 after a review reported that this reading reproduces the paper's eps = 0.6 row.
 
-  python -m experiments.transforming_rank.table3_projections --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only table3
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.measure import spectra
 
 NAME = "table3_projections"
@@ -87,7 +88,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       if kind == "geodesic":
         table = {e: np.mean(v, axis=0) for e, v in per_seed.items()}
   seeds = list(range(s["seeds"]))   # split(PRNGKey(6), seeds)[i]
-  summary = [CLAIMS[_item(kind, e, L)].judge(vals[e][:, j].tolist(), seeds=seeds)
+  summary = [measured(_item(kind, e, L), vals[e][:, j].tolist(), seeds=seeds)
              for kind, vals in zip(STEPS, (per_seed, sensitivity))
              for e in s["eps"] for j, L in enumerate(s["depths"])
              if _item(kind, e, L) in CLAIMS]
@@ -100,9 +101,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   result = {"settings": s, "table": {str(e): v for e, v in table.items()},
             "per_seed": {str(e): v for e, v in per_seed.items()},
             "per_seed_renormalized_step": {str(e): v for e, v in sensitivity.items()},
-            "summary": summary}
+            "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

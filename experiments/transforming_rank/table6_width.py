@@ -4,7 +4,7 @@ erank(Z_l)/d for a one-matrix ReLU branch at initialization (Pre-RMSNorm, beta=1
 3 seeds, n = max(1024, 2d) Gaussian probe inputs) at layers 32..512 and widths
 128..1024 (quick: widths 64, 128, 2 seeds).
 
-  python -m experiments.transforming_rank.table6_width --scale quick --out runs/tr
+  rankjax reproduce transforming_rank --only table6
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from . import common
+from rankjax.studies import measured
 from rankjax.config import MLPConfig
 from rankjax.measure import representations
 
@@ -50,11 +51,11 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     for j, l in enumerate(s["layers"]):
       item = f"Table 6: d={d}, l={l}"
       if item in CLAIMS:
-        summary.append(CLAIMS[item].judge(table[d]["per_seed_erank"][:, j].tolist(), seeds=seeds))
+        summary.append(measured(item, table[d]["per_seed_erank"][:, j].tolist(), seeds=seeds))
       elif d not in PAPER:   # a quick-scale width the paper does not have: no claim
         pass
   widest = max(s["widths"])
-  summary.append(CLAIMS["App C: top-direction energy at l=512"].judge(
+  summary.append(measured("App C: top-direction energy at l=512",
       table[widest]["per_seed_top_energy"][:, -1].tolist(), seeds=seeds, note=f"d={widest}"))
   fig, ax = common.plt.subplots(figsize=(5, 3.5))
   for d in s["widths"]:
@@ -64,9 +65,5 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   ax.set_xlabel("layer l")
   ax.set_ylabel("erank(Z_l)/d")
   ax.legend()
-  result = {"settings": s, "table": {str(d): v for d, v in table.items()}, "summary": summary}
+  result = {"settings": s, "table": {str(d): v for d, v in table.items()}, "measured": summary}
   return common.write(out_dir, NAME, result, fig)
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__)

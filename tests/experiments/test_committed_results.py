@@ -6,7 +6,7 @@ Each committed ``experiments/<study>/results/<scale>/<name>.json`` of every scal
 ``rankjax reproduce STUDY --scale SCALE --check --only NAME`` in a process of its own, under the XLA
 flags its provenance records (not the test suite's compile flags), and the test fails
 naming every row whose status changed or whose number moved beyond the row's tolerance
-(``experiments.results.compare``), or a rerun that read another data set.
+(``rankjax.studies.results.compare``), or a rerun that read another data set.
 
 Marked ``slow`` and ``committed``: CI runs them as a stage of their own (``.ci/run``).
 None is in the default suite: the fastest two (Post-Norm fig7, TR table3) were its two
@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from experiments import results
+from rankjax.studies import results
 from rankjax import reproduce
 from rankjax.data import images
 
@@ -116,7 +116,7 @@ def test_committed_quick_result_reproduces(study, scale, name, tmp_path):
       pytest.skip(f"committed on {data['dataset']}: {why}")
   cmd = [sys.executable, "-m", "rankjax.cli", "reproduce", study, "--scale", scale,
          "--check", "--only", ",".join(names(study, scale, name)), "--out", str(tmp_path)]
-  proc = subprocess.run(cmd, env=_environment(docs[name]["provenance"]), cwd=results.ROOT,
+  proc = subprocess.run(cmd, env=_environment(docs[name]["provenance"]), cwd=tmp_path,
                         capture_output=True, text=True, timeout=TIMEOUT_S)
   said = [line for line in proc.stderr.splitlines() if line.startswith("rankjax reproduce")]
   assert proc.returncode == 0, "\n".join(said or proc.stderr.splitlines()[-20:])

@@ -5,8 +5,11 @@ import json
 
 import pytest
 
-from experiments import runner
+from rankjax import reproduce as cli
+from rankjax.studies import run_study
 from experiments.transforming_rank import common, reproduce
+
+STUDY = cli.study("transforming_rank")   # loaded by rankjax.studies.finder (package set)
 
 
 def _module(name):
@@ -19,12 +22,12 @@ def test_every_scale_has_the_paper_settings(name):
   scales = _module(name).SCALES
   assert set(scales) == set(common.SCALE_NAMES)   # quick, paper, tiny
   assert all(set(scales[s]) == set(scales["paper"]) for s in scales)
-  assert "tiny" in reproduce.STUDY.experiments[name].scales
+  assert "tiny" in STUDY.scales_of(name)
 
 
 @pytest.mark.slow   # ~3.5 min on 2 cores (~5 min loaded): every experiment at tiny scale
 def test_the_study_runs_at_tiny_scale(tmp_path):
-  res = runner.run_study(reproduce.STUDY, tmp_path, "tiny")
+  res = run_study(STUDY, tmp_path, "tiny")
   assert res["failed"] == []
   by_name = {}
   for row in res["rows"]:

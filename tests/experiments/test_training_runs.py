@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments import runner, training
+from rankjax.studies import finder, runner, training
 from rankjax import cli
 
 PAPER_LM = "experiments/configs/postnorm_48l_d512_c4.json"
@@ -134,7 +134,7 @@ def test_tiny_rows_are_not_judged():
 
 def test_the_device_checks_measured_mfu_feeds_the_plan(tmp_path, monkeypatch):
   import importlib
-  monkeypatch.syspath_prepend(str(training.ROOT / "experiments" / "benchmarks"))  # a script
+  monkeypatch.syspath_prepend(str(finder.CHECKOUT_STUDIES / "benchmarks"))  # a script
   device_check = importlib.import_module("device_check")
   path = tmp_path / "device_check.json"
   assert training.measured_mfu("NVIDIA H200", path) is None
@@ -166,7 +166,8 @@ def test_a_preempted_run_stops_reproduce_with_exit_75(tmp_path, monkeypatch, cap
 def test_a_failed_run_fails_the_experiments_that_read_it_only(tmp_path, monkeypatch):
   """A run that raises (here: a NaN loss) is one failed row for each experiment reading
   it; an experiment that does not read it still runs."""
-  from experiments.postnorm_collapse.reproduce import STUDY
+  from rankjax import reproduce
+  STUDY = reproduce.study("postnorm_collapse")
   monkeypatch.setattr(training, "train_all", lambda runs, cache_dir=None: {
       p: "training x: NonFiniteLossError: loss is nan at update 3"
       for p in runs if "post_lr0.0012" in p})

@@ -8,31 +8,37 @@ import numpy as np
 import pytest
 
 from experiments.transforming_rank import reproduce
+from rankjax import reproduce as cli
+
+STUDY = cli.study("transforming_rank")   # loaded by rankjax.studies.finder (package set)
 
 
 @pytest.mark.parametrize("name", sorted(reproduce.EXPERIMENTS))
 def test_every_experiment_has_a_run(name):
   # its SCALES table: tests/experiments/test_tr_tiny.py
-  module = importlib.import_module(f"experiments.transforming_rank.{reproduce.EXPERIMENTS[name]}")
+  module = STUDY.module(name)   # declares CLAIMS and SCALES, defines run
+  assert module is importlib.import_module(
+      f"experiments.transforming_rank.{reproduce.EXPERIMENTS[name]}")
   assert callable(module.run)
 
 
 def test_resolve_aliases():
-  assert reproduce.resolve("fig10,table4") == ["fig4", "fig5"]
-  assert reproduce.resolve(["fig14"]) == ["fig7"]
-  assert reproduce.resolve("fig8c,table5,appc") == ["fig12", "fig6", "appc"]
+  assert STUDY.resolve("fig10,table4") == ["fig4", "fig5"]
+  assert STUDY.resolve(["fig14"]) == ["fig7"]
+  assert STUDY.resolve("fig8c,table5,appc") == ["fig12", "fig6", "appc"]
   with pytest.raises(ValueError, match="unknown experiment"):
-    reproduce.resolve("fig99")
+    STUDY.resolve("fig99")
 
 
 def test_every_experiment_declares_its_claims():
   """Every experiment passes the claims it declares at import to the runner; the rules
   are the study's one policy (common.rule) or a predicate."""
-  from experiments import evidence
+  from rankjax.studies import evidence
   from experiments.transforming_rank import common
-  for name, exp in reproduce.STUDY.experiments.items():
-    assert exp.claims, name
-    for item, c in exp.claims.items():
+  for name in STUDY.experiments:
+    claims = STUDY.claims(name)
+    assert claims, name
+    for item, c in claims.items():
       assert isinstance(c, evidence.Claim) and c.item == item, (name, item)
       if isinstance(c.rule, (evidence.Abs, evidence.Rel, evidence.OneMinus)):
         assert c.paper is not None and not isinstance(c.paper, str), (name, item)
@@ -44,7 +50,7 @@ def test_every_experiment_declares_its_claims():
 
 
 def _committed_rows() -> list[dict]:
-  from experiments import results
+  from rankjax.studies import results
   folder = results.committed_dir("transforming_rank", "quick")
   return [r for doc in results.load(folder).values() for r in doc["rows"]]
 
@@ -52,12 +58,12 @@ def _committed_rows() -> list[dict]:
 def test_committed_quick_results_cover_every_experiment():
   """Every experiment with a quick path has a committed results file whose rows are
   its declared claims."""
-  from experiments import evidence, results
+  from rankjax.studies import evidence, results
   docs = results.load(results.committed_dir("transforming_rank", "quick"))
-  quick = {n for n, e in reproduce.STUDY.experiments.items() if "quick" in e.scales}
+  quick = {n for n in STUDY.experiments if "quick" in STUDY.scales_of(n)}
   assert quick <= set(docs), sorted(quick - set(docs))
   for name, doc in docs.items():
-    claims = reproduce.STUDY.experiments[name].claims
+    claims = STUDY.claims(name)
     for r in doc["rows"]:
       c = claims[r["item"]]
       assert r["paper"] == c.paper and r["rule"] == c.rule.describe(), (name, r["item"])
@@ -71,29 +77,29 @@ def test_committed_quick_results_cover_every_experiment():
 def test_small_runs_make_claim_rows(tmp_path):
   """Table 3, Table 1 and Fig 2 end to end at a small size: every row one number judged
   by its declared claim; the closed forms at any size; Fig 2's exact symmetry."""
-  from experiments import runner
+  from rankjax.studies import runner
   from experiments.transforming_rank import fig2_branch_scale, table1_coherence, table3_projections
   res = table3_projections.run(str(tmp_path), width=16, depths=(8, 48), seeds=3, eps=(0.6,))
   assert (tmp_path / "table3_projections.png").is_file()
   saved = json.loads((tmp_path / "table3_projections.json").read_text())
   assert 0.5 < saved["table"]["0.6"][0] <= 1.0 and len(saved["per_seed"]["0.6"]) == 3
-  exp = runner.Experiment("table3_projections", lambda r: [], claims=table3_projections.CLAIMS,
-                          setting={"quick": runner.PAPER_SETTING})
-  rows = [runner._complete("table3", r, "quick", exp) for r in res["summary"]]
+  exp = runner.Experiment("table3_projections", setting={"quick": runner.PAPER_SETTING})
+  rows = [runner._complete("table3", r, "quick", exp, table3_projections.CLAIMS)
+          for r in runner.judged("table3", table3_projections.CLAIMS, res)]
   assert [r["item"] for r in rows] == [                       # L=8 is not in the paper
       "Table 3: eps=0.6, L=48", "Table 3 sensitivity, renormalized step: eps=0.6, L=48"]
   assert all(r["n"] == 3 and len(r["per_seed"]) == 3 and r["status"] == "mismatch"
              for r in rows)   # d = 16 loses 1/16 of the rank per direction: far from 0.994
   t1 = table1_coherence.run(str(tmp_path), width=16, inputs=64, seeds=2, sweep_seeds=2,
                             n_sweep=(64,))
-  by = {r["item"]: r for r in t1["summary"]}
+  by = {r["item"]: r for r in runner.judged("table1", table1_coherence.CLAIMS, t1)}
   for act in ("abs", "relu", "gelu", "silu", "tanh"):
     assert by[f"Table 1 {act}: c"]["status"] == "match"        # quadrature, any size
     assert 1.0 <= by[f"Table 1 {act}: st"]["ours"] < 16
   assert "Table 1 tanh: 1/c" not in by and set(t1["n_dependence"]["tanh"]) == {"64"}
   f2 = fig2_branch_scale.run(str(tmp_path), "quick", depth=4, width=8, seeds=3,
                              alpha_exponents=(-2, -1, 0), beta_exponents=(-1, 0))
-  spread = {r["item"]: r for r in f2["summary"]}
+  spread = {r["item"]: r for r in runner.judged("fig2", fig2_branch_scale.CLAIMS, f2)}
   for pos in ("pre", "post"):
     r = spread[f"Fig 2b/d: {pos}, equal beta*alpha^2 coincide"]
     assert r["status"] == "match" and max(r["per_seed"]) < 1e-5
@@ -195,6 +201,7 @@ def test_appa2_skip_path_is_lambda_to_the_L(tmp_path):
   """App A.2 (Eq. 13): the order-0 path of prod (lambda I + beta J_l) is lambda^L I for
   every draw and beta; at beta = 1/L and lambda > 1 the skip path carries nearly all
   of the Jacobian; lambda = 1 keeps the skip path at 1."""
+  from rankjax.studies import runner
   from experiments.transforming_rank import appa2_skip_scale as a2
   res = a2.run(str(tmp_path), width=16, depth=12, seeds=2, lambdas=(0.8, 1.0, 1.25),
                betas=("1", "1/L"))
@@ -208,7 +215,7 @@ def test_appa2_skip_path_is_lambda_to_the_L(tmp_path):
                              1.25 ** 12, rtol=0.15)
   assert np.all(r["lambda=0.8/beta=1"]["skip_mass_share"]
                 < r["lambda=1/beta=1"]["skip_mass_share"])
-  rows = {r["item"]: r for r in res["summary"]}
+  rows = {r["item"]: r for r in runner.judged("appa2", a2.CLAIMS, res)}
   assert rows["App A.2: lambda=1.1 explodes at every beta"]["status"] == "match"   # lambda=1.25
   assert rows["App A.2: lambda=0.9 vanishes at small beta"]["status"] == "match"   # lambda=0.8
   with pytest.raises(ValueError, match="beta"):

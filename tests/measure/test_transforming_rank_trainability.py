@@ -103,7 +103,7 @@ def test_init_rank_is_the_full_study_at_the_grid_depths():
 
 
 def test_registered_with_aliases():
-  assert reproduce.resolve("fig13,fig16,table5") == ["fig6"]
+  assert reproduce.STUDY.resolve("fig13,fig16,table5") == ["fig6"]
   assert reproduce.EXPERIMENTS["fig6"] == f6.NAME
 
 
@@ -121,4 +121,4 @@ def test_smoke_run_writes_figure_and_names_the_data_set(tmp_path):
   assert 0.0 <= grid["best_accuracy"][0][0] <= 1.0
   # no cell of the paper's grid (depth 2 only): no claim is judged; the set used is in
   # the result (above) and in the note of every accuracy row of a grid that has them
-  assert res["summary"] == []
+  assert res["measured"] == []

@@ -164,7 +164,7 @@ def test_fig12_runs_on_a_checkpoint(tmp_path):
   inits = {m for m in res["models"] if m.startswith("ckpt0/init/")}   # one per seed
   assert res["pretrained"] and set(res["models"]) == {"ckpt0/pretrained"} | inits
   assert len(inits) >= 3
-  assert res["summary"] == []     # the paper's claims are about GPT-2 small / medium
+  assert res["measured"] == []    # the paper's claims are about GPT-2 small / medium
   init = res["models"]["ckpt0/init/0"]
   assert init["cosines"].shape == (L, L) and init["num_layers"] == L and init["d"] == D
   assert (tmp_path / "out" / "fig12_gpt2_ffn.png").is_file()

@@ -107,7 +107,7 @@ def test_auto_run_prints_its_choice_keeps_auto_saved_and_resumes_the_same(tmp_pa
 
 
 def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
-  from experiments import training
+  from rankjax.studies import training
   cfg = _cfg()
   limit = _limits(cfg)["none"]
   monkeypatch.setattr(memory, "device_limit", lambda: limit)
