@@ -301,3 +301,26 @@ def test_every_committed_row_was_judged_by_the_claim_declared_today():
             path, r["item"])
         seen += 1
   assert seen > 700
+
+
+def test_every_results_file_names_its_claims_commit_not_later_than_its_own():
+  """``claims_commit`` (the last commit that changed the module declaring the claims) is
+  the result's own commit or one of its ancestors: the claims were in the code that
+  produced the numbers, never added after them."""
+  import subprocess
+  git = lambda *a: subprocess.run(["git", "-C", str(finder.CHECKOUT_STUDIES), *a],
+                                  capture_output=True, text=True)
+  checked = 0
+  for folder in finder.find().values():
+    for path in sorted(folder.glob("results/*/*.json")):
+      if path.name == "summary.json":
+        continue
+      doc = json.loads(path.read_text())
+      claims, own = doc.get("claims_commit"), doc["provenance"]["commit"]
+      assert claims and own, (path, "no claims_commit or commit recorded")
+      if git("cat-file", "-e", f"{claims}^{{commit}}").returncode or git(
+          "cat-file", "-e", f"{own}^{{commit}}").returncode:
+        pytest.skip("this checkout lacks the history (a shallow clone)")
+      assert git("merge-base", "--is-ancestor", claims, own).returncode == 0, path
+      checked += 1
+  assert checked > 50

@@ -13,7 +13,11 @@ frequency loss of the training stream (Def 3.7, aggregated labels), last-layer t
 similarity, the first/last per-layer gradient-norm ratio, the transition step
 (``rankjax.measure.gradients.detect_transition``) and the first collapse-alarm step.
 
-Run:  python -m experiments.postnorm_collapse.collapse_study --out runs/collapse
+``CLAIMS``: Post-Norm at the high LR collapses (loss near L_freq, last layer collapsed,
+early-layer gradients vanished), Pre-Norm at the same LR and Post-Norm at the lower LR
+do not (the policy: ``common``).
+
+Run:  rankjax reproduce postnorm_collapse --only collapse
 Figs 3-6 (``fig3_fig5_transition.py``, ``fig6_frequency_loss.py``) reuse these runs.
 """
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from . import common
+from . import common, paper_runs
+from rankjax.studies import Abs, Bound, Claim, claims, measured
 
 RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse": ("collapse_post_quick", []),
@@ -57,6 +62,54 @@ PAPER_FREQ_TOKENS = 500_000_000
 # what each seed's row reads (summarize's keys)
 SEED_KEYS = ("final_loss_last10pct_mean", "loss_minus_stream_freq", "final_last_tsim",
              "final_grad_ratio_first_over_last", "min_loss", "max_last_tsim")
+# the scales and what each trains: the quick runs above at SEEDS; paper / tiny the paper's
+# three roles (paper_runs.ROLES) at its seeds
+SCALES: dict[str, dict[str, Any]] = {
+    "quick": {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS)},
+    "paper": {"config": paper_runs.CONFIG, "roles": list(paper_runs.ROLES),
+              "seeds": list(paper_runs.SEEDS)},
+    "tiny": {"config": paper_runs.CONFIG, "roles": list(paper_runs.ROLES),
+             "seeds": list(paper_runs.TINY_SEEDS)},
+}
+
+
+def _collapse_claims(lr: str = "1e-2", low: str = "5e-3"):
+  """The collapse study's claims with its learning rates in the items: the quick runs'
+  (1e-2, 5e-3) by default, the paper's (8e-4, 6e-4: ``paper_runs``) at paper / tiny."""
+  freq = ("(loss, mean of the last 10% of updates - stream L_freq) / L_freq", 0.0,
+          Abs(common.NEAR))
+  return [
+      Claim(f"Post-Norm LR {lr}: loss near L_freq", *freq[:2], freq[2],
+            "Sec 4.3: once collapse occurs the loss stays near the frequency loss"),
+      Claim(f"Post-Norm LR {lr}: last layer collapsed", "last-layer t_sim at the last update",
+            common.ONSET_SIM, Bound(">=", every_seed=True),
+            "Sec 4.2: t_sim of the last layer ~1"),
+      Claim(f"Post-Norm LR {lr}: early-layer gradients vanish", "||g_1|| / ||g_L|| at the "
+            "last update", common.GRAD_COLLAPSE_RATIO, Bound("<", every_seed=True),
+            "Sec 4.2 / Fig 5: early-layer gradients orders of magnitude smaller"),
+      Claim("Pre-Norm, same LR: no collapse", "last-layer t_sim at the last update",
+            common.ONSET_SIM, Bound("<", every_seed=True),
+            "Sec 1, 5: Post-Norm is more prone to collapse than Pre-Norm"),
+      Claim("Pre-Norm, same LR: loss below the frequency loss", freq[0], -common.NEAR,
+            Bound("<"), "Sec 1, 5: Pre-Norm trains where Post-Norm collapses"),
+      Claim(f"Post-Norm, lower LR {low}: no collapse (App F.5)", "last-layer t_sim at the "
+            "last update", common.ONSET_SIM, Bound("<", every_seed=True),
+            "App F.5: at a lower LR Post-Norm trains without collapse"),
+      Claim(f"Post-Norm, lower LR {low}: loss below the frequency loss", freq[0], -common.NEAR,
+            Bound("<"), "App F.5: trains stably"),
+      Claim(f"Post-Norm, lower LR {low}: no early-layer gradient vanishing (App F.5)",
+            "||g_1|| / ||g_L|| at the last update", common.GRAD_COLLAPSE_RATIO,
+            Bound(">", every_seed=True),
+            "App F.5: the control run's 'backward-side quantities also remain stable' "
+            "(Figs 21-22 plot gradient contributions, sqrt(d)/||y|| and c; this "
+            "layer-gradient ratio is ours)"),
+  ]
+
+
+PAPER_LRS = ("8e-4", "6e-4")     # paper_runs.COLLAPSE_LR, STABLE_LR as the items write them
+_QUICK_COLLAPSE = _collapse_claims()
+CLAIMS = claims(_QUICK_COLLAPSE + [c for c in _collapse_claims(*PAPER_LRS)
+                                   if c not in _QUICK_COLLAPSE])
 
 
 def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
@@ -161,6 +214,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   out["stream_freq_loss"] = freq
   out["seconds"] = time.time() - start
   common.write_json(out_dir, "collapse_study.json", out)
+  out["measured"] = measurements(out)
   return out
 
 
@@ -169,7 +223,6 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   Pre-Norm 8e-4, Post-Norm 6e-4) and ``paper_runs.SEEDS``, against the frequency loss of
   the stream's labels (Sec 4.3: 500M tokens at paper scale, ``STREAM_FREQ_BATCHES``
   batches at tiny); the result has the quick run's shape (``by_seed[role][seed]``)."""
-  from . import paper_runs
   start = time.time()
   seeds = paper_runs.seeds(scale)
   cfg = paper_runs.config(paper_runs.post_collapse(seeds[0]), scale)
@@ -190,8 +243,28 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
       out["by_seed"][role][str(seed)] = {k: s[k] for k in SEED_KEYS}
   out["seconds"] = time.time() - start
   common.write_json(out_dir, "collapse_study.json", out)
+  out["measured"] = measurements(out)
   return out
 
 
-if __name__ == "__main__":
-  common.main(run, __doc__, "runs/postnorm_collapse/collapse")
+def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """``run``'s ``"measured"``: every seed's value of each claim of ``CLAIMS`` (the quick
+  LRs' items at quick, the paper's at paper / tiny)."""
+  by, freq = res["by_seed"], res["stream_freq_loss"]
+  lr, low = ("1e-2", "5e-3") if res.get("scale", "quick") == "quick" else PAPER_LRS
+  seeds = [int(s) for s in by["post_collapse"]]
+  note = f"seeds {seeds}; stream L_freq {freq:.4f}"
+  get = lambda run, key: [common.num(by[run][str(s)][key]) for s in seeds]
+  rel = lambda run: [g / freq for g in get(run, "loss_minus_stream_freq")]
+  spec = [(f"Post-Norm LR {lr}: loss near L_freq", rel("post_collapse")),
+          (f"Post-Norm LR {lr}: last layer collapsed", get("post_collapse", "final_last_tsim")),
+          (f"Post-Norm LR {lr}: early-layer gradients vanish",
+           get("post_collapse", "final_grad_ratio_first_over_last")),
+          ("Pre-Norm, same LR: no collapse", get("pre_same_lr", "final_last_tsim")),
+          ("Pre-Norm, same LR: loss below the frequency loss", rel("pre_same_lr")),
+          (f"Post-Norm, lower LR {low}: no collapse (App F.5)",
+           get("post_stable", "final_last_tsim")),
+          (f"Post-Norm, lower LR {low}: loss below the frequency loss", rel("post_stable")),
+          (f"Post-Norm, lower LR {low}: no early-layer gradient vanishing (App F.5)",
+           get("post_stable", "final_grad_ratio_first_over_last"))]
+  return [measured(item, v, seeds=seeds, note=note) for item, v in spec]

@@ -20,8 +20,12 @@ Fig 5 per-layer gradient norms over updates [t-4, t+6]); ``fig10_fig11.json`` ho
 every number, the seed-0 vs seed-1 comparison, where alpha peaks (``alpha_peak``:
 one layer? one update?), and a check that per-update diagnostics do not change the
 trajectory (the seed-0 run vs its twin logged every 10 updates, ``post_warmup_lr0.015``).
+At paper / tiny scale: the paper's collapsing run (``paper_runs``) at its seeds after 0.
 
-Run:  python -m experiments.postnorm_collapse.fig10_fig11_second_seed --out runs/collapse
+``CLAIMS``: Figs 3-5's transition claims (``fig3_fig5_transition.transition_claims``)
+on the other seeds of the warmup run (seed 0 is the Figs 3-5 row).
+
+Run:  rankjax reproduce postnorm_collapse --only fig10
 (trains the runs if missing: about 30 s each on 2 cores, the 150-update one longer).
 """
 from __future__ import annotations
@@ -34,7 +38,9 @@ import numpy as np
 from . import collapse_study
 from . import common
 from . import fig3_fig5_transition as f35
+from . import paper_runs
 from . import seed_lr_runs as sl
+from rankjax.studies import claims
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
@@ -59,13 +65,25 @@ COMPARE_KEYS = (
     "contraction_1_layer1_post_mean", "contraction_2_layer1_post_mean",
     "grad_first_over_last_before", "grad_first_over_last_after", "grad_window_layer1_drop",
     "grad_window_last_layer_drop", "final_grad_first_over_last")
+SCALES: dict[str, dict[str, Any]] = {
+    "quick": {"runs": [WARMUP_SEED0, WARMUP_SEED1, WARMUP_SEED2, NOWARMUP_SEED1,
+                       NOWARMUP_SEED0], "diag_interval_check": DIAG10_SEED0},
+    "paper": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.SEEDS[1:])},
+    "tiny": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.TINY_SEEDS[1:])},
+}
+F10 = "Figs 10-11, another seed (warmup LR 1.5e-2)"
+FIG10_ITEMS = ("a transition", "alpha stays below 2.5", "most attention c < 1 after",
+               "most FFN c < 1 after", "layer-1 gradient drops by orders")
+F10_PAPER = "Figs 10-11, another seed (Post-Norm LR 8e-4)"
+CLAIMS = claims([c for prefix in (F10, F10_PAPER) for c in f35.transition_claims(prefix)
+                 if c.item.split(": ", 1)[1] in FIG10_ITEMS])
 
 
 def same_trajectory(workdir_a: str, workdir_b: str) -> dict[str, Any]:
   """Max |loss difference| at the diagnostic steps two runs share (training must not
   depend on the diagnostics interval)."""
-  sa, da, _, _ = f35._load(workdir_a)
-  sb, db, _, _ = f35._load(workdir_b)
+  sa, da, _, _ = f35.load_diagnostics(workdir_a)
+  sb, db, _, _ = f35.load_diagnostics(workdir_b)
   common_steps, ia, ib = np.intersect1d(sa, sb, return_indices=True)
   diff = np.abs(da["loss"][ia] - db["loss"][ib])
   return {"steps": [int(s) for s in common_steps], "max_abs_loss_diff": float(diff.max()),
@@ -105,6 +123,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
             "paper": PAPER, "ours": ours, "seed_comparison": comparison,
             "diag_interval_check": check, "files": files, "seconds": time.time() - start}
   common.write_json(out_dir, "fig10_fig11.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
@@ -112,7 +131,6 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 10-11: Figs 3-5's analysis of the paper's collapsing run (Post-Norm 8e-4,
   ``paper_runs``) at its other seeds (seed 0 is Figs 3-5's); ``ours[run name]``."""
   from rankjax.studies import training
-  from . import paper_runs
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []
@@ -127,9 +145,19 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
             "paper": PAPER, "ours": ours, "files": files, "seconds": time.time() - start,
             "settings": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.seeds(scale)[1:])}}
   common.write_json(out_dir, f"fig10_fig11_{scale}.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
-if __name__ == "__main__":
-  common.main(run, __doc__, "runs/postnorm_collapse/collapse", show=lambda r: {
-      "seed_comparison": r["seed_comparison"], "diag_interval_check": r["diag_interval_check"]})
+def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """``run``'s ``"measured"``: the values of ``CLAIMS``, one per seed after 0."""
+  o = res["ours"]
+  if res.get("scale", "quick") != "quick":      # the paper's runs: seeds after 0
+    others = {name.rsplit("seed", 1)[1]: a for name, a in o.items()}
+    note = (f"the paper's collapsing run at seeds {list(others)} (seed 0 is the Figs 3-5 "
+            f"row), {res['scale']} scale; unmasked")
+    return f35.transition_measured(F10_PAPER, others, note, FIG10_ITEMS)
+  others = {str(s): o[sl.warmup_run_name(sl.MAIN_WARMUP_LR, s)] for s in sl.WARMUP_SEEDS[1:]}
+  note = ("the paper's Figs 10-11 repeat Figs 3-5 on one other seed; ours: seeds "
+          f"{list(others)} (seed 0 is the Figs 3-5 row); unmasked")
+  return f35.transition_measured(F10, others, note, FIG10_ITEMS)

@@ -21,9 +21,12 @@ t (``gradient_window``; the paper's Fig 5 window 2640-2650 around 2644).
 Writes per LR (seed 0) ``fig12/13/14_lr0.02.png``, ``fig15/16/17_lr0.025.png``,
 ``fig18/19/20_lr0.03.png``, an overview ``fig12_fig20_overview.png`` (loss and
 last-layer similarity of the three runs and the main 1.5e-2 run) and
-``fig12_fig20.json``.
+``fig12_fig20.json``. At paper / tiny scale: the paper's ablation runs (``paper_runs``).
 
-Run:  python -m experiments.postnorm_collapse.fig12_fig20_lr_ablation --out runs/collapse
+``CLAIMS``: per LR, the run collapses, and Figs 3-5's claims
+(``fig3_fig5_transition.transition_claims``) on the masked diagnostics, at every seed.
+
+Run:  rankjax reproduce postnorm_collapse --only fig12
 (trains the 9 runs of 60 updates if missing: about 30 s each on 2 cores).
 """
 from __future__ import annotations
@@ -33,10 +36,11 @@ import time
 from typing import Any
 
 
-from . import collapse_study, common
+from . import collapse_study, common, paper_runs
 from . import fig3_fig5_transition as f35
 from . import seed_lr_runs as sl
 from rankjax import plotting
+from rankjax.studies import Bound, Claim, claims, measured
 
 FIG_NAMES: dict[float, tuple[str, str, str]] = {
     lr: (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")
@@ -60,13 +64,40 @@ SUMMARY_KEYS = (
     "contraction_2_frac_below1_post", "contraction_1_layer1_post_mean",
     "grad_window_steps", "grad_window_layer1_drop", "grad_window_last_layer_drop",
     "grad_window_first_over_last", "final_grad_first_over_last")
+SCALES: dict[str, dict[str, Any]] = {
+    "quick": {"learning_rates": list(sl.ABLATION_LRS), "seeds": list(sl.ABLATION_SEEDS)},
+    "paper": {"config": paper_runs.CONFIG, "learning_rates": list(paper_runs.ABLATION_LRS),
+              "seeds": [0]},
+    "tiny": {"config": paper_runs.CONFIG, "learning_rates": list(paper_runs.ABLATION_LRS),
+             "seeds": [0]},
+}
+
+
+def _f12(lr: float) -> str:
+  return f"Figs 12-20, LR {lr:g}"
+
+
+FIG12_ITEMS = ("alpha stays below 2.5", "most attention c < 1 after", "most FFN c < 1 after",
+               "layer-1 gradient drops by orders", "last-layer gradient changes much less")
+PAPER_ABLATION_LRS = paper_runs.ABLATION_LRS     # App F.4: 1.2e-3, 1.5e-3, 1.8e-3
+CLAIMS = claims(
+    [Claim(f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded", "max of "
+           "alpha_k^l (masked) over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run "
+           "median", common.ALPHA_PAPER_MAX, Bound("<", every_seed=True), "issue 25 item 6")
+     for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
+    + [Claim(f"{_f12(lr)}: collapses", "collapse onset found (1) or not (0): last-layer t_sim "
+           "stays >= 0.99", 1.0, Bound(">=", every_seed=True),
+           "App F.4: the run collapses at each LR")
+     for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
+    + [c for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS for c in f35.transition_claims(_f12(lr))
+       if c.item.split(": ", 1)[1] in FIG12_ITEMS])
 
 
 def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
   plt = common.pyplot()
   fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
   for label, wd in workdirs.items():
-    steps, d, _, _ = f35._load(wd)
+    steps, d, _, _ = f35.load_diagnostics(wd)
     ax[0].plot(steps, d["loss"], lw=0.9, label=label)
     ax[1].plot(steps, d["last_tsim"], lw=0.9, label=label)
   ax[0].set(title="training loss", xlabel="update")
@@ -116,6 +147,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                          "seeds": list(sl.ABLATION_SEEDS)},
             "summary": table, "ours": ours, "files": files, "seconds": time.time() - start}
   common.write_json(out_dir, "fig12_fig20.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
@@ -123,7 +155,6 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 12-20 of the paper's ablation runs (Post-Norm at 1.2e-3, 1.5e-3, 1.8e-3 with the
   paper's warmup, ``paper_runs``), masked as App F.4, beside the main 8e-4 run."""
   from rankjax.studies import training
-  from . import paper_runs
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []
@@ -150,8 +181,30 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
             "summary": {k: {lr: v.get(k) for lr, v in ours.items()} for k in SUMMARY_KEYS},
             "ours": ours, "files": files, "seconds": time.time() - start}
   common.write_json(out_dir, f"fig12_fig20_{scale}.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
-if __name__ == "__main__":
-  common.main(run, __doc__, "runs/postnorm_collapse/collapse", show=lambda r: r["summary"])
+def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """``run``'s ``"measured"``: per LR, every seed's values of ``CLAIMS``:
+  ``ours["lr<lr>"]`` is seed 0, ``ours["lr<lr>_seed<s>"]`` seed s
+  (``collapse_study.seeded_name``)."""
+  rows = []
+  paper = res.get("scale", "quick") != "quick"
+  for lr in PAPER_ABLATION_LRS if paper else sl.ABLATION_LRS:
+    seeds = [0] if paper else list(sl.ABLATION_SEEDS)
+    runs = {str(s): res["ours"][collapse_study.seeded_name(f"lr{lr}", s)] for s in seeds}
+    window = sorted({"transition" if a.get("transition_found") else "onset"
+                     for a in runs.values()})
+    note = (("seed 0 (one run per LR, as the paper's App F.4);" if paper else
+             f"seeds {seeds} (the paper: one run per LR);")
+            + " alpha and c masked where both gradient norms < 1e-10 (App F.4); window centred"
+            f" on the {' / '.join(window)}")
+    rows.append(measured(f"{_f12(lr)}: collapses",
+                         [1.0 if a.get("onset_step") is not None else 0.0 for a in runs.values()],
+                         seeds=seeds, note=note))
+    rows += f35.transition_measured(_f12(lr), runs, note, FIG12_ITEMS)
+    rows.append(measured(f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded",
+                         [common.num(a.get("alpha_max_excluding_vanished"))
+                          for a in runs.values()], seeds=seeds, note=note))
+  return rows

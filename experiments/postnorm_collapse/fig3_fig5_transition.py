@@ -16,25 +16,26 @@ that first learns and then collapses, as the paper's (``HEADLINE_RUN`` =
 update, so Fig 5's window [t-4, t+6] has one row per update), and as the secondary
 runs the immediate collapse without warmup (``collapse_study``'s ``post_collapse``,
 LR 1e-2, onset at update ~5, and its per-update twin ``post_collapse_window``),
-training whatever is missing. ``--run NAME`` analyses another named run alone
-(``post_stable`` gives the non-collapsed control, Figs 21-22).
+training whatever is missing.
 
-``--run-dir PATH`` analyses any finished run directory instead (no training), e.g.
-the Fig 6 warmup run ``runs/collapse/runs/post_warmup_lr0.015``; ``--tag`` names its
-outputs, ``--mask-threshold 1e-10`` applies App F.4's masking (needs the
-``postnorm_sublayer_norms`` diagnostic, ``rankjax.train.diagnostics_postnorm``) and
-``--grad-window 4,6`` plots the per-layer gradient norms over the 11 updates
-[t-4, t+6] around the transition t (the paper's Fig 5 window 2640-2650 around 2644)
-instead of the +-30-update window.
+``run_dir`` analyses any finished run directory instead (no training), e.g. the
+non-collapsed control ``post_stable`` (Figs 21-22: ``<out>/collapse/runs/post_stable``) or
+the Fig 6 warmup run ``post_warmup_lr0.015``; ``tag`` names its outputs,
+``mask_threshold=1e-10`` applies App F.4's masking (needs the ``postnorm_sublayer_norms``
+diagnostic, ``rankjax.train.diagnostics_postnorm``) and ``grad_window=(4, 6)`` plots the
+per-layer gradient norms over the 11 updates [t-4, t+6] around the transition t (the
+paper's Fig 5 window 2640-2650 around 2644) instead of the +-30-update window.
 
-Run:  python -m experiments.postnorm_collapse.fig3_fig5_transition --out runs/collapse
-      python -m experiments.postnorm_collapse.fig3_fig5_transition --out runs/collapse \
-          --run-dir runs/collapse/runs/post_warmup_lr0.015 --tag post_warmup_lr0.015
+``CLAIMS``: the transition and its backward-side signatures (``transition_spec``, shared
+with Figs 10-11 and 12-20), on the preregistered 60-update runs at every seed, the
+120-update run beside them, and the paper's run at paper / tiny (the policy: ``common``).
+
+Run:  rankjax reproduce postnorm_collapse --only fig3_fig5
 """
 from __future__ import annotations
 
-import argparse
-import json
+import dataclasses
+import math
 import os
 import time
 from typing import Any
@@ -45,15 +46,15 @@ from rankjax.studies import training
 from . import common
 from . import collapse_study
 from . import seed_lr_runs
+from . import paper_runs
+from .common import ALPHA_PAPER_MAX, GRAD_COLLAPSE_RATIO, ONSET_SIM
 from rankjax import plotting
 from rankjax.measure import gradients as gr
+from rankjax.studies import Bound, Claim, claims, measured
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
-ONSET_SIM = 0.99
 MASK_THRESHOLD = 1e-10   # App F.4: alpha and c masked below this gradient norm
 GRAD_WINDOW = (4, 6)     # Fig 5: steps 2640-2650 around the transition ~2644
-GRAD_COLLAPSE_RATIO = 1e-2   # ||g_1|| / ||g_L|| below this = early-layer gradients vanished
-ALPHA_PAPER_MAX = 2.5    # Sec 4.2: "the contribution factor stays below 2.5"
 SUBLAYER_NORMS = "postnorm_sublayer_norms"
 MASK_SWEEP = (1e-10, 1e-8, 1e-6, 1e-4, 1e-3)   # thresholds for the alpha-max sensitivity
 VANISHED_REL = 1e-4   # ||dL/dY_k^l|| below this x its run median: a vanished gradient
@@ -192,7 +193,8 @@ def _layers_to_show(num_layers: int) -> list[int]:
   return sorted({0, *range(step - 1, num_layers, step), num_layers - 1})
 
 
-def _load(workdir: str) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], Any]:
+def load_diagnostics(workdir: str
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], Any]:
   """(steps, postnorm series, sublayer-norm series or {}, run) of a run directory."""
   from rankjax.train.run_reader import load_run
   r = load_run(workdir)
@@ -243,7 +245,7 @@ def analyze(workdir: str, mask_threshold: float | None = None,
     grad_window: (before, after) updates around the transition for the Fig 5-style
       per-layer gradient-norm window (``gradient_window``); None: +-``WINDOW``.
   """
-  steps, d, norms, r = _load(workdir)
+  steps, d, norms, r = load_diagnostics(workdir)
   tr = gr.detect_transition(steps, d["last_tsim"], d["loss"])
   L = d["alpha_1"].shape[1]
   out: dict[str, Any] = {"workdir": workdir, "num_layers": L, "steps_logged": len(steps),
@@ -492,37 +494,198 @@ def _analyze_run(name: str, out_dir: str, files: list[str],
 # after 20 linear warmup updates, seed 0, 120 updates, diagnostics at every update)
 HEADLINE_RUN = seed_lr_runs.HEADLINE_RUN
 SECONDARY_RUNS = ("post_collapse", "post_collapse_window")   # no warmup: collapse at update ~5
+# the scales and the runs each analyses (paper / tiny: paper_runs.post_collapse at its seeds)
+SCALES: dict[str, dict[str, Any]] = {
+    "quick": {"run": HEADLINE_RUN, "secondary": list(SECONDARY_RUNS),
+              "preregistered": [seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, s)
+                                for s in seed_lr_runs.WARMUP_SEEDS]},
+    "paper": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.SEEDS)},
+    "tiny": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.TINY_SEEDS)},
+}
 
 
-def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict[str, Any]:
-  """Trains (or reuses) ``run_name`` (default: ``HEADLINE_RUN``) and writes
-  ``fig3_fig5_<run>.json`` and the PNGs. For the headline run it also analyses the
-  immediate-collapse runs ``SECONDARY_RUNS`` (``ours["secondary"]``). Paper / tiny: the
+# ---------------------------------------------------------------- the claims
+# (item suffix, quantity, paper, rule, paper's words, function of one analysis): the
+# transition's claims, shared with Figs 10-11 and 12-20 (``transition_claims``)
+def transition_spec(every_seed: bool = True):
+  e = every_seed
+  ratio = lambda a, k: (common.num(a.get(f"rms_factor_{k}_post_mean"))
+                        / common.num(a.get(f"rms_factor_{k}_pre_mean")))
+  return [
+      ("a transition", "transition detected (1) or not (0)", 1.0, Bound(">=", e),
+       "Sec 4.2: learns, then loss and last-layer t_sim rise (detect_transition)",
+       lambda a: 1.0 if a.get("transition_found") else 0.0),
+      ("alpha stays below 2.5", "max of alpha_k^l over updates, layers, k = 1, 2",
+       ALPHA_PAPER_MAX, Bound("<", e), "Sec 4.2: the contribution factor stays below 2.5",
+       lambda a: common.num(a.get("alpha_max"))),
+      ("sqrt(d)/||y_1|| drops", "attention sqrt(d)/||y_1|| (layer mean), 30 updates after /"
+       " before the transition", 1.0, Bound("<", e), "Sec 4.2, Fig 4(a): drops sharply",
+       lambda a: ratio(a, 1)),
+      ("sqrt(d)/||y_2|| drops", "FFN sqrt(d)/||y_2|| (layer mean), after / before", 1.0,
+       Bound("<", e), "Fig 4(c): drops sharply", lambda a: ratio(a, 2)),
+      ("most attention c < 1 after", "share of (update, layer) with bound c_1 < 1, 30 "
+       "updates after the transition", 0.5, Bound(">"), "Fig 4(b): most curves cross below 1",
+       lambda a: common.num(a.get("contraction_1_frac_below1_post"))),
+      ("most FFN c < 1 after", "share of (update, layer) with bound c_2 < 1 after", 0.5,
+       Bound(">"), "Fig 4(d): most curves cross below 1",
+       lambda a: common.num(a.get("contraction_2_frac_below1_post"))),
+      ("attention layer-1 c the exception", "attention layer-1 bound c_1, mean after the "
+       "transition", 1.0, Bound(">"), "Sec 4.2: attention layer 1 does not show the drop",
+       lambda a: common.num(a.get("contraction_1_layer1_post_mean"))),
+      ("layer-1 gradient drops by orders", "layer-1 gradient norm drop factor over "
+       "[t-4, t+6]", common.ORDERS, Bound(">="), "Fig 5: early layers decrease by orders of "
+       "magnitude in the window", lambda a: common.num(a.get("grad_window_layer1_drop"))),
+      ("last-layer gradient changes much less", "last-layer gradient norm drop factor over"
+       " [t-4, t+6]", common.MUCH_LESS, Bound("<"), "Fig 5: later layers change much less",
+       lambda a: common.num(a.get("grad_window_last_layer_drop"))),
+  ]
+
+
+def transition_claims(prefix: str, every_seed: bool = True) -> list[Claim]:
+  """The claims of ``transition_spec``, their items ``"<prefix>: <suffix>"``."""
+  return [Claim(f"{prefix}: {s}", q, p, r, w) for s, q, p, r, w, _ in
+          transition_spec(every_seed)]
+
+
+def transition_measured(prefix: str, analyses: dict[str, dict], note: str,
+                        only: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+  """The values of ``transition_claims(prefix)`` (those whose suffix is in ``only``), one
+  per seed: ``analyses`` maps each seed to its run's :func:`analyze`."""
+  seeds = [int(s) for s in analyses]
+  rows = []
+  for s, *_, fn in transition_spec():
+    if only is not None and s not in only:
+      continue
+    rows.append(measured(f"{prefix}: {s}", [fn(a) for a in analyses.values()],
+                         seeds=seeds, note=note))
+  return rows
+
+
+F35 = "Figs 3-5, warmup LR 1.5e-2, 60 updates"
+F35_LONG = "Figs 3-5, the same run for 120 updates"
+# (Prop D.1's bound, ||dL/dX_1|| / ||dL/dX_2|| <= c, is no row: alpha comes from the same
+# gradients, so it holds for any network by the chain rule; the results keep the share
+# of entries above it, contraction_*_ratio_exceeds_c, and a unit test checks it)
+F35_EXTRA = [
+    Claim(f"{F35}: early layers vanish after the transition", "||g_1|| / ||g_L|| at the "
+          "last update (60)", GRAD_COLLAPSE_RATIO, Bound("<", every_seed=True),
+          "Sec 4.2: little gradient is left in earlier layers after the transition"),
+    Claim(f"{F35_LONG}: early layers vanish after the transition", "||g_1|| / ||g_L|| at "
+          "the last update (120), seed 0", GRAD_COLLAPSE_RATIO, Bound("<"),
+          "Sec 4.2; " + common.AFTER_OUTCOME + ": run extended 60 -> 120 updates after the "
+          "60-update run showed no early-layer vanishing"),
+    Claim(f"{F35_LONG}: alpha stays below 2.5", "max of alpha_k^l over the 120 updates, "
+          "seed 0", ALPHA_PAPER_MAX, Bound("<"), "Sec 4.2; " + common.AFTER_OUTCOME),
+    Claim(f"{F35}, window on the onset: layer-1 gradient drops by orders", "layer-1 "
+          "gradient drop factor over [onset-4, onset+6]", common.ORDERS, Bound(">="),
+          "Fig 5; " + common.AFTER_OUTCOME + ": window centred on the collapse onset after "
+          "the planned [t-4, t+6] one failed"),
+]
+# issue 25 item 6: Fig 4 with the paper's c(y, alpha) = alpha sqrt(d)/||y|| (Thm 3.6; the
+# token mean of the factor, no gains), alpha without the ratios of vanished gradients
+# (VANISHED_REL), and the transition detector's sensitivity
+F35_ITEM6 = [
+    Claim(f"{F35}: most attention c < 1 after (the paper's c, token mean)", "share of "
+          "(update, layer) with alpha_1 x mean_i sqrt(d)/||y_i|| < 1, 30 updates after", 0.5,
+          Bound(">"), "Fig 4(b) with c = alpha sqrt(d)/||y|| as Thm 3.6 writes it"),
+    Claim(f"{F35}: most FFN c < 1 after (the paper's c, token mean)", "share of (update, "
+          "layer) with alpha_2 x mean_i sqrt(d)/||y_i|| < 1 after", 0.5, Bound(">"),
+          "Fig 4(d) with c = alpha sqrt(d)/||y||"),
+    Claim(f"{F35}: alpha stays below 2.5, vanished gradients excluded", "max of alpha_k^l "
+          "over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run median", ALPHA_PAPER_MAX,
+          Bound("<", every_seed=True), "Sec 4.2; a ratio of two vanished norms excluded"),
+    Claim(f"{F35}: a transition under every detector setting", "share of the 9 settings "
+          "(sim_rise 0.1/0.2/0.3 x loss_rise 5/10/20%) that find a transition", 1.0,
+          Bound(">=", every_seed=True), "Sec 4.2's transition; our detector's thresholds"),
+]
+# --scale paper / tiny: the paper's run (paper_runs.post_collapse at its seeds), the same
+# claims without the quick-only extended run; the onset-window claim keeps its note
+F35_PAPER = "Figs 3-5, Post-Norm LR 8e-4 (the paper's run)"
+F35_PAPER_EXTRA = [dataclasses.replace(c, item=c.item.replace(F35, F35_PAPER),
+                                       quantity=c.quantity.replace(" (60)", ""))
+                   for c in (F35_EXTRA[0], F35_EXTRA[3], *F35_ITEM6)]
+CLAIMS = claims(transition_claims(F35) + F35_EXTRA + F35_ITEM6
+                + transition_claims(F35_PAPER) + F35_PAPER_EXTRA)
+
+
+def _sensitivity(a: dict[str, Any]) -> float:
+  found = list((a.get("transition_sensitivity") or {}).values())
+  return float(sum(found)) / len(found) if found else math.nan
+
+
+def _paper_measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  pre = res["ours"]["preregistered"]
+  seeds = [int(s) for s in pre]
+  note = (f"seeds {seeds}; {res['scale']} scale: the paper's schedule (2000 warmup, cosine "
+          "to 40000) shrunk by rankjax.studies.training.tiny at tiny; diagnostics every update")
+  rows = transition_measured(F35_PAPER, pre, note)
+  fns = (lambda a: common.num(a["final_grad_first_over_last"]),
+         lambda a: common.num(a.get("grad_window_onset_layer1_drop")),
+         lambda a: common.num(a.get("contraction_mean_1_frac_below1_post")),
+         lambda a: common.num(a.get("contraction_mean_2_frac_below1_post")),
+         lambda a: common.num(a.get("alpha_max_excluding_vanished")), _sensitivity)
+  return rows + [measured(c.item, [fn(a) for a in pre.values()], seeds=seeds, note=note)
+                 for c, fn in zip(F35_PAPER_EXTRA, fns)]
+
+
+def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """``run``'s ``"measured"``: the values of ``CLAIMS`` (the preregistered 60-update runs
+  at every seed and the 120-update run at quick; the paper's run at paper / tiny)."""
+  if res.get("scale", "quick") != "quick":
+    return _paper_measurements(res)
+  o = res["ours"]
+  pre = o.get("preregistered_60", {})
+  seeds = [int(s) for s in pre]
+  note = (f"seeds {seeds}; 20 linear warmup updates then constant; diagnostics every "
+          "update; unmasked (as the paper's Figs 3-5)")
+  rows = transition_measured(F35, pre, note)
+  vals = lambda fn: [fn(a) for a in pre.values()]
+  rows += [measured(F35_EXTRA[0].item,
+                    vals(lambda a: common.num(a["final_grad_first_over_last"])),
+                    seeds=seeds, note=note)]
+  rows += [measured(F35_EXTRA[1].item, common.num(o.get("final_grad_first_over_last")),
+                    note=f"run {res.get('run')}"),
+           measured(F35_EXTRA[2].item, common.num(o.get("alpha_max")),
+                    note=f"run {res.get('run')}")]
+  rows += [measured(F35_EXTRA[3].item, vals(
+      lambda a: common.num(a.get("grad_window_onset_layer1_drop"))), seeds=seeds, note=note)]
+  item6 = (lambda a: common.num(a.get("contraction_mean_1_frac_below1_post")),
+           lambda a: common.num(a.get("contraction_mean_2_frac_below1_post")),
+           lambda a: common.num(a.get("alpha_max_excluding_vanished")), _sensitivity)
+  rows += [measured(c.item, vals(fn), seeds=seeds, note=note)
+           for c, fn in zip(F35_ITEM6, item6)]
+  return rows
+
+
+# ---------------------------------------------------------------- the runs
+def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
+  """Trains (or reuses) ``HEADLINE_RUN`` and writes ``fig3_fig5_<run>.json`` and the PNGs;
+  it also analyses the immediate-collapse runs ``SECONDARY_RUNS`` (``ours["secondary"]``)
+  and the preregistered 60-update runs (``ours["preregistered_60"]``). Paper / tiny: the
   paper's collapsing run at every seed (:func:`run_paper`)."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
   if scale != "quick":
     raise ValueError(f"fig3_fig5 has the quick, paper and tiny scales, not {scale!r}")
   start = time.time()
-  run_name = run_name or HEADLINE_RUN
+  run_name = HEADLINE_RUN
   files: list[str] = []
   per_update = "_diag1" in run_name or run_name.endswith("_window")
   a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
-  if run_name == HEADLINE_RUN:
-    a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
-                                      else None) for n in SECONDARY_RUNS}
-    # the preregistered protocol (issue 25 item 5): the same setting at its planned 60
-    # updates, at seeds WARMUP_SEEDS; the headline rows read these, the 120-update run
-    # (extended after the 60-update run showed no early-layer vanishing) stands beside
-    a["preregistered_60"] = {
-        str(seed): _analyze_run(seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR,
-                                                             seed), out_dir, files, GRAD_WINDOW)
-        for seed in seed_lr_runs.WARMUP_SEEDS}
-    # its first 60 updates are the seed-0 60-update run's
-    from .fig10_fig11_second_seed import same_trajectory
-    a["same_trajectory_as_60_update_run"] = same_trajectory(
-        os.path.join(out_dir, "runs", run_name), os.path.join(
-            out_dir, "runs", seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, 0)))
+  a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
+                                    else None) for n in SECONDARY_RUNS}
+  # the preregistered protocol (issue 25 item 5): the same setting at its planned 60
+  # updates, at seeds WARMUP_SEEDS; the headline rows read these, the 120-update run
+  # (extended after the 60-update run showed no early-layer vanishing) stands beside
+  a["preregistered_60"] = {
+      str(seed): _analyze_run(seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR,
+                                                           seed), out_dir, files, GRAD_WINDOW)
+      for seed in seed_lr_runs.WARMUP_SEEDS}
+  # its first 60 updates are the seed-0 60-update run's
+  from .fig10_fig11_second_seed import same_trajectory
+  a["same_trajectory_as_60_update_run"] = same_trajectory(
+      os.path.join(out_dir, "runs", run_name), os.path.join(
+          out_dir, "runs", seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, 0)))
   result = {
       "figure": "postnorm_collapse Figs 3-5 (Sec 4.2), 10-22 at quick scale",
       "scale": scale, "run": run_name,
@@ -534,13 +697,13 @@ def run(out_dir: str, scale: str = "quick", run_name: str | None = None) -> dict
       "ours": a, "files": files, "seconds": time.time() - start,
   }
   common.write_json(out_dir, f"fig3_fig5_{run_name}.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 3-5 of the paper's collapsing run (Post-Norm at 8e-4, ``paper_runs``) at each
   of its seeds, diagnostics at every update; ``ours["preregistered"][seed]``."""
-  from . import paper_runs
   start = time.time()
   files: list[str] = []
   pre = {}
@@ -561,6 +724,7 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
       "settings": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.seeds(scale)),
                    "overrides": list(paper_runs.RUNS[paper_runs.post_collapse(0)])}}
   common.write_json(out_dir, f"fig3_fig5_{scale}.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
@@ -578,31 +742,3 @@ def run_dir(workdir: str, out_dir: str, tag: str | None = None,
   common.write_json(out_dir, f"fig3_fig5_{tag}.json", result)
   return result
 
-
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--scale", choices=["quick", "paper", "tiny"], default="quick")
-  parser.add_argument("--run", default=None,
-                      choices=sorted({*collapse_study.RUNS, *collapse_study.WINDOW_RUNS,
-                                      *seed_lr_runs.RUNS}),
-                      help=f"default: the headline warmup run {HEADLINE_RUN}")
-  parser.add_argument("--run-dir", default=None,
-                      help="analyse this finished run directory instead (no training)")
-  parser.add_argument("--tag", default=None, help="output name for --run-dir")
-  parser.add_argument("--mask-threshold", type=float, default=None,
-                      help="App F.4 masking of alpha and c (e.g. 1e-10); --run-dir only")
-  parser.add_argument("--grad-window", default=None,
-                      help="BEFORE,AFTER updates around the transition for the gradient "
-                           "plot (e.g. 4,6); --run-dir only")
-  args = parser.parse_args()
-  if args.run_dir:
-    gw = tuple(int(x) for x in args.grad_window.split(",")) if args.grad_window else None
-    res = run_dir(args.run_dir, args.out, args.tag, args.mask_threshold, gw)
-  else:
-    res = run(args.out, args.scale, args.run)
-  print(json.dumps(res["ours"], indent=2))
-
-
-if __name__ == "__main__":
-  main()

@@ -15,14 +15,16 @@ set ``seed_lr_runs.ORIGINAL_FIG6_LRS`` beside them. Every scope and every warmup
 measured at seeds 0, 1, 2 (``SEEDS``, ``WARMUP_SEEDS``); the figure shows seed 0.
 
 The one-batch / one-sequence runs use the training step of ``rankjax.train.state``
-(``make_step``) on a fixed batch, the same update as ``rankjax train``.
+(``make_step``) on a fixed batch, the same update as ``rankjax train``. At paper / tiny
+scale the runs are the paper's (``paper_runs``, :func:`run_paper`).
 
-Run:  python -m experiments.postnorm_collapse.fig6_frequency_loss --out runs/collapse
+``CLAIMS``: each scope's loss, and each warmup run's, stays near the frequency loss of
+its labels (``common.NEAR``).
+
+Run:  rankjax reproduce postnorm_collapse --only fig6
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from typing import Any
@@ -32,8 +34,10 @@ import numpy as np
 
 from . import common
 from . import collapse_study
+from . import paper_runs
 from . import seed_lr_runs as sl
 from rankjax import plotting
+from rankjax.studies import Abs, Claim, claims, measured
 
 FIXED_STEPS = 150
 WARMUP_STEPS = sl.WARMUP_STEPS
@@ -45,6 +49,39 @@ ORIGINAL_LRS = sl.ORIGINAL_FIG6_LRS
 SEEDS = collapse_study.SEEDS   # the full stream (the post_collapse runs) at seeds 0, 1, 2
 # the seeds of the warmup runs of Fig 6-right (both LR sets): issue 25 item 5
 WARMUP_SEEDS = sl.ABLATION_SEEDS
+SCALES: dict[str, dict[str, Any]] = {
+    "quick": {"config": collapse_study.RUNS["post_collapse"][0], "seeds": list(SEEDS),
+              "warmup_lrs": list(WARMUP_LRS), "original_lrs": list(ORIGINAL_LRS),
+              "warmup_seeds": list(WARMUP_SEEDS)},
+    "paper": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.SEEDS),
+              "warmup_lrs": list(paper_runs.ABLATION_LRS)},
+    "tiny": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.TINY_SEEDS),
+             "warmup_lrs": list(paper_runs.ABLATION_LRS)},
+}
+
+SCOPES = {"full_stream": "full training stream (256 batches)",
+          "one_batch": "one fixed batch (16 x 64)", "one_sequence": "one fixed sequence (64)"}
+PAPER_SCOPES = {"full_stream": "full training stream", "one_batch": "one fixed batch",
+                "one_sequence": "one fixed sequence"}
+_GAP = "(loss, mean of the last 20% of updates - L_freq of the label collection) / L_freq"
+CLAIMS = claims(
+    [Claim(f"Fig 6 left, {v}: loss near its L_freq", _GAP, 0.0, Abs(common.NEAR),
+           "Sec 4.3: after collapse each loss stays near the frequency loss of its labels")
+     for v in SCOPES.values()]
+    + [Claim(f"Fig 6 right, LR {lr:g}: loss near L_freq", _GAP, 0.0, Abs(common.NEAR),
+             "Fig 6 right: the warmup runs collapse and stay near L_freq; the first "
+             "(preregistered) LR set 1e-2, 1.5e-2, 2e-2") for lr in sl.ORIGINAL_FIG6_LRS]
+    + [Claim(f"Fig 6 right, swapped set, LR {lr:g}: loss near L_freq", _GAP, 0.0,
+             Abs(common.NEAR), "Fig 6 right; " + common.AFTER_OUTCOME + ": LR set swapped to "
+             "the Figs 12-20 set after the 1e-2 run did not collapse") for lr in sl.ABLATION_LRS]
+    # paper / tiny: the paper's runs (paper_runs)
+    + [Claim(f"Fig 6 left (the paper's runs), {v}: loss near its L_freq", _GAP, 0.0,
+             Abs(common.NEAR),
+             "Sec 4.3: after collapse each loss stays near the frequency loss of its labels")
+       for v in PAPER_SCOPES.values()]
+    + [Claim(f"Fig 6 right, LR {lr:g}: loss near L_freq", _GAP, 0.0, Abs(common.NEAR),
+             "Fig 6 right: the paper's warmup runs at 1.2e-3, 1.5e-3, 1.8e-3 collapse and stay "
+             "near L_freq") for lr in paper_runs.ABLATION_LRS])
 
 
 def original_run_name(lr: float, seed: int = 0) -> str:
@@ -150,7 +187,7 @@ def _tail(x) -> float:
   return float(x[-max(len(x) // 5, 1):].mean())
 
 
-def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[str, Any]:
+def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Fig 6 at quick scale (paper / tiny: :func:`run_paper`); writes ``fig6.json`` and
   ``fig6.png``."""
   if scale in ("paper", "tiny"):
@@ -175,14 +212,13 @@ def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[s
   left = {k: v[SEEDS[0]] for k, v in by_seed.items()}     # the figure shows seed 0
   right, right_original = {}, {}     # lr -> seed -> curve
   ours = scope_gaps(by_seed)
-  if warmup_panel:
-    for lrs, panel, prefix, name_of in (
-        (WARMUP_LRS, right, "warmup_lr", sl.warmup_run_name),
-        (ORIGINAL_LRS, right_original, "original_warmup_lr", original_run_name)):
-      for lr in lrs:
-        panel[f"{lr:g}"] = {seed: warmup_curve(load_run(sl.train(name_of(lr, seed), out_dir)))
-                            for seed in WARMUP_SEEDS}
-        ours[f"{prefix}{lr:g}"] = seed_gaps(panel[f"{lr:g}"], stream_freq)
+  for lrs, panel, prefix, name_of in (
+      (WARMUP_LRS, right, "warmup_lr", sl.warmup_run_name),
+      (ORIGINAL_LRS, right_original, "original_warmup_lr", original_run_name)):
+    for lr in lrs:
+      panel[f"{lr:g}"] = {seed: warmup_curve(load_run(sl.train(name_of(lr, seed), out_dir)))
+                          for seed in WARMUP_SEEDS}
+      ours[f"{prefix}{lr:g}"] = seed_gaps(panel[f"{lr:g}"], stream_freq)
   # the figure and the results file keep seed 0's curves (the gaps above are per seed)
   right, right_original = ({lr: v[WARMUP_SEEDS[0]] for lr, v in p.items()}
                            for p in (right, right_original))
@@ -199,6 +235,7 @@ def run(out_dir: str, scale: str = "quick", warmup_panel: bool = True) -> dict[s
             "ours": ours, "seconds": time.time() - start}
   common.write_json(out_dir, "fig6.json", {**result, "left": left, "right": right,
                                            "right_original": right_original})
+  result["measured"] = measurements(result)
   return result
 
 
@@ -214,7 +251,6 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   tokens of the stream at paper scale); right, the ablation runs at 1.2e-3, 1.5e-3,
   1.8e-3 against the stream's frequency loss."""
   from rankjax.studies import training
-  from . import paper_runs
   from rankjax.train.run_reader import load_run
   start = time.time()
   seeds = paper_runs.seeds(scale)
@@ -250,17 +286,35 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
                                "label collection (aggregated labels)"},
             "ours": ours, "seconds": time.time() - start}
   common.write_json(out_dir, f"fig6_{scale}.json", {**result, "left": left, "right": right})
+  result["measured"] = measurements(result)
   return result
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--scale", choices=["quick"], default="quick")
-  parser.add_argument("--no-warmup-panel", action="store_true")
-  args = parser.parse_args()
-  print(json.dumps(run(args.out, args.scale, not args.no_warmup_panel)["ours"], indent=2))
-
-
-if __name__ == "__main__":
-  main()
+def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """``run``'s ``"measured"``: each scope's and each warmup run's relative gap to its
+  frequency loss (per seed where the run has seeds), the values of ``CLAIMS``."""
+  o = res["ours"]
+  if res.get("scale", "quick") != "quick":
+    st = res["settings"]
+    note = (f"no warmup, LR {st['no_warmup_lr']:g} (the paper does not give it), fixed-label "
+            f"runs {st['fixed_steps']} updates; {res['scale']} scale")
+    rows = [measured(f"Fig 6 left (the paper's runs), {v}: loss near its L_freq",
+                     o[k]["relative_gap"], seeds=o[k]["seeds"], note=note)
+            for k, v in PAPER_SCOPES.items()]
+    return rows + [measured(
+        f"Fig 6 right, LR {lr:g}: loss near L_freq", o[f"warmup_lr{lr:g}"]["relative_gap"],
+        note=f"seed 0; last-layer t_sim at the end {o[f'warmup_lr{lr:g}']['last_tsim_final']:.3f}")
+        for lr in paper_runs.ABLATION_LRS]
+  rows = [measured(f"Fig 6 left, {v}: loss near its L_freq", o[k]["relative_gap"],
+                   seeds=o[k]["seeds"], note="no warmup, LR 1e-2, 150 updates")
+          for k, v in SCOPES.items()]
+  right = [(f"original_warmup_lr{lr:g}", f"Fig 6 right, LR {lr:g}")
+           for lr in sl.ORIGINAL_FIG6_LRS]
+  right += [(f"warmup_lr{lr:g}", f"Fig 6 right, swapped set, LR {lr:g}")
+            for lr in sl.ABLATION_LRS]
+  for key, item in right:
+    v = o[key]
+    tsim = ", ".join(f"{t:.3f}" for t in v["last_tsim_final"])
+    rows.append(measured(f"{item}: loss near L_freq", v["relative_gap"], seeds=v["seeds"],
+                         note=f"last-layer t_sim at the end, per seed: {tsim}"))
+  return rows

@@ -19,7 +19,7 @@ over the vocabulary (the paper uses C4 text; see EXPECTED.md). We also record th
 batch-mean token similarity of ``X_1^l`` and ``sqrt(E ||P - C_n||_F^2)/||C_n||_F``
 (the single-sample error, to separate sampling noise from bias).
 
-Run:  python -m experiments.postnorm_collapse.fig8_fig9_init_attention --out runs/fig89
+Run:  rankjax reproduce postnorm_collapse --only fig8_fig9
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from rankjax import plotting
 from rankjax.config import TransformerConfig
 from rankjax.measure.similarity import prefix_average_matrix, token_similarity
 from rankjax.models.transformer import DecoderLM
+from rankjax.studies import Abs, Bound, Claim, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # The paper's depth and head count with a narrow, short stack that runs on a
@@ -53,6 +54,19 @@ SCALES: dict[str, dict[str, Any]] = {
 
 # the seeds (independent sets of num_inits initializations): 3 at either scale (issue 25)
 SEEDS: dict[str, tuple[int, ...]] = {"quick": (0, 1, 2), "paper": (0, 1, 2), "tiny": (0, 1)}
+CLAIMS = claims([
+    Claim("Fig 9: ||E[P]-C_n||/||C_n||, layer 1", "relative error at layer 1", 0.027,
+          Abs(0.0005), "App F.2 prints 2.7% (d=512, n=2048)"),
+    Claim("Fig 9: ||E[P]-C_n||/||C_n||, last layer", "relative error at the last layer",
+          0.012, Abs(0.0005), "App F.2 prints 1.2%"),
+    Claim("Fig 9: ||E[P]-C_n||/||C_n||, mean over layers", "mean over layers of the "
+          "relative error", 0.021, Abs(0.0005), "App F.2 prints ~2.1%"),
+    Claim("Fig 8: delta_attn small throughout the stack", "max over layers of delta_attn",
+          common.SMALL, Bound("<"), "App F.1: small throughout the stack (no numbers); "
+          "'small' = below 5%"),
+    Claim("Fig 8: delta_proj small throughout the stack", "max over layers of delta_proj",
+          common.SMALL, Bound("<"), "App F.1: small throughout the stack; 'small' = below 5%"),
+])
 
 
 def model_config(cfg: dict[str, Any], norm_position: str = "post") -> TransformerConfig:
@@ -202,8 +216,19 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
 
   result["seconds"] = time.time() - start
   common.write_json(out_dir, "fig8_fig9.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
-if __name__ == "__main__":
-  common.main(run, __doc__, "runs/postnorm_collapse/fig8_fig9", SCALES, lambda r: r["ours"])
+def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """``run``'s ``"measured"``: the per-seed values of each claim of ``CLAIMS``."""
+  o, note = res["ours"], common.scale_note(res)
+  ps, seeds = o["per_seed"], o["seeds"]
+  note += (f"; each seed averages {res['settings'].get('num_inits')} inits x 4 heads; the "
+           "mean's sampling noise is in the results file (fig9_noise_floor_mean)")
+  return [measured(item, ps[field], seeds=seeds, note=note) for item, field in (
+      ("Fig 9: ||E[P]-C_n||/||C_n||, layer 1", "fig9_layer1"),
+      ("Fig 9: ||E[P]-C_n||/||C_n||, last layer", "fig9_last_layer"),
+      ("Fig 9: ||E[P]-C_n||/||C_n||, mean over layers", "fig9_mean"),
+      ("Fig 8: delta_attn small throughout the stack", "fig8_delta_attn_max"),
+      ("Fig 8: delta_proj small throughout the stack", "fig8_delta_proj_max"))]

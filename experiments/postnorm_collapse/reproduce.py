@@ -1,25 +1,25 @@
-"""Runs every Post-Norm collapse script of this folder; ``STUDY`` for ``rankjax.studies.runner``.
+"""The Post-Norm collapse study: ``STUDY``, its experiments, for ``rankjax.studies.runner``.
 
-Each script's ``run(out_dir/<folder>, scale)`` (the training scripts share
-``out_dir/collapse`` so the collapsing run is trained once) gives a result that
-``ROWS[name]`` turns into rows, each judged by a claim of ``CLAIMS[name]`` declared
-before the run (``claims_init``, ``claims_trained``; ``summary.json``, ``summary.md``). A script
-that fails is a failed row and the others still run. ``collapse``, ``fig3_fig5``,
-``fig6``, ``fig10``, ``fig12``, ``thm38``, ``propd2`` and ``sec43`` train the paper's own
-runs at ``--scale paper`` (48 layers, C4, LR 8e-4 / 6e-4: ``paper_runs``; ``rankjax train``
-runs under ``collapse/runs/``) and the same configs shrunk at ``--scale tiny``.
+Each experiment is a module of this folder (``SCRIPTS``) that declares its ``CLAIMS`` and
+``SCALES`` and whose ``run(out_dir/<folder>, scale)`` (the training experiments share
+``out_dir/collapse`` so the collapsing run is trained once) reports what it measured;
+the runner judges each value by the module's claim, declared before the run
+(``summary.json``, ``summary.md``). The judging policy's constants are in ``common``. An
+experiment that fails is a failed row and the others still run. ``collapse``,
+``fig3_fig5``, ``fig6``, ``fig10``, ``fig12``, ``thm38``, ``propd2`` and ``sec43`` train
+the paper's own runs at ``--scale paper`` (48 layers, C4, LR 8e-4 / 6e-4: ``paper_runs``;
+``rankjax train`` runs under ``collapse/runs/``) and the same configs shrunk at
+``--scale tiny``.
 
-Run:  python -m experiments.postnorm_collapse.reproduce --out runs/postnorm_collapse
-      [--scale quick|paper] [--only fig1,fig2]
+Run:  rankjax reproduce postnorm_collapse --out runs [--scale quick|paper|tiny]
+      [--only fig1,fig2]
       (--only fig10 = Figs 10-11, the second seed; --only fig12 = Figs 12-20, the LR
       ablation; fig11, fig13..fig20 are aliases)
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 from rankjax.studies import runner
-from . import claims_init, claims_trained, paper_runs
+from . import paper_runs
 
 # name -> (module, output sub-folder); training scripts share "collapse".
 SCRIPTS: dict[str, tuple[str, str]] = {
@@ -57,10 +57,9 @@ PAPER_TRAINING = {
     "sec43": paper_runs.runs_of(paper_runs.post_collapse, paper_runs.post_nowarmup, names=tuple(
         map(paper_runs.ablation, paper_runs.ABLATION_LRS))),
 }
-# the claims each experiment's rows judge, declared at import (before anything runs), and
-# the functions that turn a result into those rows (claims_init, claims_trained)
-CLAIMS = {**claims_init.CLAIMS, **claims_trained.CLAIMS}
-ROWS = {**claims_init.ROWS, **claims_trained.ROWS}
+# the experiments measured at initialization, and those whose numbers come out of training
+INIT = ("fig1", "fig2", "fig7", "fig8_fig9")
+TRAINED = ("collapse", "fig3_fig5", "fig6", "thm38", "fig10", "fig12", "propd2", "sec43")
 
 # Whether each scale is the paper's setting (Experiment.setting): paper scale runs the
 # paper's 48-layer d=512 stack; quick runs narrower stacks at initialization and a
@@ -69,8 +68,8 @@ ROWS = {**claims_init.ROWS, **claims_trained.ROWS}
 _QUICK_INIT = "48 layers at d=128, n=128 (paper: d=512, n=2048)"
 _QUICK_TRAINED = ("a 12-layer d=64 byte-level LM trained 60-150 updates at LR 1e-2 to 3e-2 "
                   "(paper: 48 layers, d=512, C4, 40000 steps at LR 8e-4 to 1.8e-3)")
-QUICK_SETTING = {**{n: _QUICK_INIT for n in claims_init.CLAIMS},
-                 **{n: _QUICK_TRAINED for n in claims_trained.CLAIMS},
+QUICK_SETTING = {**{n: _QUICK_INIT for n in INIT},
+                 **{n: _QUICK_TRAINED for n in TRAINED},
                  "fig7": runner.PAPER_SETTING}
 # --check's tolerance where 1e-4 relative is not reproducible (measured 2026-12-05
 # under the test suite's XLA flags against the default ones)
@@ -87,18 +86,12 @@ SCALE_FREE = {
 }
 
 
-def names() -> set[str]:
-  """Every name ``run_all(only=...)`` accepts (experiments and aliases)."""
-  return set(SCRIPTS) | set(ALIASES)
-
-
 def _experiment(name: str) -> runner.Experiment:
   module, folder = SCRIPTS[name]
-  return runner.Experiment(module, ROWS[name], folder=folder, scales=("quick", "paper", "tiny"),
-                           claims=CLAIMS[name], runs=PAPER_TRAINING.get(name),
+  return runner.Experiment(module, folder=folder, runs=PAPER_TRAINING.get(name),
                            # Fig 1 is one optimizer step: its shares of layers with a
                            # sign flip when a rounding change moves a layer near zero
-                           trained=name in claims_trained.CLAIMS or name == "fig1",
+                           trained=name in TRAINED or name == "fig1",
                            setting={"paper": runner.PAPER_SETTING,
                                     "quick": QUICK_SETTING[name]},
                            scale_free=frozenset(SCALE_FREE.get(name, ())),
@@ -107,13 +100,3 @@ def _experiment(name: str) -> runner.Experiment:
 
 STUDY = runner.Study(name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",
                      experiments={n: _experiment(n) for n in SCRIPTS}, aliases=ALIASES)
-
-
-def run_all(out_dir: str, scale: str = "quick", only: Sequence[str] | None = None) -> dict:
-  """Runs the scripts (all, or ``only``: ``SCRIPTS`` names or ``ALIASES``, e.g. "fig11"
-  -> "fig10"); writes ``summary.json`` and ``summary.md`` (``runner.run_study``)."""
-  return runner.run_study(STUDY, out_dir, scale, only)
-
-
-if __name__ == "__main__":
-  raise SystemExit(runner.main(STUDY))

@@ -27,17 +27,22 @@ labels pooled and per sequence, in metrics.jsonl) instead of replaying 40000 bat
 C4; ``aggregate_stream`` pools ``collapse_study.PAPER_FREQ_TOKENS`` of the stream (Fig 6's
 reference at that scale).
 
-Run:  python -m experiments.postnorm_collapse.sec43_frequency_reference --out runs/collapse
+``CLAIMS``: for each run (every seed), the aggregate stream reference is closer to the
+loss after the onset than the per-sequence one.
+
+Run:  rankjax reproduce postnorm_collapse --only sec43
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 import numpy as np
 
-from . import collapse_study, common, fig3_fig5_transition
+from . import collapse_study, common, fig3_fig5_transition, paper_runs
 from . import seed_lr_runs as sl
+from rankjax.studies import Bound, Claim, claims, measured
 
 REFERENCES = ("aggregate_stream", "aggregate_batch", "per_sequence_batch")
 
@@ -92,16 +97,60 @@ def compare(workdir: str, stream_freq: float) -> dict[str, Any]:
 
 def paper_run_groups(scale: str) -> dict[str, tuple[str, ...]]:
   """Sec 4.3's runs at paper / tiny scale, by role: ``paper_runs`` names per seed."""
-  from . import paper_runs
   seeds = paper_runs.seeds(scale)
   return {"post_collapse": tuple(map(paper_runs.post_collapse, seeds)),
           "post_nowarmup": tuple(map(paper_runs.post_nowarmup, seeds)),
           **{f"warmup_lr{lr:g}": (paper_runs.ablation(lr),) for lr in paper_runs.ABLATION_LRS}}
 
 
+def row_runs(scale: str = "quick") -> dict[str, tuple[str, tuple[str, ...]]]:
+  """role -> (label, the runs (one per seed)) of each Sec 4.3 row: the quick runs, or the
+  paper's (:func:`paper_run_groups`) at paper / tiny."""
+  if scale != "quick":
+    groups = paper_run_groups(scale)
+    labels = {"post_collapse": f"Post-Norm LR {collapse_study.PAPER_LRS[0]} (the paper's run)",
+              "post_nowarmup": f"no warmup, LR {collapse_study.PAPER_LRS[0]}",
+              **{f"warmup_lr{lr:g}": f"warmup, LR {lr:g}" for lr in paper_runs.ABLATION_LRS}}
+    return {role: (labels[role], names) for role, names in groups.items()}
+  return {"post_collapse": ("no warmup, LR 1e-2", ("post_collapse", *[
+      f"post_collapse_seed{s}" for s in collapse_study.SEEDS[1:]])),
+          **{f"warmup_lr{lr:g}": (f"warmup, LR {lr:g}", tuple(
+              collapse_study.seeded_name(f"warmup_lr{lr:g}", s) for s in sl.ABLATION_SEEDS))
+             for lr in sl.ABLATION_LRS}}
+
+
+SCALES: dict[str, dict[str, Any]] = {
+    scale: {"runs": {role: list(names) for role, (_, names) in row_runs(scale).items()}}
+    for scale in ("quick", "paper", "tiny")}
+CLAIMS = claims(
+    [Claim(f"Sec 4.3, {label}: the aggregate reference is the closer one",
+           "mean |loss - aggregate stream L_freq| - mean |loss - per-sequence L_freq|, "
+           "updates after the onset", 0.0, Bound("<", every_seed=True),
+           "Sec 4.3: the aggregate frequency loss matches the post-collapse loss more "
+           "closely than the mean per-sequence one")
+     for label in dict.fromkeys(label for scale in ("quick", "paper")
+                                for label, _ in row_runs(scale).values())])
+
+
+def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
+  """``run``'s ``"measured"``: per row of :func:`row_runs`, each seed's mean |gap| to the
+  aggregate stream reference minus that to the per-sequence one (NaN: no onset)."""
+  o, rows = res["ours"], []
+  for label, names in row_runs(res.get("scale", "quick")).values():
+    vals = []
+    for n in names:
+      v = o.get(n, {})
+      vals.append(v["aggregate_stream"]["mean_abs_gap"] - v["per_sequence_batch"]["mean_abs_gap"]
+                  if "aggregate_stream" in v else math.nan)
+    seeds = list(range(len(names))) if len(names) > 1 else None
+    rows.append(measured(f"Sec 4.3, {label}: the aggregate reference is the closer one",
+                         vals, seeds=seeds,
+                         note="seed 0 only" if seeds is None else f"seeds {seeds}"))
+  return rows
+
+
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """The comparison on the paper's runs (trained by the runner first); ``sec43_SCALE.json``."""
-  from . import paper_runs
   start = time.time()
   groups = paper_run_groups(scale)
   cfg = paper_runs.config(groups["post_nowarmup"][0], scale)
@@ -119,6 +168,7 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
                                   ">= 0.99 (fig3_fig5_transition.collapse_onset)"},
             "ours": ours, "seconds": time.time() - start}
   common.write_json(out_dir, f"sec43_{scale}.json", result)
+  result["measured"] = measurements(result)
   return result
 
 
@@ -154,8 +204,5 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                                   ">= 0.99 (fig3_fig5_transition.collapse_onset)"},
             "ours": ours, "seconds": time.time() - start}
   common.write_json(out_dir, "sec43.json", result)
+  result["measured"] = measurements(result)
   return result
-
-
-if __name__ == "__main__":
-  common.main(run, __doc__, "runs/postnorm_collapse/collapse", show=lambda r: r["ours"])

@@ -15,14 +15,11 @@ Settings (see EXPECTED.md, "Figures 10-11" and "Figures 12-20" for the reasons):
     + learning_rate, warmup_steps=20 (linear), then constant, total_steps=60
   no warmup: configs/collapse_post_quick.json as is (LR 1e-2, 150 updates)
 
-Run:  python -m experiments.postnorm_collapse.seed_lr_runs --out runs/collapse [--only a,b]
-(a 60-update run takes about 30 s on 2 cores; the experiments that read these runs
-train any that are missing.)
+The experiments that read these runs (``rankjax reproduce postnorm_collapse --only
+fig3_fig5,fig6,fig10,fig12,sec43``) train any that are missing (a 60-update run takes
+about 30 s on 2 cores).
 """
 from __future__ import annotations
-
-import argparse
-import time
 
 from . import collapse_study
 
@@ -100,17 +97,3 @@ def train(name: str, out_dir: str) -> str:
   cfg, overrides = RUNS[name]
   return collapse_study.train_run(name, out_dir, overrides=overrides, config=cfg)
 
-
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default="runs/postnorm_collapse/collapse")
-  parser.add_argument("--only", default=None, help="comma-separated: " + ",".join(RUNS))
-  args = parser.parse_args()
-  for name in (args.only.split(",") if args.only else RUNS):
-    t0 = time.time()
-    wd = train(name, args.out)
-    print(f"{name}: {wd} ({time.time() - t0:.0f} s)", flush=True)
-
-
-if __name__ == "__main__":
-  main()

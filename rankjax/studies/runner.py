@@ -82,12 +82,9 @@ class Experiment:
     them finished.
   """
   module: str
-  rows: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None   # TRANSITION
   folder: str = ""
-  scales: tuple[str, ...] | None = None                                   # TRANSITION
   needs: Callable[[str], str | None] | None = None
   why_missing: str = "no path at this scale"
-  claims: Mapping[str, evidence.Claim] | None = None                      # TRANSITION
   options: tuple[str, ...] = ()
   runs: Callable[[str], Mapping[str, Any]] | None = None
   setting: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -132,7 +129,7 @@ class Study:
     """The claims experiment ``name`` declares (its module's ``CLAIMS``), checked
     against the study's ``scale_free`` items."""
     exp = self.experiments[name]
-    claims = exp.claims if exp.claims is not None else self.module(name).CLAIMS
+    claims = self.module(name).CLAIMS
     unknown = set(exp.scale_free) - set(claims)
     if unknown:
       raise ValueError(f"{self.name}/{name}: scale_free names no declared claim: "
@@ -141,8 +138,7 @@ class Study:
 
   def scales_of(self, name: str) -> tuple[str, ...]:
     """The scales experiment ``name`` has a path for (its module's ``SCALES``)."""
-    exp = self.experiments[name]
-    return tuple(exp.scales if exp.scales is not None else self.module(name).SCALES)
+    return tuple(self.module(name).SCALES)
 
   def names(self) -> set[str]:
     """Every name ``only`` accepts (experiments and aliases)."""
@@ -336,17 +332,15 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
              if p in training_runs(study, [name], scale, out)]
       if bad:
         raise RuntimeError("; ".join(bad))
-      module = study.module(name) if exp.rows is None else None
-      run = module.run if module else importlib.import_module(
-          f"{study.package}.{exp.module}").run
+      module = study.module(name)
       given = {k: v for k, v in options.items() if k in exp.options}
-      result = run(str(out / exp.folder) if exp.folder else str(out), scale=scale, **given)
+      result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale,
+                          **given)
       claims = study.claims(name)
-      made = exp.rows(result) if exp.rows is not None else judged(name, claims, result)
-      mine = [_complete(name, r, scale, exp, claims) for r in made]
+      mine = [_complete(name, r, scale, exp, claims) for r in judged(name, claims, result)]
       results_files.write_result(out, study.name, name, scale, result, mine,
                                  time.time() - start,
-                                 claims_file=getattr(module, "__file__", None))
+                                 claims_file=module.__file__)
       rows.extend(mine)
       results[name] = result
     except Exception as e:  # noqa: BLE001 (recorded as a failed row; the others still run)

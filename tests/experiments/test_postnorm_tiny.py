@@ -13,10 +13,11 @@ import time
 
 import pytest
 
-from experiments import runner, training
+from rankjax import reproduce
+from rankjax.studies import runner, training
 from experiments.postnorm_collapse import paper_runs
-from experiments.postnorm_collapse.reproduce import STUDY
 
+STUDY = reproduce.study("postnorm_collapse")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -38,7 +39,7 @@ def test_paper_runs_are_the_papers_protocol():
   ablation = STUDY.experiments["fig12"].runs("paper")
   assert sorted(c.learning_rate for c in ablation.values()) == [8e-4, 1.2e-3, 1.5e-3, 1.8e-3]
   assert all(c.warmup_steps == 2000 and c.diag_every == 1 for c in ablation.values())
-  assert all("paper" in e.scales for e in STUDY.experiments.values())   # every one
+  assert all("paper" in STUDY.scales_of(n) for n in STUDY.experiments)   # every one
   sec43 = STUDY.experiments["sec43"].runs("paper")
   assert len(sec43) == 9 and all(c.label_frequency for c in sec43.values())  # logged refs
 

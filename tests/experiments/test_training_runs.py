@@ -112,13 +112,18 @@ def test_finished_ignores_resumable_fields_and_needs_the_last_checkpoint(tmp_pat
   assert not training.finished(str(path), dataclasses.replace(cfg, learning_rate=1e-3))
 
 
-def test_two_experiments_training_one_workdir_differently_is_an_error(tmp_path):
+def test_two_experiments_training_one_workdir_differently_is_an_error(tmp_path, monkeypatch):
   cfg = training.tiny(training.load(PAPER_LM))
   other = training.tiny(training.load(PAPER_LM, ["learning_rate=1e-3"]))
-  rows = lambda res: []
+  (tmp_path / "fakeruns").mkdir()
+  (tmp_path / "fakeruns" / "__init__.py").write_text("")
+  (tmp_path / "fakeruns" / "m.py").write_text(
+      "CLAIMS = {}\nSCALES = {'tiny': {}}\ndef run(out_dir, scale):\n  return {}\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
   study = runner.Study("fake", "Fake", {
-      "a": runner.Experiment("m", rows, folder="f", runs=lambda s: {"r": cfg}),
-      "b": runner.Experiment("m", rows, folder="f", runs=lambda s: {"r": other})})
+      "a": runner.Experiment("m", folder="f", runs=lambda s: {"r": cfg}),
+      "b": runner.Experiment("m", folder="f", runs=lambda s: {"r": other})},
+      package="fakeruns")
   assert list(runner.training_runs(study, ["a"], "tiny", tmp_path)) == [
       training.workdir(tmp_path / "f", "r")]
   with pytest.raises(ValueError, match="two experiments train"):

@@ -1,16 +1,21 @@
 """The Post-Norm collapse study as evidence (issue 25): every experiment declares its
 claims, the committed quick results cover every experiment with a quick path, every
-committed row is one of the declared claims, and the
-row functions judge synthetic results the way the claims say."""
+committed row is one of the declared claims, and the experiments' measurements of
+synthetic results are judged the way the claims say."""
 import json
 
 import numpy as np
 import pytest
 
-from experiments import evidence, results
-from experiments.postnorm_collapse import claims_init, claims_trained, reproduce
+from rankjax import reproduce
+from rankjax.studies import evidence, results, runner
+from experiments.postnorm_collapse import collapse_study
+from experiments.postnorm_collapse import fig1_one_step as fig1
+from experiments.postnorm_collapse import fig3_fig5_transition as f35
+from experiments.postnorm_collapse import fig6_frequency_loss as fig6
+from experiments.postnorm_collapse import seed_lr_runs as sl
 
-STUDY = reproduce.STUDY
+STUDY = reproduce.study("postnorm_collapse")
 QUICK = results.committed_dir("postnorm_collapse", "quick")
 
 
@@ -18,17 +23,27 @@ def _committed() -> dict[str, dict]:
   return results.load(QUICK)
 
 
+def _rows(name: str, res: dict) -> list[dict]:
+  """The rows the runner makes of ``res``: experiment ``name``'s measurements
+  (``measurements``, what its ``run`` reports), each judged by its declared claim."""
+  return runner.judged(name, STUDY.claims(name),
+                       {"measured": STUDY.module(name).measurements(res)})
+
+
 def test_every_experiment_declares_its_claims():
-  assert set(reproduce.CLAIMS) == set(STUDY.experiments) == set(reproduce.ROWS)
   for name, exp in STUDY.experiments.items():
-    assert exp.claims is reproduce.CLAIMS[name] and len(exp.claims) > 0, name
-    for c in exp.claims.values():
+    module = STUDY.module(name)
+    claims = STUDY.claims(name)
+    assert claims is module.CLAIMS and len(claims) > 0, name
+    assert set(module.SCALES) == {"quick", "paper", "tiny"} == set(STUDY.scales_of(name))
+    assert callable(module.run) and callable(module.measurements), name
+    for c in claims.values():
       assert c.paper is not None or isinstance(c.rule, evidence.Qualitative), c.item
 
 
 def test_committed_quick_results_cover_every_experiment():
   docs = _committed()
-  quick = {n for n, e in STUDY.experiments.items() if "quick" in e.scales}
+  quick = {n for n in STUDY.experiments if "quick" in STUDY.scales_of(n)}
   assert quick <= set(docs), sorted(quick - set(docs))
   for name, doc in docs.items():
     assert doc["provenance"]["dirty"] is False, name
@@ -39,7 +54,7 @@ def test_committed_rows_are_the_declared_claims():
   rows = [r for doc in _committed().values() for r in doc["rows"]]
   assert rows
   for r in rows:
-    c = reproduce.CLAIMS[r["experiment"]][r["item"]]
+    c = STUDY.claims(r["experiment"])[r["item"]]
     assert (r["quantity"], r["paper"], r["rule"]) == (c.quantity, c.paper, c.rule.describe())
     assert r["status"] in ("match", "mismatch", "inconclusive", "proxy", "qualitative"), \
         (r["item"], r["status"])
@@ -50,7 +65,7 @@ def test_committed_rows_are_the_declared_claims():
 def test_trained_rows_carry_three_seeds_where_the_protocol_has_them():
   docs = _committed()
   for name, item in (("collapse", "Post-Norm LR 1e-2: loss near L_freq"),
-                     ("fig3_fig5", f"{claims_trained.F35}: alpha stays below 2.5"),
+                     ("fig3_fig5", f"{f35.F35}: alpha stays below 2.5"),
                      ("fig6", "Fig 6 left, one fixed sequence (64): loss near its L_freq")):
     row = next(r for r in docs[name]["rows"] if r["item"] == item)
     assert row["n"] == 3 and row["seeds"] == [0, 1, 2], (name, item)
@@ -70,18 +85,18 @@ def _transition(found=True, alpha=2.0, share=0.8, drop=1e3, last=2.0):
 
 def _fig12_ours(**override):
   """Every ablation LR at every seed (collapse_study.seeded_name's keys)."""
-  key = lambda lr, s: claims_trained.collapse_study.seeded_name(f"lr{lr}", s)
+  key = lambda lr, s: collapse_study.seeded_name(f"lr{lr}", s)
   return {key(lr, s): override.get(key(lr, s), _transition())
-          for lr in claims_trained.sl.ABLATION_LRS for s in claims_trained.sl.ABLATION_SEEDS}
+          for lr in sl.ABLATION_LRS for s in sl.ABLATION_SEEDS}
 
 
 def test_fig12_rows_judge_each_predicate():
-  rows = claims_trained.fig12_rows({"ours": _fig12_ours()})
+  rows = _rows("fig12", {"ours": _fig12_ours()})
   assert len(rows) == 21 and all(r["status"] == "match" for r in rows)
   assert all(r["n"] == 3 and r["seeds"] == [0, 1, 2] for r in rows)
   worse = _transition(alpha=16.0, share=0.4, drop=9.9, last=12.0)
   bad = _fig12_ours(**{k: worse for k in ("lr0.02", "lr0.02_seed1", "lr0.02_seed2")})
-  status = {r["item"]: r["status"] for r in claims_trained.fig12_rows({"ours": bad})}
+  status = {r["item"]: r["status"] for r in _rows("fig12", {"ours": bad})}
   for s in ("alpha stays below 2.5", "most attention c < 1 after",
             "layer-1 gradient drops by orders", "last-layer gradient changes much less"):
     assert status[f"Figs 12-20, LR 0.02: {s}"] == "mismatch", s
@@ -90,7 +105,7 @@ def test_fig12_rows_judge_each_predicate():
   # interval of the mean (the rules _transition_spec declares): three seeds 9.9, 1e3,
   # 1e3 put it across the limit 100, so neither side is shown
   one = _fig12_ours(**{"lr0.02_seed1": worse})
-  rows = {r["item"]: r for r in claims_trained.fig12_rows({"ours": one})}
+  rows = {r["item"]: r for r in _rows("fig12", {"ours": one})}
   assert rows["Figs 12-20, LR 0.02: alpha stays below 2.5"]["status"] == "mismatch"
   assert rows["Figs 12-20, LR 0.02: alpha stays below 2.5"]["per_seed"] == [2.0, 16.0, 2.0]
   assert rows["Figs 12-20, LR 0.02: layer-1 gradient drops by orders"]["status"] == \
@@ -98,7 +113,7 @@ def test_fig12_rows_judge_each_predicate():
   assert rows["Figs 12-20, LR 0.02: most attention c < 1 after"]["status"] == "inconclusive"
   missing = _fig12_ours(**{"lr0.03_seed2": {**_transition(), "onset_step": None,
                                             "alpha_max": None}})
-  status = {r["item"]: r["status"] for r in claims_trained.fig12_rows({"ours": missing})}
+  status = {r["item"]: r["status"] for r in _rows("fig12", {"ours": missing})}
   assert status["Figs 12-20, LR 0.03: collapses"] == "mismatch"       # one seed did not
   assert status["Figs 12-20, LR 0.03: alpha stays below 2.5"] == "mismatch"   # NaN
   assert status["Figs 12-20, LR 0.025: collapses"] == "match"
@@ -110,12 +125,12 @@ def test_fig3_fig5_headline_is_every_seed_of_the_preregistered_run():
     a.update(final_grad_first_over_last=1e-3, grad_window_onset_layer1_drop=300.0)
   res = {"run": "long", "ours": {"preregistered_60": pre, "final_grad_first_over_last": 1e-5,
                                  "alpha_max": 25.0}}
-  rows = {r["item"]: r for r in claims_trained.fig3_fig5_rows(res)}
-  F = claims_trained.F35
+  rows = {r["item"]: r for r in _rows("fig3_fig5", res)}
+  F = f35.F35
   assert rows[f"{F}: a transition"]["status"] == "mismatch"      # seed 1 has none
   assert rows[f"{F}: a transition"]["per_seed"] == [1.0, 0.0, 1.0]
   assert rows[f"{F}: alpha stays below 2.5"]["status"] == "match"
-  long = rows[f"{claims_trained.F35_LONG}: alpha stays below 2.5"]
+  long = rows[f"{f35.F35_LONG}: alpha stays below 2.5"]
   assert long["status"] == "mismatch" and "chosen after the outcome" in long["note"]
   assert "chosen after the outcome" in rows[f"{F}, window on the onset: layer-1 gradient "
                                             "drops by orders"]["note"]
@@ -123,14 +138,14 @@ def test_fig3_fig5_headline_is_every_seed_of_the_preregistered_run():
 
 def test_fig6_and_sec43_rows():
   gap = {"seeds": [0, 1, 2], "relative_gap": [0.001, -0.002, 0.003]}
-  o = {k: gap for k in claims_trained.SCOPES}
+  o = {k: gap for k in fig6.SCOPES}
   o["one_sequence"] = {"seeds": [0, 1, 2], "relative_gap": [-0.18, 0.0, 0.0]}
   per_seed = lambda gap, tsim: {"seeds": [0, 1, 2], "relative_gap": [gap, 0.01, 0.01],
                                 "last_tsim_final": [tsim] * 3}
-  for lr in (*claims_trained.sl.ORIGINAL_FIG6_LRS, *claims_trained.sl.ABLATION_LRS):
+  for lr in (*sl.ORIGINAL_FIG6_LRS, *sl.ABLATION_LRS):
     o[f"original_warmup_lr{lr:g}"] = per_seed(-0.19 if lr == 0.01 else 0.01, 0.5)
     o[f"warmup_lr{lr:g}"] = per_seed(0.01, 1.0)
-  rows = {r["item"]: r for r in claims_trained.fig6_rows({"ours": o})}
+  rows = {r["item"]: r for r in _rows("fig6", {"ours": o})}
   status = {k: r["status"] for k, r in rows.items()}
   assert all(r["n"] == 3 for r in rows.values())
   assert status["Fig 6 left, one fixed batch (16 x 64): loss near its L_freq"] == "match"
@@ -144,11 +159,11 @@ def test_fig6_and_sec43_rows():
   g = lambda x: {"mean_abs_gap": x}
   run = {"aggregate_stream": g(0.06), "per_sequence_batch": g(0.42)}
   s43 = {n: run for n in ("post_collapse", "post_collapse_seed1", "post_collapse_seed2",
-                          *[f"warmup_lr{lr:g}{s}" for lr in claims_trained.sl.ABLATION_LRS
+                          *[f"warmup_lr{lr:g}{s}" for lr in sl.ABLATION_LRS
                             for s in ("", "_seed1", "_seed2")])}
   s43["post_collapse_seed2"] = {"onset_step": None}
   s43["warmup_lr0.03_seed1"] = {"aggregate_stream": g(0.5), "per_sequence_batch": g(0.42)}
-  rows = claims_trained.sec43_rows({"ours": s43})
+  rows = _rows("sec43", {"ours": s43})
   assert rows[0]["status"] == "mismatch" and rows[0]["n"] == 3     # a seed never collapsed
   assert [r["status"] for r in rows[1:]] == ["match", "match", "mismatch"]   # every seed
   assert all(r["n"] == 3 for r in rows)
@@ -161,10 +176,8 @@ def test_init_rows_on_synthetic_results():
          "amount": [list(0.1 / np.arange(1, 49))] * 10}     # s^l = 0.1 / l: slope -1
   ours = {k: {"per_init": dict(per, tsim_last_layer=[0.7 if k.startswith("post") else 0.4]
                                * 10)}
-          for k in (claims_init.FIG1_SETTINGS + claims_init.FIG1_ALT_SETTINGS
-                    + claims_init.FIG1_SPLIT_SETTINGS)}
-  status = {r["item"]: r["status"] for r in claims_init.fig1_rows({"ours": ours,
-                                                                   "settings": {}})}
+          for k in (fig1.FIG1_SETTINGS + fig1.FIG1_ALT_SETTINGS + fig1.FIG1_SPLIT_SETTINGS)}
+  status = {r["item"]: r["status"] for r in _rows("fig1", {"ours": ours, "settings": {}})}
   assert len(status) == 46 + 12        # the split settings judge three items each
   split = "Fig 1 Post x4 on W_V, W_O, W_2, W_3 and W_Q, W_K"
   assert status[f"{split}: attention tracked by Thm 3.2"] == "match"
@@ -176,13 +189,12 @@ def test_init_rows_on_synthetic_results():
   assert status["Fig 1 Pre x4: SwiGLU much smaller than attention"] == "mismatch"
   assert status["Fig 1 x2: Post-Norm saturates faster"] == "match"
   ours["pre_x2"]["per_init"]["amount"] = [[0.1] * 48] * 10           # constant: slope 0
-  status = {r["item"]: r["status"] for r in claims_init.fig1_rows({"ours": ours,
-                                                                   "settings": {}})}
+  status = {r["item"]: r["status"] for r in _rows("fig1", {"ours": ours, "settings": {}})}
   assert status["Sec 3.1 Pre x2: s^l of order 1/l"] == "mismatch"
   f2 = {"per_init": {"max_step_change_tsim_x1_layers2plus": [-1e-3] * 10,
                      "max_step_change_tsim_last_layer": [-1e-2] * 10,
                      "increment_ratio_alpha1_over_alpha0": list(np.full(10, 0.6))}}
-  status = [r["status"] for r in claims_init.fig2_rows({"ours": f2, "settings": {}})]
+  status = [r["status"] for r in _rows("fig2", {"ours": f2, "settings": {}})]
   assert status == ["match", "match", "mismatch"]
 
 
@@ -190,14 +202,14 @@ def test_propd2_and_thm38_rows():
   v = lambda cos: {"max_abs_cos": cos, "max_formula_u_rel_err": 3e-16,
                    "max_rel_err_vs_prop_d2": 3e-14}
   ok = {"ours": {"exact_one_sequence": {"k1": v(1e-16), "k2": v(5e-17)}}}
-  assert [r["status"] for r in claims_trained.propd2_rows(ok)] == ["match"] * 3
+  assert [r["status"] for r in _rows("propd2", ok)] == ["match"] * 3
   bad = {"ours": {"exact_one_sequence": {"k1": v(1e-16), "k2": v(1e-3)}}}
-  assert claims_trained.propd2_rows(bad)[0]["status"] == "mismatch"
+  assert _rows("propd2", bad)[0]["status"] == "mismatch"
   blocks = {"attn": 1e-17, "ffn": 1e-17, "lm_head": 1e-15}
   res = {"gradient_vanishing": {"frequency_head": {"max_grad_norm_per_block": blocks}}}
-  assert [r["status"] for r in claims_trained.thm38_rows(res)] == ["match"]
+  assert [r["status"] for r in _rows("thm38", res)] == ["match"]
   blocks["ffn"] = 1e-6                        # a gradient left at p_freq: Thm 3.8 (ii) fails
-  assert [r["status"] for r in claims_trained.thm38_rows(res)] == ["mismatch"]
+  assert [r["status"] for r in _rows("thm38", res)] == ["mismatch"]
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ import pytest
 
 from experiments.postnorm_collapse import fig3_fig5_transition as f35
 from experiments.postnorm_collapse import reproduce
+from rankjax import reproduce as rankjax_reproduce
+from rankjax.studies import runner
 from rankjax.train import diagnostics
 
 
@@ -94,7 +96,7 @@ def _synthetic_run(num_steps: int = 60, num_layers: int = 4, t: int = 40):
 
 
 def test_analyze_synthetic_transition_mask_and_window(monkeypatch, tmp_path):
-  monkeypatch.setattr(f35, "_load", lambda wd: _synthetic_run())
+  monkeypatch.setattr(f35, "load_diagnostics", lambda wd: _synthetic_run())
   raw = f35.analyze("fake")
   assert raw["transition_found"] and raw["transition_step"] == 40
   assert raw["alpha_max"] == 50.0 and raw["alpha_2_peak"]["step"] == 46
@@ -123,7 +125,7 @@ def test_analyze_synthetic_transition_mask_and_window(monkeypatch, tmp_path):
   assert [p.split("/")[-1] for p in files] == ["fig12_synthetic.png", "fig13_synthetic.png",
                                                 "fig14_synthetic.png"]
   steps, d, _, r = _synthetic_run()
-  monkeypatch.setattr(f35, "_load", lambda wd: (steps, d, {}, r))
+  monkeypatch.setattr(f35, "load_diagnostics", lambda wd: (steps, d, {}, r))
   with pytest.raises(ValueError, match="postnorm_sublayer_norms"):
     f35.analyze("fake", mask_threshold=1e-10)
 
@@ -148,7 +150,8 @@ def test_reproduce_aliases():
   assert reproduce.ALIASES["fig11"] == "fig10" and reproduce.ALIASES["fig17"] == "fig12"
   assert {"fig10", "fig12"} <= set(reproduce.PAPER_TRAINING)
   with pytest.raises(ValueError, match="unknown experiment 'fig99'"):
-    reproduce.run_all("/nonexistent", "quick", only=["fig99"])
+    runner.run_study(rankjax_reproduce.study("postnorm_collapse"), "/nonexistent", "quick",
+                     only=["fig99"])
 
 
 def test_collapse_onset_is_sustained():
@@ -165,12 +168,12 @@ def test_first_sustained_and_grad_collapse_step(monkeypatch):
   assert f35.first_sustained(np.array([True, False])) is None
   # synthetic run: layer 1 (of 4) decays 1e-3 per update from update 40 -> ratio
   # 1e-3 < 1e-2 already at update 40
-  monkeypatch.setattr(f35, "_load", lambda wd: _synthetic_run())
+  monkeypatch.setattr(f35, "load_diagnostics", lambda wd: _synthetic_run())
   assert f35.analyze("fake")["grad_collapse_step"] == 40
 
 
 def test_analyze_everything_masked(monkeypatch):
-  monkeypatch.setattr(f35, "_load", lambda wd: _synthetic_run())
+  monkeypatch.setattr(f35, "load_diagnostics", lambda wd: _synthetic_run())
   a = f35.analyze("fake", mask_threshold=10.0)    # all norms (1.0) below: all masked
   assert a["alpha_max"] is None and a["alpha_2_peak"] == {"max": None}
   assert a["alpha_2_max_post"] is None and a["transition_step"] == 40
@@ -218,7 +221,7 @@ def test_fig3_fig5_run_defaults_to_the_warmup_run(monkeypatch, tmp_path):
   runs are secondary; the per-update table around the transition and the rows."""
   trained = []
   monkeypatch.setattr(f35, "_train", lambda name, out: trained.append(name) or name)
-  monkeypatch.setattr(f35, "_load", lambda wd: _synthetic_run())
+  monkeypatch.setattr(f35, "load_diagnostics", lambda wd: _synthetic_run())
   monkeypatch.setattr(f35, "plot", lambda a, out, tag, names=None, grad_window=None: [tag])
   res = f35.run(str(tmp_path))
   assert res["run"] == f35.HEADLINE_RUN
@@ -234,12 +237,12 @@ def test_fig3_fig5_run_defaults_to_the_warmup_run(monkeypatch, tmp_path):
   assert (tmp_path / f"fig3_fig5_{f35.HEADLINE_RUN}.json").is_file()
   assert set(o["preregistered_60"]) == {"0", "1", "2"}      # the planned 60-update runs
   assert o["same_trajectory_as_60_update_run"]["max_abs_loss_diff"] == 0.0
-  from experiments.postnorm_collapse import claims_trained
-  rows = {r["item"]: r for r in claims_trained.fig3_fig5_rows(res)}
-  head = rows[f"{claims_trained.F35}: layer-1 gradient drops by orders"]
+  study = rankjax_reproduce.study("postnorm_collapse")
+  rows = {r["item"]: r for r in runner.judged("fig3_fig5", study.claims("fig3_fig5"), res)}
+  head = rows[f"{f35.F35}: layer-1 gradient drops by orders"]
   assert head["n"] == 3 and head["ours"] == pytest.approx(1e21, rel=1e-6)
   assert head["status"] == "match"
-  assert rows[f"{claims_trained.F35}: alpha stays below 2.5"]["status"] == "mismatch"  # 50
+  assert rows[f"{f35.F35}: alpha stays below 2.5"]["status"] == "mismatch"  # 50
 
 
 def test_headline_run_config_is_the_main_warmup_run():
