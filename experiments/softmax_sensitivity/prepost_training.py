@@ -35,7 +35,8 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
   quick_sharpen  ``quick_sharpen.json``: ``quick`` run for 800 updates (warmup 200,
          still a quarter). Chosen after seed 42's outcome from probes whose script is
          no longer in the repository, and overturned by seeds 123 and 456
-         (EXPECTED.md); no committed results.
+         (docs/notes/softmax_sensitivity_readings.md); committed, not a headline, and
+         not rerun by CI (tests/experiments/test_committed_results.py).
 
 Aggregates follow Sec 5: certificate curve = mean over sampled layers and seeds of the
 per-layer median, envelope = min per-layer p5 .. max per-layer p95 over layers and

@@ -9,7 +9,7 @@ scale) -> dict``, output in ``out_dir/<name>/``):
   prepost_training      Pre-LN vs Post-LN early training (Fig 1, Table 1, Fig 3, Fig 4);
                         also at ``--scale quick_paper_lr`` (the paper's rate 3e-4) and
                         ``--scale quick_sharpen`` (800 updates, 3 seeds; chosen
-                        after seed 42's outcome, no committed results)
+                        after seed 42's outcome; committed, not a headline)
   trained_bounds        Thm 4.1 vs measured MHA Jacobian norms and Lemma A.2(iv) / Cor A.3
                         on the trained prepost checkpoints (seeds 42, 123, 456)
 
