@@ -34,8 +34,9 @@ TIMEOUT_S = 1000          # under the suite's 1100 s faulthandler watchdog
 # (study, experiment) -> why CI does not rerun it (at any scale)
 _PN_TRAINED = ("trains the collapse study's 28 runs: about 26 minutes on 2 cores "
                "(2026-12-03), which CI's 90 minutes do not leave; and its warmup runs "
-               "turn a 1e-7 rounding change into another transition (EXPECTED.md, "
-               "'Rounding moves the warmup runs'), so another CPU's kernels may move rows")
+               "turn a 1e-7 rounding change into another transition "
+               "(docs/notes/postnorm_collapse_readings.md, 'Rounding moves the warmup "
+               "runs'), so another CPU's kernels may move rows")
 NOT_IN_CI = {("postnorm_collapse", n): _PN_TRAINED
              for n in ("collapse", "fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")}
 # (study, scale) -> why CI reruns none of that scale's experiments
