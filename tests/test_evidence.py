@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -324,3 +325,29 @@ def test_every_results_file_names_its_claims_commit_not_later_than_its_own():
       assert git("merge-base", "--is-ancestor", claims, own).returncode == 0, path
       checked += 1
   assert checked > 50
+
+
+_TYPED = re.compile(r"(?<![\w.`/-])[-+]?\d+\.\d{2,}(?:e[-+]?\d+)?(?![\w.`/])")
+
+
+def _prose(text: str) -> str:
+  """EXPECTED.md without its rendered blocks, code spans and code blocks."""
+  text = re.sub(r"<!-- results [^>]*-->\n.*?<!-- end results -->", "", text, flags=re.S)
+  text = re.sub(r"```.*?```", "", text, flags=re.S)
+  return re.sub(r"`[^`]*`", "", text)
+
+
+def test_expected_prose_types_no_measured_number():
+  """EXPECTED.md is rendered evidence: a number with two or more decimals outside the
+  rendered blocks (and code) would be typed by hand, so it is not there; the readings
+  that quote numbers live in docs/notes/ (dated history), the current ones in the
+  rendered tables."""
+  for study in expected.studies():
+    typed = _TYPED.findall(_prose(expected.path_of(study).read_text()))
+    assert not typed, (study, typed[:20])
+
+
+def test_the_typed_number_rule_can_fail():
+  assert _TYPED.findall(_prose("ours 0.994 vs 0.992; LR 8e-4; `0.123` 1.5\n"
+                               "<!-- results quick/x -->\n0.555\n<!-- end results -->")) == [
+      "0.994", "0.992"]
