@@ -11,10 +11,10 @@ naming every row whose status changed or whose number moved beyond the row's tol
 Marked ``slow`` and ``committed``: CI runs them as a stage of their own (``.ci/run``).
 None is in the default suite: the fastest two (Post-Norm fig7, TR table3) were its two
 slowest tests (20 s of test time) with the suite already at its 4-minute budget.
-The experiments in ``NOT_IN_CI`` (and the scales in ``SCALES_NOT_IN_CI``) train for too
-long for CI's 90 minutes on 2 cores; ``rankjax reproduce STUDY --check`` reruns them
-(and everything else) by hand. Those in
-``WITH`` read another experiment's training runs and rerun in its process.
+The scales in ``SCALES_NOT_IN_CI`` (and any experiment in ``NOT_IN_CI``) train for too
+long for CI; ``rankjax reproduce STUDY --check`` reruns them (and everything else) by
+hand. Those in ``WITH`` read another experiment's training runs and rerun in its
+process (the Post-Norm trained experiments: one process, the runs trained once).
 """
 
 from __future__ import annotations
@@ -31,21 +31,19 @@ from rankjax.data import images
 
 PAPER = "paper"           # the one committed scale CI does not rerun (accelerator-sized)
 TIMEOUT_S = 1000          # under the suite's 1100 s faulthandler watchdog
-# (study, experiment) -> why CI does not rerun it (at any scale)
-_PN_TRAINED = ("trains the collapse study's 28 runs: about 26 minutes on 2 cores "
-               "(2026-12-03), which CI's 90 minutes do not leave; and its warmup runs "
-               "turn a 1e-7 rounding change into another transition "
-               "(docs/notes/postnorm_collapse_readings.md, 'Rounding moves the warmup "
-               "runs'), so another CPU's kernels may move rows")
-NOT_IN_CI = {("postnorm_collapse", n): _PN_TRAINED
-             for n in ("collapse", "fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")}
+# (study, experiment) -> why CI does not rerun it (at any scale): none today
+NOT_IN_CI: dict[tuple[str, str], str] = {}
 # (study, scale) -> why CI reruns none of that scale's experiments
 SCALES_NOT_IN_CI = {("softmax_sensitivity", "quick_sharpen"): (
     "six 800-update runs and their bounds, four times quick's training (1050 s on 2 "
     "shared cores, 2026-12-04: past the rerun's 1000 s timeout), for a setting chosen "
     "after an outcome and not a headline (EXPECTED.md)")}
-# experiments that read another's training runs rerun in its process (trained once)
-WITH = {("softmax_sensitivity", "trained_bounds"): "prepost_training"}
+# experiments that read another's training runs rerun in its process (trained once): the
+# Post-Norm trained experiments share the collapse study's 28 runs (about 11 minutes on
+# 2 cores with the analyses, 2026-12-05), which train once in the "collapse" test
+WITH = {("softmax_sensitivity", "trained_bounds"): "prepost_training",
+        **{("postnorm_collapse", n): "collapse"
+           for n in ("fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")}}
 
 
 def scales(study: str) -> list[str]:
