@@ -61,14 +61,16 @@ PAPER_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)   # App B.4 / App C: six values
 SCALES = {
     # Coarse grid over the paper's ranges: width 256 -> 16, batch 256 -> 32, 8192
     # training images, 200 steps (App B.4 does not state Fig 6's steps; App C: 5000).
-    # fig16_depths=() skips Fig 16. norm_eps: inside the trained networks' RMSNorms
+    # fig16_depths=() skips Fig 16; L=128 tests "M=2 fails beyond L=100" just past 100
+    # (added 2026-12-05 after a review: before, only L=1000, where the forward
+    # overflows, was beyond 100). norm_eps: inside the trained networks' RMSNorms
     # (eps=0 gives 0/0 on a branch whose ReLUs are all off, which Output-Norm meets at
     # small width); the init ranks use the theory's eps=0.
     "quick": dict(width=16, batch=32, steps=200, train_examples=8192, test_examples=2000,
                   alphas=(0.5, 1.0, 2.0, 4.0), depths=(12, 48, 192, 384),
                   placements=("pre", "post", "output"), lrs=PAPER_LRS, seeds=1,
                   spread_cells=(("post", 48), ("pre", 192)),
-                  rank_width=256, fig16_depths=(12, 48, 96, 1000), fig16_steps=200,
+                  rank_width=256, fig16_depths=(12, 48, 96, 128, 1000), fig16_steps=200,
                   fig16_large_lr_max_depth=384, magnitude_depth=200, magnitude_inputs=256,
                   norm_eps=1e-6, dataset=None, data_dir=None),
     "paper": dict(width=256, batch=256, steps=5000, train_examples=0, test_examples=0,
