@@ -84,7 +84,7 @@ def test_small_runs_make_claim_rows(tmp_path):
   saved = json.loads((tmp_path / "table3_projections.json").read_text())
   assert 0.5 < saved["table"]["0.6"][0] <= 1.0 and len(saved["per_seed"]["0.6"]) == 3
   exp = runner.Experiment("table3_projections", setting={"quick": runner.PAPER_SETTING})
-  rows = [runner._complete("table3", r, "quick", exp, table3_projections.CLAIMS)
+  rows = [runner._complete("table3", r, "quick", exp)
           for r in runner.judged("table3", table3_projections.CLAIMS, res)]
   assert [r["item"] for r in rows] == [                       # L=8 is not in the paper
       "Table 3: eps=0.6, L=48", "Table 3 sensitivity, renormalized step: eps=0.6, L=48"]
