@@ -1,7 +1,7 @@
 """Peak memory per device of a training step, estimated; ``lm.remat="auto"`` chosen by it.
 
 ``estimate`` is the one estimate of the library: the experiments' plan and refusals
-(``experiments/training.py``) and ``resolve_remat`` read it. ``resolve_remat`` replaces
+(``rankjax/studies/training.py``) and ``resolve_remat`` read it. ``resolve_remat`` replaces
 ``remat="auto"`` by the cheapest policy whose estimated peak fits in ``AUTO_SHARE`` of
 a device's memory (``memory_stats()['bytes_limit']``): none (no recompute), then dots,
 then full. Where the device reports no limit (XLA:CPU) it keeps

@@ -1,4 +1,4 @@
-"""experiments/training.py: tiny configs, the plan, the refusals, and the runner's use of
+"""rankjax.studies.training: tiny configs, the plan, the refusals, and the runner's use of
 them (the plan printed and a one-line refusal before anything trains)."""
 from __future__ import annotations
 
