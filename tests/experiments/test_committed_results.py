@@ -30,7 +30,10 @@ from rankjax import reproduce
 from rankjax.data import images
 
 PAPER = "paper"           # the one committed scale CI does not rerun (accelerator-sized)
-TIMEOUT_S = 1000          # under the suite's 1100 s faulthandler watchdog
+# one rerun's limit: the Post-Norm trained group took 911 s in CI's committed stage on 2
+# shared cores (2026-12-05); .ci/run raises this stage's faulthandler watchdog above it
+# (-o faulthandler_timeout=1700), and pytest-timeout's limit is the mark below
+TIMEOUT_S = 1500
 # (study, experiment) -> why CI does not rerun it (at any scale): none today
 NOT_IN_CI: dict[tuple[str, str], str] = {}
 # (study, scale) -> why CI reruns none of that scale's experiments: none today
@@ -103,6 +106,7 @@ def _environment(provenance: dict) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.committed
+@pytest.mark.timeout(TIMEOUT_S + 200)
 @pytest.mark.parametrize("study,scale,name", CHECKED,
                          ids=[f"{s}/{sc}/{n}" for s, sc, n in CHECKED])
 def test_committed_quick_result_reproduces(study, scale, name, tmp_path):
