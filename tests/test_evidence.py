@@ -351,3 +351,87 @@ def test_the_typed_number_rule_can_fail():
   assert _TYPED.findall(_prose("ours 0.994 vs 0.992; LR 8e-4; `0.123` 1.5\n"
                                "<!-- results quick/x -->\n0.555\n<!-- end results -->")) == [
       "0.994", "0.992"]
+
+
+def _past(row: dict, inside: bool = False) -> list[float] | float:
+  """The row's measured values shifted rigidly (spread kept) so that the mean's interval
+  lies wholly past the band or predicate limit (``inside``: centred on the paper's
+  value, for band rows)."""
+  per = row["per_seed"] or [row["ours"]]
+  mean = sum(per) / len(per)
+  lo, hi = row["interval"] or (mean, mean)
+  w = max(hi - mean, mean - lo, *(abs(v - mean) for v in per))   # every seed past too
+  paper = row["paper"]
+  eps = 1e-3 * max(1.0, abs(paper), w)
+  if row["band"] is not None:
+    target = paper if inside else paper + row["band"] + w + eps
+  else:
+    op = row["rule"].split()[1]
+    target = paper + (w + eps if op in ("<", "<=", "==") else -(w + eps))
+  shifted = [v + target - mean for v in per]
+  return shifted if row["per_seed"] else shifted[0]
+
+
+def test_every_committed_claim_fails_on_a_planted_counterexample():
+  """Each committed row with a rule (proxies included), its values moved past the band or
+  limit, is a mismatch under the claim its experiment declares: no claim passes
+  whatever is measured. Band rows whose spread fits the band also match when moved
+  onto the paper's value, so the rule discriminates both ways."""
+  from rankjax import reproduce
+  failed = matched = 0
+  for name, folder in sorted(finder.find().items()):
+    study = reproduce.study(name)
+    for path in sorted(folder.glob("results/*/*.json")):
+      if path.name == "summary.json":
+        continue
+      doc = json.loads(path.read_text())
+      claims = study.claims(doc["experiment"])
+      for r in doc["rows"]:
+        if r["rule"] in (None, "qualitative") or r["ours"] is None:
+          continue
+        c = claims[r["item"]]
+        assert c.judge(_past(r))["status"] == "mismatch", (path, r["item"])
+        failed += 1
+        if r["band"] is not None and (not r["interval"] or (
+            r["interval"][1] - r["interval"][0]) / 2 < r["band"]):
+          assert c.judge(_past(r, inside=True))["status"] == "match", (path, r["item"])
+          matched += 1
+  assert failed > 700 and matched > 300, (failed, matched)
+
+
+def test_a_planted_counterexample_of_every_declared_claim_fails():
+  """Every claim any study declares, given three seeds past its band or limit, is a
+  mismatch (and three on the paper's value, a match), whether or not it was measured."""
+  from rankjax import reproduce
+  seen = 0
+  for name in sorted(finder.find()):
+    study = reproduce.study(name)
+    for exp in study.experiments:
+      for c in study.claims(exp).values():
+        if isinstance(c.rule, Qualitative):
+          continue
+        band = c.rule.band(c.paper) if hasattr(c.rule, "band") else None
+        s = 0.01 * (band or max(1e-3, 0.1 * abs(c.paper)))
+        mean = sum(v for v in (-s, 0.0, s)) / 3
+        row = {"paper": c.paper, "band": band, "rule": c.rule.describe(),
+               "per_seed": [c.paper - s, c.paper, c.paper + s], "ours": c.paper + mean,
+               "interval": evidence.t_interval([c.paper - s, c.paper, c.paper + s])}
+        assert c.judge(_past(row))["status"] == "mismatch", (name, exp, c.item)
+        if band is not None:
+          assert c.judge(_past(row, inside=True))["status"] == "match", (name, exp, c.item)
+        seen += 1
+  assert seen > 300, seen
+
+
+def test_an_untested_claim_is_inconclusive_without_a_value_never_a_match():
+  claim = Claim("Sec 5", "lowest median certificate", 0.995, Bound(">=", every_seed=True))
+  row = json.loads(json.dumps(claim.judge([0.9999, 1.0], untested="attention stayed uniform")))
+  assert (row["status"], row["ours"], row["per_seed"]) == ("inconclusive", None, None)
+  assert row["note"].startswith(evidence.NOT_TESTED + "attention stayed uniform")
+  assert evidence.recheck(row) == "inconclusive"
+  proxy = evidence.as_proxy(row, "toy")
+  assert proxy["status"] == "proxy" and evidence.recheck(proxy) == "proxy"
+  band = Claim("x", "q", 0.5, Abs(0.1)).judge(0.5, untested="budget")
+  assert (band["status"], band["band"]) == ("inconclusive", 0.1)
+  # a not-tested note on a row that has a value is judged by its numbers
+  assert evidence.recheck(dict(band, ours=0.5)) == "match"

@@ -31,6 +31,11 @@ numbers and the side of the paper's value they fall on are shown, it is counted 
 and it is never a match. Mathematics, and measurements at the paper's own sizes, are
 judged as above wherever they run.
 
+A claim the measurement did not test (what the claim asserts is implied by a theorem at
+the values measured, or guaranteed by the budget) is reported through
+``measured(..., untested=reason)``: status ``inconclusive``, no value, the note opening
+with :data:`NOT_TESTED` and the reason; never a match.
+
 A row's fields are :data:`FIELDS`; ``rankjax.studies.runner`` adds ``experiment`` and
 ``scale``. The statuses are :data:`STATUSES` (``missing`` and ``failed`` come from the
 runner, never from a claim). :func:`recheck` recomputes a status from the row alone.
@@ -250,9 +255,17 @@ class Claim:
       raise ValueError(f"claim {self.item!r}: a qualitative rule needs its reason")
 
   def judge(self, values: Any, *, seeds: Sequence[int] | None = None,
-            note: str = "") -> dict[str, Any]:
+            note: str = "", untested: str = "") -> dict[str, Any]:
     """The row for the measured ``values`` (one number, or one per seed in ``seeds``'
-    order)."""
+    order); with ``untested`` (why the measurement did not test the claim) an
+    ``inconclusive`` row without a value, whatever ``values`` is."""
+    if untested and not isinstance(self.rule, Qualitative):
+      return {"item": self.item, "quantity": self.quantity, "paper": self.paper,
+              "ours": None, "sd": None, "n": None, "seeds": list(seeds) if seeds else None,
+              "per_seed": None, "interval": None,
+              "band": self.rule.band(self.paper) if isinstance(self.rule, _BANDS) else None,
+              "rule": self.rule.describe(), "status": "inconclusive",
+              "note": "; ".join(x for x in (NOT_TESTED + untested, self.note, note) if x)}
     mean, sd, n, per_seed = spread(values)
     if seeds is not None and len(seeds) != n:
       raise ValueError(f"claim {self.item!r}: {n} values for {len(seeds)} seeds")
@@ -275,12 +288,14 @@ class Claim:
 
 
 def measured(item: str, values: Any, *, seeds: Sequence[int] | None = None,
-             note: str = "") -> dict[str, Any]:
+             note: str = "", untested: str = "") -> dict[str, Any]:
   """What an experiment's ``run`` reports for the claim ``item``: the measured value(s)
   (one number, or one per seed in ``seeds``' order) and a note (settings, not verdicts).
-  The runner judges it by the declared claim (:meth:`Claim.judge`)."""
+  The runner judges it by the declared claim (:meth:`Claim.judge`). ``untested``: why
+  this measurement cannot test the claim (then the row is ``inconclusive``, valueless)."""
   return {"item": item, "values": values,
-          "seeds": list(seeds) if seeds is not None else None, "note": note}
+          "seeds": list(seeds) if seeds is not None else None, "note": note,
+          "untested": untested}
 
 
 def direction(row: dict[str, Any]) -> str:
@@ -299,6 +314,7 @@ def _g(x: float) -> str:
 
 
 PROXY = "proxy: "   # how a proxy row's note begins
+NOT_TESTED = "not tested: "   # how an untested row's note begins (Claim.judge(untested=))
 
 
 def as_proxy(row: dict[str, Any], setting: str) -> dict[str, Any]:
@@ -331,6 +347,8 @@ def recheck(row: dict[str, Any]) -> str | None:
     return "proxy" if str(row.get("note") or "").startswith(PROXY) else "mismatch"
   if row.get("paper") is None:
     return "mismatch"
+  if str(row.get("note") or "").startswith(NOT_TESTED) and row.get("ours") is None:
+    return "inconclusive"
   if row.get("band") is not None:
     return verdict(row["paper"], row.get("ours"), row.get("per_seed"), row["band"])[0]
   return verdict(row["paper"], row.get("ours"), row.get("per_seed"), None,

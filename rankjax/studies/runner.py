@@ -196,7 +196,8 @@ def judged(name: str, claims: Mapping[str, evidence.Claim], result: dict[str, An
     claim = claims.get(m.get("item"))
     if claim is None:
       raise ValueError(f"{name}: measured {m.get('item')!r} is not a declared claim")
-    rows.append(claim.judge(m["values"], seeds=m.get("seeds"), note=m.get("note") or ""))
+    rows.append(claim.judge(m["values"], seeds=m.get("seeds"), note=m.get("note") or "",
+                            untested=m.get("untested") or ""))
   return rows
 
 
