@@ -28,8 +28,10 @@ path at laptop sizes (rows ``tiny``, not judged against the paper). The command 
 with one ``verdicts <study>:`` line per study: its rows per status (match, mismatch,
 ...), the counts of summary.md.
 A run stopped by SIGTERM (preemption, a time limit) saves and the command exits 75, as
-``rankjax train`` (requeue and rerun: it resumes). ``--scale paper`` refuses to start without an accelerator (exit 2; ``--allow-cpu``
-overrides), and a requested experiment with no path at the chosen scale makes the
+``rankjax train`` (requeue and rerun: it resumes). ``--scale paper`` refuses to start without an accelerator (exit 2, after printing the
+plan; ``--allow-cpu`` overrides); ``--plan`` prints the plan and every refusal and stops;
+``--set KEY=VALUE`` reaches every training run the studies build, whose batch split is
+fitted to the job's devices (``rankjax.studies.training.at_scale``), and a requested experiment with no path at the chosen scale makes the
 command exit 1 naming it (its row still says ``missing``): never a quiet exit 0. The
 papers' studies ship with the source checkout (not with an installed wheel).
 """
@@ -132,14 +134,26 @@ def missing(results: dict) -> list[str]:
 
 def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
         only: list[str] | None = None, record: bool = False, check: bool = False,
-        options: dict | None = None, extra: Sequence[str] = ()) -> dict:
+        options: dict | None = None, extra: Sequence[str] = (),
+        sets: Sequence[str] = (), plan_only: bool = False) -> dict:
   """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report;
-  ``extra``: ``--studies`` paths (``rankjax.studies.finder.find``).
+  ``extra``: ``--studies`` paths (``rankjax.studies.finder.find``); ``sets``: ``--set``
+  assignments for every run the studies build (``training.user_sets``); ``plan_only``:
+  print the plan, check every run (data, devices, memory) and return ``{}``.
 
   Returns ``{study: runner.run_study(...) result}``. With ``all``, ``only`` names run
   in every study that has them (``fig3`` is a figure of each paper), and studies with
   none of them are skipped; every study is checked (scale, names, data) before any runs.
   """
+  from rankjax.studies import training
+  if sets and (record or check):
+    raise ValueError("--set changes the runs: their numbers are not the committed results "
+                     "(no --record or --check with it)")
+  with training.user_sets(sets):
+    return _run(name, out_dir, scale, only, record, check, options, extra, plan_only)
+
+
+def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -> dict:
   from rankjax.report import build_report
   from rankjax.studies import runner
   from rankjax.train import paths
@@ -157,6 +171,12 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   for s, names in plan.items():   # every check before the first experiment runs
     runner.preflight(loaded[s], loaded[s].resolve(names), scale, pathlib.Path(out_dir) / s)
     runner.check_options(loaded[s], loaded[s].resolve(names), options or {})
+  from rankjax.studies import training
+  if training.active_sets() and not training.sets_applied():
+    raise ValueError(f"--set {' '.join(training.active_sets())}: no training run the runner "
+                     f"trains at --scale {scale} (the runs of --scale paper and tiny)")
+  if plan_only:
+    return {}
   results = {s: _run_one(loaded[s], out_dir, scale, names, record, check, options)
              for s, names in plan.items()}
   if name == "all" and all(r["analysed"] for r in results.values()):
@@ -188,15 +208,28 @@ def _command(args) -> int:
     os.environ["XLA_FLAGS"] = TINY_XLA_FLAGS       # read when the backend starts (below)
   from rankjax.train import sharding
   sharding.maybe_initialize_distributed()           # before any other JAX call (multi-host)
-  check_accelerator(args.scale, args.allow_cpu)     # ValueError: one line, exit 2 (cli)
   for path in args.checkpoint:
     if not pathlib.Path(path).exists():
       raise FileNotFoundError(f"--checkpoint {path}: no such file or folder")
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
+  try:      # the plan first, always: on a CPU without --allow-cpu it is printed, then refused
+    check_accelerator(args.scale, args.allow_cpu or args.plan)
+  except NoAccelerator as refusal:
+    from rankjax.studies.runner import NotPrepared
+    try:
+      run(args.study, args.out, args.scale, args.only, args.record, args.check, options,
+          args.studies, args.set, plan_only=True)
+    except NotPrepared as e:                         # both refusals, in one line
+      raise NoAccelerator(f"{refusal}; and {e}") from None
+    raise                                            # ValueError: one line, exit 2 (cli)
+  if args.plan:
+    run(args.study, args.out, args.scale, args.only, args.record, args.check, options,
+        args.studies, args.set, plan_only=True)
+    return 0
   from rankjax.studies.training import Preempted as preempted
   try:
     results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options,
-                  args.studies)
+                  args.studies, args.set)
   except preempted as e:                             # every process stopped at the same run
     print(f"rankjax reproduce: {e}", file=sys.stderr)
     return 75
@@ -232,6 +265,12 @@ def add_parser(sub) -> None:
   p.add_argument("--out", default="runs/reproduce", help="output directory")
   p.add_argument("--only", action="append", default=None, metavar="NAME",
                  help="run only this experiment (e.g. fig3); repeatable")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a setting of every training run the study builds (the "
+                      "syntax of rankjax train --set, e.g. mesh_fsdp=8, "
+                      "tokenizer=/path/tokenizer.model, data_dir=/data/tfds); repeatable")
+  p.add_argument("--plan", action="store_true",
+                 help="print the training plan and every refusal, then stop")
   p.add_argument("--allow-cpu", action="store_true",
                  help="run --scale paper on a machine without an accelerator")
   p.add_argument("--record", action="store_true",

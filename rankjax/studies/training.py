@@ -25,11 +25,12 @@ tokenizer file missing, a config that the devices cannot hold).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 TINY_STEPS = 24          # updates of a tiny run
 TINY_WIDTH = 32          # d_model (LM) / width (MLP) of a tiny run
@@ -99,11 +100,65 @@ def tiny(cfg, data_dir: str | None = None):
   return dataclasses.replace(cfg, **changes)
 
 
+# ``rankjax reproduce --set KEY=VALUE``: applied to every run a study builds
+# (:func:`at_scale`, the one place both studies' run configs pass), while :func:`user_sets`
+# is active
+_USER_SETS: tuple[str, ...] = ()
+_SETS_APPLIED = [0]   # configs the active sets reached (``rankjax reproduce`` checks > 0)
+
+
+@contextlib.contextmanager
+def user_sets(sets: Sequence[str]):
+  """While active, :func:`at_scale` applies ``sets`` (``key=value``, the syntax of
+  ``rankjax train --set``) to every run config."""
+  global _USER_SETS
+  before, _USER_SETS = _USER_SETS, tuple(sets)
+  _SETS_APPLIED[0] = 0
+  try:
+    yield
+  finally:
+    _USER_SETS = before
+
+
+def active_sets() -> tuple[str, ...]:
+  """The ``--set`` assignments of the active :func:`user_sets` (empty outside one)."""
+  return _USER_SETS
+
+
+def sets_applied() -> int:
+  """How many run configs the active :func:`user_sets` reached so far."""
+  return _SETS_APPLIED[0]
+
+
 def at_scale(cfg, scale: str):
-  """``cfg`` as the runs of ``scale`` train it: :func:`tiny` at ``tiny``, else as is."""
+  """``cfg`` as the runs of ``scale`` train it: :func:`tiny` at ``tiny``, then the
+  user's ``--set`` (:func:`user_sets`), then the batch split fitted to this job's devices
+  (:func:`fit_batch`: the global batch kept)."""
+  from rankjax import config as config_lib
   if scale == "tiny":
-    return tiny(cfg, os.environ.get(TINY_DATA_DIR) or None)
-  return cfg
+    cfg = tiny(cfg, os.environ.get(TINY_DATA_DIR) or None)
+  if _USER_SETS:
+    cfg = config_lib.override(cfg, _USER_SETS, "rankjax reproduce --set")
+    _SETS_APPLIED[0] += 1
+  import jax
+  return fit_batch(cfg, jax.device_count())[0]
+
+
+def fit_batch(cfg, num_devices: int):
+  """``(cfg, note)``: the global batch kept, ``grad_accum`` lowered to the largest value
+  whose micro-batch ``batch_size / grad_accum`` splits evenly over ``num_devices`` (more
+  devices carry the same micro-batch with fewer accumulation steps); ``cfg`` unchanged
+  and note None when it splits already or when no ``grad_accum`` can
+  (:func:`refusals` names that)."""
+  b, k = cfg.batch_size, cfg.grad_accum
+  if (b // k) % num_devices == 0:
+    return cfg, None
+  for g in range(k - 1, 0, -1):
+    if b % g == 0 and (b // g) % num_devices == 0:
+      return dataclasses.replace(cfg, grad_accum=g), (
+          f"grad_accum {k} -> {g}: micro-batch {b // g} over {num_devices} devices "
+          f"(batch {b} kept)")
+  return cfg, None
 
 
 def workdir(folder: str | pathlib.Path, name: str) -> str:
@@ -229,6 +284,14 @@ def device_memory() -> tuple[str, int, float | None]:
   return local[0].device_kind, jax.device_count(), (float(limit) if limit else None)
 
 
+# The MFU the plan's device-hours assume where the device check recorded none: the
+# 2026-12 review of the paper path's steps on an H200 (issue 43: about 20-45%, the
+# Post-Norm study's 122 hours at 100% being 280-390 H200-hours), labelled as such
+ESTIMATED_MFU = 0.35
+ESTIMATED_MFU_SOURCE = ("an estimate, not measured here: no device check recorded on this "
+                        "device kind (experiments/benchmarks/device_check.py)")
+
+
 def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | None:
   """The training MFU the device check measured on ``device_kind``
   (``experiments/benchmarks/device_check.json``: ``{"train_mfu": {kind: mfu}}``, the lower
@@ -246,20 +309,23 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
   """Rows (one per run: workdir, updates, tokens, parameters, checkpoint GB, peak GB per
   device, device-hours, the remat policy and, for "auto", the line saying why) and totals, for ``runs`` ({workdir: cfg}) on this machine's
   devices. Device-hours: the model FLOPs of every update (``Task.flops_per_example``,
-  causal attention at half) over the devices' spec peak times the measured MFU of the
-  device check, or at the spec peak itself (a lower bound, said so) when it has none."""
+  causal attention at half) over the devices' spec peak times the MFU the device check
+  measured, or :data:`ESTIMATED_MFU` (labelled an estimate) when it has none."""
   from rankjax.train import mfu as mfu_lib
   kind, count, memory = device_memory()
   dtype = "bfloat16"
   rows = []
   mfu = measured_mfu(kind)
+  source = "measured by the device check"
+  if not mfu:
+    mfu, source = ESTIMATED_MFU, ESTIMATED_MFU_SOURCE
   for path, cfg in runs.items():
     task = _task(cfg)
     est = memory_estimate(cfg, count)
     run_cfg, note = resolved(cfg, count)
     flops = task.flops_per_example(causal=True) * cfg.batch_size * cfg.total_steps
     peak = mfu_lib.spec_peak(kind, dtype if cfg.compute_dtype == "bfloat16" else "float32")
-    hours = None if not peak else flops / (peak * (mfu or 1.0)) / 3600
+    hours = None if not peak else flops / (peak * mfu) / 3600
     rows.append({
         "run": path, "updates": cfg.total_steps, "done": finished(path, cfg),
         "tokens": (cfg.batch_size * cfg.seq_len * cfg.total_steps if cfg.model == "lm"
@@ -273,8 +339,7 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
   return {
       "device": kind, "devices": count,
       "device_memory_gb": None if memory is None else memory / 1e9,
-      "mfu": mfu, "mfu_source": ("measured by the device check" if mfu else
-                                 "none measured here: hours at the spec peak (a lower bound)"),
+      "mfu": mfu, "mfu_source": source,
       "rows": rows, "to_train": len(todo),
       "device_hours": (sum(hours) if hours and None not in hours else None),
       "checkpoint_gb": sum(r["checkpoint_gb"] for r in rows)}
@@ -314,13 +379,39 @@ def refusals(runs: Mapping[str, Any]) -> list[str]:
     task = _task(cfg)
     try:
       pipeline.dataset_info(task.data_kind, **tasks.data_kwargs(cfg, task))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:   # named, and the other checks still run
       line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       out.append(line)
-      continue
-    est = memory_estimate(cfg, count)
-    if memory and not finished(path, cfg) and est["total"] > MEMORY_SHARE * memory:
-      out.append(f"{os.path.basename(path)}: an estimated {est['total'] / 1e9:.1f} GB per "
-                 f"device exceeds {MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB of a "
-                 f"{kind} ({count} devices; a larger grad_accum or lm.remat=full in its config lowers it)")
+    out += [f"{os.path.basename(path)}: {line}"
+            for line in device_refusals(cfg, count, memory, kind, finished(path, cfg))]
   return list(dict.fromkeys(out))
+
+
+def device_refusals(cfg, num_devices: int, memory: float | None, kind: str = "device",
+                    done: bool = False, processes: int | None = None) -> list[str]:
+  """Why ``cfg`` cannot train on ``num_devices`` devices of ``memory`` bytes each (over
+  ``processes`` hosts; this job's when None), each with its fix: a batch no
+  ``grad_accum`` splits over the devices (:func:`fit_batch`), an estimated peak above
+  ``MEMORY_SHARE`` of a device. Pure arithmetic: the plan for any device count."""
+  import jax
+  hosts = jax.process_count() if processes is None else processes
+  out = []
+  fitted, _ = fit_batch(cfg, num_devices)
+  if (fitted.batch_size // fitted.grad_accum) % num_devices:
+    divisors = [n for n in range(1, cfg.batch_size + 1) if cfg.batch_size % n == 0]
+    below = max(n for n in divisors if n <= num_devices)
+    out.append(f"batch_size={cfg.batch_size} splits over no {num_devices} devices at any "
+               f"grad_accum: run on {below} devices (a divisor of the batch) or "
+               f"--set batch_size=<a multiple of {num_devices}>")
+  if cfg.batch_size % hosts:
+    out.append(f"batch_size={cfg.batch_size} is not divisible by the {hosts} hosts: "
+               "run on a host count dividing it")
+  est = memory_estimate(fitted, num_devices)
+  if memory and not done and est["total"] > MEMORY_SHARE * memory:
+    fsdp = num_devices if cfg.mesh_fsdp < num_devices else None
+    fix = (f"--set mesh_fsdp={fsdp} (parameters and optimizer state sharded over {fsdp} "
+           "devices), " if fsdp and fsdp > 1 else "") + "--set lm.remat=full or a larger grad_accum"
+    out.append(f"an estimated {est['total'] / 1e9:.1f} GB per device exceeds "
+               f"{MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB of a {kind} ({num_devices} "
+               f"devices): {fix}")
+  return out
