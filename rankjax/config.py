@@ -530,6 +530,9 @@ class TrainConfig(JsonConfig):
       diagnostics step of every N updates (drawing one is ~0.3-0.8 s of host time in the
       loop: at every diagnostics step of a 40000-update run with diag_every=1 that would
       be hours); scalars, histograms and the saved arrays at every diagnostics step.
+    stop_at: train only updates up to this one of the ``total_steps`` schedule (the
+      learning-rate schedule is the full run's), save and stop (status "stopped"); a
+      later run without it (or with a larger one) continues exactly. 0: off.
     label_frequency: also log, at every update, the frequency loss (postnorm Def 3.7)
       of the update's labels, pooled (``label_freq_aggregate``) and per sequence
       (``label_freq_per_sequence``): Sec 4.3's references for the collapsed loss,
@@ -575,6 +578,7 @@ class TrainConfig(JsonConfig):
   eval_split: str = _field("validation", resumable=True, build=False)
   image_every: int = _field(100, resumable=True, build=False)
   label_frequency: bool = False
+  stop_at: int = _field(0, resumable=True, build=False)
 
   def __post_init__(self):
     # Which names train is rankjax.train.tasks' registry (require_task): configs import
@@ -592,6 +596,7 @@ class TrainConfig(JsonConfig):
                        "plain adam has no weight decay (set weight_decay=0)")
     _non_negative_int("warmup_steps", self.warmup_steps)
     _positive_int("total_steps", self.total_steps)
+    _non_negative_int("stop_at", self.stop_at)
     if self.warmup_steps > self.total_steps:
       raise ValueError(f"warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
     _non_negative("min_lr_ratio", self.min_lr_ratio)

@@ -34,6 +34,7 @@ import dataclasses
 import importlib
 import json
 import math
+import os
 import pathlib
 import time
 import traceback
@@ -201,13 +202,29 @@ def judged(name: str, claims: Mapping[str, evidence.Claim], result: dict[str, An
   return rows
 
 
-def _complete(name: str, r: dict[str, Any], scale: str, exp: Experiment) -> dict:
+def partial_setting(runs: Mapping[str, Any]) -> str | None:
+  """The setting of an experiment whose runs (``{workdir: cfg}``) stop early
+  (``stop_at``): "partial: ..." naming them, or None when every run trains its whole
+  schedule."""
+  short = {os.path.basename(p): (c.stop_at, c.total_steps) for p, c in runs.items()
+           if 0 < getattr(c, "stop_at", 0) < c.total_steps}
+  if not short:
+    return None
+  return "partial: " + ", ".join(f"{n} trained to update {a} of {t}"
+                                 for n, (a, t) in sorted(short.items()))
+
+
+def _complete(name: str, r: dict[str, Any], scale: str, exp: Experiment,
+              partial: str | None = None) -> dict:
   """A judged row with every field of :data:`FIELDS` (the experiment's name and the
-  scale added); a ``proxy`` away from the paper's setting."""
+  scale added); a ``proxy`` away from the paper's setting, or when its runs are
+  ``partial`` (:func:`partial_setting`), whatever the scale."""
   if scale != "tiny" and r["item"] not in exp.scale_free:
     setting = setting_of(name, exp, scale)
     if setting != PAPER_SETTING:
       r = evidence.as_proxy(r, setting)
+  if scale != "tiny" and partial:
+    r = evidence.as_proxy(r, partial)
   return _filled(name, r, scale)
 
 
@@ -335,7 +352,8 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
       result = module.run(str(out / exp.folder) if exp.folder else str(out), scale=scale,
                           **given)
       claims = study.claims(name)
-      mine = [_complete(name, r, scale, exp) for r in judged(name, claims, result)]
+      mine = [_complete(name, r, scale, exp, partial_setting(
+          training_runs(study, [name], scale, out))) for r in judged(name, claims, result)]
       results_files.write_result(out, study.name, name, scale, result, mine,
                                  time.time() - start,
                                  claims_file=module.__file__)

@@ -167,13 +167,15 @@ def workdir(folder: str | pathlib.Path, name: str) -> str:
 
 
 def finished(path: str, cfg) -> bool:
-  """The run in ``path`` has ``cfg`` (up to the resumable fields) and its last step saved."""
+  """The run in ``path`` has ``cfg`` (up to the resumable fields) and its last step
+  saved (``stop_at``'s, for a partial run)."""
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
   from rankjax.train import checkpoint
+  from rankjax.train.loop import last_step
   saved = os.path.join(path, "config.json")
   if not (os.path.isfile(saved)
-          and os.path.isdir(os.path.join(path, "checkpoints", str(cfg.total_steps)))):
+          and os.path.isdir(os.path.join(path, "checkpoints", str(last_step(cfg))))):
     return False
   differ = config_lib.diff(config_lib.from_json(TrainConfig, saved), cfg)
   return not [k for k in differ if k not in checkpoint.RESUMABLE_FIELDS]
@@ -306,7 +308,7 @@ def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | 
 
 
 def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
-  """Rows (one per run: workdir, updates, tokens, parameters, checkpoint GB, peak GB per
+  """Rows (one per run: workdir, updates (to ``stop_at`` for a partial run), tokens, parameters, checkpoint GB, peak GB per
   device, device-hours, the remat policy and, for "auto", the line saying why) and totals, for ``runs`` ({workdir: cfg}) on this machine's
   devices. Device-hours: the model FLOPs of every update (``Task.flops_per_example``,
   causal attention at half) over the devices' spec peak times the MFU the device check
@@ -323,13 +325,14 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
     task = _task(cfg)
     est = memory_estimate(cfg, count)
     run_cfg, note = resolved(cfg, count)
-    flops = task.flops_per_example(causal=True) * cfg.batch_size * cfg.total_steps
+    from rankjax.train.loop import last_step
+    flops = task.flops_per_example(causal=True) * cfg.batch_size * last_step(cfg)
     peak = mfu_lib.spec_peak(kind, dtype if cfg.compute_dtype == "bfloat16" else "float32")
     hours = None if not peak else flops / (peak * mfu) / 3600
     rows.append({
-        "run": path, "updates": cfg.total_steps, "done": finished(path, cfg),
-        "tokens": (cfg.batch_size * cfg.seq_len * cfg.total_steps if cfg.model == "lm"
-                   else None), "examples": cfg.batch_size * cfg.total_steps,
+        "run": path, "updates": last_step(cfg), "done": finished(path, cfg),
+        "tokens": (cfg.batch_size * cfg.seq_len * last_step(cfg) if cfg.model == "lm"
+                   else None), "examples": cfg.batch_size * last_step(cfg),
         "parameters": int(est["parameters"]), "flops": flops,
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
         "peak_gb_per_device": est["total"] / 1e9, "device_hours": hours,

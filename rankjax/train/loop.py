@@ -3,7 +3,7 @@
 ``train(cfg, workdir)`` builds the task (``tasks.make_task``, the only place that
 knows the model kind), the mesh and shardings, initializes the state sharded (or
 restores the newest readable checkpoint of ``workdir``), and runs updates until
-``cfg.total_steps``:
+``cfg.total_steps`` (or ``cfg.stop_at``, a partial run of the same schedule):
 
 * two compiled variants of the step: the plain one, and one that also computes the
   configured diagnostics, used at update 1 and every ``diag_every`` updates;
@@ -62,8 +62,10 @@ class NonFiniteLossError(RuntimeError):
 @dataclasses.dataclass
 class TrainResult:
   """How a ``train`` call ended: ``status`` is "completed", "preempted" (saved and
-  stopped on SIGTERM / Ctrl-C) or "already_complete" (the workdir's checkpoint had
-  reached ``total_steps``; nothing was run or written)."""
+  stopped on SIGTERM / Ctrl-C), "stopped" (saved at ``cfg.stop_at`` before
+  ``total_steps``; run again without it to continue) or "already_complete" (the
+  workdir's checkpoint had reached ``total_steps``, or ``stop_at``; nothing was run or
+  written)."""
 
   workdir: epath.Path
   step: int
@@ -328,11 +330,13 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
     if had_steps:  # every step was incomplete (moved aside); the iterator may have moved
       data_it = make_data_iterator(cfg, task)
     state, start, history = compiled.init(), 0, DiagnosticsHistory()
-  if start >= cfg.total_steps:   # nothing to do: no event file, no new lines
+  if start >= last_step(cfg):   # nothing to do: no event file, no new lines
     ckpt.close()
     if jax.process_index() == 0:
       print(f"{workdir} is already complete: step {start} of total_steps={cfg.total_steps} "
-            "(raise total_steps to train on)", file=stream or sys.stdout)
+            + (f"(stop_at={cfg.stop_at}: run without it to continue)"
+               if last_step(cfg) < cfg.total_steps else "(raise total_steps to train on)"),
+            file=stream or sys.stdout)
     return TrainResult(workdir, start, "already_complete", restored.metrics or {}, start)
   MetricsWriter.truncate(workdir, start)
   writer = MetricsWriter(workdir, total_steps=cfg.total_steps, log_every=cfg.log_every,
@@ -354,10 +358,18 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
       writer.message(f"done: step {step} of {workdir} ({step - start} updates in "
                      f"{time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
                      f"checkpoints/ are there, `rankjax report {workdir}` draws them")
+    elif status == "stopped":
+      writer.message(f"stopped at update {step} of {cfg.total_steps} (stop_at), saved in "
+                     f"{ckpt.directory}; run again without stop_at to continue")
   finally:
     writer.close()
     ckpt.close()
   return TrainResult(workdir, step, status, loop.last_metrics, start)
+
+
+def last_step(cfg: TrainConfig) -> int:
+  """The last update this call trains: ``stop_at`` when set below ``total_steps``."""
+  return cfg.stop_at if 0 < cfg.stop_at < cfg.total_steps else cfg.total_steps
 
 
 class _Loop:
@@ -404,7 +416,8 @@ class _Loop:
                           "to save; run the same command again to continue")
       return step, "preempted"
     self.ckpt.start_clock()
-    for step in range(start + 1, cfg.total_steps + 1):
+    end = last_step(cfg)
+    for step in range(start + 1, end + 1):
       batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
       diag_now = c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
       state, metrics, diag = self._dispatch(c.diag_step if diag_now else c.step, batch)
@@ -426,7 +439,7 @@ class _Loop:
       if timed:
         self.writer.message(f"update {step}: {cfg.checkpoint_minutes:g} min since the last "
                             "save; saving (checkpoint_minutes)")
-      if stop or timed or step % cfg.checkpoint_every == 0 or step == cfg.total_steps:
+      if stop or timed or step % cfg.checkpoint_every == 0 or step == end:
         if self.pending is not None:   # saving needs this step checked finite
           self._finish(*self.pending)
           self.pending = None
@@ -440,7 +453,7 @@ class _Loop:
     if self.pending is not None:
       self._finish(*self.pending)
       self.pending = None
-    return step, "completed"
+    return step, "completed" if end == cfg.total_steps else "stopped"
 
   def _dispatch(self, fn, batch):
     """``fn(state, batch)``; notes a compile (the variant's first call in this run, or

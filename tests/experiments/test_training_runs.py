@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rankjax.studies import finder, runner, training
+from rankjax.studies import evidence, finder, runner, training
 from rankjax import cli
 
 PAPER_LM = "experiments/configs/postnorm_48l_d512_c4.json"
@@ -309,3 +309,23 @@ def test_paper_scale_on_a_cpu_prints_the_plan_before_refusing(tmp_path, capsys,
   out, err = capsys.readouterr()
   assert code == 2 and "plan: 3 training runs" in out
   assert "no accelerator found" in err and len(err.strip().splitlines()) == 1
+
+
+def test_rows_of_partial_runs_are_proxies_named_partial(tmp_path):
+  """An experiment whose runs stop early (stop_at) is judged as a proxy at any scale, its
+  note naming the runs and the update they reached; a run with its whole schedule is
+  not partial; the plan counts the updates to stop_at."""
+  import dataclasses
+  cfg = training.load(PAPER_LM)
+  part = dataclasses.replace(cfg, stop_at=4000)
+  assert runner.partial_setting({"/o/runs/a": cfg}) is None
+  setting = runner.partial_setting({"/o/runs/a": part, "/o/runs/b": cfg})
+  assert setting == "partial: a trained to update 4000 of 40000"
+  exp = runner.Experiment("m", setting={"paper": runner.PAPER_SETTING})
+  row = evidence.Claim("x", "q", 1.0, evidence.Abs(0.1)).judge(1.0)
+  assert runner._complete("m", row, "paper", exp)["status"] == "match"
+  done = runner._complete("m", row, "paper", exp, setting)
+  assert done["status"] == "proxy" and done["note"].startswith("proxy: partial: a trained")
+  assert evidence.recheck(done) == "proxy"
+  (r,) = training.plan({str(tmp_path / "runs" / "a"): part})["rows"]
+  assert r["updates"] == 4000 and r["tokens"] == 256 * 2048 * 4000

@@ -208,3 +208,25 @@ def test_a_finished_run_ends_with_one_line_saying_where_its_results_are(tmp_path
   assert last.startswith(f"done: step 2 of {workdir} (2 updates in "), last
   assert last.endswith(f" s); metrics.jsonl and checkpoints/ are there, "
                        f"`rankjax report {workdir}` draws them")
+
+
+def test_stop_at_trains_the_first_updates_of_the_schedule_then_continues_exactly(
+    tmp_path, compile_cache):
+  """``stop_at=3`` of the 8-update schedule saves update 3 and stops ("stopped"; the
+  learning rates are the full schedule's); the same run without it continues to 8 with
+  the losses of an uninterrupted run (bitwise: one process, the same compiled step)."""
+  from tests.train.conftest import losses
+  whole = tmp_path / "whole"
+  assert train(tiny_lm(), whole, progress_bar=False).status == "completed"
+  part = tmp_path / "part"
+  first = train(tiny_lm(stop_at=3), part, progress_bar=False)
+  assert (first.status, first.step) == ("stopped", 3)
+  assert (part / "checkpoints" / "3").is_dir() and not (part / "checkpoints" / "8").exists()
+  again = train(tiny_lm(stop_at=3), part, progress_bar=False)
+  assert again.status == "already_complete" and again.step == 3
+  rest = train(tiny_lm(), part, progress_bar=False)
+  assert (rest.status, rest.start_step, rest.step) == ("completed", 3, 8)
+  assert losses(part) == losses(whole)
+  lr = lambda w: {json.loads(x)["step"]: json.loads(x)["lr"] for x in
+                  (w / "metrics.jsonl").read_text().splitlines() if '"lr"' in x}
+  assert lr(part) == lr(whole)
