@@ -16,9 +16,12 @@ Two paths compute the same function:
           attention (``splash_attention.py``; auto on TPU when T is a multiple of
           128), tested here in Pallas' interpreter and lowered for TPU by jax.export.
   einsum  the explicit (B, H, T, T) probabilities; used only where they are needed:
-          ``capture_probs`` (diagnostics), attention-probability dropout in training
-          (no jax.nn kernel drops probabilities), and ``attention_impl="einsum"``
+          ``capture_probs`` (diagnostics), float64, and ``attention_impl="einsum"``
           (the reference the fused path is tested against).
+
+Attention-probability dropout in training (no public JAX kernel drops probabilities)
+takes ``blocked_attention``: query blocks, each block's probabilities recomputed in the
+backward pass, so no (T, T) buffer exists on any backend.
 """
 
 from __future__ import annotations
@@ -227,6 +230,50 @@ def projections(x: jax.Array, weights: dict[str, jax.Array],
   return ys if biases is None else [y + biases[n] for y, n in zip(ys, names)]
 
 
+QUERY_BLOCK = 128   # query rows per block of blocked_attention
+
+
+def query_block(t: int, block: int = QUERY_BLOCK) -> int:
+  """The largest divisor of ``t`` that is at most ``block``."""
+  return max(n for n in range(1, min(t, block) + 1) if t % n == 0)
+
+
+def blocked_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.Array,
+                      scale: float, prefix_avg_removal: float = 0.0, dropout_rate: float = 0.0,
+                      key: jax.Array | None = None, block: int = QUERY_BLOCK) -> jax.Array:
+  """Causal attention with dropout on the probabilities, without a ``(T, T)`` buffer:
+  the queries go in blocks of :func:`query_block` rows (``lax.map``), each block's
+  ``(B, H, block, T)`` probabilities (``softmax(q k^T scale + M_causal)`` in float32,
+  minus ``prefix_avg_removal`` times those rows of C_n, then inverted dropout: kept with
+  probability ``1 - dropout_rate`` and divided by it) formed, applied to V and dropped;
+  ``jax.checkpoint`` per block recomputes them in the backward pass, so the peak is one
+  block's probabilities. Block ``i``'s mask is ``bernoulli(fold_in(key, i))``. The path
+  of attention-probability dropout in training (App D.1 of the softmax paper: 0.1) on
+  every backend (JAX's fused kernels take no dropout but cuDNN's private one)."""
+  b, t, h, dh = q_BxTxHxD.shape
+  n = query_block(t, block)
+  acc = float_dtype(q_BxTxHxD.dtype)
+  keys_T = jnp.arange(t)
+
+  @jax.checkpoint
+  def one(i, q_BxNxHxD):
+    rows_N = i * n + jnp.arange(n)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q_BxNxHxD, k_BxTxHxD).astype(acc) * scale
+    visible_NxT = rows_N[:, None] >= keys_T[None, :]
+    p = jax.nn.softmax(jnp.where(visible_NxT, logits, jnp.finfo(acc).min), axis=-1)
+    if prefix_avg_removal:
+      p = p - prefix_avg_removal * jnp.where(visible_NxT, 1.0 / (rows_N[:, None] + 1), 0.0
+                                             ).astype(acc)
+    if dropout_rate:
+      keep = jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - dropout_rate, p.shape)
+      p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v_BxTxHxD.dtype), v_BxTxHxD)
+
+  q_KxBxNxHxD = jnp.moveaxis(q_BxTxHxD.reshape(b, t // n, n, h, dh), 1, 0)
+  out = jax.lax.map(lambda a: one(*a), (jnp.arange(t // n), q_KxBxNxHxD))
+  return jnp.moveaxis(out, 0, 1).reshape(b, t, h, dh)
+
+
 class CausalSelfAttention(nn.Module):
   """Multi-head causal self-attention (grouped-query with ``num_kv_heads``; q/k/v biases
   with ``attn_bias``, none on the output). Input and output ``(B, T, d)``.
@@ -274,8 +321,12 @@ class CausalSelfAttention(nn.Module):
     drop_probs = bool(cfg.attn_dropout_rate) and not deterministic
     # float64 (the checks in x64) keeps float64 logits: only the einsum path has them
     wide = jnp.dtype(dtype) == jnp.float64
-    if capture_probs or drop_probs or wide or cfg.attention_impl == "einsum":
+    if capture_probs or wide or cfg.attention_impl == "einsum":
       out = self._einsum(q, k, v, capture_probs, drop_probs)
+    elif drop_probs:       # no T x T buffer: query blocks, each recomputed in the backward
+      out = blocked_attention(q, k, v, 1.0 / (math.sqrt(dh) * cfg.tau),
+                              cfg.prefix_avg_removal, cfg.attn_dropout_rate,
+                              self.make_rng("dropout"))
     else:
       scale, impl = 1.0 / (math.sqrt(dh) * cfg.tau), fused_impl(cfg, dtype, t)
       if impl == "splash":

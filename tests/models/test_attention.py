@@ -197,3 +197,81 @@ def test_splash_step_lowered_for_tpu_has_no_txt_buffer():
   # constants, not activations)
   txt = re.findall(rf"tensor<(?:\d+x)*{t}x{t}x(?:f|bf)\d+>", text)
   assert txt == [], txt
+
+
+def _explicit(q, k, v, scale, alpha, rate, key, n):
+  """Blocked attention written with the whole (B, H, T, T) matrix: the probabilities of
+  ``causal_probabilities``, minus alpha C_n, the masks of each query block drawn as
+  ``blocked_attention`` documents (``bernoulli(fold_in(key, i))``), concatenated."""
+  t = q.shape[1]
+  tau = 1.0 / (scale * np.sqrt(q.shape[-1]))
+  p = attention.causal_probabilities(q, k, tau) - alpha * prefix_average_matrix(t)
+  if rate:
+    shape = (q.shape[0], q.shape[2], n, t)
+    keep = jnp.concatenate([jax.random.bernoulli(jax.random.fold_in(key, i), 1 - rate, shape)
+                            for i in range(t // n)], axis=2)
+    p = jnp.where(keep, p / (1 - rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+@pytest.mark.parametrize("t,alpha,rate", [(12, 0.0, 0.0), (12, 0.7, 0.0), (12, 0.0, 0.3),
+                                          (12, 0.6, 0.1), (7, 0.0, 0.2)])
+def test_blocked_attention_is_the_explicit_formula_with_its_masks(t, alpha, rate):
+  """Outputs and gradients of the query-block path equal the explicit (T, T) formula
+  with the same dropout masks (blocks of 4 rows; 7 rows: one block of 7)."""
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, t, 3, 4)) for i in range(3))
+  key, scale = jax.random.key(5), 0.4
+  n = attention.query_block(t, 4)
+  assert n == (4 if t == 12 else 1)
+
+  def loss(f):
+    return lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)))
+  blocked = lambda q, k, v: attention.blocked_attention(q, k, v, scale, alpha, rate, key, 4)
+  explicit = lambda q, k, v: _explicit(q, k, v, scale, alpha, rate, key, n)
+  np.testing.assert_allclose(blocked(q, k, v), explicit(q, k, v), rtol=1e-5, atol=1e-6)
+  gb = jax.grad(loss(blocked), argnums=(0, 1, 2))(q, k, v)
+  ge = jax.grad(loss(explicit), argnums=(0, 1, 2))(q, k, v)
+  chex.assert_trees_all_close(gb, ge, rtol=1e-4, atol=1e-6)
+  if rate:    # about the declared share of the kept weights is dropped
+    drop = jnp.stack([jax.random.bernoulli(jax.random.fold_in(key, i), 1 - rate, (2, 3, n, t))
+                      for i in range(t // n)])
+    assert abs(1 - float(drop.mean()) - rate) < 0.1
+
+
+def _shapes(text: str) -> list[tuple[int, ...]]:
+  """Every float32 tensor shape in a StableHLO module's text."""
+  return [tuple(int(x) for x in m.group(1).split("x")[:-1])
+          for m in re.finditer(r"tensor<((?:\d+x)+)f32>", text)]
+
+
+def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu():
+  """The softmax study's paper LM (attention dropout 0.1, App D.1), shrunk in width and
+  depth but not in T, exported for CUDA: the training gradient's module holds no float32
+  tensor with two trailing dimensions of T (the blocked path's blocks are 128 x T);
+  the same model with dropout off on the einsum path does (the check can fail)."""
+  import optax
+  from rankjax.models.transformer import DecoderLM
+  from rankjax import config as config_lib
+  paper = config_lib.override(
+      config_lib.from_json(config_lib.TrainConfig, "experiments/configs/gpt2_774m.json"),
+      ["lm.attn_dropout_rate=0.1", "lm.embed_norm=false"])     # the study's SCALE_SETS
+  t = 512
+  cfg = dataclasses.replace(paper.lm, vocab_size=64, num_layers=2, d_model=64, num_heads=2,
+                            d_ff=128, max_seq_len=t, compute_dtype="bfloat16")
+  assert (cfg.attn_dropout_rate, cfg.dropout_rate, cfg.attention_impl) == (0.1, 0.1, "auto")
+  tokens = jnp.zeros((2, t + 1), jnp.int32)
+
+  def exported(c):
+    model = DecoderLM(c)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens[:, :-1]))
+
+    def loss(p, rng):
+      logits = model.apply(p, tokens[:, :-1], deterministic=False, rngs={"dropout": rng})
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits.astype(jnp.float32), tokens[:, 1:]).mean()
+    f = jax.jit(jax.grad(loss))
+    return export.export(f, platforms=("cuda",))(params, jax.random.key(1)).mlir_module()
+
+  square = lambda text: [s for s in _shapes(text) if len(s) >= 2 and s[-2:] == (t, t)]
+  assert not square(exported(cfg))
+  assert square(exported(dataclasses.replace(cfg, attention_impl="einsum")))
