@@ -250,21 +250,38 @@ def _param_count(cfg) -> int:
   return memory.param_count(cfg)
 
 
+def on_the_devices(num_devices: int) -> bool:
+  """Planning for this job's own devices, and they report a memory limit (an
+  accelerator): then the plan compiles the step and reads XLA's analysis, as
+  ``rankjax train`` does."""
+  import jax
+  from rankjax.train import memory
+  return memory.device_limit() is not None and num_devices == jax.device_count()
+
+
 def resolved(cfg, num_devices: int):
   """``(cfg, note)``: ``lm.remat="auto"`` replaced by the policy ``rankjax train`` will
-  choose on these devices (``rankjax.train.memory.resolve_remat``, the same limit:
-  ``memory.device_limit``), and the line saying so (None when nothing was chosen)."""
-  from rankjax.train import memory
+  choose on these devices (``rankjax.train.memory.resolve_remat``, the same limit
+  ``memory.device_limit`` and, on the devices, the same compiled peaks), and the line
+  saying so (None when nothing was chosen)."""
+  from rankjax.train import loop, memory
   return memory.resolve_remat(cfg, num_devices, memory.device_limit(),
-                              params=_param_count(cfg))
+                              params=_param_count(cfg),
+                              measure=(loop.compiled_peak_bytes
+                                       if on_the_devices(num_devices) else None))
 
 
 def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
-  """Estimated peak bytes per device of the training step
-  (``rankjax.train.memory.estimate``, the library's one estimate) under the remat policy
-  the run will use (``resolved``)."""
-  from rankjax.train import memory
-  return memory.estimate(resolved(cfg, num_devices)[0], num_devices, _param_count(cfg))
+  """Peak bytes per device of the training step under the remat policy the run will use
+  (``resolved``): on the devices themselves (``on_the_devices``) XLA's analysis of the
+  compiled step (``total``; ``compiled`` 1.0), elsewhere the library's one estimate
+  (``rankjax.train.memory.estimate``; ``compiled`` 0.0)."""
+  from rankjax.train import loop, memory
+  run_cfg = resolved(cfg, num_devices)[0]
+  est = memory.estimate(run_cfg, num_devices, _param_count(cfg))
+  peak = loop.compiled_peak_bytes(run_cfg) if on_the_devices(num_devices) else None
+  return {**est, "total": peak if peak is not None else est["total"],
+          "compiled": float(peak is not None)}
 
 
 def checkpoint_bytes(cfg, params: int) -> float:
@@ -335,7 +352,8 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
                    else None), "examples": cfg.batch_size * last_step(cfg),
         "parameters": int(est["parameters"]), "flops": flops,
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
-        "peak_gb_per_device": est["total"] / 1e9, "device_hours": hours,
+        "peak_gb_per_device": est["total"] / 1e9, "peak_compiled": bool(est["compiled"]),
+        "device_hours": hours,
         "remat": run_cfg.lm.remat if cfg.model == "lm" else None, "remat_note": note})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
@@ -365,8 +383,12 @@ def plan_text(p: Mapping[str, Any]) -> str:
                  f"{'done' if r['done'] else num(r['device_hours']):>7}")
     if r.get("remat_note"):
       lines.append(f"    {r['remat_note']}")
+  compiled = all(r.get("peak_compiled") for r in p["rows"])
   lines.append(f"  total: {num(p['device_hours'])} device-hours to train, "
-               f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory is an estimate)")
+               f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory per device: "
+               + ("XLA's analysis of each compiled step on these devices)" if compiled else
+                  "an estimate, rankjax.train.memory; on the devices themselves the plan "
+                  "reads XLA's analysis of the compiled step)"))
   return "\n".join(lines)
 
 

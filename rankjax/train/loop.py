@@ -93,7 +93,9 @@ def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
           diags: tuple[diag_lib.Diagnostic, ...] | None = None) -> Compiled:
   """The task, mesh, shardings and jitted functions of ``cfg`` (no data, no I/O);
   ``lm.remat="auto"`` is resolved here by the memory estimate (``memory.resolve_remat``)."""
-  cfg, remat_note = memory.resolve_remat(cfg, jax.device_count(), memory.device_limit())
+  limit = memory.device_limit()
+  cfg, remat_note = memory.resolve_remat(cfg, jax.device_count(), limit,
+                                         measure=compiled_peak_bytes if limit else None)
   task = task_lib.make_task(cfg)
   if diags is None:
     diags = diag_lib.resolve(cfg.diagnostics) if cfg.diag_every else ()
@@ -118,6 +120,30 @@ def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
                   init=jax.jit(init, out_shardings=shardings), step=jit_step(()),
                   diag_step=jit_step(diags) if diags else None, eval_step=eval_step,
                   remat_note=remat_note)
+
+
+def compiled_peak_bytes(cfg: TrainConfig) -> float | None:
+  """XLA's peak bytes per device of ``cfg``'s training step compiled for this job's
+  devices (``memory_analysis``: arguments + outputs + temporaries, less the outputs
+  aliasing donated arguments), the larger of the plain and the diagnostics variant when
+  diagnostics run; None where the backend gives no analysis. Nothing is allocated."""
+  c = build(cfg)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       jax.eval_shape(c.init), c.state_shardings)
+  micro = cfg.batch_size // cfg.grad_accum
+  batch = {k: jax.ShapeDtypeStruct((cfg.grad_accum, micro, *v.shape[1:]), v.dtype,
+                                   sharding=c.batch_sharding)
+           for k, v in jax.eval_shape(lambda: c.task.dummy_batch(1)).items()}
+  peaks = []
+  for fn in (c.step, c.diag_step):
+    if fn is None:
+      continue
+    m = fn.lower(state, batch).compile().memory_analysis()
+    if m is None:
+      return None
+    peaks.append(float(m.argument_size_in_bytes + m.output_size_in_bytes
+                       + m.temp_size_in_bytes - m.alias_size_in_bytes))
+  return max(peaks)
 
 
 @functools.lru_cache(maxsize=2)

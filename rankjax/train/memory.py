@@ -1,11 +1,15 @@
 """Peak memory per device of a training step, estimated; ``lm.remat="auto"`` chosen by it.
 
-``estimate`` is the one estimate of the library: the experiments' plan and refusals
-(``rankjax/studies/training.py``) and ``resolve_remat`` read it. ``resolve_remat`` replaces
-``remat="auto"`` by the cheapest policy whose estimated peak fits in ``AUTO_SHARE`` of
-a device's memory (``memory_stats()['bytes_limit']``): none (no recompute), then dots,
-then full. Where the device reports no limit (XLA:CPU) it keeps
-``transformer.REMAT_AUTO_FALLBACK``. The choice is a pure function of the config, the
+``estimate`` is the one estimate of the library, for planning away from the target
+devices (the experiments' plan and refusals on a CPU, ``rankjax/studies/training.py``).
+On the devices themselves the peak is XLA's own: ``resolve_remat`` replaces
+``remat="auto"`` by the cheapest policy whose compiled step's peak
+(``loop.compiled_peak_bytes``: ``memory_analysis`` of the compiled program) fits in
+``AUTO_SHARE`` of a device's memory (``memory_stats()['bytes_limit']``): none (no
+recompute), then dots, then full. Where the device reports no limit (XLA:CPU) it keeps
+``transformer.REMAT_AUTO_FALLBACK``. The estimate is not calibrated against a device
+compiler (XLA:CPU's analysis of the same step cannot stand in: it computes bfloat16
+matmuls in float32); the device check records each paper step's compiled peak. The choice is a pure function of the config, the
 device count and that limit, so a resumed run on the same devices gets the same policy;
 the checkpoint's config keeps "auto" (``rankjax train`` prints the choice at start-up).
 Each process reads its own first device's limit: the hosts of a job are assumed alike
@@ -15,6 +19,7 @@ Each process reads its own first device's limit: the hosts of a job are assumed 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import numpy as np
@@ -91,18 +96,50 @@ def choose_remat(cfg: TrainConfig, num_devices: int, params: int, limit: float |
   return (fits[0] if fits else AUTO_ORDER[-1]), peaks
 
 
+def choose_remat_compiled(cfg: TrainConfig, limit: float,
+                          measure: Callable[[TrainConfig], float | None]
+                          ) -> tuple[str, dict[str, float]]:
+  """``(policy, {policy: compiled peak bytes per device})``: the first of ``AUTO_ORDER``
+  whose peak by ``measure`` (XLA's analysis of the step compiled with that policy:
+  ``rankjax.train.loop.compiled_peak_bytes``) fits in ``AUTO_SHARE * limit``, measured
+  in that order and no further than the first that fits (full when none does)."""
+  peaks: dict[str, float] = {}
+  for policy in AUTO_ORDER:
+    peak = measure(with_remat(cfg, policy))
+    if peak is None:
+      raise ValueError("the backend gives no memory analysis of the compiled step")
+    peaks[policy] = peak
+    if peak <= AUTO_SHARE * limit:
+      return policy, peaks
+  return AUTO_ORDER[-1], peaks
+
+
+def with_remat(cfg: TrainConfig, policy: str) -> TrainConfig:
+  return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, remat=policy))
+
+
 def resolve_remat(cfg: TrainConfig, num_devices: int, limit: float | None,
-                  params: int | None = None) -> tuple[TrainConfig, str | None]:
-  """``(cfg with lm.remat="auto" replaced by choose_remat's policy, the one line that
-  says the choice and the estimates)``; ``(cfg, None)`` when there is nothing to choose.
+                  params: int | None = None,
+                  measure: Callable[[TrainConfig], float | None] | None = None
+                  ) -> tuple[TrainConfig, str | None]:
+  """``(cfg with lm.remat="auto" replaced by the chosen policy, the one line that says
+  the choice and the peaks)``; ``(cfg, None)`` when there is nothing to choose.
   ``num_devices``: the job's devices; ``limit``: ``device_limit()``; ``params``: the
-  parameter count when the caller has it (else ``param_count``)."""
+  parameter count when the caller has it (else ``param_count``); ``measure``: the peak
+  bytes of a config's compiled step (``loop.compiled_peak_bytes``): with a limit, the
+  choice reads XLA's own analysis (:func:`choose_remat_compiled`), else the estimate
+  (:func:`choose_remat`)."""
   if cfg.model != "lm" or cfg.lm.remat != "auto":
     return cfg, None
-  params = param_count(cfg) if params is None else params
-  policy, peaks = choose_remat(cfg, num_devices, params, limit)
-  gb = ", ".join(f"{p} {peaks[p] / 1e9:.1f}" for p in AUTO_ORDER)
+  if measure is not None and limit is not None:
+    policy, peaks = choose_remat_compiled(cfg, limit, measure)
+    kind = "compiled peak GB per device (XLA's memory analysis)"
+  else:
+    params = param_count(cfg) if params is None else params
+    policy, peaks = choose_remat(cfg, num_devices, params, limit)
+    kind = "estimated peak GB per device"
+  gb = ", ".join(f"{p} {peaks[p] / 1e9:.1f}" for p in AUTO_ORDER if p in peaks)
   budget = ("the device reports no memory limit: the fallback" if limit is None else
             f"{AUTO_SHARE:.0%} of {limit / 1e9:.1f} GB = {AUTO_SHARE * limit / 1e9:.1f} GB")
-  line = f"remat auto -> {policy} (estimated peak GB per device: {gb}; {budget})"
-  return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, remat=policy)), line
+  line = f"remat auto -> {policy} ({kind}: {gb}; {budget})"
+  return with_remat(cfg, policy), line

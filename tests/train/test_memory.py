@@ -44,12 +44,25 @@ def test_estimate_is_its_formula_by_hand():
       cfg, 2, params, memory.REMAT_AUTO_FALLBACK)["total"]     # auto unresolved: fallback
 
 
-def _limits(cfg):
+def _deep(remat="auto"):
+  """A 4-layer d=32 LM whose activations dominate its memory (T=16, 64 sequences a
+  micro-batch): each remat policy's compiled peak is clearly below the last's."""
+  lm = dataclasses.replace(tiny_lm().lm, remat=remat, dropout_rate=0.0, num_layers=4,
+                           d_model=32, d_ff=64, max_seq_len=16)
+  return tiny_lm(lm=lm, diag_every=0, eval_every=0, seq_len=16, batch_size=64, grad_accum=1)
+
+
+def _compiled_peaks(cfg):
+  return {p: loop.compiled_peak_bytes(memory.with_remat(cfg, p)) for p in memory.AUTO_ORDER}
+
+
+def _limits(cfg, peaks=None):
   """A device limit each policy is the cheapest to fit in (85% of it), and one that
-  nothing fits in, for this process's devices."""
+  nothing fits in, for this process's devices: by the compiled peaks (``peaks``) or
+  the estimate."""
   params = memory.param_count(cfg)
   n = jax.device_count()
-  peaks = {p: memory.estimate(cfg, n, params, p)["total"] for p in memory.AUTO_ORDER}
+  peaks = peaks or {p: memory.estimate(cfg, n, params, p)["total"] for p in memory.AUTO_ORDER}
   assert peaks["none"] > peaks["dots"] > peaks["full"]
   fit = lambda b: b / memory.AUTO_SHARE * 1.001     # a limit whose 85% just holds b
   return {"none": fit(peaks["none"]), "dots": fit(peaks["dots"]),
@@ -58,18 +71,49 @@ def _limits(cfg):
 
 @pytest.mark.parametrize("size,want", [("none", "none"), ("dots", "dots"),
                                        ("full", "full"), ("nothing", "full")])
-def test_build_chooses_the_cheapest_policy_that_fits(size, want, monkeypatch):
-  cfg = _cfg()
-  limit = _limits(cfg)[size]
+def test_build_chooses_the_cheapest_policy_whose_compiled_step_fits(size, want,
+                                                                    monkeypatch):
+  """On devices with a memory limit the choice reads XLA's analysis of each policy's
+  compiled step, in the order none, dots, full, up to the first that fits."""
+  cfg = _deep()
+  peaks = _compiled_peaks(cfg)
+  limit = _limits(cfg, peaks)[size]
   monkeypatch.setattr(memory, "device_limit", lambda: limit)
   compiled = loop.build(cfg)
   assert compiled.task.model.cfg.remat == want
   note = compiled.remat_note
-  assert note.startswith(f"remat auto -> {want} (estimated peak GB per device: none ")
+  assert note.startswith(f"remat auto -> {want} (compiled peak GB per device (XLA's "
+                         "memory analysis): none ")
   assert f"85% of {limit / 1e9:.1f} GB" in note and "\n" not in note
+  measured = note.split(": ")[1].split(";")[0].count(",") + 1
+  assert measured == memory.AUTO_ORDER.index(want) + 1    # no policy past the choice
   # deterministic: the same config, devices and limit give the same policy
   n = jax.device_count()
-  assert memory.resolve_remat(cfg, n, limit) == memory.resolve_remat(cfg, n, limit)
+  twice = [memory.resolve_remat(cfg, n, limit, measure=loop.compiled_peak_bytes)
+           for _ in range(2)]
+  assert twice[0] == twice[1]
+
+
+def test_the_estimate_chooses_where_no_compiler_is_asked():
+  """Planning away from the devices (no ``measure``) chooses by the estimate."""
+  cfg = _cfg()
+  for size in ("none", "dots", "full"):
+    limit = _limits(cfg)[size]
+    chosen, note = memory.resolve_remat(cfg, jax.device_count(), limit)
+    assert chosen.lm.remat == size and "estimated peak GB per device" in note
+
+
+def test_compiled_peak_is_xlas_memory_analysis_of_the_step():
+  cfg = _deep("dots")
+  c = loop.build(cfg)
+  state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                       jax.eval_shape(c.init), c.state_shardings)
+  import jax.numpy as jnp
+  batch = {k: jax.ShapeDtypeStruct((1, 64, 16), jnp.int32, sharding=c.batch_sharding)
+           for k in ("inputs", "targets")}
+  m = c.step.lower(state, batch).compile().memory_analysis()
+  assert loop.compiled_peak_bytes(cfg) == (m.argument_size_in_bytes + m.output_size_in_bytes
+                                           + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 def test_without_a_device_limit_auto_keeps_the_fallback_and_others_stand():
@@ -88,7 +132,8 @@ def test_auto_run_prints_its_choice_keeps_auto_saved_and_resumes_the_same(tmp_pa
   """The start-up line names the choice; config.json keeps "auto" (the checkpoint's
   config check passes on resume) and the resumed run chooses the same policy."""
   cfg = _cfg()
-  monkeypatch.setattr(memory, "device_limit", lambda: _limits(cfg)["dots"])
+  monkeypatch.setattr(memory, "device_limit", lambda: 1e12)
+  monkeypatch.setattr(memory, "AUTO_ORDER", ("dots", "full"))   # the compiled choice: dots
 
   def on_step(step):
     if step == 3:
@@ -116,10 +161,22 @@ def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
   monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", n, limit))
   p = training.plan({"/x/runs/auto": cfg})
   (row,) = p["rows"]
-  params = memory.param_count(cfg)
-  assert row["peak_gb_per_device"] == memory.estimate(cfg, n, params, "none")["total"] / 1e9
-  assert row["remat"] == "none" and row["remat_note"].startswith("remat auto -> none")
+  # on the job's own devices (a memory limit): XLA's analysis of the chosen step
+  assert row["peak_compiled"] and row["remat"] == "none"
+  assert row["peak_gb_per_device"] == loop.compiled_peak_bytes(
+      memory.with_remat(cfg, "none")) / 1e9
+  assert row["remat_note"].startswith("remat auto -> none (compiled peak")
   assert "    remat auto -> none" in training.plan_text(p)
+  assert "XLA's analysis of each compiled step" in training.plan_text(p)
+  # planning for other devices: the estimate, said so
+  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", n + 7, limit))
+  p = training.plan({"/x/runs/auto": cfg})
+  (row,) = p["rows"]
+  params = memory.param_count(cfg)
+  assert not row["peak_compiled"]
+  assert row["peak_gb_per_device"] == memory.estimate(
+      memory.with_remat(cfg, row["remat"]), n + 7, params)["total"] / 1e9
+  assert "an estimate, rankjax.train.memory" in training.plan_text(p)
 
 
 def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():
