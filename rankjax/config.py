@@ -533,6 +533,11 @@ class TrainConfig(JsonConfig):
     stop_at: train only updates up to this one of the ``total_steps`` schedule (the
       learning-rate schedule is the full run's), save and stop (status "stopped"); a
       later run without it (or with a larger one) continues exactly. 0: off.
+    stop_on_collapse: stop (save; status "collapsed"; why, in the workdir's
+      ``stopped.json`` and ``load_run(...).stopped``) once some layer's token similarity
+      ``basic/tsim_y2`` has been at or above the collapse alarm's 0.95 at this many
+      consecutive diagnostics steps (LM runs with the ``basic`` diagnostic); a run
+      with a non-finite loss stops anyway (``NonFiniteLossError``). 0: off.
     label_frequency: also log, at every update, the frequency loss (postnorm Def 3.7)
       of the update's labels, pooled (``label_freq_aggregate``) and per sequence
       (``label_freq_per_sequence``): Sec 4.3's references for the collapsed loss,
@@ -579,6 +584,7 @@ class TrainConfig(JsonConfig):
   image_every: int = _field(100, resumable=True, build=False)
   label_frequency: bool = False
   stop_at: int = _field(0, resumable=True, build=False)
+  stop_on_collapse: int = _field(0, resumable=True, build=False)
 
   def __post_init__(self):
     # Which names train is rankjax.train.tasks' registry (require_task): configs import
@@ -635,6 +641,12 @@ class TrainConfig(JsonConfig):
       raise ValueError(f"diagnostics={self.diagnostics!r} must be a list of diagnostic names")
     object.__setattr__(self, "diagnostics", tuple(self.diagnostics))
     _non_negative_int("diag_examples", self.diag_examples)
+    _non_negative_int("stop_on_collapse", self.stop_on_collapse)
+    if self.stop_on_collapse and not (self.model == "lm" and self.diag_every
+                                      and "basic" in self.diagnostics):
+      raise ValueError(f"stop_on_collapse={self.stop_on_collapse} reads the basic "
+                       "diagnostic's token similarity: it needs model='lm', diag_every > 0 "
+                       "and 'basic' in diagnostics")
     _positive_int("checkpoint_every", self.checkpoint_every)
     _non_negative("checkpoint_minutes", self.checkpoint_minutes)
     _positive_int("max_to_keep", self.max_to_keep)

@@ -56,6 +56,7 @@ class RunNumbers:
   freq_loss: float | None = None           # frequency loss of the diagnostic examples
   grad_norm: np.ndarray | None = None      # (L,) per-layer gradient norm, last diag update
   eval_accuracy: float | None = None
+  stopped: dict[str, Any] | None = None    # the run's own stop (stop_on_collapse)
 
 
 def numbers_of(name: str, run: Any) -> RunNumbers:
@@ -74,7 +75,7 @@ def numbers_of(name: str, run: Any) -> RunNumbers:
       tsim=np.asarray(d["basic/tsim_y2"], float) if "basic/tsim_y2" in d else None,
       freq_loss=float(np.mean(d["postnorm/freq_loss"])) if "postnorm/freq_loss" in d else None,
       grad_norm=np.asarray(d["basic/grad_norm"], float)[-1] if "basic/grad_norm" in d else None,
-      eval_accuracy=acc)
+      eval_accuracy=acc, stopped=getattr(run, "stopped", None))
 
 
 _ARRAYS = ("steps", "tsim", "grad_norm")
@@ -155,6 +156,9 @@ def run_sentences(r: RunNumbers) -> list[str]:
       if c.layers != c.first_layers:
         s += f", and by the end that of {layer_ranges(c.layers)}"
       out.append(s + ".")
+  if r.stopped:
+    out.append(f"It stopped itself at update {r.stopped['step']} (stop_on_collapse): "
+               f"{r.stopped['reason']}.")
   if r.grad_norm is not None and len(r.grad_norm) > 1 and r.grad_norm[-1] > 0:
     ratio = r.grad_norm[0] / r.grad_norm[-1]
     out.append(f"At the last diagnostics update layer 0's parameter-gradient norm was "

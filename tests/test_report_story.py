@@ -53,6 +53,15 @@ def test_sentences_of_a_collapsed_run_come_from_its_numbers():
   assert "frequency loss" not in later and "gradient" not in later   # not recorded
 
 
+def test_a_run_that_stopped_itself_says_where_and_why():
+  why = "collapsed: token similarity >= 0.95 in layers 3, 4 at the last 2 diagnostics steps"
+  r = _numbers(_tsim({3: 2, 4: 2}), updates=31, stopped={"step": 31, "reason": why})
+  text = " ".join(story.run_sentences(r))
+  assert f"It stopped itself at update 31 (stop_on_collapse): {why}." in text
+  assert "stopped itself" not in " ".join(story.run_sentences(_numbers(_tsim({3: 2}))))
+  assert story.numbers_from_dict(story.numbers_to_dict(r)).stopped == r.stopped
+
+
 def test_sentences_of_a_run_that_did_not_collapse_say_so_with_its_highest_layer():
   sim = _tsim({})
   sim[-1, 4] = 0.8

@@ -18,7 +18,13 @@ layers, d=512, d_ff=1536, 4 heads, SwiGLU, RMSNorm, Llama-2 tokenizer, C4, T=204
                         rate: ours is the collapsing 8e-4, fixed before any run)
   post_lr{lr}_seed0     Post-Norm at the App F.4 ablation rates 1.2e-3, 1.5e-3, 1.8e-3 (Figs
                         12-20; one run each, as the paper and the quick ablation), with the
-                        diagnostics of the collapsing run
+                        diagnostics of the collapsing run; each stops itself once a layer
+                        has stayed collapsed for ``ABLATION_STOP`` diagnostics updates
+                        (``stop_on_collapse``; the paper's gradient windows are 10
+                        updates at the transition, 3123-3133, 1699-1709, 1754-1764, but
+                        its other panels may read later updates), so its rows are
+                        proxies marked "partial";
+                        ``--set stop_on_collapse=0`` trains the whole 40000
 
 at seeds ``SEEDS`` (the paper shows one run each; issue 25 asks >= 3 for a trained result;
 ``TINY_SEEDS`` at tiny).
@@ -42,6 +48,7 @@ SEEDS = (0, 1, 2)
 TINY_SEEDS = (0, 1)
 DIAGS = 'diagnostics=["basic","postnorm","postnorm_sublayer_norms"]'
 LABELS = "label_frequency=true"   # Sec 4.3's per-update references, logged in the step
+ABLATION_STOP = 2000   # diagnostics updates (every update) a layer stays collapsed: stop
 
 
 def post_collapse(seed: int) -> str:
@@ -71,7 +78,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     **{pre_same_lr(s): (f"learning_rate={COLLAPSE_LR}", f"seed={s}", "lm.norm_position=pre")
        for s in SEEDS},
     **{post_stable(s): (f"learning_rate={STABLE_LR}", f"seed={s}") for s in SEEDS},
-    **{ablation(lr): (f"learning_rate={lr}", "seed=0", "diag_every=1", DIAGS, LABELS)
+    **{ablation(lr): (f"learning_rate={lr}", "seed=0", "diag_every=1", DIAGS, LABELS,
+                      f"stop_on_collapse={ABLATION_STOP}")
        for lr in ABLATION_LRS},
     **{post_nowarmup(s): (f"learning_rate={COLLAPSE_LR}", "warmup_steps=0", f"seed={s}", LABELS)
        for s in SEEDS},

@@ -203,15 +203,22 @@ def judged(name: str, claims: Mapping[str, evidence.Claim], result: dict[str, An
 
 
 def partial_setting(runs: Mapping[str, Any]) -> str | None:
-  """The setting of an experiment whose runs (``{workdir: cfg}``) stop early
-  (``stop_at``): "partial: ..." naming them, or None when every run trains its whole
-  schedule."""
-  short = {os.path.basename(p): (c.stop_at, c.total_steps) for p, c in runs.items()
-           if 0 < getattr(c, "stop_at", 0) < c.total_steps}
+  """The setting of an experiment whose runs (``{workdir: cfg}``) end early: "partial:
+  ..." naming each that trains to ``stop_at`` or stopped itself on collapse
+  (``stop_on_collapse``: its ``stopped.json``), or None when every run trained its
+  whole schedule."""
+  from rankjax.train.checkpoint import read_stopped
+  short = {}
+  for path, c in runs.items():
+    stopped = read_stopped(path) if getattr(c, "stop_on_collapse", 0) else None
+    if stopped:
+      short[os.path.basename(path)] = (f"stopped itself at update {stopped['step']} of "
+                                       f"{c.total_steps} (stop_on_collapse)")
+    elif 0 < getattr(c, "stop_at", 0) < c.total_steps:
+      short[os.path.basename(path)] = f"trained to update {c.stop_at} of {c.total_steps}"
   if not short:
     return None
-  return "partial: " + ", ".join(f"{n} trained to update {a} of {t}"
-                                 for n, (a, t) in sorted(short.items()))
+  return "partial: " + ", ".join(f"{n} {why}" for n, why in sorted(short.items()))
 
 
 def _complete(name: str, r: dict[str, Any], scale: str, exp: Experiment,

@@ -168,17 +168,25 @@ def workdir(folder: str | pathlib.Path, name: str) -> str:
 
 def finished(path: str, cfg) -> bool:
   """The run in ``path`` has ``cfg`` (up to the resumable fields) and its last step
-  saved (``stop_at``'s, for a partial run)."""
+  saved (``stop_at``'s, for a partial run), or it stopped itself on collapse."""
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
   from rankjax.train import checkpoint
   from rankjax.train.loop import last_step
   saved = os.path.join(path, "config.json")
   if not (os.path.isfile(saved)
-          and os.path.isdir(os.path.join(path, "checkpoints", str(last_step(cfg))))):
+          and (os.path.isdir(os.path.join(path, "checkpoints", str(last_step(cfg))))
+               or stopped_itself(path, cfg))):
     return False
   differ = config_lib.diff(config_lib.from_json(TrainConfig, saved), cfg)
   return not [k for k in differ if k not in checkpoint.RESUMABLE_FIELDS]
+
+
+def stopped_itself(path: str, cfg) -> bool:
+  """The run in ``path`` stopped itself on collapse (``stop_on_collapse``; its
+  ``stopped.json``) and ``cfg`` keeps that stop: it will train no further."""
+  from rankjax.train.checkpoint import read_stopped
+  return bool(cfg.stop_on_collapse) and read_stopped(path) is not None
 
 
 class Preempted(RuntimeError):

@@ -114,6 +114,23 @@ def check_workdir_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> boo
   return True
 
 
+STOPPED = "stopped.json"   # a run's own stop (stop_on_collapse): {"step", "reason"}
+
+
+def read_stopped(workdir: str | epath.PathLike) -> dict[str, Any] | None:
+  """What ``workdir/stopped.json`` says (the update at which a run stopped itself and
+  why), or None."""
+  path = paths.as_path(workdir) / STOPPED
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_stopped(workdir: str | epath.PathLike, step: int, reason: str) -> None:
+  """``stopped.json``, written by process 0 atomically."""
+  if jax.process_index() == 0:
+    paths.write_text_atomic(paths.as_path(workdir) / STOPPED,
+                            json.dumps({"step": int(step), "reason": reason}) + "\n")
+
+
 def write_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> None:
   """config.json, written by process 0 atomically (temporary file + rename); all
   processes wait for it at a barrier, so none reads a half-written file."""

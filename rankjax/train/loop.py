@@ -50,7 +50,9 @@ from rankjax.train import paths
 from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
 from rankjax.train.checkpoint import Checkpointer, DiagnosticsHistory
+from rankjax.train.checkpoint import STOPPED, read_stopped, write_stopped
 from rankjax.train.checkpoint import check_workdir_config, write_config
+from rankjax.train.diagnostics_postnorm import ALARM_SIM_MIN as COLLAPSED_SIM
 from rankjax.train.logging import MetricsWriter
 from rankjax.train.state import TrainState, make_eval_step, make_init, make_optimizer, make_step
 
@@ -63,9 +65,10 @@ class NonFiniteLossError(RuntimeError):
 class TrainResult:
   """How a ``train`` call ended: ``status`` is "completed", "preempted" (saved and
   stopped on SIGTERM / Ctrl-C), "stopped" (saved at ``cfg.stop_at`` before
-  ``total_steps``; run again without it to continue) or "already_complete" (the
-  workdir's checkpoint had reached ``total_steps``, or ``stop_at``; nothing was run or
-  written)."""
+  ``total_steps``; run again without it to continue), "collapsed" (saved and stopped by
+  ``cfg.stop_on_collapse``; why in ``stopped.json``) or "already_complete" (the
+  workdir's checkpoint had reached ``total_steps``, or ``stop_at``, or the run had
+  stopped on collapse; nothing was run or written)."""
 
   workdir: epath.Path
   step: int
@@ -356,6 +359,17 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
     if had_steps:  # every step was incomplete (moved aside); the iterator may have moved
       data_it = make_data_iterator(cfg, task)
     state, start, history = compiled.init(), 0, DiagnosticsHistory()
+  stopped = read_stopped(workdir)
+  if stopped and not cfg.stop_on_collapse:   # trained on past its collapse stop, on purpose
+    if jax.process_index() == 0:
+      (workdir / STOPPED).unlink()
+    stopped = None
+  if stopped and restored is not None and restored.step == stopped["step"]:
+    ckpt.close()
+    if jax.process_index() == 0:
+      print(f"{workdir} stopped itself at update {stopped['step']}: {stopped['reason']} "
+            "(stop_on_collapse=0 trains on)", file=stream or sys.stdout)
+    return TrainResult(workdir, start, "already_complete", restored.metrics or {}, start)
   if start >= last_step(cfg):   # nothing to do: no event file, no new lines
     ckpt.close()
     if jax.process_index() == 0:
@@ -384,6 +398,9 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
       writer.message(f"done: step {step} of {workdir} ({step - start} updates in "
                      f"{time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
                      f"checkpoints/ are there, `rankjax report {workdir}` draws them")
+    elif status == "collapsed":
+      writer.message(f"stopped at update {step}: {loop.collapse_reason} (stop_on_collapse); "
+                     f"saved in {ckpt.directory}; stopped.json says why")
     elif status == "stopped":
       writer.message(f"stopped at update {step} of {cfg.total_steps} (stop_at), saved in "
                      f"{ckpt.directory}; run again without stop_at to continue")
@@ -391,6 +408,15 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_st
     writer.close()
     ckpt.close()
   return TrainResult(workdir, step, status, loop.last_metrics, start)
+
+
+def collapse_runs(tsim_rows: list[np.ndarray], threshold: float) -> np.ndarray:
+  """Per layer, how many of the last diagnostics steps in a row had token similarity at
+  or above ``threshold`` (``tsim_rows``: one (L,) row per diagnostics step, in order)."""
+  runs = np.zeros(len(tsim_rows[0]) if tsim_rows else 0, np.int64)
+  for row in tsim_rows:
+    runs = (runs + 1) * (np.asarray(row) >= threshold)
+  return runs
 
 
 def last_step(cfg: TrainConfig) -> int:
@@ -421,6 +447,8 @@ class _Loop:
     self.recent_losses: list[float] = []
     self._t_last = time.perf_counter()
     self._t_start = self._t_last
+    self.collapse_reason: str | None = None
+    self._tsim_rows = list(history.series.get("basic", {}).get("tsim_y2", []))  # resumed
 
   def run(self, state, start: int, preemption: _Preemption, on_step) -> tuple[int, str]:
     """Updates start+1 .. total_steps; on an error other than a non-finite loss the
@@ -470,6 +498,14 @@ class _Loop:
           self._finish(*self.pending)
           self.pending = None
         self._save(step, state)
+      if self.collapse_reason is not None and not stop:
+        if self.pending is not None:
+          self._finish(*self.pending)
+          self.pending = None
+        self._save(step, state)
+        self.ckpt.wait()
+        write_stopped(self.ckpt.workdir, step, self.collapse_reason)
+        return step, "collapsed"
       if stop:
         self.ckpt.wait()
         self.writer.message(f"{preemption.signal_name}: saved step {step} in "
@@ -552,6 +588,16 @@ class _Loop:
       diag = jax.device_get(diag)
       self.history.append(step, diag)
       self.writer.write_diagnostics(step, diag)
+      tsim = diag.get("basic", {}).get("tsim_y2")
+      if self.cfg.stop_on_collapse and tsim is not None:
+        self._tsim_rows.append(np.asarray(tsim))
+        runs = collapse_runs(self._tsim_rows[-self.cfg.stop_on_collapse:], COLLAPSED_SIM)
+        layers = np.flatnonzero(runs >= self.cfg.stop_on_collapse)
+        if layers.size and self.collapse_reason is None:
+          self.collapse_reason = (
+              f"collapsed: token similarity >= {COLLAPSED_SIM} in layers "
+              f"{', '.join(str(int(x)) for x in layers)} at the last "
+              f"{self.cfg.stop_on_collapse} diagnostics steps (to update {step})")
     self.last_metrics = {"step": step, **metrics}
     self.recent_losses = (self.recent_losses + [metrics["loss"]])[-100:]
 

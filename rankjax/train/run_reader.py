@@ -52,6 +52,8 @@ class Run:
       grad_norm, lr, tokens_per_s, ...) and one per evaluation (``"kind": "eval"``,
       eval_loss, ...); ``train_history`` and ``eval_history`` hold each kind alone.
     checkpoint_steps: the steps of the checkpoints in the workdir.
+    stopped: ``{"step", "reason"}`` when the run stopped itself (``stop_on_collapse``;
+      the workdir's ``stopped.json``), else None.
 
   ``repr`` is one line (workdir, model, step, checkpoints, how many series and rows).
   """
@@ -65,6 +67,7 @@ class Run:
   metrics: dict[str, Any]
   history: list[dict[str, Any]]
   checkpoint_steps: tuple[int, ...] = ()
+  stopped: dict[str, Any] | None = None
 
   def __repr__(self) -> str:
     return (f"Run({str(self.workdir)!r}, model={self.config.model!r}, step={self.step} of "
@@ -175,4 +178,4 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
              diagnostics=history.flat(), diagnostic_steps=np.asarray(history.steps, np.int64),
              metrics=out["metrics"],
              history=read_metrics_jsonl(workdir / "metrics.jsonl", up_to=s),
-             checkpoint_steps=tuple(saved))
+             checkpoint_steps=tuple(saved), stopped=ckpt_lib.read_stopped(workdir))

@@ -329,3 +329,14 @@ def test_rows_of_partial_runs_are_proxies_named_partial(tmp_path):
   assert evidence.recheck(done) == "proxy"
   (r,) = training.plan({str(tmp_path / "runs" / "a"): part})["rows"]
   assert r["updates"] == 4000 and r["tokens"] == 256 * 2048 * 4000
+  # a run that stopped itself on collapse is partial too, and finished for the runner
+  from rankjax.train import checkpoint
+  watched = dataclasses.replace(cfg, stop_on_collapse=500, diag_every=1)
+  (tmp_path / "runs" / "c").mkdir(parents=True)
+  assert runner.partial_setting({str(tmp_path / "runs" / "c"): watched}) is None
+  checkpoint.write_stopped(tmp_path / "runs" / "c", 3100, "collapsed: ...")
+  assert runner.partial_setting({str(tmp_path / "runs" / "c"): watched}) == (
+      "partial: c stopped itself at update 3100 of 40000 (stop_on_collapse)")
+  from rankjax import config as config_lib
+  config_lib.to_json(watched, tmp_path / "runs" / "c" / "config.json")
+  assert training.finished(str(tmp_path / "runs" / "c"), watched)

@@ -230,3 +230,38 @@ def test_stop_at_trains_the_first_updates_of_the_schedule_then_continues_exactly
   lr = lambda w: {json.loads(x)["step"]: json.loads(x)["lr"] for x in
                   (w / "metrics.jsonl").read_text().splitlines() if '"lr"' in x}
   assert lr(part) == lr(whole)
+
+
+def test_stop_on_collapse_saves_says_why_and_stays_stopped(tmp_path, compile_cache,
+                                                           monkeypatch):
+  """With the collapse threshold at 0 every layer counts as collapsed from the first
+  diagnostics step (updates 1, 2, 4, ...: diag_every=2), so stop_on_collapse=2 stops
+  after the second one (update 2), saving the update in hand (3: the loop reads each
+  step's outputs one step behind): status "collapsed", stopped.json and load_run say
+  why; the same command again trains nothing; without stop_on_collapse it trains on and
+  the stop is forgotten. At the real threshold the tiny LM never stops."""
+  from rankjax import load_run
+  from rankjax.train import loop
+  from tests.train.conftest import losses
+  whole = tmp_path / "whole"
+  assert train(tiny_lm(stop_on_collapse=2), whole, progress_bar=False).status == "completed"
+  monkeypatch.setattr(loop, "COLLAPSED_SIM", 0.0)
+  run = tmp_path / "run"
+  first = train(tiny_lm(stop_on_collapse=2), run, progress_bar=False)
+  assert (first.status, first.step) == ("collapsed", 3)
+  stopped = json.loads((run / "stopped.json").read_text())
+  assert stopped["step"] == 3 and "layers 0" in stopped["reason"]
+  assert "at the last 2 diagnostics steps (to update 2)" in stopped["reason"]
+  assert load_run(run).stopped == stopped and load_run(run).step == 3
+  again = train(tiny_lm(stop_on_collapse=2), run, progress_bar=False)
+  assert (again.status, again.step) == ("already_complete", 3)
+  monkeypatch.setattr(loop, "COLLAPSED_SIM", 0.95)
+  rest = train(tiny_lm(), run, progress_bar=False)
+  assert (rest.status, rest.start_step, rest.step) == ("completed", 3, 8)
+  assert not (run / "stopped.json").exists() and load_run(run).stopped is None
+  assert losses(run) == losses(whole)
+
+
+def test_stop_on_collapse_needs_the_basic_diagnostic():
+  with pytest.raises(ValueError, match="stop_on_collapse=3 reads the basic diagnostic"):
+    tiny_lm(stop_on_collapse=3, diag_every=0)
