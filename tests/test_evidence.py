@@ -277,30 +277,35 @@ def test_committed_rows_away_from_the_papers_setting_are_proxies():
   assert proxies > 0
 
 
+def _committed_rows_and_claims():
+  """``(path, row, its experiment's claims)`` of every committed row, every scale."""
+  from rankjax import reproduce
+  for name, folder in sorted(finder.find().items()):
+    study = reproduce.study(name)
+    for path in sorted(folder.glob("results/*/*.json")):
+      if path.name != "summary.json":
+        doc = json.loads(path.read_text())
+        claims = study.claims(doc["experiment"])
+        for r in doc["rows"]:
+          yield path, r, claims
+
+
 def test_every_committed_row_was_judged_by_the_claim_declared_today():
   """A committed row carries its claim (item, quantity, paper, rule, band): each is the
   claim its experiment declares now, so no claim was changed after its result was
   recorded (changing one means recording the experiment again)."""
-  from rankjax import reproduce
   seen = 0
-  for name, folder in sorted(finder.find().items()):
-    study = reproduce.study(name)
-    for path in sorted(folder.glob("results/*/*.json")):
-      if path.name == "summary.json":
-        continue
-      doc = json.loads(path.read_text())
-      claims = study.claims(doc["experiment"])
-      for r in doc["rows"]:
-        if r["status"] in ("missing", "failed"):
-          continue
-        c = claims.get(r["item"])
-        assert c is not None, (path, r["item"])
-        band = c.rule.band(c.paper) if hasattr(c.rule, "band") else None
-        assert (r["quantity"], r["paper"], r["rule"]) == (c.quantity, c.paper,
-                                                          c.rule.describe()), (path, r["item"])
-        assert r["band"] == band or (band is not None and math.isclose(r["band"], band)), (
-            path, r["item"])
-        seen += 1
+  for path, r, claims in _committed_rows_and_claims():
+    if r["status"] in ("missing", "failed"):
+      continue
+    c = claims.get(r["item"])
+    assert c is not None, (path, r["item"])
+    band = c.rule.band(c.paper) if hasattr(c.rule, "band") else None
+    assert (r["quantity"], r["paper"], r["rule"]) == (c.quantity, c.paper,
+                                                      c.rule.describe()), (path, r["item"])
+    assert r["band"] == band or (band is not None and math.isclose(r["band"], band)), (
+        path, r["item"])
+    seen += 1
   assert seen > 700
 
 
@@ -377,25 +382,17 @@ def test_every_committed_claim_fails_on_a_planted_counterexample():
   limit, is a mismatch under the claim its experiment declares: no claim passes
   whatever is measured. Band rows whose spread fits the band also match when moved
   onto the paper's value, so the rule discriminates both ways."""
-  from rankjax import reproduce
   failed = matched = 0
-  for name, folder in sorted(finder.find().items()):
-    study = reproduce.study(name)
-    for path in sorted(folder.glob("results/*/*.json")):
-      if path.name == "summary.json":
-        continue
-      doc = json.loads(path.read_text())
-      claims = study.claims(doc["experiment"])
-      for r in doc["rows"]:
-        if r["rule"] in (None, "qualitative") or r["ours"] is None:
-          continue
-        c = claims[r["item"]]
-        assert c.judge(_past(r))["status"] == "mismatch", (path, r["item"])
-        failed += 1
-        if r["band"] is not None and (not r["interval"] or (
-            r["interval"][1] - r["interval"][0]) / 2 < r["band"]):
-          assert c.judge(_past(r, inside=True))["status"] == "match", (path, r["item"])
-          matched += 1
+  for path, r, claims in _committed_rows_and_claims():
+    if r["rule"] in (None, "qualitative") or r["ours"] is None:
+      continue
+    c = claims[r["item"]]
+    assert c.judge(_past(r))["status"] == "mismatch", (path, r["item"])
+    failed += 1
+    if r["band"] is not None and (not r["interval"] or (
+        r["interval"][1] - r["interval"][0]) / 2 < r["band"]):
+      assert c.judge(_past(r, inside=True))["status"] == "match", (path, r["item"])
+      matched += 1
   assert failed > 700 and matched > 300, (failed, matched)
 
 
