@@ -50,6 +50,19 @@ def current() -> tuple[Mesh, dict] | None:
   return None if value is None else value[:2]
 
 
+def axis_size(logical: str) -> int:
+  """How many shards the logical axis ``logical`` has under the enclosing
+  ``activation_sharding`` (the product of its mesh axes' sizes); 1 outside one."""
+  value = getattr(_state, "value", None)
+  if value is None:
+    return 1
+  mesh, rules, _ = value
+  n = 1
+  for a in rules.get(logical, ()):
+    n *= mesh.shape[a]
+  return n
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   """``with_sharding_constraint`` of ``x`` by its logical axes (see module doc).
 

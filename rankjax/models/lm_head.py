@@ -70,11 +70,13 @@ def token_nll(z: jax.Array, labels: jax.Array) -> jax.Array:
   return jax.nn.logsumexp(z, axis=-1) - z_y
 
 
-def _chunk_loss_and_grads(h_CxD, w_DxV, y_C, wt_C, vocab_size):
+def _chunk_loss_and_grads(h_CxD, w_DxV, y_C, wt_C, vocab_size, shards: int = 1):
   """One chunk's weighted NLL sum and its gradients with respect to ``h`` and ``W``,
   from one logits matmul: d nll / d z = softmax(z) - onehot(y) (Thm 3.8's
   ``dL_CE/dF``), then dh = dz W^T and dW = h^T dz, both with 16-bit operands under
-  mixed precision and float32 accumulation (as ``_low_precision_bwd``)."""
+  mixed precision and float32 accumulation (as ``_low_precision_bwd``). dW comes as
+  ``(shards, D, V)``: each batch shard's own partial sum, left unreduced (the caller
+  sums the shards once, after every chunk)."""
   h_CxD = partitioning.constrain(h_CxD, ("batch", None))
   y_C, wt_C = (partitioning.constrain(a, ("batch",)) for a in (y_C, wt_C))
   z = head_logits(h_CxD, w_DxV, vocab_size)
@@ -84,8 +86,10 @@ def _chunk_loss_and_grads(h_CxD, w_DxV, y_C, wt_C, vocab_size):
   dz = dz.astype(h_CxD.dtype)
   w = w_DxV.astype(h_CxD.dtype)
   dh = jnp.matmul(dz, w.T, preferred_element_type=jnp.float32).astype(h_CxD.dtype)
-  dw = jnp.einsum("cd,cv->dv", h_CxD, dz, preferred_element_type=jnp.float32)
-  return nll, dh, dw
+  c = h_CxD.shape[0]
+  dw = jnp.einsum("scd,scv->sdv", h_CxD.reshape(shards, c // shards, -1),
+                  dz.reshape(shards, c // shards, -1), preferred_element_type=jnp.float32)
+  return nll, dh, partitioning.constrain(dw, ("batch", None, None))
 
 
 def _strided(a: jax.Array, chunk: int, pad: int) -> jax.Array:
@@ -107,11 +111,20 @@ def _chunked_fwd(h_NxD, w_DxV, labels_N, vocab_size, chunk):
   h = partitioning.constrain(_strided(h_NxD, chunk, pad), (None, "batch", None))
   y, wt = _strided(labels_N, chunk, pad), _strided(jnp.ones((n,), acc), chunk, pad)
 
+  # the weight gradient accumulates per batch shard (S partial sums, one per shard,
+  # each on its own devices) and is reduced once after the chunks: a (D, V) carry would
+  # be all-reduced in every chunk
+  shards = partitioning.axis_size("batch")
+  shards = shards if chunk % shards == 0 else 1
+
   def body(dw, xs):
-    nll, dh, dw_c = _chunk_loss_and_grads(*xs[:1], w_DxV, *xs[1:], vocab_size)
+    nll, dh, dw_c = _chunk_loss_and_grads(*xs[:1], w_DxV, *xs[1:], vocab_size, shards)
     return dw + dw_c, (nll, dh)
 
-  dw, (nlls, dh) = jax.lax.scan(body, jnp.zeros(w_DxV.shape, jnp.float32), (h, y, wt))
+  dw0 = partitioning.constrain(jnp.zeros((shards, *w_DxV.shape), jnp.float32),
+                               ("batch", None, None))
+  dw, (nlls, dh) = jax.lax.scan(body, dw0, (h, y, wt))
+  dw = jnp.sum(dw, axis=0)
   dh = jnp.swapaxes(dh, 0, 1).reshape(-1, h_NxD.shape[1])[:n]       # back to token order
   return jnp.sum(nlls) / n, (dh, (dw / n).astype(w_DxV.dtype), n, labels_N)
 

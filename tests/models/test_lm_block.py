@@ -282,7 +282,7 @@ def _head_matmuls(jaxpr, v: int) -> int:
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "dot_general":
       shapes = [x.aval.shape for x in (*eqn.invars, *eqn.outvars)]
-      count += any(len(sh) == 2 and sh[-1] == v for sh in shapes)
+      count += any(len(sh) >= 2 and sh[-1] == v for sh in shapes)   # (s, ., v): per shard
     for param in eqn.params.values():
       for p in (param if isinstance(param, (list, tuple)) else [param]):
         inner = p if hasattr(p, "eqns") else getattr(p, "jaxpr", None)   # Jaxpr / Closed

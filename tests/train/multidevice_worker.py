@@ -30,8 +30,9 @@ def main() -> None:
   tokens = rng.integers(0, 257, size=(16, cfg.seq_len + 1)).astype(np.int32)
   host_batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
-  def run(mesh, sharded_init: bool, init_host=None, zero1=False):
-    c = build(dataclasses.replace(cfg, zero1=zero1), mesh=mesh)
+  def run(mesh, sharded_init: bool, init_host=None, zero1=False, loss_chunk=0):
+    c = build(dataclasses.replace(cfg, zero1=zero1, lm=dataclasses.replace(
+        cfg.lm, loss_chunk=loss_chunk)), mesh=mesh)
     if sharded_init:
       state = c.init()
     else:
@@ -60,6 +61,15 @@ def main() -> None:
         for a, b in zip(jax.tree.leaves(state1.params), jax.tree.leaves(state.params)))
     out[f"step_{key}"] = int(state.step)
     out[f"specs_{key}"] = specs
+  # the chunked loss (4 chunks of 16 tokens a micro-batch): per-shard partial sums of the
+  # head gradient, reduced once, against one device
+  _, chunk1, chunk_m1, _ = run(shard_lib.make_mesh(1, 1, devices[:1]), True, loss_chunk=16)
+  _, chunk8, chunk_m8, _ = run(shard_lib.make_mesh(2, 4), False, init1, loss_chunk=16)
+  out["loss_chunked"] = [float(chunk_m1["loss"]), float(chunk_m8["loss"])]
+  out["grad_norm_chunked"] = [float(chunk_m1["grad_norm"]), float(chunk_m8["grad_norm"])]
+  out["param_max_rel_diff_chunked"] = max(
+      float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-12))
+      for a, b in zip(jax.tree.leaves(chunk1.params), jax.tree.leaves(chunk8.params)))
   try:
     build(dataclasses.replace(cfg, batch_size=12, grad_accum=1))
     out["batch_error"] = None

@@ -66,6 +66,10 @@ def test_step_on_1_and_8_devices_agrees():
     assert out[f"grad_norm_{key}"] == pytest.approx(out["grad_norm_1"], rel=1e-5)
     assert out[f"param_max_rel_diff_{key}"] < 1e-5
     assert out[f"step_{key}"] == 1
+  one, eight = out["loss_chunked"]                    # the chunked loss on 1 and 8 devices
+  assert eight == pytest.approx(one, rel=1e-6) and one == pytest.approx(out["loss_1"], rel=1e-5)
+  assert out["grad_norm_chunked"][1] == pytest.approx(out["grad_norm_chunked"][0], rel=1e-5)
+  assert out["param_max_rel_diff_chunked"] < 1e-5
   specs = out["specs_2x4"]
   assert specs[".params['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"  # (L, d=16, 32)
   assert specs[".params['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
@@ -153,6 +157,12 @@ def test_paper_configs_step_and_diagnostics_move_no_activation():
             continue                                   # token ids of the examples
           small = len(shape) == 0 or shape in ((layers,), (1,))
           assert small or shape in weights, (name, which, c)
+    # the LM head's gradient (d=64 x vocab 1024) is reduced once per micro-batch (loop
+    # depth 1: the micro-batch scan), never inside the loss-chunk scan (depth 2: five
+    # chunks of 256 tokens); before, every chunk all-reduced it
+    head = [c for c in out[f"{name}/step"] if c["op"] in ("all-reduce", "reduce-scatter")
+            and any(tuple(s) in ((64, 1024), (1024, 64)) for s in c["shapes"])]
+    assert head and all(c["loop_depth"] <= 1 for c in head), (name, head)
 
 
 @pytest.mark.slow   # two 8-device processes, 4 bf16 steps compiled and dumped
