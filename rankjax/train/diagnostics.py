@@ -79,6 +79,8 @@ class DiagInputs:
     activations, activation_grads: ``Task.capture`` output when some configured
       diagnostic has ``needs_capture``, else None.
     stacked_roots: parameter subtrees with a leading layer axis.
+    master_params: the float32 parameters (sharded as trained) when ``params`` is the
+      compute-dtype copy the forward passes use (``state.compute_copy``), else None.
   """
 
   kind: str
@@ -91,6 +93,7 @@ class DiagInputs:
   activations: Mapping[str, Array] | None = None
   activation_grads: Mapping[str, Array] | None = None
   stacked_roots: tuple[str, ...] = ()
+  master_params: Any = None
 
 
 DiagFn = Callable[[DiagInputs], Mapping[str, Array]]
@@ -178,7 +181,8 @@ def basic(d: DiagInputs) -> dict[str, Array]:
   g = gr.layer_sq_norms(d.grads, d.stacked_roots)
   if g is not None:
     out["grad_norm"] = jnp.sqrt(g)
-    out["param_norm"] = jnp.sqrt(gr.layer_sq_norms(d.params, d.stacked_roots))
+    params = d.params if d.master_params is None else d.master_params
+    out["param_norm"] = jnp.sqrt(gr.layer_sq_norms(params, d.stacked_roots))
   for k, x in (d.activations or {}).items():
     if x.ndim == 4:      # (L, B, T, d): tokens of each example
       out[f"tsim_{k}"] = jnp.mean(token_similarity(x), axis=-1)

@@ -153,6 +153,11 @@ def reductions(grad_reduce_dtype: str) -> None:
     (path,) = [f for f in set(glob.glob(os.path.join(dump, "*jit_step*after_spmd-partitioning*")))
                - before]
     out[name] = {"collectives": collectives(open(path).read()), "params": params}
+    before = set(glob.glob(os.path.join(dump, "*")))        # the diagnostics step
+    _compiled_hlo(dataclasses.replace(cfg, diag_every=1), shard_lib.make_mesh(1, 8), "diag")
+    (path,) = [f for f in set(glob.glob(os.path.join(dump, "*jit_step*after_spmd-partitioning*")))
+               - before]
+    out[name]["diag"] = collectives(open(path).read())
   print(json.dumps(out))
 
 

@@ -197,6 +197,15 @@ def test_paper_configs_gather_bf16_and_reduce_gradients_in_float32(tmp_path,
       assert {dtype for dtype, _ in reduced} == {"f32"}, (name, reduced)
     else:
       assert sum(dtype == "bf16" for dtype, _ in matrices) >= 5, (name, reduced)
+    # the diagnostics step gathers its replicated copy of the weights in bfloat16 (cast on
+    # the shards, state.compute_copy); float32 only the tables it keeps so: the token
+    # embedding (vocab 1024 x d) and the learned positions (40 x d), or norm gains
+    diag = [(c["dtypes"][0], tuple(c["shapes"][0])) for c in out[name]["diag"]
+            if c["op"] == "all-gather"]
+    assert any(dtype == "bf16" for dtype, _ in diag), (name, diag)
+    kept = {(1024, 64), (40, 64)}
+    assert all(shape in kept or len(shape) == 1 for dtype, shape in diag if dtype == "f32"), (
+        name, diag)
 
 
 def test_rule_table_names_every_parameter_and_shards_d_model():
