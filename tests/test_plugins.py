@@ -37,11 +37,11 @@ def test_run_control_field_lists_come_from_field_metadata():
   assert set(loop._NOT_BUILT) == {
       "log_every", "checkpoint_every", "max_to_keep", "async_checkpointing", "eval_every",
       "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer", "compilation_cache_dir",
-      "image_every", "checkpoint_minutes", "stop_at"}
+      "image_every", "checkpoint_minutes", "stop_at", "stop_on_collapse"}
   assert checkpoint.RESUMABLE_FIELDS == {
       "log_every", "checkpoint_every", "max_to_keep", "async_checkpointing", "mesh_data",
       "mesh_fsdp", "zero1", "eval_every", "eval_batches", "eval_split", "compilation_cache_dir",
-      "image_every", "checkpoint_minutes", "stop_at"}
+      "image_every", "checkpoint_minutes", "stop_at", "stop_on_collapse"}
   assert config_lib.fields_with(MLPConfig, "resumable", True) == ()
 
 
