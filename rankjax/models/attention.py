@@ -41,6 +41,9 @@ from rankjax.models import splash_attention
 from rankjax.models.matmul import weight_matmul
 
 ATTENTION_OUT = "attention_out"   # checkpoint_name of the heads' output, before W_O
+# checkpoint_name of what a fused kernel's backward reads (its inputs, output and softmax
+# statistics): saved by remat="dots", so the backward never runs the kernel's forward again
+ATTENTION_RESIDUALS = "attention_residuals"
 from rankjax.numerics import float_dtype
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -230,6 +233,29 @@ def projections(x: jax.Array, weights: dict[str, jax.Array],
   return ys if biases is None else [y + biases[n] for y, n in zip(ys, names)]
 
 
+def with_named_residuals(kernel):
+  """``kernel(q, k, v)`` whose backward reads residuals named ``ATTENTION_RESIDUALS``
+  (``checkpoint_name``): a fused attention kernel's custom VJP keeps its residuals (the
+  softmax statistics among them) unnamed, so a remat policy that saves only named values
+  and dots ran the kernel's forward a second time in the backward pass; named, the
+  ``dots`` policy saves them. Values and gradients are the kernel's own."""
+  @jax.custom_vjp
+  def attend(q, k, v):
+    return kernel(q, k, v)
+
+  def fwd(q, k, v):
+    out, pullback = jax.vjp(kernel, q, k, v)
+    leaves, tree = jax.tree_util.tree_flatten(pullback)
+    return out, jax.tree_util.tree_unflatten(
+        tree, [checkpoint_name(x, ATTENTION_RESIDUALS) for x in leaves])
+
+  def bwd(pullback, g):
+    return pullback(g)
+
+  attend.defvjp(fwd, bwd)
+  return attend
+
+
 QUERY_BLOCK = 128   # query rows per block of blocked_attention
 
 
@@ -330,10 +356,13 @@ class CausalSelfAttention(nn.Module):
     else:
       scale, impl = 1.0 / (math.sqrt(dh) * cfg.tau), fused_impl(cfg, dtype, t)
       if impl == "splash":
-        out = splash_attention.causal_attention(q, k, v, scale)
+        kernel = functools.partial(splash_attention.causal_attention, scale=scale)
       else:
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                           implementation=impl)
+        kernel = functools.partial(jax.nn.dot_product_attention, is_causal=True,
+                                   scale=scale, implementation=impl)
+      # the fused kernels are custom VJPs already (no forward-mode autodiff either way);
+      # XLA's is plain ops, kept differentiable both ways for the Jacobian measurements
+      out = (with_named_residuals(kernel) if impl in ("cudnn", "splash") else kernel)(q, k, v)
       if cfg.prefix_avg_removal:
         out = (out.astype(float_dtype(dtype))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)

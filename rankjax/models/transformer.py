@@ -39,19 +39,21 @@ import jax.numpy as jnp
 from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models import activations, blocks
-from rankjax.models.attention import (ATTENTION_OUT, CausalSelfAttention, matrix_init,
-                                      projections)
+from rankjax.models.attention import (ATTENTION_OUT, ATTENTION_RESIDUALS,
+                                      CausalSelfAttention, matrix_init, projections)
 from rankjax.models.lm_head import head_logits
 from rankjax.models.matmul import lookup, weight_matmul
 from rankjax.models.norms import Norm
 from rankjax.numerics import float_dtype
 
 SUBLAYER_NAMES = ("x1", "y1", "x2", "y2")
-# dots: the matmul outputs and the attention heads' output (a fused kernel is no dot:
-# without its name the backward pass recomputed the whole attention forward)
+# dots: the matmul outputs, the attention heads' output and the fused kernel's residuals
+# (a fused kernel is no dot: without their names the backward pass recomputed the whole
+# attention forward)
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
                       jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                      jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT)),
+                      jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT,
+                                                                    ATTENTION_RESIDUALS)),
                   "full": jax.checkpoint_policies.nothing_saveable}
 # remat="auto" where no memory estimate chose for it (rankjax.train.memory.resolve_remat
 # chooses at build; a model built from the config alone, or a device reporting no limit)

@@ -275,3 +275,31 @@ def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu
   square = lambda text: [s for s in _shapes(text) if len(s) >= 2 and s[-2:] == (t, t)]
   assert not square(exported(cfg))
   assert square(exported(dataclasses.replace(cfg, attention_impl="einsum")))
+
+
+@pytest.mark.parametrize("platform,impl,t", [("cuda", "cudnn", T), ("tpu", "splash", 256)])
+def test_remat_dots_runs_the_fused_kernel_forward_once(platform, impl, t):
+  """Under remat="dots" the fused kernel's residuals (its output and softmax statistics,
+  named ATTENTION_RESIDUALS) are saved, so the backward pass runs no second forward: one
+  forward kernel per layer scan, as without remat; remat="full" saves nothing and runs
+  it twice (the count can tell them apart). Lowered for a GPU (cuDNN) and a TPU (splash)
+  from this CPU."""
+  def forwards(remat):
+    cfg = dataclasses.replace(BF16, attention_impl=impl, remat=remat, max_seq_len=t)
+    text = _step_text(cfg, platform=platform, t=t)
+    if platform == "cuda":
+      return text.count("__cudnn$fmhaSoftmax") - text.count("__cudnn$fmhaSoftmaxBackward")
+    return len(re.findall(r'kernel_name = "splash_mha_fwd_residuals"', text))
+  assert forwards("none") == forwards("dots") == 1
+  assert forwards("full") == 2
+
+
+def test_named_residuals_change_no_value_or_gradient():
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 16, 2, 8)) for i in range(3))
+  kernel = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+  wrapped = attention.with_named_residuals(kernel)
+  loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))
+  np.testing.assert_array_equal(wrapped(q, k, v), kernel(q, k, v))
+  for a, b in zip(jax.grad(loss(wrapped), argnums=(0, 1, 2))(q, k, v),
+                  jax.grad(loss(kernel), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_array_equal(a, b)
