@@ -212,19 +212,19 @@ def _command(args) -> int:
     if not pathlib.Path(path).exists():
       raise FileNotFoundError(f"--checkpoint {path}: no such file or folder")
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
+  plan = lambda: run(args.study, args.out, args.scale, args.only, args.record, args.check,
+                     options, args.studies, args.set, plan_only=True)
   try:      # the plan first, always: on a CPU without --allow-cpu it is printed, then refused
     check_accelerator(args.scale, args.allow_cpu or args.plan)
   except NoAccelerator as refusal:
     from rankjax.studies.runner import NotPrepared
     try:
-      run(args.study, args.out, args.scale, args.only, args.record, args.check, options,
-          args.studies, args.set, plan_only=True)
+      plan()
     except NotPrepared as e:                         # both refusals, in one line
       raise NoAccelerator(f"{refusal}; and {e}") from None
     raise                                            # ValueError: one line, exit 2 (cli)
   if args.plan:
-    run(args.study, args.out, args.scale, args.only, args.record, args.check, options,
-        args.studies, args.set, plan_only=True)
+    plan()
     return 0
   from rankjax.studies.training import Preempted as preempted
   try:

@@ -95,7 +95,9 @@ class Compiled:
 def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
           diags: tuple[diag_lib.Diagnostic, ...] | None = None) -> Compiled:
   """The task, mesh, shardings and jitted functions of ``cfg`` (no data, no I/O);
-  ``lm.remat="auto"`` is resolved here by the memory estimate (``memory.resolve_remat``)."""
+  ``lm.remat="auto"`` is resolved here (``memory.resolve_remat``): by XLA's analysis of
+  each policy's compiled step (``compiled_peak_bytes``) where the devices report a memory
+  limit, else by the estimate's fallback."""
   limit = memory.device_limit()
   cfg, remat_note = memory.resolve_remat(cfg, jax.device_count(), limit,
                                          measure=compiled_peak_bytes if limit else None)
