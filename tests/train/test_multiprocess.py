@@ -69,11 +69,29 @@ def launch(env, cfg, workdir, tmp_path, *, processes: int, devices: int,
                     None)
       out.append((p.returncode, result, stderr))
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
+    _kill_unfinished(procs)
   return out
+
+
+def _kill_unfinished(procs) -> None:
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+
+
+def _records(tmp_path, docs: int, seed: int):
+  """A streamed text set: ``docs`` documents in one ArrayRecord file under tmp_path."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  from tests.data.util import make_docs
+  root = tmp_path / "records"
+  root.mkdir()
+  writer = ArrayRecordWriter(str(root / "docs.array_record"), "group_size:1")
+  for doc in make_docs(docs, seed=seed):
+    writer.write(doc.encode("utf-8"))
+  writer.close()
+  return root
 
 
 def _cfg():
@@ -164,16 +182,8 @@ def test_streamed_set_uneven_eval_hosts_and_resume_with_one_process(worker_env, 
   and every host stops together (no hang). Its training order is one global order
   (``rankjax.data.streams``): a checkpoint of 2 processes resumes with 1 process x 4
   devices (iterator re-sharded) to the losses of the uninterrupted 2-process run."""
-  from array_record.python.array_record_module import ArrayRecordWriter
-
   from rankjax import data
-  from tests.data.util import make_docs
-  root = tmp_path / "records"
-  root.mkdir()
-  writer = ArrayRecordWriter(str(root / "docs.array_record"), "group_size:1")
-  for doc in make_docs(40, seed=1):
-    writer.write(doc.encode("utf-8"))
-  writer.close()
+  root = _records(tmp_path, docs=40, seed=1)
   cfg = tiny_lm(dataset=str(root), batch_size=8, grad_accum=2, eval_every=4, eval_batches=10**6,
                 diag_every=0, total_steps=8)
   counts = [sum(1 for _ in data.make_iterator(
@@ -226,13 +236,12 @@ def _cli_pod(env, cfg_path, workdir, *, processes: int, devices: int,
           procs[term_process].send_signal(signal.SIGTERM)
           break
         time.sleep(0.05)
-    out = [(p.wait(timeout=max(1, deadline - time.time())), p.stderr.read()[-3000:])
-           for p in procs]
+    out = []
+    for p in procs:        # communicate: both pipes drained, none fills up and blocks
+      _, stderr = p.communicate(timeout=max(1, deadline - time.time()))
+      out.append((p.returncode, stderr[-3000:]))
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
+    _kill_unfinished(procs)
   return out
 
 
@@ -245,17 +254,10 @@ def test_a_simulated_pod_trains_the_tiny_paper_config_stops_together_and_resumes
   resumes as 2 processes x 4 devices (the same mesh, the data iterator re-sharded) and
   ends with the losses of an uninterrupted 4-process run: within 1e-5 relative (the
   processes reduce in another order: not bitwise)."""
-  from array_record.python.array_record_module import ArrayRecordWriter
+  import dataclasses
 
   from rankjax.studies import training
-  from tests.data.util import make_docs
-  root = tmp_path / "records"
-  root.mkdir()
-  writer = ArrayRecordWriter(str(root / "docs.array_record"), "group_size:1")
-  for doc in make_docs(60, seed=2):
-    writer.write(doc.encode("utf-8"))
-  writer.close()
-  import dataclasses
+  root = _records(tmp_path, docs=60, seed=2)
   STEPS = 24        # noqa: N806 (the tiny scale's run length)
   tiny = training.tiny(training.load("experiments/configs/postnorm_48l_d512_c4.json"))
   cfg = dataclasses.replace(tiny, dataset=str(root), tokenizer=None, batch_size=16,
