@@ -267,16 +267,23 @@ def on_the_devices(num_devices: int) -> bool:
   return memory.device_limit() is not None and num_devices == jax.device_count()
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled_peak(cfg):
+  """``loop.compiled_peak_bytes``, once per config (the plan, the remat choice and the
+  refusals all ask)."""
+  from rankjax.train import loop
+  return loop.compiled_peak_bytes(cfg)
+
+
 def resolved(cfg, num_devices: int):
   """``(cfg, note)``: ``lm.remat="auto"`` replaced by the policy ``rankjax train`` will
   choose on these devices (``rankjax.train.memory.resolve_remat``, the same limit
   ``memory.device_limit`` and, on the devices, the same compiled peaks), and the line
   saying so (None when nothing was chosen)."""
-  from rankjax.train import loop, memory
+  from rankjax.train import memory
   return memory.resolve_remat(cfg, num_devices, memory.device_limit(),
                               params=_param_count(cfg),
-                              measure=(loop.compiled_peak_bytes
-                                       if on_the_devices(num_devices) else None))
+                              measure=_compiled_peak if on_the_devices(num_devices) else None)
 
 
 def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
@@ -284,10 +291,10 @@ def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
   (``resolved``): on the devices themselves (``on_the_devices``) XLA's analysis of the
   compiled step (``total``; ``compiled`` 1.0), elsewhere the library's one estimate
   (``rankjax.train.memory.estimate``; ``compiled`` 0.0)."""
-  from rankjax.train import loop, memory
+  from rankjax.train import memory
   run_cfg = resolved(cfg, num_devices)[0]
   est = memory.estimate(run_cfg, num_devices, _param_count(cfg))
-  peak = loop.compiled_peak_bytes(run_cfg) if on_the_devices(num_devices) else None
+  peak = _compiled_peak(run_cfg) if on_the_devices(num_devices) else None
   return {**est, "total": peak if peak is not None else est["total"],
           "compiled": float(peak is not None)}
 
