@@ -105,6 +105,8 @@ def tiny(cfg, data_dir: str | None = None):
 # is active
 _USER_SETS: tuple[str, ...] = ()
 _SETS_APPLIED = [0]   # configs the active sets reached (``rankjax reproduce`` checks > 0)
+# {fitted config: the line saying how :func:`fit_batch` changed it} (the plan prints it)
+_BATCH_NOTES: dict[Any, str] = {}
 
 
 @contextlib.contextmanager
@@ -131,17 +133,25 @@ def sets_applied() -> int:
 
 
 def at_scale(cfg, scale: str):
-  """``cfg`` as the runs of ``scale`` train it: :func:`tiny` at ``tiny``, then the
-  user's ``--set`` (:func:`user_sets`), then the batch split fitted to this job's devices
-  (:func:`fit_batch`: the global batch kept)."""
+  """``cfg`` as the runs of ``scale`` train it: :func:`tiny` at ``tiny`` (its parameters
+  and optimizer state sharded over this job's devices, ``mesh_fsdp``, as a paper run that
+  needs it: the paper step's code path on host devices), then the user's ``--set``
+  (:func:`user_sets`), then the batch split fitted to this job's devices
+  (:func:`fit_batch`: the global batch kept; the plan prints the change)."""
+  import math
+
+  import jax
   from rankjax import config as config_lib
   if scale == "tiny":
     cfg = tiny(cfg, os.environ.get(TINY_DATA_DIR) or None)
+    cfg = dataclasses.replace(cfg, mesh_fsdp=math.gcd(jax.device_count(), cfg.batch_size))
   if _USER_SETS:
     cfg = config_lib.override(cfg, _USER_SETS, "rankjax reproduce --set")
     _SETS_APPLIED[0] += 1
-  import jax
-  return fit_batch(cfg, jax.device_count())[0]
+  fitted, note = fit_batch(cfg, jax.device_count())
+  if note:
+    _BATCH_NOTES[fitted] = note
+  return fitted
 
 
 def fit_batch(cfg, num_devices: int):
@@ -369,7 +379,8 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
         "peak_gb_per_device": est["total"] / 1e9, "peak_compiled": bool(est["compiled"]),
         "device_hours": hours,
-        "remat": run_cfg.lm.remat if cfg.model == "lm" else None, "remat_note": note})
+        "remat": run_cfg.lm.remat if cfg.model == "lm" else None, "remat_note": note,
+        "batch_note": _BATCH_NOTES.get(cfg)})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
   return {
@@ -396,8 +407,9 @@ def plan_text(p: Mapping[str, Any]) -> str:
                  f"{num(r['parameters'], '{:.3g}'):>9} {num(r['checkpoint_gb']):>8} "
                  f"{num(r['peak_gb_per_device']):>7} "
                  f"{'done' if r['done'] else num(r['device_hours']):>7}")
-    if r.get("remat_note"):
-      lines.append(f"    {r['remat_note']}")
+    for key in ("batch_note", "remat_note"):
+      if r.get(key):
+        lines.append(f"    {r[key]}")
   compiled = all(r.get("peak_compiled") for r in p["rows"])
   lines.append(f"  total: {num(p['device_hours'])} device-hours to train, "
                f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory per device: "

@@ -81,15 +81,17 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_train_together_and_process_0_alone_analyses(tmp_path):
-  """`rankjax reproduce` on both processes of a jax.distributed job (localhost, gloo):
-  the runs are trained once by both (one mesh over the two processes' devices), the
-  summary and report come from process 0 only."""
+  """`rankjax reproduce` on both processes of a jax.distributed job (localhost, gloo,
+  2 host devices each): the runs are trained once by both (one mesh over the two
+  processes' four devices, the parameters and optimizer state sharded over all four:
+  ``mesh_fsdp`` 4, the paper step's code path), the summary and report come from
+  process 0 only."""
   port, procs = _free_port(), []
   out = tmp_path / "out"
   for i in range(2):
     env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID=str(i), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+               XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     procs.append(subprocess.Popen(
         [sys.executable, "-c", "import sys; from rankjax import cli; sys.exit(cli.main())",
          "reproduce", "postnorm_collapse", "--scale", "tiny",
@@ -111,4 +113,6 @@ def test_two_processes_train_together_and_process_0_alone_analyses(tmp_path):
   for name in STUDY.experiments["fig3_fig5"].runs("tiny"):
     metrics = (study / "collapse" / "runs" / name / "metrics.jsonl").read_text()
     assert len(metrics.splitlines()) >= training.TINY_STEPS
+    saved = json.loads((study / "collapse" / "runs" / name / "config.json").read_text())
+    assert saved["mesh_fsdp"] == 4, saved["mesh_fsdp"]
   assert "2 process(es)" in logs[0][0]

@@ -234,6 +234,22 @@ def test_the_batch_split_is_fitted_to_any_device_count():
   assert training.fit_batch(cfg, 3) == (cfg, None)
 
 
+def test_the_plan_prints_how_the_batch_split_was_fitted(monkeypatch):
+  """On 32 devices a paper run's grad_accum falls 16 -> 8 (batch 256 kept) and the plan
+  row says so; on 8 devices nothing changes and the plan says nothing of it."""
+  import jax
+  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 32, 141e9))
+  monkeypatch.setattr(jax, "device_count", lambda: 32)
+  cfg = training.at_scale(training.load(PAPER_LM), "paper")
+  assert cfg.grad_accum == 8
+  text = training.plan_text(training.plan({"/o/runs/a": cfg}))
+  assert "grad_accum 16 -> 8: micro-batch 32 over 32 devices (batch 256 kept)" in text
+  monkeypatch.setattr(jax, "device_count", lambda: 8)
+  cfg = training.at_scale(training.load(PAPER_LM), "paper")
+  assert cfg.grad_accum == 16
+  assert "grad_accum" not in training.plan_text(training.plan({"/o/runs/b": cfg}))
+
+
 @pytest.mark.parametrize("config, sets", [(PAPER_LM, ()), (GPT2_774M, (
     "lm.attn_dropout_rate=0.1", "lm.embed_norm=false"))])
 def test_both_paper_configs_plan_on_every_device_count(config, sets):
