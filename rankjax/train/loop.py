@@ -127,28 +127,43 @@ def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
                   remat_note=remat_note)
 
 
-def compiled_peak_bytes(cfg: TrainConfig) -> float | None:
+def compiled_peak_bytes(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None
+                        ) -> float | None:
   """XLA's peak bytes per device of ``cfg``'s training step compiled for this job's
-  devices (``memory_analysis``: arguments + outputs + temporaries, less the outputs
-  aliasing donated arguments), the larger of the plain and the diagnostics variant when
-  diagnostics run; None where the backend gives no analysis. Nothing is allocated."""
-  c = build(cfg)
+  devices (or ``mesh``'s): ``compiled_memory``'s peak, the larger of the plain and the
+  diagnostics variant when diagnostics run; None where the backend gives no analysis."""
+  parts = compiled_memory(cfg, mesh)
+  return None if parts is None else max(p["peak"] for p in parts.values())
+
+
+def compiled_memory(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None
+                    ) -> dict[str, dict[str, float]] | None:
+  """``{"step": ..., "diag_step": ...}`` (the latter when diagnostics run): XLA's
+  ``memory_analysis`` of each compiled step per device, in bytes: ``arguments`` (the
+  sharded train state and the batch), ``outputs``, ``temporaries``, ``aliased`` (outputs
+  written into the donated state) and ``peak`` = arguments + outputs + temporaries -
+  aliased. None where the backend gives no analysis. Nothing is allocated."""
+  c = build(cfg, mesh)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        jax.eval_shape(c.init), c.state_shardings)
   micro = cfg.batch_size // cfg.grad_accum
   batch = {k: jax.ShapeDtypeStruct((cfg.grad_accum, micro, *v.shape[1:]), v.dtype,
                                    sharding=c.batch_sharding)
            for k, v in jax.eval_shape(lambda: c.task.dummy_batch(1)).items()}
-  peaks = []
-  for fn in (c.step, c.diag_step):
+  out = {}
+  for name, fn in (("step", c.step), ("diag_step", c.diag_step)):
     if fn is None:
       continue
     m = fn.lower(state, batch).compile().memory_analysis()
     if m is None:
       return None
-    peaks.append(float(m.argument_size_in_bytes + m.output_size_in_bytes
-                       + m.temp_size_in_bytes - m.alias_size_in_bytes))
-  return max(peaks)
+    out[name] = {"arguments": float(m.argument_size_in_bytes),
+                 "outputs": float(m.output_size_in_bytes),
+                 "temporaries": float(m.temp_size_in_bytes),
+                 "aliased": float(m.alias_size_in_bytes),
+                 "peak": float(m.argument_size_in_bytes + m.output_size_in_bytes
+                               + m.temp_size_in_bytes - m.alias_size_in_bytes)}
+  return out
 
 
 @functools.lru_cache(maxsize=2)

@@ -5,6 +5,9 @@
   python tests/train/hlo_worker.py paper -> the same for the two paper configs
                                         (experiments/configs) at reduced width under
                                         mesh_fsdp=8, training and diagnostics steps
+  python tests/train/hlo_worker.py memory -> XLA's memory analysis of the two shrunk paper
+                                        configs' training step on 8 and 4 of the devices,
+                                        with and without mesh_fsdp (``MEMORY_MESHES``)
   python tests/train/hlo_worker.py reductions DTYPE -> their bf16 training steps'
                                         collectives after SPMD partitioning, with
                                         lm.grad_reduce_dtype=DTYPE (needs --xla_dump_to)
@@ -134,6 +137,35 @@ def paper() -> None:
   print(json.dumps(out))
 
 
+# (devices, mesh_fsdp) of ``memory``: the memory refusal's fix (fsdp over all the
+# devices) against none, on 8 devices, and the fix on 4 (a sub-mesh of the first 4)
+MEMORY_MESHES = ((8, 1), (8, 8), (4, 4))
+
+
+def memory() -> None:
+  """For each shrunk paper config (``shrunk_paper_config``, float32 as shipped) and each
+  of ``MEMORY_MESHES``: ``loop.compiled_memory`` of the training step, its parameter
+  count and the bytes of one global batch."""
+  import numpy as np
+
+  from rankjax.train import loop
+  from rankjax.train import memory as memory_lib
+  out = {}
+  for name in PAPER_CONFIGS:
+    cfg = dataclasses.replace(shrunk_paper_config(name), diag_every=0)
+    task_spec = build(cfg, mesh=shard_lib.make_mesh(1, 8)).task.example_spec
+    batch = sum(cfg.batch_size * int(np.prod(shape)) * np.dtype(dtype).itemsize
+                for shape, dtype in task_spec.values())
+    rows = []
+    for n, fsdp in MEMORY_MESHES:
+      mesh = shard_lib.make_mesh(0, fsdp, jax.devices()[:n])
+      run = dataclasses.replace(cfg, mesh_fsdp=fsdp)
+      rows.append({"devices": n, "fsdp": fsdp,
+                   **loop.compiled_memory(run, mesh)["step"]})
+    out[name] = {"params": memory_lib.param_count(cfg), "batch_bytes": batch, "rows": rows}
+  print(json.dumps(out))
+
+
 def reductions(grad_reduce_dtype: str) -> None:
   """The collectives of both paper configs' training step (shrunk as in ``paper``,
   bfloat16 compute, mesh_fsdp=8) right after SPMD partitioning, read from the module
@@ -186,5 +218,7 @@ if __name__ == "__main__":
   import sys
   if sys.argv[1:2] == ["reductions"]:
     reductions(sys.argv[2])
+  elif sys.argv[1:] == ["memory"]:
+    memory()
   else:
     paper() if sys.argv[1:] == ["paper"] else main()
