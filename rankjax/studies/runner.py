@@ -225,13 +225,15 @@ def _complete(name: str, r: dict[str, Any], scale: str, exp: Experiment,
               partial: str | None = None) -> dict:
   """A judged row with every field of :data:`FIELDS` (the experiment's name and the
   scale added); a ``proxy`` away from the paper's setting, or when its runs are
-  ``partial`` (:func:`partial_setting`), whatever the scale."""
+  ``partial`` (:func:`partial_setting`), whatever the scale (at ``tiny``, never judged,
+  the note names it)."""
   if scale != "tiny" and r["item"] not in exp.scale_free:
     setting = setting_of(name, exp, scale)
     if setting != PAPER_SETTING:
       r = evidence.as_proxy(r, setting)
-  if scale != "tiny" and partial:
-    r = evidence.as_proxy(r, partial)
+  if partial:
+    r = (evidence.as_proxy(r, partial) if scale != "tiny"
+         else {**r, "note": "; ".join(filter(None, (partial, r.get("note"))))})
   return _filled(name, r, scale)
 
 

@@ -116,3 +116,22 @@ def test_two_processes_train_together_and_process_0_alone_analyses(tmp_path):
     saved = json.loads((study / "collapse" / "runs" / name / "config.json").read_text())
     assert saved["mesh_fsdp"] == 4, saved["mesh_fsdp"]
   assert "2 process(es)" in logs[0][0]
+
+
+@pytest.mark.slow
+def test_the_analyses_run_on_partial_runs_and_name_them(tmp_path, monkeypatch):
+  """Runs cut short (``--set stop_on_collapse=2`` with the collapse threshold at 0: every
+  run stops itself a few updates into its 24, after its second diagnostics step) still
+  give every row of Figs 3-5 and the LR ablation (App F.4): the analyses read what was
+  saved, and each row's note names the partial runs. (A run to ``stop_at`` is named the
+  same way: ``test_training_runs.test_rows_of_partial_runs_are_proxies_named_partial``.)"""
+  from rankjax.train import loop
+  monkeypatch.setattr(loop, "COLLAPSED_SIM", 0.0)
+  why = "of 24 (stop_on_collapse)"
+  with training.user_sets(["stop_on_collapse=2"]):
+    res = runner.run_study(STUDY, tmp_path / "pn", "tiny", ["fig3", "fig12"])
+  assert res["failed"] == [], res["rows"]
+  rows = res["rows"]
+  assert {r["experiment"] for r in rows} == {"fig3_fig5", "fig12"}
+  for r in rows:
+    assert r["status"] == "tiny" and r["note"].startswith("partial: ") and why in r["note"], r
