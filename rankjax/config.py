@@ -700,8 +700,8 @@ def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
   """Loads ``cls`` from a JSON file path or a JSON string."""
   text = str(path_or_text)
   if not text.lstrip().startswith("{"):
-    from rankjax.train import paths
-    path = paths.as_path(text, "config file")
+    from rankjax import storage
+    path = storage.as_path(text, "config file")
     if not path.is_file():
       raise ValueError(f"config file {path} " + ("is a folder, not a JSON file"
                                                  if path.is_dir() else "does not exist"))

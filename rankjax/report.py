@@ -252,16 +252,16 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   """
   import json
 
-  from rankjax.train import paths
+  from rankjax import storage
   from rankjax.train.run_reader import load_run
 
-  workdir = paths.as_path(workdir, "workdir")   # a gs:// URL as etils.epath
-  if not paths.is_remote(workdir):
+  workdir = storage.as_path(workdir, "workdir")   # a gs:// URL as etils.epath
+  if not storage.is_remote(workdir):
     workdir = pathlib.Path(workdir)
   if not workdir.is_dir():
     raise FileNotFoundError(f"workdir {workdir} " + ("is a file, not a run's folder"
                                                      if workdir.exists() else "does not exist"))
-  paths.check_output(workdir / "report", "report folder")
+  storage.check_output(workdir / "report", "report folder")
   studies = study_dirs(workdir)
   if studies:
     return build_study_report(workdir, studies)

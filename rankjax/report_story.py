@@ -220,8 +220,8 @@ def jacobian_sentence(jac: dict) -> str:
 def smoke_sentence(configs: dict[str, Any]) -> str | None:
   """For the runs of ``rankjax tour --smoke`` (``{name: TrainConfig}``): that its size
   is too small to show the effect; None for any other runs."""
-  from rankjax import tour
-  smoke, full = tour.lm_configs(smoke=True), tour.lm_configs()
+  from rankjax.tour_runs import lm_configs
+  smoke, full = lm_configs(smoke=True), lm_configs()
   if configs.keys() != smoke.keys() or any(configs[n] != smoke[n] for n in smoke):
     return None
   s, f = smoke["lm_post"], full["lm_post"]

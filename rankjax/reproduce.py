@@ -74,7 +74,7 @@ def _split_all(only: list[str], extra: Sequence[str] = ()) -> dict[str, list[str
 def _run_one(the_study, out_dir, scale: str, only, record: bool, check: bool,
              options: dict | None = None) -> dict:
   from rankjax.report import build_report
-  from rankjax.studies import results, runner
+  from rankjax.studies import expected, results, runner
   name = the_study.name
   out = pathlib.Path(out_dir) / name
   print(f"reproduce {name} ({scale} scale) -> {out}", flush=True)
@@ -102,7 +102,7 @@ def _run_one(the_study, out_dir, scale: str, only, record: bool, check: bool,
     print(f"check {name}: " + ("every committed number within its tolerance"
                                if not res["moved"] else f"{len(res['moved'])} moved"))
   if record:
-    done = results.record(the_study, out, scale, ran)
+    done = expected.record(the_study, out, scale, ran)
     print(f"recorded {name}: {', '.join(done) or 'nothing'} -> "
           f"{results.committed_dir(the_study, scale)}")
   return res
@@ -156,8 +156,8 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
 def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -> dict:
   from rankjax.report import build_report
   from rankjax.studies import runner
-  from rankjax.train import paths
-  paths.check_output(out_dir, "--out")
+  from rankjax import storage
+  storage.check_output(out_dir, "--out")
   plan = (_split_all(only, extra) if only else {s: None for s in studies(extra)}) \
       if name == "all" else {name: only}
   plan = {s: names for s, names in plan.items() if names is None or names}
@@ -206,8 +206,8 @@ def _command(args) -> int:
   import os
   if args.scale == "tiny" and "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = TINY_XLA_FLAGS       # read when the backend starts (below)
-  from rankjax.train import sharding
-  sharding.maybe_initialize_distributed()           # before any other JAX call (multi-host)
+  from rankjax import distributed
+  distributed.maybe_initialize_distributed()           # before any other JAX call (multi-host)
   for path in args.checkpoint:
     if not pathlib.Path(path).exists():
       raise FileNotFoundError(f"--checkpoint {path}: no such file or folder")
@@ -234,7 +234,7 @@ def _command(args) -> int:
     print(f"rankjax reproduce: {e}", file=sys.stderr)
     return 75
   finally:        # the other processes of a multi-host job wait for process 0's analysis
-    sharding.wait_for_every_process("rankjax_reproduce_done")
+    distributed.wait_for_every_process("rankjax_reproduce_done")
   for line in verdicts(results, args.out):
     print(line)
   bad = failed(results)

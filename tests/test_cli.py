@@ -87,7 +87,7 @@ def test_unknown_study_is_one_line(capsys):
 ])
 def test_output_path_that_is_a_file_is_one_line_before_any_work(argv, message, capsys,
                                                                 tmp_path, monkeypatch):
-  """Every command checks where it writes (rankjax.train.paths.check_output) first."""
+  """Every command checks where it writes (rankjax.storage.check_output) first."""
   monkeypatch.chdir(tmp_path)
   (tmp_path / "F").write_text("keep me")
   (tmp_path / "D" / "x.json").mkdir(parents=True)
@@ -127,7 +127,7 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 def test_earlier_results_are_refused_unless_overwrite(command, existing, capsys, tmp_path,
                                                       monkeypatch):
   """measure / analyze --out: an output already there is one line and exit 2, nothing
-  changed; --overwrite replaces it (rankjax.train.paths.check_new_outputs)."""
+  changed; --overwrite replaces it (rankjax.storage.check_new_outputs)."""
   monkeypatch.chdir(tmp_path)
   (tmp_path / "ids.txt").write_text(" ".join(str(i) for i in range(3, 20)))
   for name in existing:

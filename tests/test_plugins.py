@@ -89,21 +89,21 @@ def _rankjax_imports(module: str) -> set[str]:
     if isinstance(node, ast.Import):
       out |= {a.name for a in node.names if a.name.startswith("rankjax")}
     elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rankjax"):
-      for a in node.names:   # `from rankjax.train import paths` imports a module
+      for a in node.names:   # `from rankjax.train import loop` imports a module
         sub = f"{node.module}.{a.name}"
         out.add(sub if (ROOT / (sub.replace(".", "/") + ".py")).exists() else node.module)
   return out
 
 
 def test_config_imports_nothing_above_it():
-  """rankjax.config imports, transitively, only the leaf rankjax.train.paths (etils):
+  """rankjax.config imports, transitively, only the leaf rankjax.storage (etils):
   no model, task or training module (they import config; no cycle)."""
   seen, todo = set(), ["rankjax.config"]
   while todo:
     for m in _rankjax_imports(todo.pop()) - seen:
       seen.add(m)
       todo.append(m)
-  assert seen == {"rankjax.train.paths"}, seen
+  assert seen == {"rankjax.storage"}, seen
 
 
 @pytest.mark.slow

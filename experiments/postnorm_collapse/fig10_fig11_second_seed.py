@@ -33,7 +33,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 
 from . import collapse_study
 from . import common
@@ -79,17 +78,6 @@ CLAIMS = claims([c for prefix in (F10, F10_PAPER) for c in f35.transition_claims
                  if c.item.split(": ", 1)[1] in FIG10_ITEMS])
 
 
-def same_trajectory(workdir_a: str, workdir_b: str) -> dict[str, Any]:
-  """Max |loss difference| at the diagnostic steps two runs share (training must not
-  depend on the diagnostics interval)."""
-  sa, da, _, _ = f35.load_diagnostics(workdir_a)
-  sb, db, _, _ = f35.load_diagnostics(workdir_b)
-  common_steps, ia, ib = np.intersect1d(sa, sb, return_indices=True)
-  diff = np.abs(da["loss"][ia] - db["loss"][ib])
-  return {"steps": [int(s) for s in common_steps], "max_abs_loss_diff": float(diff.max()),
-          "max_abs_alpha_2_diff": float(np.abs(da["alpha_2"][ia] - db["alpha_2"][ib]).max())}
-
-
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Trains (or reuses) the runs and writes ``fig10_fig11.json`` and the PNGs (paper /
   tiny: :func:`run_paper`)."""
@@ -118,7 +106,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       "order": "[seed 0, seed 1]",
   }
   # the diagnostics-interval check: the every-10 twin of the seed-0 run
-  check = same_trajectory(workdirs[WARMUP_SEED0], sl.train(DIAG10_SEED0, out_dir))
+  check = f35.same_trajectory(workdirs[WARMUP_SEED0], sl.train(DIAG10_SEED0, out_dir))
   result = {"figure": "postnorm_collapse Figs 10-11 (App F.3), quick scale", "scale": scale,
             "paper": PAPER, "ours": ours, "seed_comparison": comparison,
             "diag_interval_check": check, "files": files, "seconds": time.time() - start}

@@ -661,6 +661,17 @@ def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- the runs
+def same_trajectory(workdir_a: str, workdir_b: str) -> dict[str, Any]:
+  """Max |loss difference| at the diagnostic steps two runs share (training must not
+  depend on the diagnostics interval)."""
+  sa, da, _, _ = load_diagnostics(workdir_a)
+  sb, db, _, _ = load_diagnostics(workdir_b)
+  common_steps, ia, ib = np.intersect1d(sa, sb, return_indices=True)
+  diff = np.abs(da["loss"][ia] - db["loss"][ib])
+  return {"steps": [int(s) for s in common_steps], "max_abs_loss_diff": float(diff.max()),
+          "max_abs_alpha_2_diff": float(np.abs(da["alpha_2"][ia] - db["alpha_2"][ib]).max())}
+
+
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Trains (or reuses) ``HEADLINE_RUN`` and writes ``fig3_fig5_<run>.json`` and the PNGs;
   it also analyses the immediate-collapse runs ``SECONDARY_RUNS`` (``ours["secondary"]``)
@@ -685,7 +696,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                                                            seed), out_dir, files, GRAD_WINDOW)
       for seed in seed_lr_runs.WARMUP_SEEDS}
   # its first 60 updates are the seed-0 60-update run's
-  from .fig10_fig11_second_seed import same_trajectory
   a["same_trajectory_as_60_update_run"] = same_trajectory(
       os.path.join(out_dir, "runs", run_name), os.path.join(
           out_dir, "runs", seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, 0)))

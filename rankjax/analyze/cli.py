@@ -323,16 +323,16 @@ def _outputs(out: pathlib.Path, targets) -> list[pathlib.Path]:
 def run(args) -> int:
   from rankjax import provenance
   from rankjax.analyze import checkpoints, trajectory
-  from rankjax.train import paths as paths_lib
+  from rankjax import storage
   measures = {x.strip() for x in args.measures.split(",") if x.strip()}
   unknown = measures - set(MEASURES)
   if unknown or not measures:
     raise ValueError(f"--measures: {', '.join(sorted(unknown)) or 'none'}; choose from "
                      f"{', '.join(MEASURES)}")
   out = pathlib.Path(args.out)
-  paths_lib.check_output(str(out), "--out")
+  storage.check_output(str(out), "--out")
   targets = _targets(args)
-  paths_lib.check_new_outputs(_outputs(out, targets), f"--out {args.out}", args.overwrite)
+  storage.check_new_outputs(_outputs(out, targets), f"--out {args.out}", args.overwrite)
   placement = _placement(args)
   seqs = positions = tokenizer = None
   results = []

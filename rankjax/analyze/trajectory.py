@@ -27,8 +27,8 @@ SERIES = {
 def run_steps(workdir: str) -> list[int]:
   """The saved checkpoint steps of a rankjax run, ascending."""
   from rankjax.train import checkpoint as ckpt_lib
-  from rankjax.train import paths
-  directory = ckpt_lib.checkpoint_dir(paths.as_path(workdir, "workdir"))
+  from rankjax import storage
+  directory = ckpt_lib.checkpoint_dir(storage.as_path(workdir, "workdir"))
   if not directory.is_dir():
     raise FileNotFoundError(f"{workdir} holds no checkpoints ({directory} is missing)")
   steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())

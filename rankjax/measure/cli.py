@@ -16,7 +16,7 @@ measures the same weights: ``--sweep param_dtype=float32,float64`` compares prec
 not two weight draws.
 
 On a multi-host job (``jax.distributed``: the environment ``rankjax train`` reads,
-``sharding.maybe_initialize_distributed``) every process runs the command: the seeds
+``distributed.maybe_initialize_distributed``) every process runs the command: the seeds
 are split between the processes (``StudyOptions.across_processes``) and process 0
 alone writes the outputs.
 """
@@ -108,9 +108,10 @@ def run_mlp(args: argparse.Namespace) -> int:
   from rankjax import config as config_lib
   from rankjax.config import MLPConfig
   from rankjax.measure import summary
-  from rankjax.train import paths, sharding
+  from rankjax import storage
+  from rankjax import distributed
 
-  sharding.maybe_initialize_distributed()  # before any other JAX call (multi-host)
+  distributed.maybe_initialize_distributed()  # before any other JAX call (multi-host)
   import jax
   if args.seeds < 1 or args.inputs < 1:
     raise ValueError("--seeds and --inputs must be positive integers")
@@ -123,8 +124,8 @@ def run_mlp(args: argparse.Namespace) -> int:
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
     raise ValueError(f"--out {out} must end in .json")
-  paths.check_output(args.out, "--out", file=True)
-  paths.check_new_outputs(_outputs(out, bool(sweeps)), f"--out {args.out}", args.overwrite)
+  storage.check_output(args.out, "--out", file=True)
+  storage.check_new_outputs(_outputs(out, bool(sweeps)), f"--out {args.out}", args.overwrite)
   writer = jax.process_index() == 0     # every process measures, process 0 writes
   points = [{k: getattr(cfg, k) for k, _ in sweeps} for cfg in configs]
   results = []

@@ -65,7 +65,7 @@ class BlockJacobianMethod(enum.Enum):
     ``T^T T`` (one JVP and one VJP of the first l blocks per step) with stochastic Lanczos
     quadrature (``matrix_free``); for d >= 2048, where T_l (d^2 floats per layer) or the
     path-sum DP (L^2 d^3 FLOPs) no longer fit. ``block_jacobians`` does not take it;
-    ``matrix_free_ranks`` does.
+    ``matrix_free.matrix_free_ranks`` does.
   """
 
   CLOSED_FORM = "closed_form"
@@ -156,7 +156,8 @@ def block_terms(block: ResidualBlock, p, h: Array, h_start: Array | None = None,
   """h_l, K_l, B_l and G_l of one block (Eq. 18) at ``h`` (and ``h_start``)."""
   method = BlockJacobianMethod(method)
   if method is BlockJacobianMethod.MATRIX_FREE:
-    raise ValueError("matrix-free estimates form no block Jacobian; use matrix_free_ranks")
+    raise ValueError("matrix-free estimates form no block Jacobian; "
+                     "use matrix_free.matrix_free_ranks")
   closed = method is BlockJacobianMethod.CLOSED_FORM
   h_start = h if h_start is None else h_start
   if closed and block.branch_jacobian is not None:
@@ -310,24 +311,3 @@ def measurements(bj: BlockJacobians, *, with_paths: bool = True,
     out.update(order_log_mass=nan, order_profile=nan, mean_order=nan[0],
                reconstruction_error=nan[0])
   return out
-
-
-@precision_lib.measured
-def matrix_free_ranks(block: ResidualBlock, params, h0_D: Array, key: Array,
-                      layers: tuple[int, ...] | None = None, **kwargs):
-  """``matrix_free.RankEstimate`` of dh_l/dh_0 at ``layers`` (static, 1..L; default
-  ``(L,)``), stacked over layers (``BlockJacobianMethod.MATRIX_FREE``): each Lanczos step
-  is one JVP and one VJP of the first l blocks; no d x d matrix is formed. ``kwargs``:
-  ``matrix_free.rank_estimates``'."""
-  from rankjax.measure import matrix_free   # not at import: matrix_free imports the engine
-  depth = jax.tree.leaves(params)[0].shape[0]
-  layers = (depth,) if layers is None else tuple(layers)
-  if not layers or min(layers) < 1 or max(layers) > depth:
-    raise ValueError(f"layers must lie in [1, {depth}], got {layers}")
-  out = []
-  for i, l in enumerate(layers):
-    prefix = jax.tree.map(lambda a, l=l: a[:l], params)
-    fn = lambda h, prefix=prefix: forward(block, prefix, h)[-1]
-    out.append(matrix_free.function_rank_estimates(fn, h0_D, jax.random.fold_in(key, i),
-                                                   **kwargs))
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *out)

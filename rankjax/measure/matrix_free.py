@@ -197,13 +197,13 @@ def function_rank_estimates(fn: Callable[[Array], Array], x: Array, key: Array,
 def network_rank_estimates(blocks: dict, h0_D: Array, cfg: MLPConfig, key: Array,
                            layers: tuple[int, ...] | None = None, **kwargs) -> RankEstimate:
   """Estimates for dh_l/dh_0 of a residual MLP at ``layers`` (static, 1..L; default
-  ``(L,)``), stacked over layers: ``engine.matrix_free_ranks`` of the MLP's block
+  ``(L,)``), stacked over layers: ``matrix_free_ranks`` of the MLP's block
   (``jacobians.mlp_block``). No d x d matrix is formed: each Lanczos step costs one JVP
   and one VJP of the first l blocks."""
   if cfg.skip_every not in (0, 1):
     raise ValueError("network_rank_estimates needs skip_every in {0, 1}; "
                      f"got {cfg.skip_every}")
-  return engine.matrix_free_ranks(jacobians.mlp_block(cfg),
+  return matrix_free_ranks(jacobians.mlp_block(cfg),
                                   (blocks, blocks_lib.skip_flags(cfg)), h0_D, key, layers,
                                   **kwargs)
 
@@ -228,3 +228,23 @@ def block_rank_estimates(blocks: dict, h0_D: Array, cfg: MLPConfig, key: Array,
 
   _, est = jax.lax.scan(step, h0_D, (blocks, flags, keys))
   return est
+
+
+@precision_lib.measured
+def matrix_free_ranks(block: engine.ResidualBlock, params, h0_D: Array, key: Array,
+                      layers: tuple[int, ...] | None = None, **kwargs):
+  """``RankEstimate`` of dh_l/dh_0 at ``layers`` (static, 1..L; default
+  ``(L,)``), stacked over layers (``BlockJacobianMethod.MATRIX_FREE``): each Lanczos step
+  is one JVP and one VJP of the first l blocks; no d x d matrix is formed. ``kwargs``:
+  ``rank_estimates``'."""
+  depth = jax.tree.leaves(params)[0].shape[0]
+  layers = (depth,) if layers is None else tuple(layers)
+  if not layers or min(layers) < 1 or max(layers) > depth:
+    raise ValueError(f"layers must lie in [1, {depth}], got {layers}")
+  out = []
+  for i, l in enumerate(layers):
+    prefix = jax.tree.map(lambda a, l=l: a[:l], params)
+    fn = lambda h, prefix=prefix: engine.forward(block, prefix, h)[-1]
+    out.append(function_rank_estimates(fn, h0_D, jax.random.fold_in(key, i),
+                                                   **kwargs))
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *out)

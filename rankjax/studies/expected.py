@@ -115,6 +115,23 @@ def studies() -> list[str]:
   return sorted(n for n, f in finder.find().items() if (f / "EXPECTED.md").is_file())
 
 
+def record(study, out_dir: str | pathlib.Path, scale: str, names: Sequence[str]) -> list[str]:
+  """Copies the run's results files of ``names`` into the checkout's results folder,
+  renders its summary and the study's EXPECTED.md; returns the recorded names."""
+  src = pathlib.Path(out_dir) / "results" / scale
+  dst = results.committed_dir(study, scale)
+  dst.mkdir(parents=True, exist_ok=True)
+  done = []
+  for name in names:
+    path = src / f"{name}.json"
+    if path.is_file():
+      (dst / path.name).write_text(path.read_text())
+      done.append(name)
+  results.render_summary(study, dst, scale)
+  write(study)
+  return done
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description="render EXPECTED.md's results tables")
   parser.add_argument("studies", nargs="*", help="names of the checkout's studies, or "

@@ -176,24 +176,6 @@ def render_summary(study, folder: str | pathlib.Path, scale: str) -> list[dict]:
   return rows
 
 
-def record(study, out_dir: str | pathlib.Path, scale: str, names: Sequence[str]) -> list[str]:
-  """Copies the run's results files of ``names`` into the checkout's results folder,
-  renders its summary and the study's EXPECTED.md; returns the recorded names."""
-  from rankjax.studies import expected
-  src = pathlib.Path(out_dir) / "results" / scale
-  dst = committed_dir(study, scale)
-  dst.mkdir(parents=True, exist_ok=True)
-  done = []
-  for name in names:
-    path = src / f"{name}.json"
-    if path.is_file():
-      (dst / path.name).write_text(path.read_text())
-      done.append(name)
-  render_summary(study, dst, scale)
-  expected.write(study)
-  return done
-
-
 def input_mismatch(name: str, new: dict[str, Any], old: dict[str, Any]) -> str | None:
   """Why a rerun of ``name`` is not comparable with its committed result: it read another
   data set (``data["dataset"]``, the set an experiment resolved, e.g. 'auto' -> 'digits'

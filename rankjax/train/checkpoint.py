@@ -58,7 +58,7 @@ from etils import epath
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.data import streams
-from rankjax.train import paths
+from rankjax import storage
 
 log = logging.getLogger("rankjax.train")
 
@@ -89,11 +89,11 @@ _DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 
 
 def checkpoint_dir(workdir: str | epath.PathLike) -> epath.Path:
-  return paths.as_path(workdir) / "checkpoints"
+  return storage.as_path(workdir) / "checkpoints"
 
 
 def config_path(workdir: str | epath.PathLike) -> epath.Path:
-  return paths.as_path(workdir) / "config.json"
+  return storage.as_path(workdir) / "config.json"
 
 
 def check_workdir_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> bool:
@@ -120,14 +120,14 @@ STOPPED = "stopped.json"   # a run's own stop (stop_on_collapse): {"step", "reas
 def read_stopped(workdir: str | epath.PathLike) -> dict[str, Any] | None:
   """What ``workdir/stopped.json`` says (the update at which a run stopped itself and
   why), or None."""
-  path = paths.as_path(workdir) / STOPPED
+  path = storage.as_path(workdir) / STOPPED
   return json.loads(path.read_text()) if path.exists() else None
 
 
 def write_stopped(workdir: str | epath.PathLike, step: int, reason: str) -> None:
   """``stopped.json``, written by process 0 atomically."""
   if jax.process_index() == 0:
-    paths.write_text_atomic(paths.as_path(workdir) / STOPPED,
+    storage.write_text_atomic(storage.as_path(workdir) / STOPPED,
                             json.dumps({"step": int(step), "reason": reason}) + "\n")
 
 
@@ -135,8 +135,8 @@ def write_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> None:
   """config.json, written by process 0 atomically (temporary file + rename); all
   processes wait for it at a barrier, so none reads a half-written file."""
   if jax.process_index() == 0:
-    paths.write_text_atomic(config_path(workdir), config_lib.to_json(cfg) + "\n")
-  paths.barrier("rankjax_config_written")
+    storage.write_text_atomic(config_path(workdir), config_lib.to_json(cfg) + "\n")
+  storage.barrier("rankjax_config_written")
 
 
 def handlers() -> dict[str, Any]:
@@ -203,7 +203,7 @@ def is_integrity_failure(e: BaseException) -> bool:
 
 def incomplete_reason(step_dir: epath.Path) -> str | None:
   """Why ``step_dir`` is provably incomplete (a missing marker or item), else None."""
-  paths.refresh(step_dir)
+  storage.refresh(step_dir)
   if not step_dir.is_dir():
     return f"{step_dir} is missing"
   for name in (COMMIT_MARKER, "_CHECKPOINT_METADATA"):
@@ -435,13 +435,13 @@ class Checkpointer:
 
   def __init__(self, workdir: str | epath.PathLike, *, max_to_keep: int = 3,
                async_save: bool = True):
-    self.workdir = paths.as_path(workdir)
+    self.workdir = storage.as_path(workdir)
     self.directory = checkpoint_dir(workdir)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
-        cleanup_tmp_directories=True, enable_background_delete=paths.is_remote(self.directory))
+        cleanup_tmp_directories=True, enable_background_delete=storage.is_remote(self.directory))
     self.manager = open_manager(self.directory, lambda: ocp.CheckpointManager(
-        paths.absolute(self.directory), options=options, item_handlers=handlers()))
+        storage.absolute(self.directory), options=options, item_handlers=handlers()))
     self.last_save_time = _now()
 
   def time_to_save(self, step: int, minutes: float) -> bool:
@@ -535,9 +535,9 @@ class Checkpointer:
       kind = "incomplete" if incomplete else "unreadable"
       dest = self.workdir / "corrupt_checkpoints" / f"{step}-{kind}-{int(time.time())}"
       dest.parent.mkdir(parents=True, exist_ok=True)
-      paths.move(self.directory / str(step), dest)
+      storage.move(self.directory / str(step), dest)
       log.warning("moved the %s checkpoint %s to %s", kind, step, dest)
-    paths.barrier(f"rankjax_set_aside_{step}")
+    storage.barrier(f"rankjax_set_aside_{step}")
     self.manager.reload()
 
   def wait(self) -> None:

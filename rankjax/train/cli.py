@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-  from rankjax.train import sharding
-  sharding.maybe_initialize_distributed()  # before any other JAX call
+  from rankjax import distributed
+  distributed.maybe_initialize_distributed()  # before any other JAX call
 
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig

@@ -24,7 +24,7 @@ from typing import Any, Mapping, TextIO
 import jax
 from etils import epath
 
-from rankjax.train import paths
+from rankjax import storage
 from rankjax.train import tensorboard as tb_lib
 
 REPLACED = "metrics_replaced.jsonl"
@@ -51,7 +51,7 @@ class MetricsWriter:
     at every diagnostics step."""
     self.enabled = jax.process_index() == 0
     self.image_every, self.diag_every = max(image_every, 1), max(diag_every, 1)
-    workdir = paths.as_path(workdir, "workdir")
+    workdir = storage.as_path(workdir, "workdir")
     self.path = workdir / "metrics.jsonl"
     self.log_every = log_every
     self.stream = stream or sys.stdout
@@ -65,7 +65,7 @@ class MetricsWriter:
     try:
       from tensorboardX import SummaryWriter  # optional
       logdir = str(workdir / "tensorboard")
-      if not paths.is_remote(workdir):   # a fresh start (0) drops a killed run's steps too
+      if not storage.is_remote(workdir):   # a fresh start (0) drops a killed run's steps too
         tb_lib.purge_after(logdir, start_step)
       # purge_step: TensorBoard itself also discards older events of steps > start
       # (object stores, where the files are not rewritten).
@@ -90,7 +90,7 @@ class MetricsWriter:
     cannot append: lines are kept and the whole object rewritten at each ``flush``
     (before every checkpoint save and at the end), so a kill loses at most the lines
     after the last checkpoint, which the resumed run writes again."""
-    if not paths.is_remote(self.path):
+    if not storage.is_remote(self.path):
       return open(self.path, "a", buffering=1)
     return _RewrittenObject(self.path)
 
@@ -99,11 +99,11 @@ class MetricsWriter:
     """Drops lines after ``step`` (a resumed run rewrites them); process 0 only.
 
     No line up to ``step`` is lost: the file is replaced atomically
-    (``paths.write_text_atomic``), and the dropped lines (those after ``step``, and
+    (``storage.write_text_atomic``), and the dropped lines (those after ``step``, and
     a last line cut short by a kill) are appended to ``metrics_replaced.jsonl``
     first.
     """
-    path = paths.as_path(workdir) / "metrics.jsonl"
+    path = storage.as_path(workdir) / "metrics.jsonl"
     if jax.process_index() != 0 or not path.exists():
       return
     keep, dropped = [], []
@@ -116,8 +116,8 @@ class MetricsWriter:
       return
     replaced = path.parent / REPLACED
     old = replaced.read_text() if replaced.exists() else ""
-    paths.write_text_atomic(replaced, old + "".join(f"{line}\n" for line in dropped))
-    paths.write_text_atomic(path, "".join(f"{line}\n" for line in keep))
+    storage.write_text_atomic(replaced, old + "".join(f"{line}\n" for line in dropped))
+    storage.write_text_atomic(path, "".join(f"{line}\n" for line in keep))
 
   def write(self, step: int, metrics: Mapping[str, Any], kind: str = "train") -> None:
     if not self.enabled:
@@ -155,7 +155,7 @@ class MetricsWriter:
     metrics.jsonl (train rows every ``log_every`` steps, eval rows) and ``history``
     (a ``checkpoint.DiagnosticsHistory``). Local workdirs only.
     """
-    if not self.enabled or self._tb is None or not up_to or paths.is_remote(self.path):
+    if not self.enabled or self._tb is None or not up_to or storage.is_remote(self.path):
       return 0
     # on disk, plus what an earlier call queued (tensorboardX writes asynchronously)
     have = tb_lib.written_summaries(self._tb.logdir) | self._backfilled

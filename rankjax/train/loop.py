@@ -46,7 +46,7 @@ from rankjax.data.common import DataUnavailableError
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import memory
 from rankjax.train import mfu as mfu_lib
-from rankjax.train import paths
+from rankjax import storage
 from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
 from rankjax.train.checkpoint import Checkpointer, DiagnosticsHistory
@@ -258,9 +258,9 @@ def enable_compilation_cache(directory: str) -> None:
   Takes effect for programs compiled after the call (``rankjax train`` calls it
   before compiling anything)."""
   from jax.experimental.compilation_cache import compilation_cache
-  path = paths.as_path(directory, "compilation_cache_dir")
-  if jax.config.jax_compilation_cache_dir != str(paths.absolute(path)):
-    jax.config.update("jax_compilation_cache_dir", str(paths.absolute(path)))
+  path = storage.as_path(directory, "compilation_cache_dir")
+  if jax.config.jax_compilation_cache_dir != str(storage.absolute(path)):
+    jax.config.update("jax_compilation_cache_dir", str(storage.absolute(path)))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     compilation_cache.reset_cache()
 
@@ -338,7 +338,7 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
       different run), before anything is written.
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
-  workdir = paths.check_output(workdir, "workdir")
+  workdir = storage.check_output(workdir, "workdir")
   with _Preemption() as preemption:   # from here a SIGTERM stops the run at a step
     return _train(cfg, workdir, preemption, on_step, stream, progress_bar)
 

@@ -20,7 +20,7 @@ from etils import epath
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.train import checkpoint as ckpt_lib
-from rankjax.train import paths
+from rankjax import storage
 from rankjax.train import tasks as task_lib
 
 
@@ -89,7 +89,7 @@ class Run:
 def read_metrics_jsonl(path: str | epath.PathLike,
                        up_to: int | None = None) -> list[dict[str, Any]]:
   """Lines of ``metrics.jsonl``; for a step logged twice (a resumed run) the last one."""
-  path = paths.as_path(path)
+  path = storage.as_path(path)
   if not path.exists():
     return []
   by_step: dict[tuple[int, str], dict[str, Any]] = {}
@@ -125,7 +125,7 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
       another reason (``checkpoint.restore_with_fallback``; one line).
     ValueError: a URL whose filesystem package is missing.
   """
-  workdir = paths.as_path(workdir, "workdir")
+  workdir = storage.as_path(workdir, "workdir")
   cfg_path = ckpt_lib.config_path(workdir)
   if not cfg_path.exists():
     raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json)")
@@ -139,7 +139,7 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   absl_log.setLevel(logging.ERROR)
   try:
     manager = ckpt_lib.open_manager(directory, lambda: ocp.CheckpointManager(
-        paths.absolute(directory), options=ocp.CheckpointManagerOptions(
+        storage.absolute(directory), options=ocp.CheckpointManagerOptions(
             read_only=True, multiprocessing_options=_this_process()),
         item_handlers=ckpt_lib.handlers()))
   finally:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rankjax.config import TransformerConfig
-from rankjax.measure import decoder_jacobians, engine, gpt2_jacobians, llama_ffn, spectra
+from rankjax.measure import decoder_jacobians, engine, gpt2_jacobians, llama_ffn, matrix_free, spectra
 from rankjax.models import gpt2, norms, transformer
 
 L, D = 4, 6
@@ -66,12 +66,12 @@ def test_matrix_free_is_not_a_block_method_but_estimates_the_rank(x64):
   with pytest.raises(ValueError, match="matrix_free_ranks"):
     engine.block_jacobians(block, params, h0, "matrix_free")
   ts = engine.input_output_jacobians(engine.block_jacobians(block, params, h0))
-  est = engine.matrix_free_ranks(block, params, h0, jax.random.key(2), layers=(2,),
+  est = matrix_free.matrix_free_ranks(block, params, h0, jax.random.key(2), layers=(2,),
                                  num_probes=4, num_steps=D)
   # D Lanczos steps on a D x D Gram matrix: every eigenvalue exact
   np.testing.assert_allclose(est.spectral_sq, [np.linalg.norm(ts[1], 2) ** 2], rtol=1e-8)
   with pytest.raises(ValueError, match="layers"):
-    engine.matrix_free_ranks(block, params, h0, jax.random.key(2), layers=(L + 1,))
+    matrix_free.matrix_free_ranks(block, params, h0, jax.random.key(2), layers=(L + 1,))
 
 
 TINY = dict(vocab_size=37, num_layers=2, d_model=8, num_heads=2, d_ff=12, max_seq_len=8,

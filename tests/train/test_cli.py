@@ -160,8 +160,8 @@ def test_sigterm_before_training_started_exits_75(cli, config_file, tmp_path, ca
   """In the first instant (here: where jax.distributed would start) as later: 75."""
   import os
   import signal
-  from rankjax.train import sharding
-  monkeypatch.setattr(sharding, "maybe_initialize_distributed",
+  from rankjax import distributed
+  monkeypatch.setattr(distributed, "maybe_initialize_distributed",
                       lambda: os.kill(os.getpid(), signal.SIGTERM))
   workdir = tmp_path / "run"
   assert cli(["train", "--config", str(config_file), "--workdir", str(workdir)]) == 75

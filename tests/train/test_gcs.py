@@ -175,18 +175,18 @@ def test_gs_paths_move_atomic_write_and_metrics_truncation(gcs_env):
   """What the corrupt-step handling and a resume do to a gs:// workdir."""
   import json
 
-  from rankjax.train import paths
+  from rankjax import storage
   from rankjax.train.logging import MetricsWriter
-  root = paths.as_path(f"gs://{BUCKET}/paths_test")
+  root = storage.as_path(f"gs://{BUCKET}/paths_test")
   step = root / "checkpoints" / "8"
   (step / "state").mkdir(parents=True, exist_ok=True)
   (step / "state" / "_METADATA").write_text("{}")
   (step / "commit_success.txt").write_text("ok")
   dest = root / "corrupt_checkpoints" / "8-unreadable-1"
-  paths.move(step, dest)
+  storage.move(step, dest)
   assert not step.exists()
   assert (dest / "state" / "_METADATA").read_text() == "{}"
-  paths.write_text_atomic(root / "config.json", "{\"a\": 1}\n")
+  storage.write_text_atomic(root / "config.json", "{\"a\": 1}\n")
   assert json.loads((root / "config.json").read_text()) == {"a": 1}
   lines = [json.dumps({"step": s, "loss": float(s)}) for s in range(1, 7)]
   (root / "metrics.jsonl").write_text("\n".join(lines) + "\n{\"step\": 7, \"lo")
@@ -200,8 +200,8 @@ def test_gs_paths_move_atomic_write_and_metrics_truncation(gcs_env):
 @pytest.mark.slow
 def test_output_on_a_missing_bucket_is_one_line_before_any_work(gcs_env, capsys):
   from rankjax import cli
-  from rankjax.train import paths
-  assert paths.check_output(f"gs://{BUCKET}/new_run", "workdir").name == "new_run"
+  from rankjax import storage
+  assert storage.check_output(f"gs://{BUCKET}/new_run", "workdir").name == "new_run"
   with pytest.raises(ValueError, match=r"^workdir gs://no-such-bucket/run: the bucket "
                                        r"gs://no-such-bucket does not exist$"):
     train(tiny_mlp(), "gs://no-such-bucket/run", progress_bar=False)

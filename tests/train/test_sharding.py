@@ -12,6 +12,7 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from rankjax import distributed
 from rankjax.train import sharding as shard_lib
 from tests.train.conftest import ROOT
 
@@ -31,16 +32,16 @@ def test_multi_host_detection(monkeypatch):
   for var in ("RANKJAX_DISTRIBUTED", "JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "SLURM_PROCID",
               "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE"):
     monkeypatch.delenv(var, raising=False)
-  assert shard_lib.multi_host_env() is None
-  assert shard_lib.maybe_initialize_distributed() is False
+  assert distributed.multi_host_env() is None
+  assert distributed.maybe_initialize_distributed() is False
   monkeypatch.setenv("SLURM_NTASKS", "1")
   monkeypatch.setenv("SLURM_PROCID", "0")
-  assert shard_lib.multi_host_env() is None
+  assert distributed.multi_host_env() is None
   monkeypatch.setenv("SLURM_NTASKS", "16")
-  assert shard_lib.multi_host_env() == "SLURM with 16 tasks"
+  assert distributed.multi_host_env() == "SLURM with 16 tasks"
   monkeypatch.delenv("SLURM_NTASKS")
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4")
-  assert shard_lib.multi_host_env() == "TPU slice with 4 workers"
+  assert distributed.multi_host_env() == "TPU slice with 4 workers"
 
 
 def test_mesh_shape_errors():
@@ -237,7 +238,7 @@ def test_zero1_adds_data_to_a_free_dimension():
 
 
 def test_slurm_local_device_ids_in_both_launcher_modes():
-  ids = shard_lib.slurm_local_device_ids
+  ids = distributed.slurm_local_device_ids
   per_gpu = {"SLURM_PROCID": "11", "SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "8"}
   assert ids({**per_gpu, "CUDA_VISIBLE_DEVICES": "3"}) == [0]            # --gpus-per-task=1
   assert ids({**per_gpu, "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}) == [3]
@@ -263,7 +264,7 @@ def test_tpu_vm_detected_without_launcher_variables(monkeypatch):
   for var in ("RANKJAX_DISTRIBUTED", "JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "SLURM_PROCID",
               "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE", "JAX_PLATFORMS"):
     monkeypatch.delenv(var, raising=False)
-  monkeypatch.setattr(shard_lib, "_tpu_chips", lambda: 4)
-  assert shard_lib.multi_host_env().startswith("Cloud TPU VM")
-  monkeypatch.setattr(shard_lib, "_tpu_chips", lambda: 0)
-  assert shard_lib.multi_host_env() is None
+  monkeypatch.setattr(distributed, "_tpu_chips", lambda: 4)
+  assert distributed.multi_host_env().startswith("Cloud TPU VM")
+  monkeypatch.setattr(distributed, "_tpu_chips", lambda: 0)
+  assert distributed.multi_host_env() is None

@@ -30,8 +30,8 @@ def main() -> None:
   parser.add_argument("--term-at", type=int)
   parser.add_argument("--wait-checkpoint", type=int)
   args = parser.parse_args()
-  from rankjax.train import sharding
-  sharding.maybe_initialize_distributed()   # JAX_COORDINATOR_ADDRESS etc.: several processes
+  from rankjax import distributed
+  distributed.maybe_initialize_distributed()   # JAX_COORDINATOR_ADDRESS etc.: several processes
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
   from rankjax.train.loop import train
@@ -44,14 +44,14 @@ def main() -> None:
         from etils import epath
         done = epath.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
         deadline = time.time() + 120
-        from rankjax.train import paths
+        from rankjax import storage
         while not (done / "commit_success.txt").exists():
           if time.time() > deadline:     # say so (exit 3) rather than kill as if saved
             print(f"checkpoint {args.wait_checkpoint} not committed in 120 s", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)
           time.sleep(0.05)
-          paths.refresh(done)   # gcsfs caches listings (the step folder and its parents)
+          storage.refresh(done)   # gcsfs caches listings (the step folder and its parents)
       os.kill(os.getpid(), signal.SIGKILL)
     if step == args.term_at:
       os.kill(os.getpid(), signal.SIGTERM)
