@@ -23,9 +23,17 @@ from rankjax.measure.similarity import prefix_average_matrix, token_similarity
 from rankjax.measure.spectra import effective_rank, stable_rank
 from rankjax.models.mlp import ResidualMLP
 from rankjax.models.transformer import DecoderLM
-from rankjax.train.run_reader import load_run
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+  """``load_run`` on first use: it brings Orbax and grain, which ``import rankjax`` does
+  not load."""
+  if name == "load_run":
+    from rankjax.train.run_reader import load_run
+    return load_run
+  raise AttributeError(f"module 'rankjax' has no attribute {name!r}")
 
 __all__ = [
     # public modules and sub-packages (imported by name, not loaded here)

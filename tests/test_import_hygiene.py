@@ -30,6 +30,27 @@ def test_import_loads_neither_matplotlib_nor_ctypes_lapack():
   assert out.stdout.strip().endswith("ok")
 
 
+_BARE = """
+import logging, sys
+import rankjax
+heavy = sorted({m.split(".")[0] for m in sys.modules}
+               & {"orbax", "grain", "tensorboardX", "tensorstore", "tensorflow_datasets"})
+assert not heavy, heavy
+assert not logging.getLogger("asyncio").filters, "a log filter installed at import"
+from rankjax import load_run        # on first use
+assert "orbax" in {m.split(".")[0] for m in sys.modules}
+print("ok")
+"""
+
+
+def test_import_rankjax_loads_no_orbax_grain_or_tensorboard_and_installs_nothing():
+  env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
+  out = subprocess.run([sys.executable, "-c", _BARE], capture_output=True, text=True,
+                       env=env, timeout=120, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().endswith("ok")
+
+
 def test_first_figure_keeps_a_backend_the_user_chose():
   probe = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot\n"
            "from rankjax import plotting\n"

@@ -77,7 +77,14 @@ class _AbandonedOrbaxReads(logging.Filter):
 
 
 ABANDONED_READS_FILTER = _AbandonedOrbaxReads()
-logging.getLogger("asyncio").addFilter(ABANDONED_READS_FILTER)
+
+
+def quiet_abandoned_reads() -> None:
+  """Adds ``ABANDONED_READS_FILTER`` to asyncio's logger (once; every restore calls it,
+  importing installs nothing)."""
+  log_ = logging.getLogger("asyncio")
+  if ABANDONED_READS_FILTER not in log_.filters:
+    log_.addFilter(ABANDONED_READS_FILTER)
 
 # Fields that may change when a run resumes: they do not change the trajectory
 # (``resumable=True`` in TrainConfig's field metadata).
@@ -249,6 +256,7 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
   Raises:
     RestoreError: a non-integrity failure, or steps exist and none is readable.
   """
+  quiet_abandoned_reads()
   steps = sorted(steps, reverse=True)
   unreadable: list[tuple[int, str]] = []
   for i, step in enumerate(steps):

@@ -229,6 +229,9 @@ def test_only_orbax_abandoned_reads_are_kept_out_of_the_log(caplog):
   import logging
   from rankjax.train import checkpoint as ckpt
   log = logging.getLogger("asyncio")
+  ckpt.quiet_abandoned_reads()
+  ckpt.quiet_abandoned_reads()           # once
+  assert log.filters.count(ckpt.ABANDONED_READS_FILTER) == 1
   abandoned = ("Task exception was never retrieved\nfuture: <Task finished name='Task-7' "
                "coro=<async_deserialize() done, defined at /x/orbax/checkpoint/_src/"
                "serialization/serialization.py:394> exception=Exception('read')>")
