@@ -16,7 +16,7 @@ Each worker thread asks OpenBLAS for one thread for its own calls
 not oversubscribe the cores. Forward only (no derivative); ``host_singular_values``
 takes float32 and float64, ``fast_paths.singular_values`` threads float32 only.
 
-Why not numpy or SciPy (issue #24 asks for a well-kept library where one is within 10%):
+Why not numpy or SciPy (a well-kept library is preferred where one is within 10%):
 measured on a 2-core Xeon (experiments/benchmarks/RESULTS.md, "CPU fast paths"),
 ``np.linalg.svd(..., compute_uv=False)`` in a thread per core under
 ``threadpoolctl.threadpool_limits(1)`` is about 1.6x slower on the study's 48 x 256 x 256

@@ -1,11 +1,11 @@
-"""Bad input across the commands, as a new user types it (the regression set of issue
-#45's follow-up pass): each case fails with exit 2 (bad input) or 3 (unreadable
-checkpoints), exactly one line on stderr and no input file changed or output written
-(README: "Every command fails with one line on stderr").
+"""Bad input across the commands, as a new user types it: each case fails with exit 2
+(bad input) or 3 (unreadable checkpoints), exactly one line on stderr and no input file
+changed or output written (README: "Every command fails with one line on stderr").
 
-``PASSING`` held in that pass; ``FOUND`` are the defects it found, fixed since (each
-case names what it was). Everything runs in-process through ``rankjax.cli.main`` but
-the two ``slow`` cases, which need a trained run or the process's exit.
+``PASSING`` are the cases that held when the set was written; ``FOUND`` are the defects
+it found, fixed since (each case names what it was). Everything runs in-process through
+``rankjax.cli.main`` but the two ``slow`` cases, which need a trained run or the
+process's exit.
 """
 import hashlib
 import json

@@ -221,7 +221,7 @@ def test_paper_scale_refuses_a_cpu_and_a_missing_experiment_fails(tmp_path, monk
 @pytest.mark.slow   # fig12 at quick scale: a checkpoint and three GPT-2 initializations
 def test_checkpoint_reaches_fig12(tmp_path):
   """``rankjax reproduce transforming_rank --only fig12 --checkpoint`` measures the given
-  GPT-2 weights (issue 27 item 6)."""
+  GPT-2 weights."""
   import json
 
   import jax

@@ -1,4 +1,4 @@
-"""Where rankjax's plain step loses to the plain flax step on a CPU (issue #14).
+"""Where rankjax's plain step loses to the plain flax step on a CPU.
 
 Same process, alternating rounds, median of steps per round; four programs per shape:
 the full update of each side (``train_throughput.versus_plain``'s pair) and the loss

@@ -1,5 +1,5 @@
 """Peak host memory of ``rankjax analyze`` with the weights read one layer at a time
-against all of them resident (issue 27, item 4).
+against all of them resident.
 
 A random Llama-family checkpoint of TinyLlama-1.1B's shape (22 layers, d=2048, d_ff=5632,
 32 heads, 4 key-value heads, vocabulary 32000; 1.10B parameters) is written by

@@ -3,7 +3,7 @@
 Interleaved rounds (fast, reference, fast, ...; each the best of a few calls), so load
 changes hit both sides alike; reported as the median of the per-round ratios
 reference / fast with their min-max. Also: the SVD's ctypes fast path against numpy's
-SVD in a thread per core under ``threadpoolctl`` (issue #24: a well-kept library within
+SVD in a thread per core under ``threadpoolctl`` (a well-kept library within
 10% would replace it), and the closed-form JVPs of ``models/activations`` and
 ``models/norms.rescale`` against autodiff of the plain formula (saved residuals and
 gradient time), which decide whether those are CPU tricks. Writes the

@@ -21,7 +21,7 @@ from different rounds can pair a fast DP with a slow study, or the reverse). Wri
 
   python experiments/benchmarks/jacobian_engine.py [--small] [--reps 3] [--no-write]
 
-Issue 18 additions, each its own RESULTS.md section (the retired targets above unchanged):
+Further modes, each its own RESULTS.md section (the retired targets above unchanged):
 
   --peer         ours (draw + study per seed) against the torch.func peer workload, same
                  run (torch from the ``benchmark`` extra), with the default bit generator
@@ -32,7 +32,7 @@ Issue 18 additions, each its own RESULTS.md section (the retired targets above u
   --device-check the study at L=48, d=256, 8 seeds on the default backend (GPU/TPU) at
                  each precision (time, seed groups, lowered dots, real rounding error).
   --before REF   the study at git commit REF against this tree, alternating processes
-                 (issue 24: the engine refactor must not slow ``mlp_jacobian_study``).
+                 (a change to the engine must not slow ``mlp_jacobian_study``).
 """
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def write_section(text: str, title: str = "Jacobian engine") -> None:
 
 
 # ---------------------------------------------------------------------------
-# The torch.func peer, matrix-free vs exact, and the precision table (issue 18)
+# The torch.func peer, matrix-free vs exact, and the precision table
 
 
 def torch_peer_outputs(torch, w_up, w_down, h0, beta: float = 1.0):

@@ -1,4 +1,4 @@
-"""Where each side's loss gradient spends its time, op by op (issue #14's CPU gap).
+"""Where each side's loss gradient spends its time, op by op (rankjax's CPU gap to plain flax).
 
 Traces rankjax's and the plain flax loss gradient (``ablate_plain.loss_gradients``, the
 same tokens) with ``jax.profiler`` and XLA's per-thunk trace events
@@ -9,7 +9,7 @@ from (the compiled HLO's ``op_name``). Times are per step, summed over layers. O
 cores XLA runs some independent ops side by side, so the op sums exceed the wall time
 by 10-20%: compare kinds and ops, not the sums with the wall time.
 
-This is how the largest single cost of issue #14's gap was found: the GELU derivative
+This is how the largest single cost of that gap was found: the GELU derivative
 fused into a strided transposing copy (``models/activations.py``).
 
 Run:  python experiments/benchmarks/profile_ops.py [--shape 128,4,8,512,128,16]

@@ -23,7 +23,7 @@ against the step a user would write (``plain_flax.py``: a nanodo-style model of 
 shape, unrolled blocks, no extras, the same AdamW, schedule and clipping), both on the
 same synthetic tokens, timed in alternating rounds in one process; the ratio is
 plain-flax time / rankjax time (throughput ratio, target >= 1.0), per round and its
-median. Shapes (issue #14): (D, H, N, F, T, B) = (128, 4, 8, 512, 128, 16) and
+median. Shapes: (D, H, N, F, T, B) = (128, 4, 8, 512, 128, 16) and
 (256, 4, 4, 1024, 256, 8), Pre-LayerNorm without bias, GELU, learned positions, tied
 embeddings, float32.
 
@@ -59,7 +59,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(os.path.dirname(HERE), "configs")
 SECTION = "## Training throughput"
 PLAIN_SECTION = "## rankjax vs plain flax"
-PLAIN_SHAPES = "128,4,8,512,128,16;256,4,4,1024,256,8"   # D, H, N, F, T, B; issue #14
+PLAIN_SHAPES = "128,4,8,512,128,16;256,4,4,1024,256,8"   # D, H, N, F, T, B
 
 
 def model_configs(accelerator: bool) -> dict[str, tuple[TrainConfig, str]]:

@@ -36,7 +36,7 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "pre_same_lr": ("collapse_post_quick", ["lm.norm_position=pre"]),
     "post_stable": ("stable_post_quick", []),
 }
-# seeds of the three runs (issue 25: >= 3 for every trained result). Seed 0 is RUNS itself;
+# seeds of the three runs (at least 3 for every trained result). Seed 0 is RUNS itself;
 # seed s > 0 is ``seeded_name(name, s)`` (diagnostics every 5, as seed 0).
 SEEDS = (0, 1, 2)
 SEED_ALIASES: dict[tuple[str, int], str] = {}

@@ -43,7 +43,7 @@ from rankjax.studies import claims
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
-WARMUP_SEED2 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 2)   # a third seed (issue 25)
+WARMUP_SEED2 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 2)   # a third seed
 NOWARMUP_SEED1 = "post_collapse_seed1_diag1"
 NOWARMUP_SEED0 = "post_collapse"          # collapse_study.RUNS, diagnostics every 5
 DIAG10_SEED0 = sl.DIAG10_RUN   # the seed-0 warmup run, diagnostics every 10

@@ -52,7 +52,7 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
-# the other reading of "sublayer initialization variance" (issue 25): x4 on W_V, W_O, W_2,
+# the other reading of "sublayer initialization variance": x4 on W_V, W_O, W_2,
 # W_3 only (TransformerConfig.init_scale_to="value_ffn"), beside the headline's x4 on
 # every matrix; settings keyed f"{pos}_x4_{ALT_READING}"
 ALT_READING = "value_ffn"
@@ -63,7 +63,7 @@ SPLIT_READINGS = ("value_ffn_qk", "value_ffn_gate")
 GATE_SCALED = ("all", "value_ffn_gate")
 
 FIG1_SETTINGS = ("post_x1", "post_x2", "post_x4", "pre_x1", "pre_x2", "pre_x4")
-# issue 25: x4 also under the reading that scales only W_V, W_O, W_2, W_3 (beside the
+# x4 also under the reading that scales only W_V, W_O, W_2, W_3 (beside the
 # headline settings above, which scale every matrix)
 FIG1_ALT_SETTINGS = ("post_x4_value_ffn", "pre_x4_value_ffn")
 # a diagnostic added after the x4 over-prediction was seen (not a reading of the paper):
@@ -113,7 +113,7 @@ def _fig1_claims():
     out.append(Claim(f"Fig 1 {sc}: Post-Norm saturates faster", "last-layer t_sim(X_1): "
                      "Post minus Pre (per init, the same inits)", 0.0, Bound(">"),
                      "Sec 4.1: Post-Norm saturates more quickly"))
-  for sc in ("x1", "x2", "x4"):   # issue 25 item 7
+  for sc in ("x1", "x2", "x4"):
     out.append(Claim(f"Sec 3.1 Pre {sc}: s^l of order 1/l", "slope of log s^l on log l, "
                      "layers 1-48 (per init)", -1.0, Rel(common.TRACKS),
                      "Sec 3.1: in Pre-Norm the amount of attention is O(d sigma_W^2 / l); "

@@ -29,7 +29,7 @@ from rankjax.studies import Bound, Claim, claims, measured
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SCALES: dict[str, dict[str, Any]] = {
-    # 10 inits x 1 sequence: one value per init for every claim (issue 25: >= 10 seeds)
+    # 10 inits x 1 sequence: one value per init for every claim (at least 10 seeds)
     "quick": {**fig1.SCALES["quick"], "num_inits": 10, "batch": 1},
     "paper": {**fig1.SCALES["paper"], "num_inits": 8, "batch": 1},
     "tiny": {**fig1.SCALES["tiny"], "num_inits": 2, "batch": 1},

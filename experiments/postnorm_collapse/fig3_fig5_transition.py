@@ -584,7 +584,7 @@ F35_EXTRA = [
           "Fig 5; " + common.AFTER_OUTCOME + ": window centred on the collapse onset after "
           "the planned [t-4, t+6] one failed"),
 ]
-# issue 25 item 6: Fig 4 with the paper's c(y, alpha) = alpha sqrt(d)/||y|| (Thm 3.6; the
+# Fig 4 with the paper's c(y, alpha) = alpha sqrt(d)/||y|| (Thm 3.6; the
 # token mean of the factor, no gains), alpha without the ratios of vanished gradients
 # (VANISHED_REL), and the transition detector's sensitivity
 F35_ITEM6 = [
@@ -688,7 +688,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   a = _analyze_run(run_name, out_dir, files, GRAD_WINDOW if per_update else None)
   a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
                                     else None) for n in SECONDARY_RUNS}
-  # the preregistered protocol (issue 25 item 5): the same setting at its planned 60
+  # the preregistered protocol: the same setting at its planned 60
   # updates, at seeds WARMUP_SEEDS; the headline rows read these, the 120-update run
   # (extended after the 60-update run showed no early-layer vanishing) stands beside
   a["preregistered_60"] = {

@@ -43,11 +43,11 @@ FIXED_STEPS = 150
 WARMUP_STEPS = sl.WARMUP_STEPS
 WARMUP_TOTAL = sl.WARMUP_TOTAL
 WARMUP_LRS = sl.ABLATION_LRS   # the paper's Fig 6-right LRs are its Figs 12-20 LRs
-# Fig 6-right's first LR set (the preregistered one, issue 25 item 5): the headline rows;
+# Fig 6-right's first LR set (the preregistered one): the headline rows;
 # WARMUP_LRS replaced it after its 1e-2 run did not collapse (rows beside, labelled)
 ORIGINAL_LRS = sl.ORIGINAL_FIG6_LRS
 SEEDS = collapse_study.SEEDS   # the full stream (the post_collapse runs) at seeds 0, 1, 2
-# the seeds of the warmup runs of Fig 6-right (both LR sets): issue 25 item 5
+# the seeds of the warmup runs of Fig 6-right (both LR sets; at least 3 per trained result)
 WARMUP_SEEDS = sl.ABLATION_SEEDS
 SCALES: dict[str, dict[str, Any]] = {
     "quick": {"config": collapse_study.RUNS["post_collapse"][0], "seeds": list(SEEDS),

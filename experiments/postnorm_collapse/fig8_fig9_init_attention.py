@@ -52,7 +52,7 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
-# the seeds (independent sets of num_inits initializations): 3 at either scale (issue 25)
+# the seeds (independent sets of num_inits initializations): 3 at either scale
 SEEDS: dict[str, tuple[int, ...]] = {"quick": (0, 1, 2), "paper": (0, 1, 2), "tiny": (0, 1)}
 CLAIMS = claims([
     Claim("Fig 9: ||E[P]-C_n||/||C_n||, layer 1", "relative error at layer 1", 0.027,
@@ -145,7 +145,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   cfg = SCALES[scale]
   os.makedirs(out_dir, exist_ok=True)
   start = time.time()
-  # issue 25: >= 3 seeds; each seed is an independent set of num_inits initializations
+  # at least 3 seeds; each seed is an independent set of num_inits initializations
   # (its own E[P]); the figure and "per_layer" show seed 0, "ours" the per-seed values
   seeds = SEEDS[scale]
   per_seed = [layer_errors(init_statistics(cfg, seed=s), cfg["seq_len"]) for s in seeds]

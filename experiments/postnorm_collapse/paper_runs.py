@@ -26,7 +26,7 @@ layers, d=512, d_ff=1536, 4 heads, SwiGLU, RMSNorm, Llama-2 tokenizer, C4, T=204
                         proxies marked "partial";
                         ``--set stop_on_collapse=0`` trains the whole 40000
 
-at seeds ``SEEDS`` (the paper shows one run each; issue 25 asks >= 3 for a trained result;
+at seeds ``SEEDS`` (the paper shows one run each; a trained result takes at least 3;
 ``TINY_SEEDS`` at tiny).
 The Post-Norm runs Sec 4.3 reads (the collapsing, no-warmup and ablation runs) log the
 frequency loss of every update's labels in the step (``label_frequency``), so ``sec43``

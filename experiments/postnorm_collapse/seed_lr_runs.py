@@ -32,11 +32,11 @@ WARMUP_TOTAL = 60
 # highest stable warmup LR (1e-2) and 1.33x-2x our main warmup collapse LR (1.5e-2)
 ABLATION_LRS = (0.02, 0.025, 0.03)
 # the seeds of every LR-ablation run (Figs 12-20, Fig 6-right, Sec 4.3's warmup rows) and of
-# Fig 6-right's first LR set: issue 25 item 5 (>= 3 per trained result), fixed before the
+# Fig 6-right's first LR set (at least 3 per trained result), fixed before the
 # seed-1 and seed-2 runs were trained (2026-12-03)
 ABLATION_SEEDS = (0, 1, 2)
 MAIN_WARMUP_LR = 0.015
-# the seeds of the main warmup setting (Figs 3-5 at 60 updates, Figs 10-11): issue 25
+# the seeds of the main warmup setting (Figs 3-5 at 60 updates, Figs 10-11)
 WARMUP_SEEDS = (0, 1, 2)
 # Fig 6-right's first (preregistered) LR set, diagnostics every 10 (EXPECTED.md, Fig 6):
 # replaced by ABLATION_LRS after its 1e-2 run did not collapse; the headline Fig 6-right row

@@ -129,7 +129,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       name = paper_runs.post_collapse(seed)
       runs[seed] = (paper_runs.config(name, scale), paper_runs.train(out_dir, name, scale))
     cfg, take = runs[min(runs)][0], PAPER_SEQUENCES
-  elif scale == "quick":     # the no-warmup collapsed run at every seed (issue 25 item 5)
+  elif scale == "quick":     # the no-warmup collapsed run at every seed
     all_runs = {**collapse_study.RUNS, **collapse_study.SEED_RUNS}
     runs = {}
     for seed in collapse_study.SEEDS:

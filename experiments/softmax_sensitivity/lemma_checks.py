@@ -1,4 +1,4 @@
-"""The paper's small exact statements checked numerically on random draws (issue 25, item 7).
+"""The paper's small exact statements checked numerically on random draws.
 
 Paper: "Exact Attention Sensitivity and the Geometry of Transformer Stability".
 Each check draws random inputs per seed (``numpy.random.default_rng(seed)``, float64)

@@ -31,7 +31,7 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
          choice made before any run), diagnostics every 10 updates; 75-200 s wall per
          run on the shared 2-core CPU.
   quick_paper_lr  ``quick_paper_lr.json``: ``quick`` at the paper's peak rate 3e-4, the
-         second quick setting (issue 25), fixed before its run.
+         second quick setting, fixed before its run.
   quick_sharpen  ``quick_sharpen.json``: ``quick`` run for 800 updates (warmup 200,
          still a quarter). Chosen after seed 42's outcome from probes whose script is
          no longer in the repository, and overturned by seeds 123 and 456

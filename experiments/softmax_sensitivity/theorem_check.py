@@ -36,7 +36,7 @@ SCALES: dict[str, dict[str, Any]] = {
     # logit vectors per length (the paper uses 500); spread_seeds: how many seeds
     # (0, 1, ...) of the same protocol give the certificate match rates' spread;
     # identity_seeds: the seeds whose vectors check Thm 3.2's identity (seed 0 also runs
-    # the extra temperatures). Fixed before any run (issue 25: >= 10 seeds where cheap).
+    # the extra temperatures). Fixed before any run (at least 10 seeds where cheap).
     "quick": dict(num=100, spread_seeds=10, identity_seeds=(0, 1, 2)),
     "paper": dict(num=500, spread_seeds=40, identity_seeds=(0, 1, 2)),
     # the paper path shrunk to a laptop CPU in seconds (rows of status tiny)

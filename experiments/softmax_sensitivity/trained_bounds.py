@@ -48,7 +48,7 @@ from rankjax.studies import Bound, Claim, claims, measured, runner
 from . import prepost_training as pt
 from .policy import fmt
 
-SEEDS = (42, 123, 456)   # the prepost_training seeds (issue 25: >= 3 per trained result)
+SEEDS = (42, 123, 456)   # the prepost_training seeds (at least 3 per trained result)
 SEQS = 2     # sequences per layer for the Jacobian
 T = 32       # tokens per sequence for the Jacobian
 ROWS = 256   # attention rows per layer for the records

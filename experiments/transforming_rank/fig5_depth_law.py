@@ -10,13 +10,13 @@ Pre-Norm and Post-Norm (App B.3):
 (d) erank against beta*alpha^M*sqrt(L): one curve per placement.
 Fig 11: rms(h_l)^2 = 1 + kappa (beta*alpha^M)^2 l, kappa ~ 0.51; rms(h_L) at L=384:
 14.5 (pre), 19.7 (output norm), 1.00 (post).
-Each depth is its own network with its own draws (``independent_depths``; issue 25:
+Each depth is its own network with its own draws (``independent_depths``,
 not the prefixes of one network, which ``independent_depths=False`` still gives), 10
 seeds (Sec 4 measures a single sample; the seeds give Table 4's per-seed spread); alpha
 is a traced argument, so each (placement, width, depth) compiles once. Fig 5a/b read
 the deepest network. A depth whose rank never crosses r* from above on the alpha grid
 has no contour point: it is left out of that fit and named in the row's note.
-Two diagnostics (declared after the paper-scale mismatches, issue 25): the contour's
+Two diagnostics (declared after the paper-scale mismatches): the contour's
 slope between consecutive depths (``local_slopes``: a power law has the same slope
 between every two depths), and Fig 5d's spread at the x the alpha grid gives exactly
 at several depths (``grid_spread``: no interpolation), over all depths and over the
@@ -100,7 +100,7 @@ CLAIMS = common.evidence.claims([
                    "Fig 5d: the depths fall onto one curve per placement")
       for pos in ("pre", "post")),
     # Diagnostics declared after the paper-scale run showed Table 4's pre 1x r*=0.4 and
-    # Fig 5d mismatches (issue 25), before they were run: is the departure a finite-depth
+    # Fig 5d mismatches, before they were run: is the departure a finite-depth
     # correction (largest between the shallowest depths), and is Fig 5d's spread the
     # interpolation onto a common x grid?
     *(common.claim(f"{_LOCAL}, {pos} {e:g}x, r*={LOCAL_LEVEL}, L={a}-{b}", "log(c_b/c_a) / "
@@ -251,7 +251,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   results = {}
   for e in s["expansions"]:
     for pos in ("pre", "post"):
-      if s["independent_depths"]:   # one network per depth (issue 25), its own draws
+      if s["independent_depths"]:   # one network per depth, its own draws
         er_seed = np.zeros((len(alphas), s["seeds"], len(depths)))
         for j, depth in enumerate(depths):
           cfg = MLPConfig(depth=int(depth), width=s["width"], expansion=e, norm_position=pos)

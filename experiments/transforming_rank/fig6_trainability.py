@@ -333,7 +333,7 @@ def fig6_grid(s: dict, data: ImageArrays) -> dict:
         "erank": init_rank(s["rank_width"], max(depths), pos, alphas, depths, KEY),
     }
   # a second network (another init draw and batch order) on a few (placement, L) cells:
-  # the spread of one cell's best accuracy between two networks (issue 25)
+  # the spread of one cell's best accuracy between two networks
   spread = {}
   for pos, depth in s["spread_cells"]:
     if pos not in grid or depth not in depths:

@@ -13,7 +13,7 @@ Why it is not left to autodiff: differentiating ``z/2 (1 + erf(z/sqrt 2))`` as w
 saves three (B, T, F) arrays for the backward pass, and XLA's CPU backend fuses the
 whole elementwise derivative into the transposing copy that feeds the first FFN
 matrix's weight gradient, where it reads those arrays with a stride of F floats. In
-the plain-flax comparison model (issue #14; D=128, F=512, T=128, B=16) that one fusion
+the plain-flax comparison model (D=128, F=512, T=128, B=16) that one fusion
 was 12.8 ms of each layer's 37 ms backward pass. With the closed form the forward
 pass computes ``gelu'(z)`` once, in the layout it is produced in, keeps that one
 array, and the backward pass multiplies the cotangent by it.

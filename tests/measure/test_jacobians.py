@@ -307,7 +307,7 @@ def test_study_sharded_over_8_host_devices_equals_single_device():
 
 
 def test_study_options_refuse_what_they_would_ignore():
-  """Every StudyOptions field is used or refused (issue 24: none silently ignored)."""
+  """Every StudyOptions field is used or refused (none silently ignored)."""
   from rankjax.measure.jacobians import StudyOptions
   grouped = MLPConfig(depth=4, width=8, skip_every=2)
   with pytest.raises(ValueError, match="skip_every"):

@@ -26,7 +26,7 @@ def test_defaults_are_several_seeds_and_inputs_and_shown_in_help(capsys):
   assert "independent weight draws (the spread's sample; default 4)" in text
   assert "per weight draw (default 4)" in text
   assert "--sweep FIELD=V1,V2,..." in text and "sd, sd of the seed means, min" in text
-  # issue 45: a dtype sweep compares precision (test_weight_draws checks the numbers)
+  # a dtype sweep compares precision (test_weight_draws checks the numbers)
   assert "drawn at float32 and cast to param_dtype, so at one ``--seed`` every dtype" in text
 
 

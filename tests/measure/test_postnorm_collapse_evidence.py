@@ -1,4 +1,4 @@
-"""The Post-Norm collapse study as evidence (issue 25): every experiment declares its
+"""The Post-Norm collapse study as evidence: every experiment declares its
 claims, the committed quick results cover every experiment with a quick path, every
 committed row is one of the declared claims, and the experiments' measurements of
 synthetic results are judged the way the claims say."""

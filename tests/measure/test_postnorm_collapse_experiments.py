@@ -102,7 +102,7 @@ def test_analyze_synthetic_transition_mask_and_window(monkeypatch, tmp_path):
   assert raw["alpha_max"] == 50.0 and raw["alpha_2_peak"]["step"] == 46
   assert raw["frac_vanished_2"] == pytest.approx(1 / 240)
   assert raw["frac_vanished_either_2"] == pytest.approx(1 / 240)
-  # issue 25 item 6: the spike sits where ||dL/dY_2|| = 1e-12 << 1e-4 x its median (1)
+  # the spike sits where ||dL/dY_2|| = 1e-12 << 1e-4 x its median (1)
   assert raw["alpha_max_excluding_vanished"] == 1.5
   assert raw["frac_vanished_rel_2"] == pytest.approx(1 / 240)
   # the loss rises 3.3 / 2.8 - 1 = 18% above its best: found unless loss_rise = 0.2

@@ -77,7 +77,7 @@ def test_float32_derivative_as_accurate_as_autodiff_of_jax_nn(name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_backward_pass_keeps_one_array_the_size_of_the_input(name):
-  """The reason for the rules (issue #14): autodiff of the formulas keeps three arrays
+  """The reason for the rules: autodiff of the formulas keeps three arrays
   of the input's size for the backward pass; the rules keep one."""
   ours, theirs, _, _ = CASES[name]
   z = jnp.ones((4, 16), jnp.float32)

@@ -6,7 +6,7 @@ Llama 3.1's RoPE scaling with one key/value head).
 The fixtures (tests/fixtures/hf/<model>/: config.json, model.safetensors, expected.npz,
 versions.json) are written by scripts/make_hf_fixtures.py with transformers and the CPU
 build of torch (versions in versions.json); rankjax reads only the files. Tolerance:
-max abs difference <= 1e-5 in float32 (issue 27), on activations of order 1-10 (weights
+max abs difference <= 1e-5 in float32, on activations of order 1-10 (weights
 drawn at std 0.2): float32 reassociation between torch's and XLA's kernels is ~1e-6.
 The slow test regenerates the fixtures with transformers and compares again.
 """

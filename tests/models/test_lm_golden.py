@@ -6,7 +6,7 @@ captured sublayer inputs/outputs and of their gradients) on the reference attent
 path (``attention_impl="einsum"``). It guards against unintended changes of the model's
 numerics in refactors. Its provenance is in the file (``"recorded"``): the values were
 first computed by the DecoderLM as it was before the decoder block was rebuilt on the
-shared residual block (issue 17), on a 2-core AMD EPYC VM with tests/conftest.py's XLA
+shared residual block, on a 2-core AMD EPYC VM with tests/conftest.py's XLA
 flags; the gradient keys were rewritten twice by deliberate numerics changes (the
 closed-form rms/layer-norm rule, ``norms.rescale``; the closed-form GELU/SiLU
 derivatives, ``models/activations.py``), each time with every forward key unchanged
@@ -27,10 +27,10 @@ relative), while the smallest deliberate changes tried move some key by 25x the
 tolerance or more (rms eps 1e-6 -> 1e-5: 2.6e-4; alpha 1 -> 0.999: 3.0e-4; layer-norm
 eps 1e-5 -> 1e-6: 5.2e-3; tau 1.7 -> 1.71: 3.7e-3). The bfloat16 config is held to
 ``RTOL_BF16 = 3e-2`` (bfloat16 keeps 8 bits: unit roundoff 3.9e-3, compounded over three
-layers; its values predate issue 14's float32-accumulated head, which moved its logits
+layers; its values predate the float32-accumulated head, which moved its logits
 by up to 0.5% of their largest magnitude).
 
-The fused kernel (issue 14) rounds the same formula differently: it is held to the
+The fused kernel rounds the same formula differently: it is held to the
 golden values within float32 tolerance in the slow test below and to the einsum path in
 test_attention.py.
 
