@@ -38,8 +38,8 @@ attention within the compute dtype's tolerance of the einsum reference, forward 
 backward; finite losses; the Jacobian study's reconstruction error. A failed check is
 printed by name and the script exits 1 (after writing what it measured). MFU is not a
 check: the table shows the measured MFU (causal attention at half, and counted whole)
-beside the estimate of issue 26's review of the shipped step and the target (issue 43:
->= 50% for the 48-layer d=512 step, >= 55% for 774M).
+beside a review's estimate for the shipped step and the target (>= 50% for the 48-layer
+d=512 step, >= 55% for 774M).
 
 Run it with the launchers' XLA flags to measure what a launched run gets:
 ``source launch/xla_flags.sh; XLA_FLAGS="$RANKJAX_GPU_XLA_FLAGS" python ...``; the
@@ -89,10 +89,10 @@ TOLERANCES = {
     "attention": {"float32": (1e-5, 1e-4), "bfloat16": (2e-2, 2e-2)},
     "jacobian_reconstruction": 1e-3,
 }
-# MFU of the shipped step on one H200 as issue 26's review estimated it (before its
-# changes), and the issue-14 targets; shown beside the measurement, never judged.
+# MFU of the shipped step on one H200 as a review estimated it (before its changes), and
+# the targets; shown beside the measurement, never judged.
 MFU_ESTIMATE = {"postnorm_48l_d512_c4.json": (0.38, 0.43), "gpt2_774m.json": (0.41, 0.46)}
-MFU_TARGET = {"postnorm_48l_d512_c4.json": 0.50, "gpt2_774m.json": 0.55}   # issue 43
+MFU_TARGET = {"postnorm_48l_d512_c4.json": 0.50, "gpt2_774m.json": 0.55}
 # the softmax study's 774M step: App D.1's attention dropout (its SCALE_SETS["paper"])
 SOFTMAX_SETS = ("lm.attn_dropout_rate=0.1", "lm.embed_norm=false")
 
@@ -391,8 +391,8 @@ def run_part(part: str, smoke: bool, out: pathlib.Path | None) -> Any:
     # the softmax study's 774M step (attention dropout: the query-block path)
     steps.append(check_step("gpt2_774m.json", smoke, sets=SOFTMAX_SETS,
                             trace_dir=trace("gpt2_774m_softmax")))
-    # the configs with dropout again with unsafe_rbg dropout bits (issue 26: does the
-    # dropout RNG dominate?)
+    # the configs with dropout again with unsafe_rbg dropout bits (does the dropout RNG
+    # dominate?)
     steps += [check_step(s["config"], smoke, "unsafe_rbg") for s in steps[:2]
               if s["lm"]["dropout_rate"] > 0 and s["prng_impl"] != "unsafe_rbg"]
     return steps

@@ -12,8 +12,8 @@ Each is timed as the plain step and as the diagnostics step (the built-in "basic
 diagnostic: per-layer gradient and parameter norms, token similarity of every X_k /
 Y_k and the gradients with respect to them), on synthetic token batches (the data
 pipeline is not timed). MFU = model FLOPs per step (6 per matmul weight + 6 L T d per
-token, causal attention at half: ``Task.flops_per_example``; RESULTS.md rows before
-2026-12-02 counted 6N + 12 L T d) / step time / the peak rate of a large matmul measured
+token, causal attention at half: ``Task.flops_per_example``; older RESULTS.md rows
+counted 6N + 12 L T d) / step time / the peak rate of a large matmul measured
 in the same run (float32 on a CPU, the compute dtype on an accelerator). The
 diagnostics cost amortized at one diagnostics step per 100 updates is
 ``(t_diag - t_plain) / (100 * t_plain)`` (target < 10%).

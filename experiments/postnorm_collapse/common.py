@@ -22,7 +22,7 @@ not from our outcomes); each experiment's ``CLAIMS`` use them:
   (``ORDERS``, two orders); later layers "change much less": a factor < 10 (``MUCH_LESS``).
   Factors that span orders of magnitude across seeds are judged on their log10
   (``log10``: the interval of the seeds' mean log, i.e. of their geometric mean; an
-  arithmetic mean of 127, 3e5 and 90 would be carried by one seed; chosen 2026-12-05,
+  arithmetic mean of 127, 3e5 and 90 would be carried by one seed; chosen
   after the quick outcomes were known);
 - "stays below 2.5": the maximum of alpha_k^l over the run and layers, < 2.5
   (``ALPHA_PAPER_MAX``);

@@ -71,7 +71,7 @@ _QUICK_TRAINED = ("a 12-layer d=64 byte-level LM trained 60-150 updates at LR 1e
 QUICK_SETTING = {**{n: _QUICK_INIT for n in INIT},
                  **{n: _QUICK_TRAINED for n in TRAINED},
                  "fig7": runner.PAPER_SETTING}
-# --check's tolerance where 1e-4 relative is not reproducible (measured 2026-12-05
+# --check's tolerance where 1e-4 relative is not reproducible (measured
 # under the test suite's XLA flags against the default ones)
 RECHECK = {"fig2": dict(recheck_atol=1e-7, recheck_why=(
     "Fig 2's increments are differences of token similarities near 1 (float32 spacing "

@@ -33,7 +33,7 @@ WARMUP_TOTAL = 60
 ABLATION_LRS = (0.02, 0.025, 0.03)
 # the seeds of every LR-ablation run (Figs 12-20, Fig 6-right, Sec 4.3's warmup rows) and of
 # Fig 6-right's first LR set (at least 3 per trained result), fixed before the
-# seed-1 and seed-2 runs were trained (2026-12-03)
+# seed-1 and seed-2 runs were trained
 ABLATION_SEEDS = (0, 1, 2)
 MAIN_WARMUP_LR = 0.015
 # the seeds of the main warmup setting (Figs 3-5 at 60 updates, Figs 10-11)

@@ -18,7 +18,7 @@ P_MAX_FLOOR = 0.0005       # near 0: attention weights, half the paper's last di
 COUNT_TOL = Abs(0.5)       # a count of seeds: half a unit
 # a worded change ("falls", "rises") of a quantity whose endpoints the paper prints must
 # be at least this share of the paper's change (a fall of 0.00016 against the paper's
-# 0.26 is not the paper's "falls"); chosen 2026-12-05, after the quick outcomes
+# 0.26 is not the paper's "falls"); chosen after the quick outcomes
 MIN_EFFECT = 0.5
 
 

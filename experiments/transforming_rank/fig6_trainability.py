@@ -62,7 +62,7 @@ SCALES = {
     # Coarse grid over the paper's ranges: width 256 -> 16, batch 256 -> 32, 8192
     # training images, 200 steps (App B.4 does not state Fig 6's steps; App C: 5000).
     # fig16_depths=() skips Fig 16; L=128 tests "M=2 fails beyond L=100" just past 100
-    # (added 2026-12-05 after a review: before, only L=1000, where the forward
+    # (added after a review: before, only L=1000, where the forward
     # overflows, was beyond 100). norm_eps: inside the trained networks' RMSNorms
     # (eps=0 gives 0/0 on a branch whose ReLUs are all off, which Output-Norm meets at
     # small width); the init ranks use the theory's eps=0.

@@ -12,7 +12,7 @@ smallest Gram eigenvalue of the submatrix vs sigma_min(J_f)^2 of the branch Jaco
 How the seeds meet MP is an open setting: our rows pool every seed's eigenvalues and
 compare them with MP at the mean gamma; the sensitivity rows compare the same pooled
 eigenvalues with the mixture of each seed's MP law at its own gamma (what pooling draws
-from). Declared 2026-12-05, after the pooled rows' outcomes were known.
+from). Declared after the pooled rows' outcomes were known.
 
   rankjax reproduce transforming_rank --only fig9
 """

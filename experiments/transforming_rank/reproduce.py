@@ -103,8 +103,8 @@ def _needs_cifar10(scale: str) -> str | None:
 
 # their numbers come out of training runs (--check: at the distribution level)
 TRAINED = ("fig6", "appa4")
-# --check's tolerance where 1e-4 relative is not reproducible across CPUs (measured
-# 2026-12-05: a record made on an AMD EPYC rerun on an Intel Xeon)
+# --check's tolerance where 1e-4 relative is not reproducible across CPUs (a record
+# made on an AMD EPYC rerun on an Intel Xeon)
 RECHECK = {
     "fig2": dict(recheck_atol=2e-6, recheck_why=(
         "the coincidence rows are float32 rounding residuals (4e-7 to 1e-6; float64 "

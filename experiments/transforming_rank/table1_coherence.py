@@ -9,7 +9,7 @@ n-independent (the mean spike), a centered activation's is not (no spike: st gro
 with n/d), so ``n_sweep`` measures abs / relu / tanh at several n (tanh: ~49 at
 n = 512, the Fig 7 rank-panel size; ~57 at 1024; the paper's 50.66 lies between).
 The sensitivity rows judge the stable ranks at n = ``sensitivity_inputs`` (512) with the
-same seeds, to show which verdicts rest on the open n (declared 2026-12-05, after the
+same seeds, to show which verdicts rest on the open n (declared after the
 n sweep's outcome was known).
 Cheap: runs at the paper's size at both scales.
 

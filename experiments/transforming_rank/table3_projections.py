@@ -9,7 +9,7 @@ enough to run at the paper's size at both scales.
 The step is an open setting (the paper does not define it). The sensitivity rows
 measure the other common reading, x_{l+1} = (x_l + eps g_l / sqrt(d)) / ||.||, g_l
 standard normal (a renormalized Gaussian step, whose angle is about eps), with the same
-seeds: they show how much the verdicts rest on the reading. Declared on 2026-12-05,
+seeds: they show how much the verdicts rest on the reading. Declared
 after a review reported that this reading reproduces the paper's eps = 0.6 row.
 
   rankjax reproduce transforming_rank --only table3

@@ -328,9 +328,9 @@ def device_memory() -> tuple[str, int, float | None]:
   return local[0].device_kind, jax.device_count(), (float(limit) if limit else None)
 
 
-# The MFU the plan's device-hours assume where the device check recorded none: the
-# 2026-12 review of the paper path's steps on an H200 (issue 43: about 20-45%, the
-# Post-Norm study's 122 hours at 100% being 280-390 H200-hours), labelled as such
+# The MFU the plan's device-hours assume where the device check recorded none: a review
+# of the paper path's steps on an H200 put it at about 20-45% (the Post-Norm study's 122
+# hours at 100% being 280-390 H200-hours); labelled as an estimate wherever it is used
 ESTIMATED_MFU = 0.35
 ESTIMATED_MFU_SOURCE = ("an estimate, not measured here: no device check recorded on this "
                         "device kind (experiments/benchmarks/device_check.py)")

@@ -90,7 +90,7 @@ def test_failed_checks_name_each_failure_and_pass_good_results():
 
 def test_device_check_runs_each_part_in_its_own_process(tmp_path, monkeypatch):
   """Outside --smoke each part is a child process whose JSON the parent merges (so its
-  peak device memory is its own); the targets are issue 43's."""
+  peak device memory is its own); the targets are 50% and 55%."""
   dc = _device_check()
   calls = []
   monkeypatch.setattr(dc, "run_in_own_process",
