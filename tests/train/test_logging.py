@@ -69,7 +69,7 @@ def test_without_tensorboardx_the_run_says_tensorboard_is_off(tmp_path, monkeypa
 
 
 def test_logging_extra_installs_what_the_readme_recipe_runs():
-  """README: pip install "rankjax[logging]", then the tensorboard command."""
+  """docs/training.md: pip install "rankjax[logging]", then the tensorboard command."""
   import pathlib
   import re
   import tomllib
@@ -77,8 +77,8 @@ def test_logging_extra_installs_what_the_readme_recipe_runs():
   extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
       "optional-dependencies"]["logging"]
   assert {re.split(r"[<>=\[ ]", r)[0] for r in extra} == {"tensorboardX", "tensorboard"}
-  readme = (root / "README.md").read_text()
-  assert 'pip install "rankjax[logging]"' in readme and "tensorboard --logdir" in readme
+  page = (root / "docs" / "training.md").read_text()
+  assert 'pip install "rankjax[logging]"' in page and "tensorboard --logdir" in page
 
 
 def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):

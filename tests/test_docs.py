@@ -1,0 +1,96 @@
+"""README.md, BUILD.md and docs/*.md are run, not only read: every ``rankjax`` command
+in their bash blocks parses (the CLI's own parser, nothing runs) and names files that
+exist; every Python block runs; every relative link resolves."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+
+import pytest
+
+from rankjax import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "BUILD.md", *sorted((ROOT / "docs").glob("*.md"))]
+_BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
+_LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
+
+
+def blocks(page: pathlib.Path, language: str) -> list[str]:
+  return [body for lang, body in _BLOCK.findall(page.read_text()) if lang == language]
+
+
+def commands(page: pathlib.Path) -> list[list[str]]:
+  """The ``rankjax`` invocations of a page's bash blocks, as argv (after ``rankjax``):
+  chains split at ``&&``, comments and environment assignments dropped."""
+  out = []
+  for body in blocks(page, "bash"):
+    for line in body.replace("\\\n", " ").splitlines():
+      for part in line.split("&&"):
+        words = shlex.split(part, comments=True)
+        while words and re.match(r"^[A-Z_]+=", words[0]):
+          words = words[1:]
+        if words[:1] == ["rankjax"]:
+          out.append(words[1:])
+  return out
+
+
+def test_the_pages_hold_what_this_test_reads():
+  assert len(PAGES) >= 7
+  assert sum(len(commands(p)) for p in PAGES) >= 12
+  assert sum(len(blocks(p, "python")) for p in PAGES) >= 2
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_parses_and_names_files_that_exist(page):
+  for argv in commands(page):
+    try:
+      cli.build_parser().parse_args(argv)
+    except SystemExit as e:
+      pytest.fail(f"{page.name}: rankjax {shlex.join(argv)} does not parse (exit {e.code})")
+    for word in argv:
+      value = word.split("=", 1)[-1]
+      if re.match(r"^(experiments|examples|launch|docs)/\S+\.(json|py|md)$", value):
+        assert (ROOT / value).is_file(), (page.name, value)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_resolves(page):
+  for target, _ in _LINK.findall(page.read_text()):
+    if "://" in target:
+      continue
+    assert (page.parent / target).exists(), (page.name, target)
+
+
+def _run(code: str, where: pathlib.Path) -> None:
+  import os
+  here = os.getcwd()
+  os.chdir(where)
+  try:
+    exec(compile(code, "<snippet>", "exec"), {"__name__": "__snippet__"})  # noqa: S102
+  finally:
+    os.chdir(here)
+
+
+@pytest.mark.slow   # a 48-block Jacobian study at width 256 (about 15 s on 2 idle cores)
+def test_the_readmes_library_snippet_runs(tmp_path):
+  (code,) = blocks(ROOT / "README.md", "python")
+  _run(code, tmp_path)
+
+
+@pytest.mark.slow   # trains the smoke tour's Post-Norm run (about 20 s)
+def test_the_python_blocks_of_the_docs_run(tmp_path):
+  """Each Python block of docs/*.md, in a folder where ``runs/tour/lm_post`` is the
+  smoke tour's Post-Norm run (what the reading example opens)."""
+  from rankjax.tour_runs import lm_configs
+  from rankjax.train.loop import train
+  train(lm_configs(smoke=True)["lm_post"], str(tmp_path / "runs" / "tour" / "lm_post"),
+        progress_bar=False)
+  ran = 0
+  for page in sorted((ROOT / "docs").glob("*.md")):
+    for code in blocks(page, "python"):
+      _run(code, tmp_path)
+      ran += 1
+  assert ran >= 1
