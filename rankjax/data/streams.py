@@ -183,3 +183,35 @@ def merge_states(states: Sequence[Any]) -> dict[str, Any] | None:
   return {"next_batch": batches[0], "streams": counts[0], "rows": rows,
           "docs": [int(d) for s in states for d in s["docs"]],
           "offsets": [int(o) for s in states for o in s["offsets"]]}
+
+
+def resharded_state(states: Sequence[Any]) -> dict[str, Any]:
+  """The iterator state a run on another number of processes continues from, given the
+  states every process of the old count saved (in process order).
+
+  Two kinds of state re-shard, both describing the same global batches for any number
+  of hosts, so the run continues exactly as with the old process count (same global
+  batch size): no example is repeated or skipped.
+
+  * position-only (``{"next_index": k}``: in-memory text and image sets,
+    ``rankjax.data.common.EpochBatches``): every host reads its part of global
+    batches drawn from one order of the whole set per epoch, and k counts global
+    batches, so every process of the new run continues at global batch k;
+  * the global streamed order of streamed text (tfds, ArrayRecord): each process saved
+    the positions of its packing streams; they are merged (:func:`merge_states`) into
+    one state holding every stream, from which each new process takes its own.
+
+  Raises:
+    ValueError: any other state (a finite pass's per-host document shards; the earlier
+      per-host streamed order), or states that do not fit together; its text says why
+      when it can (empty when the states are of no re-shardable kind).
+  """
+  merged = merge_states(states)
+  if merged is not None:
+    return merged
+  if not all(isinstance(s, dict) and set(s) == {"next_index"} for s in states):
+    raise ValueError("")
+  positions = {int(s["next_index"]) for s in states}
+  if len(positions) != 1:
+    raise ValueError(f"the processes were at batches {sorted(positions)}")
+  return {"next_index": positions.pop()}

@@ -51,7 +51,6 @@ from typing import Any, Callable, Mapping
 
 import grain
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -341,30 +340,18 @@ def saved_process_count(data_dir: epath.Path) -> int | None:
 
 
 def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dict[str, Any]:
-  """The iterator state for this process when ``saved_count`` processes wrote the step.
-
-  Two kinds of state re-shard, both describing the same global batches for any number
-  of hosts, so the run continues exactly as with the old process count (same global
-  batch size): no example is repeated or skipped.
-
-  * position-only (``{"next_index": k}``: in-memory text and image sets,
-    ``rankjax.data.common.EpochBatches``): every host reads its part of global
-    batches drawn from one order of the whole set per epoch, and k counts global
-    batches, so every process of the new run continues at global batch k;
-  * the global streamed order of streamed text (tfds, ArrayRecord;
-    ``rankjax.data.streams``): each process saved the positions of its packing
-    streams; they are merged (``streams.merge_states``) into one state holding every
-    stream, from which each new process takes its own.
+  """The iterator state for this process when ``saved_count`` processes wrote the step:
+  their saved states re-sharded by ``streams.resharded_state`` (the same global batches
+  for any number of hosts).
 
   Raises:
-    ProcessCountError (a ValueError; one line naming both counts) for any other
-    state (a finite pass's per-host document shards; checkpoints of the earlier
-    per-host streamed order) or states that do not fit together.
+    IncompleteStep: a process's state file is missing.
+    ProcessCountError (a ValueError; one line naming both counts): the states do not
+      re-shard.
   """
-  now = jax.process_count()
   refuse = (f"checkpoint step {step} was written by {saved_count} process(es) and this "
-            f"run has {now}; the data iterator of this data set cannot be re-sharded: "
-            f"resume with {saved_count} process(es), or train in a new --workdir")
+            f"run has {jax.process_count()}; the data iterator of this data set cannot be "
+            f"re-sharded: resume with {saved_count} process(es), or train in a new --workdir")
   states = []
   for i in range(saved_count):
     f = data_dir / f"process_{i}-of-{saved_count}.json"
@@ -372,17 +359,9 @@ def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dic
       raise IncompleteStep(f"data/{f.name} is missing")
     states.append(json.loads(f.read_text()))
   try:
-    merged = streams.merge_states(states)
+    return streams.resharded_state(states)
   except ValueError as e:
-    raise ProcessCountError(f"{refuse} ({e})") from None
-  if merged is not None:
-    return merged
-  if not all(isinstance(s, dict) and set(s) == {"next_index"} for s in states):
-    raise ProcessCountError(refuse)
-  positions = {int(s["next_index"]) for s in states}
-  if len(positions) != 1:
-    raise ProcessCountError(refuse + f" (the processes were at batches {sorted(positions)})")
-  return {"next_index": positions.pop()}
+    raise ProcessCountError(refuse + (f" ({e})" if str(e) else "")) from None
 
 
 @dataclasses.dataclass
@@ -554,58 +533,3 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
-
-
-# ---------------------------------------------------------------------------
-# the diagnostics history
-
-
-class DiagnosticsHistory:
-  """Host-side diagnostics of every diagnostics step of the run, stacked by step."""
-
-  def __init__(self):
-    self.steps: list[int] = []
-    self.series: dict[str, dict[str, list[np.ndarray]]] = {}
-
-  def append(self, step: int, values: Mapping[str, Mapping[str, Any]]) -> None:
-    self.steps.append(int(step))
-    for name, keys in values.items():
-      for key, value in keys.items():
-        self.series.setdefault(name, {}).setdefault(key, []).append(np.asarray(value))
-
-  def __len__(self) -> int:
-    return len(self.steps)
-
-  def truncate(self, step: int) -> None:
-    """Drops entries after ``step``."""
-    keep = sum(1 for s in self.steps if s <= step)
-    self.steps = self.steps[:keep]
-    for keys in self.series.values():
-      for key in keys:
-        keys[key] = keys[key][:keep]
-
-  def to_tree(self) -> dict[str, Any] | None:
-    """``{"steps": (n,), name: {key: (n, ...)}}`` for the checkpoint; None when empty."""
-    if not self.steps:
-      return None
-    tree: dict[str, Any] = {"steps": np.asarray(self.steps, np.int32)}
-    for name, keys in self.series.items():
-      tree[name] = {k: np.stack(v) for k, v in keys.items()}
-    return tree
-
-  @classmethod
-  def from_tree(cls, tree: Mapping[str, Any] | None) -> "DiagnosticsHistory":
-    h = cls()
-    if not tree:
-      return h
-    h.steps = [int(s) for s in np.asarray(tree["steps"])]
-    for name, keys in tree.items():
-      if name == "steps":
-        continue
-      h.series[name] = {k: list(np.asarray(v)) for k, v in keys.items()}
-    return h
-
-  def flat(self) -> dict[str, np.ndarray]:
-    """``{"<diagnostic>/<key>": (n, ...)}``."""
-    return {f"{name}/{k}": np.stack(v) for name, keys in self.series.items()
-            for k, v in keys.items() if v}

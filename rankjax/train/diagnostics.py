@@ -13,6 +13,7 @@ needs_capture), imported when a run names one. Adding your own (no library edit)
 
   # my_pieces.py
   import jax.numpy as jnp
+import numpy as np
   from rankjax.train import diagnostics
 
   def x1_rms(d: diagnostics.DiagInputs) -> dict:
@@ -46,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rankjax.measure import gradients as gr
 from rankjax.measure.similarity import token_similarity
@@ -191,3 +193,54 @@ def basic(d: DiagInputs) -> dict[str, Array]:
   for k, g in (d.activation_grads or {}).items():
     out[f"act_grad_norm_{k}"] = jnp.sqrt(gr.sq_norm(g, tuple(range(1, g.ndim))))
   return out
+
+
+class DiagnosticsHistory:
+  """Host-side diagnostics of every diagnostics step of the run, stacked by step."""
+
+  def __init__(self):
+    self.steps: list[int] = []
+    self.series: dict[str, dict[str, list[np.ndarray]]] = {}
+
+  def append(self, step: int, values: Mapping[str, Mapping[str, Any]]) -> None:
+    self.steps.append(int(step))
+    for name, keys in values.items():
+      for key, value in keys.items():
+        self.series.setdefault(name, {}).setdefault(key, []).append(np.asarray(value))
+
+  def __len__(self) -> int:
+    return len(self.steps)
+
+  def truncate(self, step: int) -> None:
+    """Drops entries after ``step``."""
+    keep = sum(1 for s in self.steps if s <= step)
+    self.steps = self.steps[:keep]
+    for keys in self.series.values():
+      for key in keys:
+        keys[key] = keys[key][:keep]
+
+  def to_tree(self) -> dict[str, Any] | None:
+    """``{"steps": (n,), name: {key: (n, ...)}}`` for the checkpoint; None when empty."""
+    if not self.steps:
+      return None
+    tree: dict[str, Any] = {"steps": np.asarray(self.steps, np.int32)}
+    for name, keys in self.series.items():
+      tree[name] = {k: np.stack(v) for k, v in keys.items()}
+    return tree
+
+  @classmethod
+  def from_tree(cls, tree: Mapping[str, Any] | None) -> "DiagnosticsHistory":
+    h = cls()
+    if not tree:
+      return h
+    h.steps = [int(s) for s in np.asarray(tree["steps"])]
+    for name, keys in tree.items():
+      if name == "steps":
+        continue
+      h.series[name] = {k: list(np.asarray(v)) for k, v in keys.items()}
+    return h
+
+  def flat(self) -> dict[str, np.ndarray]:
+    """``{"<diagnostic>/<key>": (n, ...)}``."""
+    return {f"{name}/{k}": np.stack(v) for name, keys in self.series.items()
+            for k, v in keys.items() if v}

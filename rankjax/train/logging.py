@@ -153,7 +153,7 @@ class MetricsWriter:
     for the queue, so a killed run can lose events that metrics.jsonl (line-buffered)
     and the checkpoint's diagnostics history hold. A resumed run rewrites those from
     metrics.jsonl (train rows every ``log_every`` steps, eval rows) and ``history``
-    (a ``checkpoint.DiagnosticsHistory``). Local workdirs only.
+    (a ``diagnostics.DiagnosticsHistory``). Local workdirs only.
     """
     if not self.enabled or self._tb is None or not up_to or storage.is_remote(self.path):
       return 0

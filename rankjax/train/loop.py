@@ -49,7 +49,8 @@ from rankjax.train import mfu as mfu_lib
 from rankjax import storage
 from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
-from rankjax.train.checkpoint import Checkpointer, DiagnosticsHistory
+from rankjax.train.checkpoint import Checkpointer
+from rankjax.train.diagnostics import DiagnosticsHistory
 from rankjax.train.checkpoint import STOPPED, read_stopped, write_stopped
 from rankjax.train.checkpoint import check_workdir_config, write_config
 from rankjax.train.diagnostics_postnorm import ALARM_SIM_MIN as COLLAPSED_SIM

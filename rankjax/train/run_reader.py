@@ -20,6 +20,7 @@ from etils import epath
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.train import checkpoint as ckpt_lib
+from rankjax.train import diagnostics as diag_lib
 from rankjax import storage
 from rankjax.train import tasks as task_lib
 
@@ -173,7 +174,7 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   renames = ckpt_lib.saved_renames(out["state"], task_lib.make_task(cfg).legacy_renames())
   out = ckpt_lib.rename_keys(out, renames)      # a checkpoint from before a rename
   params = jax.tree.map(np.asarray, out["state"]["params"])
-  history = ckpt_lib.DiagnosticsHistory.from_tree(out.get("diagnostics"))
+  history = diag_lib.DiagnosticsHistory.from_tree(out.get("diagnostics"))
   return Run(workdir=workdir, config=cfg, step=s, params=params,
              diagnostics=history.flat(), diagnostic_steps=np.asarray(history.steps, np.int64),
              metrics=out["metrics"],

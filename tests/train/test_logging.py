@@ -142,7 +142,7 @@ def test_resume_backfills_events_a_kill_lost(tmp_path):
   pytest.importorskip("tensorboardX")
   import numpy as np
   from rankjax.train import tensorboard as tb
-  from rankjax.train.checkpoint import DiagnosticsHistory
+  from rankjax.train.diagnostics import DiagnosticsHistory
   w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
   for step in (1, 2):
     w.write(step, {"loss": float(step)})
@@ -173,7 +173,7 @@ def test_backfill_draws_only_the_images_a_kill_lost(tmp_path):
   pytest.importorskip("tensorboardX")
   import numpy as np
   from rankjax.train import tensorboard as tb
-  from rankjax.train.checkpoint import DiagnosticsHistory
+  from rankjax.train.diagnostics import DiagnosticsHistory
   diag = {"basic": {"tsim_x1": np.array([0.1, 0.2, 0.4])}}
   w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
   w.write_diagnostics(2, diag)
