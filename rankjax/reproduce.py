@@ -226,12 +226,18 @@ def _command(args) -> int:
   if args.plan:
     plan()
     return 0
+  from rankjax import preemption
   from rankjax.studies.training import Preempted as preempted
   try:
-    results = run(args.study, args.out, args.scale, args.only, args.record, args.check, options,
-                  args.studies, args.set)
+    with preemption.outside_training():              # SIGTERM between runs: nothing to save
+      results = run(args.study, args.out, args.scale, args.only, args.record, args.check,
+                    options, args.studies, args.set)
   except preempted as e:                             # every process stopped at the same run
     print(f"rankjax reproduce: {e}", file=sys.stderr)
+    return 75
+  except preemption.Stopped as e:
+    print(f"rankjax reproduce: stopped ({e}) outside a training step; finished runs are "
+          "kept: run the same command again to continue", file=sys.stderr)
     return 75
   finally:        # the other processes of a multi-host job wait for process 0's analysis
     distributed.wait_for_every_process("rankjax_reproduce_done")

@@ -21,15 +21,13 @@ training runs resume from their checkpoints and give the same final numbers.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import pathlib
 import re
-import signal
 import sys
-import threading
 import time
 
+from rankjax import preemption
 from rankjax.tour_runs import PLACEMENTS, lm_configs, mlp_config  # noqa: F401
 
 
@@ -118,25 +116,6 @@ def render_readme(text: str, root: pathlib.Path) -> str:
   return README_BLOCK.sub(block, text)
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts():
-  """SIGTERM between training phases stops the tour like Ctrl-C (KeyboardInterrupt);
-  inside ``train`` its own handler saves a checkpoint first."""
-  main = threading.current_thread() is threading.main_thread()
-  previous = signal.getsignal(signal.SIGTERM)
-
-  def handle(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-  if main:
-    signal.signal(signal.SIGTERM, handle)
-  try:
-    yield
-  finally:
-    if main:
-      signal.signal(signal.SIGTERM, previous)
-
-
 def check_tour_workdir(workdir: pathlib.Path) -> None:
   """A tour's folder holds the tour's runs only: one holding a ``rankjax train`` run
   (its ``config.json`` or ``checkpoints/``) is refused before anything runs."""
@@ -157,7 +136,7 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
   workdir.mkdir(parents=True, exist_ok=True)
   from rankjax.provenance import provenance
   start, prov = time.time(), provenance()
-  with _sigterm_interrupts():
+  with preemption.outside_training():   # SIGTERM between runs: as Ctrl-C
     for name, cfg in lm_configs(smoke).items():
       print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
             f"lr {cfg.learning_rate:g})", flush=True)

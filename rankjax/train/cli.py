@@ -18,9 +18,7 @@ Exit codes (for requeue scripts: requeue on 75, never on 0):
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 
 from rankjax import plugins
 
@@ -44,29 +42,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
   return parser
 
 
-class _StoppedBeforeStart(Exception):
-  """SIGTERM before ``train`` took the signal over (imports, reading the config)."""
-
-
-def _stop_before_start(signum, frame):
-  del frame
-  raise _StoppedBeforeStart(signal.Signals(signum).name)
-
-
 def run(args: argparse.Namespace) -> int:
-  """SIGTERM exits 75 from the first instant: until ``train`` installs its handler
-  (which saves a step first) it stops the command here, with nothing to save."""
-  main = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGTERM, _stop_before_start) if main else None
+  """SIGTERM exits 75 from the first instant: until ``train`` takes the signal over
+  (saving a step first) it stops the command here, with nothing to save
+  (``rankjax.preemption``)."""
+  from rankjax import preemption
   try:
-    return _run(args)
-  except _StoppedBeforeStart as e:
+    with preemption.outside_training():
+      return _run(args)
+  except preemption.Stopped as e:
     print(f"rankjax train: stopped ({e}) before training started; nothing to save: run the "
           f"same command to start (exit {EXIT_PREEMPTED})", file=sys.stderr)
     return EXIT_PREEMPTED
-  finally:
-    if main:
-      signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -29,9 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import signal
 import sys
-import threading
 import time
 from typing import Any, Callable, TextIO
 
@@ -46,6 +44,7 @@ from rankjax.data.common import DataUnavailableError
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import memory
 from rankjax.train import mfu as mfu_lib
+from rankjax import preemption as preemption_lib
 from rankjax import storage
 from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
@@ -279,49 +278,6 @@ def _compiled_count(fn) -> int | None:
   return size() if callable(size) else None
 
 
-class _Preemption:
-  """Whether to save and stop at a step because of SIGTERM or Ctrl-C.
-
-  One process: handlers for SIGTERM and SIGINT (main thread only) set a flag; the
-  run saves the current step and returns. A second Ctrl-C raises KeyboardInterrupt
-  at once (the first one restores the previous SIGINT handler). Several processes:
-  JAX's preemption service (started by ``jax.distributed.initialize``) catches
-  SIGTERM on any host and all hosts agree on the step to stop at
-  (``multihost_utils.reached_preemption_sync_point``, called every step), so they
-  save the same step.
-  """
-
-  def __init__(self):
-    self.signal_name: str | None = None
-    self._old: dict[int, Any] = {}
-    self._multi = jax.process_count() > 1
-
-  def __enter__(self):
-    if not self._multi and threading.current_thread() is threading.main_thread():
-      for signum in (signal.SIGTERM, signal.SIGINT):
-        self._old[signum] = signal.signal(signum, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    del frame
-    self.signal_name = signal.Signals(signum).name
-    if signum == signal.SIGINT:   # a second Ctrl-C interrupts at once
-      signal.signal(signal.SIGINT, self._old.pop(signal.SIGINT))
-
-  def reached(self, step: int) -> bool:
-    """Call once per step, on every process."""
-    if self._multi:
-      from jax.experimental import multihost_utils
-      if multihost_utils.reached_preemption_sync_point(step):
-        self.signal_name = "SIGTERM"
-    return self.signal_name is not None
-
-  def __exit__(self, *exc):
-    for signum, handler in self._old.items():
-      signal.signal(signum, handler)
-    self._old = {}
-
-
 def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
           on_step: Callable[[int], None] | None = None, stream: TextIO | None = None,
           progress_bar: bool | None = None) -> TrainResult:
@@ -340,11 +296,11 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
   workdir = storage.check_output(workdir, "workdir")
-  with _Preemption() as preemption:   # from here a SIGTERM stops the run at a step
+  with preemption_lib.DuringTraining() as preemption:   # from here a SIGTERM stops the run at a step
     return _train(cfg, workdir, preemption, on_step, stream, progress_bar)
 
 
-def _train(cfg: TrainConfig, workdir: epath.Path, preemption: _Preemption, on_step,
+def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.DuringTraining, on_step,
            stream: TextIO | None, progress_bar: bool | None) -> TrainResult:
   t_start = time.perf_counter()
   if cfg.compilation_cache_dir:
@@ -468,7 +424,7 @@ class _Loop:
     self.collapse_reason: str | None = None
     self._tsim_rows = list(history.series.get("basic", {}).get("tsim_y2", []))  # resumed
 
-  def run(self, state, start: int, preemption: _Preemption, on_step) -> tuple[int, str]:
+  def run(self, state, start: int, preemption: preemption_lib.DuringTraining, on_step) -> tuple[int, str]:
     """Updates start+1 .. total_steps; on an error other than a non-finite loss the
     newest finished, finite state is saved before the error propagates."""
     self.state, self.state_step, self.pending = state, start, None
@@ -480,7 +436,7 @@ class _Loop:
       self._save_after_error(e)
       raise
 
-  def _run(self, start: int, preemption: _Preemption, on_step) -> tuple[int, str]:
+  def _run(self, start: int, preemption: preemption_lib.DuringTraining, on_step) -> tuple[int, str]:
     cfg, c = self.cfg, self.c
     step = start
     if preemption.signal_name is not None:    # it came while the run was being set up
