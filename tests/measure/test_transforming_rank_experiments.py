@@ -105,17 +105,6 @@ def test_small_runs_make_claim_rows(tmp_path):
     assert r["status"] == "match" and max(r["per_seed"]) < 1e-5
 
 
-@pytest.mark.slow   # ~2 min on 2 cores: the cheap experiments against their committed rows
-def test_cheap_quick_experiments_reproduce_the_committed_numbers(tmp_path):
-  """``rankjax reproduce transforming_rank --check`` for the fast experiments: no
-  committed number moved beyond its tolerance."""
-  from rankjax import reproduce as cli
-  out = cli.run("transforming_rank", tmp_path, "quick",
-                only=["table1", "table3", "fig15", "fig2", "appa2", "fig12"], check=True)
-  res = out["transforming_rank"]
-  assert res["failed"] == [] and res["moved"] == [], res["moved"]
-
-
 def test_fig5b_loglog_slope_and_per_seed_sd():
   from experiments.transforming_rank import fig5_depth_law as f5
   ls = np.arange(1, 385)
