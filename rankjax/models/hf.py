@@ -329,18 +329,23 @@ def open_hf(path: str | os.PathLike, *, compute_dtype: str = "float32") -> HFFil
                      f"({', '.join(MODEL_TYPES)})")
   cfg = hf_config(hf, compute_dtype=compute_dtype)
   where = tensor_files(path)
-  dtypes, shapes = {}, {}
+  codes, shapes = {}, {}
   for file in sorted(set(where.values())):
     for n, (code, shape) in _header(file).items():
       if n in where:
-        dtypes[n], shapes[n] = np.dtype(DTYPES.get(code, np.uint8)), shape
+        codes[n], shapes[n] = code, shape
   prefix = "transformer." if kind == "gpt2" and "transformer.wte.weight" in where else ""
+  dtypes = {n: np.dtype(DTYPES[c]) for n, c in codes.items() if c in DTYPES}
   files = HFFiles(path, "gpt2" if kind == "gpt2" else "llama", cfg, where, dtypes, shapes,
                   prefix)
   names = files.tensor_names()
-  missing = [n for n in names if n not in dtypes]
+  missing = [n for n in names if n not in codes]
   if missing:
     raise _missing(path, missing)
+  unread = sorted({codes[n] for n in names if n not in dtypes})
+  if unread:
+    raise ValueError(f"{path}: tensors of dtype {', '.join(unread)} are not read "
+                     f"({', '.join(DTYPES)})")
   extra = sorted({int(m.group(1)) for n in where if (m := _LAYER[files.kind].match(n))} -
                  set(range(cfg.num_layers)))
   if extra:
