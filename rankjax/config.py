@@ -15,7 +15,7 @@ from typing import Any, Literal, Mapping, Sequence, TypeVar
 
 NormPosition = Literal["pre", "post", "output", "peri", "none"]
 NormOp = Literal["rms", "layer", "mean", "detached_rms", "none"]
-LMFFN = Literal["swiglu", "gelu"]
+LMFFN = Literal["swiglu", "gelu", "gelu_tanh"]
 LMInit = Literal["paper_collapse", "gpt2"]
 InitScaleTo = Literal["all", "value_ffn", "value_ffn_qk", "value_ffn_gate"]
 PosEmbedding = Literal["learned", "rope", "none"]
@@ -250,9 +250,13 @@ class TransformerConfig(JsonConfig):
     num_kv_heads: key/value heads of grouped-query attention (Ainslie et al. 2023; Llama
       2 70B, Llama 3, Mistral, Qwen2): query head h reads key/value head
       ``h // (num_heads / num_kv_heads)``. None: one per query head (multi-head).
-    attn_bias: biases on the query, key and value projections (Qwen2); none on the
-      output projection.
-    ffn: swiglu (``(silu(X W1) * X W3) W2``, paper Eq. 2) or gelu (``gelu(X W1) W2``).
+    attn_bias: biases on the query, key and value projections (Qwen2, GPT-2).
+    attn_out_bias: a bias on the attention's output projection W_O (GPT-2).
+    ffn_bias: biases on the FFN's projections (W_1, W_2, and W_3 of SwiGLU; GPT-2).
+    ffn: swiglu (``(silu(X W1) * X W3) W2``, paper Eq. 2), gelu (``gelu(X W1) W2``,
+      the exact GELU) or gelu_tanh (the same with GELU's tanh approximation, GPT-2's
+      ``gelu_new``: ``z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))``, Hendrycks &
+      Gimpel 2016 Sec. 2).
     beta: branch scale of both sublayers (1 in both papers).
     tau: attention temperature; logits are ``q.k / (sqrt(d_head) * tau)``.
     pos_embedding: learned absolute positions, rope (rotary positions on q and k of
@@ -327,6 +331,8 @@ class TransformerConfig(JsonConfig):
   num_heads: int = 4
   num_kv_heads: int | None = None
   attn_bias: bool = False
+  attn_out_bias: bool = False
+  ffn_bias: bool = False
   d_ff: int = 1536
   max_seq_len: int = 2048
   norm_position: NormPosition = "post"
@@ -389,7 +395,7 @@ class TransformerConfig(JsonConfig):
       if self.num_heads % self.num_kv_heads:
         raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                          f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
-    for name in ("attn_bias", "fused_projections"):
+    for name in ("attn_bias", "attn_out_bias", "ffn_bias", "fused_projections"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
     _non_negative("norm_eps", self.norm_eps)

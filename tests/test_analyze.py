@@ -27,7 +27,9 @@ def test_gpt2_analysis_matches_transformers_streams(tmp_path, capsys):
   assert cli.main(["analyze", str(FIXTURES / "gpt2"), "--out", str(out), "--token-ids", ids,
                    "--tokens", "12", "--sequences", "1", "--positions=-1,4"]) == 0
   r = json.loads((out / "analysis.json").read_text())
-  assert (r["family"], r["tokens"], r["positions"]) == ("gpt2", 12, [11, 4])
+  assert (r["family"], r["tokens"], r["positions"]) == ("decoder", 12, [11, 4])
+  assert (r["model"]["model_type"], r["model"]["norm_op"], r["model"]["ffn_bias"]) == (
+      "gpt2", "layer", True)
   assert r["model"]["parameters"] == 27936          # transformers' count (tied head)
   layers = r["layers"]          # layer 0 = the first block; the embeddings apart
   assert [l["layer"] for l in layers] == [0, 1] and (out / "analysis.png").is_file()
@@ -134,8 +136,8 @@ def test_fewer_tokens_than_asked_are_analyzed_as_given(tmp_path, capsys):
 
 
 def test_a_sliding_window_is_named_as_such(tmp_path, capsys):
-  from rankjax.models import hf_llama
-  folder = hf_llama.write_random_checkpoint(
+  from rankjax.models import hf
+  folder = hf.write_random_checkpoint(
       tmp_path / "mistral", hidden_size=16, num_layers=1, intermediate_size=24, num_heads=2,
       num_kv_heads=1, vocab_size=40, model_type="mistral", max_position_embeddings=128)
   hf = json.loads((folder / "config.json").read_text())

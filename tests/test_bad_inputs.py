@@ -135,7 +135,7 @@ PASSING = [
      "neither a Hugging Face checkpoint"),
     (["analyze", "gpt2_badcfg", "--token-ids", "ids20.txt", "--out", "a"], 2, "not JSON"),
     (["analyze", "gpt2_trunc", "--token-ids", "ids20.txt", "--tokens", "8", "--out", "a"], 2,
-     "truncated file"),
+     "not a readable safetensors file"),
     (["analyze", "gpt2_bloom", "--token-ids", "ids20.txt", "--out", "a"], 2,
      "model_type='bloom' is not supported"),
     (["analyze", GPT2, "--step", "3", "--token-ids", "ids20.txt", "--tokens", "8", "--out",

@@ -194,3 +194,15 @@ def test_diff_names_differing_fields():
 def test_configs_are_frozen():
   with pytest.raises(dataclasses.FrozenInstanceError):
     MLPConfig().depth = 3
+
+
+def test_gpt2_fields_are_checked_and_default_off():
+  from rankjax.config import TransformerConfig
+  cfg = TransformerConfig()
+  assert (cfg.attn_out_bias, cfg.ffn_bias) == (False, False)      # old configs unchanged
+  assert TransformerConfig(ffn="gelu_tanh", ffn_bias=True, attn_out_bias=True).ffn == "gelu_tanh"
+  for field, value, match in [("attn_out_bias", "yes", "must be true or false"),
+                              ("ffn_bias", 1, "must be true or false"),
+                              ("ffn", "relu", "not allowed")]:
+    with pytest.raises(ValueError, match=match):
+      TransformerConfig(**{field: value})

@@ -224,15 +224,10 @@ def test_checkpoint_reaches_fig12(tmp_path):
   GPT-2 weights."""
   import json
 
-  import jax
-
   from rankjax import cli
-  from rankjax.models import gpt2
-  params = jax.jit(lambda k: gpt2.init_gpt2(k, 2, 64, vocab_size=50257, max_positions=64))(
-      jax.random.PRNGKey(0))                            # one compile, not eager ops
-  folder = tmp_path / "gpt2"
-  folder.mkdir()
-  gpt2.write_safetensors(folder / "model.safetensors", gpt2.gpt2_tensors(params))
+  from rankjax.models import hf
+  folder = hf.write_random_gpt2(tmp_path / "gpt2", num_layers=2, d_model=64, num_heads=1,
+                                vocab_size=50257, n_positions=64)
   out = tmp_path / "out"
   assert cli.main(["reproduce", "transforming_rank", "--only", "fig12", "--out", str(out),
                    "--checkpoint", str(folder)]) == 0

@@ -3,7 +3,7 @@ against all of them resident.
 
 A random Llama-family checkpoint of TinyLlama-1.1B's shape (22 layers, d=2048, d_ff=5632,
 32 heads, 4 key-value heads, vocabulary 32000; 1.10B parameters) is written by
-``hf_llama.write_random_checkpoint`` (bfloat16, a shard per layer). Each run is a fresh
+``hf.write_random_checkpoint`` (bfloat16, a shard per layer). Each run is a fresh
 process (``rankjax analyze`` on ``--measures stream,attention,gradients``) that reports
 its own peak resident set (``VmHWM``); the same run on a 1-layer d=64 model gives
 the process's floor (Python, JAX, XLA's compilations). The target: with one layer at a time
@@ -81,8 +81,8 @@ def measure(folder: pathlib.Path, tokens: int = 64, sequences: int = 2) -> dict:
     common_args = ["--token-ids", str(ids), "--sequences", str(sequences),
                    "--measures", "stream,attention,gradients"]
     out = {}
-    from rankjax.models import hf_llama
-    tiny = hf_llama.write_random_checkpoint(tmp / "tiny", **FLOOR)
+    from rankjax.models import hf
+    tiny = hf.write_random_checkpoint(tmp / "tiny", **FLOOR)
     out["floor"] = peak_rss(["analyze", str(tiny), "--out", str(tmp / "floor"), "--tokens",
                              str(tokens), *common_args])
     for mode in ("on", "off"):
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
   p.add_argument("--smoke", action="store_true", help="a 4-layer d=256 model (no RESULTS.md)")
   p.add_argument("--keep", help="write (or reuse) the checkpoint here")
   args = p.parse_args(argv)
-  from rankjax.models import hf_llama
+  from rankjax.models import hf
   shape = SMOKE if args.smoke else TINYLLAMA
   n = sizes(shape)
   with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     written = "reused from --keep"
     if not (folder / "config.json").is_file():
-      hf_llama.write_random_checkpoint(folder, dtype="bfloat16", seed=0, **shape)
+      hf.write_random_checkpoint(folder, dtype="bfloat16", seed=0, **shape)
       written = f"written in {time.perf_counter() - t0:.0f} s"
     r = measure(folder)
   gib = lambda b: b / 2 ** 30

@@ -289,7 +289,7 @@ def check_jacobian(smoke: bool) -> dict:
 def check_analyze(smoke: bool) -> dict:
   import tempfile
   from rankjax import cli
-  from rankjax.models import hf_llama
+  from rankjax.models import hf
   shape = (dict(hidden_size=64, num_layers=2, intermediate_size=96, num_heads=4,
                 num_kv_heads=4, vocab_size=300) if smoke else
            dict(hidden_size=4096, num_layers=4, intermediate_size=11008, num_heads=32,
@@ -297,7 +297,7 @@ def check_analyze(smoke: bool) -> dict:
   tokens = 32 if smoke else 2048
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
-    folder = hf_llama.write_random_checkpoint(tmp / "llama", dtype="bfloat16",
+    folder = hf.write_random_checkpoint(tmp / "llama", dtype="bfloat16",
                                               max_position_embeddings=4096, **shape)
     (tmp / "ids.txt").write_text(" ".join(str(i % 300) for i in range(tokens)))
     start = time.perf_counter()

@@ -10,7 +10,7 @@ below the stated truncation limit, in every seed:
   Gaussian logits at scales 0.1 .. 10, so from near-uniform to near one-hot);
   violation = max ratio - 1.
 * Lemma 2.4: ||LN(x)||_rms <= ||gamma||_inf + ||beta||_inf, LN with gain and bias
-  (``rankjax.models.gpt2.layer_norm``), x at scales 1e-3 .. 1e3; violation = max of
+  (``norms.normalize(x, "layer", eps) * gamma + beta``, GPT-2's eps), x at scales 1e-3 .. 1e3; violation = max of
   the left side minus the right side.
 * Remark 3.3: at a sign vector x with positive set S, x^T (Diag(p) - p p^T) x =
   4 p(S) (1 - p(S)), and theta(p) is the maximum of that quadratic over all sign
@@ -83,9 +83,13 @@ CLAIMS = claims([
 ])
 
 
+LN_EPS = 1e-5    # GPT-2's layer_norm_epsilon
+
+
 def _ln(x, gamma, beta):
-  from rankjax.models.gpt2 import layer_norm
-  return layer_norm(x, gamma, beta)
+  """LayerNorm with gain and bias: ``normalize(x, "layer", eps) * gamma + beta``."""
+  from rankjax.models import norms
+  return norms.normalize(x, "layer", LN_EPS) * gamma + beta
 
 
 def lemma_2_3(rng, draws: int) -> float:
@@ -158,7 +162,6 @@ def theorem_4_5_example(rng, draws: int) -> float:
 
 def lemma_a_2(rng, draws: int) -> dict[str, float]:
   """Lemma A.2 (i)-(iii) on the autodiff Jacobian of LN with gain and bias."""
-  from rankjax.models.gpt2 import LN_EPS
   out = {"i": 0.0, "ii": -np.inf, "iii": -np.inf}
   for _ in range(draws):
     y = rng.standard_normal(D) * 10.0 ** rng.uniform(-3, 2)

@@ -2,7 +2,8 @@
 coherence, at GPT-2 initialization and, given checkpoints, with pretrained weights.
 
 Fig 12: the FFN branch Jacobians ``J_l = dFFN(LN_2(h_l))/dh_l`` (closed form,
-``rankjax.measure.gpt2_jacobians.ffn_jacobian``) along the residual stream of a fixed
+``rankjax.measure.decoder_jacobians.ffn_jacobian``; GPT-2 is a ``DecoderLM``
+configuration, ``rankjax.models.hf.gpt2_config``) along the residual stream of a fixed
 prompt, at one probe token; GPT-2 Small (L=12, d=768) and Medium (L=24, d=1024):
 (a) pairwise block cosines <J_i, J_j>/(|J_i| |J_j|) (random baseline ~1/d; paper:
     off-diagonal mean 0.18 / 0.15 pretrained);
@@ -17,11 +18,13 @@ W_down = W_proj^T per block, ``m * mean_{i,j in S} <u_i, v_j>^2`` (free bases: 1
 all d directions (paper, pretrained Medium: mean 0.96; blocks 1, 2: 1.6, 1.3; others
 0.78..1.02) and over the top / bottom 20 by singular value (~5 / ~3).
 
-At initialization (GPT-2 init, ``gpt2.init_gpt2``) quick scale keeps the depths and
+At initialization (GPT-2's init, ``gpt2_init``) quick scale keeps the depths and
 the 4x FFN and scales the width down (Small d=192, Medium d=256, heads of 64); paper
-scale uses the real sizes; tiny scale GPT-2-shaped models of L=4, d=64 and L=8, d=128. Pretrained weights are read from Hugging Face
-``model.safetensors`` files given with ``--checkpoint`` (repeatable); each is measured
-together with a GPT-2 initialization of the same shape. Nothing is downloaded.
+scale uses the real sizes; tiny scale GPT-2-shaped models of L=4, d=64 and L=8, d=128.
+Pretrained weights are read from Hugging Face folders (``config.json`` and
+``model.safetensors``; the file stands for its folder) given with ``--checkpoint``
+(repeatable; ``rankjax.models.hf``); each is measured together with a GPT-2
+initialization of the same shape. Nothing is downloaded.
 
   rankjax reproduce transforming_rank --only fig12
   rankjax reproduce transforming_rank --only fig12 \\
@@ -29,6 +32,7 @@ together with a GPT-2 initialization of the same shape. Nothing is downloaded.
 """
 from __future__ import annotations
 
+import math
 import pathlib
 import time
 
@@ -38,8 +42,9 @@ import numpy as np
 
 from . import common
 from rankjax.studies import measured
-from rankjax.measure import gpt2_jacobians, paths, spectra
-from rankjax.models import gpt2
+from rankjax.config import TransformerConfig
+from rankjax.measure import decoder_jacobians, paths, spectra
+from rankjax.models import hf
 
 NAME = "fig12_gpt2_ffn"
 # The GPT-2 BPE ids of "The quick brown fox jumps over the lazy dog." (hard-coded: no
@@ -108,22 +113,69 @@ def singular_vector_coherence(fc_w_DxM: np.ndarray, proj_w_MxD: np.ndarray,
   return float(c.mean()), float(c[:k, :k].mean()), float(c[-k:, -k:].mean())
 
 
-def measure(params: dict, tokens_T: np.ndarray, probe: int, top_k: int) -> dict:
-  """Every Fig 12 / Fig 8c quantity of one GPT-2 parameter set (float32)."""
-  blocks = params["blocks"]
-  d = blocks["fc_w"].shape[1]
-  heads = gpt2.default_num_heads(d)
-  h_LxTxD = jax.jit(gpt2_jacobians.ffn_inputs, static_argnums=2)(params, jnp.asarray(tokens_T),
-                                                                 heads)
+INIT_STD = 0.02          # GPT-2 / HF GPT2Config.initializer_range
+
+
+def _gpt2_draws(key, num_layers: int, d: int, m: int, vocab_size: int, positions: int
+                ) -> dict:
+  """GPT-2's initialization in GPT-2's tensor layout (HF ``GPT2PreTrainedModel.
+  _init_weights``): every matrix and embedding N(0, 0.02^2), the two residual output
+  projections (attention and FFN ``c_proj``) N(0, (0.02/sqrt(2L))^2) (GPT-2 paper Sec
+  2.3), biases 0, LN gains 1; one key per tensor kind, stacked over the layers."""
+  shapes = {"ln_1_scale": (d,), "ln_1_bias": (d,), "attn_w": (d, 3 * d), "attn_b": (3 * d,),
+            "attn_proj_w": (d, d), "attn_proj_b": (d,), "ln_2_scale": (d,), "ln_2_bias": (d,),
+            "fc_w": (d, m), "fc_b": (m,), "proj_w": (m, d), "proj_b": (d,)}
+  keys = dict(zip(list(shapes) + ["wte", "wpe"], jax.random.split(key, len(shapes) + 2)))
+  proj_std = INIT_STD / math.sqrt(2.0 * num_layers)
+  out = {}
+  for k, shape in shapes.items():
+    if k.endswith("_scale"):
+      out[k] = jnp.ones((num_layers,) + shape)
+    elif len(shape) == 1:
+      out[k] = jnp.zeros((num_layers,) + shape)
+    else:
+      std = proj_std if k in ("attn_proj_w", "proj_w") else INIT_STD
+      out[k] = std * jax.random.normal(keys[k], (num_layers,) + shape)
+  out["wte"] = INIT_STD * jax.random.normal(keys["wte"], (vocab_size, d))
+  out["wpe"] = INIT_STD * jax.random.normal(keys["wpe"], (positions, d))
+  return out
+
+
+def gpt2_init(key, num_layers: int, d: int, m: int, vocab_size: int = 50257,
+              positions: int = 1024) -> tuple[TransformerConfig, dict]:
+  """``(cfg, params)``: a GPT-2 of L layers, width d (heads of 64), FFN width m as a
+  ``DecoderLM`` (``hf.gpt2_config``) with GPT-2's initialization (``_gpt2_draws``;
+  c_attn split into W_Q | W_K | W_V as ``models.hf`` splits a checkpoint's)."""
+  cfg = hf.gpt2_config({"n_embd": d, "n_layer": num_layers, "n_head": max(1, d // 64),
+                        "n_inner": m, "vocab_size": vocab_size, "n_positions": positions})
+  t = jax.jit(_gpt2_draws, static_argnums=(1, 2, 3, 4, 5))(key, num_layers, d, m,
+                                                           vocab_size, positions)
+  q, k, v = jnp.split(t["attn_w"], 3, axis=-1)
+  bq, bk, bv = jnp.split(t["attn_b"], 3, axis=-1)
+  layers = {"norm_attn_p": {"scale": t["ln_1_scale"], "bias": t["ln_1_bias"]},
+            "attn": {"w_q": q, "w_k": k, "w_v": v, "b_q": bq, "b_k": bk, "b_v": bv,
+                     "w_o": t["attn_proj_w"], "b_o": t["attn_proj_b"]},
+            "norm_ffn_p": {"scale": t["ln_2_scale"], "bias": t["ln_2_bias"]},
+            "ffn": {"w_1": t["fc_w"], "b_1": t["fc_b"], "w_2": t["proj_w"], "b_2": t["proj_b"]}}
+  return cfg, {"embed": {"embedding": t["wte"]}, "pos_embed": t["wpe"],
+               "norm_final": {"scale": jnp.ones(d), "bias": jnp.zeros(d)}, "layers": layers}
+
+
+def measure(cfg: TransformerConfig, params: dict, tokens_T: np.ndarray, probe: int,
+            top_k: int) -> dict:
+  """Every Fig 12 / Fig 8c quantity of one Pre-Norm ``DecoderLM`` (float32)."""
+  ffn = params["layers"]["ffn"]
+  d = cfg.d_model
+  h_LxTxD = decoder_jacobians.ffn_inputs(cfg, params, jnp.asarray(tokens_T))
   h_LxD = h_LxTxD[:, probe]
-  jac_LxDxD = jax.jit(gpt2_jacobians.ffn_jacobians)(blocks, h_LxD)
+  jac_LxDxD = decoder_jacobians.ffn_jacobians(cfg, params["layers"], h_LxD)
   norms = np.asarray(jnp.linalg.norm(jac_LxDxD, axis=(-2, -1)))
   cos_LxL = np.asarray(paths.block_cosines(jac_LxDxD))
   accumulated, uncorrelated = (np.asarray(a) for a in paths.accumulated_branch(jac_LxDxD[1:]))
   coherent = np.cumsum(norms[1:]) / np.sqrt(d)
   erank = np.asarray(spectra.effective_rank(jac_LxDxD)) / d
   coh = np.array([singular_vector_coherence(f, p, top_k)
-                  for f, p in zip(np.asarray(blocks["fc_w"]), np.asarray(blocks["proj_w"]))])
+                  for f, p in zip(np.asarray(ffn["w_1"]), np.asarray(ffn["w_2"]))])
   rms = np.asarray(jnp.sqrt(jnp.mean(jnp.square(h_LxD), axis=-1)))
   r2 = float("nan")   # how linear rms(h_l)^2 is in l over blocks 2..L (init: Theta(L))
   if len(norms) >= 4:
@@ -132,7 +184,7 @@ def measure(params: dict, tokens_T: np.ndarray, probe: int, top_k: int) -> dict:
     r2 = 1.0 - resid.var() / (rms[1:] ** 2).var()
   off = ~np.eye(len(norms), dtype=bool)
   return {
-      "num_layers": len(norms), "d": d, "d_ff": blocks["fc_w"].shape[2], "num_heads": heads,
+      "num_layers": len(norms), "d": d, "d_ff": cfg.d_ff, "num_heads": cfg.num_heads,
       "jac_norm": norms, "ratio": norms / np.sqrt(d), "stream_rms": rms, "erank": erank,
       "cosines": cos_LxL, "offdiag_mean": float(cos_LxL[off].mean()),
       "offdiag_abs_mean": float(np.abs(cos_LxL[off]).mean()),
@@ -215,21 +267,20 @@ def _summary(results: dict, seeds: tuple[int, ...]) -> list[dict]:
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   """Measures the GPT-2 models of ``SCALES[scale]["models"]`` at initialization, or,
-  when ``checkpoints`` (paths to ``model.safetensors``) are given, each checkpoint and
-  a GPT-2 initialization of its shape."""
+  when ``checkpoints`` (Hugging Face folders, or their ``model.safetensors``) are given,
+  each checkpoint and a GPT-2 initialization of its shape."""
   s = common.settings(SCALES, scale, overrides)
   s["checkpoints"] = tuple(str(c) for c in ([s["checkpoints"]] if isinstance(
       s["checkpoints"], (str, pathlib.Path)) else s["checkpoints"]))
   tokens = np.asarray(s["prompt_ids"], np.int32)
-  todo = []   # (label, loader, seed)
+  todo = []   # (label, (cfg, params) or shape, seed)
   if s["checkpoints"]:
     for i, path in enumerate(s["checkpoints"]):
-      params = gpt2.load_gpt2(path)
-      L, d = params["blocks"]["fc_w"].shape[:2]
+      cfg, params = hf.load_hf(path)
+      L, d, m = cfg.num_layers, cfg.d_model, cfg.d_ff
       size = KNOWN.get((L, d), f"ckpt{i}")
-      todo.append((f"{size}/pretrained", params, None))
-      todo += [(f"{size}/init/{sd}", (L, d, params["blocks"]["fc_w"].shape[2]), sd)
-               for sd in s["seeds"]]
+      todo.append((f"{size}/pretrained", (cfg, params), None))
+      todo += [(f"{size}/init/{sd}", (L, d, m), sd) for sd in s["seeds"]]
   else:
     todo = [(f"{size}/init/{sd}", (L, d, 4 * d), sd) for size, L, d in s["models"]
             for sd in s["seeds"]]
@@ -237,14 +288,14 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   with common.single_blas_thread():
     for label, spec, sd in todo:
       start = time.time()
-      params = spec if isinstance(spec, dict) else gpt2.init_gpt2(
-          jax.random.fold_in(jax.random.PRNGKey(sd), spec[0]), spec[0], spec[1], spec[2])
-      if tokens.min() < 0 or tokens.max() >= params["wte"].shape[0]:
-        raise ValueError(f"prompt ids must lie in [0, {params['wte'].shape[0]})")
-      if len(tokens) > params["wpe"].shape[0] or not -len(tokens) <= s["probe"] < len(tokens):
-        raise ValueError(f"prompt of {len(tokens)} tokens (at most {params['wpe'].shape[0]}) "
+      cfg, params = spec if sd is None else gpt2_init(
+          jax.random.fold_in(jax.random.PRNGKey(sd), spec[0]), *spec)
+      if tokens.min() < 0 or tokens.max() >= cfg.vocab_size:
+        raise ValueError(f"prompt ids must lie in [0, {cfg.vocab_size})")
+      if len(tokens) > cfg.max_seq_len or not -len(tokens) <= s["probe"] < len(tokens):
+        raise ValueError(f"prompt of {len(tokens)} tokens (at most {cfg.max_seq_len}) "
                          f"with probe position {s['probe']}")
-      results[label] = measure(params, tokens, s["probe"], s["top_k"])
+      results[label] = measure(cfg, params, tokens, s["probe"], s["top_k"])
       results[label]["seconds"] = time.time() - start
       del params
   summary = _summary(results, tuple(s["seeds"]))

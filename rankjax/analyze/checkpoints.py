@@ -1,21 +1,20 @@
-"""Opening a checkpoint for ``rankjax analyze``: one adapter per model family, weights
-placed on the devices a layer at a time.
+"""Opening a checkpoint for ``rankjax analyze``: one model family, ``DecoderLM``, its
+weights placed on the devices a layer at a time.
 
-A ``Model`` is what the analysis needs of a forward pass: the family's functions of one
-layer (``DecoderFns`` / ``GPT2Fns``: embeddings, a layer's forward pass, its attention
-probabilities, its token sublayers for the Jacobian engine, its X_k / Y_k sites for the
-gradients, the head) and the ``Weights``: the non-layer parameters and ``layer(l)``.
+A ``Model`` is what the analysis needs of a forward pass: the decoder's functions of one
+layer (``DecoderFns``: embeddings, a layer's forward pass, its attention probabilities,
+its token sublayers for the Jacobian engine, its X_k / Y_k sites for the gradients, the
+head) and the ``Weights``: the non-layer parameters and ``layer(l)``.
 ``rankjax.analyze.passes`` runs the layers in a Python loop over these, so a pass holds
-one layer's parameters at a time when the weights are read per layer. Families:
+one layer's parameters at a time when the weights are read per layer. Sources:
 
-  * GPT-2 (``config.json`` ``model_type: gpt2``): ``models.gpt2`` and the GPT-2 adapters
-    of ``measure.gpt2_jacobians`` (at most 1.5B parameters: loaded whole, float32);
-  * the Llama family (llama, mistral, qwen2): ``models.hf_llama`` converts each tensor
-    into ``DecoderLM``'s layout, with the DecoderLM adapter of
-    ``measure.decoder_jacobians``; read a layer at a time from the memory-mapped
+  * a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2): ``models.hf`` converts each
+    tensor into ``DecoderLM``'s layout, read a layer at a time from the memory-mapped
     safetensors files (``layer_at_a_time``) or once, layer by layer, onto the devices;
   * a rankjax training workdir of an LM (``rankjax.load_run``, the newest checkpoint or
-    ``step``): the same DecoderLM adapter, every placement.
+    ``step``), every placement.
+
+Both use the DecoderLM adapter of ``measure.decoder_jacobians``.
 
 Placement (``Placement``): with several devices every parameter is sharded over a
 ``(data=1, fsdp=n)`` mesh by the training code's rules (``train.sharding.param_spec``,
@@ -39,8 +38,8 @@ import numpy as np
 
 from rankjax import numerics
 from rankjax.config import TransformerConfig
-from rankjax.measure import decoder_jacobians, gpt2_jacobians
-from rankjax.models import gpt2, hf_llama, transformer
+from rankjax.measure import decoder_jacobians
+from rankjax.models import hf, transformer
 from rankjax.train import diagnostics_postnorm
 
 Array = jax.Array
@@ -50,8 +49,8 @@ RESIDENT_SHARE = 0.5    # auto: weights read per layer above this share of free 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderFns:
-  """``DecoderLM``'s functions of one layer (the Llama family and rankjax runs); every
-  one is the model's own (``models.transformer``), on one sequence ``(T, d)``."""
+  """``DecoderLM``'s functions of one layer (Hugging Face folders and rankjax runs);
+  every one is the model's own (``models.transformer``), on one sequence ``(T, d)``."""
 
   cfg: TransformerConfig
 
@@ -83,38 +82,6 @@ class DecoderFns:
   @property
   def eps(self) -> float:
     return float(self.cfg.norm_eps)
-
-
-@dataclasses.dataclass(frozen=True)
-class GPT2Fns:
-  """GPT-2's functions of one block (``models.gpt2``, ``measure.gpt2_jacobians``)."""
-
-  heads: int
-
-  def embed(self, top: dict, tokens_T: Array) -> Array:
-    return gpt2.embed(top, tokens_T)
-
-  def forward(self, layer: dict, h_TxD: Array) -> Array:
-    return gpt2.block_forward(layer, h_TxD, self.heads)[1]
-
-  def attention(self, layer: dict, h_TxD: Array) -> Array:
-    return gpt2.attention_probs(layer, h_TxD, self.heads)
-
-  def token_terms(self, layer: dict, h_TxD: Array, position) -> tuple:
-    return gpt2_jacobians.layer_token_terms(layer, h_TxD, position, self.heads)[1]
-
-  def sites(self, layer: dict, h_TxD: Array, perturbations: dict) -> tuple[Array, dict]:
-    return gpt2.block_sites(layer, h_TxD, self.heads, perturbations)
-
-  def logits(self, top: dict, h_TxD: Array) -> Array:
-    return gpt2.logits(top, h_TxD)
-
-  def gains(self, layer: dict) -> dict:
-    return {1: None, 2: None}          # Pre-LN: no norm reads Y_k
-
-  @property
-  def eps(self) -> float:
-    return gpt2.LN_EPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +131,12 @@ class Model:
 
   Attributes:
     source: what was opened (path, and the step for a rankjax run).
-    family: "gpt2" or "decoder" (DecoderLM: the Llama family and rankjax runs).
+    family: "decoder" (DecoderLM: every source).
     description: config fields, parameter count, stored and compute dtype, how the
       weights are held, for ``analysis.json``.
     vocab_size, max_len, num_layers, num_heads, d_model: the model's sizes.
     tokenizer: a tokenizer file in the checkpoint (``tokenizer.json``, ``*.model``) or None.
-    fns: the family's per-layer functions (``DecoderFns`` / ``GPT2Fns``; hashable: the
+    fns: the per-layer functions (``DecoderFns``; hashable: the
       passes' jitted functions take it as a static argument and the parameters as
       arguments, so checkpoints of one shape share one compilation).
     weights: ``Weights``.
@@ -184,7 +151,7 @@ class Model:
   num_heads: int
   d_model: int
   tokenizer: str | None
-  fns: DecoderFns | GPT2Fns
+  fns: DecoderFns
   weights: Weights
 
 
@@ -231,39 +198,9 @@ def available_bytes(placement: Placement) -> int:
   return total
 
 
-def _gpt2(folder: pathlib.Path, hf: dict, placement: Placement, layer_at_a_time: str) -> Model:
-  if placement.compute_dtype != "float32":
-    raise ValueError("GPT-2 checkpoints are analyzed in float32 (--dtype bfloat16 is for "
-                     "the Llama family)")
-  if layer_at_a_time == "on":
-    raise ValueError("GPT-2 checkpoints (at most 1.5B parameters) are loaded whole; "
-                     "--layer-at-a-time on is for the Llama family")
-  header, _ = gpt2.read_safetensors_header(folder / "model.safetensors")
-  hf_llama.check_dtype(hf, {n: gpt2.safetensors_dtype(i["dtype"]) for n, i in header.items()},
-                       folder / "config.json")
-  params = gpt2.load_gpt2(folder)
-  blocks = params.pop("blocks")
-  d = params["wte"].shape[1]
-  heads = gpt2.num_heads(folder, d)
-  num_layers = int(blocks["fc_w"].shape[0])
-  stored = sorted({str(gpt2.safetensors_dtype(i["dtype"])) for i in header.values()})
-  return Model(
-      source=str(folder), family="gpt2",
-      description={"model_type": "gpt2", "num_layers": num_layers, "d_model": d,
-                   "num_heads": heads, "d_ff": int(blocks["fc_w"].shape[-1]),
-                   "vocab_size": int(params["wte"].shape[0]),
-                   "parameters": _param_count(params) + _param_count(blocks),
-                   "dtype": "/".join(stored), "compute_dtype": "float32",
-                   "weights": "resident"},
-      vocab_size=int(params["wte"].shape[0]), max_len=int(params["wpe"].shape[0]),
-      num_layers=num_layers, num_heads=heads, d_model=d, tokenizer=_tokenizer_in(folder),
-      fns=GPT2Fns(heads),
-      weights=Weights(params, _slicer(blocks), num_layers, placement, resident=True))
-
-
 _DESCRIBED = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff", "vocab_size",
               "norm_position", "norm_op", "ffn", "pos_embedding", "rope_base",
-              "tie_embeddings", "attn_bias")
+              "tie_embeddings", "attn_bias", "attn_out_bias", "ffn_bias")
 
 
 def _decoder(cfg: TransformerConfig, weights: Weights, parameters: int, stored: str,
@@ -279,19 +216,20 @@ def _decoder(cfg: TransformerConfig, weights: Weights, parameters: int, stored: 
       fns=DecoderFns(cfg), weights=weights)
 
 
-def _llama(folder: pathlib.Path, hf: dict, placement: Placement, layer_at_a_time: str
-           ) -> Model:
-  files = hf_llama.open_llama(folder, compute_dtype=placement.compute_dtype)
-  parameters = int(sum(np.prod(s) for s in files.shapes.values()))
+def _hf(folder: pathlib.Path, config: dict, placement: Placement, layer_at_a_time: str
+        ) -> Model:
+  files = hf.open_hf(folder, compute_dtype=placement.compute_dtype)
+  used = files.tensor_names()
+  parameters = int(sum(np.prod(files.shapes[n]) for n in used))
   needed = parameters * np.dtype(placement.compute_dtype).itemsize
   per_layer = layer_at_a_time == "on" or (
       layer_at_a_time == "auto" and needed > RESIDENT_SHARE * available_bytes(placement))
-  weights = Weights(hf_llama.read_top(files), lambda l: hf_llama.read_layer(files, l),
+  weights = Weights(hf.read_top(files), lambda l: hf.read_layer(files, l),
                     files.cfg.num_layers, placement, resident=not per_layer)
-  stored = "/".join(sorted({str(np.dtype(t)) for t in files.dtypes.values()}))
-  extra = {"model_type": hf["model_type"],
-           "max_position_embeddings": int(hf.get("max_position_embeddings", 2048))}
-  if window := hf_llama.sliding_window(hf):
+  stored = "/".join(sorted({str(files.dtypes[n]) for n in used}))
+  extra = {"model_type": config["model_type"], "max_position_embeddings": files.cfg.max_seq_len
+           if files.kind == "gpt2" else int(config.get("max_position_embeddings", 2048))}
+  if window := hf.sliding_window(config):
     extra["sliding_window"] = window
   return _decoder(files.cfg, weights, parameters, stored, str(folder), extra,
                   _tokenizer_in(folder))
@@ -316,7 +254,7 @@ def _rankjax_run(workdir: pathlib.Path, step: int | None, placement: Placement,
   from rankjax.train.run_reader import load_run
   if layer_at_a_time == "on":
     raise ValueError("a rankjax run's checkpoint is restored whole; --layer-at-a-time on "
-                     "reads Llama-family safetensors folders")
+                     "reads Hugging Face safetensors folders")
   run = load_run(str(workdir), step)
   if run.config.model != "lm":
     raise ValueError(f"{workdir}: a {run.config.model!r} run; rankjax analyze reads "
@@ -332,7 +270,7 @@ def open_checkpoint(path: str, step: int | None = None, *,
                     layer_at_a_time: str = "auto") -> Model:
   """A Hugging Face checkpoint folder (GPT-2, Llama, Mistral, Qwen2) or a rankjax LM
   training workdir (``step``: default the newest checkpoint). ``layer_at_a_time``:
-  "on" reads a Llama-family folder's layers from the files on every pass, "off" places
+  "on" reads a Hugging Face folder's layers from the files on every pass, "off" places
   them all once, "auto" (default) reads per layer when the weights in the compute
   dtype exceed ``RESIDENT_SHARE`` of the free memory (``available_bytes``)."""
   placement = placement or Placement()
@@ -353,13 +291,11 @@ def open_checkpoint(path: str, step: int | None = None, *,
     raise FileNotFoundError(f"{folder}: neither a Hugging Face checkpoint (config.json) nor "
                             "a rankjax run (checkpoints/)")
   try:
-    hf = json.loads(config.read_text())
+    stated = json.loads(config.read_text())
   except json.JSONDecodeError as e:
     raise ValueError(f"{config}: not JSON ({e})") from None
-  kind = hf.get("model_type")
-  if kind == "gpt2":
-    return _gpt2(folder, hf, placement, layer_at_a_time)
-  if kind in hf_llama.MODEL_TYPES:
-    return _llama(folder, hf, placement, layer_at_a_time)
-  raise ValueError(f"{config}: model_type={kind!r} is not supported (gpt2, "
-                   f"{', '.join(hf_llama.MODEL_TYPES)})")
+  kind = stated.get("model_type") if isinstance(stated, dict) else None
+  if kind in hf.MODEL_TYPES:
+    return _hf(folder, stated, placement, layer_at_a_time)
+  raise ValueError(f"{config}: model_type={kind!r} is not supported "
+                   f"({', '.join(hf.MODEL_TYPES)})")

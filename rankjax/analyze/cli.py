@@ -13,7 +13,7 @@ The measures (``--measures``): ``stream`` (token similarity, mean spike, coheren
 next-token loss on the sequences: alpha_k, sqrt(d)/||y||, the contraction c, per-layer
 gradient norms; postnorm Sec 4.2); ``rankjax.analyze.measures`` says what each is.
 Any size (``rankjax.analyze.passes``: a layer at a time): ``--layer-at-a-time`` reads a
-Llama-family folder's layers from the memory-mapped files on every pass (auto: when the
+Hugging Face folder's layers from the memory-mapped files on every pass (auto: when the
 weights exceed half the free memory), ``--mesh-fsdp`` shards the weights over the local
 devices by the training rules, ``--dtype bfloat16`` computes in bf16.
 Layer l is block l, 0 = the first (as in training's diagnostics, TensorBoard and
@@ -64,10 +64,10 @@ def add_parser(subparsers) -> None:
   p.add_argument("--no-paths", action="store_true",
                  help="skip the path-order profile (O(L^2 d^3) per position)")
   p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                 help="compute dtype of the forward pass (%(default)s; bfloat16: the Llama "
-                      "family and rankjax runs, matrices cast, norms in float32)")
+                 help="compute dtype of the forward pass (%(default)s; bfloat16: matrices "
+                      "cast, norms in float32)")
   p.add_argument("--layer-at-a-time", choices=["auto", "on", "off"], default="auto",
-                 help="read a Llama-family folder's weights one layer at a time from the "
+                 help="read a Hugging Face folder's weights one layer at a time from the "
                       "memory-mapped files on every pass (on), place them all once (off), "
                       "or per layer when they exceed half the free memory (%(default)s)")
   p.add_argument("--mesh-fsdp", type=int, default=0,

@@ -9,7 +9,7 @@
     perturbations): ``diagnostics_postnorm.sublayer_factors`` of that layer and its
     parameter-gradient norm, and the gradient w.r.t. the layer's input.
 
-Each function here is jitted once per family and shape (the parameters are arguments)
+Each function here is jitted once per configuration and shape (the parameters are arguments)
 and traced at the measurement precision (``measure.precision``, 'highest' by default).
 A layer's parameters come from ``model.weights.layer(l)``: one layer at a time when the
 weights are read per layer. A progress bar per layer goes to stderr when it is a

@@ -6,7 +6,7 @@ rankjax.measure import spectra``); the others are the library's internals.
 """
 
 __all__ = [
-    "gpt2_jacobians",
+    "decoder_jacobians",
     "gradients",
     "jacobians",
     "losses",

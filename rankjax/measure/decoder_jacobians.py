@@ -11,8 +11,8 @@ Each layer of the decoder is two residual sublayers of "Transforming Rank" Eq. 1
     Jacobian through the layer: the FFN acts on each token alone, so
     ``d h'_t / d h_t = ffn_sublayer @ attention_sublayer`` at fixed other tokens.
 
-These are the decoder's analogue of ``gpt2_jacobians.sublayer_jacobians`` (the Pre-LN GPT-2 FFN
-and attention Jacobians of App B.3 / D.5) for any ``cfg.norm_ops``.
+For any ``cfg.norm_ops``: GPT-2 and the Llama family are DecoderLM configurations
+(``models.hf``), so their FFN and attention Jacobians (App B.3 / D.5) are these.
 ``sequence_jacobians`` gives the whole-sequence attention Jacobians
 ``d [.]_t / d h_s`` over all positions (memory ``L T^2 d^2``: small T).
 
@@ -24,6 +24,17 @@ position), through the Jacobian engine (``token_sublayer`` is the DecoderLM's ad
 ``token_block_jacobians`` gives the engine's K, B, G of all 2L sublayers at a token, for
 ``engine.measurements`` (erank of the token's stream Jacobian, path sums).
 Evaluation mode (no dropout).
+
+The FFN branch of a Pre-Norm layer (P a norm, no B or R norm: GPT-2, Llama) has a
+closed form, ``ffn_jacobian``: with x = P(h) and the weights stored (in, out),
+
+  GELU:    J = beta W_2^T diag(act'(z)) W_1^T J_P(h),           z = x W_1 + b_1
+  SwiGLU:  J = beta W_2^T [diag(silu'(g) * u) W_1^T + diag(silu(g)) W_3^T] J_P(h),
+           g = x W_1 + b_1,  u = x W_3 + b_3
+
+(Eq. 9 / 25 with the Pre-Norm input Jacobian, Table 2; J_P of LayerNorm / RMSNorm with
+its gain, App B.1 Eq. 19): one d x d_ff x d GEMM. ``ffn_inputs`` gives the stream each
+layer's FFN sublayer reads; ``ffn_jacobians`` every layer's J at it (Fig 12, Fig 8c).
 """
 from __future__ import annotations
 
@@ -35,7 +46,7 @@ import jax.numpy as jnp
 from rankjax.config import TransformerConfig
 from rankjax.measure import engine
 from rankjax.measure import precision as precision_lib
-from rankjax.models import transformer
+from rankjax.models import activations, blocks, norms, transformer
 
 Array = jax.Array
 SUBLAYERS = ("attention", "ffn")
@@ -179,3 +190,69 @@ def sequence_jacobians(cfg: TransformerConfig, params: dict, tokens_T: Array, *,
   T d inputs, for small T. The diagonal blocks s = t are ``sublayer_jacobians``'s."""
   _check(cfg, params, tokens_T)
   return _sequence_jacobians(cfg, params, jnp.asarray(tokens_T), precision=precision)
+
+
+def _check_pre_ffn(cfg: TransformerConfig) -> None:
+  p, b, r = cfg.norm_ops
+  if b != "none" or r != "none" or p not in ("rms", "layer"):
+    raise ValueError(f"the FFN Jacobian's closed form is for a Pre-Norm layer (an rms or "
+                     f"layer norm at P only); this config's (P, B, R) is {cfg.norm_ops}")
+
+
+@precision_lib.measured
+def ffn_jacobian(cfg: TransformerConfig, layer: dict, h_D: Array) -> Array:
+  """``d [beta FFN(P(h))] / dh`` of one Pre-Norm layer at one token's stream ``h``
+  (the FFN sublayer's input), ``(d, d)``, in closed form (module docstring; Eq. 9 / 25
+  with Table 2's J_P); ``layer`` is one slice of ``params["layers"]``."""
+  _check_pre_ffn(cfg)
+  ffn, op = layer["ffn"], cfg.norm_ops[0]
+  _, norm = transformer.sublayer_parts(cfg, layer, "ffn")
+  x = norm("p", h_D)
+  bias = lambda n: ffn.get(f"b_{n}", 0.0)
+  z = x @ ffn["w_1"] + bias(1)
+  if cfg.ffn == "swiglu":
+    u = x @ ffn["w_3"] + bias(3)
+    core_MxD = ((activations.silu_derivative(z) * u)[:, None] * ffn["w_1"].T
+                + activations.silu(z)[:, None] * ffn["w_3"].T)
+  else:
+    act = transformer.FFN_ACTIVATIONS[cfg.ffn]
+    core_MxD = blocks.derivative(act, z)[:, None] * ffn["w_1"].T
+  gains = layer["norm_ffn_p"]
+  core_MxD = norms.jacobian_right(core_MxD, h_D, op, cfg.norm_eps, scale_D=gains["scale"])
+  return cfg.beta * (ffn["w_2"].T @ core_MxD)
+
+
+def ffn_block(cfg: TransformerConfig) -> engine.ResidualBlock:
+  """The engine's block of a Pre-Norm FFN sublayer ``h + beta FFN(P(h))`` (one token;
+  K = I) with its closed form (``ffn_jacobian``); its parameters are one layer's slice
+  of ``params["layers"]``."""
+  _check_pre_ffn(cfg)
+
+  def branch(layer, h_D):
+    return _sublayer(cfg, layer, "ffn", h_D[None])[0][0]
+
+  return engine.ResidualBlock(
+      branch=branch,
+      branch_jacobian=lambda layer, h_D: (branch(layer, h_D), ffn_jacobian(cfg, layer, h_D)))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "precision"))
+@precision_lib.measured
+def ffn_inputs(cfg: TransformerConfig, params: dict, tokens_T: Array) -> Array:
+  """The stream entering each layer's FFN sublayer (after its attention sublayer),
+  ``(L, T, d)``, for one token sequence ``(T,)``."""
+  def step(h_TxD, layer):
+    mid, out = transformer.layer_forward(cfg, layer, h_TxD)
+    return out, mid
+
+  _, mids = jax.lax.scan(step, _first_stream(cfg, params, tokens_T), params["layers"])
+  return mids
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "precision"))
+@precision_lib.measured
+def ffn_jacobians(cfg: TransformerConfig, layers: dict, h_LxD: Array) -> Array:
+  """``ffn_jacobian`` of every layer at its stream ``h_l``, ``(L, d, d)`` (``lax.map``:
+  one layer's d x d_ff intermediate in memory at a time); ``layers`` is
+  ``params["layers"]``."""
+  return jax.lax.map(lambda a: ffn_jacobian(cfg, *a), (layers, h_LxD))

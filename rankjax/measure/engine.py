@@ -22,9 +22,9 @@ input-output Jacobian is the running product ``T_l = K_l T_start + B_l T_{l-1}``
 
 Model families are thin adapters that build a ``ResidualBlock``: the residual MLP
 (``jacobians.mlp_block``, closed form), any residual network given as functions
-(``residual_networks``), a ``DecoderLM`` sublayer at one token (``decoder_jacobians``),
-a GPT-2 block (``gpt2_jacobians``) and a Llama FFN sublayer (``llama_ffn``). The
-pretrained-checkpoint analysis builds on those adapters.
+(``residual_networks``), a ``DecoderLM`` sublayer at one token (``decoder_jacobians``: every placement, and a
+Pre-Norm FFN sublayer in closed form; GPT-2 and the Llama family are DecoderLM
+configurations). The pretrained-checkpoint analysis builds on those adapters.
 """
 from __future__ import annotations
 

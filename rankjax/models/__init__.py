@@ -1,5 +1,5 @@
 """The models: the decoder (``transformer``), its blocks, attention and norms, the
-residual MLP, GPT-2 and the Llama-family converter.
+residual MLP, the Hugging Face converter (GPT-2 and the Llama family as the decoder).
 
 The public modules are listed in ``__all__``; the others are internals.
 """
@@ -8,8 +8,7 @@ __all__ = [
     "activations",
     "attention",
     "blocks",
-    "gpt2",
-    "hf_llama",
+    "hf",
     "mlp",
     "norms",
     "transformer",

@@ -18,6 +18,9 @@ was 12.8 ms of each layer's 37 ms backward pass. With the closed form the forwar
 pass computes ``gelu'(z)`` once, in the layout it is produced in, keeps that one
 array, and the backward pass multiplies the cotangent by it.
 
+``gelu_tanh`` is GELU's tanh approximation (Hendrycks & Gimpel 2016, Sec. 2; GPT-2's
+``gelu_new``), ``jax.nn.gelu(z, approximate=True)``, differentiated by autodiff.
+
 ``silu(z) = z sigmoid(z)`` (Elfwing et al. 2018; the gate of SwiGLU, Shazeer
 2020, and of postnorm Eq. 2) likewise: the value is ``jax.nn.silu(z)``, the derivative
 the closed form ``silu'(z) = s (1 + z (1 - s))``, ``s = sigmoid(z)``. Autodiff of
@@ -46,6 +49,11 @@ def gelu_derivative(z: jax.Array) -> jax.Array:
   ``phi(z) = exp(-z^2 / 2) / sqrt(2 pi)``."""
   cdf = 0.5 * (1.0 + jax.lax.erf(z * _INV_SQRT_2))
   return cdf + z * (_INV_SQRT_2PI * jnp.exp(-0.5 * z * z))
+
+
+def gelu_tanh(z: jax.Array) -> jax.Array:
+  """``z/2 (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))`` (GPT-2's GELU)."""
+  return jax.nn.gelu(z, approximate=True)
 
 
 @gelu.defjvp

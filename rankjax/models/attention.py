@@ -302,7 +302,7 @@ def blocked_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax
 
 class CausalSelfAttention(nn.Module):
   """Multi-head causal self-attention (grouped-query with ``num_kv_heads``; q/k/v biases
-  with ``attn_bias``, none on the output). Input and output ``(B, T, d)``.
+  with ``attn_bias``, a bias on the output projection with ``attn_out_bias``). Input and output ``(B, T, d)``.
 
   With ``capture_probs`` the probabilities (after the P - alpha*C_n change, before
   dropout), shape (B, H, T, T), are sown as ``attn_probs``.
@@ -367,8 +367,10 @@ class CausalSelfAttention(nn.Module):
         out = (out.astype(float_dtype(dtype))
                - cfg.prefix_avg_removal * prefix_mean(v)).astype(dtype)
     out = checkpoint_name(out, ATTENTION_OUT)     # saved by remat="dots" (not recomputed)
-    return weight_matmul(out.reshape(b, t, d), proj("w_o"),
-                         cfg.grad_reduce_dtype)
+    out = weight_matmul(out.reshape(b, t, d), proj("w_o"), cfg.grad_reduce_dtype)
+    if cfg.attn_out_bias:
+      out = out + self.param("b_o", nn.initializers.zeros, (d,), pdt).astype(dtype)
+    return out
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:
     cfg, dtype, t = self.cfg, q.dtype, q.shape[1]

@@ -105,9 +105,14 @@ def sublayer_norm(cfg: TransformerConfig, sub: str, apply_norm):
   return norm
 
 
+FFN_ACTIVATIONS = {"gelu": activations.gelu, "gelu_tanh": activations.gelu_tanh}
+
+
 class FeedForward(nn.Module):
-  """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2``;
-  ``cfg.fused_projections``: X [W1 | W3] as one matmul (``attention.projections``)."""
+  """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2`` (exact
+  or tanh form, ``cfg.ffn``), with biases b_1, b_2 (b_3) after each product when
+  ``cfg.ffn_bias`` (GPT-2: ``gelu_tanh(X W1 + b1) W2 + b2``); ``cfg.fused_projections``:
+  X [W1 | W3] as one matmul (``attention.projections``)."""
 
   cfg: TransformerConfig
 
@@ -119,12 +124,22 @@ class FeedForward(nn.Module):
     w2 = self.param("w_2", matrix_init(cfg, "w_2", f), (f, d), pdt).astype(dtype)
     if cfg.ffn == "swiglu":
       w3 = self.param("w_3", matrix_init(cfg, "w_3", d), (d, f), pdt).astype(dtype)
-      gate, up = projections(x, {"1": w1, "3": w3}, fused=cfg.fused_projections,
+    # created after the matrices: the matrices' init draws do not depend on ffn_bias
+    bias = lambda name, n: (self.param(name, nn.initializers.zeros, (n,), pdt).astype(dtype)
+                            if cfg.ffn_bias else None)
+    b1, b2 = bias("b_1", f), bias("b_2", d)
+    if cfg.ffn == "swiglu":
+      b3 = bias("b_3", f)
+      gate, up = projections(x, {"1": w1, "3": w3},
+                             None if b1 is None else {"1": b1, "3": b3},
+                             fused=cfg.fused_projections,
                              grad_reduce_dtype=cfg.grad_reduce_dtype)
       hidden = activations.silu(gate) * up
     else:
-      hidden = activations.gelu(weight_matmul(x, w1, cfg.grad_reduce_dtype))
-    return weight_matmul(hidden, w2, cfg.grad_reduce_dtype)
+      z = weight_matmul(x, w1, cfg.grad_reduce_dtype)
+      hidden = FFN_ACTIVATIONS[cfg.ffn](z if b1 is None else z + b1)
+    out = weight_matmul(hidden, w2, cfg.grad_reduce_dtype)
+    return out if b2 is None else out + b2
 
 
 class DecoderBlock(nn.Module):
@@ -314,13 +329,20 @@ def layer_sites(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array, perturbat
   return h, sites
 
 
+def final_hidden(cfg: TransformerConfig, params: dict, h_TxD: jax.Array) -> jax.Array:
+  """The head's input: the final norm of the last layer's output where the placement
+  has one (Hugging Face's last ``hidden_states``), else the output itself."""
+  if not cfg.uses_final_norm:
+    return h_TxD
+  return make_norm(cfg, cfg.norm_op, None).apply({"params": params.get("norm_final", {})},
+                                                 h_TxD)
+
+
 def final_logits(cfg: TransformerConfig, params: dict, h_TxD: jax.Array) -> jax.Array:
-  """``DecoderLM``'s head on the last layer's output: the final norm (where the
-  placement has one), then the tied or untied head; ``params`` needs only the
-  non-layer entries (tested equal to ``DecoderLM``)."""
-  if cfg.uses_final_norm:
-    h_TxD = make_norm(cfg, cfg.norm_op, None).apply(
-        {"params": params.get("norm_final", {})}, h_TxD)
+  """``DecoderLM``'s head on the last layer's output: ``final_hidden``, then the tied
+  or untied head; ``params`` needs only the non-layer entries (tested equal to
+  ``DecoderLM``)."""
+  h_TxD = final_hidden(cfg, params, h_TxD)
   w_DxV = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]
   return head_logits(h_TxD, w_DxV)[..., :cfg.vocab_size]
 

@@ -48,8 +48,9 @@ PARAM_RULES: dict[str, tuple[str, ...]] = {
     "lm_head": ("embed", "vocab"),
     "w_q": ("embed", "heads"), "w_k": ("embed", "heads"), "w_v": ("embed", "heads"),
     "w_o": ("heads", "embed"),
-    "b_q": ("heads",), "b_k": ("heads",), "b_v": ("heads",),
+    "b_q": ("heads",), "b_k": ("heads",), "b_v": ("heads",), "b_o": ("embed",),
     "w_1": ("embed", "mlp"), "w_3": ("embed", "mlp"), "w_2": ("mlp", "embed"),
+    "b_1": ("mlp",), "b_3": ("mlp",), "b_2": ("embed",),
     "scale": ("norm",), "bias": ("norm",),
     # ResidualMLP (rankjax.models.mlp / blocks)
     "w_in": ("input", "embed"), "w_out": ("embed", "classes"),

@@ -18,6 +18,15 @@ TINY = dict(vocab_size=37, num_layers=2, d_model=8, num_heads=2, d_ff=12, max_se
 CONFIGS = [dict(norm_position=p) for p in ("pre", "post", "output", "peri", "none")] + [
     dict(norm_position="pre", norm_op="layer", norm_bias=True, pos_embedding="rope",
          ffn="gelu", beta=0.5)]
+# GPT-2 (models.hf.gpt2_config): learned positions, LayerNorm with bias, every linear
+# bias, gelu_tanh, tied head
+GPT2 = dict(norm_position="pre", norm_op="layer", pos_embedding="learned", ffn="gelu_tanh",
+            attn_bias=True, attn_out_bias=True, ffn_bias=True, tie_embeddings=True,
+            norm_eps=1e-5)
+# Llama-style SwiGLU with FFN biases, beta != 1
+SWIGLU = dict(norm_position="pre", norm_op="rms", pos_embedding="rope", ffn="swiglu",
+              ffn_bias=True, attn_bias=True, beta=0.7)
+CONFIGS.append(GPT2)
 T, POS = 5, 3
 TOL = 1e-10   # float64 throughout (the attention logits too)
 
@@ -38,11 +47,13 @@ def _init_params(cfg, tokens):
   @jax.jit                      # one compile, not ~60 eager ops (~20 ms each)
   def init(tokens):
     params = transformer.DecoderLM(cfg).init(jax.random.key(0), tokens[None])["params"]
-    # perturb every gain and bias so that they enter the Jacobians
+    # perturb every gain and bias (norms' and projections') so that they enter the
+    # Jacobians
     return jax.tree_util.tree_map_with_path(
         lambda path, x: x + 0.3 * jax.random.normal(jax.random.key(len(str(path))), x.shape,
                                                     x.dtype)
-        if getattr(path[-1], "key", None) in ("scale", "bias") else x, params)
+        if getattr(path[-1], "key", None) in ("scale", "bias")
+        or str(getattr(path[-1], "key", "")).startswith("b_") else x, params)
   return init(tokens)
 
 
@@ -137,3 +148,23 @@ def test_traced_position_and_bad_input(x64):
     dj.sublayer_jacobians(cfg, params, tokens[None], 0)
   with pytest.raises(ValueError, match="'layers'"):
     dj.sublayer_jacobians(cfg, {"embed": params["embed"]}, tokens, 0)
+
+
+@pytest.mark.parametrize("kw", [GPT2, SWIGLU], ids=["gpt2", "swiglu"])
+def test_ffn_closed_form_matches_jacfwd(x64, kw):
+  """``ffn_jacobian`` (Eq. 9 / 25 with Table 2's J_P) against jacfwd of the model's own
+  FFN branch at every layer's FFN input; ``ffn_inputs`` against the model's streams."""
+  cfg, tokens, params = _setup(kw)
+  h_LxTxD = dj.ffn_inputs(cfg, params, tokens)
+  mids = [transformer.layer_forward(cfg, layer, h)[0] for layer, h in _layers(cfg, params, tokens)]
+  np.testing.assert_allclose(np.asarray(h_LxTxD), np.stack(mids), rtol=1e-12, atol=1e-12)
+  got = dj.ffn_jacobians(cfg, params["layers"], h_LxTxD[:, POS])
+  block = dj.ffn_block(cfg)
+  ref = jax.jit(jax.vmap(jax.jacfwd(block.branch, argnums=1)))(params["layers"],
+                                                                h_LxTxD[:, POS])
+  assert got.shape == (cfg.num_layers, cfg.d_model, cfg.d_model)
+  close(got, ref)
+  # the token's FFN branch of sublayer_jacobians (jacfwd of the sublayer) is the same J
+  close(dj.sublayer_jacobians(cfg, params, tokens, POS)["ffn"], got)
+  with pytest.raises(ValueError, match="Pre-Norm"):
+    dj.ffn_block(TransformerConfig(**{**TINY, "norm_position": "post"}))

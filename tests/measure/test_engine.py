@@ -1,17 +1,21 @@
 """The Jacobian engine (measure.engine) and its adapters, against ``jax.jacfwd`` of the
 whole forward pass in float64 (where forward and reverse mode, closed forms and autodiff
 agree to float64 rounding: tolerances 1e-10 relative to the largest entry)."""
+import dataclasses
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rankjax.config import TransformerConfig
-from rankjax.measure import decoder_jacobians, engine, gpt2_jacobians, llama_ffn, matrix_free, spectra
-from rankjax.models import gpt2, norms, transformer
+from rankjax.measure import decoder_jacobians, engine, matrix_free, spectra
+from rankjax.models import hf, norms, transformer
 
 L, D = 4, 6
 TOL = 1e-10
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
 
 
 def close(a, b, tol=TOL):
@@ -108,32 +112,28 @@ def test_decoder_token_product_is_the_whole_network_jacobian(x64, placement):
 
 
 def test_gpt2_and_llama_adapters(x64):
-  params = jax.jit(lambda k: jax.tree.map(         # one compile, not dozens of eager ops
-      lambda x: jnp.asarray(x, jnp.float64),
-      gpt2.init_gpt2(k, 2, 8, vocab_size=16, max_positions=8)))(jax.random.PRNGKey(0))
+  """GPT-2 (a DecoderLM configuration: biases everywhere, LayerNorm, learned positions)
+  through the decoder adapter, against jacfwd of the network; a Llama FFN sublayer's
+  closed form (Eq. 9, 19) through the engine against jacfwd of its branch."""
+  cfg, params = hf.load_hf(FIXTURES / "gpt2")
+  cfg = dataclasses.replace(cfg, param_dtype="float64", compute_dtype="float64")
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), params)
   tokens = jnp.array([1, 5, 2, 7])
-  pos, heads = 2, 2
-  bj = gpt2_jacobians.token_block_jacobians(params, tokens, pos, heads)
-  h0 = jax.jit(gpt2.embed)(params, tokens)
+  pos = 2
+  bj = decoder_jacobians.token_block_jacobians(cfg, params, tokens, pos)
+  h0 = jax.jit(lambda p: transformer.first_layer_input(cfg, p, tokens[None])[0])(params)
 
   def network(x_D):
     h = h0.at[pos].set(x_D)
-    for l in range(2):
-      h = gpt2.block_forward(jax.tree.map(lambda a: a[l], params["blocks"]), h, heads)[1]
+    for l in range(cfg.num_layers):
+      h = transformer.layer_forward(cfg, jax.tree.map(lambda a: a[l], params["layers"]), h)[1]
     return h[pos]
 
   close(jax.jit(engine.input_output_jacobians)(bj)[-1], jax.jit(jax.jacfwd(network))(h0[pos]))
-  # Llama FFN: the closed form (Eq. 9, 19) through the engine against jacfwd of the branch
-  @jax.jit                                  # draws, closed form and jacfwd: one compile
-  def llama(key):
-    key = jax.random.split(key, 4)
-    block = {"ln_scale": 1 + 0.1 * jax.random.normal(key[0], (D,), jnp.float64),
-             "gate_w": jax.random.normal(key[1], (10, D), jnp.float64),
-             "up_w": jax.random.normal(key[2], (10, D), jnp.float64),
-             "down_w": jax.random.normal(key[3], (D, 10), jnp.float64)}
-    h = jnp.linspace(-1.0, 1.0, D)
-    got = llama_ffn.ffn_jacobians(jax.tree.map(lambda x: x[None], block), h[None])[0]
-    return got, jax.jacfwd(lambda x: llama_ffn.ffn_branch(block, x))(h)
-
-  got, want = llama(jax.random.key(3))
-  close(got, want)
+  # Llama FFN: the closed form through the engine against jacfwd of the branch
+  lcfg, lparams = hf.load_hf(FIXTURES / "llama_gqa")
+  layer = jax.tree.map(lambda x: jnp.asarray(x[0], jnp.float64), lparams["layers"])
+  block = decoder_jacobians.ffn_block(lcfg)
+  h = jnp.linspace(-1.0, 1.0, lcfg.d_model)
+  got = jax.jit(lambda p, x: engine.block_terms(block, p, x).branch)(layer, h)
+  close(got, jax.jit(jax.jacfwd(block.branch, argnums=1))(layer, h))

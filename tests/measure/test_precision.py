@@ -7,9 +7,9 @@ import pytest
 from jax import export
 
 from rankjax.config import MLPConfig
-from rankjax.measure import gpt2_jacobians, jacobians, paths, representations
+from rankjax.measure import decoder_jacobians, jacobians, paths, representations
 from rankjax.measure import precision as precision_lib
-from rankjax.models import gpt2
+from rankjax.models import hf, transformer
 
 CFG = MLPConfig(depth=3, width=8, expansion=2.0, norm_position="pre")
 
@@ -41,17 +41,20 @@ def test_other_entry_points_lower_at_highest_for_cuda():
   blocks, h0 = jax.eval_shape(lambda k: jacobians.seed_samples(CFG, k, 4), jax.random.PRNGKey(0))
   h0_D = jax.ShapeDtypeStruct(h0.shape[1:], h0.dtype)
   bj = jax.eval_shape(lambda b, h: jacobians.block_jacobians(b, h, CFG), blocks, h0_D)
-  params = jax.eval_shape(lambda k: gpt2.init_gpt2(k, 2, 64, vocab_size=50, max_positions=8),
-                          jax.random.PRNGKey(0))
-  h_LxTxD = jax.eval_shape(lambda p: gpt2_jacobians.ffn_inputs(p, jnp.arange(5), num_heads=2),
+  gpt2 = hf.gpt2_config({"n_embd": 64, "n_head": 2, "n_layer": 2, "vocab_size": 50,
+                         "n_positions": 8})
+  params = jax.eval_shape(lambda k: transformer.DecoderLM(gpt2).init(
+      k, jnp.zeros((1, 5), jnp.int32))["params"], jax.random.PRNGKey(0))
+  h_LxTxD = jax.eval_shape(lambda p: decoder_jacobians.ffn_inputs(gpt2, p, jnp.arange(5)),
                            params)
   cases = [
       (jax.jit(lambda b: paths.path_sums(b, 0.5).unit), (bj.branch,)),
       (jax.jit(lambda b, h: jacobians.input_output_jacobians(
           jacobians.block_jacobians(b, h, CFG), CFG)), (blocks, h0_D)),
-      (gpt2_jacobians.ffn_jacobians, (params["blocks"], jax.ShapeDtypeStruct(
-          h_LxTxD.shape[:1] + h_LxTxD.shape[2:], h_LxTxD.dtype))),
-      (jax.jit(lambda p, t: gpt2_jacobians.ffn_inputs(p, t, num_heads=2)),
+      (jax.jit(lambda l, h: decoder_jacobians.ffn_jacobians(gpt2, l, h)),
+       (params["layers"], jax.ShapeDtypeStruct(h_LxTxD.shape[:1] + h_LxTxD.shape[2:],
+                                               h_LxTxD.dtype))),
+      (jax.jit(lambda p, t: decoder_jacobians.ffn_inputs(gpt2, p, t)),
        (params, jnp.arange(5))),
       (jax.jit(lambda b, x: representations.trace_representations(b, x, CFG, [1, 3])),
        (blocks, h0)),

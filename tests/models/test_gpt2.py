@@ -1,5 +1,10 @@
-"""GPT-2 safetensors loading, the FFN branch Jacobian, and the Fig 12 / 8c script."""
+"""GPT-2 as a DecoderLM configuration: its safetensors files through models.hf (with or
+without the ``transformer.`` prefix, the fused c_attn split), its forward pass and
+attention Jacobian against closed forms, GPT-2's initialization and the Fig 12 / 8c
+script. Its hidden states and logits against transformers: tests/models/test_hf_exact."""
+import dataclasses
 import json
+import pathlib
 import struct
 
 import jax
@@ -7,32 +12,13 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+import safetensors.numpy
 
-from rankjax.measure import gpt2_jacobians
-from rankjax.models import gpt2
+from rankjax.measure import decoder_jacobians
+from rankjax.models import hf, norms, transformer
 
-L, D, M, V, P = 2, 16, 64, 50, 32
-
-
-def _params(seed: int = 0) -> dict:
-  """GPT-2-shaped numpy params with non-trivial LN gains and biases."""
-  rng = np.random.default_rng(seed)
-  shapes = gpt2._block_shapes(D, M)
-  blocks = {k: rng.normal(size=(L,) + s).astype(np.float32) * (0.3 if len(s) == 2 else 0.1)
-            for k, s in shapes.items()}
-  blocks["ln_1_scale"] += 1.0
-  blocks["ln_2_scale"] += 1.0
-  return {"wte": rng.normal(size=(V, D)).astype(np.float32),
-          "wpe": rng.normal(size=(P, D)).astype(np.float32), "blocks": blocks}
-
-
-def _write(path, params, prefix="", drop=(), extra=None):
-  tensors = gpt2.gpt2_tensors(params, prefix)
-  for name in drop:
-    del tensors[name]
-  tensors.update(extra or {})
-  gpt2.write_safetensors(path, tensors, metadata={"format": "pt"})
-  return tensors
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
+L, D, V, P = 2, 16, 50, 32
 
 
 def test_reads_a_hand_built_file(tmp_path):
@@ -44,101 +30,101 @@ def test_reads_a_hand_built_file(tmp_path):
   raw = json.dumps(header).encode()
   path = tmp_path / "x.safetensors"
   path.write_bytes(struct.pack("<Q", len(raw)) + raw + a.tobytes() + b.tobytes())
-  out = gpt2.read_safetensors(path)
+  out = hf.read_tensors(path)
   assert sorted(out) == ["a", "b"]
   np.testing.assert_array_equal(out["a"], a)
   assert out["b"].dtype == ml_dtypes.bfloat16 and out["b"].tolist() == [1.5, -2.0]
+  with pytest.raises(ValueError, match=r"missing tensor\(s\) c"):
+    hf.read_tensors(path, ["a", "c"])
 
 
 @pytest.mark.parametrize("prefix", ["", "transformer."])
-def test_gpt2_checkpoint_round_trips(tmp_path, prefix):
-  params = _params()
-  mask = np.tril(np.ones((1, 1, P, P), bool))
-  path = tmp_path / "model.safetensors"
-  tensors = _write(path, params, prefix, extra={f"{prefix}h.0.attn.bias": mask})
-  back = gpt2.read_safetensors(path)
-  assert sorted(back) == sorted(tensors)
-  for name, a in tensors.items():
-    assert back[name].dtype == a.dtype and back[name].shape == a.shape
-    np.testing.assert_array_equal(back[name], a)
-  assert back[f"{prefix}h.1.mlp.c_fc.weight"].shape == (D, M)
-  loaded = gpt2.load_gpt2(tmp_path)   # the folder works too
-  np.testing.assert_array_equal(loaded["wte"], params["wte"])
-  np.testing.assert_array_equal(loaded["wpe"], params["wpe"])
-  assert sorted(loaded["blocks"]) == sorted(gpt2.BLOCK_TENSORS)
-  for k, a in params["blocks"].items():
-    np.testing.assert_array_equal(loaded["blocks"][k], a)
-  ffn = gpt2.load_gpt2(path, ffn_only=True)
-  assert sorted(ffn) == ["blocks"] and sorted(ffn["blocks"]) == sorted(gpt2.FFN_TENSORS)
-
-
-def test_bad_checkpoints_raise_one_clear_error(tmp_path):
-  params = _params()
-  good = tmp_path / "good.safetensors"
-  _write(good, params)
-  with pytest.raises(FileNotFoundError, match="not found"):
-    gpt2.load_gpt2(tmp_path / "nope.safetensors")
-  trunc = tmp_path / "trunc.safetensors"
-  trunc.write_bytes(good.read_bytes()[:-100])
-  with pytest.raises(ValueError, match="truncated"):
-    gpt2.load_gpt2(trunc)
-  junk = tmp_path / "junk.safetensors"
-  junk.write_bytes(b"this is not a safetensors file at all")
-  with pytest.raises(ValueError, match="not a safetensors file"):
-    gpt2.load_gpt2(junk)
-  short = tmp_path / "short.safetensors"
-  short.write_bytes(b"\x01\x02")
-  with pytest.raises(ValueError, match="not a safetensors file"):
-    gpt2.read_safetensors(short)
-  missing = tmp_path / "missing.safetensors"
-  _write(missing, params, drop=("h.1.mlp.c_fc.bias",))
-  with pytest.raises(ValueError, match=r"missing tensor\(s\) h\.1\.mlp\.c_fc\.bias"):
-    gpt2.load_gpt2(missing)
-  wrong = tmp_path / "wrong.safetensors"
-  _write(wrong, params, extra={"h.1.mlp.c_proj.weight": np.zeros((M, D + 1), np.float32)})
-  with pytest.raises(ValueError, match=r"h\.1\.mlp\.c_proj\.weight has shape \(64, 17\)"):
-    gpt2.load_gpt2(wrong)
-  other = tmp_path / "other.safetensors"
-  gpt2.write_safetensors(other, {"w": np.zeros(3, np.float32)})
-  with pytest.raises(ValueError, match="no GPT-2 blocks"):
-    gpt2.load_gpt2(other)
-  with pytest.raises(ValueError, match="not supported"):
-    gpt2.load_gpt2(tmp_path / "pytorch_model.bin")
-
-
-def test_ffn_jacobian_matches_jacfwd(x64):
-  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), _params(1))
-  h_LxTxD = gpt2_jacobians.ffn_inputs(params, jnp.array([3, 1, 4, 1, 5]), num_heads=2)
-  assert h_LxTxD.shape == (L, 5, D) and h_LxTxD.dtype == jnp.float64
-  jac_LxDxD = gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, -1])
-  refs = jax.jit(lambda blocks, h: [jax.jacfwd(lambda x, l=l: gpt2.ffn_branch(
-      jax.tree.map(lambda a: a[l], blocks), x))(h[l, -1]) for l in range(L)])(
-          params["blocks"], h_LxTxD)       # every layer's reference in one compile
-  for l in range(L):
-    np.testing.assert_allclose(jac_LxDxD[l], refs[l], rtol=1e-11, atol=1e-12)
+def test_gpt2_checkpoint_converts(tmp_path, prefix):
+  folder = hf.write_random_gpt2(tmp_path / "g", num_layers=L, d_model=D, num_heads=2,
+                                vocab_size=V, n_positions=P, prefix=prefix, seed=1)
+  tensors = hf.read_tensors(folder / "model.safetensors")
+  # GPT2LMHeadModel files may hold the causal mask buffer: not a parameter, ignored
+  safetensors.numpy.save_file({**tensors, f"{prefix}h.0.attn.bias":
+                               np.tril(np.ones((1, 1, P, P), bool))},
+                              str(folder / "model.safetensors"))
+  cfg, params = hf.load_hf(folder)
+  assert (cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.max_seq_len, cfg.vocab_size) == (
+      L, D, 4 * D, P, V)
+  t = lambda name: tensors[prefix + name]
+  np.testing.assert_array_equal(params["embed"]["embedding"], t("wte.weight"))
+  np.testing.assert_array_equal(params["pos_embed"], t("wpe.weight"))
+  np.testing.assert_array_equal(params["norm_final"]["bias"], t("ln_f.bias"))
+  assert "lm_head" not in params                      # tied
+  layers = params["layers"]
+  for i in range(L):
+    w, b = t(f"h.{i}.attn.c_attn.weight"), t(f"h.{i}.attn.c_attn.bias")
+    for j, n in enumerate("qkv"):
+      np.testing.assert_array_equal(layers["attn"][f"w_{n}"][i], w[:, j * D:(j + 1) * D])
+      np.testing.assert_array_equal(layers["attn"][f"b_{n}"][i], b[j * D:(j + 1) * D])
+    for (module, leaf), name in {("attn", "w_o"): "attn.c_proj.weight",
+                                 ("attn", "b_o"): "attn.c_proj.bias",
+                                 ("ffn", "w_1"): "mlp.c_fc.weight", ("ffn", "b_1"): "mlp.c_fc.bias",
+                                 ("ffn", "w_2"): "mlp.c_proj.weight",
+                                 ("ffn", "b_2"): "mlp.c_proj.bias",
+                                 ("norm_attn_p", "scale"): "ln_1.weight",
+                                 ("norm_ffn_p", "bias"): "ln_2.bias"}.items():
+      np.testing.assert_array_equal(layers[module][leaf][i], t(f"h.{i}.{name}"))
+  # the converted tree is DecoderLM's own
+  shapes = jax.eval_shape(lambda: transformer.DecoderLM(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  assert jax.tree.structure(shapes) == jax.tree.structure(params)
+  assert jax.tree.map(lambda s: s.shape, shapes) == jax.tree.map(np.shape, params)
 
 
 def test_ffn_inputs_are_causal_and_follow_the_residual_recursion():
-  params = jax.tree.map(jnp.asarray, _params(2))
-  h = gpt2_jacobians.ffn_inputs(params, jnp.array([1, 2, 3, 4]), num_heads=2)
-  h_changed = gpt2_jacobians.ffn_inputs(params, jnp.array([1, 2, 3, 9]), num_heads=2)
+  cfg, params = hf.load_hf(FIXTURES / "gpt2")
+  h = decoder_jacobians.ffn_inputs(cfg, params, jnp.array([1, 2, 3, 4]))
+  h_changed = decoder_jacobians.ffn_inputs(cfg, params, jnp.array([1, 2, 3, 9]))
   np.testing.assert_allclose(h[:, :3], h_changed[:, :3], rtol=1e-6)
-  # Token 0 attends to itself only: attention output is v (through c_proj).
-  b0 = jax.tree.map(lambda a: a[0], params["blocks"])
-  x = gpt2.layer_norm(params["wte"][1] + params["wpe"][0], b0["ln_1_scale"], b0["ln_1_bias"])
-  v = (x @ b0["attn_w"] + b0["attn_b"])[2 * D:]
-  expected = params["wte"][1] + params["wpe"][0] + v @ b0["attn_proj_w"] + b0["attn_proj_b"]
+  # Token 0 attends to itself only: the attention output is v (through c_proj).
+  a0 = jax.tree.map(lambda a: a[0], params["layers"])
+  h0 = params["embed"]["embedding"][1] + params["pos_embed"][0]
+  x = norms.normalize(h0, "layer", cfg.norm_eps) * a0["norm_attn_p"]["scale"] \
+      + a0["norm_attn_p"]["bias"]
+  v = x @ a0["attn"]["w_v"] + a0["attn"]["b_v"]
+  expected = h0 + v @ a0["attn"]["w_o"] + a0["attn"]["b_o"]
   np.testing.assert_allclose(h[0, 0], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_first_token_attention_jacobian_closed_form(x64):
+  cfg, params = hf.load_hf(FIXTURES / "gpt2")
+  cfg = dataclasses.replace(cfg, param_dtype="float64", compute_dtype="float64")
+  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+  tokens = jnp.array([3, 1, 4, 1])
+
+  # the first token attends only to itself: Attn(x)_0 = (LN(h_0) W_v + b_v) W_o + b_o, so
+  # the Jacobian is W_o^T W_v^T J_LN(h_0) in closed form (Table 2 for J_LN)
+  @jax.jit                                 # one compile, not a dozen eager float64 ops
+  def closed_form(params):
+    a0 = jax.tree.map(lambda a: a[0], params["layers"])
+    h0 = params["embed"]["embedding"][3] + params["pos_embed"][0]
+    j_ln = norms.jacobian_right(jnp.eye(cfg.d_model), h0, "layer", cfg.norm_eps,
+                                scale_D=a0["norm_attn_p"]["scale"])
+    return a0["attn"]["w_o"].T @ a0["attn"]["w_v"].T @ j_ln
+
+  first = decoder_jacobians.sublayer_jacobians(cfg, params, tokens, 0)["attention"][0]
+  np.testing.assert_allclose(first, closed_form(params), rtol=1e-11, atol=1e-12)
+
+
 def test_gpt2_init_scales():
-  params = jax.jit(lambda k: gpt2.init_gpt2(k, 4, 128, vocab_size=64, max_positions=8))(
-      jax.random.PRNGKey(0))                            # one compile, not eager ops
-  b = params["blocks"]
-  assert b["fc_w"].shape == (4, 128, 512) and b["proj_w"].shape == (4, 512, 128)
-  assert abs(float(jnp.std(b["fc_w"])) - 0.02) < 1e-3
-  assert abs(float(jnp.std(b["proj_w"])) - 0.02 / np.sqrt(8)) < 1e-3
-  assert float(jnp.abs(b["fc_b"]).max()) == 0.0 and float(b["ln_2_scale"].min()) == 1.0
+  from experiments.transforming_rank import fig12_gpt2_ffn as fig12
+  cfg, params = fig12.gpt2_init(jax.random.PRNGKey(0), 4, 128, 512, vocab_size=64,
+                                positions=8)
+  assert (cfg.num_heads, cfg.ffn, cfg.norm_eps) == (2, "gelu_tanh", 1e-5)
+  ffn = params["layers"]["ffn"]
+  assert ffn["w_1"].shape == (4, 128, 512) and ffn["w_2"].shape == (4, 512, 128)
+  assert abs(float(jnp.std(ffn["w_1"])) - 0.02) < 1e-3
+  assert abs(float(jnp.std(ffn["w_2"])) - 0.02 / np.sqrt(8)) < 1e-3
+  assert float(jnp.abs(ffn["b_1"]).max()) == 0.0
+  assert float(params["layers"]["norm_ffn_p"]["scale"].min()) == 1.0
+  shapes = jax.eval_shape(lambda: transformer.DecoderLM(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  assert jax.tree.map(lambda s: s.shape, shapes) == jax.tree.map(jnp.shape, params)
 
 
 def test_coherence_is_one_for_free_bases_and_large_when_aligned():
@@ -157,10 +143,10 @@ def test_coherence_is_one_for_free_bases_and_large_when_aligned():
 @pytest.mark.slow   # end to end (~60 compiles); its parts have fast tests here
 def test_fig12_runs_on_a_checkpoint(tmp_path):
   from experiments.transforming_rank import fig12_gpt2_ffn as fig12
-  path = tmp_path / "model.safetensors"
-  _write(path, _params(3), prefix="transformer.")
-  res = fig12.run(str(tmp_path / "out"), checkpoints=(str(path),), prompt_ids=(1, 2, 3, 4),
-                  top_k=4)
+  folder = hf.write_random_gpt2(tmp_path / "ckpt", num_layers=L, d_model=D, num_heads=2,
+                                vocab_size=V, n_positions=P, seed=3)
+  res = fig12.run(str(tmp_path / "out"), checkpoints=(str(folder / "model.safetensors"),),
+                  prompt_ids=(1, 2, 3, 4), top_k=4)
   inits = {m for m in res["models"] if m.startswith("ckpt0/init/")}   # one per seed
   assert res["pretrained"] and set(res["models"]) == {"ckpt0/pretrained"} | inits
   assert len(inits) >= 3
@@ -169,33 +155,4 @@ def test_fig12_runs_on_a_checkpoint(tmp_path):
   assert init["cosines"].shape == (L, L) and init["num_layers"] == L and init["d"] == D
   assert (tmp_path / "out" / "fig12_gpt2_ffn.png").is_file()
   with pytest.raises(FileNotFoundError):
-    fig12.run(str(tmp_path / "out"), checkpoints=(str(tmp_path / "none.safetensors"),))
-
-
-def test_sublayer_and_sequence_jacobians(x64):
-  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), _params(3))
-  tokens = jnp.array([3, 1, 4, 1])
-  seq = gpt2_jacobians.sequence_jacobians(params, tokens, num_heads=2)       # (L, T, d, T, d)
-  assert seq.shape == (L, 4, D, 4, D)
-  seq = np.asarray(seq)                     # sliced by numpy: no eager program per slice
-  for t in range(4):
-    per = gpt2_jacobians.sublayer_jacobians(params, tokens, t, num_heads=2)
-    np.testing.assert_allclose(per["attention"], seq[:, t, :, t, :], rtol=1e-12, atol=1e-13)
-    np.testing.assert_array_equal(seq[:, t, :, t + 1:, :], 0.0)    # causal
-  h_LxTxD = gpt2_jacobians.ffn_inputs(params, tokens, num_heads=2)
-  np.testing.assert_allclose(per["ffn"],
-                             gpt2_jacobians.ffn_jacobians(params["blocks"], h_LxTxD[:, 3]),
-                             rtol=1e-12, atol=1e-13)
-
-  # the first token attends only to itself: Attn(x)_0 = v_0 W_proj + b, so the Jacobian is
-  # W_proj^T W_v^T J_LN(h_0) in closed form (Table 2 for J_LN)
-  @jax.jit                                 # one compile, not a dozen eager float64 ops
-  def closed_form(params):
-    b0 = jax.tree.map(lambda a: a[0], params["blocks"])
-    h0 = params["wte"][3] + params["wpe"][0]
-    w_v = b0["attn_w"][:, 2 * D:]
-    j_ln = jax.jacfwd(lambda x: gpt2.layer_norm(x, b0["ln_1_scale"], b0["ln_1_bias"]))(h0)
-    return b0["attn_proj_w"].T @ w_v.T @ j_ln
-
-  first = gpt2_jacobians.sublayer_jacobians(params, tokens, 0, num_heads=2)["attention"][0]
-  np.testing.assert_allclose(first, closed_form(params), rtol=1e-11, atol=1e-12)
+    fig12.run(str(tmp_path / "out"), checkpoints=(str(tmp_path / "none"),))
