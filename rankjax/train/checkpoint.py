@@ -79,11 +79,16 @@ ABANDONED_READS_FILTER = _AbandonedOrbaxReads()
 
 
 def quiet_abandoned_reads() -> None:
-  """Adds ``ABANDONED_READS_FILTER`` to asyncio's logger (once; every restore calls it,
-  importing installs nothing)."""
+  """Adds ``ABANDONED_READS_FILTER`` to asyncio's logger, once. Called when this module
+  loads (any code that reads checkpoints loads it first: reads abandoned by another
+  reader, collected later, are covered too) and by every restore; ``import rankjax``
+  does not load it."""
   log_ = logging.getLogger("asyncio")
   if ABANDONED_READS_FILTER not in log_.filters:
     log_.addFilter(ABANDONED_READS_FILTER)
+
+
+quiet_abandoned_reads()
 
 # Fields that may change when a run resumes: they do not change the trajectory
 # (``resumable=True`` in TrainConfig's field metadata).
