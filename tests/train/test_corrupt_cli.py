@@ -57,7 +57,8 @@ COMMANDS = {
 
 @pytest.mark.parametrize("metadata", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["data", "metadata"])
-@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("command", [    # train in the default suite, the others slow
+    c if c == "train" else pytest.param(c, marks=pytest.mark.slow) for c in COMMANDS])
 def test_all_corrupt_run_is_one_line_and_exit_3(reference, tmp_path, worker_env, command,
                                                 metadata):
   """Array chunks cut short (Orbax's abandoned reads print ~200 lines), and in the slow

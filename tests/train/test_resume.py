@@ -203,6 +203,7 @@ def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, 
     assert sorted(s for s, _ in images[tag]) == [1, 2, 4, 6, 8], run
 
 
+@pytest.mark.slow   # a killed worker process and its rerun (about 11 s on 2 cores)
 def test_sigkill_before_the_first_checkpoint_then_rerun_holds_each_step_once(worker, tmp_path):
   """No checkpoint yet (checkpoint_every=100) when update 10 is SIGKILLed: the rerun
   starts over at step 0, and the event files and metrics.jsonl hold each step once."""
