@@ -22,12 +22,17 @@ print("ok")
 """
 
 
-def test_import_loads_neither_matplotlib_nor_ctypes_lapack():
+def _probe(code: str) -> None:
+  """Runs ``code`` in a fresh interpreter (nothing imported yet); it must print ok."""
   env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
-  out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=env, timeout=120, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip().endswith("ok")
+
+
+def test_import_loads_neither_matplotlib_nor_ctypes_lapack():
+  _probe(_PROBE)
 
 
 _BARE = """
@@ -44,11 +49,7 @@ print("ok")
 
 
 def test_import_rankjax_loads_no_orbax_grain_or_tensorboard_and_installs_nothing():
-  env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
-  out = subprocess.run([sys.executable, "-c", _BARE], capture_output=True, text=True,
-                       env=env, timeout=120, cwd=ROOT)
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.strip().endswith("ok")
+  _probe(_BARE)
 
 
 def test_first_figure_keeps_a_backend_the_user_chose():
