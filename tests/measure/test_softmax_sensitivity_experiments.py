@@ -190,18 +190,6 @@ def test_every_experiment_declares_claims_and_committed_results_cover_them():
   assert len(summary) == len(rows)
 
 
-@pytest.mark.slow   # reruns the three cheap experiments (~2-4 min on the shared CPU)
-def test_quick_untrained_experiments_reproduce_the_committed_numbers(tmp_path):
-  """--check of lemma_checks, theorem_check and certificates_large_L against the
-  committed quick results (the training experiments: `rankjax reproduce
-  softmax_sensitivity --check`, about 20 minutes)."""
-  from rankjax import reproduce as rep
-  res = rep.run("softmax_sensitivity", tmp_path, "quick",
-                ["lemma_checks,theorem_check,certificates_large_L"], check=True)
-  assert res["softmax_sensitivity"]["failed"] == []
-  assert res["softmax_sensitivity"]["moved"] == []
-
-
 @pytest.mark.slow   # compiles the autodiff Jacobians (~4 s)
 def test_lemma_checks_hold_on_a_few_draws():
   """Item 7's statements on a few draws each (float64)."""
