@@ -138,3 +138,12 @@ def wait_for_every_process(name: str, timeout_s: float = 7 * 24 * 3600) -> None:
     return
   from jax._src import distributed
   distributed.global_state.client.wait_at_barrier(name, int(timeout_s * 1000))
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches ``name`` (nothing to wait for on one): a device
+  collective (``sync_global_devices``), for the short waits around a checkpoint's
+  files; ``wait_for_every_process`` for the long ones."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)

@@ -134,11 +134,3 @@ def move(src: epath.Path, dst: epath.Path) -> None:
     fs.copy(f, target + f[len(root):])
   for f in files:
     fs.rm_file(f)
-
-
-def barrier(name: str) -> None:
-  """Waits until every process reaches ``name`` (nothing to wait for on one)."""
-  import jax
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(name)

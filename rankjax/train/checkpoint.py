@@ -57,7 +57,7 @@ from etils import epath
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.data import streams
-from rankjax import storage
+from rankjax import distributed, storage
 
 log = logging.getLogger("rankjax.train")
 
@@ -80,9 +80,8 @@ ABANDONED_READS_FILTER = _AbandonedOrbaxReads()
 
 def quiet_abandoned_reads() -> None:
   """Adds ``ABANDONED_READS_FILTER`` to asyncio's logger, once. Called when this module
-  loads (any code that reads checkpoints loads it first: reads abandoned by another
-  reader, collected later, are covered too) and by every restore; ``import rankjax``
-  does not load it."""
+  loads: any code that reads checkpoints loads it first, so reads abandoned by any
+  reader and collected later are covered; ``import rankjax`` does not load it."""
   log_ = logging.getLogger("asyncio")
   if ABANDONED_READS_FILTER not in log_.filters:
     log_.addFilter(ABANDONED_READS_FILTER)
@@ -147,7 +146,7 @@ def write_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> None:
   processes wait for it at a barrier, so none reads a half-written file."""
   if jax.process_index() == 0:
     storage.write_text_atomic(config_path(workdir), config_lib.to_json(cfg) + "\n")
-  storage.barrier("rankjax_config_written")
+  distributed.barrier("rankjax_config_written")
 
 
 def handlers() -> dict[str, Any]:
@@ -260,7 +259,6 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
   Raises:
     RestoreError: a non-integrity failure, or steps exist and none is readable.
   """
-  quiet_abandoned_reads()
   steps = sorted(steps, reverse=True)
   unreadable: list[tuple[int, str]] = []
   for i, step in enumerate(steps):
@@ -529,7 +527,7 @@ class Checkpointer:
       dest.parent.mkdir(parents=True, exist_ok=True)
       storage.move(self.directory / str(step), dest)
       log.warning("moved the %s checkpoint %s to %s", kind, step, dest)
-    storage.barrier(f"rankjax_set_aside_{step}")
+    distributed.barrier(f"rankjax_set_aside_{step}")
     self.manager.reload()
 
   def wait(self) -> None:

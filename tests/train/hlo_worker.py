@@ -148,12 +148,12 @@ def memory() -> None:
   count and the bytes of one global batch."""
   import numpy as np
 
-  from rankjax.train import loop
+  from rankjax.train import loop, tasks
   from rankjax.train import memory as memory_lib
   out = {}
   for name in PAPER_CONFIGS:
     cfg = dataclasses.replace(shrunk_paper_config(name), diag_every=0)
-    task_spec = build(cfg, mesh=shard_lib.make_mesh(1, 8)).task.example_spec
+    task_spec = tasks.make_task(cfg).example_spec
     batch = sum(cfg.batch_size * int(np.prod(shape)) * np.dtype(dtype).itemsize
                 for shape, dtype in task_spec.values())
     rows = []
