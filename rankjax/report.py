@@ -200,7 +200,7 @@ def _runs_table(runs: dict, numbers: dict[str, story.RunNumbers]) -> str:
   rows = []
   for name, run in runs.items():
     n = numbers[name]
-    lm = n.model == "lm"
+    lm = n.model == "transformer"
     last_sim = float(n.tsim[-1, -1]) if n.tsim is not None else None
     speed = story.throughput(run.history, task_lib.make_task(run.config).throughput_unit)
     rate = "not logged" if speed is None else f"{speed[0]:.4g} {speed[1]}" + (

@@ -77,7 +77,7 @@ def fig_loss(runs: dict, out: pathlib.Path):
   if freq:
     ax.axhline(np.mean(freq), color="k", ls="--", label="frequency loss (Def 3.7)")
     caption += "; the dashed line is the frequency loss, where a collapsed network settles."
-  elif any(r.config.model == "lm" for r in runs.values()):
+  elif any(r.config.model.kind == "transformer" for r in runs.values()):
     caption += " (the frequency loss was not recorded: the postnorm diagnostic)."
   else:
     caption += "."

@@ -46,7 +46,7 @@ class RunNumbers:
   """What the sentences about one run need (None: not recorded)."""
 
   name: str
-  model: str                       # the task: "lm", "mlp" or a plug-in's name
+  model: str                       # the model's kind: "transformer", "mlp" or a plug-in's
   placement: str | None            # Task.norm_position; None: not declared
   layers: int
   updates: int
@@ -66,10 +66,9 @@ def numbers_of(name: str, run: Any) -> RunNumbers:
   loss = next((r["loss"] for r in reversed(run.train_history) if "loss" in r), None)
   acc = next((r["eval_accuracy"] for r in reversed(run.eval_history) if "eval_accuracy" in r),
              None)
-  model_cfg = cfg.lm if cfg.model == "lm" else cfg.mlp
-  layers = getattr(model_cfg, "num_layers", None) or getattr(model_cfg, "depth", 0)
+  layers = getattr(cfg.model, "num_layers", None) or getattr(cfg.model, "depth", 0)
   return RunNumbers(
-      name=name, model=cfg.model, placement=placement_of(cfg), layers=int(layers),
+      name=name, model=cfg.model.kind, placement=placement_of(cfg), layers=int(layers),
       updates=int(run.step), final_loss=loss,
       steps=np.asarray(run.diagnostic_steps) if len(run.diagnostic_steps) else None,
       tsim=np.asarray(d["basic/tsim_y2"], float) if "basic/tsim_y2" in d else None,
@@ -133,7 +132,7 @@ def _g(x: float) -> str:
 def run_sentences(r: RunNumbers) -> list[str]:
   """What one run shows: its size, whether and where it collapsed, its losses."""
   what = placement_name(r.placement)
-  unit = ("layer" if r.model == "lm" else "block") + ("s" if r.layers != 1 else "")
+  unit = ("layer" if r.model == "transformer" else "block") + ("s" if r.layers != 1 else "")
   out = [f"{r.name} ({what}, {r.layers} {unit}) trained {r.updates} updates"
          + (f" to a loss of {_g(r.final_loss)} nats per target" if r.final_loss is not None
             else "")
@@ -197,7 +196,7 @@ def last_values(values: np.ndarray) -> str:
 
 def not_recorded(r: RunNumbers) -> list[str]:
   """The report's quantities this LM run did not record (MLP runs have none of them)."""
-  if r.model != "lm":
+  if r.model != "transformer":
     return []
   missing = []
   if r.freq_loss is None:
@@ -225,10 +224,10 @@ def smoke_sentence(configs: dict[str, Any]) -> str | None:
   if configs.keys() != smoke.keys() or any(configs[n] != smoke[n] for n in smoke):
     return None
   s, f = smoke["lm_post"], full["lm_post"]
-  return (f"This is the smoke tour (rankjax tour --smoke): {s.lm.num_layers} layers of width "
-          f"{s.lm.d_model} trained {s.total_steps} updates, a size too small to show the "
+  return (f"This is the smoke tour (rankjax tour --smoke): {s.model.num_layers} layers of width "
+          f"{s.model.d_model} trained {s.total_steps} updates, a size too small to show the "
           f"effect; it checks that every step runs. The full tour (rankjax tour: "
-          f"{f.lm.num_layers} layers of width {f.lm.d_model}, {f.total_steps} updates) is "
+          f"{f.model.num_layers} layers of width {f.model.d_model}, {f.total_steps} updates) is "
           "sized to show it.")
 
 

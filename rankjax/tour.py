@@ -138,7 +138,7 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
   start, prov = time.time(), provenance()
   with preemption.outside_training():   # SIGTERM between runs: as Ctrl-C
     for name, cfg in lm_configs(smoke).items():
-      print(f"== training {name} ({cfg.lm.norm_position}-norm, {cfg.total_steps} updates, "
+      print(f"== training {name} ({cfg.model.norm_position}-norm, {cfg.total_steps} updates, "
             f"lr {cfg.learning_rate:g})", flush=True)
       result = train(cfg, workdir / name)
       if result.status == "preempted":

@@ -26,11 +26,11 @@ def lm_configs(smoke: bool = False) -> dict[str, TrainConfig]:
   # experiments/postnorm_collapse/configs/collapse_post_quick.json: at lr 1e-2 with no
   # warmup the Post-Norm model collapses (loss at the frequency loss, last-layer
   # similarity 1) while the Pre-Norm model at the same lr trains.
-  base = TrainConfig(model="lm", lm=lm, learning_rate=1e-2, lr_schedule="constant",
+  base = TrainConfig(model=lm, learning_rate=1e-2, lr_schedule="constant",
                      warmup_steps=0, weight_decay=0.1, clip_norm=1.0, seed=0,
                      diagnostics=("basic", "postnorm", "attention"), max_to_keep=2,
                      **train)
-  pre = dataclasses.replace(base, lm=dataclasses.replace(lm, norm_position="pre"))
+  pre = dataclasses.replace(base, model=dataclasses.replace(lm, norm_position="pre"))
   return {"lm_post": base, "lm_pre": pre}
 
 

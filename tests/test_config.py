@@ -98,7 +98,7 @@ def test_every_string_choice_is_a_literal_checked_from_its_annotation(cls):
 
 def test_train_config_choices_from_json_and_set():
   cfg = config.override(TrainConfig(), ["optimizer=adam", "weight_decay=0", "lr_schedule=constant",
-                                        "compute_dtype=bfloat16", "mlp.activation=swiglu"])
+                                        "compute_dtype=bfloat16", "model.activation=swiglu"])
   assert (cfg.optimizer, cfg.lr_schedule, cfg.compute_dtype) == ("adam", "constant", "bfloat16")
   assert config.from_json(TrainConfig, config.to_json(cfg)) == cfg
   with pytest.raises(ValueError, match=r"lr_schedule='linear' is not allowed; choose one of "
@@ -140,7 +140,7 @@ def test_hidden_width():
 @pytest.mark.parametrize("cfg", [
     MLPConfig(depth=7, p_norm="mean", input_dim=10, num_classes=3),
     TransformerConfig(num_layers=2, norm_position="pre", ffn="gelu", init="gpt2"),
-    TrainConfig(model="mlp", mlp=MLPConfig(depth=3), batch_size=8, grad_accum=2),
+    TrainConfig(model=MLPConfig(depth=3), batch_size=8, grad_accum=2),
 ])
 def test_json_round_trip(cfg, tmp_path):
   path = tmp_path / "cfg.json"
@@ -161,12 +161,12 @@ def test_json_unknown_field_and_bad_file(tmp_path):
 
 
 def test_override_parses_values_and_nested_keys():
-  cfg = config.override(TrainConfig(), ["lm.num_layers=4", "learning_rate=1e-3",
-                                        "lm.norm_position=pre", "mlp.p_norm=null"])
-  assert cfg.lm.num_layers == 4 and cfg.learning_rate == 1e-3
-  assert cfg.lm.norm_position == "pre" and cfg.mlp.p_norm is None
+  cfg = config.override(TrainConfig(), ["model.num_layers=4", "learning_rate=1e-3",
+                                        "model.norm_position=pre", "model.p_norm=null"])
+  assert cfg.model.num_layers == 4 and cfg.learning_rate == 1e-3
+  assert cfg.model.norm_position == "pre" and cfg.model.p_norm is None
   with pytest.raises(ValueError, match="unknown config key 'lm.depth'"):
-    config.override(TrainConfig(), ["lm.depth=3"])
+    config.override(TrainConfig(), ["model.depth=3"])
   with pytest.raises(ValueError, match="key=value"):
     config.override(TrainConfig(), ["depth"])
   with pytest.raises(ValueError, match="depth"):
@@ -186,8 +186,8 @@ def test_list_field_takes_a_comma_list_or_json_and_says_both_when_it_refuses():
 
 
 def test_diff_names_differing_fields():
-  a = TrainConfig(learning_rate=6e-4, lm=TransformerConfig(num_layers=48))
-  b = dataclasses.replace(a, learning_rate=1e-3, lm=dataclasses.replace(a.lm, num_layers=4))
+  a = TrainConfig(learning_rate=6e-4, model=TransformerConfig(num_layers=48))
+  b = dataclasses.replace(a, learning_rate=1e-3, model=dataclasses.replace(a.model, num_layers=4))
   assert config.diff(a, b) == {"learning_rate": (6e-4, 1e-3), "lm.num_layers": (48, 4)}
 
 

@@ -20,7 +20,7 @@ EXAMPLE = ROOT / "examples" / "plugins" / "my_pieces.py"
 
 
 def test_config_json_classmethods_round_trip(tmp_path):
-  cfg = TrainConfig(model="mlp", mlp=MLPConfig(depth=3, input_dim=64, num_classes=10),
+  cfg = TrainConfig(model=MLPConfig(depth=3, input_dim=64, num_classes=10),
                     optimizer="adam", weight_decay=0.0, warmup_steps=0)
   path = tmp_path / "c.json"
   text = cfg.to_json(path)
@@ -117,7 +117,7 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
   config = ROOT / "experiments" / "configs" / "mlp_classifier.json"
   argv = ["train", "--import", str(EXAMPLE), "--config", str(config), "--workdir",
           str(workdir), "--set", "model=plain_mlp", "--set", "dataset=digits",
-          "--set", "mlp.input_dim=64", "--set", "mlp.depth=2", "--set", "mlp.width=16",
+          "--set", "model.input_dim=64", "--set", "model.depth=2", "--set", "model.width=16",
           "--set", "total_steps=4", "--set", "batch_size=32", "--set", "diag_every=2",
           "--set", "diag_examples=8", "--set", 'diagnostics=["logit_margin"]',
           "--set", "checkpoint_every=4", "--set", "eval_every=4", "--set", "log_every=1"]
@@ -148,7 +148,7 @@ def test_report_imports_the_module_of_a_plugin_model(tmp_path, capsys):
   plugins.import_module(str(EXAMPLE))
   cfg = config_lib.override(
       TrainConfig.from_json(ROOT / "experiments" / "configs" / "mlp_classifier.json"),
-      ["model=plain_mlp", "mlp.depth=1", "mlp.width=8", "total_steps=2", "batch_size=8",
+      ["model=plain_mlp", "model.depth=1", "model.width=8", "total_steps=2", "batch_size=8",
        "diag_every=0", "checkpoint_every=2", "eval_every=0", "log_every=1"])
   workdir = tmp_path / "run"
   train(cfg, workdir, progress_bar=False)

@@ -214,7 +214,7 @@ def _register_resmlp(monkeypatch, name, norm_position):
       return nn.Dense(self.num_classes)(x)
 
   def factory(cfg):
-    mlp = cfg.mlp
+    mlp = cfg.model
     spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
     return tasks.ClassifierTask(name, "images", PostLNResMLP(mlp.width, mlp.depth,
                                                             mlp.num_classes),
@@ -225,9 +225,9 @@ def _register_resmlp(monkeypatch, name, norm_position):
 
 def _plugin_run(tmp_path, name, history):
   from rankjax.config import MLPConfig
-  cfg = TrainConfig(model=name, mlp=MLPConfig(depth=3, width=8, input_dim=8, num_classes=3),
+  cfg = TrainConfig(model=MLPConfig(depth=3, width=8, input_dim=8, num_classes=3),
                     diag_every=10, diagnostics=("basic", "logit_margin"))
-  assert cfg.mlp.norm_position == "pre"            # the field the plug-in ignores
+  assert cfg.model.norm_position == "pre"            # the field the plug-in ignores
   rng = np.random.default_rng(0)
   n = len(STEPS)
   diag = {"basic/batch_similarity_stream": rng.uniform(0, 1, (n, 3)),
@@ -252,7 +252,7 @@ def test_a_plugin_models_placement_is_what_its_task_declares(tmp_path, monkeypat
   assert story.placement_of(_run(tmp_path, "lm", "post", ()).config) == "post"
   # the library's models: the norms they build, overrides included
   lm = TransformerConfig(norm_position="pre", r_norm="rms")
-  assert story.placement_of(TrainConfig(model="lm", lm=lm)) == "P+R"
+  assert story.placement_of(TrainConfig(model=lm)) == "P+R"
   assert story.placement_name("P+R") == "norms at P+R"
 
 

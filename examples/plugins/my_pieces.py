@@ -3,7 +3,7 @@ the library (tested by ``tests/test_plugins.py``)::
 
   rankjax train --import examples/plugins/my_pieces.py \
       --config experiments/configs/mlp_classifier.json --workdir runs/plain \
-      --set model=plain_mlp --set dataset=digits --set mlp.input_dim=64 \
+      --set model=plain_mlp --set dataset=digits --set model.input_dim=64 \
       --set 'diagnostics=["logit_margin"]' --set diag_every=10
 
 ``--import`` takes a module name on the import path or a ``.py`` path
@@ -56,7 +56,7 @@ class PlainMLPTask(tasks.ClassifierTask):
 
 
 def plain_mlp_task(cfg):
-  mlp = cfg.mlp
+  mlp = cfg.model
   if mlp.input_dim is None or mlp.num_classes is None:
     raise ValueError("model='plain_mlp' needs mlp.input_dim and mlp.num_classes")
   model = PlainMLP(width=mlp.width, depth=mlp.depth, num_classes=mlp.num_classes)

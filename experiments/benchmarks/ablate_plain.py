@@ -29,7 +29,7 @@ def loss_gradients(pair) -> dict:
   pair: ``{"rj": (jitted, args), "plain": (jitted, args)}`` on the same tokens, where
   ``args()`` reads the side's current parameters (the steps donate and replace them)."""
   cfg, c, holder, tokens = pair["cfg"], pair["compiled"], pair["holder"], pair["tokens"]
-  lm = cfg.lm
+  lm = cfg.model
   micro = jax.tree.map(lambda x: x[0], pair["rj_batch"])
   rj_grad = jax.jit(jax.grad(lambda p, b: c.task.loss(p, b, None, deterministic=True)[0]))
   model = plain_flax.PlainLM(lm.vocab_size, lm.d_model, lm.num_heads, lm.d_ff, lm.num_layers,
@@ -51,7 +51,7 @@ def programs(shape, variants=()):
   out = {"rj_step": pair["rj"], "plain_step": pair["plain"],
          **{f"{side}_grad": (lambda f=f, a=a: f(*a())) for side, (f, a) in grads.items()}}
   for field, value in variants:      # rankjax's gradient with one TransformerConfig field changed
-    vc = build(dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, **{field: value})))
+    vc = build(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **{field: value})))
     vg = jax.jit(jax.grad(lambda p, b, vc=vc: vc.task.loss(p, b, None, deterministic=True)[0]))
     vp = vc.init().params
     out[f"rj_grad[{field}={value}]"] = lambda vg=vg, vp=vp: vg(vp, micro)

@@ -94,7 +94,7 @@ TOLERANCES = {
 MFU_ESTIMATE = {"postnorm_48l_d512_c4.json": (0.38, 0.43), "gpt2_774m.json": (0.41, 0.46)}
 MFU_TARGET = {"postnorm_48l_d512_c4.json": 0.50, "gpt2_774m.json": 0.55}
 # the softmax study's 774M step: App D.1's attention dropout (its SCALE_SETS["paper"])
-SOFTMAX_SETS = ("lm.attn_dropout_rate=0.1", "lm.embed_norm=false")
+SOFTMAX_SETS = ("model.attn_dropout_rate=0.1", "model.embed_norm=false")
 
 
 def failed_checks(r: dict) -> list[str]:
@@ -206,15 +206,15 @@ def step_config(name: str, smoke: bool, prng_impl: str | None = None,
                 sets: tuple[str, ...] = ()) -> TrainConfig:
   cfg = config_lib.override(config_lib.from_json(TrainConfig, CONFIGS / name), sets)
   if prng_impl is not None:
-    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, prng_impl=prng_impl))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, prng_impl=prng_impl))
   n = jax.device_count()
   micro = cfg.micro_batch_size
   cfg = dataclasses.replace(cfg, batch_size=micro * n if micro % n else micro, grad_accum=1,
                             diag_every=0, eval_every=0)
   if smoke:
-    lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
+    lm = dataclasses.replace(cfg.model, num_layers=2, d_model=64, num_heads=2, d_ff=128,
                              vocab_size=300, max_seq_len=64)
-    cfg = dataclasses.replace(cfg, lm=lm, seq_len=32, batch_size=2 * n,
+    cfg = dataclasses.replace(cfg, model=lm, seq_len=32, batch_size=2 * n,
                               compute_dtype="float32")
   return cfg
 
@@ -238,7 +238,7 @@ def check_step(name: str, smoke: bool, prng_impl: str | None = None,
   c = build(cfg)
   state = c.init()
   n_params = count_params(state.params)
-  vocab = min(cfg.lm.vocab_size, 257 if smoke else cfg.lm.vocab_size)
+  vocab = min(cfg.model.vocab_size, 257 if smoke else cfg.model.vocab_size)
   tokens = np.random.default_rng(0).integers(0, vocab, (cfg.batch_size, cfg.seq_len + 1))
   tokens = tokens.astype(np.int32)
   batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]},
@@ -260,10 +260,10 @@ def check_step(name: str, smoke: bool, prng_impl: str | None = None,
   mfu = {key: mfu_lib.mfu(c.task.flops_per_example(causal=causal) * cfg.batch_size, t,
                           jax.device_count(), peak)
          for key, causal in (("mfu_spec", True), ("mfu_full_attention", False))}
-  return dict(config=name, prng_impl=cfg.lm.prng_impl, variant=prng_impl is not None,
-              sets=list(sets), attn_dropout=cfg.lm.attn_dropout_rate,
+  return dict(config=name, prng_impl=cfg.model.prng_impl, variant=prng_impl is not None,
+              sets=list(sets), attn_dropout=cfg.model.attn_dropout_rate,
               params=n_params, batch=cfg.batch_size, seq_len=cfg.seq_len,
-              compute_dtype=cfg.compute_dtype, lm=config_lib.to_dict(cfg.lm),
+              compute_dtype=cfg.compute_dtype, model=config_lib.to_dict(cfg.model),
               remat=c.task.model.cfg.remat, remat_note=c.remat_note,   # lm.remat="auto"
               step_s=t, tokens_s=cfg.batch_size * cfg.seq_len / t, loss=loss, **mfu,
               peak_memory_gib=step_bytes / 2 ** 30)
@@ -394,7 +394,7 @@ def run_part(part: str, smoke: bool, out: pathlib.Path | None) -> Any:
     # the configs with dropout again with unsafe_rbg dropout bits (does the dropout RNG
     # dominate?)
     steps += [check_step(s["config"], smoke, "unsafe_rbg") for s in steps[:2]
-              if s["lm"]["dropout_rate"] > 0 and s["prng_impl"] != "unsafe_rbg"]
+              if s["model"]["dropout_rate"] > 0 and s["prng_impl"] != "unsafe_rbg"]
     return steps
   if part == "jacobian":
     return check_jacobian(smoke)

@@ -73,7 +73,7 @@ def model_configs(accelerator: bool) -> dict[str, tuple[TrainConfig, str]]:
   else:
     paper = dataclasses.replace(paper, batch_size=2, grad_accum=1, seq_len=128,
                                 compute_dtype="float32",
-                                lm=dataclasses.replace(paper.lm, remat=False))
+                                model=dataclasses.replace(paper.model, remat="none"))
     note = "reduced for the CPU: T=128, B=2, float32, no remat"
   small_note = f"config as is (T={small.seq_len}, B={small.batch_size})"
   common = dict(diag_every=1, diagnostics=("basic",))
@@ -131,7 +131,7 @@ def plain_config(d: int, heads: int, layers: int, d_ff: int, seq_len: int, batch
   lm = TransformerConfig(vocab_size=257, num_layers=layers, d_model=d, num_heads=heads,
                          d_ff=d_ff, max_seq_len=seq_len, norm_position="pre", norm_op="layer",
                          ffn="gelu", pos_embedding="learned", init="gpt2", tie_embeddings=True)
-  return TrainConfig(model="lm", lm=lm, batch_size=batch, seq_len=seq_len, warmup_steps=10,
+  return TrainConfig(model=lm, batch_size=batch, seq_len=seq_len, warmup_steps=10,
                      total_steps=1000, diag_every=0)
 
 

@@ -33,7 +33,7 @@ from rankjax.studies import Abs, Bound, Claim, claims, measured
 
 RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse": ("collapse_post_quick", []),
-    "pre_same_lr": ("collapse_post_quick", ["lm.norm_position=pre"]),
+    "pre_same_lr": ("collapse_post_quick", ["model.norm_position=pre"]),
     "post_stable": ("stable_post_quick", []),
 }
 # seeds of the three runs (at least 3 for every trained result). Seed 0 is RUNS itself;
@@ -141,7 +141,7 @@ def stream_frequency_loss(cfg, num_batches: int = STREAM_FREQ_BATCHES) -> float:
   it = loop.make_data_iterator(cfg, task)
   labels = np.concatenate([np.asarray(next(it)["targets"]).reshape(-1)
                            for _ in range(num_batches)])
-  return float(frequency_loss(labels, vocab_size=cfg.lm.vocab_size))
+  return float(frequency_loss(labels, vocab_size=cfg.model.vocab_size))
 
 
 def scale_stream_frequency(cfg, scale: str, out_dir: str) -> tuple[float, int]:
@@ -183,7 +183,7 @@ def summarize(workdir: str, stream_freq: float) -> dict[str, Any]:
   s["max_last_tsim"] = float(np.max(r.diagnostics["postnorm/last_tsim"]))
   s["learning_rate"] = r.config.learning_rate
   s["warmup_steps"] = r.config.warmup_steps
-  s["norm_position"] = r.config.lm.norm_position
+  s["norm_position"] = r.config.model.norm_position
   return s
 
 

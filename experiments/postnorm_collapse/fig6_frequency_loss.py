@@ -117,7 +117,7 @@ def fixed_batch_run(cfg, batch_size: int, steps: int, seed: int = 0) -> dict[str
     losses.append(metrics["loss"])
   losses = [float(x) for x in jax.device_get(losses)]
   return {"loss": losses, "freq_loss": float(frequency_loss(batch["targets"],
-                                                            vocab_size=cfg.lm.vocab_size)),
+                                                            vocab_size=cfg.model.vocab_size)),
           "tokens": int(np.prod(batch["targets"].shape))}
 
 

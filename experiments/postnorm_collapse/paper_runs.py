@@ -75,7 +75,7 @@ def ablation(lr: float) -> str:
 RUNS: dict[str, tuple[str, ...]] = {
     **{post_collapse(s): (f"learning_rate={COLLAPSE_LR}", f"seed={s}", "diag_every=1", DIAGS,
                           LABELS) for s in SEEDS},
-    **{pre_same_lr(s): (f"learning_rate={COLLAPSE_LR}", f"seed={s}", "lm.norm_position=pre")
+    **{pre_same_lr(s): (f"learning_rate={COLLAPSE_LR}", f"seed={s}", "model.norm_position=pre")
        for s in SEEDS},
     **{post_stable(s): (f"learning_rate={STABLE_LR}", f"seed={s}") for s in SEEDS},
     **{ablation(lr): (f"learning_rate={lr}", "seed=0", "diag_every=1", DIAGS, LABELS,

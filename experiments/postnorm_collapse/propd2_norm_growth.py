@@ -205,7 +205,7 @@ def trained(out_dir: str, workdir: str | None = None, sequences: int | None = No
   batch = {k: np.asarray(v)[:sequences]
            for k, v in next(loop.make_data_iterator(cfg, tasks.make_task(cfg))).items()}
   params = jax.tree.map(jnp.asarray, r.params)
-  res = norm_growth(cfg.lm, params, jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"]),
+  res = norm_growth(cfg.model, params, jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"]),
                     lr=cfg.learning_rate)
   return {"step": r.step, "learning_rate": cfg.learning_rate, "rows": res}
 
@@ -218,11 +218,11 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   workdir = sequences = None
   if scale in ("paper", "tiny"):
     name = paper_runs.post_collapse(0)
-    mcfg, config = paper_runs.config(name, scale).lm, paper_runs.CONFIG
+    mcfg, config = paper_runs.config(name, scale).model, paper_runs.CONFIG
     workdir, sequences = paper_runs.train(out_dir, name, scale), PAPER_SEQUENCES
   elif scale == "quick":
     config = collapse_study.RUNS["post_collapse"][0]
-    mcfg = common.load_config(config).lm
+    mcfg = common.load_config(config).model
   else:
     raise ValueError(f"propd2 has the quick, paper and tiny scales, not {scale!r}")
   settings = {"exact_one_sequence": exact_collapse(mcfg, (7,)),

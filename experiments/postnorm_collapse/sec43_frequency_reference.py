@@ -56,8 +56,8 @@ def batch_references(cfg, num_updates: int) -> dict[str, np.ndarray]:
   agg, per = [], []
   for _ in range(num_updates):
     y = np.asarray(next(it)["targets"])
-    agg.append(float(frequency_loss(y, vocab_size=cfg.lm.vocab_size)))
-    per.append(float(frequency_loss(y, mode="per_sequence", vocab_size=cfg.lm.vocab_size)))
+    agg.append(float(frequency_loss(y, vocab_size=cfg.model.vocab_size)))
+    per.append(float(frequency_loss(y, mode="per_sequence", vocab_size=cfg.model.vocab_size)))
   return {"aggregate_batch": np.asarray(agg), "per_sequence_batch": np.asarray(per)}
 
 

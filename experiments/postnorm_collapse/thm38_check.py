@@ -140,7 +140,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   else:
     raise ValueError(f"thm38 has the quick, paper and tiny scales, not {scale!r}")
   res: dict[str, Any] = {"figure": "postnorm_collapse Theorem 3.8 check", "scale": scale}
-  res["gradient_vanishing"] = gradient_vanishing(cfg.lm)
+  res["gradient_vanishing"] = gradient_vanishing(cfg.model)
   res["lower_bound_trained"] = {}      # seed -> the bound on that run's first batch
   batches = {}
   for seed, (seed_cfg, wd) in runs.items():
@@ -148,10 +148,10 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                      next(loop.make_data_iterator(seed_cfg, tasks.make_task(seed_cfg))).items()}
     params = jax.tree.map(jnp.asarray, load_run(wd).params)
     res["lower_bound_trained"][str(seed)] = lower_bound(
-        cfg.lm, params, batches[seed]["inputs"], batches[seed]["targets"])
+        cfg.model, params, batches[seed]["inputs"], batches[seed]["targets"])
   init = tasks.make_task(cfg).init(jax.random.PRNGKey(0))
   first = batches[min(batches)]
-  res["lower_bound_init"] = lower_bound(cfg.lm, init, first["inputs"], first["targets"])
+  res["lower_bound_init"] = lower_bound(cfg.model, init, first["inputs"], first["targets"])
   res["paper"] = {"ii": "zero parameter gradients in collapsed layers at p_freq output",
                   "i": "CE >= L_freq - 2/sqrt(n) ||W_lm||_2 eps"}
   res["seconds"] = time.time() - start

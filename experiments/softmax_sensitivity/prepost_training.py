@@ -79,7 +79,7 @@ CONFIGS = {"quick": os.path.join(HERE, "configs", "quick.json"),
 # attention probabilities (gpt2_774m.json keeps 0.0 for the fused kernel; see
 # experiments/configs/README.md), no embedding LayerNorm in Post-LN (the library's
 # placement rule would add one), and the log cadence of every update's loss / norm.
-SCALE_SETS = {"paper": ("lm.attn_dropout_rate=0.1", "lm.embed_norm=false", "log_every=10")}
+SCALE_SETS = {"paper": ("model.attn_dropout_rate=0.1", "model.embed_norm=false", "log_every=10")}
 FINEWEB = "RANKJAX_FINEWEB"   # env: the paper's FineWeb, a directory of text / ArrayRecord files
 TRAINED_BY_RUNNER = ("paper", "tiny")   # scales whose runs the runner trains (Experiment.runs)
 SEEDS = (42, 123, 456)
@@ -236,7 +236,7 @@ def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | No
   cfg = config_lib.override(cfg, SCALE_SETS.get(base, ()))
   if base == "paper" and os.environ.get(FINEWEB):
     cfg = dataclasses.replace(cfg, dataset=os.environ[FINEWEB])
-  cfg = dataclasses.replace(cfg, seed=seed, lm=dataclasses.replace(cfg.lm, norm_position=arch),
+  cfg = dataclasses.replace(cfg, seed=seed, model=dataclasses.replace(cfg.model, norm_position=arch),
                             **(overrides or {}))
   return training.at_scale(cfg, scale)
 

@@ -168,8 +168,8 @@ def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   params = jax.tree.map(jnp.asarray, r.params)
   batch = next(loop.make_data_iterator(cfg, tasks.make_task(cfg)))
   tokens = jnp.asarray(batch["inputs"]).reshape(-1, cfg.seq_len)[:8]
-  caps, probs = _captures(DecoderLM(cfg.lm), params, tokens)
-  lb = layer_bounds(cfg.lm, params, caps["x1"])
+  caps, probs = _captures(DecoderLM(cfg.model), params, tokens)
+  lb = layer_bounds(cfg.model, params, caps["x1"])
   res: dict[str, Any] = {"step": r.step, "layers": lb}
   ratios = np.array([x["thm41_over_measured"] for x in lb])
   res["summary"] = {
@@ -187,8 +187,8 @@ def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                             float(max(max(x["theta_tilde_per_head"]) for x in lb))],
       "value_term_share_median": float(np.median([x["value_term_share"] for x in lb])),
       "max_split_vs_model_rel_err": float(max(x["split_vs_model_rel_err"] for x in lb))}
-  if cfg.lm.norm_position == "post":
-    res["cor_a3"] = cor_a3(cfg.lm, params, caps["y1"], caps["y2"])
+  if cfg.model.norm_position == "post":
+    res["cor_a3"] = cor_a3(cfg.model, params, caps["y1"], caps["y2"])
   recs = row_records(probs, jax.random.PRNGKey(0))
   res["rows_summary"] = {"num_rows": len(recs), "frac_p_max_ge_half": float(np.mean(
       [x["p_max"] >= 0.5 for x in recs])), "median_theta_cert_greedy": float(np.median(

@@ -256,11 +256,11 @@ def _rankjax_run(workdir: pathlib.Path, step: int | None, placement: Placement,
     raise ValueError("a rankjax run's checkpoint is restored whole; --layer-at-a-time on "
                      "reads Hugging Face safetensors folders")
   run = load_run(str(workdir), step)
-  if run.config.model != "lm":
+  if run.config.model.kind != "transformer":
     raise ValueError(f"{workdir}: a {run.config.model!r} run; rankjax analyze reads "
                      "language models")
   tokenizer = run.config.tokenizer if getattr(run.config, "tokenizer", None) else None
-  return decoder_model(run.config.lm, run.params, f"{workdir} (step {run.step})",
+  return decoder_model(run.config.model, run.params, f"{workdir} (step {run.step})",
                        placement=placement, tokenizer=tokenizer,
                        extra={"model_type": "rankjax", "step": int(run.step)})
 

@@ -170,7 +170,7 @@ def _fashion_mnist(split: str) -> ImageSource:
         f"Fashion-MNIST files are not in {root}; install them with: "
         f"apt-get install dataset-fashion-mnist (or set RANKJAX_FASHION_MNIST to a folder "
         f"of its four idx files), or train on scikit-learn's 8x8 digits: --set "
-        f"dataset=digits --set mlp.input_dim=64 (experiments/configs/mlp_classifier.json)")
+        f"dataset=digits --set model.input_dim=64 (experiments/configs/mlp_classifier.json)")
 
   def load(prefix: str) -> tuple[np.ndarray, np.ndarray]:
     images = _read_idx(_fashion_file(root, f"{prefix}-images-idx3-ubyte"))

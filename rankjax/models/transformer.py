@@ -25,9 +25,8 @@ Norm parameter names say the (sublayer, location) of the norm, whatever the plac
 ``norm_ffn_r`` (Post-Norm: ``norm_attn_r`` makes X_2 and ``norm_ffn_r`` the layer's
 output; Pre-Norm: ``norm_attn_p`` makes X_1 and ``norm_ffn_p`` X_2). Outside the layers:
 ``norm_embed`` and ``norm_final`` (``cfg.uses_embed_norm`` / ``uses_final_norm``).
-Checkpoints written with the earlier names (``norm_attn_in``, ``norm_ffn_in``, ...,
-whose meaning changed with the placement) are renamed once on restore
-(``legacy_norm_renames``).
+A checkpoint with other names is refused on restore
+(``rankjax.train.checkpoint.check_param_names``).
 """
 
 from __future__ import annotations
@@ -64,25 +63,6 @@ def norm_names(cfg: TransformerConfig) -> dict[tuple[str, str], str]:
   """Parameter name of each (sublayer, location) norm that exists: ``norm_<sub>_<loc>``."""
   return {(sub, loc): f"norm_{sub}_{loc}" for sub in ("attn", "ffn")
           for loc, op in zip("pbr", cfg.norm_ops) if op != "none"}
-
-
-def legacy_norm_renames(cfg: TransformerConfig) -> dict[str, str]:
-  """Old parameter name -> ``norm_names`` name, for checkpoints written before the
-  (sublayer, location) names: P was ``norm_<sub>_in``, B ``norm_<sub>_out``, the FFN's R
-  ``norm_out``, the attention's R ``norm_ffn_in`` when no P norm existed (Post-Norm)
-  and ``norm_attn_res`` otherwise. One way: the old names are never written."""
-  p, b, r = cfg.norm_ops
-  old = {}
-  for sub in ("attn", "ffn"):
-    if p != "none":
-      old[f"norm_{sub}_in"] = (sub, "p")
-    if b != "none":
-      old[f"norm_{sub}_out"] = (sub, "b")
-  if r != "none":
-    old["norm_attn_res" if p != "none" else "norm_ffn_in"] = ("attn", "r")
-    old["norm_out"] = ("ffn", "r")
-  new = norm_names(cfg)
-  return {name: new[key] for name, key in old.items()}
 
 
 def make_norm(cfg: TransformerConfig, op: str, name: str) -> Norm:

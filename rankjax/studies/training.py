@@ -79,8 +79,8 @@ def tiny(cfg, data_dir: str | None = None):
       diag_examples=min(cfg.diag_examples, 2) if cfg.diag_examples else 2)
   if data_dir:
     changes["data_dir"] = data_dir
-  if cfg.model == "lm":
-    lm = cfg.lm
+  if cfg.model.kind == "transformer":
+    lm = cfg.model
     heads = min(lm.num_heads, 2)
     kv = lm.num_kv_heads and max(1, heads * lm.num_kv_heads // lm.num_heads)
     d_ff = max(8, round(lm.d_ff * TINY_WIDTH / lm.d_model))
@@ -88,15 +88,15 @@ def tiny(cfg, data_dir: str | None = None):
         lm, num_layers=min(lm.num_layers, 4), d_model=TINY_WIDTH, num_heads=heads,
         num_kv_heads=kv or None, d_ff=d_ff, max_seq_len=TINY_TOKENS, vocab_size=257,
         loss_chunk=min(lm.loss_chunk, 64) if lm.loss_chunk else 0)
-    changes.update(lm=lm, seq_len=TINY_TOKENS, tokenizer="byte")
+    changes.update(model=lm, seq_len=TINY_TOKENS, tokenizer="byte")
     if not data_dir:
       changes["dataset"] = "shakespeare"
-  elif cfg.model == "mlp":
-    changes["mlp"] = dataclasses.replace(cfg.mlp, depth=min(cfg.mlp.depth, 4),
+  elif cfg.model.kind == "mlp":
+    changes["model"] = dataclasses.replace(cfg.model, depth=min(cfg.model.depth, 4),
                                          width=TINY_WIDTH)
     if not data_dir:
       changes["dataset"] = "digits"
-      changes["mlp"] = dataclasses.replace(changes["mlp"], input_dim=64)
+      changes["model"] = dataclasses.replace(changes["model"], input_dim=64)
   return dataclasses.replace(cfg, **changes)
 
 
@@ -373,13 +373,13 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
     hours = None if not peak else flops / (peak * mfu) / 3600
     rows.append({
         "run": path, "updates": last_step(cfg), "done": finished(path, cfg),
-        "tokens": (cfg.batch_size * cfg.seq_len * last_step(cfg) if cfg.model == "lm"
+        "tokens": (cfg.batch_size * cfg.seq_len * last_step(cfg) if cfg.model.kind == "transformer"
                    else None), "examples": cfg.batch_size * last_step(cfg),
         "parameters": int(est["parameters"]), "flops": flops,
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
         "peak_gb_per_device": est["total"] / 1e9, "peak_compiled": bool(est["compiled"]),
         "device_hours": hours,
-        "remat": run_cfg.lm.remat if cfg.model == "lm" else None, "remat_note": note,
+        "remat": run_cfg.model.remat if cfg.model.kind == "transformer" else None, "remat_note": note,
         "batch_note": _BATCH_NOTES.get(cfg)})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
@@ -462,7 +462,7 @@ def device_refusals(cfg, num_devices: int, memory: float | None, kind: str = "de
   if memory and not done and est["total"] > MEMORY_SHARE * memory:
     fsdp = num_devices if cfg.mesh_fsdp < num_devices else None
     fix = (f"--set mesh_fsdp={fsdp} (parameters and optimizer state sharded over {fsdp} "
-           "devices), " if fsdp and fsdp > 1 else "") + "--set lm.remat=full or a larger grad_accum"
+           "devices), " if fsdp and fsdp > 1 else "") + "--set model.remat=full or a larger grad_accum"
     out.append(f"an estimated {est['total'] / 1e9:.1f} GB per device exceeds "
                f"{MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB of a {kind} ({num_devices} "
                f"devices): {fix}")

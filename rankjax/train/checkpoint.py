@@ -376,36 +376,32 @@ class Restored:
   saved_process_count: int | None = None
 
 
-def rename_keys(tree: Any, renames: Mapping[str, str]) -> Any:
-  """``tree`` with every dict key in ``renames`` replaced (dicts, lists, tuples, named
-  tuples such as optax states, and dataclasses such as ``TrainState``)."""
-  if not renames:
-    return tree
-  if isinstance(tree, Mapping):
-    return {renames.get(k, k): rename_keys(v, renames) for k, v in tree.items()}
-  if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-    return dataclasses.replace(tree, **{f.name: rename_keys(getattr(tree, f.name), renames)
-                                        for f in dataclasses.fields(tree)})
-  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-    return type(tree)(*(rename_keys(v, renames) for v in tree))
-  if isinstance(tree, (list, tuple)):
-    return type(tree)(rename_keys(v, renames) for v in tree)
-  return tree
+def param_names(params: Any) -> set[str]:
+  """The ``/``-joined key paths of the leaves of a parameter tree (arrays, shapes or
+  Orbax's metadata)."""
+  return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+          for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
-def _keys(tree: Any) -> set[str]:
-  if isinstance(tree, Mapping):
-    return set(tree) | {k for v in tree.values() for k in _keys(v)}
-  if isinstance(tree, (list, tuple)):
-    return {k for v in tree for k in _keys(v)}
-  return set()
+def check_param_names(where: str, saved: Any, expected: Any) -> None:
+  """Refuses, in one line, a checkpoint whose parameters (``saved``) are named otherwise
+  than the model's (``expected``): parameters are never renamed on restore.
 
+  Raises:
+    ValueError naming a few names of each side.
+  """
+  have, want = param_names(saved), param_names(expected)
+  if have == want:
+    return
 
-def saved_renames(metadata_tree: Any, renames: Mapping[str, str]) -> dict[str, str]:
-  """The entries of ``renames`` (old name -> new) whose old name the saved tree holds:
-  a checkpoint written before a parameter rename."""
-  held = _keys(metadata_tree)
-  return {old: new for old, new in renames.items() if old in held}
+  def few(names: set[str]) -> str:
+    listed = sorted(names)
+    return ", ".join(listed[:3]) + (f" and {len(listed) - 3} more" if len(listed) > 3 else "")
+
+  raise ValueError(f"{where} holds parameters named otherwise than this config's model "
+                   f"(saved only: {few(have - want) or 'none'}; model only: "
+                   f"{few(want - have) or 'none'}): written by other model code, and "
+                   "parameters are never renamed on restore")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,11 +473,10 @@ class Checkpointer:
   def _has_item(self, step: int, item: str) -> bool:
     return (self.directory / str(step) / item).is_dir()
 
-  def restore(self, abstract_state: Any, data_iter: Any,
-              renames: Mapping[str, str] | None = None) -> Restored | None:
+  def restore(self, abstract_state: Any, data_iter: Any) -> Restored | None:
     """The newest readable step (state into ``abstract_state``'s shardings), or None.
-    ``renames``: old parameter name -> current one (the task's ``legacy_renames``); a
-    checkpoint holding old names is read under them and handed back renamed."""
+    A step whose parameter names are not ``abstract_state``'s is refused in one line
+    (``check_param_names``)."""
 
     def restore(step: int) -> Restored:
       step_dir = self.directory / str(step)
@@ -497,12 +492,10 @@ class Checkpointer:
         raise IncompleteStep(f"data/{own.name} is missing")
       if count != jax.process_count():
         data_state = rebuild_data_state(step_dir / "data", count, step)
-      old = {}
-      if renames:
-        meta = self.manager.item_metadata(step)["state"]
-        old = saved_renames(getattr(meta, "tree", meta), renames)
-      target = rename_keys(abstract_state, {new: o for o, new in old.items()})
-      items = {"state": ocp.args.StandardRestore(target),
+      meta = self.manager.item_metadata(step)["state"]
+      check_param_names(f"checkpoint step {step} in {self.directory}",
+                        getattr(meta, "tree", meta)["params"], abstract_state.params)
+      items = {"state": ocp.args.StandardRestore(abstract_state),
                "metrics": ocp.args.JsonRestore()}
       if self._has_item(step, "diagnostics"):
         items["diagnostics"] = ocp.args.StandardRestore()
@@ -513,8 +506,7 @@ class Checkpointer:
       else:
         data_iter.set_state(data_state)
       diagnostics = out.get("diagnostics") if "diagnostics" in items else None
-      return Restored(step, rename_keys(out.state, old), rename_keys(diagnostics, old),
-                      out.metrics, count)
+      return Restored(step, out.state, diagnostics, out.metrics, count)
 
     found = restore_with_fallback(self.directory, self.all_steps(), restore, self._set_aside)
     return None if found is None else found[1]

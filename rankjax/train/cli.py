@@ -34,12 +34,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE",
                       help="override a config field; dotted keys reach nested configs "
-                           "(lm.num_layers=4); repeatable")
+                           "(model.num_layers=4; model.kind=mlp: that kind's defaults); "
+                           "repeatable")
   plugins.add_argument(parser)
   parser.add_argument("--workdir", required=True,
                       help="run directory: config.json, metrics.jsonl, checkpoints/")
   parser.set_defaults(func=run)
+  convert = subparsers.add_parser(
+      "convert-config", help="rewrite a config.json of config format 1 in format 2",
+      description="Rewrites a TrainConfig JSON written by rankjax before config format 2 "
+                  "(a \"model\" name beside \"lm\" / \"mlp\" objects) as format 2 (one "
+                  "\"model\" object tagged with its kind), keeping the original beside it "
+                  "as config.json.format1. A run's checkpoints are not touched: one whose "
+                  "parameters are named otherwise than today's model is refused on restore.")
+  convert.add_argument("path", metavar="PATH", help="a run folder (its config.json) or a "
+                                                    "config JSON file")
+  convert.set_defaults(func=convert_config)
   return parser
+
+
+def convert_config(args: argparse.Namespace) -> int:
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
+  path, backup = config_lib.convert_file(args.path, TrainConfig)
+  print(f"rankjax convert-config: {path} rewritten in config format {config_lib.FORMAT}; "
+        f"the original is {backup}")
+  return 0
 
 
 def run(args: argparse.Namespace) -> int:

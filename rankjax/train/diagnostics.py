@@ -69,7 +69,7 @@ class DiagInputs:
   """What a diagnostic sees, all inside the jitted diagnostics step.
 
   Attributes:
-    kind: "lm" or "mlp".
+    kind: the model's kind ("transformer", "mlp" or a plug-in's).
     model: the linen module (call ``model.apply`` for extra forward passes).
     params: parameters before this update.
     batch: the diagnostic examples (the first ``diag_examples`` of the last

@@ -114,8 +114,8 @@ def attention_summary(probs_BxHxTxT: Array, key: Array, num_rows: int = 512,
 def attention_diagnostic(d: diag_lib.DiagInputs, layers: Sequence[int] | None = None,
                          num_rows: int = 512, min_query: int = 16) -> dict[str, Array]:
   """The ``attention`` diagnostic's values for one ``DiagInputs`` (LM only)."""
-  if d.kind != "lm":
-    raise ValueError(f"the attention diagnostic needs the LM task, got {d.kind!r}")
+  if d.kind != "transformer":
+    raise ValueError(f"the attention diagnostic needs a transformer model, got {d.kind!r}")
   num_layers = d.model.cfg.num_layers
   layers = tuple(layers) if layers is not None else default_layers(num_layers)
   if not layers or min(layers) < 0 or max(layers) >= num_layers:

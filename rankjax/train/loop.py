@@ -245,10 +245,9 @@ def check_eval_split(cfg: TrainConfig, task: task_lib.Task, data_name: str) -> N
 def check_param_dtype(cfg: TrainConfig) -> None:
   """float64 parameters need JAX's x64 mode, which training does not switch on for the
   whole process: one ValueError instead of silently training in float32."""
-  model_cfg = cfg.lm if cfg.model == "lm" else cfg.mlp
-  dtype = getattr(model_cfg, "param_dtype", "float32")
+  dtype = getattr(cfg.model, "param_dtype", "float32")
   if str(dtype) == "float64" and not jax.config.jax_enable_x64:
-    raise ValueError(f"{cfg.model}.param_dtype=float64 needs JAX's x64 mode: run with "
+    raise ValueError(f"model.param_dtype=float64 needs JAX's x64 mode: run with "
                      "JAX_ENABLE_X64=1 (without it JAX would train in float32)")
 
 
@@ -320,7 +319,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           jax.eval_shape(compiled.init), compiled.state_shardings)
   had_steps = bool(ckpt.all_steps())
-  restored = ckpt.restore(abstract, data_it, task.legacy_renames())
+  restored = ckpt.restore(abstract, data_it)
   resharded = ""
   if restored is not None:
     state, start = restored.state, restored.step

@@ -42,7 +42,7 @@ def estimate(cfg: TrainConfig, num_devices: int, params: int, remat: str | None 
              ) -> dict[str, float]:
   """Estimated peak bytes per device of the training step (an estimate, not a
   measurement: the device check measures it), for ``params`` parameters and the remat
-  policy ``remat`` (default ``cfg.lm.remat``; "auto" counts as its fallback).
+  policy ``remat`` (default ``cfg.model.remat``; "auto" counts as its fallback).
 
   State: float32 parameters, gradients and AdamW's two moments (16 bytes a parameter)
   plus a compute-dtype copy, split over ``mesh_fsdp`` devices (all of them when it is 0
@@ -57,8 +57,8 @@ def estimate(cfg: TrainConfig, num_devices: int, params: int, remat: str | None 
   fsdp = cfg.mesh_fsdp if 0 < cfg.mesh_fsdp <= num_devices else num_devices
   state = params * (16 + (width if width != 4 else 0)) / max(fsdp, 1)
   micro = cfg.batch_size / max(cfg.grad_accum, 1) / max(num_devices, 1)
-  if cfg.model == "lm":
-    lm = cfg.lm
+  if cfg.model.kind == "transformer":
+    lm = cfg.model
     policy = remat or lm.remat
     policy = REMAT_AUTO_FALLBACK if policy == "auto" else policy
     dots = 5 * lm.d_model + (2 if lm.ffn == "swiglu" else 1) * lm.d_ff
@@ -68,7 +68,7 @@ def estimate(cfg: TrainConfig, num_devices: int, params: int, remat: str | None 
     head_rows = lm.loss_chunk if lm.loss_chunk else tokens
     head = 2 * min(head_rows, tokens) * lm.padded_vocab_size * 4
   else:
-    m = cfg.mlp
+    m = cfg.model
     acts = micro * m.width * m.depth * (1 + m.expansion) * 4
     head = 0.0
   return {"parameters": float(params), "state": float(state), "activations": float(acts),
@@ -115,7 +115,7 @@ def choose_remat_compiled(cfg: TrainConfig, limit: float,
 
 
 def with_remat(cfg: TrainConfig, policy: str) -> TrainConfig:
-  return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, remat=policy))
+  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=policy))
 
 
 def resolve_remat(cfg: TrainConfig, num_devices: int, limit: float | None,
@@ -129,7 +129,7 @@ def resolve_remat(cfg: TrainConfig, num_devices: int, limit: float | None,
   bytes of a config's compiled step (``loop.compiled_peak_bytes``): with a limit, the
   choice reads XLA's own analysis (:func:`choose_remat_compiled`), else the estimate
   (:func:`choose_remat`)."""
-  if cfg.model != "lm" or cfg.lm.remat != "auto":
+  if cfg.model.kind != "transformer" or cfg.model.remat != "auto":
     return cfg, None
   if measure is not None and limit is not None:
     policy, peaks = choose_remat_compiled(cfg, limit, measure)

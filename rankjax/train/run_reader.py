@@ -8,6 +8,7 @@ whatever mesh the run was trained on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from typing import Any
@@ -71,7 +72,7 @@ class Run:
   stopped: dict[str, Any] | None = None
 
   def __repr__(self) -> str:
-    return (f"Run({str(self.workdir)!r}, model={self.config.model!r}, step={self.step} of "
+    return (f"Run({str(self.workdir)!r}, model={self.config.model.kind!r}, step={self.step} of "
             f"{self.config.total_steps}, checkpoints={len(self.checkpoint_steps)}, "
             f"diagnostics={len(self.diagnostics)} series x {len(self.diagnostic_steps)} "
             f"steps, history={len(self.history)} rows)")
@@ -110,6 +111,12 @@ def _this_process() -> ocp.options.MultiprocessingOptions:
   me = jax.process_index()
   return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me},
                                             barrier_sync_key_prefix=f"load_run_{me}")
+
+
+@functools.lru_cache(maxsize=16)
+def _model_params(cfg: TrainConfig) -> Any:
+  """The shapes of the parameters ``cfg``'s model has (its task's init, traced only)."""
+  return jax.eval_shape(task_lib.make_task(cfg).init, jax.random.key(0))
 
 
 def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
@@ -171,8 +178,8 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   if found is None:
     raise FileNotFoundError(f"no readable checkpoint in {directory}")
   s, out = found
-  renames = ckpt_lib.saved_renames(out["state"], task_lib.make_task(cfg).legacy_renames())
-  out = ckpt_lib.rename_keys(out, renames)      # a checkpoint from before a rename
+  ckpt_lib.check_param_names(f"checkpoint step {s} in {directory}", out["state"]["params"],
+                             _model_params(cfg))
   params = jax.tree.map(np.asarray, out["state"]["params"])
   history = diag_lib.DiagnosticsHistory.from_tree(out.get("diagnostics"))
   return Run(workdir=workdir, config=cfg, step=s, params=params,

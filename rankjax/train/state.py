@@ -222,7 +222,7 @@ def make_step(task: Task, cfg: TrainConfig, tx: optax.GradientTransformation,
     updates, opt_state = tx.update(clipped, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {**aux, "grad_norm": grad_norm, "lr": schedule(state.step),
-               **(label_frequencies(batch["targets"], cfg.lm.vocab_size)
+               **(label_frequencies(batch["targets"], cfg.model.vocab_size)
                   if cfg.label_frequency else {})}
     out = {}
     if diags:

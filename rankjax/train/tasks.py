@@ -1,14 +1,14 @@
 """The one place that maps a model kind to its model, batch, loss and captures.
 
 The loop, the step and the diagnostics never branch on the model kind; they call a
-``Task``, built by the factory ``TASKS[cfg.model]``. Two are the library's
+``Task``, built by the factory ``TASKS[cfg.model.kind]``. Two are the library's
 (``register_task`` adds more):
 
-  lm:  ``DecoderLM`` on text batches ``{"inputs", "targets"}`` of int32 (B, T);
+  transformer: ``DecoderLM`` on text batches ``{"inputs", "targets"}`` of int32 (B, T);
        loss = mean next-token cross-entropy over all B*T tokens (sequences are packed,
        no padding), computed from the head's input by ``head_cross_entropy`` (compute
-       dtype head, float32 log-sum-exp, pad columns masked, ``lm.loss_chunk``) on the
-       compute copy of the parameters (``numerics.compute_copy``, both tasks).
+       dtype head, float32 log-sum-exp, pad columns masked, ``model.loss_chunk``) on
+       the compute copy of the parameters (``numerics.compute_copy``, both tasks).
   mlp: ``ResidualMLP`` classifier on image batches ``{"inputs": (B, D) float32,
        "targets": (B,) int32}``; loss = mean cross-entropy, plus accuracy.
 
@@ -33,7 +33,7 @@ from rankjax.config import TrainConfig
 from rankjax.measure.losses import cross_entropy
 from rankjax.models.lm_head import head_cross_entropy
 from rankjax.models.mlp import ResidualMLP
-from rankjax.models.transformer import DecoderLM, intermediate_grads, legacy_norm_renames
+from rankjax.models.transformer import DecoderLM, intermediate_grads
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -45,7 +45,8 @@ class Task:
   """Model-kind-specific pieces of training; subclasses fill them in.
 
   Attributes:
-    kind: "lm" or "mlp" (``TrainConfig.model``).
+    kind: the model's kind (``TrainConfig.model.kind``: "transformer", "mlp" or a
+      plug-in's).
     data_kind: "text" or "images" (``rankjax.data.make_iterator`` kind).
     model: the linen module.
     example_spec: per-example shape and dtype of every batch entry.
@@ -113,11 +114,6 @@ class Task:
     """What the data must match (``rankjax.data.check_model_fits`` keywords)."""
     return {}
 
-  def legacy_renames(self) -> dict[str, str]:
-    """Old parameter name -> current, for checkpoints written before a rename (read
-    under the old names, handed back renamed: ``checkpoint.Checkpointer.restore``)."""
-    return {}
-
 
 def dropout_key(rng: Array, impl: str) -> Array:
   """``rng`` as a key of the PRNG implementation ``impl`` (``TransformerConfig.prng_impl``).
@@ -156,9 +152,6 @@ class LMTask(Task):
 
   def data_requirements(self) -> dict[str, Any]:
     return dict(vocab_size=self.model.cfg.vocab_size, max_seq_len=self.model.cfg.max_seq_len)
-
-  def legacy_renames(self) -> dict[str, str]:
-    return legacy_norm_renames(self.model.cfg)
 
   def flops_per_example(self, causal: bool = True) -> float:
     cfg = self.model.cfg
@@ -219,19 +212,19 @@ def model_requirements(task: Task) -> dict[str, Any]:
 
 def _lm_task(cfg: TrainConfig) -> Task:
   dtype = jnp.dtype(cfg.compute_dtype)
-  lm = dataclasses.replace(cfg.lm, compute_dtype=cfg.compute_dtype)
+  lm = dataclasses.replace(cfg.model, compute_dtype=cfg.compute_dtype)
   spec = {"inputs": ((cfg.seq_len,), jnp.int32), "targets": ((cfg.seq_len,), jnp.int32)}
-  return LMTask("lm", "text", DecoderLM(lm), spec, cfg.seq_len, ("layers",), dtype,
+  return LMTask("transformer", "text", DecoderLM(lm), spec, cfg.seq_len, ("layers",), dtype,
                 dropout=bool(lm.dropout_rate or lm.attn_dropout_rate),
                 lookup_tables=("embed", "pos_embed"),
                 norm_position=config_lib.norm_position_of(lm.norm_ops))
 
 
 def _mlp_task(cfg: TrainConfig) -> Task:
-  mlp = cfg.mlp
+  mlp = cfg.model
   if mlp.input_dim is None or mlp.num_classes is None:
-    raise ValueError("model='mlp' trains a classifier: set mlp.input_dim and mlp.num_classes "
-                     f"(got input_dim={mlp.input_dim}, num_classes={mlp.num_classes})")
+    raise ValueError("model kind 'mlp' trains a classifier: set model.input_dim and "
+                     f"model.num_classes (got input_dim={mlp.input_dim}, num_classes={mlp.num_classes})")
   spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
   return ClassifierTask("mlp", "images", ResidualMLP(mlp), spec, 1, ("blocks",),
                         jnp.dtype(cfg.compute_dtype),
@@ -240,32 +233,35 @@ def _mlp_task(cfg: TrainConfig) -> Task:
 
 TaskFactory = Callable[[TrainConfig], Task]
 
-# ``TrainConfig.model`` -> the function building its task. ``register_task`` adds one
-# (a user's model: ``examples/plugins/my_pieces.py``, ``rankjax train --import``).
-TASKS: dict[str, TaskFactory] = {"lm": _lm_task, "mlp": _mlp_task}
+# A model kind (``TrainConfig.model.kind``) -> the function building its task.
+# ``register_task`` adds one beside the kind's config class
+# (``rankjax.config.register_model_config``; a user's model:
+# ``examples/plugins/my_pieces.py``, ``rankjax train --import``).
+TASKS: dict[str, TaskFactory] = {"transformer": _lm_task, "mlp": _mlp_task}
 
 
-def register_task(name: str, factory: TaskFactory) -> TaskFactory:
-  """Makes ``TrainConfig(model=name)`` train ``factory(cfg)`` (a ``Task``; its
-  ``norm_position`` is the placement ``rankjax report`` names)."""
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"task name {name!r} must be a non-empty string")
-  TASKS[name] = factory
+def register_task(kind: str, factory: TaskFactory) -> TaskFactory:
+  """Makes a config whose model is of ``kind`` train ``factory(cfg)`` (a ``Task``; its
+  ``norm_position`` is the placement ``rankjax report`` names). The kind's config class
+  is registered in the config layer: ``rankjax.config.register_model_config``."""
+  if not isinstance(kind, str) or not kind:
+    raise ValueError(f"model kind {kind!r} must be a non-empty string")
+  TASKS[kind] = factory
   return factory
 
 
 def require_task(cfg: TrainConfig) -> TaskFactory:
-  """The factory of ``cfg.model``; one-line ValueError naming the registry if none."""
-  factory = TASKS.get(cfg.model)
+  """The factory of ``cfg.model.kind``; one-line ValueError naming the registry if none."""
+  factory = TASKS.get(cfg.model.kind)
   if factory is None:
-    raise ValueError(f"model={cfg.model!r} is not allowed; choose one of {sorted(TASKS)} "
-                     "(or register your own: rankjax.train.tasks.register_task, "
-                     "loaded with --import MODULE)")
+    raise ValueError(f"model kind {cfg.model.kind!r} has no task; choose one of "
+                     f"{sorted(TASKS)} (or register your own: "
+                     "rankjax.train.tasks.register_task, loaded with --import MODULE)")
   return factory
 
 
 def make_task(cfg: TrainConfig) -> Task:
-  """The task for ``cfg.model``; raises ValueError when the model cannot train."""
+  """The task for ``cfg.model``'s kind; raises ValueError when the model cannot train."""
   return require_task(cfg)(cfg)
 
 

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_paper_runs_are_the_papers_protocol():
   cfg = paper_runs.config(paper_runs.post_collapse(0), "paper")
-  lm = cfg.lm
+  lm = cfg.model
   assert (lm.num_layers, lm.d_model, lm.d_ff, lm.num_heads, lm.norm_position, lm.ffn,
           lm.norm_op, lm.vocab_size) == (48, 512, 1536, 4, "post", "swiglu", "rms", 32000)
   assert (cfg.seq_len, cfg.batch_size, cfg.total_steps, cfg.warmup_steps, cfg.lr_schedule,
@@ -31,7 +31,7 @@ def test_paper_runs_are_the_papers_protocol():
       (2048, 256, 40000, 2000, "cosine", 1.0, 0.1, 0.9, 0.95, "c4/en")
   lrs = {n: paper_runs.config(n, "paper").learning_rate for n in paper_runs.RUNS}
   assert sorted(set(lrs.values())) == [6e-4, 8e-4, 1.2e-3, 1.5e-3, 1.8e-3]
-  assert paper_runs.config(paper_runs.pre_same_lr(1), "paper").lm.norm_position == "pre"
+  assert paper_runs.config(paper_runs.pre_same_lr(1), "paper").model.norm_position == "pre"
   assert paper_runs.config(paper_runs.post_collapse(2), "paper").diag_every == 1   # Fig 5
   runs = STUDY.experiments["collapse"].runs("paper")
   assert len(runs) == 9 and {c.seed for c in runs.values()} == {0, 1, 2}

@@ -27,16 +27,16 @@ def test_paper_runs_are_the_papers_protocol_and_tiny_shrinks_them(tmp_path, monk
   assert set(runs) == NAMES and bounds.runs("paper") == runs
   for name, cfg in runs.items():
     arch, seed = name.split("_s")
-    assert (cfg.seed, cfg.lm.norm_position) == (int(seed), arch)
+    assert (cfg.seed, cfg.model.norm_position) == (int(seed), arch)
     assert (cfg.total_steps, cfg.warmup_steps, cfg.batch_size, cfg.seq_len) == (2000, 500, 64, 1024)
-    lm = cfg.lm
+    lm = cfg.model
     assert (lm.num_layers, lm.d_model, lm.num_heads, lm.d_ff, lm.vocab_size) == (36, 1280, 20, 5120, 50257)
     assert (lm.attn_dropout_rate, lm.dropout_rate, lm.embed_norm) == (0.1, 0.1, False)
     assert (cfg.learning_rate, cfg.dataset) == (3e-4, str(tmp_path))
     assert cfg.tokenizer.endswith("gpt2.tiktoken") and cfg.diagnostics == ("basic", "attention")
   tiny = prepost.runs("tiny")
   assert tiny == {n: training.tiny(c) for n, c in runs.items()} and bounds.runs("tiny") == tiny
-  assert all(c.lm.num_layers == 4 and c.total_steps == training.TINY_STEPS for c in tiny.values())
+  assert all(c.model.num_layers == 4 and c.total_steps == training.TINY_STEPS for c in tiny.values())
   # the quick scales keep training inside ``run`` (their committed numbers unchanged)
   assert prepost.runs("quick") == {} and bounds.runs("quick_sharpen") == {}
 

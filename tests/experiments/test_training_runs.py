@@ -15,24 +15,24 @@ PAPER_LM = "experiments/configs/postnorm_48l_d512_c4.json"
 def test_tiny_shrinks_sizes_and_keeps_every_other_setting():
   cfg = training.load(PAPER_LM, ["learning_rate=8e-4", "diag_every=1"])
   t = training.tiny(cfg)
-  assert (t.lm.num_layers, t.lm.d_model, t.lm.num_heads, t.seq_len, t.lm.max_seq_len) == \
+  assert (t.model.num_layers, t.model.d_model, t.model.num_heads, t.seq_len, t.model.max_seq_len) == \
       (4, 32, 2, 32, 32)
-  assert t.lm.d_ff == 96                             # 1536 / 512 = 3: the ratio kept
+  assert t.model.d_ff == 96                             # 1536 / 512 = 3: the ratio kept
   assert (t.total_steps, t.batch_size, t.grad_accum) == (training.TINY_STEPS, 8, 2)
   assert t.warmup_steps == 1                         # 2000 / 40000 of 24 updates, at least 1
-  assert (t.tokenizer, t.dataset, t.lm.vocab_size) == ("byte", "shakespeare", 257)
+  assert (t.tokenizer, t.dataset, t.model.vocab_size) == ("byte", "shakespeare", 257)
   assert t.diag_every == training.TINY_STEPS // 8      # every update asked: at most 8 here
   for field in ("norm_position", "norm_op", "ffn", "init", "pos_embedding", "remat",
                 "tie_embeddings", "dropout_rate"):
-    assert getattr(t.lm, field) == getattr(cfg.lm, field), field
+    assert getattr(t.model, field) == getattr(cfg.model, field), field
   for field in ("learning_rate", "b1", "b2", "weight_decay", "lr_schedule", "clip_norm",
                 "compute_dtype", "diagnostics", "seed", "optimizer"):
     assert getattr(t, field) == getattr(cfg, field), field
   gpt2 = training.tiny(training.load("experiments/configs/gpt2_774m.json"))
-  assert gpt2.lm.d_ff == 128 and gpt2.lm.num_layers == 4   # 5120 / 1280 = 4
+  assert gpt2.model.d_ff == 128 and gpt2.model.num_layers == 4   # 5120 / 1280 = 4
   assert gpt2.warmup_steps == 6                            # 500 / 2000 of 24
   mlp = training.tiny(training.load("experiments/configs/mlp_classifier.json"))
-  assert (mlp.mlp.depth, mlp.mlp.width, mlp.dataset) == (4, 32, "digits")
+  assert (mlp.model.depth, mlp.model.width, mlp.dataset) == (4, 32, "digits")
   assert training.at_scale(cfg, "paper") is cfg
 
 
@@ -45,7 +45,7 @@ def test_tiny_reads_the_papers_set_from_a_data_dir(monkeypatch):
 def _lm_params(cfg) -> int:
   """The decoder's parameter count by hand: untied embedding and head, per layer the four
   attention matrices, SwiGLU's three, two RMSNorm gains; the embedding norm (Post-Norm)."""
-  lm = cfg.lm
+  lm = cfg.model
   d, f, v = lm.d_model, lm.d_ff, lm.padded_vocab_size
   return 2 * v * d + lm.num_layers * (4 * d * d + 3 * d * f + 2 * d) + d
 
@@ -79,7 +79,7 @@ def test_refusals_name_the_missing_tokenizer_and_a_config_too_big(monkeypatch, t
   monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
   lines = training.refusals({str(tmp_path / "runs" / "a"): cfg})
   assert len(lines) == 1 and "tokenizers/llama2/tokenizer.model" in lines[0]
-  ok = training.load(PAPER_LM, ["tokenizer=byte", "lm.vocab_size=257", "dataset=shakespeare"])
+  ok = training.load(PAPER_LM, ["tokenizer=byte", "model.vocab_size=257", "dataset=shakespeare"])
   monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 10e9))
   (line,) = training.refusals({str(tmp_path / "runs" / "big"): ok})
   assert line.startswith("big: an estimated") and "10.0 GB" in line and "\n" not in line
@@ -251,7 +251,7 @@ def test_the_plan_prints_how_the_batch_split_was_fitted(monkeypatch):
 
 
 @pytest.mark.parametrize("config, sets", [(PAPER_LM, ()), (GPT2_774M, (
-    "lm.attn_dropout_rate=0.1", "lm.embed_norm=false"))])
+    "model.attn_dropout_rate=0.1", "model.embed_norm=false"))])
 def test_both_paper_configs_plan_on_every_device_count(config, sets):
   """Every (device kind, count) gives either no refusal or refusals that each name a fix;
   applying the named fix (mesh_fsdp) removes a memory refusal; a batch smaller than the
@@ -294,7 +294,7 @@ def test_reproduce_set_reaches_every_run_and_plan_stops_before_training(tmp_path
   with unittest.mock.patch.object(tr, "plan", spy):
     code = cli.main(["reproduce", "postnorm_collapse", "--scale", "paper", "--only", "fig3",
                      "--plan", "--out", str(tmp_path / "out"), "--set", "tokenizer=byte",
-                     "--set", "lm.vocab_size=257", "--set", "dataset=shakespeare",
+                     "--set", "model.vocab_size=257", "--set", "dataset=shakespeare",
                      "--set", "mesh_fsdp=2"])
   out, err = capsys.readouterr()
   assert code == 0, err
@@ -321,7 +321,7 @@ def test_paper_scale_on_a_cpu_prints_the_plan_before_refusing(tmp_path, capsys,
   assert "no accelerator found" in err and "tokenizer.model does not exist" in err
   code = cli.main(["reproduce", "postnorm_collapse", "--scale", "paper", "--only", "fig3",
                    "--out", str(tmp_path / "out"), "--set", "tokenizer=byte",
-                   "--set", "lm.vocab_size=257", "--set", "dataset=shakespeare"])
+                   "--set", "model.vocab_size=257", "--set", "dataset=shakespeare"])
   out, err = capsys.readouterr()
   assert code == 2 and "plan: 3 training runs" in out
   assert "no accelerator found" in err and len(err.strip().splitlines()) == 1

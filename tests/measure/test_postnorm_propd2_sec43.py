@@ -14,7 +14,7 @@ from experiments.postnorm_collapse import sec43_frequency_reference as s43
 
 
 def _small_lm():
-  mcfg = common.load_config("collapse_post_quick").lm
+  mcfg = common.load_config("collapse_post_quick").model
   return dataclasses.replace(mcfg, num_layers=2, d_model=16, num_heads=2, d_ff=24,
                              max_seq_len=8, vocab_size=32)
 

@@ -38,7 +38,7 @@ def test_inf_rms_norm_bracket_closed_forms():
 
 def _small_post_lm():
   cfg = pt.make_config("quick", "post", 42)
-  return dataclasses.replace(cfg.lm, num_layers=2, d_model=16, num_heads=2, d_ff=32,
+  return dataclasses.replace(cfg.model, num_layers=2, d_model=16, num_heads=2, d_ff=32,
                              max_seq_len=24, dropout_rate=0.0, attn_dropout_rate=0.0)
 
 

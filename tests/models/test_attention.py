@@ -98,7 +98,7 @@ def _step_text(cfg, platform="cpu", t=T):
   """StableHLO of the LM training loss and its gradient (the plain step's compute)."""
   from rankjax.train import tasks
   from rankjax.config import TrainConfig
-  task = tasks.make_task(TrainConfig(lm=cfg, seq_len=t, batch_size=B, warmup_steps=1,
+  task = tasks.make_task(TrainConfig(model=cfg, seq_len=t, batch_size=B, warmup_steps=1,
                                      total_steps=2, compute_dtype=cfg.compute_dtype))
   batch = {k: jax.ShapeDtypeStruct((B, t), jnp.int32) for k in ("inputs", "targets")}
   step = jax.jit(jax.grad(lambda p, b: task.loss(p, b, None, deterministic=True)[0]))
@@ -254,9 +254,9 @@ def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu
   from rankjax import config as config_lib
   paper = config_lib.override(
       config_lib.from_json(config_lib.TrainConfig, "experiments/configs/gpt2_774m.json"),
-      ["lm.attn_dropout_rate=0.1", "lm.embed_norm=false"])     # the study's SCALE_SETS
+      ["model.attn_dropout_rate=0.1", "model.embed_norm=false"])     # the study's SCALE_SETS
   t = 512
-  cfg = dataclasses.replace(paper.lm, vocab_size=64, num_layers=2, d_model=64, num_heads=2,
+  cfg = dataclasses.replace(paper.model, vocab_size=64, num_layers=2, d_model=64, num_heads=2,
                             d_ff=128, max_seq_len=t, compute_dtype="bfloat16")
   assert (cfg.attn_dropout_rate, cfg.dropout_rate, cfg.attention_impl) == (0.1, 0.1, "auto")
   tokens = jnp.zeros((2, t + 1), jnp.int32)

@@ -135,7 +135,7 @@ def test_layer_has_one_dot_for_qkv_and_one_for_w1_w3(ffn):
 @pytest.mark.parametrize("name", ["postnorm_48l_d512_c4", "gpt2_774m"])
 def test_paper_configs_fuse(name):
   cfg = config_lib.from_json(TrainConfig, ROOT / "experiments" / "configs" / f"{name}.json")
-  assert cfg.lm.fused_projections
+  assert cfg.model.fused_projections
   assert not TransformerConfig().fused_projections    # recorded results keep their bits
 
 
@@ -148,14 +148,14 @@ def test_paper_configs_fuse_within_bf16_rounding(name):
   K, V (W1, W3) contributions to dx in one float32-accumulated dot, the unfused one
   adds three bfloat16 products, so the two differ by bfloat16 rounding, not more."""
   cfg = config_lib.from_json(TrainConfig, ROOT / "experiments" / "configs" / f"{name}.json")
-  assert cfg.lm.fused_projections and cfg.compute_dtype == "bfloat16"
-  lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
+  assert cfg.model.fused_projections and cfg.compute_dtype == "bfloat16"
+  lm = dataclasses.replace(cfg.model, num_layers=2, d_model=64, num_heads=2, d_ff=128,
                            vocab_size=300, max_seq_len=32, loss_chunk=0)
-  cfg = dataclasses.replace(cfg, lm=lm, seq_len=32, batch_size=4, grad_accum=1)
+  cfg = dataclasses.replace(cfg, model=lm, seq_len=32, batch_size=4, grad_accum=1)
   unfused_lm = dataclasses.replace(lm, fused_projections=False)
-  unfused = dataclasses.replace(cfg, lm=unfused_lm)
+  unfused = dataclasses.replace(cfg, model=unfused_lm)
   f32 = dataclasses.replace(cfg, compute_dtype="float32",
-                            lm=dataclasses.replace(unfused_lm, compute_dtype="float32"))
+                            model=dataclasses.replace(unfused_lm, compute_dtype="float32"))
   batch = {k: jax.random.randint(jax.random.key(i), (4, 32), 0, 300)
            for i, k in enumerate(("inputs", "targets"))}
 

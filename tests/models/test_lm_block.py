@@ -238,7 +238,7 @@ def test_padded_vocab_gives_the_unpadded_loss_and_gradients():
   batch = {"inputs": tokens, "targets": targets}
 
   def task_loss(c, p):
-    task = tasks.make_task(config_lib.TrainConfig(lm=c, seq_len=8, batch_size=2,
+    task = tasks.make_task(config_lib.TrainConfig(model=c, seq_len=8, batch_size=2,
                                                   warmup_steps=1, total_steps=2))
     return jax.jit(jax.value_and_grad(lambda q: task.loss(q, batch, None, True)[0]))(p)
 
@@ -322,7 +322,7 @@ def test_chunked_training_loss_matches_unchunked():
   losses = []
   for chunk in (0, 6):
     task = tasks.make_task(config_lib.TrainConfig(
-        lm=dataclasses.replace(cfg, loss_chunk=chunk), seq_len=8, batch_size=2,
+        model=dataclasses.replace(cfg, loss_chunk=chunk), seq_len=8, batch_size=2,
         warmup_steps=1, total_steps=2))
     losses.append(jax.jit(lambda p, t=task: t.loss(p, batch, None, True)[0])(params))
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
@@ -335,7 +335,7 @@ def test_dropout_prng_implementations(impl):
   key = tasks.dropout_key(rng, impl)
   assert str(jax.random.key_impl(key)) == impl
   cfg, tokens, params = _setup(norm_position="pre", dropout_rate=0.3, prng_impl=impl)
-  task = tasks.make_task(config_lib.TrainConfig(lm=cfg, seq_len=8, batch_size=2,
+  task = tasks.make_task(config_lib.TrainConfig(model=cfg, seq_len=8, batch_size=2,
                                                 warmup_steps=1, total_steps=2))
   batch = {"inputs": tokens, "targets": tokens}
   loss = jax.jit(lambda r: task.loss(params, batch, r)[0])   # one compile, two keys

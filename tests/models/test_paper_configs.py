@@ -33,7 +33,7 @@ def _closed_form(lm, vocab_rows: int) -> int:
 
 def test_gpt2_774m_parameter_count_is_exact():
   cfg = config_lib.from_json(TrainConfig, CONFIGS / "gpt2_774m.json")
-  lm = cfg.lm
+  lm = cfg.model
   assert (lm.num_layers, lm.d_model, lm.num_heads, lm.d_head, lm.d_ff, lm.max_seq_len) == (
       36, 1280, 20, 64, 5120, 1024)                     # softmax paper App D
   assert lm.norm_bias and lm.norm_op == "layer" and lm.tie_embeddings
@@ -46,7 +46,7 @@ def test_gpt2_774m_parameter_count_is_exact():
 
 def test_postnorm_48l_parameter_count_is_exact():
   cfg = config_lib.from_json(TrainConfig, CONFIGS / "postnorm_48l_d512_c4.json")
-  lm = cfg.lm
+  lm = cfg.model
   assert lm.padded_vocab_size == lm.vocab_size == 32000
   n = _count(cfg)
   assert n == _closed_form(lm, 32000) == 196_395_520

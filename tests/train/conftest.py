@@ -31,7 +31,7 @@ def tiny_lm(**overrides) -> TrainConfig:
   """A 1-layer LM on the offline Shakespeare corpus (byte tokenizer: 257 ids)."""
   lm = TransformerConfig(vocab_size=257, num_layers=1, d_model=16, num_heads=2, d_ff=32,
                          max_seq_len=16, norm_position="pre", dropout_rate=0.1)
-  base = dict(model="lm", lm=lm, seq_len=8, batch_size=8, grad_accum=2, learning_rate=1e-2,
+  base = dict(model=lm, seq_len=8, batch_size=8, grad_accum=2, learning_rate=1e-2,
               warmup_steps=2, total_steps=8, log_every=1, checkpoint_every=4, max_to_keep=1,
               diag_every=2, diag_examples=2, eval_every=4, eval_batches=2)
   base.update(overrides)
@@ -44,7 +44,7 @@ def tiny_mlp(**overrides) -> TrainConfig:
   info = dataset_info("images")
   mlp = MLPConfig(depth=2, width=16, expansion=2.0, input_dim=info.input_dim,
                   num_classes=info.num_classes)
-  base = dict(model="mlp", mlp=mlp, optimizer="adam", weight_decay=0.0, b2=0.999,
+  base = dict(model=mlp, optimizer="adam", weight_decay=0.0, b2=0.999,
               lr_schedule="constant", warmup_steps=0, learning_rate=1e-3, batch_size=16,
               total_steps=8, log_every=1, checkpoint_every=4, max_to_keep=3, diag_every=0)
   base.update(overrides)

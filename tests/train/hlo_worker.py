@@ -108,10 +108,10 @@ def shrunk_paper_config(name: str, **lm_fields):
   from rankjax.config import TrainConfig
   from tests.train.conftest import ROOT
   cfg = config_lib.from_json(TrainConfig, (ROOT / "experiments" / "configs" / name).read_text())
-  lm = dataclasses.replace(cfg.lm, num_layers=2, d_model=64, num_heads=2, d_ff=128,
+  lm = dataclasses.replace(cfg.model, num_layers=2, d_model=64, num_heads=2, d_ff=128,
                            vocab_size=1000, max_seq_len=40, vocab_multiple=128,
                            loss_chunk=256, **lm_fields)
-  return dataclasses.replace(cfg, lm=lm, seq_len=40, batch_size=64, grad_accum=2,
+  return dataclasses.replace(cfg, model=lm, seq_len=40, batch_size=64, grad_accum=2,
                              diag_examples=4)
 
 
@@ -124,7 +124,7 @@ def paper() -> None:
   out = {}
   for name in PAPER_CONFIGS:
     cfg = shrunk_paper_config(name)
-    lm = cfg.lm
+    lm = cfg.model
     for which in ("step", "diag"):
       hlo, params = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), which)
       out[f"{name}/{which}"] = collectives(hlo)
@@ -195,9 +195,9 @@ def reductions(grad_reduce_dtype: str) -> None:
 
 def main() -> None:
   assert jax.device_count() == 8, jax.devices()
-  lm = dataclasses.replace(tiny_lm().lm, num_layers=3, d_model=32, num_heads=2, d_ff=64,
+  lm = dataclasses.replace(tiny_lm().model, num_layers=3, d_model=32, num_heads=2, d_ff=64,
                            max_seq_len=16, dropout_rate=0.0)
-  cfg = tiny_lm(lm=lm, seq_len=16, batch_size=32, grad_accum=2, diag_every=0)
+  cfg = tiny_lm(model=lm, seq_len=16, batch_size=32, grad_accum=2, diag_every=0)
   out = {}
   for data, fsdp in ((1, 8), (8, 1)):
     c = build(cfg, mesh=shard_lib.make_mesh(data, fsdp))

@@ -24,15 +24,15 @@ from tests.train.conftest import tiny_lm  # noqa: E402
 
 def main() -> None:
   assert jax.device_count() == 8, jax.devices()
-  lm = dataclasses.replace(tiny_lm().lm, dropout_rate=0.0)
-  cfg = tiny_lm(lm=lm, batch_size=16, grad_accum=2, diag_every=0)
+  lm = dataclasses.replace(tiny_lm().model, dropout_rate=0.0)
+  cfg = tiny_lm(model=lm, batch_size=16, grad_accum=2, diag_every=0)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 257, size=(16, cfg.seq_len + 1)).astype(np.int32)
   host_batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
   def run(mesh, sharded_init: bool, init_host=None, zero1=False, loss_chunk=0):
-    c = build(dataclasses.replace(cfg, zero1=zero1, lm=dataclasses.replace(
-        cfg.lm, loss_chunk=loss_chunk)), mesh=mesh)
+    c = build(dataclasses.replace(cfg, zero1=zero1, model=dataclasses.replace(
+        cfg.model, loss_chunk=loss_chunk)), mesh=mesh)
     if sharded_init:
       state = c.init()
     else:

@@ -53,7 +53,7 @@ def test_train_then_rerun_resumes(cli, config_file, tmp_path, capsys, compile_ca
 
 
 @pytest.mark.parametrize("override,message", [
-    ("lm.depth=3", "unknown config key 'lm.depth' in --set"),
+    ("model.depth=3", "unknown config key 'lm.depth' in --set"),
     ("seq_len=64", "seq_len=64 exceeds the model's lm.max_seq_len=16"),
     ("diagnostics=[\"nope\"]", "unknown diagnostics ['nope']"),
     ("mesh_data=3", "mesh data=3 x fsdp=1 = 3 devices, but 1 are available"),
@@ -81,7 +81,7 @@ def test_missing_data_set_names_data_dir(tmp_path):
 
 def test_mlp_needs_input_and_class_counts(tmp_path):
   from rankjax.config import MLPConfig, TrainConfig
-  cfg = TrainConfig(model="mlp", mlp=MLPConfig(depth=2, width=8), optimizer="adam",
+  cfg = TrainConfig(model=MLPConfig(depth=2, width=8), optimizer="adam",
                     weight_decay=0.0, batch_size=4, warmup_steps=0)
   with pytest.raises(ValueError, match="set mlp.input_dim and mlp.num_classes"):
     train(cfg, tmp_path / "run")

@@ -41,7 +41,7 @@ def test_diagnostics_step_runs_registered_functions(custom):
   cfg = tiny_mlp(batch_size=8, grad_accum=2, diag_examples=3)
   task = make_task(cfg)
   params = jax.jit(task.init)(jax.random.PRNGKey(0))
-  x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, cfg.mlp.input_dim))
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, cfg.model.input_dim))
   batch = {"inputs": x, "targets": jnp.zeros((2, 4), jnp.int32)}
   grads = jax.tree.map(jnp.ones_like, params)
   state = state_lib.TrainState(params=params, opt_state=None, step=jnp.int32(6),
@@ -50,12 +50,12 @@ def test_diagnostics_step_runs_registered_functions(custom):
   out = jax.jit(lambda s, b, g: state_lib.run_diagnostics(task, cfg, diags, s, b, g, 1.5))(
       state, batch, grads)
   assert out[custom]["step"] == 7 and out[custom]["loss"] == 1.5
-  assert out[custom]["stream_rms"].shape == (cfg.mlp.depth,)
+  assert out[custom]["stream_rms"].shape == (cfg.model.depth,)
   stream = task.model.apply({"params": params}, x[-1, :3], capture=True,
                             mutable=["intermediates"])[1]["intermediates"]["stream"][0]
   np.testing.assert_allclose(out[custom]["stream_rms"],
                              np.sqrt(np.mean(np.square(stream), axis=(1, 2))), rtol=1e-5)
   basic = out["basic"]
   per_layer = np.sqrt(sum(np.prod(v.shape[1:]) for v in jax.tree.leaves(params["blocks"])))
-  np.testing.assert_allclose(basic["grad_norm"], np.full(cfg.mlp.depth, per_layer), rtol=1e-6)
-  assert basic["batch_similarity_stream"].shape == (cfg.mlp.depth,)
+  np.testing.assert_allclose(basic["grad_norm"], np.full(cfg.model.depth, per_layer), rtol=1e-6)
+  assert basic["batch_similarity_stream"].shape == (cfg.model.depth,)

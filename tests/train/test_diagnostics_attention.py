@@ -24,7 +24,7 @@ def _cfg(norm_position: str) -> TrainConfig:
                          max_seq_len=24, norm_position=norm_position, norm_op="layer",
                          ffn="gelu", init="gpt2", pos_embedding="learned", tie_embeddings=True,
                          dropout_rate=0.1, attn_dropout_rate=0.1)
-  return TrainConfig(model="lm", lm=lm, seq_len=24, batch_size=4, grad_accum=2,
+  return TrainConfig(model=lm, seq_len=24, batch_size=4, grad_accum=2,
                      warmup_steps=1, total_steps=4, diag_every=1, diag_examples=2, seed=3)
 
 
@@ -36,7 +36,7 @@ def test_default_layers():
 
 @pytest.mark.parametrize("norm_position", ["pre", pytest.param("post", marks=pytest.mark.slow)])
 def test_layer_probs_match_captured_stack(norm_position):
-  cfg = _cfg(norm_position).lm
+  cfg = _cfg(norm_position).model
   model = DecoderLM(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 24), 0, 257)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"]
@@ -71,7 +71,7 @@ def test_diagnostics_step_equals_direct_computation():
   captured = jax.jit(lambda p, x: task.model.apply({"params": p}, x, capture_probs=True,
                                                     mutable=["intermediates"])[1])
   stack = captured(params_before, examples)["intermediates"]["layers"]["attn"]["attn_probs"][0]
-  layers = da.default_layers(cfg.lm.num_layers)
+  layers = da.default_layers(cfg.model.num_layers)
   np.testing.assert_array_equal(got["layers"], layers)
   for i, layer in enumerate(layers):
     key = da.row_key(1, i)                  # the step's update number is 1
@@ -113,8 +113,8 @@ def test_experiment_configs_build(scale):
   from experiments.softmax_sensitivity import prepost_training as pt
   from rankjax.train.tasks import count_params
   cfg = pt.make_config(scale, "post", 42)
-  assert cfg.lm.norm_bias and not cfg.lm.uses_embed_norm and not cfg.lm.uses_final_norm
-  assert cfg.lm.attn_dropout_rate == 0.1 and cfg.lm.dropout_rate == 0.1
+  assert cfg.model.norm_bias and not cfg.model.uses_embed_norm and not cfg.model.uses_final_norm
+  assert cfg.model.attn_dropout_rate == 0.1 and cfg.model.dropout_rate == 0.1
   assert cfg.diagnostics == ("basic", "attention") and cfg.diag_every == 10
   assert cfg.learning_rate == (1e-3 if scale == "quick" else 3e-4)
   task = task_lib.make_task(cfg)

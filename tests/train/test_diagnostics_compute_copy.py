@@ -34,9 +34,9 @@ def _diagnostics(cfg):
                          for f, p in (("llama", "pre"), ("gpt2", "pre"), ("gpt2", "post"))]])
 def test_bf16_copy_gives_the_diagnostics_of_float32_parameters(family, placement,
                                                                monkeypatch):
-  lm = dataclasses.replace(tiny_lm().lm, norm_position=placement, dropout_rate=0.0,
+  lm = dataclasses.replace(tiny_lm().model, norm_position=placement, dropout_rate=0.0,
                            max_seq_len=32, **FAMILIES[family])
-  cfg = tiny_lm(lm=lm, seq_len=32, compute_dtype="bfloat16", diag_every=1, diag_examples=4,
+  cfg = tiny_lm(model=lm, seq_len=32, compute_dtype="bfloat16", diag_every=1, diag_examples=4,
                 diagnostics=("basic", "postnorm", "attention"))
   copy = jax.eval_shape(lambda: state_lib.compute_copy(loop.build(cfg).init().params,
                                                       "bfloat16"))

@@ -22,7 +22,7 @@ def _cfg() -> TrainConfig:
   lm = TransformerConfig(vocab_size=11, num_layers=2, d_model=8, num_heads=2, d_ff=16,
                          max_seq_len=8, norm_position="post", init="paper_collapse",
                          embed_norm=False, final_norm=True)
-  return TrainConfig(model="lm", lm=lm, seq_len=8, batch_size=4, total_steps=2,
+  return TrainConfig(model=lm, seq_len=8, batch_size=4, total_steps=2,
                      warmup_steps=0, diag_every=1, diagnostics=("postnorm",), diag_examples=3)
 
 
@@ -41,7 +41,7 @@ def test_postnorm_diagnostic_step_matches_direct_grads():
   out = jax.device_get(out["postnorm"])
   params = state.params
   tokens, targets = batch["inputs"][0, :3], batch["targets"][0, :3]
-  lm = cfg.lm
+  lm = cfg.model
   sites, _ = _forward_sites(lm, params, tokens)
 
   def ce(logits):

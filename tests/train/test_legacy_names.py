@@ -59,7 +59,7 @@ def test_run_written_with_old_names_resumes_exactly_and_loads(compile_cache, tmp
   from rankjax.train import loop
   from rankjax.train.run_reader import load_run
   cfg = tiny_lm(diag_every=0, eval_every=0, total_steps=8, checkpoint_every=4, max_to_keep=2)
-  cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, norm_position="post"))
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm_position="post"))
   full = tmp_path / "full"
   loop.train(cfg, full, progress_bar=False)
 

@@ -18,8 +18,8 @@ from tests.train.conftest import tiny_lm
 
 
 def _cfg(remat="auto", **kw):
-  lm = dataclasses.replace(tiny_lm().lm, remat=remat, dropout_rate=0.0)
-  return tiny_lm(lm=lm, diag_every=0, eval_every=0, **kw)
+  lm = dataclasses.replace(tiny_lm().model, remat=remat, dropout_rate=0.0)
+  return tiny_lm(model=lm, diag_every=0, eval_every=0, **kw)
 
 
 def test_estimate_is_its_formula_by_hand():
@@ -29,7 +29,7 @@ def test_estimate_is_its_formula_by_hand():
   logits and their gradient (loss_chunk 0)."""
   cfg = _cfg()
   params = memory.param_count(cfg)
-  lm = cfg.lm
+  lm = cfg.model
   d, f, v = 16, 32, 257
   assert params == 2 * v * d + 4 * d * d + 3 * d * f + 2 * d + d   # + norm_final gain
   tokens = 8 / 2 / 2 * 8                                  # per device
@@ -47,9 +47,9 @@ def test_estimate_is_its_formula_by_hand():
 def _deep(remat="auto"):
   """A 4-layer d=32 LM whose activations dominate its memory (T=16, 64 sequences a
   micro-batch): each remat policy's compiled peak is clearly below the last's."""
-  lm = dataclasses.replace(tiny_lm().lm, remat=remat, dropout_rate=0.0, num_layers=4,
+  lm = dataclasses.replace(tiny_lm().model, remat=remat, dropout_rate=0.0, num_layers=4,
                            d_model=32, d_ff=64, max_seq_len=16)
-  return tiny_lm(lm=lm, diag_every=0, eval_every=0, seq_len=16, batch_size=64, grad_accum=1)
+  return tiny_lm(model=lm, diag_every=0, eval_every=0, seq_len=16, batch_size=64, grad_accum=1)
 
 
 def _compiled_peaks(cfg):
@@ -101,7 +101,7 @@ def test_the_estimate_chooses_where_no_compiler_is_asked():
   for size in ("none", "dots", "full"):
     limit = _limits(cfg)[size]
     chosen, note = memory.resolve_remat(cfg, jax.device_count(), limit)
-    assert chosen.lm.remat == size and "estimated peak GB per device" in note
+    assert chosen.model.remat == size and "estimated peak GB per device" in note
 
 
 def test_compiled_peak_is_xlas_memory_analysis_of_the_step():
@@ -188,7 +188,7 @@ def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():
   tokens = jnp.zeros((2, 8), jnp.int32)
 
   def program(remat):
-    model = DecoderLM(dataclasses.replace(_cfg().lm, remat=remat))
+    model = DecoderLM(dataclasses.replace(_cfg().model, remat=remat))
     params = jax.eval_shape(model.init, jax.random.key(0), tokens)
     loss = lambda p: jnp.sum(model.apply(p, tokens))
     return str(jax.make_jaxpr(jax.grad(loss))(params))

@@ -84,7 +84,7 @@ def test_lm_flops_equal_a_count_of_every_matmul(ffn, tie, pos):
   lm = TransformerConfig(vocab_size=50, num_layers=3, d_model=16, num_heads=2, d_ff=40,
                          max_seq_len=12, ffn=ffn, tie_embeddings=tie, pos_embedding=pos,
                          norm_position="pre")
-  cfg = TrainConfig(model="lm", lm=lm, seq_len=12, batch_size=2)
+  cfg = TrainConfig(model=lm, seq_len=12, batch_size=2)
   task = tasks.make_task(cfg)
   T, d, f, V, L = 12, 16, 40, 50, 3
   per_token = L * (4 * d * d + (3 if ffn == "swiglu" else 2) * d * f) + d * V
@@ -101,7 +101,7 @@ def test_mlp_flops_count_the_matmuls_not_the_gains():
   from rankjax.train import tasks
   mlp = MLPConfig(depth=3, width=8, expansion=2.0, input_dim=5, num_classes=4,
                   norm_position="peri", norm_gain=True)
-  task = tasks.make_task(TrainConfig(model="mlp", mlp=mlp))
+  task = tasks.make_task(TrainConfig(model=mlp))
   assert task.flops_per_example() == 6 * (5 * 8 + 3 * (8 * 16 + 16 * 8) + 8 * 4)
 
 
@@ -120,7 +120,7 @@ def test_lm_flops_equal_xla_count_of_the_compiled_gradient(ffn, tie):
   lm = TransformerConfig(vocab_size=512, num_layers=2, d_model=256, num_heads=4, d_ff=768,
                          max_seq_len=64, ffn=ffn, tie_embeddings=tie, norm_position="pre",
                          attention_impl="xla", scan_unroll=2)
-  cfg = TrainConfig(model="lm", lm=lm, seq_len=64, batch_size=2)
+  cfg = TrainConfig(model=lm, seq_len=64, batch_size=2)
   task = tasks.make_task(cfg)
   params = jax.jit(task.init)(jax.random.key(0))       # one compile, not eager ops
   batch = {"inputs": jnp.zeros((2, 64), jnp.int32), "targets": jnp.zeros((2, 64), jnp.int32)}

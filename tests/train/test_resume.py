@@ -146,7 +146,7 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(reference, tmp_path, 
 
 def test_workdir_with_other_config_is_refused_naming_fields(reference):
   full = reference["lm"]
-  cfg = tiny_lm(learning_rate=5e-3, lm=dataclasses.replace(tiny_lm().lm, d_model=32))
+  cfg = tiny_lm(learning_rate=5e-3, model=dataclasses.replace(tiny_lm().model, d_model=32))
   before = (full / "metrics.jsonl").read_text()
   with pytest.raises(ValueError, match="different config") as info:
     train(cfg, full)
@@ -284,7 +284,7 @@ def test_float64_parameters_without_x64_are_refused_and_dtype_is_recorded(refere
   cfg = tiny_mlp()
   if not jax.config.jax_enable_x64:
     with pytest.raises(ValueError, match="param_dtype=float64 needs JAX's x64 mode"):
-      train(dc.replace(cfg, mlp=dc.replace(cfg.mlp, param_dtype="float64")), tmp_path / "x")
+      train(dc.replace(cfg, model=dc.replace(cfg.model, param_dtype="float64")), tmp_path / "x")
     assert not (tmp_path / "x").exists()
   assert load_run(reference["lm"]).metrics["param_dtype"] == "float32"
 
@@ -296,7 +296,7 @@ def test_classifier_with_the_wrong_input_dim_is_refused_before_training(tmp_path
   from tests.train.conftest import tiny_mlp
 
   cfg = tiny_mlp()
-  bad = dataclasses.replace(cfg, mlp=dataclasses.replace(cfg.mlp, input_dim=cfg.mlp.input_dim + 1))
-  with pytest.raises(ValueError, match=f"model input_dim={bad.mlp.input_dim} does not match"):
+  bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, input_dim=cfg.model.input_dim + 1))
+  with pytest.raises(ValueError, match=f"model input_dim={bad.model.input_dim} does not match"):
     loop.train(bad, tmp_path / "run", progress_bar=False)
   assert not (tmp_path / "run" / "checkpoints").exists()

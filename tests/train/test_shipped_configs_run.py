@@ -28,9 +28,9 @@ CONFIGS_DIR = ROOT / "experiments" / "configs"
 CONFIGS = sorted(CONFIGS_DIR.glob("*.json"))
 RUN = ["total_steps=2", "warmup_steps=0", "batch_size=4", "grad_accum=2", "checkpoint_every=2",
        "eval_every=2", "eval_batches=1", "diag_every=1", "diag_examples=2", "log_every=1"]
-TINY_LM = ["lm.num_layers=2", "lm.d_model=16", "lm.num_heads=2", "lm.d_ff=32",
-           "lm.max_seq_len=24", "seq_len=20"]   # the attention diagnostic reads t >= 16
-TINY_MLP = ["mlp.depth=2", "mlp.width=16"]
+TINY_LM = ["model.num_layers=2", "model.d_model=16", "model.num_heads=2", "model.d_ff=32",
+           "model.max_seq_len=24", "seq_len=20"]   # the attention diagnostic reads t >= 16
+TINY_MLP = ["model.depth=2", "model.width=16"]
 OFFLINE_TEXT = ["tokenizer=byte", "dataset=null", "data_dir=null"]
 
 
@@ -49,7 +49,7 @@ def no_fashion_mnist(tmp_path, monkeypatch):
 
 def _tiny(path) -> TrainConfig:
   cfg = config_lib.from_json(TrainConfig, path)
-  return config_lib.override(cfg, (TINY_LM if cfg.model == "lm" else TINY_MLP) + RUN)
+  return config_lib.override(cfg, (TINY_LM if cfg.model.kind == "transformer" else TINY_MLP) + RUN)
 
 
 def _run_or_one_line(cfg: TrainConfig, workdir):
@@ -70,18 +70,18 @@ def test_shipped_config_runs_at_tiny_size(path, tmp_path, compile_cache):
   if path.stem in RUNS_AS_SHIPPED:
     assert line is None, line
   if line is not None:
-    if cfg.model == "lm":
+    if cfg.model.kind == "transformer":
       assert "does not exist" in line or "not prepared" in line, line
       cfg = config_lib.override(cfg, OFFLINE_TEXT)
     else:
       assert FASHION_LINE in line, line
-      cfg = config_lib.override(cfg, ["dataset=digits", "mlp.input_dim=64"])
+      cfg = config_lib.override(cfg, ["dataset=digits", "model.input_dim=64"])
     result = train(cfg, tmp_path / "run", progress_bar=False)
   assert (result.status, result.step) == ("completed", 2)
   run = load_run(tmp_path / "run")
   assert [r["step"] for r in run.history if r.get("kind") == "eval"] == [2]
   assert run.diagnostics and list(run.diagnostic_steps) == [1, 2]
-  if cfg.model == "mlp":
+  if cfg.model.kind == "mlp":
     assert run.metrics["data"] == cfg.dataset    # the set used is named, never a fallback
 
 
@@ -91,12 +91,12 @@ def test_mlp_classifier_config_reads_a_set_every_install_has():
   from rankjax import data
   shipped = config_lib.from_json(TrainConfig, CONFIGS_DIR / "mlp_classifier.json")
   fashion = config_lib.from_json(TrainConfig, CONFIGS_DIR / "mlp_classifier_fashion_mnist.json")
-  assert (shipped.dataset, shipped.mlp.input_dim) == ("digits", 64)
+  assert (shipped.dataset, shipped.model.input_dim) == ("digits", 64)
   info = data.dataset_info("images", dataset=shipped.dataset)
   assert info.name == "digits"
-  data.check_model_fits(info, input_dim=shipped.mlp.input_dim,
-                        num_classes=shipped.mlp.num_classes)
-  assert (fashion.dataset, fashion.mlp.input_dim) == ("fashion_mnist", 784)
+  data.check_model_fits(info, input_dim=shipped.model.input_dim,
+                        num_classes=shipped.model.num_classes)
+  assert (fashion.dataset, fashion.model.input_dim) == ("fashion_mnist", 784)
   assert config_lib.diff(shipped, fashion) == {
       "dataset": ("digits", "fashion_mnist"), "mlp.input_dim": (64, 784)}
 

@@ -86,7 +86,7 @@ def test_schedule_is_optax_warmup_cosine_up_to_rounding(warmup, total, ratio):
 
 def test_grad_accumulation_equals_one_large_batch():
   """k=4 micro-batches of 2 vs one batch of 8: loss and gradients, float32 tolerance."""
-  cfg = tiny_lm(lm=dataclasses.replace(tiny_lm().lm, dropout_rate=0.0), batch_size=8)
+  cfg = tiny_lm(model=dataclasses.replace(tiny_lm().model, dropout_rate=0.0), batch_size=8)
   task = make_task(cfg)
   params = jax.jit(task.init)(jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (8, cfg.seq_len + 1), 0, 257)
@@ -128,7 +128,7 @@ def test_adam_needs_zero_weight_decay_and_seq_len_fits_model():
 
 
 def test_bfloat16_compute_keeps_float32_params_and_grads():
-  cfg = tiny_lm(lm=dataclasses.replace(tiny_lm().lm, dropout_rate=0.0))
+  cfg = tiny_lm(model=dataclasses.replace(tiny_lm().model, dropout_rate=0.0))
   f32, bf16 = make_task(cfg), make_task(dataclasses.replace(cfg, compute_dtype="bfloat16"))
   assert bf16.model.cfg.compute_dtype == "bfloat16"
   params = jax.jit(f32.init)(jax.random.PRNGKey(0))

@@ -1,0 +1,334 @@
+"""Configs to and from dicts and JSON, ``key=value`` overrides (``--set``) and diffs.
+
+A config's JSON form is its fields, nested configs as objects. A field holding one of a
+family of configs (``Tagged``: the model of a ``TrainConfig``) is tagged with the
+member's kind: ``"model": {"kind": "transformer", "d_model": 512, ...}``. A class with
+``JSON_FORMAT`` (``TrainConfig``) writes ``"format": JSON_FORMAT`` and refuses JSON of
+another format in one line; ``convert_file`` rewrites a config of format 1 (a
+``"model"`` name beside ``"lm"`` and ``"mlp"`` objects) as format 2
+(``rankjax convert-config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import types
+import typing
+from typing import Any, Mapping, Sequence, TypeVar
+
+C = TypeVar("C")
+
+# The JSON layout of a TrainConfig: 2, one tagged "model" object. Format 1 (no "format"
+# key) had ``"model": "lm"`` or ``"mlp"`` beside both models' objects ``"lm"``, ``"mlp"``.
+FORMAT = 2
+_FORMAT1_MODELS = {"lm": "transformer", "mlp": "mlp"}
+
+
+class JsonConfig:
+  """``Config.from_json(path_or_text)`` / ``cfg.to_json(path=None)`` on every config
+  (the module functions ``from_json(cls, ...)`` / ``to_json(cfg, ...)`` do the same)."""
+
+  @classmethod
+  def from_json(cls, path_or_text):
+    return from_json(cls, path_or_text)
+
+  def to_json(self, path=None) -> str:
+    return to_json(self, path)
+
+
+class Tagged(JsonConfig):
+  """The root of a family of configs whose JSON form names the member:
+  ``{"kind": KIND, **fields}``. The family (``models.ModelConfig``) maps kinds to
+  classes and back: ``kinds()``, ``of_kind(kind)`` (a one-line ValueError for an
+  unknown kind) and ``kind_of_class()``."""
+
+  @property
+  def kind(self) -> str:
+    """This config's kind (its class's)."""
+    return type(self).kind_of_class()
+
+  @classmethod
+  def kind_of_class(cls) -> str:
+    raise NotImplementedError
+
+  @classmethod
+  def kinds(cls) -> list[str]:
+    raise NotImplementedError
+
+  @classmethod
+  def of_kind(cls, kind: Any) -> type:
+    raise NotImplementedError
+
+
+class FormatError(ValueError):
+  """A JSON config of another format than this code's (``FORMAT``)."""
+
+
+def _plain(value: Any) -> Any:
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return to_dict(value)
+  if isinstance(value, (list, tuple)):
+    return type(value)(_plain(v) for v in value)
+  if isinstance(value, dict):
+    return {k: _plain(v) for k, v in value.items()}
+  return value
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+  """The fields of ``cfg`` as a dict, nested configs as dicts (a ``Tagged`` one with
+  its ``"kind"`` first), ``"format"`` first for a class with ``JSON_FORMAT``."""
+  out: dict[str, Any] = {}
+  if getattr(type(cfg), "JSON_FORMAT", None) is not None:
+    out["format"] = type(cfg).JSON_FORMAT
+  if isinstance(cfg, Tagged):
+    out["kind"] = cfg.kind
+  for f in dataclasses.fields(cfg):
+    out[f.name] = _plain(getattr(cfg, f.name))
+  return out
+
+
+def _family(hint: Any) -> type | None:
+  """The ``Tagged`` family a field's type names, else None."""
+  return hint if isinstance(hint, type) and issubclass(hint, Tagged) else None
+
+
+def _dataclass_type(hint: Any) -> type | None:
+  if dataclasses.is_dataclass(hint):
+    return hint
+  if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+    for arg in typing.get_args(hint):
+      if dataclasses.is_dataclass(arg):
+        return arg
+  return None
+
+
+def written_format(data: Mapping[str, Any]) -> Any:
+  """The format a TrainConfig's JSON object was written in: its ``"format"``, else 1
+  when it has format 1's layout (a ``"model"`` name, ``"lm"`` / ``"mlp"`` objects),
+  else ``FORMAT`` (a hand-written config of today's layout)."""
+  if "format" in data:
+    return data["format"]
+  old = isinstance(data.get("model"), str) or "lm" in data or "mlp" in data
+  return 1 if old else FORMAT
+
+
+def _check_format(data: Mapping[str, Any], cls: type) -> None:
+  written = written_format(data)
+  if written == cls.JSON_FORMAT:
+    return
+  if isinstance(written, int) and not isinstance(written, bool) and written < cls.JSON_FORMAT:
+    raise FormatError(
+        f"written by rankjax before config format {cls.JSON_FORMAT} (a \"model\" name "
+        "beside \"lm\" / \"mlp\" objects): convert it with rankjax convert-config "
+        "(its config.json or its run folder)")
+  raise FormatError(f"has config format {written!r}; this rankjax reads format "
+                    f"{cls.JSON_FORMAT}: use the rankjax that wrote it")
+
+
+def _tagged(name: str, family: type, value: Any) -> Any:
+  if not isinstance(value, Mapping) or "kind" not in value:
+    kind = value if isinstance(value, str) else "KIND"
+    raise ValueError(f"{name}={value!r} must be an object with a \"kind\" (one of "
+                     f"{family.kinds()}) and that kind's fields; --set {name}.kind={kind} "
+                     "switches kind")
+  cls = family.of_kind(value["kind"])
+  return from_dict(cls, {k: v for k, v in value.items() if k != "kind"})
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+  """Builds ``cls`` from a (nested) dict; unknown keys raise ValueError. A dict of
+  another ``JSON_FORMAT`` raises ``FormatError``."""
+  if not isinstance(data, Mapping):
+    raise ValueError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+  if getattr(cls, "JSON_FORMAT", None) is not None:
+    _check_format(data, cls)
+    data = {k: v for k, v in data.items() if k != "format"}
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(data) - set(fields))
+  if unknown:
+    what = (f"model kind {cls.kind_of_class()!r} ({cls.__name__})"
+            if issubclass(cls, Tagged) else cls.__name__)
+    raise ValueError(f"unknown {what} field(s) {unknown}; known fields: {sorted(fields)}")
+  hints = typing.get_type_hints(cls)
+  kwargs = {}
+  for name, value in data.items():
+    family, sub = _family(hints[name]), _dataclass_type(hints[name])
+    if family is not None:
+      kwargs[name] = _tagged(name, family, value)
+    else:
+      kwargs[name] = from_dict(sub, value) if sub is not None else value
+  return cls(**kwargs)
+
+
+def to_json(cfg: Any, path: str | pathlib.Path | None = None) -> str:
+  """The JSON text of ``cfg``; with ``path`` (local or an ``etils.epath`` URL) also
+  written there."""
+  text = json.dumps(to_dict(cfg), indent=2, sort_keys=True)
+  if path is not None:
+    from etils import epath
+    epath.Path(path).write_text(text + "\n")
+  return text
+
+
+def _read_json(path_or_text: str | pathlib.Path) -> tuple[Any, str]:
+  """(the parsed JSON, the name of its source) of a file path or a JSON string."""
+  text, source = str(path_or_text), "config"
+  if not text.lstrip().startswith("{"):
+    from rankjax import storage
+    path = storage.as_path(text, "config file")
+    if not path.is_file():
+      raise ValueError(f"config file {path} " + ("is a folder, not a JSON file"
+                                                 if path.is_dir() else "does not exist"))
+    text, source = path.read_text(), f"config {path}"
+  try:
+    return json.loads(text), source
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{source} is not valid JSON: {e}") from None
+
+
+def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
+  """Loads ``cls`` from a JSON file path or a JSON string."""
+  data, source = _read_json(path_or_text)
+  try:
+    return from_dict(cls, data)
+  except FormatError as e:
+    raise FormatError(f"{source} {e}") from None
+
+
+def convert_format1(data: Mapping[str, Any]) -> dict[str, Any]:
+  """A TrainConfig's JSON object of format 1 in format 2: the ``"lm"`` or ``"mlp"``
+  object the ``"model"`` name chose, tagged (``transformer`` / ``mlp``; the other
+  dropped); an LM's ``"remat": true/false`` as ``"full"`` / ``"none"``."""
+  rest = {k: v for k, v in data.items() if k not in ("model", "lm", "mlp", "format")}
+  name = data.get("model", "lm")
+  if name not in _FORMAT1_MODELS:
+    raise ValueError(f"model {name!r} is a plug-in's: its format 1 config cannot be "
+                     f"converted; write its \"model\" object ({{\"kind\": {name!r}, ...}}) "
+                     "by hand")
+  model = {"kind": _FORMAT1_MODELS[name], **data.get(name, {})}
+  if isinstance(model.get("remat"), bool):
+    model["remat"] = "full" if model["remat"] else "none"
+  return {"format": FORMAT, "model": model, **rest}
+
+
+def convert_file(path: str | pathlib.Path, cls: type) -> tuple[Any, Any]:
+  """Rewrites the format 1 config file ``path`` (or a run folder's ``config.json``) in
+  format 2, after checking that ``cls`` reads the result; the original is kept beside
+  it as ``<name>.format1``. Returns (the rewritten path, the backup's path).
+
+  Raises:
+    ValueError (one line): no such file, not JSON, not format 1, or the converted config
+      is invalid (nothing written then).
+  """
+  from rankjax import storage
+  path = storage.as_path(path, "config")
+  if path.is_dir():
+    path = path / "config.json"
+  data, source = _read_json(path)
+  if not isinstance(data, Mapping):
+    raise ValueError(f"{source} is not a JSON object")
+  written = written_format(data)
+  if written != 1:
+    raise ValueError(f"{source} has config format {written!r}, not 1: nothing to convert")
+  new = convert_format1(data)
+  try:
+    from_dict(cls, new)
+  except ValueError as e:
+    raise ValueError(f"{source} converted is not a valid config ({e}); nothing written") from None
+  backup = path.parent / (path.name + ".format1")
+  if backup.exists():
+    raise ValueError(f"{backup} exists already: move it aside to convert {path} again")
+  storage.write_text_atomic(backup, path.read_text())
+  storage.write_text_atomic(path, json.dumps(new, indent=2, sort_keys=True) + "\n")
+  return path, backup
+
+
+def _json_or_text(raw: str) -> Any:
+  try:
+    return json.loads(raw)
+  except json.JSONDecodeError:
+    return raw
+
+
+def _node_class(parent: type, name: str, node: Mapping[str, Any]) -> type | None:
+  """The config class of the dict ``node``, the field ``name`` of a ``parent``."""
+  hint = typing.get_type_hints(parent)[name]
+  family = _family(hint)
+  if family is not None:
+    return family.of_kind(node.get("kind"))
+  return _dataclass_type(hint)
+
+
+def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
+  """Applies ``key=value`` strings (``--set``; ``option`` names the flag in errors);
+  dotted keys reach nested configs (``model.d_model=1024``).
+
+  Values are parsed as JSON when possible (``depth=48``, ``beta=0.5``,
+  ``p_norm=null``, ``norm_gain=true``), otherwise taken as strings. A list field
+  takes ``a,b`` (each item parsed the same way) or a JSON list (``["a", "b"]``).
+  ``model.kind=KIND`` switches the model to that kind's defaults (later assignments
+  then set its fields; the same kind changes nothing); a field the model's kind lacks
+  is refused naming the kind and its fields. Assignments apply in order. ``cfg`` is
+  valid, so a config the assignments make invalid is refused naming ``option`` (and
+  both list syntaxes when a list field was set).
+  """
+  data = to_dict(cfg)
+  lists = []
+  for item in assignments:
+    if "=" not in item:
+      raise ValueError(f"{option} expects key=value, got {item!r}")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    value = _json_or_text(raw)
+    node, cls, parts = data, type(cfg), key.split(".")
+    for part in parts[:-1]:
+      if not isinstance(node.get(part), dict):
+        raise ValueError(f"unknown config key {key!r} in {option}")
+      node, cls = node[part], _node_class(cls, part, node[part])
+    leaf, tagged = parts[-1], cls is not None and issubclass(cls, Tagged)
+    if tagged and leaf == "kind":
+      try:
+        new = cls.of_kind(value)
+      except ValueError as e:
+        raise ValueError(f"{option} {key}: {e}") from None
+      if new is not cls:
+        node.clear()
+        node.update(to_dict(new()))
+      continue
+    if leaf not in node:
+      if tagged:
+        raise ValueError(f"{option} {key}: model kind {node['kind']!r} has no field {leaf!r}; "
+                         f"its fields: {sorted(k for k in node if k != 'kind')}")
+      raise ValueError(f"unknown config key {key!r} in {option}; known keys: {sorted(node)}")
+    if isinstance(node[leaf], (list, tuple)):
+      lists.append(key)
+      if not isinstance(value, list):
+        value = [_json_or_text(v.strip()) for v in raw.split(",") if v.strip()]
+    node[leaf] = value
+  try:
+    return from_dict(type(cfg), data)
+  except ValueError as e:
+    syntax = (f" (a list is written {option} {lists[0]}=a,b or {option} "
+              f"'{lists[0]}=[\"a\", \"b\"]')" if lists else "")
+    raise ValueError(f"{option}: {e}{syntax}") from None
+
+
+def diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
+  """Flat {dotted.key: (a_value, b_value)} of the fields where two configs differ (a
+  nested config of another kind: its ``kind`` alone)."""
+  out: dict[str, tuple[Any, Any]] = {}
+
+  def walk(x, y, prefix):
+    for k in sorted(set(x) | set(y)):
+      xv, yv = x.get(k), y.get(k)
+      if isinstance(xv, dict) and isinstance(yv, dict) and xv.get("kind") != yv.get("kind"):
+        out[f"{prefix}{k}.kind"] = (xv["kind"], yv["kind"])   # other kinds: other fields
+      elif isinstance(xv, dict) and isinstance(yv, dict):
+        walk(xv, yv, f"{prefix}{k}.")
+      elif xv != yv:
+        out[f"{prefix}{k}"] = (xv, yv)
+
+  walk(to_dict(a), to_dict(b), "")
+  return out
