@@ -1,6 +1,8 @@
-"""Config validation (one test per rule), JSON round trips and --set overrides."""
+"""Config validation (one test per rule), JSON round trips, --set overrides, the model
+kinds and the JSON format."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -98,7 +100,8 @@ def test_every_string_choice_is_a_literal_checked_from_its_annotation(cls):
 
 def test_train_config_choices_from_json_and_set():
   cfg = config.override(TrainConfig(), ["optimizer=adam", "weight_decay=0", "lr_schedule=constant",
-                                        "compute_dtype=bfloat16", "model.activation=swiglu"])
+                                        "compute_dtype=bfloat16", "model.kind=mlp",
+                                        "model.activation=swiglu"])
   assert (cfg.optimizer, cfg.lr_schedule, cfg.compute_dtype) == ("adam", "constant", "bfloat16")
   assert config.from_json(TrainConfig, config.to_json(cfg)) == cfg
   with pytest.raises(ValueError, match=r"lr_schedule='linear' is not allowed; choose one of "
@@ -116,8 +119,8 @@ def test_train_config_rules():
     TrainConfig(batch_size=10, grad_accum=3)
   with pytest.raises(ValueError, match="learning_rate"):
     TrainConfig(learning_rate=0.0)
-  with pytest.raises(ValueError, match="model"):
-    TrainConfig(model="")         # which names train: tasks.require_task (test_plugins)
+  with pytest.raises(ValueError, match="model='lm' must be a model config"):
+    TrainConfig(model="lm")       # which kinds train: tasks.require_task (test_plugins)
 
 
 def test_norm_position_shorthand_and_overrides():
@@ -166,7 +169,7 @@ def test_override_parses_values_and_nested_keys():
   assert cfg.model.num_layers == 4 and cfg.learning_rate == 1e-3
   assert cfg.model.norm_position == "pre" and cfg.model.p_norm is None
   with pytest.raises(ValueError, match="unknown config key 'lm.depth'"):
-    config.override(TrainConfig(), ["model.depth=3"])
+    config.override(TrainConfig(), ["lm.depth=3"])
   with pytest.raises(ValueError, match="key=value"):
     config.override(TrainConfig(), ["depth"])
   with pytest.raises(ValueError, match="depth"):
@@ -188,7 +191,9 @@ def test_list_field_takes_a_comma_list_or_json_and_says_both_when_it_refuses():
 def test_diff_names_differing_fields():
   a = TrainConfig(learning_rate=6e-4, model=TransformerConfig(num_layers=48))
   b = dataclasses.replace(a, learning_rate=1e-3, model=dataclasses.replace(a.model, num_layers=4))
-  assert config.diff(a, b) == {"learning_rate": (6e-4, 1e-3), "lm.num_layers": (48, 4)}
+  assert config.diff(a, b) == {"learning_rate": (6e-4, 1e-3), "model.num_layers": (48, 4)}
+  mlp = dataclasses.replace(a, model=MLPConfig())
+  assert config.diff(a, mlp) == {"model.kind": ("transformer", "mlp")}   # other fields
 
 
 def test_configs_are_frozen():
@@ -206,3 +211,129 @@ def test_gpt2_fields_are_checked_and_default_off():
                               ("ffn", "relu", "not allowed")]:
     with pytest.raises(ValueError, match=match):
       TransformerConfig(**{field: value})
+
+
+def test_check_is_the_one_rule_helper():
+  config.check("depth", 3, "positive int")
+  config.check("input_dim", None, "positive int", optional=True)
+  for value, rule, message in [
+      (0, "positive int", "depth=0 must be a positive integer"),
+      (True, "positive int", "depth=True must be a positive integer"),
+      (-1.0, "non-negative", "depth=-1.0 must be a non-negative number"),
+      (1.0, "rate", "depth=1.0 must be a number in [0, 1)"),
+      (1, "bool", "depth=1 must be true or false"),
+      ("x", "int", "depth='x' must be an integer")]:
+    with pytest.raises(ValueError) as e:
+      config.check("depth", value, rule)
+    assert str(e.value) == message
+  with pytest.raises(ValueError) as e:
+    config.check("skip_every", -1, "non-negative int", optional=True, note="0: no skips")
+  assert str(e.value) == "skip_every=-1 must be an integer >= 0 or null (0: no skips)"
+
+
+def test_model_json_is_tagged_with_its_kind_and_written_with_the_format():
+  data = config.to_dict(TrainConfig(model=MLPConfig(depth=3)))
+  assert data["format"] == config.FORMAT == 2
+  assert data["model"]["kind"] == "mlp" and data["model"]["depth"] == 3
+  assert "lm" not in data and "mlp" not in data
+  assert config.from_dict(TrainConfig, data).model == MLPConfig(depth=3)
+  assert MLPConfig.from_json(MLPConfig(depth=3).to_json()) == MLPConfig(depth=3)
+  with pytest.raises(ValueError, match="MLPConfig reads model kind 'mlp', not 'transformer'"):
+    config.from_json(MLPConfig, TransformerConfig().to_json())
+  assert TrainConfig().model == TransformerConfig() and TrainConfig().model.kind == "transformer"
+  untagged = {**data, "model": {"depth": 3}}
+  with pytest.raises(ValueError, match=r"^model=\{'depth': 3\} must be an object with a "
+                                       r"\"kind\" \(one of \['mlp', 'transformer'\]\)"):
+    config.from_dict(TrainConfig, untagged)
+  with pytest.raises(ValueError, match=r"unknown MLPConfig field\(s\) \['d_model'\] "
+                                       r"\(model kind 'mlp'\)"):
+    config.from_dict(TrainConfig, {**data, "model": {"kind": "mlp", "d_model": 8}})
+  with pytest.raises(ValueError, match="model kind 'cnn' is not registered; choose one of "
+                                       r"\['mlp', 'transformer'\]"):
+    config.from_dict(TrainConfig, {**data, "model": {"kind": "cnn"}})
+
+
+def test_set_addresses_model_fields_and_switches_kind_to_its_defaults():
+  cfg = config.override(TrainConfig(), ["model.d_model=1024", "model.num_heads=8"])
+  assert (cfg.model.d_model, cfg.model.num_heads) == (1024, 8)
+  mlp = config.override(cfg, ["model.kind=mlp", "model.depth=3", "optimizer=adam",
+                              "weight_decay=0"])
+  assert mlp.model == MLPConfig(depth=3)                  # the kind's defaults, then depth
+  assert config.override(mlp, ["model.kind=mlp"]) == mlp  # the same kind: nothing changes
+  for sets, message in [
+      (["model.kind=mlp", "model.d_model=8"],
+       "--set model.d_model: model kind 'mlp' has no field 'd_model'; its fields: "),
+      (["model.kind=cnn"], "--set model.kind: model kind 'cnn' is not registered"),
+      (["model=mlp"], "--set: model='mlp' must be an object with a \"kind\" (one of "
+                      "['mlp', 'transformer']) and that kind's fields; --set model.kind=mlp "
+                      "switches kind")]:
+    with pytest.raises(ValueError) as e:
+      config.override(TrainConfig(), sets)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_plugin_registers_its_model_config():
+  @dataclasses.dataclass(frozen=True)
+  class TinyConfig(config.ModelConfig):
+    width: int = 4
+
+  try:
+    config.register_model_config("tiny_test_kind", TinyConfig)
+    cfg = config.override(TrainConfig(), ["model.kind=tiny_test_kind", "model.width=8"])
+    assert cfg.model == TinyConfig(width=8) and cfg.model.kind == "tiny_test_kind"
+    assert config.from_json(TrainConfig, config.to_json(cfg)) == cfg
+    with pytest.raises(ValueError, match="registered as model kind 'tiny_test_kind' already"):
+      config.register_model_config("other_kind", TinyConfig)
+  finally:
+    config.MODEL_CONFIGS.pop("tiny_test_kind", None)
+  with pytest.raises(ValueError, match="must be a dataclass subclassing"):
+    config.register_model_config("x", dict)
+
+  @dataclasses.dataclass(frozen=True)
+  class NoDefaults(config.ModelConfig):
+    width: int
+
+  with pytest.raises(ValueError, match=r"NoDefaults\(\) must build with its defaults"):
+    config.register_model_config("x", NoDefaults)
+  assert "x" not in config.MODEL_CONFIGS
+
+
+FORMAT1 = {"model": "lm", "lm": {"num_layers": 2, "remat": True},
+           "mlp": {"depth": 3}, "learning_rate": 1e-3}
+
+
+def test_format_1_json_is_refused_in_one_line_naming_the_format(tmp_path):
+  path = tmp_path / "config.json"
+  path.write_text(json.dumps(FORMAT1))
+  with pytest.raises(config.FormatError) as e:
+    config.from_json(TrainConfig, path)
+  assert str(e.value) == (
+      f"config {path} written by rankjax before config format 2 (a \"model\" name beside "
+      "\"lm\" / \"mlp\" objects): convert it with rankjax convert-config (its config.json "
+      "or its run folder)")
+  with pytest.raises(config.FormatError, match="has config format 3; this rankjax reads "
+                                               "format 2: use the rankjax that wrote it"):
+    config.from_json(TrainConfig, json.dumps({"format": 3}))
+  with pytest.raises(config.FormatError, match="before config format 2"):
+    config.from_dict(TrainConfig, {"lm": {}})             # no "model" name, the old objects
+
+
+def test_convert_file_rewrites_format_1_and_keeps_the_original(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps(FORMAT1))
+  path, backup = config.convert_file(tmp_path, TrainConfig)      # a run folder
+  assert path == tmp_path / "config.json" and backup == tmp_path / "config.json.format1"
+  assert json.loads(backup.read_text()) == FORMAT1
+  cfg = config.from_json(TrainConfig, path)
+  assert cfg == TrainConfig(model=TransformerConfig(num_layers=2, remat="full"),
+                            learning_rate=1e-3)
+  with pytest.raises(ValueError, match="has config format 2, not 1: nothing to convert"):
+    config.convert_file(path, TrainConfig)
+  plugin = tmp_path / "plugin.json"
+  plugin.write_text(json.dumps({"model": "plain_mlp", "mlp": {"depth": 2}}))
+  with pytest.raises(ValueError, match="model 'plain_mlp' is a plug-in's"):
+    config.convert_file(plugin, TrainConfig)
+  bad = tmp_path / "bad.json"
+  bad.write_text(json.dumps({"model": "mlp", "mlp": {"depth": 0}}))
+  with pytest.raises(ValueError, match=r"converted is not a valid config \(depth=0 must be"):
+    config.convert_file(bad, TrainConfig)
+  assert not (tmp_path / "bad.json.format1").exists()

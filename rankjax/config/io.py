@@ -133,8 +133,7 @@ def _tagged(name: str, family: type, value: Any) -> Any:
     raise ValueError(f"{name}={value!r} must be an object with a \"kind\" (one of "
                      f"{family.kinds()}) and that kind's fields; --set {name}.kind={kind} "
                      "switches kind")
-  cls = family.of_kind(value["kind"])
-  return from_dict(cls, {k: v for k, v in value.items() if k != "kind"})
+  return from_dict(family.of_kind(value["kind"]), value)
 
 
 def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
@@ -145,12 +144,18 @@ def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
   if getattr(cls, "JSON_FORMAT", None) is not None:
     _check_format(data, cls)
     data = {k: v for k, v in data.items() if k != "format"}
+  kind = ""
+  if issubclass(cls, Tagged):         # a member read on its own: its tag, if any, is its own
+    kind = f" (model kind {cls.kind_of_class()!r})"
+    if data.get("kind", cls.kind_of_class()) != cls.kind_of_class():
+      raise ValueError(f"{cls.__name__} reads model kind {cls.kind_of_class()!r}, not "
+                       f"{data['kind']!r}")
+    data = {k: v for k, v in data.items() if k != "kind"}
   fields = {f.name: f for f in dataclasses.fields(cls)}
   unknown = sorted(set(data) - set(fields))
   if unknown:
-    what = (f"model kind {cls.kind_of_class()!r} ({cls.__name__})"
-            if issubclass(cls, Tagged) else cls.__name__)
-    raise ValueError(f"unknown {what} field(s) {unknown}; known fields: {sorted(fields)}")
+    raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{kind}; known fields: "
+                     f"{sorted(fields)}")
   hints = typing.get_type_hints(cls)
   kwargs = {}
   for name, value in data.items():

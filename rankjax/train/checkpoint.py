@@ -115,7 +115,7 @@ def check_workdir_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> boo
   path = config_path(workdir)
   if not path.exists():
     return False
-  saved = config_lib.from_json(TrainConfig, path.read_text())
+  saved = config_lib.from_json(TrainConfig, path)
   differ = {k: v for k, v in config_lib.diff(saved, cfg).items() if k not in RESUMABLE_FIELDS}
   if differ:
     fields = ", ".join(f"{k}: {a!r} (saved) vs {b!r} (given)" for k, (a, b) in differ.items())

@@ -137,7 +137,7 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
   cfg_path = ckpt_lib.config_path(workdir)
   if not cfg_path.exists():
     raise FileNotFoundError(f"{workdir} holds no rankjax run (no config.json)")
-  cfg = config_lib.from_json(TrainConfig, cfg_path.read_text())
+  cfg = config_lib.from_json(TrainConfig, cfg_path)
   task_lib.require_task(cfg)    # a plug-in model's module must be imported first
   directory = ckpt_lib.checkpoint_dir(workdir)
   if not directory.is_dir():
