@@ -66,24 +66,40 @@ def test_import_errors_are_one_line(tmp_path):
     plugins.import_module(str(tmp_path / "missing.py"))
 
 
-def test_unknown_model_names_the_registry(tmp_path):
-  """A config names any task; training it (or reading its run) needs it registered."""
+def test_a_model_kind_without_a_task_names_the_registry(tmp_path, monkeypatch):
+  """A registered model config of any kind builds; training it (or reading its run)
+  needs a task registered for the kind."""
+  import dataclasses
+  from rankjax.config import ModelConfig
   from rankjax.train import loop, tasks
-  cfg = TrainConfig(model="nope")
-  message = r"model='nope' is not allowed; choose one of \[.*'lm'.*'mlp'.*register_task"
+
+  @dataclasses.dataclass(frozen=True)
+  class NopeConfig(ModelConfig):
+    width: int = 4
+
+  monkeypatch.setitem(config_lib.MODEL_CONFIGS, "nope", NopeConfig)
+  cfg = TrainConfig(model=NopeConfig())
+  message = (r"model kind 'nope' has no task; choose one of \[.*'mlp'.*'transformer'.*"
+             "register_task")
   with pytest.raises(ValueError, match=message):
     tasks.make_task(cfg)
   with pytest.raises(ValueError, match=message):
     loop.train(cfg, tmp_path / "run", progress_bar=False)
   assert not (tmp_path / "run").exists()                 # refused before anything is written
-  with pytest.raises(ValueError, match="non-empty name of a task"):
-    TrainConfig(model="")
+  with pytest.raises(ValueError, match="model='mlp' must be a model config"):
+    TrainConfig(model="mlp")
+
+
+def _source(module: str) -> pathlib.Path:
+  """The file of ``module``: ``a/b.py``, or a package's ``a/b/__init__.py``."""
+  path = ROOT / module.replace(".", "/")
+  return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def _rankjax_imports(module: str) -> set[str]:
   """The rankjax modules ``module``'s source imports (anywhere in it, lazy ones too)."""
   import ast
-  tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+  tree = ast.parse(_source(module).read_text())
   out = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
@@ -91,19 +107,22 @@ def _rankjax_imports(module: str) -> set[str]:
     elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rankjax"):
       for a in node.names:   # `from rankjax.train import loop` imports a module
         sub = f"{node.module}.{a.name}"
-        out.add(sub if (ROOT / (sub.replace(".", "/") + ".py")).exists() else node.module)
+        out.add(sub if _source(sub).exists() else node.module)
   return out
 
 
 def test_config_imports_nothing_above_it():
-  """rankjax.config imports, transitively, only the leaf rankjax.storage (etils):
-  no model, task or training module (they import config; no cycle)."""
+  """rankjax.config (a package) imports, transitively, only its own modules and the
+  leaf rankjax.storage (etils): no model, task or training module (they import config;
+  no cycle)."""
   seen, todo = set(), ["rankjax.config"]
   while todo:
     for m in _rankjax_imports(todo.pop()) - seen:
       seen.add(m)
       todo.append(m)
-  assert seen == {"rankjax.storage"}, seen
+  own = {f"rankjax.config.{p.stem}" for p in (ROOT / "rankjax" / "config").glob("*.py")
+         if p.stem != "__init__"}
+  assert seen == own | {"rankjax.storage"}, seen
 
 
 @pytest.mark.slow
@@ -116,8 +135,9 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
   workdir = tmp_path / "run"
   config = ROOT / "experiments" / "configs" / "mlp_classifier.json"
   argv = ["train", "--import", str(EXAMPLE), "--config", str(config), "--workdir",
-          str(workdir), "--set", "model=plain_mlp", "--set", "dataset=digits",
-          "--set", "model.input_dim=64", "--set", "model.depth=2", "--set", "model.width=16",
+          str(workdir), "--set", "model.kind=plain_mlp", "--set", "dataset=digits",
+          "--set", "model.input_dim=64", "--set", "model.num_classes=10",
+          "--set", "model.depth=2", "--set", "model.width=16",
           "--set", "total_steps=4", "--set", "batch_size=32", "--set", "diag_every=2",
           "--set", "diag_examples=8", "--set", 'diagnostics=["logit_margin"]',
           "--set", "checkpoint_every=4", "--set", "eval_every=4", "--set", "log_every=1"]
@@ -126,11 +146,14 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
                         timeout=300, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "plain_mlp on digits" in proc.stdout
-  with pytest.raises(ValueError, match="model='plain_mlp' is not allowed"):
+  saved = json.loads((workdir / "config.json").read_text())["model"]
+  assert saved == {"kind": "plain_mlp", "depth": 2, "width": 16, "input_dim": 64,
+                   "num_classes": 10}
+  with pytest.raises(ValueError, match="model kind 'plain_mlp' is not registered"):
     load_run(workdir)                       # the model's module is not imported here
   plugins.import_module(str(EXAMPLE))
   run = load_run(workdir)
-  assert run.config.model == "plain_mlp"
+  assert run.config.model.kind == "plain_mlp"
   assert list(run.diagnostic_steps) == [1, 2, 4]
   assert run.diagnostics["logit_margin/margin"].shape == (3,)
   assert [r["step"] for r in run.eval_history] == [4]
@@ -148,7 +171,8 @@ def test_report_imports_the_module_of_a_plugin_model(tmp_path, capsys):
   plugins.import_module(str(EXAMPLE))
   cfg = config_lib.override(
       TrainConfig.from_json(ROOT / "experiments" / "configs" / "mlp_classifier.json"),
-      ["model=plain_mlp", "model.depth=1", "model.width=8", "total_steps=2", "batch_size=8",
+      ["model.kind=plain_mlp", "model.input_dim=64", "model.num_classes=10", "model.depth=1",
+       "model.width=8", "total_steps=2", "batch_size=8",
        "diag_every=0", "checkpoint_every=2", "eval_every=0", "log_every=1"])
   workdir = tmp_path / "run"
   train(cfg, workdir, progress_bar=False)

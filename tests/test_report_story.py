@@ -22,7 +22,7 @@ def _tsim(collapsed_from: dict[int, int], layers: int = 6) -> np.ndarray:
 
 
 def _numbers(tsim, **kw) -> story.RunNumbers:
-  base = dict(name="lm_post", model="lm", placement="post", layers=tsim.shape[1], updates=40,
+  base = dict(name="lm_post", model="transformer", placement="post", layers=tsim.shape[1], updates=40,
               final_loss=3.24, steps=STEPS, tsim=tsim)
   return story.RunNumbers(**{**base, **kw})
 
@@ -104,9 +104,9 @@ LAYERS = 4
 
 
 def _run(tmp_path, name, position, diagnostics):
-  cfg = TrainConfig(model="lm", seq_len=32, diag_every=10, diagnostics=diagnostics,
-                    lm=TransformerConfig(num_layers=LAYERS, d_model=32, num_heads=2, d_ff=64,
-                                         max_seq_len=32, norm_position=position))
+  cfg = TrainConfig(seq_len=32, diag_every=10, diagnostics=diagnostics,
+                    model=TransformerConfig(num_layers=LAYERS, d_model=32, num_heads=2,
+                                            d_ff=64, max_seq_len=32, norm_position=position))
   rng = np.random.default_rng(0)
   n = len(STEPS)
   diag = {"basic/tsim_y2": rng.uniform(0, 0.6, (n, LAYERS)),
@@ -194,12 +194,17 @@ def test_figures_number_layers_from_0_with_integer_ticks_and_say_what_they_show(
 
 
 def _register_resmlp(monkeypatch, name, norm_position):
-  """A plug-in Post-LN residual MLP (it ignores ``mlp.norm_position``) whose task
-  declares ``norm_position`` (None: declares nothing)."""
+  """A plug-in Post-LN residual MLP (it ignores ``model.norm_position``: its config is
+  an ``MLPConfig`` of kind ``name``) whose task declares ``norm_position`` (None:
+  declares nothing)."""
   import flax.linen as nn
   import jax.numpy as jnp
 
+  from rankjax import config as config_lib
+  from rankjax.config import MLPConfig
   from rankjax.train import tasks
+
+  monkeypatch.setitem(config_lib.MODEL_CONFIGS, name, type(f"{name}_config", (MLPConfig,), {}))
 
   class PostLNResMLP(nn.Module):
     width: int
@@ -224,9 +229,9 @@ def _register_resmlp(monkeypatch, name, norm_position):
 
 
 def _plugin_run(tmp_path, name, history):
-  from rankjax.config import MLPConfig
-  cfg = TrainConfig(model=MLPConfig(depth=3, width=8, input_dim=8, num_classes=3),
-                    diag_every=10, diagnostics=("basic", "logit_margin"))
+  from rankjax import config as config_lib
+  model = config_lib.MODEL_CONFIGS[name](depth=3, width=8, input_dim=8, num_classes=3)
+  cfg = TrainConfig(model=model, diag_every=10, diagnostics=("basic", "logit_margin"))
   assert cfg.model.norm_position == "pre"            # the field the plug-in ignores
   rng = np.random.default_rng(0)
   n = len(STEPS)

@@ -68,7 +68,7 @@ def test_tour_smoke_writes_report_and_report_rebuilds(reference):
 def test_readme_block_renders_the_summary_sentences(tmp_path):
   from rankjax import report_story
   runs = {"lm_post": report_story.numbers_to_dict(report_story.RunNumbers(
-      name="lm_post", model="lm", placement="post", layers=3, updates=20, final_loss=3.25,
+      name="lm_post", model="transformer", placement="post", layers=3, updates=20, final_loss=3.25,
       steps=np.array([10, 20]), tsim=np.array([[0.5, 0.99, 0.9995], [0.5, 0.9991, 1.0]]),
       freq_loss=3.2499, grad_norm=np.array([1e-6, 1.0, 2.0])))}
   jac = {"studies": {"pre": {"erank": [1.0, 0.47]}, "post": {"erank": [1.0, 0.14]}},
@@ -159,6 +159,6 @@ def test_report_on_missing_empty_and_half_written_workdirs(tmp_path, capsys):
   _one_line_error(capsys, ["report", str(tmp_path / "empty")], "holds no rankjax run")
   half = tmp_path / "half"
   half.mkdir()
-  (half / "config.json").write_text('{"model": "lm"}')
+  (half / "config.json").write_text('{"format": 2}')
   _one_line_error(capsys, ["report", str(half)], "half-written run")
   assert not (half / "report").exists() or not any((half / "report").iterdir())

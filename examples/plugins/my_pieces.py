@@ -3,12 +3,14 @@ the library (tested by ``tests/test_plugins.py``)::
 
   rankjax train --import examples/plugins/my_pieces.py \
       --config experiments/configs/mlp_classifier.json --workdir runs/plain \
-      --set model=plain_mlp --set dataset=digits --set model.input_dim=64 \
-      --set 'diagnostics=["logit_margin"]' --set diag_every=10
+      --set model.kind=plain_mlp --set dataset=digits --set model.input_dim=64 \
+      --set model.num_classes=10 --set 'diagnostics=["logit_margin"]' --set diag_every=10
 
 ``--import`` takes a module name on the import path or a ``.py`` path
-(``rankjax.plugins``). The model ``plain_mlp`` is a non-residual ReLU MLP classifier
-of ``mlp.depth`` hidden layers of ``mlp.width`` units; the diagnostic
+(``rankjax.plugins``). The model kind ``plain_mlp`` is a non-residual ReLU MLP
+classifier of ``model.depth`` hidden layers of ``model.width`` units, configured by
+``PlainMLPConfig`` (``--set model.kind=plain_mlp`` starts from its defaults; its JSON
+form is ``"model": {"kind": "plain_mlp", ...}``); the diagnostic
 ``logit_margin`` is the mean gap between the two largest logits on the diagnostic
 examples. Both land in metrics, checkpoints, ``load_run`` and TensorBoard like the
 library's own. The task declares its norm placement (``norm_position="none"``: the
@@ -24,7 +26,25 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rankjax import config
 from rankjax.train import diagnostics, tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainMLPConfig(config.ModelConfig):
+  """``depth`` hidden layers of ``width`` units; ``input_dim`` and ``num_classes`` must
+  match the data set."""
+
+  depth: int = 2
+  width: int = 64
+  input_dim: int | None = None
+  num_classes: int | None = None
+
+  def __post_init__(self):
+    config.check("depth", self.depth, "positive int")
+    config.check("width", self.width, "positive int")
+    config.check("input_dim", self.input_dim, "positive int", optional=True)
+    config.check("num_classes", self.num_classes, "positive int", optional=True)
 
 
 class PlainMLP(nn.Module):
@@ -56,13 +76,13 @@ class PlainMLPTask(tasks.ClassifierTask):
 
 
 def plain_mlp_task(cfg):
-  mlp = cfg.model
-  if mlp.input_dim is None or mlp.num_classes is None:
-    raise ValueError("model='plain_mlp' needs mlp.input_dim and mlp.num_classes")
-  model = PlainMLP(width=mlp.width, depth=mlp.depth, num_classes=mlp.num_classes)
-  spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
+  m = cfg.model
+  if m.input_dim is None or m.num_classes is None:
+    raise ValueError("model kind 'plain_mlp' needs model.input_dim and model.num_classes")
+  model = PlainMLP(width=m.width, depth=m.depth, num_classes=m.num_classes)
+  spec = {"inputs": ((m.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
   return PlainMLPTask("plain_mlp", "images", model, spec, 1, (), jnp.dtype(cfg.compute_dtype),
-                      norm_position="none", input_dim=mlp.input_dim)
+                      norm_position="none", input_dim=m.input_dim)
 
 
 def logit_margin(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:
@@ -72,5 +92,6 @@ def logit_margin(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:
   return {"margin": jnp.mean(top2[:, 0] - top2[:, 1])}
 
 
+config.register_model_config("plain_mlp", PlainMLPConfig)
 tasks.register_task("plain_mlp", plain_mlp_task)
 diagnostics.register("logit_margin", logit_margin)
