@@ -45,6 +45,7 @@ def inputs(tmp_path, monkeypatch):
   (tmp_path / "malformed.json").write_text('{"model": "lm",\n')
   (tmp_path / "array.json").write_text("[1, 2]\n")
   (tmp_path / "unknownkey.json").write_text(json.dumps({**cfg, "foo": 1}))
+  (tmp_path / "format1.json").write_text(json.dumps({"model": "lm", "lm": {"num_layers": 2}}))
   (tmp_path / "afile").write_text("not a directory\n")
   (tmp_path / "emptydir").mkdir()
   (tmp_path / "cfgonly").mkdir()
@@ -94,7 +95,14 @@ PASSING = [
     (["train", "--config", "unknownkey.json", "--workdir", "w"], 2,
      "unknown TrainConfig field(s) ['foo']"),
     (TRAIN + ["--set", "nosuch=1"], 2, "unknown config key 'nosuch'"),
-    (TRAIN + ["--set", "model.nosuch=1"], 2, "unknown config key 'lm.nosuch'"),
+    (TRAIN + ["--set", "model.nosuch=1"], 2,
+     "--set model.nosuch: model kind 'transformer' has no field 'nosuch'"),
+    (TRAIN + ["--set", "model.kind=cnn"], 2, "model kind 'cnn' is not registered"),
+    (TRAIN + ["--set", "model=mlp"], 2, "--set model.kind=mlp switches kind"),
+    (["train", "--config", "format1.json", "--workdir", "w"], 2,
+     "written by rankjax before config format 2"),
+    (["convert-config", "lm.json"], 2, "has config format 2, not 1: nothing to convert"),
+    (["convert-config", "nosuch.json"], 2, "nosuch.json does not exist"),
     (TRAIN + ["--set", "total_steps"], 2, "--set expects key=value"),
     (TRAIN + ["--set", "model.num_layers=-2"], 2, "num_layers=-2 must be a positive integer"),
     (TRAIN + ["--set", "total_steps=abc"], 2, "total_steps='abc' must be a positive"),

@@ -292,7 +292,8 @@ def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
       if not isinstance(node.get(part), dict):
         raise ValueError(f"unknown config key {key!r} in {option}")
       node, cls = node[part], _node_class(cls, part, node[part])
-    leaf, tagged = parts[-1], cls is not None and issubclass(cls, Tagged)
+    leaf = parts[-1]
+    tagged = len(parts) > 1 and cls is not None and issubclass(cls, Tagged)
     if tagged and leaf == "kind":
       try:
         new = cls.of_kind(value)

@@ -10,7 +10,7 @@
                                         with and without mesh_fsdp (``MEMORY_MESHES``)
   python tests/train/hlo_worker.py reductions DTYPE -> their bf16 training steps'
                                         collectives after SPMD partitioning, with
-                                        lm.grad_reduce_dtype=DTYPE (needs --xla_dump_to)
+                                        model.grad_reduce_dtype=DTYPE (needs --xla_dump_to)
 
 Runs apart from the test process (JAX must see 8 devices before it starts).
 """

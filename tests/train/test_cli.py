@@ -32,7 +32,7 @@ def test_train_then_rerun_resumes(cli, config_file, tmp_path, capsys, compile_ca
   args = ["train", "--config", str(config_file), "--workdir", str(workdir)]
   assert cli(args) == 0
   out = capsys.readouterr().out
-  assert f"started {workdir} at step 0: lm on shakespeare" in out and "step 8  loss" in out
+  assert f"started {workdir} at step 0: transformer on shakespeare" in out and "step 8  loss" in out
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   train_rows = [r for r in rows if r.get("kind", "train") == "train"]
   assert [r["step"] for r in train_rows] == list(range(1, 9))
@@ -53,8 +53,8 @@ def test_train_then_rerun_resumes(cli, config_file, tmp_path, capsys, compile_ca
 
 
 @pytest.mark.parametrize("override,message", [
-    ("model.depth=3", "unknown config key 'lm.depth' in --set"),
-    ("seq_len=64", "seq_len=64 exceeds the model's lm.max_seq_len=16"),
+    ("model.depth=3", "--set model.depth: model kind 'transformer' has no field 'depth'"),
+    ("seq_len=64", "seq_len=64 exceeds the model's model.max_seq_len=16"),
     ("diagnostics=[\"nope\"]", "unknown diagnostics ['nope']"),
     ("mesh_data=3", "mesh data=3 x fsdp=1 = 3 devices, but 1 are available"),
 ])
@@ -83,7 +83,7 @@ def test_mlp_needs_input_and_class_counts(tmp_path):
   from rankjax.config import MLPConfig, TrainConfig
   cfg = TrainConfig(model=MLPConfig(depth=2, width=8), optimizer="adam",
                     weight_decay=0.0, batch_size=4, warmup_steps=0)
-  with pytest.raises(ValueError, match="set mlp.input_dim and mlp.num_classes"):
+  with pytest.raises(ValueError, match="set model.input_dim and model.num_classes"):
     train(cfg, tmp_path / "run")
 
 

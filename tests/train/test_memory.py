@@ -1,5 +1,5 @@
 """rankjax.train.memory: the peak-memory estimate against its formula by hand, and
-lm.remat="auto" chosen by it at build (device memory faked), printed at start-up, the
+model.remat="auto" chosen by it at build (device memory faked), printed at start-up, the
 same on resume, and the plan's note."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_auto_run_prints_its_choice_keeps_auto_saved_and_resumes_the_same(tmp_pa
   out = io.StringIO()
   first = loop.train(cfg, tmp_path, on_step=on_step, stream=out, progress_bar=False)
   assert (first.status, first.step) == ("preempted", 3)
-  assert json.loads((tmp_path / "config.json").read_text())["lm"]["remat"] == "auto"
+  assert json.loads((tmp_path / "config.json").read_text())["model"]["remat"] == "auto"
   again = io.StringIO()
   second = loop.train(cfg, tmp_path, stream=again, progress_bar=False)
   assert (second.start_step, second.step) == (3, cfg.total_steps)

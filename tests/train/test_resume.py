@@ -94,7 +94,7 @@ def test_saved_run_has_its_diagnostics_history_and_max_to_keep(reference):
   assert [r["step"] for r in full.history if r.get("kind") == "eval"] == [4, 8]
   assert full.metrics["step"] == 8 and full.metrics["diagnostic_steps"] == 5
   assert full.checkpoint_steps == (8,)
-  assert repr(full) == (f"Run({str(full_dir)!r}, model='lm', step=8 of 8, checkpoints=1, "
+  assert repr(full) == (f"Run({str(full_dir)!r}, model='transformer', step=8 of 8, checkpoints=1, "
                         f"diagnostics={len(full.diagnostics)} series x 5 steps, "
                         "history=10 rows)")
 
@@ -151,7 +151,7 @@ def test_workdir_with_other_config_is_refused_naming_fields(reference):
   with pytest.raises(ValueError, match="different config") as info:
     train(cfg, full)
   assert "learning_rate: 0.01 (saved) vs 0.005 (given)" in str(info.value)
-  assert "lm.d_model: 16 (saved) vs 32 (given)" in str(info.value)
+  assert "model.d_model: 16 (saved) vs 32 (given)" in str(info.value)
   assert (full / "metrics.jsonl").read_text() == before            # nothing touched
 
 

@@ -98,7 +98,7 @@ def test_mlp_classifier_config_reads_a_set_every_install_has():
                         num_classes=shipped.model.num_classes)
   assert (fashion.dataset, fashion.model.input_dim) == ("fashion_mnist", 784)
   assert config_lib.diff(shipped, fashion) == {
-      "dataset": ("digits", "fashion_mnist"), "mlp.input_dim": (64, 784)}
+      "dataset": ("digits", "fashion_mnist"), "model.input_dim": (64, 784)}
 
 
 def test_fashion_mnist_config_without_its_files_stops_with_one_line(tmp_path):

@@ -123,7 +123,7 @@ def test_train_config_rejects_bad_fields(field, value, match):
 def test_adam_needs_zero_weight_decay_and_seq_len_fits_model():
   with pytest.raises(ValueError, match="weight_decay=0.1 needs optimizer='adamw'"):
     TrainConfig(optimizer="adam")
-  with pytest.raises(ValueError, match=r"seq_len=4096 exceeds the model's lm.max_seq_len=2048"):
+  with pytest.raises(ValueError, match=r"seq_len=4096 exceeds the model's model.max_seq_len=2048"):
     TrainConfig(seq_len=4096)
 
 
@@ -181,5 +181,5 @@ def test_label_frequency_metrics_are_the_updates_label_entropies():
       np.mean([entropy(row) for row in targets]), rel=1e-6)
   assert float(metrics["label_freq_per_sequence"]) < float(metrics["label_freq_aggregate"])
   assert "label_freq_aggregate" not in build(tiny_lm(diag_every=0)).step(c.init(), batch)[1]
-  with pytest.raises(ValueError, match="label_frequency=true needs model='lm'"):
+  with pytest.raises(ValueError, match="label_frequency=true needs a transformer model"):
     tiny_mlp(label_frequency=True)
