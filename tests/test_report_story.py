@@ -22,8 +22,8 @@ def _tsim(collapsed_from: dict[int, int], layers: int = 6) -> np.ndarray:
 
 
 def _numbers(tsim, **kw) -> story.RunNumbers:
-  base = dict(name="lm_post", model="transformer", placement="post", layers=tsim.shape[1], updates=40,
-              final_loss=3.24, steps=STEPS, tsim=tsim)
+  base = dict(name="lm_post", model="transformer", placement="post", layers=tsim.shape[1],
+              updates=40, final_loss=3.24, steps=STEPS, tsim=tsim)
   return story.RunNumbers(**{**base, **kw})
 
 

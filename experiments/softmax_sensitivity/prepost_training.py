@@ -236,7 +236,8 @@ def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | No
   cfg = config_lib.override(cfg, SCALE_SETS.get(base, ()))
   if base == "paper" and os.environ.get(FINEWEB):
     cfg = dataclasses.replace(cfg, dataset=os.environ[FINEWEB])
-  cfg = dataclasses.replace(cfg, seed=seed, model=dataclasses.replace(cfg.model, norm_position=arch),
+  cfg = dataclasses.replace(cfg, seed=seed,
+                            model=dataclasses.replace(cfg.model, norm_position=arch),
                             **(overrides or {}))
   return training.at_scale(cfg, scale)
 
@@ -597,6 +598,7 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS,
         overrides: dict[str, Any] | None = None) -> dict[str, Any]:
   """Trains (or reuses) every run under ``out_dir/runs``, writes JSON + PNGs; returns
   the results with their ``measured`` values (:func:`measurements`)."""
+  from rankjax import config as config_lib
   os.makedirs(out_dir, exist_ok=True)
   use_compile_cache(os.path.join(out_dir, "jax_cache"))
   t0 = time.time()
@@ -610,7 +612,7 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS,
              paper=PAPER, train_seconds={n: t[2] for n, t in trained.items()},
              seconds=time.time() - t0)
   res["settings"] = dict(seeds=list(seeds), archs=list(ARCHS), fig_seed=FIG_SEED,
-                         config=dataclasses.asdict(first))
+                         config=config_lib.to_dict(first))
   res["figures"] = _plot(runs, res, out_dir)
   runner.write_json(out_dir, "prepost_training.json", res)
   res["measured"] = measurements(res)

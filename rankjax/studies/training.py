@@ -371,15 +371,15 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
     flops = task.flops_per_example(causal=True) * cfg.batch_size * last_step(cfg)
     peak = mfu_lib.spec_peak(kind, dtype if cfg.compute_dtype == "bfloat16" else "float32")
     hours = None if not peak else flops / (peak * mfu) / 3600
+    lm = cfg.model.kind == "transformer"
     rows.append({
         "run": path, "updates": last_step(cfg), "done": finished(path, cfg),
-        "tokens": (cfg.batch_size * cfg.seq_len * last_step(cfg) if cfg.model.kind == "transformer"
-                   else None), "examples": cfg.batch_size * last_step(cfg),
+        "tokens": cfg.batch_size * cfg.seq_len * last_step(cfg) if lm else None, "examples": cfg.batch_size * last_step(cfg),
         "parameters": int(est["parameters"]), "flops": flops,
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
         "peak_gb_per_device": est["total"] / 1e9, "peak_compiled": bool(est["compiled"]),
         "device_hours": hours,
-        "remat": run_cfg.model.remat if cfg.model.kind == "transformer" else None, "remat_note": note,
+        "remat": run_cfg.model.remat if lm else None, "remat_note": note,
         "batch_note": _BATCH_NOTES.get(cfg)})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
@@ -462,7 +462,8 @@ def device_refusals(cfg, num_devices: int, memory: float | None, kind: str = "de
   if memory and not done and est["total"] > MEMORY_SHARE * memory:
     fsdp = num_devices if cfg.mesh_fsdp < num_devices else None
     fix = (f"--set mesh_fsdp={fsdp} (parameters and optimizer state sharded over {fsdp} "
-           "devices), " if fsdp and fsdp > 1 else "") + "--set model.remat=full or a larger grad_accum"
+           "devices), " if fsdp and fsdp > 1 else "") + ("--set model.remat=full or a larger "
+                                                         "grad_accum")
     out.append(f"an estimated {est['total'] / 1e9:.1f} GB per device exceeds "
                f"{MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB of a {kind} ({num_devices} "
                f"devices): {fix}")

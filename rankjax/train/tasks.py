@@ -224,7 +224,8 @@ def _mlp_task(cfg: TrainConfig) -> Task:
   mlp = cfg.model
   if mlp.input_dim is None or mlp.num_classes is None:
     raise ValueError("model kind 'mlp' trains a classifier: set model.input_dim and "
-                     f"model.num_classes (got input_dim={mlp.input_dim}, num_classes={mlp.num_classes})")
+                     f"model.num_classes (got input_dim={mlp.input_dim}, "
+                     f"num_classes={mlp.num_classes})")
   spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
   return ClassifierTask("mlp", "images", ResidualMLP(mlp), spec, 1, ("blocks",),
                         jnp.dtype(cfg.compute_dtype),

@@ -4,12 +4,12 @@ Paper (Sec 5, App D.1): Pre-LN and Post-LN GPT-2 774M models, seeds 42, 123, 456
 updates, warmup 500, batch 64 of T = 1024 tokens, on FineWeb (``RANKJAX_FINEWEB``);
 tiny: the same six runs through ``rankjax.studies.training.tiny``.
 """
-import dataclasses
 import json
 import os
 
 import pytest
 
+from rankjax import config as config_lib
 from rankjax.studies import runner, training
 from experiments.softmax_sensitivity import prepost_training as pt
 from rankjax import reproduce
@@ -36,7 +36,8 @@ def test_paper_runs_are_the_papers_protocol_and_tiny_shrinks_them(tmp_path, monk
     assert cfg.tokenizer.endswith("gpt2.tiktoken") and cfg.diagnostics == ("basic", "attention")
   tiny = prepost.runs("tiny")
   assert tiny == {n: training.tiny(c) for n, c in runs.items()} and bounds.runs("tiny") == tiny
-  assert all(c.model.num_layers == 4 and c.total_steps == training.TINY_STEPS for c in tiny.values())
+  assert all(c.model.num_layers == 4 and c.total_steps == training.TINY_STEPS
+             for c in tiny.values())
   # the quick scales keep training inside ``run`` (their committed numbers unchanged)
   assert prepost.runs("quick") == {} and bounds.runs("quick_sharpen") == {}
 
@@ -83,7 +84,7 @@ def test_whole_study_at_tiny_scale(tmp_path, monkeypatch):
   assert all(s == list(range(1, training.TINY_STEPS + 1)) for s in train_rows.values())
   tb = res["results"]["trained_bounds"]
   assert tb["settings"]["runs"] == str(folder / "runs") and tb["scale"] == "tiny"
-  assert res["results"]["prepost_training"]["settings"]["config"] == dataclasses.asdict(
+  assert res["results"]["prepost_training"]["settings"]["config"] == config_lib.to_dict(
       tiny["pre_s42"])
   # a rerun trains nothing: the same checkpoints, no new metrics rows
   stamps = {n: os.path.getmtime(folder / "runs" / n / "checkpoints") for n in NAMES}

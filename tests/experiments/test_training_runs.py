@@ -15,8 +15,8 @@ PAPER_LM = "experiments/configs/postnorm_48l_d512_c4.json"
 def test_tiny_shrinks_sizes_and_keeps_every_other_setting():
   cfg = training.load(PAPER_LM, ["learning_rate=8e-4", "diag_every=1"])
   t = training.tiny(cfg)
-  assert (t.model.num_layers, t.model.d_model, t.model.num_heads, t.seq_len, t.model.max_seq_len) == \
-      (4, 32, 2, 32, 32)
+  m = t.model
+  assert (m.num_layers, m.d_model, m.num_heads, t.seq_len, m.max_seq_len) == (4, 32, 2, 32, 32)
   assert t.model.d_ff == 96                             # 1536 / 512 = 3: the ratio kept
   assert (t.total_steps, t.batch_size, t.grad_accum) == (training.TINY_STEPS, 8, 2)
   assert t.warmup_steps == 1                         # 2000 / 40000 of 24 updates, at least 1

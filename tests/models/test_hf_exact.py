@@ -156,7 +156,7 @@ def test_gpt2_config_and_refusals(tmp_path):
   tensors = hf.read_tensors(folder / "model.safetensors")
   np.testing.assert_array_equal(params["layers"]["attn"]["w_v"][1],
                                 tensors["h.1.attn.c_attn.weight"][:, 32:])
-  np.testing.assert_array_equal(params["layers"]["ffn"]["b_2"][0], tensors["h.0.model.c_proj.bias"])
+  np.testing.assert_array_equal(params["layers"]["ffn"]["b_2"][0], tensors["h.0.mlp.c_proj.bias"])
   good = (folder / "model.safetensors").read_bytes()
   (folder / "model.safetensors").write_bytes(good[:-100])
   with pytest.raises(ValueError, match="not a readable safetensors file"):
@@ -164,13 +164,13 @@ def test_gpt2_config_and_refusals(tmp_path):
   (folder / "model.safetensors").write_bytes(b"junk")
   with pytest.raises(ValueError, match="not a readable safetensors file"):
     hf.load_hf(folder)
-  safetensors.numpy.save_file({k: v for k, v in tensors.items() if k != "h.1.model.c_fc.bias"},
+  safetensors.numpy.save_file({k: v for k, v in tensors.items() if k != "h.1.mlp.c_fc.bias"},
                               str(folder / "model.safetensors"))
-  with pytest.raises(ValueError, match=r"missing tensor\(s\) h\.1\.model\.c_fc\.bias"):
+  with pytest.raises(ValueError, match=r"missing tensor\(s\) h\.1\.mlp\.c_fc\.bias"):
     hf.load_hf(folder)
-  safetensors.numpy.save_file({**tensors, "h.1.model.c_proj.weight": np.zeros((64, 17), np.float32)},
+  safetensors.numpy.save_file({**tensors, "h.1.mlp.c_proj.weight": np.zeros((64, 17), np.float32)},
                               str(folder / "model.safetensors"))
-  with pytest.raises(ValueError, match=r"h\.1\.model\.c_proj\.weight has shape \(64, 17\)"):
+  with pytest.raises(ValueError, match=r"h\.1\.mlp\.c_proj\.weight has shape \(64, 17\)"):
     hf.load_hf(folder)
   (folder / "model.safetensors").unlink()
   (folder / "pytorch_model.bin").write_bytes(b"")

@@ -296,7 +296,8 @@ def test_classifier_with_the_wrong_input_dim_is_refused_before_training(tmp_path
   from tests.train.conftest import tiny_mlp
 
   cfg = tiny_mlp()
-  bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, input_dim=cfg.model.input_dim + 1))
+  bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
+                                                           input_dim=cfg.model.input_dim + 1))
   with pytest.raises(ValueError, match=f"model input_dim={bad.model.input_dim} does not match"):
     loop.train(bad, tmp_path / "run", progress_bar=False)
   assert not (tmp_path / "run" / "checkpoints").exists()
