@@ -203,8 +203,7 @@ def _runs_table(runs: dict, numbers: dict[str, story.RunNumbers]) -> str:
     lm = n.model == "transformer"
     last_sim = float(n.tsim[-1, -1]) if n.tsim is not None else None
     speed = story.throughput(run.history, task_lib.make_task(run.config).throughput_unit)
-    rate = "not logged" if speed is None else f"{speed[0]:.4g} {speed[1]}" + (
-        "" if speed[2] else " (counts compile steps: logged before they were excluded)")
+    rate = "not logged" if speed is None else f"{speed[0]:.4g} {speed[1]}"
     logged = [r for r in run.history if "mfu" in r]
     mfu = f"{logged[-1]['mfu']:.1%}" if logged else "n/a"
     cells = [html.escape(name), str(n.updates), _cell(n.final_loss),

@@ -165,16 +165,12 @@ def run_sentences(r: RunNumbers) -> list[str]:
   return out
 
 
-def throughput(history: Sequence[dict], unit: str) -> tuple[float, str, bool] | None:
-  """(value, "<unit>/s", whether compile steps were excluded) of the last log window
-  in ``metrics.jsonl`` rows, or None when none was logged. Runs logged before
-  ``compile_step`` rows existed counted compiles in; image runs then logged
-  ``tokens_per_s_avg`` (one token per example: images/s)."""
-  excluded = any("compile_step" in r for r in history)
+def throughput(history: Sequence[dict], unit: str) -> tuple[float, str] | None:
+  """(value, "<unit>/s") of the last log window in ``metrics.jsonl`` rows (compile
+  steps excluded: ``<unit>_per_s_avg``), or None when none was logged."""
   for r in reversed(history):
-    for key in (f"{unit}_per_s_avg", "tokens_per_s_avg"):
-      if isinstance(r.get(key), float):
-        return r[key], f"{unit}/s", excluded
+    if isinstance(r.get(f"{unit}_per_s_avg"), float):
+      return r[f"{unit}_per_s_avg"], f"{unit}/s"
   return None
 
 
