@@ -94,7 +94,8 @@ def test_saved_run_has_its_diagnostics_history_and_max_to_keep(reference):
   assert [r["step"] for r in full.history if r.get("kind") == "eval"] == [4, 8]
   assert full.metrics["step"] == 8 and full.metrics["diagnostic_steps"] == 5
   assert full.checkpoint_steps == (8,)
-  assert repr(full) == (f"Run({str(full_dir)!r}, model='transformer', step=8 of 8, checkpoints=1, "
+  assert repr(full) == (f"Run({str(full_dir)!r}, model='transformer', step=8 of 8, "
+                        "checkpoints=1, "
                         f"diagnostics={len(full.diagnostics)} series x 5 steps, "
                         "history=10 rows)")
 
@@ -257,8 +258,8 @@ def test_eval_split_smaller_than_a_batch_is_evaluated_whole(tmp_path):
   """digits' validation split has 179 images (every 10th of 1797): with a batch of
   256 evaluation uses one short batch of all 179, weighted by its size."""
   from rankjax.config import MLPConfig
-  cfg = tiny_mlp(dataset="digits", mlp=MLPConfig(depth=2, width=16, expansion=2.0,
-                                                 input_dim=64, num_classes=10),
+  cfg = tiny_mlp(dataset="digits", model=MLPConfig(depth=2, width=16, expansion=2.0,
+                                                   input_dim=64, num_classes=10),
                  batch_size=256, total_steps=2, eval_every=2, eval_batches=4)
   result = train(cfg, tmp_path, progress_bar=False)
   assert result.status == "completed"
