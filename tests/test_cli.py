@@ -16,7 +16,8 @@ def test_help_lists_subcommands(capsys):
     cli.main(["--help"])
   assert e.value.code == 0
   out = capsys.readouterr().out
-  for command in ("version", "tour", "report", "train", "measure", "reproduce"):
+  for command in ("version", "tour", "report", "train", "convert-config", "measure",
+                  "reproduce"):
     assert command in out
 
 

@@ -135,7 +135,7 @@ def test_sublayer_norm_diagnostic():
   g = {k: jnp.full((L, B, T, D), v) for k, v in
        {"x1": 1.0, "y1": 2.0, "x2": 0.0, "y2": 3.0}.items()}
   fn = diagnostics.resolve(["postnorm_sublayer_norms"])[0].fn
-  out = fn(diagnostics.DiagInputs(kind="lm", model=None, params=None, batch={}, grads=None,
+  out = fn(diagnostics.DiagInputs(kind="transformer", model=None, params=None, batch={}, grads=None,
                                   loss=jnp.zeros(()), step=jnp.ones((), jnp.int32),
                                   activation_grads=g))
   n = np.sqrt(B * T * D)

@@ -221,9 +221,12 @@ def test_layer_scan_unroll_keeps_outputs_gradients_and_params(unroll):
                               rtol=2e-5, atol=2e-6)   # float32 rounding only
 
 
-def test_old_remat_booleans_still_load():
-  assert TransformerConfig(remat=True).remat == "full"
-  assert config_lib.from_dict(TransformerConfig, {"remat": False}).remat == "none"
+def test_remat_takes_a_policy_not_a_boolean():
+  with pytest.raises(ValueError, match=r"^remat=True is not allowed; choose one of \['none', "
+                                       r"'dots', 'full', 'auto'\]$"):
+    TransformerConfig(remat=True)
+  with pytest.raises(ValueError, match="remat=False is not allowed"):
+    config_lib.from_dict(TransformerConfig, {"remat": False})
 
 
 @pytest.mark.slow   # ~5 s: two tasks' gradients; the masked head (vocab 40 -> 33) is fast below

@@ -81,7 +81,7 @@ CONFIGS = {
     "pre_rms_gelu_no_final_norm_embed_std": dict(norm_position="pre", ffn="gelu",
                                                  final_norm=False, embed_std=0.5),
     "post_rms_swiglu_remat_prefix1": dict(norm_position="post", prefix_avg_removal=1.0,
-                                          remat=True, final_norm=True, embed_norm=False),
+                                          remat="full", final_norm=True, embed_norm=False),
     "pre_layer_gelu_bf16": dict(norm_position="pre", norm_op="layer", norm_bias=False, ffn="gelu",
                                 compute_dtype="bfloat16", pos_embedding="learned"),
 }

@@ -61,7 +61,7 @@ def test_settings_build_and_are_finite(position, op, ffn, pos_emb, tie, init):
 
 def test_dropout_and_bfloat16_run():
   cfg = TransformerConfig(**TINY, dropout_rate=0.1, attn_dropout_rate=0.1,
-                          compute_dtype="bfloat16", remat=True)
+                          compute_dtype="bfloat16", remat="full")
   tokens = _tokens()
   variables = _init(cfg, tokens)
   model = DecoderLM(cfg)
