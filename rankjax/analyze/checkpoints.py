@@ -257,7 +257,7 @@ def _rankjax_run(workdir: pathlib.Path, step: int | None, placement: Placement,
                      "reads Hugging Face safetensors folders")
   run = load_run(str(workdir), step)
   if run.config.model.kind != "transformer":
-    raise ValueError(f"{workdir}: a {run.config.model!r} run; rankjax analyze reads "
+    raise ValueError(f"{workdir}: a {run.config.model.kind!r} run; rankjax analyze reads "
                      "language models")
   tokenizer = run.config.tokenizer if getattr(run.config, "tokenizer", None) else None
   return decoder_model(run.config.model, run.params, f"{workdir} (step {run.step})",
