@@ -311,8 +311,8 @@ def test_format_1_json_is_refused_in_one_line_naming_the_format(tmp_path):
       f"config {path} written by rankjax before config format 2 (a \"model\" name beside "
       "\"lm\" / \"mlp\" objects): convert it with rankjax convert-config (its config.json "
       "or its run folder)")
-  with pytest.raises(config.FormatError, match="has config format 3; this rankjax reads "
-                                               "format 2: use the rankjax that wrote it"):
+  with pytest.raises(config.FormatError, match="^config has config format 3; this rankjax "
+                                               "reads format 2: use the rankjax that wrote it"):
     config.from_json(TrainConfig, json.dumps({"format": 3}))
   with pytest.raises(config.FormatError, match="before config format 2"):
     config.from_dict(TrainConfig, {"lm": {}})             # no "model" name, the old objects

@@ -114,16 +114,16 @@ def written_format(data: Mapping[str, Any]) -> Any:
   return 1 if old else FORMAT
 
 
-def _check_format(data: Mapping[str, Any], cls: type) -> None:
+def _check_format(data: Mapping[str, Any], cls: type, source: str) -> None:
   written = written_format(data)
   if written == cls.JSON_FORMAT:
     return
   if isinstance(written, int) and not isinstance(written, bool) and written < cls.JSON_FORMAT:
     raise FormatError(
-        f"written by rankjax before config format {cls.JSON_FORMAT} (a \"model\" name "
-        "beside \"lm\" / \"mlp\" objects): convert it with rankjax convert-config "
+        f"{source} written by rankjax before config format {cls.JSON_FORMAT} (a \"model\" "
+        "name beside \"lm\" / \"mlp\" objects): convert it with rankjax convert-config "
         "(its config.json or its run folder)")
-  raise FormatError(f"has config format {written!r}; this rankjax reads format "
+  raise FormatError(f"{source} has config format {written!r}; this rankjax reads format "
                     f"{cls.JSON_FORMAT}: use the rankjax that wrote it")
 
 
@@ -136,13 +136,13 @@ def _tagged(name: str, family: type, value: Any) -> Any:
   return from_dict(family.of_kind(value["kind"]), value)
 
 
-def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+def from_dict(cls: type[C], data: Mapping[str, Any], source: str = "config") -> C:
   """Builds ``cls`` from a (nested) dict; unknown keys raise ValueError. A dict of
-  another ``JSON_FORMAT`` raises ``FormatError``."""
+  another ``JSON_FORMAT`` raises ``FormatError`` naming ``source`` (where it was read)."""
   if not isinstance(data, Mapping):
     raise ValueError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
   if getattr(cls, "JSON_FORMAT", None) is not None:
-    _check_format(data, cls)
+    _check_format(data, cls, source)
     data = {k: v for k, v in data.items() if k != "format"}
   kind = ""
   if issubclass(cls, Tagged):         # a member read on its own: its tag, if any, is its own
@@ -196,10 +196,7 @@ def _read_json(path_or_text: str | pathlib.Path) -> tuple[Any, str]:
 def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
   """Loads ``cls`` from a JSON file path or a JSON string."""
   data, source = _read_json(path_or_text)
-  try:
-    return from_dict(cls, data)
-  except FormatError as e:
-    raise FormatError(f"{source} {e}") from None
+  return from_dict(cls, data, source)
 
 
 def convert_format1(data: Mapping[str, Any]) -> dict[str, Any]:
