@@ -295,6 +295,13 @@ def test_a_plugin_registers_its_model_config():
 
   with pytest.raises(ValueError, match=r"NoDefaults\(\) must build with its defaults"):
     config.register_model_config("x", NoDefaults)
+
+  @dataclasses.dataclass(frozen=True)
+  class Kind(config.ModelConfig):
+    kind: str = "x"
+
+  with pytest.raises(ValueError, match="Kind has a field named 'kind'"):
+    config.register_model_config("x", Kind)
   assert "x" not in config.MODEL_CONFIGS
 
 

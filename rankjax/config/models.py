@@ -89,12 +89,14 @@ class ModelConfig(Tagged):
 def register_model_config(kind: str, cls: type[ModelConfig]) -> type[ModelConfig]:
   """Makes ``kind`` a model kind configured by ``cls`` (a frozen dataclass subclassing
   ``ModelConfig`` whose every field has a default: ``--set model.kind=KIND`` starts from
-  them). A kind has one class and a class one kind."""
+  them; no field named ``kind``). A kind has one class and a class one kind."""
   if not isinstance(kind, str) or not kind:
     raise ValueError(f"model kind {kind!r} must be a non-empty string")
   if not (isinstance(cls, type) and issubclass(cls, ModelConfig)
           and dataclasses.is_dataclass(cls)):
     raise ValueError(f"{cls!r} must be a dataclass subclassing rankjax.config.ModelConfig")
+  if "kind" in {f.name for f in dataclasses.fields(cls)}:
+    raise ValueError(f"{cls.__name__} has a field named 'kind': that key tags the JSON form")
   taken = [k for k, c in MODEL_CONFIGS.items() if c is cls and k != kind]
   if taken:
     raise ValueError(f"{cls.__name__} is registered as model kind {taken[0]!r} already")
