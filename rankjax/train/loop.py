@@ -247,7 +247,7 @@ def check_param_dtype(cfg: TrainConfig) -> None:
   whole process: one ValueError instead of silently training in float32."""
   dtype = getattr(cfg.model, "param_dtype", "float32")
   if str(dtype) == "float64" and not jax.config.jax_enable_x64:
-    raise ValueError(f"model.param_dtype=float64 needs JAX's x64 mode: run with "
+    raise ValueError("model.param_dtype=float64 needs JAX's x64 mode: run with "
                      "JAX_ENABLE_X64=1 (without it JAX would train in float32)")
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from rankjax import cli
 from rankjax import config as config_lib
-from rankjax.config import TrainConfig
 from rankjax.models import transformer
 from rankjax.train import checkpoint as ckpt_lib
 from tests.train.conftest import tiny_lm, tiny_mlp
