@@ -466,7 +466,8 @@ class _Loop:
       if on_step is not None:
         on_step(step)
       stop = preemption.reached(step)
-      if stop or step == end or self.ckpt.should_save(step):
+      saved = stop or step == end or self.ckpt.should_save(step)
+      if saved:
         if not stop and step != end and step % cfg.checkpoint_every:
           self._say_timed(step)
         if self.pending is not None:   # saving needs this step checked finite
@@ -477,7 +478,8 @@ class _Loop:
         if self.pending is not None:
           self._finish(*self.pending)
           self.pending = None
-        self._save(step, state)
+        if not saved:                  # finishing the step to save found the collapse
+          self._save(step, state)
         self.ckpt.wait()
         write_stopped(self.ckpt.workdir, step, self.collapse_reason)
         return step, "collapsed"
