@@ -428,9 +428,9 @@ def save_policy(checkpoint_every: int, checkpoint_minutes: float
 
   * ``FixedIntervalPolicy``: every ``checkpoint_every`` updates;
   * with ``checkpoint_minutes`` > 0, ``ContinuousCheckpointingPolicy``: when that many
-    minutes have passed since the newest checkpoint (the time this run started saving
-    it, or for a step on disk its commit time; at once when there is none) and no save
-    is still being written. Process 0's clock decides and the others receive its answer
+    minutes have passed since the newest checkpoint (for a step this run saved, when
+    its save call handed the write over; for a step on disk, its commit time; at once
+    when there is none) and no save is still being written. Process 0's clock decides and the others receive its answer
     through the coordination service, so every process saves the same steps (every
     process asks at every update).
 
