@@ -7,7 +7,7 @@ imports comes from there (tests/studies/test_study_imports.py).
 """
 
 from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
-from rankjax.measure.engine import BlockJacobianMethod, ResidualBlock
+from rankjax.measure.engine import BlockJacobianMethod, JacobianBlock
 from rankjax.measure.jacobians import JacobianStudy, StudyOptions, mlp_jacobian_study
 from rankjax.measure.losses import cross_entropy, frequency_loss
 from rankjax.measure.paths import PathSums, path_sums
@@ -51,7 +51,7 @@ __all__ = [
     "JacobianStudy",
     "MLPConfig",
     "PathSums",
-    "ResidualBlock",
+    "JacobianBlock",
     "ResidualMLP",
     "StudyOptions",
     "TrainConfig",

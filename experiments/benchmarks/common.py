@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -56,3 +60,38 @@ def write_section(section: str, text: str, path: pathlib.Path | str = RESULTS) -
     text += found.group(0)[found.group(0).index(NOTES_MARK):].rstrip("\n") + "\n\n"
   new = pattern.sub(lambda _: text, old) if found else old.rstrip("\n") + "\n\n" + text
   path.write_text(new.rstrip("\n") + "\n")
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def git_commit(ref: str) -> str:
+  return subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], check=True,
+                        capture_output=True, text=True).stdout.strip()
+
+
+def before_after(ref: str, child: str, argv: list[str], rounds: int) -> dict[str, list[dict]]:
+  """Runs the Python source ``child`` (with ``argv``) at commit ``ref`` (a temporary git
+  worktree) and in this tree, each run in its own process, the two sides alternating
+  for ``rounds`` rounds (so a change of the machine's load hits both alike). The child
+  prints one JSON object on its last line; returns ``{"before": [...], "after": [...]}``,
+  one object per round."""
+  with tempfile.TemporaryDirectory() as tmp:
+    old = pathlib.Path(tmp) / "before"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(old),
+                    git_commit(ref)], check=True)
+    try:
+      sides = {"before": old, "after": ROOT}
+      out = {name: [] for name in sides}
+      for _ in range(rounds):
+        for name, path in sides.items():
+          env = {**os.environ, "PYTHONPATH": str(path)}
+          proc = subprocess.run([sys.executable, "-c", child, *argv], env=env,
+                                capture_output=True, text=True, cwd=str(path))
+          if proc.returncode:
+            raise RuntimeError(f"the {name} side failed:\n{proc.stderr[-3000:]}")
+          out[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    finally:
+      subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
+                     check=False)
+  return out

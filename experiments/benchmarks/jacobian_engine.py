@@ -602,7 +602,7 @@ seed groups of {r['seed_batch']} (`seed_devices.default_seed_batch`).
 
 # --before REF: the study at another commit against this tree, same run -------------
 
-_STUDY_CHILD = r"""
+STUDY_CHILD = r"""
 import hashlib, json, os, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax, numpy as np
@@ -627,40 +627,17 @@ print(json.dumps({"best": min(times), "hlo_ops": ops, "outputs": digest}))
 
 
 def run_before_after(ref: str, small: bool = False, rounds: int = 3, reps: int = 2) -> dict:
-  """``make_study_fn`` (L=48, d=256, 8 seeds; --small 16/64/2) at commit ``ref`` (a
-  temporary git worktree) and in this tree, each in its own process, alternating
-  rounds; compile time excluded. Also compares the optimized HLO and the outputs."""
-  import json
-  import subprocess
-  import tempfile
+  """``make_study_fn`` (L=48, d=256, 8 seeds; --small 16/64/2) at commit ``ref`` and in
+  this tree, each in its own process, alternating rounds (``common.before_after``);
+  compile time excluded. Also compares the optimized HLO and the outputs."""
   L, d, seeds = (16, 64, 2) if small else (48, 256, 8)
-  root = pathlib.Path(__file__).resolve().parents[2]
-  commit = subprocess.run(["git", "-C", str(root), "rev-parse", ref], check=True,
-                          capture_output=True, text=True).stdout.strip()
-  here = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
-                        capture_output=True, text=True).stdout.strip()
-  with tempfile.TemporaryDirectory() as tmp:
-    old = pathlib.Path(tmp) / "before"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(old),
-                    commit], check=True)
-    try:
-      sides = {"before": old, "after": root}
-      per = {name: [] for name in sides}
-      marks = {}
-      for _ in range(rounds):
-        for name, path in sides.items():
-          env = {**os.environ, "PYTHONPATH": str(path)}
-          proc = subprocess.run([sys.executable, "-c", _STUDY_CHILD, str(L), str(d),
-                                 str(seeds), str(reps)], env=env, capture_output=True,
-                                text=True, check=True, cwd=str(path))
-          r = json.loads(proc.stdout.strip().splitlines()[-1])
-          per[name].append(r["best"])
-          marks[name] = (r["hlo_ops"], r["outputs"])
-    finally:
-      subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)],
-                     check=False)
+  sides = common.before_after(ref, STUDY_CHILD, [str(L), str(d), str(seeds), str(reps)],
+                              rounds)
+  per = {name: [r["best"] for r in rows] for name, rows in sides.items()}
+  marks = {name: (rows[-1]["hlo_ops"], rows[-1]["outputs"]) for name, rows in sides.items()}
   ratios = sorted(a / b for a, b in zip(per["after"], per["before"]))
-  return {"L": L, "d": d, "seeds": seeds, "before": commit[:10], "after": here[:10],
+  return {"L": L, "d": d, "seeds": seeds, "before": common.git_commit(ref)[:10],
+          "after": common.git_commit("HEAD")[:10],
           "times": per, "ratios": ratios, "median": ratios[len(ratios) // 2],
           "hlo_ops": {name: m[0] for name, m in marks.items()},
           "same_outputs": marks["before"][1] == marks["after"][1],

@@ -99,10 +99,7 @@ def init_sites(model, params, tokens_BxT) -> dict[str, jax.Array]:
   Post-Norm, the un-normalized residual for Pre-Norm (embeddings at l = 1, then the
   previous layer's ``y2``).
   """
-  _, state = model.apply({"params": params}, tokens_BxT, capture=True,
-                         mutable=["intermediates"])
-  inter = state["intermediates"]["layers"]
-  sites = {k: inter[k][0] for k in ("x1", "y1", "x2", "y2")}
+  _, sites = model.apply({"params": params}, tokens_BxT, capture=True)
   if model.cfg.norm_position == "post":
     sites["h"] = sites["x1"]
   else:

@@ -89,11 +89,10 @@ def init_statistics(cfg: dict[str, Any], seed: int = 0,
     k_init, k_tok = jax.random.split(key)
     tokens_BxN = jax.random.randint(k_tok, (b, n), 0, mcfg.vocab_size)
     params = model.init(k_init, tokens_BxN)["params"]
-    _, state = model.apply({"params": params}, tokens_BxN, capture=True,
-                           capture_probs=True, mutable=["intermediates"])
-    inter = state["intermediates"]["layers"]
-    x_LxBxNxD = inter["x1"][0]
-    p_LxBxHxNxN = inter["attn"]["attn_probs"][0]
+    (_, sites), state = model.apply({"params": params}, tokens_BxN, capture=True,
+                                    capture_probs=True, mutable=["intermediates"])
+    x_LxBxNxD = sites["x1"]
+    p_LxBxHxNxN = state["intermediates"]["layers"]["attn"]["attn_probs"][0]
     px = jnp.einsum("lbhqk,lbkd->lbhqd", p_LxBxHxNxN, x_LxBxNxD)
     return dict(
         p=jnp.sum(p_LxBxHxNxN, axis=(1, 2)),

@@ -64,9 +64,8 @@ SITES = {1: ("attn", "w_o", "y1"), 2: ("ffn", "w_2", "y2")}
 
 
 def _residual_sums(model, params, tokens) -> dict[str, jax.Array]:
-  _, state = model.apply({"params": params}, tokens, capture=True, mutable=["intermediates"])
-  inter = state["intermediates"]["layers"]
-  return {"y1": inter["y1"][0], "y2": inter["y2"][0]}
+  _, sites = model.apply({"params": params}, tokens, capture=True)
+  return {"y1": sites["y1"], "y2": sites["y2"]}
 
 
 def _layer_direction(g_params, sub: str, w: str, layer: int):

@@ -87,10 +87,10 @@ def split_mha(u_TxD, wq, wk, wv, wo):
 
 
 def _captures(model, params, tokens):
-  _, state = model.apply({"params": params}, tokens, capture=True, capture_probs=True,
-                         mutable=["intermediates"])
-  inter = state["intermediates"]["layers"]
-  return {k: inter[k][0] for k in ("x1", "y1", "y2")}, inter["attn"]["attn_probs"][0]
+  (_, sites), state = model.apply({"params": params}, tokens, capture=True,
+                                  capture_probs=True, mutable=["intermediates"])
+  probs = state["intermediates"]["layers"]["attn"]["attn_probs"][0]
+  return {k: sites[k] for k in ("x1", "y1", "y2")}, probs
 
 
 def layer_bounds(mcfg, params, x1_LxBxTxD) -> list[dict[str, Any]]:

@@ -66,7 +66,8 @@ class DecoderFns:
   def token_terms(self, layer: dict, h_TxD: Array, position) -> tuple:
     return decoder_jacobians.layer_token_terms(self.cfg, layer, h_TxD, position)[1]
 
-  def sites(self, layer: dict, h_TxD: Array, perturbations: dict) -> tuple[Array, dict]:
+  def sites(self, layer: dict, h_TxD: Array, perturbations: dict | None
+            ) -> tuple[Array, dict]:
     return transformer.layer_sites(self.cfg, layer, h_TxD, perturbations)
 
   def logits(self, top: dict, h_TxD: Array) -> Array:

@@ -28,7 +28,7 @@ import numpy as np
 from rankjax.measure import engine, losses
 from rankjax.measure import gradients as gradients_lib
 from rankjax.measure import precision as precision_lib
-from rankjax.models.transformer import SUBLAYER_NAMES
+from rankjax.models import sites as sites_lib
 from rankjax.train import diagnostics_postnorm
 
 Array = jax.Array
@@ -70,10 +70,10 @@ def _head_gradient(fns, top, h_KxTxD, targets_KxT):
 @functools.partial(jax.jit, static_argnames=("fns", "precision"))
 @precision_lib.measured
 def _layer_backward(fns, layer, h_KxTxD, g_out):
-  zeros = {k: jnp.zeros_like(h_KxTxD) for k in SUBLAYER_NAMES}
-
   def sites(p, h, e):
     return jax.vmap(lambda x, ex: fns.sites(p, x, ex))(h, e)
+
+  zeros = sites_lib.zero_perturbations(lambda: sites(layer, h_KxTxD, None)[1])
 
   (_, acts), vjp = jax.vjp(sites, layer, h_KxTxD, zeros)
   g_layer, g_in, g_sites = vjp((g_out, jax.tree.map(jnp.zeros_like, acts)))

@@ -84,8 +84,9 @@ class TrainConfig(JsonConfig):
     diagnostics: names of registered diagnostics (``rankjax.train.diagnostics``).
     diag_examples: examples of the last micro-batch the diagnostics see (0: all).
     checkpoint_every: save every N updates (and at the end and on SIGTERM).
-    checkpoint_minutes: also save when this many minutes have passed since the last
-      save (or the loop's start) and no save is still being written (0: off): for
+    checkpoint_minutes: also save when this many minutes have passed since the newest
+      checkpoint (at the first update when there is none; after a resume, since the
+      restored step was written) and no save is still being written (0: off): for
       preemptible pods, where a preemption without warning loses the updates since the
       last save. Process 0's clock decides; every process agrees on the step (Orbax's
       ``ContinuousCheckpointingPolicy``, through the coordination service).

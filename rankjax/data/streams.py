@@ -27,10 +27,12 @@ streams): resuming with another number of processes continues exactly.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from typing import Any, Callable, Sequence
 
 import grain
 import numpy as np
+from etils import epath
 
 from rankjax.data import common
 
@@ -215,3 +217,23 @@ def resharded_state(states: Sequence[Any]) -> dict[str, Any]:
   if len(positions) != 1:
     raise ValueError(f"the processes were at batches {sorted(positions)}")
   return {"next_index": positions.pop()}
+
+
+def rebuild_data_state(data_dir: epath.Path, saved_count: int) -> dict[str, Any]:
+  """The iterator state this process continues from, given the ``data/`` item of a
+  checkpoint step written by ``saved_count`` processes (grain's checkpoint handler: one
+  ``process_{i}-of-{saved_count}.json`` per process): their states, read in process
+  order and re-sharded by :func:`resharded_state`.
+
+  Raises:
+    FileNotFoundError: a process's file is missing; an unreadable file's error as
+      reading it raised it (``json.JSONDecodeError``, ...).
+    ValueError: as :func:`resharded_state` (the states do not re-shard).
+  """
+  states = []
+  for i in range(saved_count):
+    f = data_dir / f"process_{i}-of-{saved_count}.json"
+    if not f.exists():
+      raise FileNotFoundError(f"{f.name} is missing")
+    states.append(json.loads(f.read_text()))
+  return resharded_state(states)

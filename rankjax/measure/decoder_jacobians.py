@@ -62,7 +62,7 @@ def _sublayer(cfg: TransformerConfig, layer: dict, which: str, h_TxD: Array
 
 
 def token_sublayer(cfg: TransformerConfig, layer: dict, which: str, h_TxD: Array,
-                   position: Array | int) -> engine.ResidualBlock:
+                   position: Array | int) -> engine.JacobianBlock:
   """The engine's block of sublayer ``which`` ("attention" or "ffn") at token
   ``position``, the other tokens of the stream ``h_TxD`` held fixed: branch
   ``x -> [beta B(f(P(h)))]_t`` with ``h_t = x``, R the sublayer's post-residual norm on
@@ -80,7 +80,7 @@ def token_sublayer(cfg: TransformerConfig, layer: dict, which: str, h_TxD: Array
       return _sublayer(cfg, layer, which, x_D[None])[0][0]      # alone, no (T, d_ff) tangents
     return _sublayer(cfg, layer, which, h_TxD.at[position].set(x_D))[0][position]
 
-  return engine.ResidualBlock(branch=branch,
+  return engine.JacobianBlock(branch=branch,
                               post=(lambda _, y_D: norm("r", y_D)) if has_r else None)
 
 
@@ -222,7 +222,7 @@ def ffn_jacobian(cfg: TransformerConfig, layer: dict, h_D: Array) -> Array:
   return cfg.beta * (ffn["w_2"].T @ core_MxD)
 
 
-def ffn_block(cfg: TransformerConfig) -> engine.ResidualBlock:
+def ffn_block(cfg: TransformerConfig) -> engine.JacobianBlock:
   """The engine's block of a Pre-Norm FFN sublayer ``h + beta FFN(P(h))`` (one token;
   K = I) with its closed form (``ffn_jacobian``); its parameters are one layer's slice
   of ``params["layers"]``."""
@@ -231,7 +231,7 @@ def ffn_block(cfg: TransformerConfig) -> engine.ResidualBlock:
   def branch(layer, h_D):
     return _sublayer(cfg, layer, "ffn", h_D[None])[0][0]
 
-  return engine.ResidualBlock(
+  return engine.JacobianBlock(
       branch=branch,
       branch_jacobian=lambda layer, h_D: (branch(layer, h_D), ffn_jacobian(cfg, layer, h_D)))
 

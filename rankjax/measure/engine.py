@@ -2,7 +2,7 @@
 of any residual network ("Transforming Rank", Sec 2, Eq. 2, 17-18, App A.1).
 
 A network is stacked block parameters (a pytree whose leaves have a leading depth axis
-L) and a ``ResidualBlock``: functions of one block's parameters ``p`` and the stream
+L) and a ``JacobianBlock``: functions of one block's parameters ``p`` and the stream
 ``h`` (d,) for the block of Eq. 17,
 
     h_l = R(skip(h_start) + branch(h_{l-1})),
@@ -20,7 +20,7 @@ input-output Jacobian is the running product ``T_l = K_l T_start + B_l T_{l-1}``
 10: ``T_l = (K_l + B_l) T_{l-1}`` with a skip around every block), its order-k path sums
 (Eq. 5, 11, 12) are ``paths.path_sums(K, B)``, its spectra the singular values of T_l.
 
-Model families are thin adapters that build a ``ResidualBlock``: the residual MLP
+Model families are thin adapters that build a ``JacobianBlock``: the residual MLP
 (``jacobians.mlp_block``, closed form), any residual network given as functions
 (``residual_networks``), a ``DecoderLM`` sublayer at one token (``decoder_jacobians``: every placement, and a
 Pre-Norm FFN sublayer in closed form; GPT-2 and the Llama family are DecoderLM
@@ -74,8 +74,10 @@ class BlockJacobianMethod(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class ResidualBlock:
-  """One block ``h -> R(skip(h_start) + branch(h))`` of Eq. 17, as functions.
+class JacobianBlock:
+  """One block ``h -> R(skip(h_start) + branch(h))`` of Eq. 17 as the Jacobian engine
+  sees it: its functions and their closed forms (the model's block is
+  ``models.blocks.residual_sublayer``).
 
   Attributes:
     branch: ``branch(p, h) -> (d,)``, the term added to the skip (beta included).
@@ -114,7 +116,7 @@ class BlockJacobians(NamedTuple):
     relative_branch: ``(L, d, d)`` G_l, the branch term inside ``J_R (J_skip + G_l)``
       (its Frobenius norm over ``||I||_F`` is the branch-to-skip ratio r_l, Eq. 4, 21).
     stream: ``(L+1, d)`` h_0 .. h_L.
-    closes: ``(L,)`` booleans of a grouped network (``ResidualBlock.closes``), else None.
+    closes: ``(L,)`` booleans of a grouped network (``JacobianBlock.closes``), else None.
   """
 
   skip: Array | None
@@ -133,24 +135,24 @@ class BlockTerms(NamedTuple):
   relative_branch: Array
 
 
-def _closes(block: ResidualBlock, p) -> Array:
+def _closes(block: JacobianBlock, p) -> Array:
   return jnp.asarray(True) if block.closes is None else jnp.asarray(block.closes(p))
 
 
-def block_output(block: ResidualBlock, p, h: Array, h_start: Array | None = None) -> Array:
+def block_output(block: JacobianBlock, p, h: Array, h_start: Array | None = None) -> Array:
   """h_l from h_{l-1} = ``h`` and the group input ``h_start`` (default ``h``)."""
   h_start = h if h_start is None else h_start
   y = _residual_sum(block, p, block.branch(p, h), h_start)
   return y if block.post is None else block.post(p, y)
 
 
-def _residual_sum(block: ResidualBlock, p, u: Array, h_start: Array) -> Array:
+def _residual_sum(block: JacobianBlock, p, u: Array, h_start: Array) -> Array:
   """``skip(h_start) + u`` (``u`` alone on a block that closes no skip group)."""
   s = h_start if block.skip is None else block.skip(p, h_start)
   return s + u if block.closes is None else jnp.where(_closes(block, p), s + u, u)
 
 
-def block_terms(block: ResidualBlock, p, h: Array, h_start: Array | None = None,
+def block_terms(block: JacobianBlock, p, h: Array, h_start: Array | None = None,
                 method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM
                 ) -> BlockTerms:
   """h_l, K_l, B_l and G_l of one block (Eq. 18) at ``h`` (and ``h_start``)."""
@@ -207,7 +209,7 @@ def token_sublayers(attn: BlockTerms, ffn: BlockTerms, h_in: Array, h_mid: Array
                         pair(attn.relative_branch, ffn.relative_branch), stream)
 
 
-def _scan_blocks(block: ResidualBlock, params, h0_D: Array, one):
+def _scan_blocks(block: JacobianBlock, params, h0_D: Array, one):
   def step(carry, p):
     h, h_start = carry
     terms = one(p, h, h_start)
@@ -218,7 +220,7 @@ def _scan_blocks(block: ResidualBlock, params, h0_D: Array, one):
 
 
 @precision_lib.measured
-def block_jacobians(block: ResidualBlock, params, h0_D: Array,
+def block_jacobians(block: JacobianBlock, params, h0_D: Array,
                     method: BlockJacobianMethod | str = BlockJacobianMethod.CLOSED_FORM
                     ) -> BlockJacobians:
   """K_l, B_l and G_l of every block along the forward pass from ``h0_D`` (``lax.scan``
@@ -230,7 +232,7 @@ def block_jacobians(block: ResidualBlock, params, h0_D: Array,
   return BlockJacobians(k, b, g, jnp.concatenate([h0_D[None], hs], axis=0), closes)
 
 
-def forward(block: ResidualBlock, params, h0_D: Array) -> Array:
+def forward(block: JacobianBlock, params, h0_D: Array) -> Array:
   """``(L, d)`` h_1 .. h_L (the plain forward pass the Jacobians are taken along)."""
   return _scan_blocks(block, params, h0_D,
                       lambda p, h, s: (block_output(block, p, h, s),))[0]

@@ -4,9 +4,11 @@ model's residual stream, its loss gradients and its attention, without editing i
 ``capture(model, variables, inputs, sites, loss_fn)`` runs ``model.apply`` under
 ``flax.linen.intercept_methods``. Each *site* names module calls by a predicate
 ``select(module, method_name)`` and says whether to take the call's first input or its
-output; every matching call (in call order: layer 0, 1, ...) is recorded and, when
-``loss_fn`` is given, gets a zero perturbation added, whose gradient is the loss
-gradient with respect to that tensor (``dL/dX`` for an input site). Values come back
+output; every matching call (in call order: layer 0, 1, ...) is recorded by the
+library's one site mechanism (``rankjax.models.sites``: the ``Recorder`` that
+``DecoderLM``'s layers call) and, when ``loss_fn`` is given, gets a zero perturbation
+added, whose gradient is the loss gradient with respect to that tensor (``dL/dX`` for
+an input site; ``sites.loss_gradients``). Values come back
 stacked along a leading layer axis: ``(L, B, T, d)`` for a residual stream.
 
 Recipe for a nanodo-style Pre-LN decoder (``experiments/benchmarks/plain_flax.py``:
@@ -63,6 +65,7 @@ import jax.numpy as jnp
 from rankjax.measure import gradients as gr
 from rankjax.measure import sensitivity as sens
 from rankjax.measure.similarity import token_similarity
+from rankjax.models import sites as sites_lib
 from rankjax.models.attention import causal_probabilities
 
 Array = jax.Array
@@ -175,8 +178,8 @@ def _check_nth_calls(sites, calls: list[_Call], found: dict[str, list[tuple[_Cal
           f"{_listing(short)} made fewer than {sel.index + 1} {sel.class_name} calls")
 
 
-def _run(model, variables, args, kwargs, sites, perturb):
-  values = {name: [] for name in sites}
+def _run(model, variables, args, kwargs, sites, perturbations):
+  record = sites_lib.Recorder(perturbations)    # one value per matching call, in order
   stack: list[_Call] = []                       # the calls in progress, outermost first
   calls: list[_Call] = []                       # every call, in call order
   found = {name: [] for name in sites}          # NthCall site -> [(block call, path)]
@@ -211,29 +214,25 @@ def _run(model, variables, args, kwargs, sites, perturb):
         x = call_args[0]
         for name in matched:              # one input may feed several sites
           if sites[name].where == "input":
-            if perturb is not None:
-              x = x + perturb[name][len(values[name])]
-            values[name].append(x)
+            x = record(name, x)
         call_args = (x, *call_args[1:])
       out = next_fun(*call_args, **call_kwargs)
     finally:
       stack.pop()
     for name in matched:
       if sites[name].where == "output":
-        if perturb is not None:
-          out = out + perturb[name][len(values[name])]
-        values[name].append(out)
+        out = record(name, out)
     return out
 
   with nn.intercept_methods(interceptor):
     out = model.apply(variables, *args, **kwargs)
-  missing = [n for n, v in values.items() if not v]
+  missing = [n for n in sites if n not in record.names()]
   if missing:
     classes = list(dict.fromkeys(type(c.module).__name__ for c in calls))
     raise ValueError(f"capture sites {missing} matched no module call (modules called: "
                      f"{', '.join(classes)})")
   _check_nth_calls(sites, calls, found)
-  return out, {n: jnp.stack(v) for n, v in values.items()}
+  return out, record.stacked()
 
 
 def capture(model: nn.Module, variables: Mapping[str, Any], inputs: Any,
@@ -241,19 +240,13 @@ def capture(model: nn.Module, variables: Mapping[str, Any], inputs: Any,
             **apply_kwargs) -> Captured:
   """``model.apply(variables, inputs, **apply_kwargs)`` with the ``sites`` recorded
   (and, with ``loss_fn(output) -> scalar``, their loss gradients); see module doc."""
-  args = (inputs,)
+  run = lambda _, perturbations: _run(model, variables, (inputs,), apply_kwargs, sites,
+                                      perturbations)
   if loss_fn is None:
-    out, values = _run(model, variables, args, apply_kwargs, sites, None)
+    out, values = run(None, None)
     return Captured(out, values, None, None)
-  shapes = jax.eval_shape(lambda: _run(model, variables, args, apply_kwargs, sites, None)[1])
-  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-  def loss_of(perturb):
-    out, values = _run(model, variables, args, apply_kwargs, sites, perturb)
-    return loss_fn(out), (out, values)
-
-  (loss, (out, values)), grads = jax.value_and_grad(loss_of, has_aux=True)(zeros)
-  return Captured(out, values, grads, loss)
+  g = sites_lib.loss_gradients(run, loss_fn)
+  return Captured(g.output, g.sites, g.site_grads, g.loss)
 
 
 def residual_statistics(acts: Mapping[str, Array],

@@ -91,7 +91,7 @@ def branch_jacobian(params: dict, z_D: Array, activation: str) -> tuple[Array, A
   return act, da_DxM.T
 
 
-def mlp_block(cfg: MLPConfig, beta: Array | float | None = None) -> engine.ResidualBlock:
+def mlp_block(cfg: MLPConfig, beta: Array | float | None = None) -> engine.JacobianBlock:
   """The residual MLP's block (Eq. 17) for the engine, with its closed forms.
 
   One block's parameters are ``(params, closes)``: the block's slice of the stacked
@@ -124,7 +124,7 @@ def mlp_block(cfg: MLPConfig, beta: Array | float | None = None) -> engine.Resid
     return b * u, b * jbfp
 
   has_r = r_op != "none"
-  return engine.ResidualBlock(
+  return engine.JacobianBlock(
       branch=branch,
       post=(lambda p, y: blocks_lib._norm(p[0], "r", r_op, y, eps)) if has_r else None,
       closes=(lambda p: p[1]) if grouped else None,

@@ -231,7 +231,7 @@ def block_rank_estimates(blocks: dict, h0_D: Array, cfg: MLPConfig, key: Array,
 
 
 @precision_lib.measured
-def matrix_free_ranks(block: engine.ResidualBlock, params, h0_D: Array, key: Array,
+def matrix_free_ranks(block: engine.JacobianBlock, params, h0_D: Array, key: Array,
                       layers: tuple[int, ...] | None = None, **kwargs):
   """``RankEstimate`` of dh_l/dh_0 at ``layers`` (static, 1..L; default
   ``(L,)``), stacked over layers (``BlockJacobianMethod.MATRIX_FREE``): each Lanczos step

@@ -42,14 +42,14 @@ def network_block(branch: BlockFn, skip: BlockFn | None = None, *,
                   branch_jacobian: Callable[[object, Array], Array] | None = None,
                   skip_jacobian: Callable[[object, Array], Array] | None = None,
                   post_jacobian: Callable[[object, Array], Array] | None = None
-                  ) -> engine.ResidualBlock:
-  """The engine's ``ResidualBlock`` of ``post(skip(h) + branch(h))`` from user functions;
+                  ) -> engine.JacobianBlock:
+  """The engine's ``JacobianBlock`` of ``post(skip(h) + branch(h))`` from user functions;
   the closed forms ``(p, h) -> (d, d)`` are optional (default ``jax.jacfwd``)."""
   closed_branch = None if branch_jacobian is None else (
       lambda p, h: (branch(p, h), branch_jacobian(p, h)))
   closed_post = None if post_jacobian is None else (
       lambda p, y, m: post_jacobian(p, y) @ m)
-  return engine.ResidualBlock(branch=branch, post=post, skip=skip,
+  return engine.JacobianBlock(branch=branch, post=post, skip=skip,
                               branch_jacobian=closed_branch, post_jacobian=closed_post,
                               skip_jacobian=skip_jacobian)
 

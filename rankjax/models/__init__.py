@@ -11,5 +11,6 @@ __all__ = [
     "hf",
     "mlp",
     "norms",
+    "sites",
     "transformer",
 ]

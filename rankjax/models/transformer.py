@@ -15,10 +15,10 @@ Eq. 17, ``h -> R(h + beta * B(f_k(P(h))))`` (``blocks.residual_sublayer``), with
          Y_2 = Y_1 + FFN(X_2)                            h' = Y_2
   peri:  pre, with a norm on each sublayer output (B) before the add.
 
-With ``capture=True`` each layer sows ``x1, y1, x2, y2`` (stacked over layers: (L, B,
-T, d)) into ``intermediates`` and passes them through ``perturb`` (collection
-``perturbations``) so gradients with respect to them are available: see
-``intermediate_grads``.
+With ``capture=True`` each layer records ``x1, y1, x2, y2`` with a ``sites.Recorder``
+and the model returns them beside its output, stacked over layers: (L, B, T, d);
+``perturbations`` of those shapes are added at them, so gradients with respect to
+them are available: see ``intermediate_grads``.
 
 Norm parameter names say the (sublayer, location) of the norm, whatever the placement:
 ``norm_attn_p``, ``norm_attn_b``, ``norm_attn_r``, ``norm_ffn_p``, ``norm_ffn_b``,
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models import activations, blocks
+from rankjax.models import sites as sites_lib
 from rankjax.models.attention import (ATTENTION_OUT, ATTENTION_RESIDUALS,
                                       CausalSelfAttention, matrix_init, projections)
 from rankjax.models.lm_head import head_logits
@@ -45,7 +46,6 @@ from rankjax.models.matmul import lookup, weight_matmul
 from rankjax.models.norms import Norm
 from rankjax.numerics import float_dtype
 
-SUBLAYER_NAMES = ("x1", "y1", "x2", "y2")
 # dots: the matmul outputs, the attention heads' output and the fused kernel's residuals
 # (a fused kernel is no dot: without their names the backward pass recomputed the whole
 # attention forward)
@@ -123,19 +123,17 @@ class FeedForward(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-  """One layer: the attention sublayer then the FFN sublayer (``residual_sublayer``)."""
+  """One layer: the attention sublayer then the FFN sublayer (``residual_sublayer``).
+
+  ``__call__(h, perturbations=None) -> (h_out, sites)``: with ``capture`` the layer's
+  X_1, Y_1, X_2, Y_2 (``sites.SUBLAYER_SITES``) go through one ``sites.Recorder``
+  (each plus ``perturbations[name]`` when given: gradients with respect to them), and
+  ``sites`` maps their names to them; without, ``sites`` is None."""
 
   cfg: TransformerConfig
   capture: bool = False
   capture_probs: bool = False
   deterministic: bool = True
-
-  def _record(self, name: str, value: jax.Array) -> jax.Array:
-    if not self.capture:
-      return value
-    value = self.perturb(name, value)
-    self.sow("intermediates", name, value)
-    return value
 
   def _drop(self, x: jax.Array) -> jax.Array:
     if self.cfg.dropout_rate and not self.deterministic:
@@ -143,29 +141,43 @@ class DecoderBlock(nn.Module):
     return x
 
   @nn.compact
-  def __call__(self, h: jax.Array, _=None):
+  def __call__(self, h: jax.Array, perturbations: dict | None = None):
     h = partitioning.constrain(h, ("batch", "length", "embed"))
     cfg = self.cfg
-    ops = dict(zip("pbr", cfg.norm_ops))
     attn = CausalSelfAttention(cfg, name="attn")
     ffn = FeedForward(cfg, name="ffn")
-    branches = (
-        ("attn", lambda x: self._drop(attn(x, deterministic=self.deterministic,
-                                           capture_probs=self.capture_probs))),
-        ("ffn", lambda x: self._drop(ffn(x))),
-    )
-    for k, (sub, branch) in enumerate(branches, start=1):
-      norm = sublayer_norm(cfg, sub, lambda op, name, x: make_norm(cfg, op, name)(x))
+    branches = {
+        "attn": lambda x: self._drop(attn(x, deterministic=self.deterministic,
+                                          capture_probs=self.capture_probs)),
+        "ffn": lambda x: self._drop(ffn(x)),
+    }
+    norm = lambda sub: sublayer_norm(cfg, sub, lambda op, name, x: make_norm(cfg, op, name)(x))
+    if not self.capture:
+      return layer_with_sites(cfg, branches, norm, h, None), None
+    record = sites_lib.Recorder(
+        None if perturbations is None else {k: v[None] for k, v in perturbations.items()})
+    h = layer_with_sites(cfg, branches, norm, h, record)
+    return h, {k: v[0] for k, v in record.stacked().items()}
 
-      # Without a P norm X_k is the stream itself and also the skip (Y_k = X_k + ...):
-      # it is captured before the sublayer so that dL/dX_k includes the skip path.
-      if ops["p"] == "none":
-        h = self._record(f"x{k}", h)
-      def tap(name, v, k=k):
-        return v if name == "x" and ops["p"] == "none" else self._record(f"{name}{k}", v)
 
-      _, _, h = blocks.residual_sublayer(h, branch, norm, cfg.beta, tap=tap)
-    return h, None
+def layer_with_sites(cfg: TransformerConfig, branches: dict, norm, h: jax.Array, record
+                     ) -> jax.Array:
+  """One layer's two sublayers on the stream ``h`` (``blocks.residual_sublayer``), with
+  ``record`` (a ``sites.Recorder``, or None) called at X_1, Y_1, X_2, Y_2
+  (``sites.SUBLAYER_SITES``, postnorm Eq. 1). ``branches[sub]`` is the core f of
+  sublayer ``sub`` ("attn", "ffn"), ``norm(sub)`` its ``sublayer_norm``. Without a P
+  norm X_k is the stream itself and also the skip (Y_k = X_k + ...): it is recorded
+  before the sublayer, so that dL/dX_k includes the skip path. The one wiring of the
+  sites, for ``DecoderBlock`` and ``layer_sites``."""
+  no_p = cfg.norm_ops[0] == "none"
+  for k, sub in enumerate(("attn", "ffn"), start=1):
+    tap = None
+    if record is not None:
+      if no_p:
+        h = record(f"x{k}", h)
+      tap = lambda name, v, k=k: v if name == "x" and no_p else record(f"{name}{k}", v)
+    _, _, h = blocks.residual_sublayer(h, branches[sub], norm(sub), cfg.beta, tap=tap)
+  return h
 
 
 class DecoderLM(nn.Module):
@@ -174,8 +186,9 @@ class DecoderLM(nn.Module):
 
   ``__call__(tokens_BxT) -> logits_BxTxV`` (float32, or float64 with float64
   params). Options: ``deterministic=False`` turns on
-  dropout (needs a ``dropout`` rng); ``capture`` sows and perturbs the per-layer
-  X_k / Y_k; ``capture_probs`` also sows the attention probabilities (B, H, T, T) per
+  dropout (needs a ``dropout`` rng); ``capture`` returns ``(output, sites)``, the
+  per-layer X_k / Y_k as ``{"x1": (L, B, T, d), ...}``, each plus
+  ``perturbations[name]`` when given; ``capture_probs`` sows the attention probabilities (B, H, T, T) per
   layer, stacked as (L, B, H, T, T). ``return_hidden`` returns ``(h_BxTxD, W_DxVp)``,
   the head's input and matrix (padded columns included), for a loss that computes
   the head itself (``rankjax.measure.losses.head_cross_entropy``).
@@ -185,8 +198,8 @@ class DecoderLM(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxT: jax.Array, *, deterministic: bool = True,
-               capture: bool = False, capture_probs: bool = False,
-               return_hidden: bool = False):
+               capture: bool = False, perturbations: dict | None = None,
+               capture_probs: bool = False, return_hidden: bool = False):
     cfg = self.cfg
     dtype, pdt = jnp.dtype(cfg.compute_dtype), jnp.dtype(cfg.param_dtype)
     t = tokens_BxT.shape[-1]
@@ -216,13 +229,15 @@ class DecoderLM(nn.Module):
                        policy=REMAT_POLICIES[remat])
     stack = nn.scan(
         block,
-        variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},
+        variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         length=cfg.num_layers,
         unroll=min(cfg.scan_unroll, cfg.num_layers),
     )
-    h, _ = stack(cfg, capture=capture, capture_probs=capture_probs,
-                 deterministic=deterministic, name="layers")(h, None)
+    if perturbations is not None and not capture:
+      raise ValueError("perturbations are added at the captured sites: pass capture=True")
+    h, sites = stack(cfg, capture=capture, capture_probs=capture_probs,
+                     deterministic=deterministic, name="layers")(h, perturbations)
 
     if cfg.uses_final_norm:
       h = make_norm(cfg, cfg.norm_op, "norm_final")(h)
@@ -231,9 +246,8 @@ class DecoderLM(nn.Module):
     else:
       w_DxV = self.param("lm_head", matrix_init(cfg, "lm_head", cfg.d_model),
                          (cfg.d_model, cfg.padded_vocab_size), pdt)
-    if return_hidden:
-      return h, w_DxV
-    return head_logits(h, w_DxV)[..., :cfg.vocab_size]
+    out = (h, w_DxV) if return_hidden else head_logits(h, w_DxV)[..., :cfg.vocab_size]
+    return (out, sites) if capture else out
 
 
 def sublayer_parts(cfg: TransformerConfig, layer: dict, sub: str):
@@ -281,32 +295,18 @@ def attention_probs(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array) -> ja
   return state["intermediates"]["attn_probs"][0][0]
 
 
-def layer_sites(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array, perturbations: dict
-                ) -> tuple[jax.Array, dict]:
-  """``(h_out, sites)`` of one layer with ``perturbations[name]`` added at each of
-  X_1, Y_1, X_2, Y_2 (``SUBLAYER_NAMES``, postnorm Eq. 1), the captures of
-  ``DecoderBlock`` (without a P norm X_k is the stream entering the sublayer, so that
-  dL/dX_k includes the skip path): the gradient w.r.t. a zero perturbation is the
-  gradient w.r.t. that site, for a layer at a time (``rankjax analyze``; tested equal
-  to ``intermediate_grads``)."""
-  ops = dict(zip("pbr", cfg.norm_ops))
-  sites = {}
-
-  def record(name, v):
-    sites[name] = v + perturbations[name]
-    return sites[name]
-
-  h = h_TxD
-  for k, sub in enumerate(("attn", "ffn"), start=1):
-    f, norm = sublayer_parts(cfg, layer, sub)
-    if ops["p"] == "none":
-      h = record(f"x{k}", h)
-
-    def tap(name, v, k=k):
-      return v if name == "x" and ops["p"] == "none" else record(f"{name}{k}", v)
-
-    _, _, h = blocks.residual_sublayer(h, f, norm, cfg.beta, tap=tap)
-  return h, sites
+def layer_sites(cfg: TransformerConfig, layer: dict, h_TxD: jax.Array,
+                perturbations: dict | None = None) -> tuple[jax.Array, dict]:
+  """``(h_out, sites)`` of one layer on a ``(T, d)`` stream with ``perturbations[name]``
+  (if given) added at each of X_1, Y_1, X_2, Y_2: ``DecoderBlock`` with ``capture`` on
+  one layer's slice of ``params["layers"]`` (evaluation mode). The gradient w.r.t. a zero
+  perturbation is the gradient w.r.t. that site, a layer at a time (``rankjax
+  analyze``)."""
+  if perturbations is not None:
+    perturbations = {k: v[None] for k, v in perturbations.items()}
+  h, sites = DecoderBlock(cfg, capture=True).apply({"params": layer}, h_TxD[None],
+                                                   perturbations)
+  return h[0], {k: v[0] for k, v in sites.items()}
 
 
 def final_hidden(cfg: TransformerConfig, params: dict, h_TxD: jax.Array) -> jax.Array:
@@ -345,22 +345,11 @@ def intermediate_grads(model: DecoderLM, params, tokens_BxT, loss_fn):
   """Loss, parameter gradients and gradients w.r.t. the captured X_k^l / Y_k^l.
 
   ``loss_fn(logits_BxTxV) -> scalar``. Returns (loss, param_grads, grads, acts), where
-  ``grads`` and ``acts`` map x1, y1, x2, y2 to (L, B, T, d) arrays (Flax ``perturb``).
+  ``grads`` and ``acts`` map x1, y1, x2, y2 to (L, B, T, d) arrays
+  (``sites.loss_gradients``: zero perturbations at the sites, one backward pass).
   """
-  def shapes():
-    _, state = model.apply({"params": params}, tokens_BxT, capture=True,
-                           mutable=["perturbations"])
-    return state["perturbations"]
+  def run(p, perturbations):
+    return model.apply({"params": p}, tokens_BxT, capture=True, perturbations=perturbations)
 
-  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes))
-
-  def loss(p, perturbations):
-    logits, state = model.apply({"params": p, "perturbations": perturbations}, tokens_BxT,
-                                capture=True, mutable=["intermediates"])
-    return loss_fn(logits), state["intermediates"]
-
-  (value, inter), (g_params, g_pert) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
-      params, zeros)
-  layer_grads = {k: g_pert["layers"][k] for k in SUBLAYER_NAMES}
-  layer_acts = {k: inter["layers"][k][0] for k in SUBLAYER_NAMES}
-  return value, g_params, layer_grads, layer_acts
+  g = sites_lib.loss_gradients(run, loss_fn, params)
+  return g.loss, g.param_grads, g.site_grads, g.sites

@@ -15,9 +15,14 @@ Layout of ``WORKDIR`` (a local path or any ``etils.epath`` URL such as ``gs://..
     metrics/             JSON: config, loss, throughput at <step>
   corrupt_checkpoints/   steps set aside by a resume (never deleted)
 
-Every checkpoint holds the full diagnostics history, so ``max_to_keep`` deleting old
-steps loses none of it. Saving is asynchronous; Orbax marks a finished step (and each
-finished item) with ``commit_success.txt``.
+When a step is saved is Orbax's save-decision policy (``save_policy``: every
+``checkpoint_every`` updates; with ``checkpoint_minutes``, also when that many minutes
+have passed since the newest checkpoint), which the loop asks at every update, besides
+the saves it makes itself (the last update, a preemption, stop_on_collapse, an error).
+Which steps are kept is Orbax's preservation policy (``LatestN(max_to_keep)``); every
+checkpoint holds the full diagnostics history, so deleting old steps loses none of it.
+Saving is asynchronous; Orbax marks a finished step (and each finished item) with
+``commit_success.txt``.
 
 Restoring never destroys a run (``restore_with_fallback``):
 
@@ -35,14 +40,14 @@ Restoring never destroys a run (``restore_with_fallback``):
 
 A checkpoint written by another number of processes restores the train state (Orbax
 reshards it onto the current mesh) and rebuilds the data iterator deterministically
-(``rebuild_data_state``: in-memory sets and the training order of streamed sets); a
-state that cannot be re-sharded is refused with one line naming both process counts.
+(``rankjax.data.streams.rebuild_data_state``, handed to the ``Checkpointer``: in-memory
+sets and the training order of streamed sets); a state that cannot be re-sharded is
+refused with one line naming both process counts (``reshard_data_state``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import logging
 import re
@@ -56,7 +61,6 @@ from etils import epath
 
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
-from rankjax.data import streams
 from rankjax import distributed, storage
 
 log = logging.getLogger("rankjax.train")
@@ -243,10 +247,13 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
                           restore: Callable[[int], Any],
                           on_skipped: Callable[[int, bool], None] | None = None,
                           ) -> tuple[int, Any] | None:
-  """Tries ``restore(step)`` from the newest step down.
+  """Tries ``restore(step)`` from the newest step down: the one integrity fallback of
+  every reader of checkpoints (a resume, ``load_run``).
 
-  A step is skipped only when ``restore`` raises ``IncompleteStep`` or an integrity
-  failure (``is_integrity_failure``): one logged warning names it and the step used
+  A step is skipped only when it is provably incomplete (``incomplete_reason``, checked
+  here before ``restore`` is called, or ``restore`` raises ``IncompleteStep``) or
+  ``restore`` raises an integrity failure (``is_integrity_failure``): one logged
+  warning names it and the step used
   instead, at once for an incomplete step, once an earlier step restored for an
   unreadable one (when none does, the ``RestoreError`` names them all, so a refusal is
   one line). ``on_skipped(step, incomplete)`` is called for each skipped step once a
@@ -263,6 +270,9 @@ def restore_with_fallback(directory: epath.Path, steps: list[int],
   unreadable: list[tuple[int, str]] = []
   for i, step in enumerate(steps):
     try:
+      why = incomplete_reason(directory / str(step))
+      if why is not None:
+        raise IncompleteStep(why)
       out = restore(step)
     except IncompleteStep as e:
       reason, incomplete = str(e), True
@@ -342,29 +352,31 @@ def saved_process_count(data_dir: epath.Path) -> int | None:
   return counts.pop() if counts else None
 
 
-def rebuild_data_state(data_dir: epath.Path, saved_count: int, step: int) -> dict[str, Any]:
-  """The iterator state for this process when ``saved_count`` processes wrote the step:
-  their saved states re-sharded by ``streams.resharded_state`` (the same global batches
-  for any number of hosts).
+def reshard_data_state(data_dir: epath.Path, saved_count: int, step: int,
+                       rebuild: Callable[[epath.Path, int], Any]) -> Any:
+  """``rebuild(data_dir, saved_count)``: this process's iterator state from a step's
+  ``data/`` item written by ``saved_count`` processes (``rankjax.data.streams.
+  rebuild_data_state``, handed down by the training loop), its failures as the fallback
+  reads them.
 
   Raises:
     IncompleteStep: a process's state file is missing.
     ProcessCountError (a ValueError; one line naming both counts): the states do not
       re-shard.
+    an unreadable file's error as it is (an integrity failure).
   """
-  refuse = (f"checkpoint step {step} was written by {saved_count} process(es) and this "
-            f"run has {jax.process_count()}; the data iterator of this data set cannot be "
-            f"re-sharded: resume with {saved_count} process(es), or train in a new --workdir")
-  states = []
-  for i in range(saved_count):
-    f = data_dir / f"process_{i}-of-{saved_count}.json"
-    if not f.exists():
-      raise IncompleteStep(f"data/{f.name} is missing")
-    states.append(json.loads(f.read_text()))
   try:
-    return streams.resharded_state(states)
+    return rebuild(data_dir, saved_count)
+  except FileNotFoundError as e:
+    raise IncompleteStep(f"data/{e}") from None
   except ValueError as e:
-    raise ProcessCountError(refuse + (f" ({e})" if str(e) else "")) from None
+    if is_integrity_failure(e):
+      raise
+    raise ProcessCountError(
+        f"checkpoint step {step} was written by {saved_count} process(es) and this run has "
+        f"{jax.process_count()}; the data iterator of this data set cannot be re-sharded: "
+        f"resume with {saved_count} process(es), or train in a new --workdir"
+        + (f" ({e})" if str(e) else "")) from None
 
 
 @dataclasses.dataclass
@@ -404,52 +416,61 @@ def check_param_names(where: str, saved: Any, expected: Any) -> None:
                    "parameters are never renamed on restore")
 
 
-@dataclasses.dataclass(frozen=True)
-class _StepTime:
-  """What Orbax's save-decision policies read of a step (``PolicyCheckpointInfo``)."""
-  step: int
-  time: datetime.datetime
-  metrics: Any = None
+def save_policy(checkpoint_every: int, checkpoint_minutes: float
+                ) -> ocp.checkpoint_managers.SaveDecisionPolicy:
+  """When a run saves besides the saves the loop makes itself (the last update, a
+  SIGTERM or Ctrl-C stop, stop_on_collapse, an error): Orbax's policies, asked by
+  ``CheckpointManager.should_save`` at every update.
 
+  * ``FixedIntervalPolicy``: every ``checkpoint_every`` updates;
+  * with ``checkpoint_minutes`` > 0, ``ContinuousCheckpointingPolicy``: when that many
+    minutes have passed since the newest checkpoint (for a step this run saved, when
+    its save call handed the write over; for a step on disk, its commit time; at once
+    when there is none) and no save is still being written. Process 0's clock decides and the others receive its answer
+    through the coordination service, so every process saves the same steps (every
+    process asks at every update).
 
-def _now() -> datetime.datetime:
-  return datetime.datetime.now(tz=datetime.timezone.utc)
+  Orbax's ``PreemptionCheckpointingPolicy`` is not among them: the loop saves and
+  stops at a preemption itself (``rankjax.preemption.DuringTraining``: JAX's sync
+  point across hosts, and on one process the SIGTERM and Ctrl-C that Orbax does not
+  see).
+  """
+  policies: list[ocp.checkpoint_managers.SaveDecisionPolicy] = [
+      ocp.checkpoint_managers.FixedIntervalPolicy(checkpoint_every)]
+  if checkpoint_minutes > 0:
+    policies.append(ocp.checkpoint_managers.ContinuousCheckpointingPolicy(
+        minimum_interval_secs=checkpoint_minutes * 60))
+  return ocp.checkpoint_managers.AnySavePolicy(policies)
 
 
 class Checkpointer:
-  """Saves and restores the four items of a run's steps under ``WORKDIR/checkpoints``."""
+  """Saves and restores the four items of a run's steps under ``WORKDIR/checkpoints``.
 
-  def __init__(self, workdir: str | epath.PathLike, *, max_to_keep: int = 3,
+  ``rebuild_data_state(data_dir, saved_count)``: the iterator state of this process
+  from a step's ``data/`` item written by another number of processes
+  (``rankjax.data.streams.rebuild_data_state``: the data sets are the training loop's
+  to know, not this module's).
+  """
+
+  def __init__(self, workdir: str | epath.PathLike, *, checkpoint_every: int,
+               rebuild_data_state: Callable[[epath.Path, int], Any],
+               checkpoint_minutes: float = 0.0, max_to_keep: int = 3,
                async_save: bool = True):
     self.workdir = storage.as_path(workdir)
     self.directory = checkpoint_dir(workdir)
+    self.rebuild_data_state = rebuild_data_state
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
-        cleanup_tmp_directories=True, enable_background_delete=storage.is_remote(self.directory))
+        save_decision_policy=save_policy(checkpoint_every, checkpoint_minutes),
+        preservation_policy=ocp.checkpoint_managers.LatestN(max_to_keep),
+        enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True,
+        enable_background_delete=storage.is_remote(self.directory))
     self.manager = open_manager(self.directory, lambda: ocp.CheckpointManager(
         storage.absolute(self.directory), options=options, item_handlers=handlers()))
-    self.last_save_time = _now()
 
-  def time_to_save(self, step: int, minutes: float) -> bool:
-    """Whether ``minutes`` have passed since the last save (or ``start_clock``) and no
-    save is still being written: the same answer on every process, for ``step``.
-
-    Orbax's ``ContinuousCheckpointingPolicy`` decides on the primary host, by its clock,
-    and hands the answer to the others through the coordination service (a host-level
-    key-value exchange, no device synchronization); every process must call this at
-    the same steps. Its reference time is this run's last save here, not the newest
-    step on disk, so a resumed run waits ``minutes`` before its first timed save."""
-    policy = ocp.checkpoint_managers.ContinuousCheckpointingPolicy(
-        minimum_interval_secs=minutes * 60)
-    context = ocp.checkpoint_managers.save_decision_policy.DecisionContext(
-        is_saving_in_progress=self.manager.is_saving_in_progress(), reached_preemption=False,
-        multiprocessing_options=ocp.options.MultiprocessingOptions())
-    return policy.should_save(_StepTime(step, _now()), [_StepTime(-1, self.last_save_time)],
-                              context=context)
-
-  def start_clock(self) -> None:
-    """Timed saves count from now (the loop's start: compiling does not count)."""
-    self.last_save_time = _now()
+  def should_save(self, step: int) -> bool:
+    """Whether ``save_policy`` saves ``step``: the same answer on every process, which
+    must all ask at the same steps. False for a step not above the newest saved one."""
+    return self.manager.should_save(step)
 
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
@@ -459,7 +480,9 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, data_iter: Any,
            diagnostics: Mapping[str, Any] | None, metrics: Mapping[str, Any]) -> None:
-    """Starts saving ``step`` (returns before the write ends when async)."""
+    """Starts saving ``step`` (returns before the write ends when async), whatever
+    ``should_save`` says: the caller has decided (it asks ``should_save`` first where
+    the policy decides)."""
     items = {
         "state": ocp.args.StandardSave(state),
         "data": grain.checkpoint.CheckpointSave(data_iter),
@@ -468,7 +491,6 @@ class Checkpointer:
     if diagnostics:
       items["diagnostics"] = ocp.args.StandardSave(diagnostics)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
-    self.last_save_time = _now()
 
   def _has_item(self, step: int, item: str) -> bool:
     return (self.directory / str(step) / item).is_dir()
@@ -480,9 +502,6 @@ class Checkpointer:
 
     def restore(step: int) -> Restored:
       step_dir = self.directory / str(step)
-      reason = incomplete_reason(step_dir)
-      if reason is not None:
-        raise IncompleteStep(reason)
       count = saved_process_count(step_dir / "data")
       if count is None:
         raise IncompleteStep("data/ holds no iterator state")
@@ -491,7 +510,8 @@ class Checkpointer:
       if count == jax.process_count() and not own.exists():
         raise IncompleteStep(f"data/{own.name} is missing")
       if count != jax.process_count():
-        data_state = rebuild_data_state(step_dir / "data", count, step)
+        data_state = reshard_data_state(step_dir / "data", count, step,
+                                        self.rebuild_data_state)
       meta = self.manager.item_metadata(step)["state"]
       check_param_names(f"checkpoint step {step} in {self.directory}",
                         getattr(meta, "tree", meta)["params"], abstract_state.params)

@@ -14,8 +14,9 @@ restores the newest readable checkpoint of ``workdir``), and runs updates until
   ``compile_step: 1``); a NaN/Inf loss or gradient norm stops the run with
   ``NonFiniteLossError`` before anything is saved from it, leaving the last good
   checkpoint as the newest;
-* checkpoints every ``checkpoint_every`` updates (and every ``checkpoint_minutes`` of
-  wall time, if set), at the end, and on SIGTERM
+* checkpoints when Orbax's save-decision policy says so (``checkpoint.save_policy``:
+  every ``checkpoint_every`` updates, and with ``checkpoint_minutes`` when that many
+  minutes have passed since the newest checkpoint), at the end, and on SIGTERM
   (preemption) or Ctrl-C, after which the run returns with ``status="preempted"``;
   an exception after training started (an evaluation, the data, a disk) first saves
   the newest finished update whose loss is finite, then propagates;
@@ -40,6 +41,7 @@ from etils import epath
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax.data import pipeline as data_pipeline
+from rankjax.data import streams
 from rankjax.data.common import DataUnavailableError
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import memory
@@ -315,7 +317,10 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
   data_it = make_data_iterator(cfg, task)
   write_config(workdir, cfg)
 
-  ckpt = Checkpointer(workdir, max_to_keep=cfg.max_to_keep, async_save=cfg.async_checkpointing)
+  ckpt = Checkpointer(workdir, checkpoint_every=cfg.checkpoint_every,
+                      checkpoint_minutes=cfg.checkpoint_minutes,
+                      rebuild_data_state=streams.rebuild_data_state,
+                      max_to_keep=cfg.max_to_keep, async_save=cfg.async_checkpointing)
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           jax.eval_shape(compiled.init), compiled.state_shardings)
   had_steps = bool(ckpt.all_steps())
@@ -325,7 +330,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
     state, start = restored.state, restored.step
     if restored.saved_process_count not in (None, jax.process_count()):
       resharded = (f" (checkpoint written by {restored.saved_process_count} process(es); "
-                   "data iterator re-sharded, see rankjax.train.checkpoint.rebuild_data_state)")
+                   "data iterator re-sharded, see rankjax.data.streams.rebuild_data_state)")
     history = DiagnosticsHistory.from_tree(restored.diagnostics)
     history.truncate(start)
   else:
@@ -442,7 +447,6 @@ class _Loop:
       self.writer.message(f"{preemption.signal_name} before update {start + 1}: nothing new "
                           "to save; run the same command again to continue")
       return step, "preempted"
-    self.ckpt.start_clock()
     end = last_step(cfg)
     for step in range(start + 1, end + 1):
       batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
@@ -461,12 +465,10 @@ class _Loop:
       if on_step is not None:
         on_step(step)
       stop = preemption.reached(step)
-      timed = cfg.checkpoint_minutes > 0 and self.ckpt.time_to_save(step,
-                                                                    cfg.checkpoint_minutes)
-      if timed:
-        self.writer.message(f"update {step}: {cfg.checkpoint_minutes:g} min since the last "
-                            "save; saving (checkpoint_minutes)")
-      if stop or timed or step % cfg.checkpoint_every == 0 or step == end:
+      saved = stop or step == end or self.ckpt.should_save(step)
+      if saved:
+        if not stop and step != end and step % cfg.checkpoint_every:
+          self._say_timed(step)
         if self.pending is not None:   # saving needs this step checked finite
           self._finish(*self.pending)
           self.pending = None
@@ -475,7 +477,8 @@ class _Loop:
         if self.pending is not None:
           self._finish(*self.pending)
           self.pending = None
-        self._save(step, state)
+        if not saved:                  # finishing the step to save found the collapse
+          self._save(step, state)
         self.ckpt.wait()
         write_stopped(self.ckpt.workdir, step, self.collapse_reason)
         return step, "collapsed"
@@ -489,6 +492,13 @@ class _Loop:
       self._finish(*self.pending)
       self.pending = None
     return step, "completed" if end == cfg.total_steps else "stopped"
+
+  def _say_timed(self, step: int) -> None:
+    """The console line of a save that ``checkpoint_minutes`` made."""
+    latest = self.ckpt.latest_step()
+    since = ("no checkpoint yet" if latest is None else
+             f"{self.cfg.checkpoint_minutes:g} min since the newest checkpoint ({latest})")
+    self.writer.message(f"update {step}: {since}; saving (checkpoint_minutes)")
 
   def _dispatch(self, fn, batch):
     """``fn(state, batch)``; notes a compile (the variant's first call in this run, or

@@ -78,7 +78,7 @@ def test_a_state_saved_by_one_host_count_resumes_with_another(array_record_dir, 
                                                                before, after):
   """Saved at global batch 30 (streams at different documents, mid-document) by
   ``before`` hosts,
-  rebuilt by ``checkpoint.rebuild_data_state`` and restored by each of ``after``
+  rebuilt by ``streams.rebuild_data_state`` and restored by each of ``after``
   hosts: the next global batches are those of an uninterrupted run."""
   root, _ = array_record_dir
   old = [host_iterator(root, i, before, micro_batches=2) for i in range(before)]
@@ -88,7 +88,7 @@ def test_a_state_saved_by_one_host_count_resumes_with_another(array_record_dir, 
   assert len({d for s in states for d in s["docs"]}) > 1       # streams at other documents
   assert len({o for s in states for o in s["offsets"]}) > 2    # documents half cut
   data_dir = _save(tmp_path / "30", old)
-  merged = checkpoint.rebuild_data_state(data_dir, before, 30)
+  merged = streams.rebuild_data_state(data_dir, before)
   assert merged["next_batch"] == 30 and sorted(merged["rows"]) == list(range(GLOBAL))
   new = [host_iterator(root, i, after, micro_batches=2) for i in range(after)]
   for it in new:
@@ -99,12 +99,18 @@ def test_a_state_saved_by_one_host_count_resumes_with_another(array_record_dir, 
 
 
 def test_states_that_do_not_fit_together_are_refused_in_one_line(array_record_dir, tmp_path):
+  """As a resume reads them (``checkpoint.reshard_data_state`` over
+  ``streams.rebuild_data_state``): states that do not re-shard are a one-line
+  ProcessCountError, a missing file makes the step incomplete, an unparsable one is an
+  integrity failure."""
   root, _ = array_record_dir
   old = [host_iterator(root, i, 2) for i in range(2)]
   collect(old[0], 3)
   collect(old[1], 2)
+  rebuild = lambda data_dir, count, step: checkpoint.reshard_data_state(
+      data_dir, count, step, streams.rebuild_data_state)
   with pytest.raises(checkpoint.ProcessCountError) as e:
-    checkpoint.rebuild_data_state(_save(tmp_path / "3", old), 2, 3)
+    rebuild(_save(tmp_path / "3", old), 2, 3)
   msg = str(e.value)
   assert "\n" not in msg and "written by 2 process(es) and this run has 1" in msg
   assert "global batches [2, 3]" in msg
@@ -113,7 +119,17 @@ def test_states_that_do_not_fit_together_are_refused_in_one_line(array_record_di
                                num_epochs=1, shuffle=False, shard_index=i, shard_count=2)
             for i in range(2)]
   with pytest.raises(checkpoint.ProcessCountError, match="cannot be re-sharded: resume with 2"):
-    checkpoint.rebuild_data_state(_save(tmp_path / "4", finite), 2, 4)
+    rebuild(_save(tmp_path / "4", finite), 2, 4)
+  fine = [host_iterator(root, i, 2) for i in range(2)]
+  gone = _save(tmp_path / "5", fine)
+  (gone / "process_1-of-2.json").unlink()
+  with pytest.raises(checkpoint.IncompleteStep, match="^data/process_1-of-2.json is missing$"):
+    rebuild(gone, 2, 5)
+  cut = _save(tmp_path / "6", fine)
+  (cut / "process_0-of-2.json").write_text('{"next_batch": ')
+  with pytest.raises(json.JSONDecodeError) as e:
+    rebuild(cut, 2, 6)
+  assert checkpoint.is_integrity_failure(e.value)
   with pytest.raises(ValueError, match="not one of the global streamed order"):
     host_iterator(root, 0, 1).set_state(finite[0].get_state())
   other_size = data.make_iterator("text", dataset=str(root), batch_size=2, seq_len=SEQ)

@@ -76,9 +76,8 @@ def block_out(cfg, layer, h_TxD):
 
 
 def block_y(cfg, layer, h_TxD, name):
-  _, state = transformer.DecoderBlock(cfg, capture=True).apply(
-      {"params": layer}, h_TxD[None], mutable=["intermediates", "perturbations"])
-  return state["intermediates"][name][0][0]
+  _, sites = transformer.DecoderBlock(cfg, capture=True).apply({"params": layer}, h_TxD[None])
+  return sites[name][0]
 
 
 def _at(fn, h_TxD, t):

@@ -33,7 +33,7 @@ def _toy(grouped: bool):
     return {"w": w, "scale": scale, "closes": flags}
   params = draw()
   post = lambda p, y: norms.normalize(y, "layer", 1e-6) * p["scale"]
-  block = engine.ResidualBlock(
+  block = engine.JacobianBlock(
       branch=lambda p, h: jnp.tanh(p["w"] @ h),
       post=post, skip=lambda p, h: 0.5 * h,
       closes=(lambda p: p["closes"]) if grouped else None,

@@ -35,9 +35,7 @@ def _setup(**kw):
 
 
 def _capture(cfg, p, tokens):
-  _, state = DecoderLM(cfg).apply({"params": p}, tokens, capture=True,
-                                  mutable=["intermediates"])
-  return {k: v[0] for k, v in state["intermediates"]["layers"].items()}
+  return DecoderLM(cfg).apply({"params": p}, tokens, capture=True)[1]
 
 
 def _init_and(fn, **kw):

@@ -76,9 +76,9 @@ def test_dropout_and_bfloat16_run():
 
 
 def _captured(cfg, tokens):
-  """The captured intermediates at init (init and apply in one compile)."""
-  _, (_, state) = _init_apply(cfg, tokens, capture=True, mutable=["intermediates"])
-  return {k: v[0] for k, v in state["intermediates"]["layers"].items()}
+  """The captured sites at init (init and apply in one compile)."""
+  _, (_, sites) = _init_apply(cfg, tokens, capture=True)
+  return sites
 
 
 def test_post_renormalizes_the_stream_and_pre_does_not():

@@ -262,6 +262,20 @@ def test_stop_on_collapse_saves_says_why_and_stays_stopped(tmp_path, compile_cac
   assert losses(run) == losses(whole)
 
 
+def test_a_collapse_found_at_a_checkpoint_step_saves_it_once(tmp_path, compile_cache,
+                                                               monkeypatch):
+  """checkpoint_every=3: the collapse of the test above is found while update 3 is
+  checked for its save; that save is the collapse's, not a second one of step 3."""
+  from rankjax.train import loop
+  monkeypatch.setattr(loop, "COLLAPSED_SIM", 0.0)
+  run = tmp_path / "run"
+  result = train(tiny_lm(stop_on_collapse=2, checkpoint_every=3), run, progress_bar=False)
+  assert (result.status, result.step) == ("collapsed", 3)
+  assert json.loads((run / "stopped.json").read_text())["step"] == 3
+  assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()
+                if p.name.isdigit()) == [3]
+
+
 def test_stop_on_collapse_needs_the_basic_diagnostic():
   with pytest.raises(ValueError, match="stop_on_collapse=3 reads the basic diagnostic"):
     tiny_lm(stop_on_collapse=3, diag_every=0)

@@ -1,41 +1,68 @@
-"""checkpoint_minutes: a save every N minutes of wall time (for preemptible pods),
-decided by Orbax's ContinuousCheckpointingPolicy on process 0 and agreed on by all."""
+"""When a run saves: Orbax's save-decision policy (``checkpoint.save_policy``): every
+``checkpoint_every`` updates, and with checkpoint_minutes (for preemptible pods) when that
+many minutes have passed since the newest checkpoint, decided by Orbax's
+ContinuousCheckpointingPolicy on process 0 and agreed on by all."""
 
 from __future__ import annotations
 
-import datetime
 import io
 import time
 
+import grain
+import numpy as np
 import pytest
 
+from rankjax.data import streams
 from rankjax.train import checkpoint as ckpt_lib
 from tests.train.conftest import tiny_lm
 
 
-def test_time_to_save_follows_the_clock_and_waits_for_a_running_save(tmp_path, monkeypatch):
-  t0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
-  clock = {"now": t0}
-  monkeypatch.setattr(ckpt_lib, "_now", lambda: clock["now"])
-  c = ckpt_lib.Checkpointer(tmp_path / "run", async_save=False)
+def _checkpointer(workdir, minutes: float) -> ckpt_lib.Checkpointer:
+  return ckpt_lib.Checkpointer(workdir, checkpoint_every=4, checkpoint_minutes=minutes,
+                               rebuild_data_state=streams.rebuild_data_state,
+                               async_save=False)
+
+
+def _save(c: ckpt_lib.Checkpointer, step: int) -> None:
+  data = iter(grain.MapDataset.range(4).to_iter_dataset())
+  c.save(step, {"w": np.zeros(2, np.float32)}, data, None, {"step": step})
+
+
+def test_should_save_follows_the_interval_and_the_clock(tmp_path, monkeypatch):
+  """checkpoint_every=4 and checkpoint_minutes=0.025 (1.5 s): with no checkpoint a step
+  is due at once; after a save only multiples of 4 until 1.5 s have passed; never a
+  timed save over a running one; a resumed run counts from the newest checkpoint on
+  disk (its commit time), not from its start; without checkpoint_minutes only the
+  multiples of 4."""
+  c = _checkpointer(tmp_path / "run", minutes=0.025)
   try:
-    at = lambda seconds: clock.update(now=t0 + datetime.timedelta(seconds=seconds))
-    at(59)
-    assert not c.time_to_save(1, minutes=1)
-    at(60)
-    assert c.time_to_save(2, minutes=1)
-    c.last_save_time = clock["now"]        # what save() records
-    at(100)
-    assert not c.time_to_save(3, minutes=1)
-    c.start_clock()                         # the loop's start: from here, not the save
-    at(159)
-    assert not c.time_to_save(4, minutes=1)
-    at(161)
-    assert c.time_to_save(5, minutes=1)
+    assert c.should_save(1)                  # no checkpoint yet
+    _save(c, 1)
+    assert not c.should_save(1)              # not above the newest saved step
+    assert not c.should_save(2)              # 1.5 s have not passed
+    assert c.should_save(4)                  # checkpoint_every, whatever the clock
+    time.sleep(1.6)
+    assert c.should_save(3)
     monkeypatch.setattr(c.manager, "is_saving_in_progress", lambda: True)
-    assert not c.time_to_save(6, minutes=1)  # never a second save over a running one
+    assert not c.should_save(5)              # never a second save over a running one
+    assert c.should_save(8)                  # an interval save waits for it instead
   finally:
     c.close()
+  resumed = _checkpointer(tmp_path / "run", minutes=10)
+  try:
+    assert not resumed.should_save(2)        # step 1 was committed < 10 min ago
+  finally:
+    resumed.close()
+  resumed = _checkpointer(tmp_path / "run", minutes=0.025)
+  try:
+    assert resumed.should_save(2)            # and > 1.5 s ago
+  finally:
+    resumed.close()
+  plain = _checkpointer(tmp_path / "plain", minutes=0)
+  try:
+    assert [s for s in range(1, 10) if plain.should_save(s)] == [4, 8]
+  finally:
+    plain.close()
 
 
 def _saved_steps(workdir) -> list[int]:
@@ -43,21 +70,25 @@ def _saved_steps(workdir) -> list[int]:
 
 
 def test_a_slow_run_saves_between_checkpoint_every_steps(tmp_path, compile_cache):
-  """Updates 3 and 6 take 0.4 s more (on_step sleeps): with checkpoint_minutes = 0.005
-  (0.3 s) a save comes at or after each, beside checkpoint_every's 4 and 8; without
-  it only 4 and 8 are saved."""
+  """Updates 3 and 6 take 0.7 s more (on_step sleeps): with checkpoint_minutes = 0.01
+  (0.6 s) update 1 is saved (no checkpoint yet) and a save comes at each of 3 and 6,
+  beside checkpoint_every's 4 and 8, and none at update 2 (0.6 s have not passed since
+  update 1's save); without it only 4 and 8 are saved."""
   from rankjax.train.loop import train
-  sleepy = lambda step: time.sleep(0.4) if step in (3, 6) else None
+  sleepy = lambda step: time.sleep(0.7) if step in (3, 6) else None
   base = dict(max_to_keep=10, diag_every=0, eval_every=0, async_checkpointing=False)
   plain = tmp_path / "plain"
   train(tiny_lm(**base), plain, on_step=sleepy, progress_bar=False, stream=io.StringIO())
   assert _saved_steps(plain) == [4, 8]
   timed, log = tmp_path / "timed", io.StringIO()
-  train(tiny_lm(checkpoint_minutes=0.005, **base), timed, on_step=sleepy, progress_bar=False,
+  train(tiny_lm(checkpoint_minutes=0.01, **base), timed, on_step=sleepy, progress_bar=False,
         stream=log)
   extra = sorted(set(_saved_steps(timed)) - {4, 8})
-  assert 3 in extra and 6 in extra, (extra, log.getvalue())
-  assert "since the last save; saving (checkpoint_minutes)" in log.getvalue()
+  assert {1, 3, 6} <= set(extra) and 2 not in extra, (extra, log.getvalue())
+  said = log.getvalue()
+  assert "update 1: no checkpoint yet; saving (checkpoint_minutes)" in said
+  assert ("update 3: 0.01 min since the newest checkpoint (1); saving (checkpoint_minutes)"
+          in said)
 
 
 def test_checkpoint_minutes_is_checked():
@@ -80,7 +111,7 @@ def test_two_processes_agree_on_every_timed_save(worker_env, tmp_path):
     assert code == 0, err[-3000:]
     assert (result["status"], result["step"]) == ("completed", 8)
   saved = _saved_steps(workdir)
-  assert saved[-1] == 8 and len(saved) >= 2, saved          # timed saves before the end
+  assert saved[0] == 1 and saved[-1] == 8, saved     # timed saves from update 1 (none yet)
   for step in saved:
     data = sorted(p.name for p in (workdir / "checkpoints" / str(step) / "data").iterdir()
                   if p.suffix == ".json")
