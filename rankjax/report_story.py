@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rankjax.train.diagnostics_postnorm import ALARM_SIM_MIN as COLLAPSED_SIM
+from rankjax.measure.gradients import ALARM_SIM_MIN as COLLAPSED_SIM
 RECORD_HINT = ("train a new run (another --workdir) with --set "
                "diagnostics=basic,postnorm,attention")
 PLACEMENT_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "output": "Output-Norm",

@@ -269,8 +269,15 @@ def detect_transition(steps: Sequence[int], last_sim: Sequence[float], loss: Seq
   return Transition(False, None, None, 0.0, 0.0)
 
 
-def collapse_alarm(loss: Any, freq_loss: Any, last_sim: Any, *, rel_tol: float = 0.05,
-                   sim_min: float = 0.95) -> np.ndarray:
+# the collapse alarm's tolerances: the loss within 5% of the frequency loss, the last
+# layer's token similarity at least 0.95 (a run "collapsed": the report, stop_on_collapse)
+ALARM_REL_TOL = 0.05
+ALARM_SIM_MIN = 0.95
+
+
+def collapse_alarm(loss: Any, freq_loss: Any, last_sim: Any, *,
+                   rel_tol: float = ALARM_REL_TOL, sim_min: float = ALARM_SIM_MIN
+                   ) -> np.ndarray:
   """The collapse alarm (Sec 4.3, Thm 3.8): loss at the frequency loss, similarity ~1.
 
   True where ``|loss - freq_loss| <= rel_tol * freq_loss`` and

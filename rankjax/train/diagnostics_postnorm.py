@@ -53,14 +53,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from rankjax.measure import gradients as gr
+from rankjax.measure.gradients import ALARM_REL_TOL, ALARM_SIM_MIN
 from rankjax.measure.losses import cross_entropy, frequency_loss
 from rankjax.measure.similarity import token_similarity
 from rankjax.train import diagnostics
 
 Array = jax.Array
-
-ALARM_REL_TOL = 0.05
-ALARM_SIM_MIN = 0.95
 
 
 def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:

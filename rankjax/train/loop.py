@@ -54,7 +54,7 @@ from rankjax.train.checkpoint import Checkpointer
 from rankjax.train.diagnostics import DiagnosticsHistory
 from rankjax.train.checkpoint import STOPPED, read_stopped, write_stopped
 from rankjax.train.checkpoint import check_workdir_config, write_config
-from rankjax.train.diagnostics_postnorm import ALARM_SIM_MIN as COLLAPSED_SIM
+from rankjax.measure.gradients import ALARM_SIM_MIN as COLLAPSED_SIM
 from rankjax.train.logging import MetricsWriter
 from rankjax.train.state import TrainState, make_eval_step, make_init, make_optimizer, make_step
 
