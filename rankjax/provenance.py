@@ -8,6 +8,7 @@ and the wall time. ``rankjax.studies.results`` (the studies) and ``rankjax tour`
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import pathlib
 import platform
@@ -51,6 +52,36 @@ def cpu_name() -> str:
   return platform.processor() or platform.machine()
 
 
+def cpu_features() -> str | None:
+  """A short hash of the host CPU's feature flags (/proc/cpuinfo), which XLA's CPU
+  compiler targets by default: the same jax/jaxlib, XLA flags and features give the
+  same bits (None where the flags cannot be read)."""
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith(("flags", "Features")):
+        flags = " ".join(sorted(line.split(":", 1)[1].split()))
+        return hashlib.sha256(flags.encode()).hexdigest()[:16]
+  except OSError:
+    pass
+  return None
+
+
+BITS_KEYS = ("jax", "jaxlib", "backend", "device_kind", "device_count", "xla_flags",
+             "cpu_features")   # what decides a rerun's bits (same_bits)
+
+
+def same_bits(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, str]:
+  """Whether two provenances decide the same bits (:data:`BITS_KEYS` all recorded and
+  equal), and why not in a line."""
+  missing = [k for k in BITS_KEYS if a.get(k) is None and k != "xla_flags"]
+  if missing:
+    return False, f"the committed run recorded no {', '.join(missing)}"
+  differ = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in BITS_KEYS if a.get(k) != b.get(k)]
+  if differ:
+    return False, "; ".join(differ)
+  return True, "same " + ", ".join(BITS_KEYS)
+
+
 def provenance(wall_s: float | None = None) -> dict[str, Any]:
   """Where and with what a result was computed. ``dirty``: the checkout had changes
   other than the files rendered from results (``RENDERED``): uncommitted code produced
@@ -70,6 +101,6 @@ def provenance(wall_s: float | None = None) -> dict[str, Any]:
           "numpy": numpy.__version__, "python": platform.python_version(),
           "backend": jax.default_backend(), "device_kind": dev.device_kind,
           "device_count": jax.device_count(), "cpu": cpu_name(),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "cpu_features": cpu_features(),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           "wall_s": None if wall_s is None else round(wall_s, 1)}

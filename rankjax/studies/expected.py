@@ -7,8 +7,13 @@ each table of results in it is a block the renderer owns:
     (generated: the rows of experiments/<study>/results/quick/table3.json)
     <!-- end results -->
 
-``<!-- results SCALE/counts -->`` renders the scale's status counts (summary.json:
-at the paper's setting, the proxies apart). Options after the name: ``items=REGEX`` keeps the rows whose item matches (search),
+``<!-- results SCALE/counts -->`` renders the scale's counts by paper item (summary.json:
+at the paper's setting, the proxies apart; ``rankjax.studies.items``).
+``<!-- register -->`` renders the claims register: every item of the study's
+``register`` (``rankjax.studies.items.PaperItem``) with the paper's words its rows quote,
+its rows by kind and its status at each committed scale, or why no row tests it.
+``<!-- figure SCALE/FILE.png -->`` shows a committed figure
+(``results/SCALE/figures/FILE.png``, copied there by ``--record``). Options after the name: ``items=REGEX`` keeps the rows whose item matches (search),
 ``fields=a,b,c`` picks the columns (default :data:`FIELDS`). Under each table a line
 gives the provenance (commit, device, date, wall time). A block whose results file is
 missing renders as one line saying so.
@@ -30,12 +35,16 @@ import shlex
 import sys
 from typing import Sequence
 
-from rankjax.studies import finder, results
+from rankjax.studies import finder, items, results
 
-COUNTS = "counts"   # <!-- results SCALE/counts -->: the scale's status counts
+COUNTS = "counts"   # <!-- results SCALE/counts -->: the scale's counts by paper item
+FIGURES = "figures"   # results/<scale>/figures/: the committed figures
 FIELDS = ("item", "quantity", "paper", "ours", "sd", "n", "interval", "band", "rule", "status")
 _BLOCK = re.compile(r"(<!-- results (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)",
                     re.S)
+_REGISTER = re.compile(r"(<!-- register -->\n)(?P<body>.*?)(<!-- end register -->)", re.S)
+_FIGURE = re.compile(r"(<!-- figure (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end figure -->)",
+                     re.S)
 
 
 def path_of(study) -> pathlib.Path:
@@ -84,10 +93,70 @@ def _counts_block(study: str, scale: str) -> str:
           f"`{results.shown(path, study)}`).\n")
 
 
+def committed_rows(study) -> dict[str, list[dict]]:
+  """``{scale: rows}`` of every committed scale's summary.json (tiny has none)."""
+  base = finder.folder_of(study) / "results"
+  return {p.parent.name: json.loads(p.read_text())
+          for p in sorted(base.glob("*/summary.json"))}
+
+
+def _register_block(study) -> str:
+  loaded = study if hasattr(study, "register") else finder.load(finder.folder_of(study))
+  by_scale = {scale: items.item_table(rows) for scale, rows in committed_rows(study).items()}
+  quotes: dict[str, list[str]] = {}
+  for rows in committed_rows(study).values():
+    for r in rows:
+      q = r.get("quote")
+      if q and r.get("where") and q not in quotes.setdefault(r["where"], []):
+        quotes[r["where"]].append(q)
+  scales = list(by_scale)
+  lines = ["| paper item | what it states | the paper's words (as the rows quote them) | "
+           + " | ".join(scales) + " |", "|---|---|---|" + "---|" * len(scales)]
+  for e in loaded.register:
+    cells = []
+    for scale in scales:
+      t = by_scale[scale].get(e.where)
+      if t is None:
+        cells.append("")
+        continue
+      kinds = ", ".join(f"{t[k]} {k[:5] if k != 'experiment' else 'exp'}"
+                        for k in ("experiment", "identity", "sensitivity") if t[k])
+      cells.append(f"**{t['status']}** ({kinds})" + (f": {t['why']}" if t["why"] else ""))
+    words = " / ".join(f"\"{q}\"" for q in quotes.get(e.where, []))
+    if e.untested:
+      words = (words + " " if words else "") + f"(no row: {e.untested})"
+    lines.append("| " + " | ".join(results._cell(x) for x in (e.where, e.what, words))
+                 + " | " + " | ".join(results._cell(c) for c in cells) + " |")
+  problems = items.check_register(loaded.register, [r for rows in committed_rows(study).values()
+                                                    for r in rows])
+  if problems:
+    lines += ["", "Register problems: " + "; ".join(problems) + "."]
+  lines += ["", "Status per scale: the item's status from its experiment rows "
+            "(rankjax.studies.items); in brackets its rows by kind (exp: experiment, "
+            "identi: identity, sensi: sensitivity; only experiment rows count)."]
+  return "\n".join(lines) + "\n"
+
+
+def _figure_block(study, spec: str) -> str:
+  parts = shlex.split(spec)
+  if len(parts) != 1 or parts[0].count("/") != 1:
+    raise ValueError(f"EXPECTED.md: figure block {spec!r}: write '<!-- figure SCALE/FILE.png -->'")
+  scale, name = parts[0].split("/")
+  path = results.committed_dir(study, scale) / FIGURES / name
+  if not path.is_file():
+    return f"(no committed figure {results.shown(path, study)} yet)\n"
+  rel = path.relative_to(finder.folder_of(study))
+  return f"![{name} ({scale} scale)]({rel.as_posix()})\n"
+
+
 def render(study: str, text: str | None = None) -> str:
-  """The study's EXPECTED.md with every results block regenerated."""
+  """The study's EXPECTED.md with every results, register and figure block regenerated."""
   text = path_of(study).read_text() if text is None else text
-  return _BLOCK.sub(lambda m: m.group(1) + _block(study, m.group("spec")) + m.group(4), text)
+  text = _BLOCK.sub(lambda m: m.group(1) + _block(study, m.group("spec")) + m.group(4), text)
+  if _REGISTER.search(text):
+    text = _REGISTER.sub(lambda m: m.group(1) + _register_block(study) + m.group(3), text)
+  return _FIGURE.sub(lambda m: m.group(1) + _figure_block(study, m.group("spec"))
+                     + m.group(4), text)
 
 
 def write(study: str) -> bool:
@@ -127,9 +196,22 @@ def record(study, out_dir: str | pathlib.Path, scale: str, names: Sequence[str])
     if path.is_file():
       (dst / path.name).write_text(path.read_text())
       done.append(name)
+      _copy_figures(study, name, pathlib.Path(out_dir), dst / FIGURES)
   results.render_summary(study, dst, scale)
   write(study)
   return done
+
+
+def _copy_figures(study, name: str, out_dir: pathlib.Path, dst: pathlib.Path) -> None:
+  """The figures experiment ``name`` declares (``Experiment.figures``) from its run
+  folder into the committed ``figures/`` folder."""
+  exp = study.experiments[name]
+  folder = out_dir / exp.folder if exp.folder else out_dir
+  for fname in exp.figures:
+    src = folder / fname
+    if src.is_file():
+      dst.mkdir(parents=True, exist_ok=True)
+      (dst / pathlib.Path(fname).name).write_bytes(src.read_bytes())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

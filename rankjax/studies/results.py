@@ -21,7 +21,7 @@ import math
 import pathlib
 from typing import Any, Sequence
 
-from rankjax.studies import evidence, finder
+from rankjax.studies import evidence, finder, items
 from rankjax.provenance import last_commit, provenance
 
 DATA_LIMIT = 256 * 1024   # bytes of figure data a committed results file may hold
@@ -127,19 +127,16 @@ def table(rows: Sequence[dict], fields: Sequence[str] = evidence.FIELDS) -> list
 
 
 def counts(rows: Sequence[dict]) -> dict[str, int]:
-  """Rows per status (``tiny`` only when a row has it: only --scale tiny makes them)."""
+  """Rows per status (``tiny`` only when a row has it: only --scale tiny makes them);
+  the study's counts are by paper item (:func:`counts_text`)."""
   n = {s: sum(r["status"] == s for r in rows) for s in evidence.STATUSES}
   return {s: k for s, k in n.items() if k or s != "tiny"}
 
 
-def counts_text(rows: Sequence[dict]) -> str:
-  """The counts in words: the verdicts at the paper's setting, the proxies apart, the
-  rest (the line summary.md, EXPECTED.md and ``rankjax reproduce`` print)."""
-  n = counts(rows)
-  part = lambda keys: ", ".join(f"{s} {n[s]}" for s in keys if s in n)
-  rest = part([s for s in n if s not in (*evidence.JUDGED, "proxy")])
-  return (f"at the paper's setting {part(evidence.JUDGED)}; proxy {n['proxy']} (measured "
-          f"at another setting, counted apart, never a match)" + (f"; {rest}" if rest else ""))
+counts_text = items.counts_text   # by paper item, experiment rows only
+
+
+SUMMARY_FIELDS = tuple(f for f in evidence.FIELDS if f != "quote")   # the register quotes
 
 
 def summary_markdown(study, rows: list[dict], scale: str,
@@ -149,12 +146,15 @@ def summary_markdown(study, rows: list[dict], scale: str,
   lines = [f"# {study.title} ({scale} scale)", ""]
   if study.notes.get(scale):
     lines += [study.notes[scale], ""]
-  lines += ["Status counts: " + counts_text(rows) + ". Each status is computed from the "
-            "row's numbers: the 95% t-interval of "
-            "the seeds' mean (one value: the value) inside [paper - band, paper + band] "
-            "is a match, wholly outside a mismatch, else inconclusive; a predicate row "
-            "likewise; machine-readable: summary.json.", ""]
-  lines += table(rows)
+  lines += ["Counts by paper item: " + counts_text(rows) + ". Each row's status is "
+            "computed from its numbers: the 95% t-interval of the seeds' mean (a "
+            "family's Sidak level: the row's confidence; one value: the value) inside "
+            "[paper - band, paper + band] is a match, wholly outside a mismatch, else "
+            "inconclusive; a predicate row likewise; a one-draw row by the range of single "
+            "draws. An item's status comes from its experiment rows "
+            "(rankjax.studies.items); machine-readable: summary.json (quotes included).",
+            ""]
+  lines += table(rows, SUMMARY_FIELDS)
   if provenance_by:
     lines += ["", "| experiment | commit | dirty | device | wall (s) | date |",
               "|---|---|---|---|---|---|"]
@@ -189,6 +189,7 @@ def input_mismatch(name: str, new: dict[str, Any], old: dict[str, Any]) -> str |
 
 
 RECHECK_RTOL = 1e-4   # --check: a deterministic number's relative drift from its record
+BITS_RTOL = 1e-6      # --check of a trained run where its bits are decided the same way
 
 
 def _drifted(a: float | None, b: float | None, rtol: float, atol: float = 0.0) -> bool:
@@ -202,14 +203,16 @@ def _overlap(a: list[float] | None, b: list[float] | None) -> bool:
 
 
 def compare(new: Sequence[dict], old: Sequence[dict], rtol: float = RECHECK_RTOL,
-            trained: bool = False, atol: float = 0.0) -> list[str]:
+            trained: bool = False, atol: float = 0.0, same_bits: bool = False) -> list[str]:
   """What moved between a rerun's rows and the committed rows of the same experiment,
   judged by a reproducibility tolerance of its own (never the paper band): a status
   that changed; for a deterministic experiment, a mean or per-seed value that moved by
   more than ``rtol`` relative (plus ``atol``, for rows that are rounding residuals);
-  for a ``trained`` one (rounding moves its runs), a
-  rerun whose 95% interval of the mean does not overlap the committed one (rows of one
-  value: ``rtol`` as above); a row that appeared or vanished. Empty when nothing moved."""
+  for a ``trained`` one: where the rerun's bits are decided as the record's were
+  (``same_bits``: ``rankjax.provenance.same_bits``) every per-seed value within
+  :data:`BITS_RTOL` relative, elsewhere (rounding moves its runs) a rerun whose 95%
+  interval of the mean does not overlap the committed one (rows of one value: ``rtol``
+  as above); a row that appeared or vanished. Empty when nothing moved."""
   key = lambda r: (r["experiment"], r["item"])
   before, after = {key(r): r for r in old}, {key(r): r for r in new}
   out = []
@@ -223,17 +226,34 @@ def compare(new: Sequence[dict], old: Sequence[dict], rtol: float = RECHECK_RTOL
       out.append(f"{k[0]} / {k[1]}: status {a['status']} -> {b['status']} "
                  f"(ours {_cell(a['ours'])} -> {_cell(b['ours'])})")
       continue
-    if trained and a.get("interval") and b.get("interval"):
+    tol = rtol
+    if trained and same_bits:
+      tol = BITS_RTOL
+    elif trained and a.get("interval") and b.get("interval"):
       if not _overlap(a["interval"], b["interval"]):
         out.append(f"{k[0]} / {k[1]}: interval {_cell(a['interval'])} -> "
                    f"{_cell(b['interval'])}, no overlap")
       continue
     pairs = [(a["ours"], b["ours"])]
-    if not trained:
+    if not trained or same_bits:
       pairs += list(zip(a.get("per_seed") or [], b.get("per_seed") or []))
     if len(a.get("per_seed") or []) != len(b.get("per_seed") or []) or any(
-        _drifted(x, y, rtol, atol) for x, y in pairs):
+        _drifted(x, y, tol, 0.0 if trained and same_bits else atol) for x, y in pairs):
       out.append(f"{k[0]} / {k[1]}: ours {_cell(a['ours'])} -> {_cell(b['ours'])}, "
-                 f"moved more than {rtol:g} relative" + (f" + {atol:g}" if atol else "")
+                 f"moved more than {tol:g} relative"
+                 + (f" + {atol:g}" if atol and not (trained and same_bits) else "")
                  + " (mean or a seed)")
   return out
+
+
+def check_rule(trained: bool, committed: dict, rerun: dict, rtol: float = RECHECK_RTOL
+               ) -> tuple[bool, str]:
+  """``(same_bits, the rule --check applies, in a line)`` for one experiment's rerun
+  against its committed results file."""
+  from rankjax.provenance import same_bits
+  if not trained:
+    return False, f"deterministic: every number within {rtol:g} relative"
+  same, why = same_bits(committed.get("provenance") or {}, rerun.get("provenance") or {})
+  if same:
+    return True, f"trained, bits decided alike ({why}): every seed within {BITS_RTOL:g} relative"
+  return False, f"trained, bits may differ ({why}): the seeds' 95% intervals must overlap"

@@ -76,6 +76,8 @@ class Experiment:
     deterministic number (``results.RECHECK_RTOL`` and 0 unless ``recheck_why`` says
     why not: e.g. rows that are rounding residuals, or contours interpolated between
     float32 ranks).
+  figures: the PNG files (under its output folder) that ``--record`` commits beside its
+    results (``results/<scale>/figures/``), which EXPECTED.md shows.
   runs: scale -> ``{name: TrainConfig}``, the ``rankjax train`` runs it reads at that
     scale (``rankjax.studies.training``; None or {} for none). The runner trains them in
     ``<folder>/runs/<name>`` before any experiment runs, in every process of a
@@ -94,6 +96,7 @@ class Experiment:
   recheck_rtol: float = results_files.RECHECK_RTOL
   recheck_atol: float = 0.0
   recheck_why: str = ""
+  figures: tuple[str, ...] = ()
 
   def __post_init__(self):
     if (self.recheck_rtol != results_files.RECHECK_RTOL or self.recheck_atol) \
@@ -106,7 +109,8 @@ class Experiment:
 @dataclasses.dataclass(frozen=True)
 class Study:
   """A study: its experiments by name (``Experiment``), aliases for ``--only``, the
-  scales it knows, summary notes per scale; ``package`` and ``folder`` are set when
+  scales it knows, summary notes per scale, the register of the paper's items (every
+  figure, table and quantitative statement, ``rankjax.studies.items``); ``package`` and ``folder`` are set when
   ``rankjax.studies.finder.load`` imports it."""
   name: str
   title: str
@@ -114,6 +118,7 @@ class Study:
   aliases: dict[str, str] = dataclasses.field(default_factory=dict)
   scales: tuple[str, ...] = ("quick", "paper", "tiny")
   notes: dict[str, str] = dataclasses.field(default_factory=dict)   # scale -> summary note
+  register: tuple = ()   # every item of the paper (rankjax.studies.items.PaperItem)
   package: str = ""   # its import name (set by rankjax.studies.finder.load)
   folder: pathlib.Path | None = None   # its folder: results/, EXPECTED.md (finder.load)
 
