@@ -213,8 +213,9 @@ def test_expected_blocks_render_from_results_files(tmp_path):
     expected.render(study, "<!-- results quick/fig1 colour=red -->\n<!-- end results -->")
   (folder / "summary.json").write_text(json.dumps(rows + [dict(rows[0], status="proxy")]))
   counted = expected.render(study, "<!-- results quick/counts -->\n<!-- end results -->")
-  assert ("quick scale, 3 rows: at the paper's setting match 1, mismatch 1, inconclusive 0; "
-          "proxy 1 (measured at another setting") in counted
+  assert ("quick scale, 3 rows: 1 paper items: at the paper's setting match 0, mismatch 1, "
+          "inconclusive 0, open 0; proxy 0 (measured at another setting") in counted
+  assert "(from 3 experiment rows; 0 identity and 0 sensitivity rows shown" in counted
 
 
 def test_the_committed_expected_files_are_what_their_results_render():
