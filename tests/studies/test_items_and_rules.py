@@ -205,7 +205,8 @@ def test_the_register_and_figures_render_in_expected_md(tmp_path):
 
 
 def test_check_of_a_trained_run_uses_bits_where_the_bits_are_decided_alike():
-  prov = {"jax": "0.10.2", "jaxlib": "0.10.2", "backend": "cpu", "device_kind": "cpu",
+  prov = {"jax": "0.10.2", "jaxlib": "0.10.2", "flax": "0.12.8", "optax": "0.2.6",
+          "numpy": "2.4.6", "backend": "cpu", "device_kind": "cpu",
           "device_count": 1, "xla_flags": "", "cpu_features": "abc"}
   assert same_bits(prov, dict(prov))[0]
   same, why = same_bits(prov, dict(prov, cpu_features="def"))
