@@ -45,6 +45,7 @@ import sys
 from typing import Sequence
 
 from rankjax.studies import finder
+from rankjax.errors import UserError
 
 def studies(extra: Sequence[str] = ()) -> tuple[str, ...]:
   """The studies found: the checkout's ``experiments/`` and every ``extra`` path."""
@@ -55,7 +56,7 @@ def study(name: str, extra: Sequence[str] = ()):
   """The ``STUDY`` of the study package ``name`` (``rankjax.studies.finder``)."""
   known = finder.find(extra)
   if name not in known:
-    raise ValueError(f"study {name!r} is not known; choose one of "
+    raise UserError(f"study {name!r} is not known; choose one of "
                      f"{sorted(known) + ['all']}" + ("" if extra else
                                                      " (a study of your own: --studies PATH)"))
   return finder.load(known[name])
@@ -68,7 +69,7 @@ def _split_all(only: list[str], extra: Sequence[str] = ()) -> dict[str, list[str
   known = {s: {k.lower(): k for k in study(s, extra).names()} for s in studies(extra)}
   unknown = [n for n in wanted if not any(n.lower() in k for k in known.values())]
   if unknown:
-    raise ValueError(f"--only {unknown}: no study has such an experiment; "
+    raise UserError(f"--only {unknown}: no study has such an experiment; "
                      + "; ".join(f"{s}: {sorted(k.values())}" for s, k in known.items()))
   return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in known}
 
@@ -114,7 +115,7 @@ def _run_one(the_study, out_dir, scale: str, only, record: bool, check: bool,
   return res
 
 
-class NoAccelerator(ValueError):
+class NoAccelerator(UserError):
   """``--scale paper`` on a machine whose JAX backend is the CPU, without --allow-cpu."""
 
 
@@ -153,7 +154,7 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   """
   from rankjax.studies import training
   if sets and (record or check):
-    raise ValueError("--set changes the runs: their numbers are not the committed results "
+    raise UserError("--set changes the runs: their numbers are not the committed results "
                      "(no --record or --check with it)")
   with training.user_sets(sets):
     return _run(name, out_dir, scale, only, record, check, options, extra, plan_only)
@@ -168,10 +169,10 @@ def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -
       if name == "all" else {name: only}
   plan = {s: names for s, names in plan.items() if names is None or names}
   if (record or check) and scale == "tiny":
-    raise ValueError("--scale tiny measures the code path at laptop sizes: its rows are not "
+    raise UserError("--scale tiny measures the code path at laptop sizes: its rows are not "
                      "evidence (no --record or --check with it)")
   if options and (record or check):
-    raise ValueError("--checkpoint measures your weights: its numbers are not the committed "
+    raise UserError("--checkpoint measures your weights: its numbers are not the committed "
                      "results (no --record or --check with it)")
   loaded = {s: study(s, extra) for s in plan}
   for s, names in plan.items():   # every check before the first experiment runs
@@ -179,7 +180,7 @@ def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -
     runner.check_options(loaded[s], loaded[s].resolve(names), options or {})
   from rankjax.studies import training
   if training.active_sets() and not training.sets_applied():
-    raise ValueError(f"--set {' '.join(training.active_sets())}: no training run the runner "
+    raise UserError(f"--set {' '.join(training.active_sets())}: no training run the runner "
                      f"trains at --scale {scale} (the runs of --scale paper and tiny)")
   if plan_only:
     return {}

@@ -29,6 +29,7 @@ import time
 
 from rankjax import preemption
 from rankjax.tour_runs import PLACEMENTS, lm_configs, mlp_config  # noqa: F401
+from rankjax.errors import UserError
 
 
 def measure_jacobians(path: pathlib.Path, smoke: bool = False) -> dict:
@@ -121,7 +122,7 @@ def check_tour_workdir(workdir: pathlib.Path) -> None:
   (its ``config.json`` or ``checkpoints/``) is refused before anything runs."""
   for marker in ("config.json", "checkpoints"):
     if (workdir / marker).exists():
-      raise ValueError(f"--workdir {workdir} holds a rankjax train run ({marker}); the tour "
+      raise UserError(f"--workdir {workdir} holds a rankjax train run ({marker}); the tour "
                        "writes its own runs into a folder of their own: choose another")
 
 

@@ -284,3 +284,42 @@ def test_all_corrupt_checkpoints_stay_one_line_to_the_process_exit(tmp_path):
       if p.returncode != 3 or len(lines) != 1:
         failures.append((command[0], p.returncode, lines[:3]))
   assert not failures, failures
+
+
+MLP_CONFIG = ROOT / "experiments" / "configs" / "mlp_classifier.json"
+MLP_SMALL = ["--set", "model.depth=2", "--set", "model.width=8", "--set", "total_steps=2",
+             "--set", "batch_size=8", "--set", "diag_every=1", "--set", "log_every=1",
+             "--set", "eval_every=0", "--set", "checkpoint_every=2"]
+
+
+def test_a_run_refused_for_its_diagnostics_writes_nothing(inputs, capsys):
+  """The attention diagnostic on an MLP was refused only when the first diagnostics
+  step traced: after config.json, metrics.jsonl, checkpoints/ and tensorboard/ were
+  written, so the corrected command was refused as "a different config"."""
+  refused = ["train", "--config", MLP_CONFIG, "--workdir", "w", *MLP_SMALL,
+             "--set", "diagnostics=basic,attention"]
+  _check_one_line(refused, 2, "needs a transformer model", inputs, capsys)
+  corrected = ["train", "--config", MLP_CONFIG, "--workdir", "w", *MLP_SMALL,
+               "--set", "diagnostics=basic"]
+  assert _call(corrected) == 0, capsys.readouterr().err
+  assert (inputs / "w" / "config.json").is_file()
+
+
+def test_a_bug_inside_a_command_shows_its_traceback(inputs, capsys, monkeypatch):
+  """A ValueError that is not bad input (a bug planted in ``train``'s config reading)
+  was told as one line with exit 2, like a typo; it is a traceback on stderr and in the
+  log, and exit 1. Bad input (``UserError``) stays one line: the cases above."""
+  import rankjax.config
+
+  def planted(*_):
+    raise ValueError("planted bug")
+
+  monkeypatch.setattr(rankjax.config, "override", planted)
+  assert _call(TRAIN) == 1
+  err = capsys.readouterr().err
+  assert "Traceback (most recent call last)" in err and "in planted" in err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("rankjax train: internal error") and "planted bug" in last
+  log = last.rsplit("also in ", 1)[1].rstrip(")")
+  assert "in planted" in pathlib.Path(log).read_text()
+  assert not (inputs / "w").exists()
