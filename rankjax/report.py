@@ -203,15 +203,19 @@ def _runs_table(runs: dict, numbers: dict[str, story.RunNumbers]) -> str:
   rows = []
   for name, run in runs.items():
     n = numbers[name]
-    lm = n.model == "transformer"
+    task = task_lib.make_task(run.config)
+
+    def lm_cell(value: float | None) -> str:
+      """The number the sentences quote (any model kind); else why there is none."""
+      return _cell(value) if value is not None or task.data_kind == "text" else "n/a (LM runs)"
+
     last_sim = float(n.tsim[-1, -1]) if n.tsim is not None else None
-    speed = story.throughput(run.history, task_lib.make_task(run.config).throughput_unit)
+    speed = story.throughput(run.history, task.throughput_unit)
     rate = "not logged" if speed is None else f"{speed[0]:.4g} {speed[1]}"
     logged = [r for r in run.history if "mfu" in r]
     mfu = f"{logged[-1]['mfu']:.1%}" if logged else "n/a"
-    cells = [html.escape(name), str(n.updates), _cell(n.final_loss),
-             _cell(n.freq_loss) if lm else "n/a (LM runs)",
-             _cell(last_sim) if lm else "n/a (LM runs)", rate, mfu]
+    cells = [html.escape(name), str(n.updates), _cell(n.final_loss), lm_cell(n.freq_loss),
+             lm_cell(last_sim), rate, mfu]
     rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
   return ("<table><tr><th>run</th><th>updates</th><th>final loss</th>"
           "<th>frequency loss</th><th>last-layer token similarity</th><th>throughput (last "
@@ -229,6 +233,9 @@ def _diagnostics_table(runs: dict) -> str:
     for key in sorted(run.diagnostics):
       values = np.asarray(run.diagnostics[key])
       shape = "x".join(map(str, values.shape[1:])) + " values" if values.ndim > 1 else "scalar"
+      at = figs.layers_of(run, key)
+      if at is not None:
+        shape += f" (layers {', '.join(map(str, at))})"
       where = f"figure {shown[key]}" if shown[key] else "this table only"
       cells = [name, key, shape, str(len(values)), story.last_values(values), where]
       rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
@@ -301,7 +308,9 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
           [f"Not recorded in {name}: {'; '.join(m)}." for name, m in missing.items()]
           + [f"To record them, {story.RECORD_HINT}."], cls="note"))
     body.append(_paragraph(["Layers are numbered from 0 (the first layer), as in "
-                            "rankjax.load_run's columns and TensorBoard's layer_00 tags."],
+                            "rankjax.load_run's columns and TensorBoard's layer_00 tags; "
+                            "the attention diagnostic measures some layers only, named "
+                            "by its layers series."],
                            cls="note"))
     body.append(_diagnostics_table(runs))
   body += [_figure(path, caption) for path, caption in figures]

@@ -157,6 +157,7 @@ def plot_study(result: Mapping[str, Any], path: pathlib.Path, title: str = "") -
     axes[2].set_yscale("log")
   n = f"{result['num_seeds']} seeds x {result['num_inputs']} inputs, {result['dtype']}"
   fig.suptitle(f"{title} ({n}; shaded: min-max)" if title else n)
+  plotting.plain_ticks(fig)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -182,6 +183,7 @@ def plot_sweep(points: Sequence[Mapping[str, Any]], results: Sequence[Mapping[st
   axes[1].set(ylabel="erank(dh_L/dh_0) / d (+- sd)")
   n = results[0]
   fig.suptitle(f"{n['num_seeds']} seeds x {n['num_inputs']} inputs, {n['dtype']}")
+  plotting.plain_ticks(fig)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
