@@ -121,7 +121,12 @@ def build_analysis_report(out_dir: pathlib.Path, r: dict) -> pathlib.Path:
           ("mean spike", lambda l: l.get("mean_spike")),
           ("block erank / d", block_erank_over_d),
           ("median p_max", lambda l: _mean_of(l.get("attention"), "p_max")),
-          ("median theta_cert", lambda l: _mean_of(l.get("attention"), "theta_cert")),
+          ("median theta_cert (every row)",
+           lambda l: _mean_of(l.get("attention"), "theta_cert")),
+          ("median theta_exact (short rows)",
+           lambda l: _mean_of(l.get("attention"), "theta_exact")),
+          ("median theta_cert (short rows)",
+           lambda l: _mean_of(l.get("attention"), "theta_cert_exact_rows")),
           ("alpha_1", lambda l: l.get("gradients", {}).get("alpha_1")),
           ("alpha_2", lambda l: l.get("gradients", {}).get("alpha_2")),
           ("c_1 (Thm 3.6)", lambda l: l.get("gradients", {}).get("contraction_1")),
@@ -134,8 +139,14 @@ def build_analysis_report(out_dir: pathlib.Path, r: dict) -> pathlib.Path:
   body = "".join("<tr>" + f"<td>{name}</td>" + "".join(
       f"<td>{'' if f(l) is None else format(f(l), '.4g')}</td>" for _, f in cols) + "</tr>"
       for name, l in rows)
+  rows_note = ("<p class='note'>Attention medians are means over heads; which rows "
+               "each covers: " + "; ".join(f"{html.escape(k)}: {html.escape(v)}" for k, v in
+                                         r["attention_rows"].items()) +
+               ". The certificate is a lower bound of theta row by row: compare it with "
+               "theta_exact over the same (short) rows.</p>"
+               if "attention_rows" in r else "")
   parts = [_paragraph(_analysis_sentences(r)),
-           f"<table><tr>{head}</tr>{body}</table>",
+           f"<table><tr>{head}</tr>{body}</table>", rows_note,
            "<p class='note'>Per-head attention statistics (percentiles over rows), every "
            "Jacobian's top singular values and the path-order profile are in "
            "analysis.json (there erank and stable_rank are absolute; keys ending _over_d "

@@ -185,6 +185,8 @@ def analyze(model, seqs: np.ndarray, positions: list[int], measures: set[str],
       row.update(entry)
   for l, heads in enumerate(fwd["attention"]):
     out["layers"][l]["attention"] = heads
+  if "attention" in measures:
+    out["attention_rows"] = m.attention_rows(seqs.shape[1])
   if "jacobian" in measures:
     depth = {}
     for pos, blocks in fwd["token_blocks"].items():
