@@ -46,6 +46,7 @@ from typing import Sequence
 
 from rankjax.studies import finder
 from rankjax.errors import UserError
+from rankjax.studies import listing
 
 def studies(extra: Sequence[str] = ()) -> tuple[str, ...]:
   """The studies found: the checkout's ``experiments/`` and every ``extra`` path."""
@@ -69,8 +70,10 @@ def _split_all(only: list[str], extra: Sequence[str] = ()) -> dict[str, list[str
   known = {s: {k.lower(): k for k in study(s, extra).names()} for s in studies(extra)}
   unknown = [n for n in wanted if not any(n.lower() in k for k in known.values())]
   if unknown:
-    raise UserError(f"--only {unknown}: no study has such an experiment; "
-                     + "; ".join(f"{s}: {sorted(k.values())}" for s, k in known.items()))
+    raise UserError(f"--only {unknown}: no study has such an experiment; they are (wall "
+                    "time of the committed results) " + " | ".join(
+                        f"{s}: {listing.experiments_with_costs(study(s, extra))}"
+                        for s in known))
   return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in known}
 
 

@@ -161,5 +161,6 @@ def add_parser(sub) -> None:
   p = sub.add_parser("tour", help="the main job: Pre- vs Post-Norm collapse on real text, "
                                   "MLP Jacobian ranks, and an HTML report (~3 min on an idle 2-core CPU)")
   p.add_argument("--workdir", default="runs/tour", help="output directory (default runs/tour)")
-  p.add_argument("--smoke", action="store_true", help="a reduced version (about a minute)")
+  p.add_argument("--smoke", action="store_true",
+                 help="a reduced version (65 s of CPU time: 1-3 minutes)")
   p.set_defaults(func=lambda a: run(a.workdir, a.smoke))

@@ -209,6 +209,17 @@ FOUND = [
     pytest.param(["analyze", GPT2, "--token-ids", "ids20.txt", "--dtype", "float17",
                   "--out", "a"], 2, "invalid choice",
                  id="analyze --dtype float17"),
+    # Fourth pass (issue 55). --steps on a Hugging Face folder said it "holds no
+    # checkpoints", not that --steps is for rankjax runs.
+    pytest.param(["analyze", GPT2, "--steps", "all", "--token-ids", "ids20.txt", "--out",
+                  "a"], 2, "--steps reads the checkpoints of a rankjax run",
+                 id="analyze a Hugging Face folder --steps all"),
+    # A nested typo listed no known keys (a top-level one did).
+    pytest.param(TRAIN + ["--set", "modle.num_layers=4"], 2,
+                 "'modle' is not a key; known keys: ['async_checkpointing'",
+                 id="train --set modle.num_layers=4"),
+    pytest.param(TRAIN + ["--set", "modle.num_layers=4"], 2, "did you mean 'model'?",
+                 id="train --set modle.num_layers=4 suggests model"),
 ]
 
 
@@ -323,3 +334,16 @@ def test_a_bug_inside_a_command_shows_its_traceback(inputs, capsys, monkeypatch)
   log = last.rsplit("also in ", 1)[1].rstrip(")")
   assert "in planted" in pathlib.Path(log).read_text()
   assert not (inputs / "w").exists()
+
+
+def test_an_unknown_experiment_lists_the_experiments_with_their_cost(inputs, capsys):
+  """``reproduce --only`` with an unknown name listed the names alone; the wall time of
+  each experiment's committed results (per scale) helps choose one."""
+  from rankjax.studies import listing
+  committed = ROOT / "experiments" / "softmax_sensitivity" / "results"
+  wall = {scale: json.loads((committed / scale / "theorem_check.json").read_text())
+          ["provenance"]["wall_s"] for scale in ("paper", "quick")}
+  argv = ["reproduce", "softmax_sensitivity", "--scale", "tiny", "--only", "nosuch",
+          "--out", "a"]
+  cost = ", ".join(f"{s} {listing.duration(w)}" for s, w in wall.items())
+  _check_one_line(argv, 2, f"theorem_check ({cost})", inputs, capsys)

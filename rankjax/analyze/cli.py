@@ -240,6 +240,9 @@ def _targets(args) -> list[tuple[str, str, int | None]]:
     if len(args.checkpoint) != 1 or args.step is not None:
       raise UserError("--steps reads one rankjax run (and replaces --step)")
     wd = args.checkpoint[0]
+    if _is_hugging_face(wd):
+      raise UserError(f"--steps reads the checkpoints of a rankjax run; {wd} is a Hugging "
+                      "Face checkpoint folder (one set of weights: analyze it without --steps)")
     saved = trajectory.run_steps(wd)
     steps = saved if args.steps == "all" else _ints(args.steps, "--steps")
     _check_steps(steps, saved)
@@ -254,6 +257,17 @@ def _targets(args) -> list[tuple[str, str, int | None]]:
   if len(set(labels)) < len(labels):
     labels = [f"{i}_{lab}" for i, lab in enumerate(labels)]
   return [(lab, c, None) for lab, c in zip(labels, args.checkpoint)]
+
+
+def _is_hugging_face(folder: str) -> bool:
+  """Whether ``folder`` holds a Hugging Face checkpoint: a config.json stating a
+  model_type (a rankjax run's config.json states none)."""
+  config = pathlib.Path(folder) / "config.json"
+  try:
+    stated = json.loads(config.read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(stated, dict) and "model_type" in stated
 
 
 def _check_steps(steps: list[int], saved: list[int]) -> None:

@@ -12,6 +12,7 @@ another format in one line; ``convert_file`` rewrites a config of format 1 (a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import pathlib
 import types
@@ -265,6 +266,15 @@ def _node_class(parent: type, name: str, node: Mapping[str, Any]) -> type | None
   return _dataclass_type(hint)
 
 
+def _known_keys(node: Mapping[str, Any], typed: str) -> str:
+  """"; known keys: [...]" of a config dict, its nested configs and the closest to
+  ``typed``."""
+  nested = sorted(k for k, v in node.items() if isinstance(v, dict))
+  close = difflib.get_close_matches(typed, list(node), n=1)
+  return (f"; known keys: {sorted(node)}" + (f" (nested: {', '.join(nested)})" if nested else "")
+          + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
 def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
   """Applies ``key=value`` strings (``--set``; ``option`` names the flag in errors);
   dotted keys reach nested configs (``model.d_model=1024``).
@@ -289,7 +299,9 @@ def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
     node, cls, parts = data, type(cfg), key.split(".")
     for part in parts[:-1]:
       if not isinstance(node.get(part), dict):
-        raise UserError(f"unknown config key {key!r} in {option}")
+        raise UserError(f"unknown config key {key!r} in {option}: {part!r} is "
+                        + ("not a key" if part not in node else "not a nested config")
+                        + _known_keys(node, part))
       node, cls = node[part], _node_class(cls, part, node[part])
     leaf = parts[-1]
     tagged = len(parts) > 1 and cls is not None and issubclass(cls, Tagged)
@@ -306,7 +318,7 @@ def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
       if tagged:
         raise UserError(f"{option} {key}: model kind {node['kind']!r} has no field {leaf!r}; "
                          f"its fields: {sorted(k for k in node if k != 'kind')}")
-      raise UserError(f"unknown config key {key!r} in {option}; known keys: {sorted(node)}")
+      raise UserError(f"unknown config key {key!r} in {option}" + _known_keys(node, leaf))
     if isinstance(node[leaf], (list, tuple)):
       lists.append(key)
       if not isinstance(value, list):

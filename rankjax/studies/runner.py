@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rankjax.studies import evidence, results as results_files, training
 from rankjax.errors import UserError
+from rankjax.studies import listing
 
 STATUSES = evidence.STATUSES
 FIELDS = evidence.FIELDS
@@ -166,8 +167,9 @@ class Study:
         if not name:
           continue
         if name.lower() not in lower:
-          raise UserError(f"{self.name}: unknown experiment {name!r}; choose from "
-                           f"{sorted(self.names())}")
+          raise UserError(f"{self.name}: unknown experiment {name!r}; choose from (wall "
+                          "time of the committed results): "
+                          + listing.experiments_with_costs(self))
         name = lower[name.lower()]
         name = self.aliases.get(name, name)
         if name not in wanted:

@@ -13,7 +13,6 @@ needs_capture), imported when a run names one. Adding your own (no library edit)
 
   # my_pieces.py
   import jax.numpy as jnp
-import numpy as np
   from rankjax.train import diagnostics
 
   def x1_rms(d: diagnostics.DiagInputs) -> dict:
