@@ -69,6 +69,8 @@ def inputs(tmp_path, monkeypatch):
   (tmp_path / "gpt2_bloom" / "config.json").write_text(json.dumps({**bloom,
                                                                    "model_type": "bloom"}))
   (tmp_path / "s.json").write_text("{}")            # an earlier measure result
+  (tmp_path / "halfrun").mkdir()                     # a run that saved no checkpoint yet
+  (tmp_path / "halfrun" / "config.json").write_text(LM_CONFIG.read_text())
   return tmp_path
 
 
@@ -157,6 +159,12 @@ PASSING = [
     (["analyze", GPT2, "--token-ids", "ids20.txt", "--tokens", "8", "--out", "afile"], 2,
      "afile is a file, not a directory"),
     (["tour", "--smoke", "--workdir", "afile"], 2, "afile is a file, not a directory"),
+    # the rest of issue 55's ten: they held
+    (TRAIN + ["--set", "total_steps=1e3"], 2, "total_steps=1000.0 must be a positive integer"),
+    (TRAIN + ["--set", "model.kind=mlp"], 2, "set model.input_dim and model.num_classes"),
+    (["train", "--config", "lm.json", "--workdir", "cfgonly"], 2, "not valid JSON"),
+    (MEASURE + ["--sweep", "nosuchfield=1,2", "--out", "out.json"], 2,
+     "unknown config key 'nosuchfield' in --sweep"),
 ]
 
 
@@ -220,6 +228,30 @@ FOUND = [
                  id="train --set modle.num_layers=4"),
     pytest.param(TRAIN + ["--set", "modle.num_layers=4"], 2, "did you mean 'model'?",
                  id="train --set modle.num_layers=4 suggests model"),
+    # Ten more of a new user's inputs (issue 55); these six failed. A file as the
+    # compilation cache: the run trained, the cache silently off.
+    pytest.param(TRAIN + ["--set", "compilation_cache_dir=lm.json"], 2,
+                 "compilation_cache_dir lm.json is a file, not a directory",
+                 id="train --set compilation_cache_dir=a file"),
+    # A diagnostic named twice: accepted, computed twice, saved once.
+    pytest.param(TRAIN + ["--set", "diagnostics=basic,basic"], 2, "names basic twice",
+                 id="train --set diagnostics=basic,basic"),
+    # stop_at beyond total_steps: trained to total_steps without a word.
+    pytest.param(TRAIN + ["--set", "stop_at=99999"], 2,
+                 "stop_at=99999 is beyond total_steps=", id="train --set stop_at=99999"),
+    # The attention diagnostic on sequences shorter than its min_query: refused at the
+    # first diagnostics step, after the run's files were written (as issue item 2).
+    pytest.param(TRAIN + ["--set", "diagnostics=attention", "--set", "seq_len=8"], 2,
+                 "no attention rows with t >= 16 in a sequence of length 8",
+                 id="train attention diagnostic on 8-token sequences"),
+    # A rankjax run that saved no checkpoint yet: "model_type=None is not supported".
+    pytest.param(["analyze", "halfrun", "--dataset", "shakespeare", "--out", "a"], 2,
+                 "halfrun holds a rankjax run that saved no checkpoint yet",
+                 id="analyze a run without checkpoints"),
+    # The default --tokens 64 beyond the model's positions named a flag never typed.
+    pytest.param(["analyze", GPT2, "--token-ids", "ids20.txt", "--out", "a"], 2,
+                 "(--tokens is 64 unless given: give --tokens 16 or fewer)",
+                 id="analyze with the default --tokens beyond the positions"),
 ]
 
 

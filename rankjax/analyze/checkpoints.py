@@ -299,5 +299,8 @@ def open_checkpoint(path: str, step: int | None = None, *,
   kind = stated.get("model_type") if isinstance(stated, dict) else None
   if kind in hf.MODEL_TYPES:
     return _hf(folder, stated, placement, layer_at_a_time)
+  if kind is None and isinstance(stated, dict) and "format" in stated:
+    raise UserError(f"{folder} holds a rankjax run that saved no checkpoint yet (no "
+                    "checkpoints/): train it first, or wait for its first checkpoint")
   raise UserError(f"{config}: model_type={kind!r} is not supported "
                    f"({', '.join(hf.MODEL_TYPES)})")

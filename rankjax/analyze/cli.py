@@ -35,6 +35,7 @@ import numpy as np
 from rankjax.errors import UserError
 
 MEASURES = ("stream", "attention", "jacobian", "gradients")
+DEFAULT_TOKENS = 64
 
 
 def add_parser(subparsers) -> None:
@@ -55,7 +56,8 @@ def add_parser(subparsers) -> None:
   src.add_argument("--text", help="a text file, tokenized with the checkpoint's tokenizer")
   src.add_argument("--token-ids", help="a file of whitespace-separated token ids")
   src.add_argument("--dataset", choices=["shakespeare"], help="the offline corpus")
-  p.add_argument("--tokens", type=int, default=64, help="tokens per sequence (%(default)s)")
+  p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
+                 help="tokens per sequence (%(default)s)")
   p.add_argument("--sequences", type=int, default=2,
                  help="sequences (%(default)s; a shorter input: as many as fit)")
   p.add_argument("--positions", default="-1",
@@ -116,7 +118,8 @@ def too_long(n: int, model) -> str:
     return (f"--tokens {n} exceeds the model's sliding window of {window} tokens (it has "
             f"{model.description['max_position_embeddings']} positions; rankjax attends "
             f"without a window, so analyze is exact up to {window} tokens)")
-  return f"--tokens {n} exceeds the model's {model.max_len} positions"
+  return (f"--tokens {n} exceeds the model's {model.max_len} positions (--tokens is "
+          f"{DEFAULT_TOKENS} unless given: give --tokens {model.max_len} or fewer)")
 
 
 def fitted_shape(available: int, tokens: int, sequences: int) -> tuple[int, int]:

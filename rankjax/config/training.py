@@ -176,6 +176,9 @@ class TrainConfig(JsonConfig):
     check("stop_at", self.stop_at, "non-negative int")
     if self.warmup_steps > self.total_steps:
       raise UserError(f"warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
+    if self.stop_at > self.total_steps:
+      raise UserError(f"stop_at={self.stop_at} is beyond total_steps={self.total_steps}: the "
+                      "run would end at total_steps (stop_at=0 trains to the end)")
     check("min_lr_ratio", self.min_lr_ratio, "fraction")
     check("clip_norm", self.clip_norm, "non-negative")
     check("batch_size", self.batch_size, "positive int")
@@ -207,6 +210,9 @@ class TrainConfig(JsonConfig):
         isinstance(n, str) and n for n in self.diagnostics):
       raise UserError(f"diagnostics={self.diagnostics!r} must be a list of diagnostic names")
     object.__setattr__(self, "diagnostics", tuple(self.diagnostics))
+    twice = sorted({n for n in self.diagnostics if self.diagnostics.count(n) > 1})
+    if twice:
+      raise UserError(f"diagnostics={list(self.diagnostics)} names {', '.join(twice)} twice")
     check("diag_examples", self.diag_examples, "non-negative int")
     check("stop_on_collapse", self.stop_on_collapse, "non-negative int")
     if self.stop_on_collapse and not (lm and self.diag_every and "basic" in self.diagnostics):

@@ -275,7 +275,7 @@ def enable_compilation_cache(directory: str) -> None:
   Takes effect for programs compiled after the call (``rankjax train`` calls it
   before compiling anything)."""
   from jax.experimental.compilation_cache import compilation_cache
-  path = storage.as_path(directory, "compilation_cache_dir")
+  path = storage.check_output(directory, "compilation_cache_dir")
   if jax.config.jax_compilation_cache_dir != str(storage.absolute(path)):
     jax.config.update("jax_compilation_cache_dir", str(storage.absolute(path)))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
