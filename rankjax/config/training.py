@@ -202,6 +202,13 @@ class TrainConfig(JsonConfig):
     check("seed", self.seed, "int")
     if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset):
       raise UserError(f"dataset={self.dataset!r} must be a data set name or null (the default)")
+    for name in ("tokenizer", "data_dir"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, str) or not value):
+        raise UserError(f"{name}={value!r} must be a non-empty string or null")
+    if not isinstance(self.compilation_cache_dir, str):
+      raise UserError(f"compilation_cache_dir={self.compilation_cache_dir!r} must be a "
+                      "folder path (\"\": off)")
     check("mesh_data", self.mesh_data, "non-negative int")
     check("mesh_fsdp", self.mesh_fsdp, "positive int")
     check("log_every", self.log_every, "positive int")

@@ -243,8 +243,9 @@ def eval_batches(cfg: TrainConfig, task: task_lib.Task):
 
 
 def check_eval_split(cfg: TrainConfig, task: task_lib.Task, data_name: str) -> None:
-  """ValueError before training when evaluation is configured but its split gives no
-  batch at all (rather than an error at the first evaluation)."""
+  """UserError before training when evaluation is configured but its split gives no
+  batch at all (rather than an error at the first evaluation); the data layer's
+  ValueErrors (tfds' unknown split among them) are told as that."""
   if not cfg.eval_every:
     return
   try:
@@ -262,7 +263,7 @@ def check_eval_split(cfg: TrainConfig, task: task_lib.Task, data_name: str) -> N
 
 def check_param_dtype(cfg: TrainConfig) -> None:
   """float64 parameters need JAX's x64 mode, which training does not switch on for the
-  whole process: one ValueError instead of silently training in float32."""
+  whole process: one UserError instead of silently training in float32."""
   dtype = getattr(cfg.model, "param_dtype", "float32")
   if str(dtype) == "float64" and not jax.config.jax_enable_x64:
     raise UserError("model.param_dtype=float64 needs JAX's x64 mode: run with "
@@ -308,8 +309,8 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
     stream: console output (default stdout); progress_bar: force the tqdm bar on/off.
 
   Raises:
-    ValueError: bad input (config, data set, batch vs devices, a workdir holding a
-      different run), before anything is written.
+    UserError: bad input (config, data set, batch vs devices, a diagnostic refusing the
+      model, a workdir holding a different run), before anything is written.
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
   workdir = storage.check_output(workdir, "workdir")
