@@ -14,14 +14,16 @@ Tags (the same names as ``metrics.jsonl`` and ``rankjax.load_run``):
   measure (``attention/theta_cert_p50/layer_03``), and ``layers`` itself is no series
   of its own. (Runs written before this rule tagged them by column, ``layer_00`` ...,
   with a ``layers/layer_NN`` series holding the mapping; their checkpoints, which
-  ``load_run`` and the report read, are unaffected.)
+  ``load_run`` and the report read, are unaffected; resumed, such a run's backfill
+  writes its earlier steps again under the layer tags, beside the column ones.)
 * ``diagnostics/<diagnostic>/per_layer`` (Images tab) at update 1 and then at the
   first diagnostics step of every ``image_every`` updates (``MetricsWriter``): one
   PNG per diagnostic with a panel per per-layer profile (value against layer, at the
   layers it measures; a log axis for a positive profile spanning more than two
   decades), so TensorBoard's step slider shows how e.g. the token similarity or the
-  gradient norm evolves along the depth. Rendered with matplotlib's Agg canvas (``matplotlib.figure.Figure``, no
-  pyplot, no process-wide backend), imported the first time an image is drawn. A
+  gradient norm evolves along the depth. Rendered with matplotlib's Agg canvas
+  (``matplotlib.figure.Figure``, no pyplot, no process-wide backend; plain tick
+  labels, ``plotting.plain_ticks``), imported the first time an image is drawn. A
   figure took about 0.1 s per panel on a loaded CPU core (4 panels 0.4 s, 22 panels
   1.9 s); the loop draws it while the next update runs on the device.
 
