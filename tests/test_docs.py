@@ -134,3 +134,21 @@ def test_the_docstring_examples_compile_and_the_diagnostic_one_runs(monkeypatch)
   monkeypatch.setattr(diagnostics, "_REGISTRY", {})
   exec(compile(code, "<diagnostics example>", "exec"), {})  # noqa: S102
   assert list(diagnostics._REGISTRY) == ["x1_rms"]
+
+
+def test_the_pages_state_what_the_code_does():
+  """Statements that were wrong when followed (issue 55): images were "one per
+  diagnostics step" while image_every draws fewer; attention dropout was said to train
+  on the explicit (B, H, T, T) probabilities; the smoke tour "runs in about a minute"
+  (170 s on a loaded 2-core machine)."""
+  from rankjax.config import TrainConfig
+  from rankjax.models import attention
+  training = (ROOT / "docs" / "training.md").read_text()
+  assert "one image per diagnostics step" not in training
+  assert f"`image_every` updates (default {TrainConfig().image_every}" in training
+  configs = (ROOT / "experiments" / "configs" / "README.md").read_text()
+  assert "trains on the explicit" not in configs
+  assert "trains through `blocked_attention`" in configs and attention.blocked_attention
+  readme = " ".join((ROOT / "README.md").read_text().split())
+  assert "about a minute" not in readme
+  assert "65 s of CPU time on a 2-core" in readme
