@@ -180,11 +180,10 @@ def build_study_report(workdir: pathlib.Path, studies: dict[str, pathlib.Path]) 
   """``WORKDIR/report/report.html`` for ``rankjax reproduce`` output: per study, a
   sentence of its statuses, its paper-vs-measured rows (``summary.json``) and every
   figure it wrote, embedded and captioned by the titles saved in the PNG."""
-  import json
+  from rankjax import storage
+  loaded = {name: storage.read_json(folder / "summary.json") for name, folder in studies.items()}
   out = workdir / "report"
   out.mkdir(exist_ok=True)
-  loaded = {name: json.loads((folder / "summary.json").read_text())
-            for name, folder in studies.items()}
   body = [_paragraph([story.study_sentence(n, rows) for n, rows in loaded.items()])]
   for name, folder in studies.items():
     rows = loaded[name]
@@ -270,7 +269,6 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   checkpoints are all corrupt (or unreadable now). Writes only under
   ``WORKDIR/report/``.
   """
-  import json
 
   from rankjax import storage
   from rankjax.train.run_reader import load_run
@@ -296,7 +294,7 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
       runs[name] = load_run(path)
     except FileNotFoundError as e:
       raise FileNotFoundError(f"{path} holds a half-written run: {e}") from None
-  jac = json.loads(jac_path.read_text()) if jac_path.is_file() else None
+  jac = storage.read_json(jac_path) if jac_path.is_file() else None
   out = workdir / "report"
   out.mkdir(exist_ok=True)
   figures = []

@@ -10,8 +10,10 @@ one line naming it. Orbax and tensorstore read and write the same URLs themselve
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import uuid
+from typing import Any
 
 from etils import epath
 
@@ -89,6 +91,16 @@ def check_new_outputs(outputs, what: str, overwrite: bool) -> None:
 def absolute(path: epath.Path) -> epath.Path:
   """A local path made absolute (Orbax wants one); URLs as they are."""
   return path if is_remote(path) else epath.Path(os.path.abspath(os.fspath(path)))
+
+
+def read_json(path: str | os.PathLike) -> Any:
+  """The JSON document in ``path``; a damaged file is bad input: one UserError naming
+  it (a file rankjax wrote, cut short or edited)."""
+  try:
+    return json.loads(as_path(path).read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(f"{os.fspath(path)} is not valid JSON ({e}): a damaged file; restore "
+                    "it, or remove it to write it again") from None
 
 
 def write_text_atomic(path: epath.Path, text: str) -> None:

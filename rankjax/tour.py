@@ -35,7 +35,8 @@ from rankjax.errors import UserError
 def measure_jacobians(path: pathlib.Path, smoke: bool = False) -> dict:
   """Phase 2, written atomically to ``path`` (skipped when already there)."""
   if path.is_file():
-    return json.loads(path.read_text())
+    from rankjax import storage
+    return storage.read_json(path)
   import jax
   from tqdm import tqdm
 

@@ -69,6 +69,10 @@ def inputs(tmp_path, monkeypatch):
   (tmp_path / "gpt2_bloom" / "config.json").write_text(json.dumps({**bloom,
                                                                    "model_type": "bloom"}))
   (tmp_path / "s.json").write_text("{}")            # an earlier measure result
+  (tmp_path / "damaged_study" / "s1").mkdir(parents=True)      # reproduce output, cut short
+  (tmp_path / "damaged_study" / "s1" / "summary.json").write_text('[{"experiment": "x"')
+  (tmp_path / "damaged_tour").mkdir()                            # a tour's, cut short
+  (tmp_path / "damaged_tour" / "jacobians.json").write_text('{"studies": ')
   (tmp_path / "halfrun").mkdir()                     # a run that saved no checkpoint yet
   (tmp_path / "halfrun" / "config.json").write_text(LM_CONFIG.read_text())
   return tmp_path
@@ -251,6 +255,12 @@ FOUND = [
     # A number as the tokenizer: an AttributeError's traceback.
     pytest.param(TRAIN + ["--set", "tokenizer=3"], 2,
                  "tokenizer=3 must be a non-empty string or null", id="train --set tokenizer=3"),
+    # A damaged summary.json of reproduce output, or jacobians.json of a tour: since
+    # UserError, a raw JSONDecodeError would read as a bug.
+    pytest.param(["report", "damaged_study"], 2,
+                 "damaged_study/s1/summary.json is not valid JSON", id="report a damaged summary"),
+    pytest.param(["report", "damaged_tour"], 2, "damaged_tour/jacobians.json is not valid JSON",
+                 id="report a damaged jacobians.json"),
     # The default --tokens 64 beyond the model's positions named a flag never typed.
     pytest.param(["analyze", GPT2, "--token-ids", "ids20.txt", "--out", "a"], 2,
                  "(--tokens is 64 unless given: give --tokens 16 or fewer)",

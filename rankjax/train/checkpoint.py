@@ -136,7 +136,7 @@ def read_stopped(workdir: str | epath.PathLike) -> dict[str, Any] | None:
   """What ``workdir/stopped.json`` says (the update at which a run stopped itself and
   why), or None."""
   path = storage.as_path(workdir) / STOPPED
-  return json.loads(path.read_text()) if path.exists() else None
+  return storage.read_json(path) if path.exists() else None
 
 
 def write_stopped(workdir: str | epath.PathLike, step: int, reason: str) -> None:
