@@ -40,10 +40,10 @@ def layers_of(run, key: str) -> np.ndarray | None:
   some layers only and says which (its ``layers`` series: the attention diagnostic's
   e.g. 0, 2, 3 of 4); None where column i is layer i (or no layer at all)."""
   diagnostic, _, name = key.partition("/")
-  layers = run.diagnostics.get(f"{diagnostic}/layers")
-  if name == "layers" or layers is None:
+  layers = np.asarray(run.diagnostics.get(f"{diagnostic}/layers", 0.0))
+  if name == "layers" or not np.issubdtype(layers.dtype, np.integer):
     return None
-  at = np.asarray(layers).reshape(len(run.diagnostic_steps), -1)[-1].astype(int)
+  at = layers.reshape(len(run.diagnostic_steps), -1)[-1]
   return at if np.shape(run.diagnostics[key])[1:] == at.shape else None
 
 

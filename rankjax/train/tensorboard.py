@@ -54,10 +54,10 @@ LAYERS_KEY = "layers"     # a diagnostic's indices of the layers it measures
 
 def _measured(values: Mapping[str, Any]) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
   """(key, array, layer of each entry along a 1-D array) of one diagnostic's values:
-  the ``layers`` key's indices for 1-D arrays of its length (that key itself left
-  out), else 0, 1, ..."""
-  layers = values.get(LAYERS_KEY)
-  layers = None if layers is None else np.asarray(layers).astype(int).reshape(-1)
+  the ``layers`` key's indices (integers) for 1-D arrays of its length (that key itself
+  left out), else 0, 1, ..."""
+  layers = np.asarray(values.get(LAYERS_KEY, 0.0))
+  layers = layers.reshape(-1) if np.issubdtype(layers.dtype, np.integer) else None
   for key, v in values.items():
     if key == LAYERS_KEY and layers is not None:
       continue

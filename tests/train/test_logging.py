@@ -321,6 +321,10 @@ def test_a_diagnostic_of_sampled_layers_is_tagged_and_drawn_at_those_layers():
   (key, layers, values), = profiles
   assert key == "theta_cert_p50" and list(layers) == [0, 2, 3]
   assert tb.render_profiles("attention", profiles).ndim == 3
+  floats = {"mine": {"layers": np.array([0.5, 0.25]), "x": np.array([1.0, 2.0])}}
+  assert sorted(dict(tb.diagnostic_scalars(floats))) == [     # not indices: a series
+      "diagnostics/mine/layers/layer_00", "diagnostics/mine/layers/layer_01",
+      "diagnostics/mine/x/layer_00", "diagnostics/mine/x/layer_01"]
 
 
 @pytest.mark.slow   # trains a 4-layer LM for one update with the attention diagnostic (~20 s)
