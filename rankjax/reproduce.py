@@ -111,7 +111,10 @@ def _run_one(the_study, out_dir, scale: str, only, record: bool, check: bool,
           same_bits=bits)]
     print(f"check {name}: " + ("every committed number within its tolerance"
                                if not res["moved"] else f"{len(res['moved'])} moved"))
-  if record:
+  if record and check and res["moved"]:
+    print(f"not recorded {name}: --check found {len(res['moved'])} moved (the committed "
+          "results stay; rerun with --record alone to replace them)")
+  elif record:
     done = expected.record(the_study, out, scale, ran)
     print(f"recorded {name}: {', '.join(done) or 'nothing'} -> "
           f"{results.committed_dir(the_study, scale)}")

@@ -129,6 +129,12 @@ def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, caps
   assert "fake/good / Fig 1: value: status match -> mismatch (ours 0.5001 -> 0.5201)" in err
   # a qualitative row's number is rechecked too (its own tolerance, not a paper band)
   assert "fake/good / Fig 1: look: ours 0.5 -> 0.52, moved more than 0.0001" in err
+  # --check with --record records nothing when a number moved
+  before = (committed / "good.json").read_text()
+  assert cli.main(["reproduce", "fake", *own, "--out", out, "--only", "good", "--check",
+                   "--record"]) == 1
+  assert (committed / "good.json").read_text() == before
+  assert "not recorded fake: --check found" in capsys.readouterr().out
 
 
 def test_check_refuses_a_rerun_that_read_another_data_set(tmp_path, monkeypatch, capsys):
