@@ -341,6 +341,8 @@ _TYPED = re.compile(r"(?<![\w.`/-])[-+]?\d+\.\d{2,}(?:e[-+]?\d+)?(?![\w.`/])")
 def _prose(text: str) -> str:
   """EXPECTED.md without its rendered blocks, code spans and code blocks."""
   text = re.sub(r"<!-- results [^>]*-->\n.*?<!-- end results -->", "", text, flags=re.S)
+  text = re.sub(r"<!-- (?:register|figure[^>]*) -->\n.*?<!-- end (?:register|figure) -->", "",
+                text, flags=re.S)     # the register quotes the paper's printed numbers
   text = re.sub(r"```.*?```", "", text, flags=re.S)
   return re.sub(r"`[^`]*`", "", text)
 
