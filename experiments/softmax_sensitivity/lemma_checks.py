@@ -306,7 +306,7 @@ def _sign_vectors():
   return s1, s2
 
 
-def _equality_cases() -> dict[str, float]:
+def equality_cases() -> dict[str, float]:
   """Each bound's ratio at the equality case its proof identifies (ratio - 1)."""
   s1, s2 = _sign_vectors()
   ones, j = np.ones(D), jnp.asarray
@@ -347,7 +347,7 @@ def worst_cases(rng, starts: int = STARTS, steps: int = STEPS) -> dict[str, dict
           "y": j(rng.standard_normal(D)), "gamma": j(rng.standard_normal(D)),
           "beta": j(rng.standard_normal(D))}),
   }
-  equal = _equality_cases()
+  equal = equality_cases()
   out = {}
   for name, (f, start) in searches.items():
     ascent = max(_ascend(f, start(), steps)[1] for _ in range(starts)) - 1.0
