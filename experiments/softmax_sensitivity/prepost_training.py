@@ -532,6 +532,18 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
     ax[1].plot(f3["steps"], f3["cert_median"], color=colors[arch], label=f"{arch}-LN")
     ax[1].fill_between(f3["steps"], f3["cert_low"], f3["cert_high"], color=colors[arch],
                        alpha=0.2)
+  # the paper's printed Fig 3 numbers at our first and last checkpoints (its run is 2000
+  # updates, ours shorter: the markers show its values, not its time axis)
+  if "pre" in res["fig3"]:
+    steps = res["fig3"]["pre"]["steps"]
+    (e0, e1), (p0, p1) = PAPER["entropy_first_last"], PAPER["p_max_first_last"]
+    ax[0].plot([steps[0], steps[-1]], [e0, e1], "k*", ms=9,
+               label=f"paper Pre-LN H_norm {e0} -> {e1}")
+    ax[0].plot([steps[0], steps[-1]], [p0, p1], "kP", ms=8,
+               label=f"paper Pre-LN p_max {p0} -> {p1}")
+    ax[1].plot([steps[-1]], [PAPER["last_theta_cert"]["pre"]], "k*", ms=9,
+               label=f"paper Pre-LN median, last: {PAPER['last_theta_cert']['pre']} "
+                     f"(envelope {PAPER['envelope_last'][0]}-{PAPER['envelope_last'][1]:.2f})")
   for a in ax:
     a.axvline(warm, ls=":", color="k")
     a.set_xlabel("update")
@@ -554,6 +566,8 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
            label=f"{arch}-LN (seed {f4['seed']})")
   ax.set_xticks(np.arange(len(res["fig4"]["pre"]["layers"])))
   ax.set_xticklabels([f"layer {l}" for l in res["fig4"]["pre"]["layers"]])
+  ax.axhline(0.35, color="k", ls=":", lw=1,
+             label="paper: Pre-LN middle-layer whisker down to ~0.35 (seed 123)")
   ax.set_ylabel("theta_cert (median, whiskers p5..p95)")
   ax.set_title("Fig 4: per-layer certificates, last diagnostics step", fontsize=9)
   ax.legend(fontsize=8)
