@@ -80,6 +80,10 @@ Q_3_3 = ("a direct computation gives $x^{\\top}(\\Diag(p)-pp^{\\top})x=1-(2p(S)-
          "times the maximum weighted cut value of this rank-one-weighted graph")
 Q_B_1 = ("$$\\operatorname{TV}(p_{\\varepsilon},p)\\;=\\;\\frac{|\\varepsilon|}{2}\\,\\|Jx\\|_{1}"
          "+o(|\\varepsilon|).$$")
+Q_A_1 = ("The Lipschitz constant of LayerNorm satisfies $\\mathrm{Lip}(\\LN)\\leq\\|\\gamma\\|_{\\infty}"
+         "/\\sqrt{\\epsilon}$")
+Q_3_4 = ("Maximum-weight lower bound: For $p_{\\max}:=\\max_{i}p_{i}$, $\\theta(p)\\geq "
+         "1-p_{\\max}^{2}$")
 Q_4_5 = ("The alternating-sign scalar chain $x_{k+1}=x_{k}+(-1)^{k}a\\,x_{k}$ provides an explicit "
          "example: its end-to-end Jacobian decays as $(1-a^{2})^{(m-\\ell)/2}$")
 STEPS, STARTS = 300, 4   # the worst-case search per seed (fixed before its run)
@@ -137,6 +141,18 @@ CLAIMS = claims([
           "first equality case, at a unit-scale y = 3 s1 + 0.5 s2 (rho ~ 1e-6), gave ratio - 1 = 2.3e-10: "
           "float64 cancellation in J y_hat (relative rounding ~1e-16 / rho), above our 1e-12 "
           "allowance; that value stays in the data (equality_unit_scale)"),
+    Claim("Lemma A.1, worst case: Lip(LN) <= ||gamma||_inf / sqrt(eps)",
+          "max over the search of ||J_LN(y)||_2 / (||gamma||_inf / sqrt(eps)) - 1 (autodiff J)",
+          None, _BOUND, _EXACT + "; the Lipschitz constant is the largest Jacobian norm, so "
+          "the search is over the input y and gamma, beta; " + _WORST.format(
+              steps=STEPS, starts=STARTS, case="y constant (sigma = sqrt(eps)), |gamma_i| "
+              "constant: J = Diag(gamma) P_mu / sqrt(eps)"), where="Lemma A.1", quote=Q_A_1),
+    Claim("Cor 3.4(5), worst case: theta(p) >= 1 - p_max^2",
+          "max over the search of 1 - p_max^2 - theta(p) (theta by all 2^L subsets, L = 8)",
+          None, _BOUND, _EXACT + "; " + _WORST.format(
+              steps=STEPS, starts=STARTS, case="p uniform on three atoms: theta = 8/9 = "
+              "1 - (1/3)^2") + "; the ascent is on softmax logits", where="Cor 3.4",
+          quote=Q_3_4),
     Claim("Lemma A.2(iii), random draws: extra factor rho(y) along y_hat",
           "max ||J y_hat|| / (||gamma||_inf / sigma rho ||y_hat||) - 1 (autodiff J)", None,
           _BOUND, _EXACT + "; " + _DRAWS, where="Lemma A.2", quote=Q_A2_III,
@@ -299,6 +315,27 @@ def _lemma_a_2_iii_log_ratio(x):
   return jnp.log(jnp.linalg.norm(jv)) - jnp.log(gain * rho * jnp.linalg.norm(y_hat))
 
 
+def _lemma_a_1_log_ratio(x):
+  jac = jax.jacfwd(lambda z: _ln(z, x["gamma"], x["beta"]))(x["y"])
+  return jnp.log(jnp.linalg.norm(jac, 2)) - jnp.log(jnp.max(jnp.abs(x["gamma"]))
+                                                    / jnp.sqrt(LN_EPS))
+
+
+L_COR = 8   # Cor 3.4(5): theta by enumerating all 2^L subsets
+_SUBSETS = np.array(list(itertools.product((0.0, 1.0), repeat=L_COR)))
+
+
+def _cor_3_4_gap(p):
+  """1 - p_max^2 - theta(p), theta = max over all subsets of 4 p(S) (1 - p(S))."""
+  mass = jnp.asarray(_SUBSETS) @ p
+  return 1.0 - jnp.max(p) ** 2 - jnp.max(4.0 * mass * (1.0 - mass))
+
+
+def _cor_3_4_log_ratio(x):
+  # ascent on the gap itself, shifted to stay positive for the log (the ratio is 1 + gap)
+  return jnp.log1p(_cor_3_4_gap(jax.nn.softmax(x["logits"])))
+
+
 def _sign_vectors():
   """Two centered, orthogonal sign vectors of length D (D divisible by 4)."""
   s1 = np.tile([1.0, -1.0], D // 2)
@@ -318,6 +355,9 @@ def equality_cases() -> dict[str, float]:
       {"x": j(1e3 * s1), "gamma": j(ones), "beta": j(0.5 * s1)}))) - 1.0
   out["lemma_a_2_ii"] = float(jnp.exp(_lemma_a_2_ii_log_ratio(
       {"y": j(3.0 * s1), "gamma": j(-2.0 * ones), "beta": j(ones), "v": j(s2)}))) - 1.0
+  out["lemma_a_1"] = float(jnp.exp(_lemma_a_1_log_ratio(
+      {"y": j(0.7 * ones), "gamma": j(-1.5 * ones), "beta": j(s1)}))) - 1.0
+  out["cor_3_4"] = float(_cor_3_4_gap(j(np.r_[np.full(3, 1 / 3), np.zeros(L_COR - 3)])))
   # rho(y) = eps / sigma^2 (the proof): at sigma^2 = 2 eps, rho = 1/2; at a unit-scale y
   # rho ~ 1e-5 and J y_hat is a difference of nearly equal terms, whose float64 rounding
   # (~1e-16 / rho relative) exceeds the 1e-12 allowance (kept in the data, not the row)
@@ -346,6 +386,11 @@ def worst_cases(rng, starts: int = STARTS, steps: int = STEPS) -> dict[str, dict
       "lemma_a_2_iii": (_lemma_a_2_iii_log_ratio, lambda: {
           "y": j(rng.standard_normal(D)), "gamma": j(rng.standard_normal(D)),
           "beta": j(rng.standard_normal(D))}),
+      "lemma_a_1": (_lemma_a_1_log_ratio, lambda: {
+          "y": j(rng.standard_normal(D) * 10.0 ** rng.uniform(-3, 0)),
+          "gamma": j(rng.standard_normal(D)), "beta": j(rng.standard_normal(D))}),
+      "cor_3_4": (_cor_3_4_log_ratio, lambda: {
+          "logits": j(rng.standard_normal(L_COR) * 10.0 ** rng.uniform(-1, 1))}),
   }
   equal = equality_cases()
   out = {}
@@ -359,7 +404,8 @@ def worst_cases(rng, starts: int = STARTS, steps: int = STEPS) -> dict[str, dict
 
 CHECKS = ("lemma_2_3_worst", "lemma_2_3", "lemma_2_4_worst", "lemma_2_4", "remark_3_3",
           "remark_b_1", "theorem_4_5_example", "lemma_a_2_i", "lemma_a_2_ii_worst",
-          "lemma_a_2_ii", "lemma_a_2_iii_worst", "lemma_a_2_iii")
+          "lemma_a_2_ii", "lemma_a_2_iii_worst", "lemma_a_1_worst", "cor_3_4_worst",
+          "lemma_a_2_iii")
 
 
 def measurements(r: dict[str, Any]) -> list[dict[str, Any]]:

@@ -93,9 +93,8 @@ REGISTER = items.register([
         "check' (the unit tests also check it at L in {4, 8, 12}, tau in {0.5, 1, 2})")),
     items.PaperItem("Remark 3.3", "theta(p) is 4 x the max cut of the p_i p_j graph"),
     items.PaperItem("Cor 3.4", "theta in five regimes: uniform, one-hot, dominant atom, "
-                    "top-k uniform, theta >= 1 - p_max^2", untested=(
-                        "closed forms; no row here. Cor 3.4(5) is used (not tested) to "
-                        "gate the Sec 5 certificate rows")),
+                    "top-k uniform, and the bound theta >= 1 - p_max^2 (5); the rows test the "
+                    "bound (5), regimes (1)-(4) are closed forms with no row"),
     items.PaperItem("Thm 4.1", "MHA local Jacobian bound with theta-tilde per head"),
     items.PaperItem("Cor 4.2", "MHA Lipschitz bound on a bounded input set", untested=(
         ">= Thm 4.1's bound by construction (theta <= 1 in the same formula): recorded in "
@@ -108,8 +107,7 @@ REGISTER = items.register([
                     "Jacobian decays as (1 - a^2)^((m - l) / 2)"),
     items.PaperItem("Thm 4.6", "Post-LN: no identity gradient path", untested=(
         "a structural decomposition with no numerical statement; no row")),
-    items.PaperItem("Lemma A.1", "Lip(LN) <= ||gamma||_inf / sqrt(eps)", untested=(
-        "not checked by a row here (Lemma A.2's rows check the sharper per-input bounds)")),
+    items.PaperItem("Lemma A.1", "Lip(LN) <= ||gamma||_inf / sqrt(eps)"),
     items.PaperItem("Lemma A.2", "LN Jacobian: J 1 = 0; ||J v|| <= ||gamma||_inf / sigma ||v|| "
                     "on centered v; extra factor rho(y) along y_hat"),
     items.PaperItem("Cor A.3", "||prod_k J_LN,k||_2 <= max_i prod_k a_k,i (Lemma A.2(iv) "
