@@ -2,9 +2,11 @@
 
 Experiments (each a module declaring ``CLAIMS`` and ``SCALES`` and defining ``run(out_dir,
 scale) -> dict``, output in ``out_dir/<name>/``):
-  lemma_checks          Lemmas 2.3 / 2.4 / A.2 (i-iii), Remarks 3.3 / B.1, Thm 4.5's
-                        example on random draws
-  theorem_check         Theorem 3.2 at L in {8, 16}, greedy certificate (App D.2)
+  lemma_checks          Lemmas 2.3 / 2.4 / A.1 / A.2 (i-iii), Cor 3.4(5) at their worst
+                        case (gradient ascent, the proofs' equality cases) and on random
+                        draws; Remarks 3.3 / B.1, Thm 4.5's example
+  theorem_check         Theorem 3.2 at L in {8, 16}, greedy certificate (App D.2: the
+                        paper's one draw among our single draws; seed 0's draw beside)
   certificates_large_L  certificates at L up to 1024 (Fig 2)
   prepost_training      Pre-LN vs Post-LN early training (Fig 1, Table 1, Fig 3, Fig 4);
                         also at ``--scale quick_paper_lr`` (the paper's rate 3e-4) and
