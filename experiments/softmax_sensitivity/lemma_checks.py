@@ -84,8 +84,10 @@ Q_A_1 = ("The Lipschitz constant of LayerNorm satisfies $\\mathrm{Lip}(\\LN)\\le
          "/\\sqrt{\\epsilon}$")
 Q_3_4 = ("Maximum-weight lower bound: For $p_{\\max}:=\\max_{i}p_{i}$, $\\theta(p)\\geq "
          "1-p_{\\max}^{2}$")
+Q_4_1 = "Theorem 4.1 (MHA local Jacobian bound)."
 Q_4_5 = ("The alternating-sign scalar chain $x_{k+1}=x_{k}+(-1)^{k}a\\,x_{k}$ provides an explicit "
          "example: its end-to-end Jacobian decays as $(1-a^{2})^{(m-\\ell)/2}$")
+D_MHA, H_MHA, T_MHA = 8, 2, 6   # the Thm 4.1 search's sizes (theta by all 2^T subsets)
 STEPS, STARTS = 300, 4   # the worst-case search per seed (fixed before its run)
 _BOUND = Bound("<=", every_seed=True, limit=LIMIT)
 CLAIMS = claims([
@@ -153,6 +155,14 @@ CLAIMS = claims([
               steps=STEPS, starts=STARTS, case="p uniform on three atoms: theta = 8/9 = "
               "1 - (1/3)^2") + "; the ascent is on softmax logits", where="Cor 3.4",
           quote=Q_3_4),
+    Claim("Thm 4.1, worst case: MHA local Jacobian bound",
+          "max over the search of ||D MHA(U) x||_inf,rms / ||x||_inf,rms / bound(U) - 1",
+          None, _BOUND, _EXACT + "; the bound with exact theta per head (all subsets of "
+          f"T = {T_MHA} atoms); " + _WORST.format(
+              steps=STEPS, starts=STARTS, case="one head, W^Q = W^K = 0, W^V = W^O = I and "
+              "x with identical rows: D MHA(U) x = A x = x") + f"; the search is over U, x "
+          f"and the weights (d = {D_MHA}, {H_MHA} heads, T = {T_MHA}), a feasible x giving a "
+          "lower end of the operator norm", where="Thm 4.1", quote=Q_4_1),
     Claim("Lemma A.2(iii), random draws: extra factor rho(y) along y_hat",
           "max ||J y_hat|| / (||gamma||_inf / sigma rho ||y_hat||) - 1 (autodiff J)", None,
           _BOUND, _EXACT + "; " + _DRAWS, where="Lemma A.2", quote=Q_A2_III,
@@ -336,6 +346,36 @@ def _cor_3_4_log_ratio(x):
   return jnp.log1p(_cor_3_4_gap(jax.nn.softmax(x["logits"])))
 
 
+_SUBSETS_T = np.array(list(itertools.product((0.0, 1.0), repeat=T_MHA)))
+
+
+def _mha(u, wq, wk, wv, wo):
+  """Sec 4.1's MHA, tau = 1, no mask: [A_h U W_h^V]_h W^O; per-head (H, d, d_h) weights."""
+  q, k = jnp.einsum("td,hdk->htk", u, wq), jnp.einsum("td,hdk->htk", u, wk)
+  a = jax.nn.softmax(jnp.einsum("htk,hsk->hts", q, k) / jnp.sqrt(wq.shape[-1]), axis=-1)
+  out = jnp.einsum("hts,sd,hdk->thk", a, u, wv)
+  return out.reshape(u.shape[0], -1) @ wo, a
+
+
+def _thm_4_1_bound(u, wq, wk, wv, wo):
+  """Thm 4.1's right side with exact theta (max over all subsets of each row)."""
+  _, a = _mha(u, wq, wk, wv, wo)
+  mass = jnp.einsum("st,hit->his", jnp.asarray(_SUBSETS_T), a)
+  theta = jnp.max(4.0 * mass * (1.0 - mass), axis=(-1, -2))            # per head
+  b_bar = jnp.max(jnp.linalg.norm(u, axis=-1))
+  sn = lambda w: jnp.linalg.norm(w, 2)
+  nq, nk, nv = (jax.vmap(sn)(w) for w in (wq, wk, wv))
+  phi = 2.0 * b_bar ** 2 / jnp.sqrt(wq.shape[-1]) * nq * nk * nv
+  return sn(wo) * jnp.sum(nv + theta * phi)
+
+
+def _thm_4_1_log_ratio(x):
+  f = lambda u: _mha(u, x["wq"], x["wk"], x["wv"], x["wo"])[0]
+  _, jx = jax.jvp(f, (x["u"],), (x["x"],))
+  return (jnp.log(_rms_rows(jx)) - jnp.log(_rms_rows(x["x"]))
+          - jnp.log(_thm_4_1_bound(x["u"], x["wq"], x["wk"], x["wv"], x["wo"])))
+
+
 def _sign_vectors():
   """Two centered, orthogonal sign vectors of length D (D divisible by 4)."""
   s1 = np.tile([1.0, -1.0], D // 2)
@@ -355,6 +395,12 @@ def equality_cases() -> dict[str, float]:
       {"x": j(1e3 * s1), "gamma": j(ones), "beta": j(0.5 * s1)}))) - 1.0
   out["lemma_a_2_ii"] = float(jnp.exp(_lemma_a_2_ii_log_ratio(
       {"y": j(3.0 * s1), "gamma": j(-2.0 * ones), "beta": j(ones), "v": j(s2)}))) - 1.0
+  eye = np.eye(D_MHA)
+  out["thm_4_1"] = float(jnp.exp(_thm_4_1_log_ratio(
+      {"u": j(np.random.default_rng(0).standard_normal((T_MHA, D_MHA))),
+       "x": j(np.tile(np.linspace(-1.0, 1.0, D_MHA), (T_MHA, 1))),
+       "wq": j(np.zeros((1, D_MHA, D_MHA))), "wk": j(np.zeros((1, D_MHA, D_MHA))),
+       "wv": j(eye[None]), "wo": j(eye)}))) - 1.0
   out["lemma_a_1"] = float(jnp.exp(_lemma_a_1_log_ratio(
       {"y": j(0.7 * ones), "gamma": j(-1.5 * ones), "beta": j(s1)}))) - 1.0
   out["cor_3_4"] = float(_cor_3_4_gap(j(np.r_[np.full(3, 1 / 3), np.zeros(L_COR - 3)])))
@@ -391,6 +437,12 @@ def worst_cases(rng, starts: int = STARTS, steps: int = STEPS) -> dict[str, dict
           "gamma": j(rng.standard_normal(D)), "beta": j(rng.standard_normal(D))}),
       "cor_3_4": (_cor_3_4_log_ratio, lambda: {
           "logits": j(rng.standard_normal(L_COR) * 10.0 ** rng.uniform(-1, 1))}),
+      "thm_4_1": (_thm_4_1_log_ratio, lambda: {
+          "u": j(rng.standard_normal((T_MHA, D_MHA))),
+          "x": j(rng.standard_normal((T_MHA, D_MHA))),
+          **{w: j(rng.standard_normal((H_MHA, D_MHA, D_MHA // H_MHA)) / np.sqrt(D_MHA))
+             for w in ("wq", "wk", "wv")},
+          "wo": j(rng.standard_normal((D_MHA, D_MHA)) / np.sqrt(D_MHA))}),
   }
   equal = equality_cases()
   out = {}
@@ -405,7 +457,7 @@ def worst_cases(rng, starts: int = STARTS, steps: int = STEPS) -> dict[str, dict
 CHECKS = ("lemma_2_3_worst", "lemma_2_3", "lemma_2_4_worst", "lemma_2_4", "remark_3_3",
           "remark_b_1", "theorem_4_5_example", "lemma_a_2_i", "lemma_a_2_ii_worst",
           "lemma_a_2_ii", "lemma_a_2_iii_worst", "lemma_a_1_worst", "cor_3_4_worst",
-          "lemma_a_2_iii")
+          "thm_4_1_worst", "lemma_a_2_iii")
 
 
 def measurements(r: dict[str, Any]) -> list[dict[str, Any]]:
