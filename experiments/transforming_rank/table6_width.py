@@ -33,6 +33,13 @@ CLAIMS = common.evidence.claims(
                     "direction of Z_512, widest width run", 1.0,
                     "App C: the surviving direction is the mean; its energy share -> 1")])
 
+WORDS = [
+    ("Table 6", "Table 6", "Effective rank as a fraction of width ... The collapse occurs at "
+     "every width."),
+    ("top-direction energy", "Table 6", "and the mean fraction reaches ... by the same depth"),
+]
+CLAIMS = common.worded(CLAIMS, WORDS)
+
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s = common.settings(SCALES, scale, overrides)
