@@ -56,14 +56,16 @@ def _figure(path: pathlib.Path, caption: str, name: str | None = None) -> str:
 STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "inconclusive": "#ffd",
                  "qualitative": "#eef", "tiny": "#ffe", "missing": "#eee",
                  "failed": "#f99"}
-ROW_FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "interval", "band",
-              "rule", "status", "scale", "note")   # rankjax.studies.evidence.FIELDS minus the per-seed lists
+ROW_FIELDS = ("experiment", "item", "where", "kind", "quantity", "paper", "ours", "sd", "n",
+              "interval", "band", "limit", "rule", "status", "scale", "note")   # rankjax.studies.evidence.FIELDS minus the per-seed lists
 
 
 def rows_to_html(rows: list[dict]) -> str:
   """The rows of a study's ``summary.json`` as one table (every cell escaped), with
-  the status counts above it."""
+  the counts by paper item (``rankjax.studies.items``) and the rows per status above it."""
   import html
+
+  from rankjax.studies import items
   counts = {}
   for r in rows:
     counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
@@ -75,7 +77,8 @@ def rows_to_html(rows: list[dict]) -> str:
       + "".join(f"<td>{html.escape(cell(r.get(f)))}</td>" for f in ROW_FIELDS) + "</tr>"
       for r in rows)
   tally = ", ".join(f"{html.escape(str(k))} {v}" for k, v in counts.items())
-  return f"<p>status: {tally}</p><table><tr>{head}</tr>{body}</table>"
+  return (f"<p>{html.escape(items.counts_text(rows))}</p><p>rows per status: {tally}</p>"
+          f"<table><tr>{head}</tr>{body}</table>")
 
 
 # ---------------------------------------------------------------------------

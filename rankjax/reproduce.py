@@ -16,7 +16,7 @@ a data set the scale needs and lacks stops it before anything runs (exit 2).
 ``--check`` compares the rerun with those committed numbers and exits 1 naming every
 number that moved beyond its reproducibility tolerance, which is not the paper band
 (``rankjax.studies.results.compare``: 1e-4 relative for a deterministic experiment unless
-it says why; for a trained one, 1e-6 relative per seed where jax/jaxlib, the XLA flags and
+it says why; for a trained one, 1e-6 relative per seed where the versions, the XLA flags and
 the CPU features equal the record's (``rankjax.provenance.same_bits``), elsewhere the
 seeds' 95% intervals must overlap; it prints which rule it applied and why).
 Training experiments are sets of ``rankjax train`` runs under the study's output folder
@@ -294,6 +294,7 @@ def add_parser(sub) -> None:
                       "repeatable; nothing is downloaded")
   p.add_argument("--check", action="store_true",
                  help="exit 1 when a number moved from the committed results beyond its "
-                      "reproducibility tolerance (1e-4 relative, or for trained "
-                      "experiments non-overlapping 95%% intervals; never the paper band)")
+                      "reproducibility tolerance (1e-4 relative; for trained experiments "
+                      "1e-6 per seed where jax, XLA flags and CPU features are the record's, "
+                      "else non-overlapping 95%% intervals; never the paper band)")
   p.set_defaults(func=_command)

@@ -39,8 +39,10 @@ def _png(path):
 def test_rows_render_as_one_escaped_table_with_status_counts():
   page = rows_to_html(ROWS)
   assert page.count("<table>") == 1 and page.count("<tr") == 3
-  assert ("<th>experiment</th><th>item</th><th>quantity</th><th>paper</th><th>ours</th>"
-          "<th>sd</th><th>n</th><th>interval</th><th>band</th><th>rule</th><th>status</th>") in page
+  assert ("<th>experiment</th><th>item</th><th>where</th><th>kind</th><th>quantity</th>"
+          "<th>paper</th><th>ours</th><th>sd</th><th>n</th><th>interval</th><th>band</th>"
+          "<th>limit</th><th>rule</th><th>status</th>") in page
+  assert "paper items: at the paper&#x27;s setting" in page
   assert "<td>0.3652, 0.4148</td>" in page
   assert "<td>erank at L=48 &lt;ok&gt;</td>" in page and "<td>a|b</td>" in page
   assert "<td>0.3912</td>" in page                  # floats to 4 significant digits
