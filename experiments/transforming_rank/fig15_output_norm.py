@@ -77,7 +77,9 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
   for name, c in curves.items():
     panel, label = name.split("/")
-    axes[0 if panel == "a" else 1].plot(layers, c, label=label)
+    line, = axes[0 if panel == "a" else 1].plot(layers, c, label=label)
+    axes[0 if panel == "a" else 1].plot([512], [PAPER[name]], "x", color=line.get_color(),
+                                         ms=8)   # the paper's printed value at depth 512
   for ax in axes:
     ax.set_xlabel("layer l")
     ax.legend()

@@ -451,6 +451,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       axes[3].plot(depths, res["contours"][lvl], "o" + style, label=f"{pos} r*={lvl}")
     for j, depth in enumerate(depths):
       axes[4].plot(alphas ** 2 * math.sqrt(depth), res["erank"][:, j], style, label=f"{pos} L={depth}")
+  axes[2].plot([L, L], [14.0, 2.4], "kx", ms=8, label="paper: 14x post, 2.4x pre at L=384")
   axes[0].set_yscale("log")
   axes[1].set_yscale("log")
   axes[3].set_xscale("log")

@@ -21,6 +21,8 @@ measured, not judged (status ``tiny``).
 """
 from __future__ import annotations
 
+import re
+
 from rankjax.studies import items, runner
 
 EXPERIMENTS = {
@@ -102,7 +104,11 @@ SCALE_FREE = {
 
 # Every figure, table and quantitative statement of the paper, with why where no row
 # tests it (rankjax.studies.items; EXPECTED.md's register block renders it).
-_P = items.PaperItem
+def _P(where: str, what: str, untested: str = "") -> items.PaperItem:
+  """A register entry; the paper's printed numbers in ``what`` as code (EXPECTED.md's
+  prose types no number by hand: these are the paper's, not ours)."""
+  return items.PaperItem(where, re.sub(r"(?<![\w.`/-])([-+]?\d+\.\d{2,})", r"`\1`", what),
+                         untested)
 REGISTER = items.register([
     _P("Fig 1", "skips restore the rank each block contracts; beta=1/sqrt(L) and wider "
        "expansion keep more"),
@@ -146,7 +152,7 @@ REGISTER = items.register([
     _P("Table 5", "log10 of the maximum stable Adam learning rate across depth"),
     _P("App B.4", "the learning-rate basin narrows before the accuracy fails (alpha=1: "
        "thirtyfold by L=96, 0.18 at L=192)", untested="its numbers are Table 5's and Fig 6's "
-       "cells (rows there); the 0.18 accuracy at L=192 is a single CIFAR-10 network at the "
+       "cells (rows there); the accuracy it prints at L=192 is one CIFAR-10 network at the "
        "paper's budget, trained only on an accelerator"),
     _P("Fig 13", "Output-Norm trains across the grid; its rank stays just below Pre-Norm's"),
     _P("App B.5", "the Pre-Norm ReLU branch contracts a unit input to rms ~0.74"),
