@@ -145,6 +145,12 @@ REGISTER = items.register([
     _P("Table 4", "the fitted iso-rank exponents, all near -1/2"),
     _P("Fig 11", "rms(h_l)^2 = 1 + kappa (beta alpha^M)^2 l, kappa ~ 0.51 at every alpha"),
     _P("App B.3", "rms(h_384) ~ 14.5 (pre), ~ 19.7 (output norm), 1.00 (post)"),
+    _P("App B.3 (spectrum model)", "a simple independent-increment model of the spectrum "
+       "does not match the measurements", untested="the paper defines no model and gives no "
+       "number: nothing to test"),
+    _P("Sec 4 (accuracy)", "more moderate rank collapse harms CIFAR accuracy by several "
+       "percentage points", untested="CIFAR-10 accuracy levels at the paper's budget: needs "
+       "CIFAR-10 and an accelerator (the quick proxy trains Fashion-MNIST for 200 steps)"),
     _P("Fig 12", "GPT-2 FFN branch Jacobians: uncorrelated at init; 0.18 / 0.15 and 1.78x / "
        "2.23x after training"),
     _P("Fig 6", "the init rank predicts CIFAR-10 trainability (Pre-Norm trains everywhere, "
