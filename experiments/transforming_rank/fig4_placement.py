@@ -49,6 +49,11 @@ CLAIMS = common.evidence.claims([
                        "the paper prints no number for 'the same rate' (a figure's look; "
                        "App B.3's 0.4% margin is tested by the App B.2 row): shown, not judged; "
                        "the former default band rel 0.05 was ours"),
+    common.bound("Fig 4a: post and no norm coincide within 0.4% of the width", "max over "
+                 "depth of |erank/d(post) - erank/d(none)|, no Pre-Norm, alpha=1", "<=", 0.004,
+                 "App B.3 prints the margin of Fig 4a's 'same rate': Post-Norm and no norm "
+                 "coincide within 0.4% of the width; declared 2026-12-06 when Fig 4a's "
+                 "numberless 'same rate' row became qualitative"),
     common.bound("Fig 4b: mean subtraction keeps a floor",
                  f"erank/d(post mean) - erank/d(post rms) {_L}, Pre-RMSNorm", ">", 0.0,
                  "Fig 4b", every_seed=True),
@@ -84,6 +89,8 @@ WORDS = [
      "than Pre-Norm, visible in Figure 4a where its curve runs just below"),
     ("rate of no norm", "Fig 4a", "the post-residual placement (Post-Norm) collapses at the "
      "same rate as no normalization at all"),
+    ("coincide within 0.4%", "Fig 4a", "so the no-norm, detached, and Post-Norm ranks all "
+     "coincide to within that margin"),
     ("mean subtraction keeps", "Fig 4b", "mean subtraction (removes a direction, does not "
      "rescale) keeps a floor"),
     ("LayerNorm collapses", "Fig 4b", "the rank collapses only under a post-residual "
@@ -167,6 +174,10 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       j("Fig 4a: pre keeps a floor, post collapses", last(panel_a["pre"]) - last(panel_a["post"])),
       j("Fig 4a: output norm marginally below pre", last(panel_a["pre"]) - last(panel_a["output"])),
       j("Fig 4a: post collapses at the rate of no norm", rate(panel_a["post"]) / rate(panel_a["none"])),
+      j("Fig 4a: post and no norm coincide within 0.4% of the width",
+        np.abs(panel_a["post"] - panel_a["none"]).max(axis=1),
+        note=f"{np.abs(panel_a['post'] - panel_a['none']).max(axis=1).mean() * d:.2f} "
+             f"directions at d={d}"),
       j("Fig 4b: mean subtraction keeps a floor", last(panel_b["mean"]) - last(panel_b["rms"])),
       j("Fig 4b: LayerNorm collapses", last(panel_b["mean"]) - last(panel_b["layer"])),
       j("Fig 4c: projection part <= 0.004", proj,
