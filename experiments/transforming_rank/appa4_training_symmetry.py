@@ -81,10 +81,18 @@ CLAIMS = common.evidence.claims([
                    "control rules (Adam lambda eta with eps kept, unscaled eta, SGD lambda "
                    "eta) of the max relative gap, float64, largest lambda", ">",
                    common.FLOAT32_EXACT, "App A.4: only the rescaled rates (eps included) "
-                   "keep the symmetry; 'break' read as a gap above float32 rounding",
-                   every_seed=True)
+                   "keep the symmetry; 'break' read as a gap above float32 rounding (our "
+                   "limit)", every_seed=True, ours=True)
       for pl in ("pre", "post")),
 ])
+
+WORDS = [
+    ("rescaled rates keep", "App A.4", "The equivalence persists throughout training if the "
+     "optimizer hyperparameters are rescaled accordingly for each matrix"),
+    ("break the symmetry", "App A.4", "The rescaling must extend to other optimizer "
+     "hyperparameters, including"),
+]
+CLAIMS = common.worded(CLAIMS, WORDS)
 
 
 def branch_hyperparameters(kind: str, rule: str, lr: float, eps: float, lam: float

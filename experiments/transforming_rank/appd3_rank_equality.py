@@ -44,16 +44,27 @@ SURVIVAL = {"relu": 0.5, "abs": 1.0, "gelu": 1.0, "silu": 1.0}
 _PRED = ("rank(J_f)/d minus D.1's prediction E[min(K, d)]/d, K ~ Binomial(m, p) survivors")
 CLAIMS = common.evidence.claims([
     common.bound("App D.3: rank J_f = rank(D W_up)", "fraction of draws with equality (every "
-                 "activation and m/d), per seed", ">=", 1.0, "App D.3: every draw",
-                 every_seed=True),
+                 "activation and m/d), per seed", ">=", 1.0, "App D.3: every draw; the "
+                 "paper states an equality, 1.0 (every draw) is our encoding of it",
+                 every_seed=True, ours=True),
     common.bound("App D.1: rank(D W_up) = min(#survivors, d)", "fraction of draws with "
                  "equality (every activation and m/d), per seed", ">=", 1.0,
-                 "App D.1: general position", every_seed=True),
+                 "App D.1: general position; 1.0 (every draw) is our encoding of the "
+                 "equality", every_seed=True, ours=True),
     *(common.claim(f"App D.1/D.3: relu, m/d={r:g}", _PRED, 0.0, "App D.1 with p = 1/2")
       for r in (0.5, 1.0, 2.0, 4.0, 8.0)),
     *(common.claim(f"App D.1/D.3: {a}, every m/d", "max over m/d of |" + _PRED + "|", 0.0,
                    "App D.1: every row survives (p = 1)") for a in ("abs", "gelu", "silu")),
 ])
+
+WORDS = [
+    ("rank J_f = rank", "App D.3", "The width threshold for the branch Jacobian is the same as "
+     "for the surviving submatrix"),
+    ("App D.1: rank\\(D W_up\\)", "App D.1", "is diagonal, so it can only lower rank"),
+    ("App D.1/D.3", "App D.1", "At initialization the pre-activations are i.i.d. and "
+     "mean-zero, so"),
+]
+CLAIMS = common.worded(CLAIMS, WORDS)
 
 
 def predicted_rank(d: int, m: int, p: float) -> tuple[float, float]:

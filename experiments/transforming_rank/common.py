@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 from typing import Any
 
 import numpy as np
@@ -100,15 +101,49 @@ def frac(item: str, quantity: str, paper: float, note: str = "") -> evidence.Cla
 
 
 def exact(item: str, quantity: str, dtype: str = "float32", note: str = "") -> evidence.Claim:
-  """An identity exact in real arithmetic: ``ours < FLOAT32_EXACT`` (or float64's)."""
+  """An identity exact in real arithmetic: ``ours < FLOAT32_EXACT`` (or float64's); the
+  threshold is ours (rounding), so the row's ``limit``, never its ``paper``."""
   limit = FLOAT32_EXACT if dtype == "float32" else FLOAT64_EXACT
-  return evidence.Claim(item, quantity, limit, evidence.Bound("<"), note)
+  return evidence.Claim(item, quantity, None, evidence.Bound("<", limit=limit), note)
 
 
 def bound(item: str, quantity: str, op: str, limit: float, note: str = "",
-          every_seed: bool = False) -> evidence.Claim:
-  """A worded claim as the predicate ``ours <op> limit``."""
+          every_seed: bool = False, ours: bool = False) -> evidence.Claim:
+  """A worded claim as the predicate ``ours <op> limit``: ``limit`` is the paper's
+  number, or (``ours=True``) a threshold of ours (the row's ``limit``; ``paper`` empty)."""
+  if ours:
+    return evidence.Claim(item, quantity, None, evidence.Bound(op, every_seed, limit=limit),
+                          note)
   return evidence.Claim(item, quantity, limit, evidence.Bound(op, every_seed), note)
+
+
+def qualitative(item: str, quantity: str, reason: str, note: str = "") -> evidence.Claim:
+  """A claim with no number the paper prints ("coincide", "indistinguishable"), shown
+  with its measured value and figure, not judged: ``reason`` says why no band is
+  derived."""
+  return evidence.Claim(item, quantity, None, evidence.Qualitative(reason), note)
+
+
+def worded(claims: dict, words: list) -> dict:
+  """``claims`` with the paper's words: ``words`` is a list of ``(pattern, where, quote)``
+  or ``(pattern, where, quote, fields)``; the first pattern found (``re.search``) in a
+  claim's item gives its ``where`` and ``quote`` (and ``fields``: kind, reading,
+  post_hoc, family, ...). A claim no pattern matches is an error."""
+  out = {}
+  for item, c in claims.items():
+    for entry in words:
+      pattern, where, quote = entry[:3]
+      if re.search(pattern, item):
+        out[item] = dataclasses.replace(c, where=where, quote=quote,
+                                        **(entry[3] if len(entry) > 3 else {}))
+        break
+    else:
+      raise ValueError(f"claim {item!r}: no paper words declared for it")
+  return out
+
+
+IDENTITY = {"kind": "identity"}
+SENSITIVITY = {"kind": "sensitivity"}
 
 
 def per_seed_axis(x: Any, axis: int = 0) -> list[float]:

@@ -41,6 +41,19 @@ ITEMS = {"a/pre rms": "Fig 15a: Pre-RMSNorm", "a/pre layer": "Fig 15a: Pre-Layer
 CLAIMS = common.evidence.claims(
     common.frac(ITEMS[k], "erank(Z_512)/d, one-matrix ReLU branch", v) for k, v in PAPER.items())
 
+_A = ("Pre-LayerNorm, which centers the branch input, reaches ... by depth ... against ... for "
+      "Pre-RMSNorm")
+_B = ("mean subtraction and LayerNorm preserve the rank ... while RMSNorm and no branch "
+      "normalization collapse")
+WORDS = [
+    ("Fig 15a", "Fig 15a", _A),
+    ("branch-output none", "Fig 15b", _B, {"kind": "identity", "note": (
+        "a duplicate: Pre-RMSNorm with no branch-output norm is Fig 15a's Pre-RMSNorm network, "
+        "the same run (shown, not counted)")}),
+    ("Fig 15b", "Fig 15b", _B),
+]
+CLAIMS = common.worded(CLAIMS, WORDS)
+
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s = common.settings(SCALES, scale, overrides)
@@ -64,7 +77,9 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   fig, axes = common.plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
   for name, c in curves.items():
     panel, label = name.split("/")
-    axes[0 if panel == "a" else 1].plot(layers, c, label=label)
+    line, = axes[0 if panel == "a" else 1].plot(layers, c, label=label)
+    axes[0 if panel == "a" else 1].plot([512], [PAPER[name]], "x", color=line.get_color(),
+                                         ms=8)   # the paper's printed value at depth 512
   for ax in axes:
     ax.set_xlabel("layer l")
     ax.legend()

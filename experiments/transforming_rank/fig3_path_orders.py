@@ -32,16 +32,48 @@ SCALES = {
 }
 
 INT = common.evidence.Abs(0.5)   # an integer (an order): equal as integers
+_PEAK_WORDS = ("gives the profile in Figure 3, whose peak (the order of largest magnitude) "
+               "sits at order three for ... and at the order-0 skip for")
+_FIG3_AVG = ("App A.1 fixes the statistic: 'Figure 3 reports the mu_k and their normalized "
+             "profile, averaged over 8 seeds', and the profile's peak is the figure's")
+_ONE_CURVE = "depends only on the branch-to-skip ratio ... so all points fall on a single curve"
+_THREE_SE = ("max over the overlapping points of |<k> - <k>(beta=1 curve)| in units of its "
+             "standard error; the paper prints no tolerance: 3 s.e. is our limit on the "
+             "largest of about 9 deviations (a family-wise threshold: a two-sided Sidak "
+             "level for 9 normal deviations is 2.8 s.e.)")
 CLAIMS = common.evidence.claims([
-    *(common.evidence.Claim(f"Fig 3b: peak order, beta={b}", "argmax_k of the normalized "
-                            "profile mu_k / sum mu_k (per seed)", k, INT)
+    *(common.evidence.Claim(f"Fig 3b: peak of the mean profile, beta={b}", "argmax_k of the "
+                            "seed-mean normalized profile mu_k / sum mu_k (what Fig 3b plots)",
+                            k, INT, _FIG3_AVG, where="Fig 3b", quote=_PEAK_WORDS,
+                            post_hoc="made the headline after a review reported that the "
+                            "mean profile's peak (computed, used by no row) equals the "
+                            "paper's 3; the text fixes this statistic")
       for b, k in (("1", 3), ("1/sqrt(L)", 0), ("1/L", 0))),
-    common.bound("Fig 3d: <k> on one curve of beta*alpha^M", "max over points of |<k> - "
-                 "<k>(beta=1 curve)| in units of its standard error", "<", 3.0,
-                 "Fig 3d: points of equal beta*alpha^M fall on one curve; independent "
-                 "draws per point, so consistency within 3 s.e."),
-    common.exact("App A.1: reconstruction, float64", "max relative error of sum_k beta^k S_k "
-                 "vs autodiff dh_L/dh_0", "float64", "App A.1: ~1e-15"),
+    *(common.evidence.Claim(f"Fig 3b: peak order, beta={b}", "argmax_k of the normalized "
+                            "profile mu_k / sum mu_k (per seed)", k, INT,
+                            "another statistic than the figure's: the per-seed argmax (the "
+                            "former headline)", where="Fig 3b", quote=_PEAK_WORDS,
+                            kind="sensitivity")
+      for b, k in (("1", 3), ("1/sqrt(L)", 0), ("1/L", 0))),
+    common.evidence.Claim(
+        "Fig 3d: <k> on one curve of beta*alpha^M", _THREE_SE + "; the beta=1 curve "
+        "interpolated linearly in log(beta*alpha^2)", None, common.evidence.Bound(
+            "<", limit=3.0), "Fig 3d: points of equal beta*alpha^M fall on one curve; "
+        "independent draws per point; the text does not say how the curve between the "
+        "beta=1 points is read (the figure's axis scale is not in the text): two readings",
+        where="Fig 3d", quote=_ONE_CURVE, reading="interpolation in log(beta*alpha^2)"),
+    common.evidence.Claim(
+        "Fig 3d: <k> on one curve of beta*alpha^M, linear interpolation", _THREE_SE + "; the "
+        "beta=1 curve interpolated linearly in beta*alpha^2", None, common.evidence.Bound(
+            "<", limit=3.0), "Fig 3d: the same stored points as the log reading",
+        where="Fig 3d", quote=_ONE_CURVE, reading="interpolation linear in beta*alpha^2",
+        post_hoc="declared after a review reported 0.98 s.e. under it (3.43 under the log "
+        "reading)"),
+    common.evidence.Claim(
+        "App A.1: reconstruction, float64", "max relative error of sum_k beta^k S_k vs "
+        "autodiff dh_L/dh_0", None, common.evidence.Bound("<", limit=common.FLOAT64_EXACT),
+        "App A.1: 'of order 1e-15'; our limit 1e-12 (float64 rounding)", where="App A.1",
+        quote="confirm the two agree to a relative Frobenius error of order"),
 ])
 
 
@@ -79,17 +111,21 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   # Collapse of <k> onto one curve of beta*alpha^2: compare each beta's curve with the
   # beta=1 curve, interpolated in log(beta*alpha^2) where their ranges overlap.
   ref = np.array(panel_d["1"])
-  dev, dev_se, zs = [], [], []
-  for name, pts in panel_d.items():
-    p = np.array(pts)
-    inside = (p[:, 0] >= ref[:, 0].min()) & (p[:, 0] <= ref[:, 0].max())
-    if name != "1" and inside.any():
-      interp = np.interp(np.log(p[inside, 0]), np.log(ref[:, 0]), ref[:, 1])
-      se = np.hypot(p[inside, 2], np.interp(np.log(p[inside, 0]), np.log(ref[:, 0]), ref[:, 2]))
-      z = np.abs(p[inside, 1] - interp)
-      dev.extend(z.tolist())
-      dev_se.extend(se.tolist())
-      zs.extend((z / se).tolist())
+  # Two readings of the curve between the beta=1 points: in log(beta*alpha^2), and linear.
+  collapse = {}
+  for reading, f in (("log", np.log), ("linear", lambda x: x)):
+    dev, dev_se, zs = [], [], []
+    for name, pts in panel_d.items():
+      p = np.array(pts)
+      inside = (p[:, 0] >= ref[:, 0].min()) & (p[:, 0] <= ref[:, 0].max())
+      if name != "1" and inside.any():
+        interp = np.interp(f(p[inside, 0]), f(ref[:, 0]), ref[:, 1])
+        se = np.hypot(p[inside, 2], np.interp(f(p[inside, 0]), f(ref[:, 0]), ref[:, 2]))
+        z = np.abs(p[inside, 1] - interp)
+        dev.extend(z.tolist())
+        dev_se.extend(se.tolist())
+        zs.extend((z / se).tolist())
+    collapse[reading] = {"dev": dev, "dev_se": dev_se, "z": zs}
 
   recon64 = None
   with jax.enable_x64(True):
@@ -101,13 +137,20 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
 
   peaks = {n: int(np.argmax(r["profile"])) for n, r in panel_ab.items()}
   seeds = list(range(s["seeds"]))   # jacobian_samples(PRNGKey(3), num_seeds)
-  worst = int(np.argmax(zs))
-  summary = [measured(f"Fig 3b: peak order, beta={n}", panel_ab[n]["peak_per_seed"],
-                      seeds=seeds) for n in betas]
-  summary.append(measured("Fig 3d: <k> on one curve of beta*alpha^M",
-      float(zs[worst]),
-      note=f"largest deviation {dev[worst]:.3f}, its s.e. {dev_se[worst]:.3f}; "
-           f"<k> at beta=alpha=1: {panel_ab['1']['mean_order']:.2f}"))
+  summary = [measured(f"Fig 3b: peak of the mean profile, beta={n}", peaks[n],
+                      note=f"per-seed argmaxes {panel_ab[n]['peak_per_seed']}")
+             for n in betas]
+  summary += [measured(f"Fig 3b: peak order, beta={n}", panel_ab[n]["peak_per_seed"],
+                       seeds=seeds) for n in betas]
+  for reading, item in (("log", "Fig 3d: <k> on one curve of beta*alpha^M"),
+                        ("linear", "Fig 3d: <k> on one curve of beta*alpha^M, linear "
+                                   "interpolation")):
+    c = collapse[reading]
+    worst = int(np.argmax(c["z"]))
+    summary.append(measured(item, float(c["z"][worst]),
+        note=f"{len(c['z'])} points compared; largest deviation {c['dev'][worst]:.3f}, its "
+             f"s.e. {c['dev_se'][worst]:.3f}; <k> at beta=alpha=1: "
+             f"{panel_ab['1']['mean_order']:.2f}"))
   summary.append(measured("App A.1: reconstruction, float64",
       recon64, note=f"float32 vs the block product: {recon32:.1e}"))
 
@@ -116,6 +159,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   for n, r in panel_ab.items():
     axes[0].plot(ks, np.asarray(r["log_mu"]) / math.log(10), label=f"beta={n}")
     axes[1].plot(ks, r["profile"], label=f"beta={n}")
+  axes[1].axvline(3, ls=":", color="gray", label="paper: peak at k=3 (beta=1)")
   for a, r in panel_c.items():
     axes[2].plot(ks, r["profile"], label=f"alpha={a}")
   for n, pts in panel_d.items():
@@ -134,5 +178,6 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     ax.legend(fontsize=7)
   result = {"settings": s, "panel_ab": panel_ab, "panel_c": {str(a): r for a, r in panel_c.items()},
             "panel_d": panel_d, "reconstruction_error_float64": recon64, "peaks": peaks,
+            "fig3d_collapse": collapse,
             "measured": summary}
   return common.write(out_dir, NAME, result, fig)

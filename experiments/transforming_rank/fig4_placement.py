@@ -36,14 +36,24 @@ SCALES = {
 }
 KEY = jax.random.PRNGKey(4)
 _L = "at L=384"
+_LOOK = ("the paper prints no number ('indistinguishable', 'coincide': a figure's look) and "
+         "its figure is not in the text we have, so no band can be read off what it "
+         "resolves: the spread is shown, not judged (the former abs 0.005 was our default)")
 CLAIMS = common.evidence.claims([
     common.bound("Fig 4a: pre keeps a floor, post collapses", f"erank/d(pre) - erank/d(post) {_L}",
                  ">", 0.0, "Fig 4a", every_seed=True),
     common.bound("Fig 4a: output norm marginally below pre",
                  f"erank/d(pre) - erank/d(output) {_L}", ">", 0.0, "App B.5", every_seed=True),
-    common.claim("Fig 4a: post collapses at the rate of no norm", "[erank(384)/erank(48)](post) "
-                 "/ [erank(384)/erank(48)](none)", 1.0, "Fig 4a: post-norm collapses at the "
-                 "rate of no normalization"),
+    common.qualitative("Fig 4a: post collapses at the rate of no norm", "[erank(384)/"
+                       "erank(48)](post) / [erank(384)/erank(48)](none)",
+                       "the paper prints no number for 'the same rate' (a figure's look; "
+                       "App B.3's 0.4% margin is tested by the App B.2 row): shown, not judged; "
+                       "the former default band rel 0.05 was ours"),
+    common.bound("Fig 4a: post and no norm coincide within 0.4% of the width", "max over "
+                 "depth of |erank/d(post) - erank/d(none)|, no Pre-Norm, alpha=1", "<=", 0.004,
+                 "App B.3 prints the margin of Fig 4a's 'same rate': Post-Norm and no norm "
+                 "coincide within 0.4% of the width; declared 2026-12-06 when Fig 4a's "
+                 "numberless 'same rate' row became qualitative"),
     common.bound("Fig 4b: mean subtraction keeps a floor",
                  f"erank/d(post mean) - erank/d(post rms) {_L}, Pre-RMSNorm", ">", 0.0,
                  "Fig 4b", every_seed=True),
@@ -55,20 +65,49 @@ CLAIMS = common.evidence.claims([
                  "Fig 4c: at most 0.004 of full rank (~1 direction at d=256): width-dependent"),
     common.bound("Fig 4c: rescaling part is essentially all", "smallest share rescaling / "
                  "(rescaling + projection) over alpha, L=384", ">", common.NEAR_ONE,
-                 "Fig 4c: 'essentially all' read as the study's near-one threshold 0.9"),
+                 "Fig 4c: 'essentially all' read as our near-one threshold 0.9 (the paper "
+                 "prints no number)", ours=True),
     common.bound("App B.2: detached rescale matches RMSNorm", "max |erank(detached) - "
                  "erank(rms)|/d over L, beta in {1, 1/sqrt(L)}, alpha, +-Pre-RMSNorm", "<=",
                  0.004, "App B.2: largest 0.0039 at d=256 (one direction): width-dependent"),
-    common.claim("Fig 10a: without Pre-RMSNorm the four ops coincide", "max - min of erank/d "
-                 f"over post none / mean / rms / detached {_L}", 0.0, "Fig 10a: indistinguishable"),
-    common.claim("Fig 10b: post RMSNorm with vs without Pre-RMSNorm", "|erank/d(with) - "
-                 f"erank/d(without)| {_L}", 0.0, "Fig 10b: coincide"),
-    common.claim("Fig 10b: post LayerNorm with vs without Pre-RMSNorm", "|erank/d(with) - "
-                 f"erank/d(without)| {_L}", 0.0, "Fig 10b: coincide"),
+    common.qualitative("Fig 10a: without Pre-RMSNorm the four ops coincide", "max - min of "
+                       f"erank/d over post none / mean / rms / detached {_L}", _LOOK),
+    common.qualitative("Fig 10b: post RMSNorm with vs without Pre-RMSNorm", "|erank/d(with) - "
+                       f"erank/d(without)| {_L}", _LOOK),
+    common.qualitative("Fig 10b: post LayerNorm with vs without Pre-RMSNorm", "|erank/d(with) "
+                       f"- erank/d(without)| {_L}", _LOOK),
     common.claim("App B.5: Pre-Norm branch output rms", "rms(W_down relu(W_up x)) for a "
                  "unit-rms input x, both matrices d x d, N(0, 1/d)", 0.74,
                  "App B.5: the ReLU branch contracts a unit input to an rms of about 0.74"),
 ])
+
+WORDS = [
+    ("pre keeps a floor", "Fig 4a", "Only the post-residual placement collapses rank. A "
+     "normalization at either branch placement, the input (Pre-Norm) or the output "
+     "(Output-Norm), keeps a floor"),
+    ("output norm marginally below", "Fig 4a", "Output-Norm sits at a marginally lower floor "
+     "than Pre-Norm, visible in Figure 4a where its curve runs just below"),
+    ("rate of no norm", "Fig 4a", "the post-residual placement (Post-Norm) collapses at the "
+     "same rate as no normalization at all"),
+    ("coincide within 0.4%", "Fig 4a", "so the no-norm, detached, and Post-Norm ranks all "
+     "coincide to within that margin"),
+    ("mean subtraction keeps", "Fig 4b", "mean subtraction (removes a direction, does not "
+     "rescale) keeps a floor"),
+    ("LayerNorm collapses", "Fig 4b", "the rank collapses only under a post-residual "
+     "rescaling, the one combination where the branch-to-skip ratio stays constant across "
+     "depth"),
+    ("Fig 4c", "Fig 4c", "the rescaling accounts for essentially all of it, the projection at "
+     "most ... of the full rank, across"),
+    ("App B.2", "App B.2", "the detached and ordinary ranks differ by at most ... of the full "
+     "rank (largest"),
+    ("Fig 10a", "Fig 10a", "the rank collapses at nearly the rate of the rescaling operations, "
+     "so the four operations are indistinguishable"),
+    ("Fig 10b", "Fig 10b", "the post-RMSNorm and post-LayerNorm curves with and without the "
+     "Pre-RMSNorm coincide"),
+    ("App B.5", "App B.5", "the ReLU branch contracts it slightly, to a root-mean-square of "
+     "about"),
+]
+CLAIMS = common.worded(CLAIMS, WORDS)
 BRANCH_RMS_SEEDS, BRANCH_RMS_INPUTS = 10, 256
 
 
@@ -135,6 +174,10 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       j("Fig 4a: pre keeps a floor, post collapses", last(panel_a["pre"]) - last(panel_a["post"])),
       j("Fig 4a: output norm marginally below pre", last(panel_a["pre"]) - last(panel_a["output"])),
       j("Fig 4a: post collapses at the rate of no norm", rate(panel_a["post"]) / rate(panel_a["none"])),
+      j("Fig 4a: post and no norm coincide within 0.4% of the width",
+        np.abs(panel_a["post"] - panel_a["none"]).max(axis=1),
+        note=f"{np.abs(panel_a['post'] - panel_a['none']).max(axis=1).mean() * d:.2f} "
+             f"directions at d={d}"),
       j("Fig 4b: mean subtraction keeps a floor", last(panel_b["mean"]) - last(panel_b["rms"])),
       j("Fig 4b: LayerNorm collapses", last(panel_b["mean"]) - last(panel_b["layer"])),
       j("Fig 4c: projection part <= 0.004", proj,

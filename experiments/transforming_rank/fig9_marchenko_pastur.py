@@ -35,15 +35,21 @@ SCALES = {
     "tiny": dict(width=16, seeds=2, ratios=(2, 4, 8), d7_ratios=(4, 8, 16, 32)),
 }
 
+_KS_LOOK = ("the paper's 'exact' is a figure's look (histograms against the MP density at "
+            "d = 512) and prints no distance; the Kolmogorov distance of a finite-d spectrum "
+            "to the asymptotic law is not zero, and what the paper's histograms resolve is "
+            "not in its text: shown with our figure, not judged (the former abs 0.005 was our "
+            "default)")
 CLAIMS = common.evidence.claims([
-    *(common.claim(f"Fig 9/17: {a} follows MP", "max over m/d of the Kolmogorov distance of "
-                   "the eigenvalue CDF (seeds pooled) to MP at the measured gamma", 0.0,
-                   "Fig 9 / App D.3: exact for relu and abs") for a in ("relu", "abs")),
-    *(common.claim(f"{MIXTURE}: {a} follows MP", "max over m/d of the Kolmogorov "
-                   "distance of the pooled eigenvalue CDF to the mixture of each seed's MP "
-                   "law at its own gamma", 0.0, "open setting (pooled seeds against MP at "
-                   "the mean gamma, or against the seeds' mixture); declared after the "
-                   "pooled rows' outcome") for a in ("relu", "abs")),
+    *(common.qualitative(f"Fig 9/17: {a} follows MP", "max over m/d of the Kolmogorov "
+                         "distance of the eigenvalue CDF (seeds pooled) to MP at the measured "
+                         "gamma", _KS_LOOK, "Fig 9 / App D.3: exact for relu and abs")
+      for a in ("relu", "abs")),
+    *(common.qualitative(f"{MIXTURE}: {a} follows MP", "max over m/d of the Kolmogorov "
+                         "distance of the pooled eigenvalue CDF to the mixture of each seed's "
+                         "MP law at its own gamma", _KS_LOOK, "another reference law (pooled "
+                         "seeds against MP at the mean gamma, or against the seeds' mixture)")
+      for a in ("relu", "abs")),
     common.evidence.Claim("Fig 17: gelu, silu approximately MP", "Kolmogorov distance (data)",
                           None, common.evidence.Qualitative(
                               "the paper says only 'approximately' (a figure's look); the "
@@ -60,6 +66,22 @@ CLAIMS = common.evidence.claims([
     common.bound("App D.7: erank(J_f)/d improves with width", "erank(J_f)/d at m/d = 32 "
                  "minus at m/d = 4, relu", ">", 0.0, "App D.7", every_seed=True),
 ])
+
+WORDS = [
+    ("sensitivity", "Fig 9", "The measured spectra match this prediction exactly for ReLU and "
+     "abs, and approximately for GELU and SiLU", {"kind": "sensitivity", "post_hoc":
+     "declared after the pooled rows' outcome"}),
+    ("Fig 9/17", "Fig 9", "The measured spectra match this prediction exactly for ReLU and "
+     "abs, and approximately for GELU and SiLU"),
+    ("Fig 17", "Fig 17", "The fit is exact for ReLU and absolute value (solid) and approximate "
+     "for GELU and SiLU (dashed)"),
+    ("condition number", "App D.3", "is finite, falling from", {"kind": "identity", "note":
+     "a closed form of the MP edges, true by construction: shown, not counted"}),
+    ("smallest Gram eig", "App D.7", "the submatrix's smallest Gram eigenvalue rises from"),
+    ("sigma_min", "App D.7", "stays near ... even where ... is full rank"),
+    ("improves with width", "App D.7", "however, does improve with width"),
+]
+CLAIMS = common.worded(CLAIMS, WORDS)
 
 
 def _gram(key, activation, d, m, seeds):

@@ -33,6 +33,13 @@ CLAIMS = common.evidence.claims(
                     "direction of Z_512, widest width run", 1.0,
                     "App C: the surviving direction is the mean; its energy share -> 1")])
 
+WORDS = [
+    ("Table 6", "Table 6", "Effective rank as a fraction of width ... The collapse occurs at "
+     "every width."),
+    ("top-direction energy", "Table 6", "and the mean fraction reaches ... by the same depth"),
+]
+CLAIMS = common.worded(CLAIMS, WORDS)
+
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s = common.settings(SCALES, scale, overrides)
@@ -59,7 +66,10 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       table[widest]["per_seed_top_energy"][:, -1].tolist(), seeds=seeds, note=f"d={widest}"))
   fig, ax = common.plt.subplots(figsize=(5, 3.5))
   for d in s["widths"]:
-    ax.plot(s["layers"], table[d]["erank"], "o-", label=f"d={d}")
+    line, = ax.plot(s["layers"], table[d]["erank"], "o-", label=f"d={d}")
+    if d in PAPER:
+      ax.plot(PAPER_LAYERS, PAPER[d], "x", color=line.get_color(), ms=8)
+  ax.set_title("x: the paper's Table 6", fontsize=8)
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlabel("layer l")
