@@ -132,6 +132,31 @@ def sets_applied() -> int:
   return _SETS_APPLIED[0]
 
 
+def user_setting(key: str) -> str | None:
+  """The value the active ``--set`` gives ``key`` (the last assignment), else None: how
+  a study's own data check, or an experiment that trains outside ``rankjax train``
+  runs, reads a setting such as ``data_dir``. A value read counts as applied (the
+  command's "--set reached no run" refusal does not fire)."""
+  values = [v.strip() for k, _, v in (a.partition("=") for a in _USER_SETS)
+            if k.strip() == key]
+  if not values:
+    return None
+  _SETS_APPLIED[0] += 1
+  return values[-1]
+
+
+def missing_directory(path: str, what: str) -> str | None:
+  """None when ``path`` is a directory, local or at a URL (``gs://bucket/dir``, through
+  etils.epath), else one line saying why not (``what`` names the setting)."""
+  from rankjax import storage
+  try:
+    if storage.as_path(path, what).is_dir():
+      return None
+  except (OSError, ValueError) as e:
+    return f"{what}={path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+  return f"{what}={path} is not a directory"
+
+
 def at_scale(cfg, scale: str):
   """``cfg`` as the runs of ``scale`` train it: :func:`tiny` at ``tiny`` (its parameters
   and optimizer state sharded over this job's devices, ``mesh_fsdp``, as a paper run that

@@ -356,3 +356,17 @@ def test_rows_of_partial_runs_are_proxies_named_partial(tmp_path):
   from rankjax import config as config_lib
   config_lib.to_json(watched, tmp_path / "runs" / "c" / "config.json")
   assert training.finished(str(tmp_path / "runs" / "c"), watched)
+
+
+def test_user_setting_reads_the_last_set_and_counts_as_applied(tmp_path):
+  """A study's own data check reads --set data_dir (training.user_setting): outside
+  user_sets nothing; inside, the last assignment, and reading it counts as applied."""
+  assert training.user_setting("data_dir") is None
+  with training.user_sets(["seed=3", "data_dir=/a", "data_dir = /data/tfds"]):
+    assert training.sets_applied() == 0
+    assert training.user_setting("tokenizer") is None and training.sets_applied() == 0
+    assert training.user_setting("data_dir") == "/data/tfds"
+    assert training.sets_applied() == 1
+  assert training.missing_directory(str(tmp_path), "data_dir") is None
+  assert training.missing_directory(str(tmp_path / "x"), "data_dir") == \
+      f"data_dir={tmp_path / 'x'} is not a directory"
