@@ -234,6 +234,18 @@ def test_a_text_dataset_on_gs_reads_as_the_local_folder(gcs_env, tmp_path):
         [theirs.docs[i] for i in range(len(theirs.docs))]
     seen += len(ours.docs)
   assert seen == 12
+  # the training batches, packed in memory and streamed, are the local folder's
+  from rankjax.data import pipeline
+
+  def batches(dataset):
+    it = pipeline.make_iterator("text", dataset=dataset, batch_size=2, seq_len=8,
+                                tokenizer="byte", seed=3)
+    return [next(it)["inputs"].tolist() for _ in range(3)]
+  assert batches(str(remote)) == batches(str(local))
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(text, "IN_MEMORY_MAX_BYTES", 0)
+    assert not text.text_source(str(remote), "train").in_memory
+    assert batches(str(remote)) == batches(str(local))
   assert training.missing_directory(str(remote), "RANKJAX_FINEWEB") is None
   gone = f"gs://{BUCKET}/no-such-set"
   with pytest.raises(common.DataUnavailableError, match=f"directory {gone} does not exist"):
