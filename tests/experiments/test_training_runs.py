@@ -431,3 +431,12 @@ def test_a_bad_target_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, (args, err)
     assert ("KIND:N" in err) if "--plan" in args else ("add --plan" in err)
+
+
+def test_a_plan_without_a_spec_peak_says_why_it_has_no_device_hours(monkeypatch):
+  monkeypatch.setattr(training, "device_memory", lambda: ("cpu", 1, 100e9))
+  text = training.plan_text(training.plan({"/o/runs/a": training.load(PAPER_LM)}))
+  assert "device-hours '-': cpu has no spec peak" in text and "--target KIND:N" in text
+  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
+  assert "no spec peak" not in training.plan_text(
+      training.plan({"/o/runs/a": training.load(PAPER_LM)}))
