@@ -489,7 +489,8 @@ def plan_text(p: Mapping[str, Any]) -> str:
         lines.append(f"    {r[key]}")
   compiled = p["rows"] and all(r.get("peak_compiled") for r in p["rows"])
   wall = ("" if p["device_hours"] is None else
-          f" ({p['device_hours'] / p['devices']:.3g} hours on {p['devices']} devices)")
+          f" ({p['device_hours'] / p['devices']:.3g} hours on {p['devices']} device"
+          f"{'s' if p['devices'] > 1 else ''})")
   lines.append(f"  total: {num(p['device_hours'])} device-hours to train{wall}, "
                f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory per device: "
                + ("XLA's analysis of each compiled step on these devices)" if compiled else
