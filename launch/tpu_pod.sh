@@ -16,9 +16,12 @@
 # Environment: PROJECT (default: gcloud's), RANKJAX_DIR (default ~/rankjax on the VMs),
 # PYTHON (default python3 on the VMs). setup installs launch/requirements-tpu.txt (the
 # pinned versions); train / reproduce set LIBTPU_INIT_ARGS from launch/xla_flags.sh.
+# A study's settings in your environment reach every worker's train / reproduce:
+# RANKJAX_FINEWEB (the softmax study's FineWeb: a directory every worker reads),
+# RANKJAX_TINY_DATA_DIR, RANKJAX_FASHION_MNIST, RANKJAX_CACHE, TFDS_DATA_DIR.
 set -euo pipefail
 
-usage() { sed -n '2,20p' "$0"; exit 2; }
+usage() { sed -n '2,23p' "$0"; exit 2; }
 [[ $# -ge 3 ]] || usage
 cmd=$1 tpu=$2 zone=$3
 shift 3
@@ -30,6 +33,14 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 # async collective fusion / overlap flags for libtpu (launch/xla_flags.sh; yours win)
 source "$here/launch/xla_flags.sh"
 libtpu_args=$(printf '%q' "${RANKJAX_TPU_LIBTPU_ARGS}${LIBTPU_INIT_ARGS:+ $LIBTPU_INIT_ARGS}")
+
+# the study settings set here, as NAME=value words for the workers' command line
+STUDY_SETTINGS=(RANKJAX_FINEWEB RANKJAX_TINY_DATA_DIR RANKJAX_FASHION_MNIST RANKJAX_CACHE
+                TFDS_DATA_DIR)
+settings=""
+for name in "${STUDY_SETTINGS[@]}"; do
+  if [[ -n "${!name:-}" ]]; then settings+="$name=$(printf '%q' "${!name}") "; fi
+done
 
 ssh_all() {
   gcloud compute tpus tpu-vm ssh "$tpu" --zone "$zone" "${project_flag[@]}" --worker=all \
@@ -52,7 +63,7 @@ case "$cmd" in
     for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
     # nohup + setsid: the run survives the ssh session; one log per worker.
     # the compilation cache next to the run: a restarted slice loads the compiled step
-    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
+    ssh_all "cd $remote_dir && ${settings}RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
       JAX_COMPILATION_CACHE_DIR=\${JAX_COMPILATION_CACHE_DIR:-$(printf '%q' "$workdir")/xla_cache} \
       setsid nohup $py -m rankjax.cli train \
       --config $(printf '%q' "$config") --workdir $(printf '%q' "$workdir")$extra \
@@ -65,7 +76,7 @@ case "$cmd" in
     [[ $# -ge 1 ]] || usage
     extra=""
     for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
-    ssh_all "cd $remote_dir && RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
+    ssh_all "cd $remote_dir && ${settings}RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
       setsid nohup $py -m rankjax.cli reproduce$extra \
       > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
       echo started on \$(hostname)"

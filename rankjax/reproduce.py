@@ -31,7 +31,8 @@ with one ``verdicts <study>:`` line per study: its rows per status (match, misma
 ...), the counts of summary.md.
 A run stopped by SIGTERM (preemption, a time limit) saves and the command exits 75, as
 ``rankjax train`` (requeue and rerun: it resumes). ``--scale paper`` refuses to start without an accelerator (exit 2, after printing the
-plan; ``--allow-cpu`` overrides); ``--plan`` prints the plan and every refusal and stops;
+plan; ``--allow-cpu`` overrides); ``--plan`` prints the plan and every refusal (each with its fix) and exits 0;
+``--plan --target KIND:N`` plans for hardware that is not here (``training.planning_for``);
 ``--set KEY=VALUE`` reaches every training run the studies build, whose batch split is
 fitted to the job's devices (``rankjax.studies.training.at_scale``), and a requested experiment with no path at the chosen scale makes the
 command exit 1 naming it (its row still says ``missing``): never a quiet exit 0. The
@@ -148,11 +149,15 @@ def missing(results: dict) -> list[str]:
 def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
         only: list[str] | None = None, record: bool = False, check: bool = False,
         options: dict | None = None, extra: Sequence[str] = (),
-        sets: Sequence[str] = (), plan_only: bool = False) -> dict:
+        sets: Sequence[str] = (), plan_only: bool = False, target=None,
+        listed: bool = False) -> dict:
   """Runs one study (or ``all``) into ``out_dir/<study>/`` and builds its report;
   ``extra``: ``--studies`` paths (``rankjax.studies.finder.find``); ``sets``: ``--set``
   assignments for every run the studies build (``training.user_sets``); ``plan_only``:
-  print the plan, check every run (data, devices, memory) and return ``{}``.
+  print the plan, check every run (data, devices, memory) and return ``{}``; ``target``
+  (``rankjax.train.mfu.Target``, with ``plan_only``): plan for that hardware instead of
+  this job's devices (``training.planning_for``); ``listed``: the refusals printed in the
+  plan, not raised.
 
   Returns ``{study: runner.run_study(...) result}``. With ``all``, ``only`` names run
   in every study that has them (``fig3`` is a figure of each paper), and studies with
@@ -162,11 +167,15 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   if sets and (record or check):
     raise UserError("--set changes the runs: their numbers are not the committed results "
                      "(no --record or --check with it)")
-  with training.user_sets(sets):
-    return _run(name, out_dir, scale, only, record, check, options, extra, plan_only)
+  if target is not None and not plan_only:
+    raise UserError("--target plans for hardware that is not here: add --plan")
+  with training.user_sets(sets), training.planning_for(target):
+    return _run(name, out_dir, scale, only, record, check, options, extra, plan_only,
+                listed)
 
 
-def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -> dict:
+def _run(name, out_dir, scale, only, record, check, options, extra, plan_only,
+         listed=False) -> dict:
   from rankjax.report import build_report
   from rankjax.studies import runner
   from rankjax import storage
@@ -182,7 +191,8 @@ def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -
                      "results (no --record or --check with it)")
   loaded = {s: study(s, extra) for s in plan}
   for s, names in plan.items():   # every check before the first experiment runs
-    runner.preflight(loaded[s], loaded[s].resolve(names), scale, pathlib.Path(out_dir) / s)
+    runner.preflight(loaded[s], loaded[s].resolve(names), scale, pathlib.Path(out_dir) / s,
+                     listed=listed)
     runner.check_options(loaded[s], loaded[s].resolve(names), options or {})
   from rankjax.studies import training
   if training.active_sets() and not training.sets_applied():
@@ -225,8 +235,13 @@ def _command(args) -> int:
     if not pathlib.Path(path).exists():
       raise FileNotFoundError(f"--checkpoint {path}: no such file or folder")
   options = {"checkpoints": tuple(args.checkpoint)} if args.checkpoint else None
-  plan = lambda: run(args.study, args.out, args.scale, args.only, args.record, args.check,
-                     options, args.studies, args.set, plan_only=True)
+  from rankjax.train.mfu import parse_target
+  target = parse_target(args.target) if args.target else None
+  if target is not None and not args.plan:
+    raise UserError("--target plans for hardware that is not here: add --plan")
+  plan = lambda listed=False: run(args.study, args.out, args.scale, args.only, args.record,
+                                  args.check, options, args.studies, args.set,
+                                  plan_only=True, target=target, listed=listed)
   try:      # the plan first, always: on a CPU without --allow-cpu it is printed, then refused
     check_accelerator(args.scale, args.allow_cpu or args.plan)
   except NoAccelerator as refusal:
@@ -236,8 +251,8 @@ def _command(args) -> int:
     except NotPrepared as e:                         # both refusals, in one line
       raise NoAccelerator(f"{refusal}; and {e}") from None
     raise                                            # ValueError: one line, exit 2 (cli)
-  if args.plan:
-    plan()
+  if args.plan:           # every refusal listed in the plan, with its fix: exit 0
+    plan(listed=True)
     return 0
   from rankjax import preemption
   from rankjax.studies.training import Preempted as preempted
@@ -290,6 +305,11 @@ def add_parser(sub) -> None:
                       "tokenizer=/path/tokenizer.model, data_dir=/data/tfds); repeatable")
   p.add_argument("--plan", action="store_true",
                  help="print the training plan and every refusal, then stop")
+  p.add_argument("--target", metavar="KIND:N",
+                 help="with --plan: plan for N devices of KIND (h100, h200, a100, v4, v5e, "
+                      "v5p, v6e; e.g. h200:8, v5e:64) from any machine: memory per device "
+                      "against KIND's, the batch split fitted to N, device-hours at KIND's "
+                      "peak")
   p.add_argument("--allow-cpu", action="store_true",
                  help="run --scale paper on a machine without an accelerator")
   p.add_argument("--record", action="store_true",

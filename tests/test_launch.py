@@ -146,3 +146,27 @@ def test_tpu_pod_passes_libtpu_args_to_every_worker(tmp_path, command):
   (value,) = [w.split("=", 1)[1] for w in shlex.split(call) if w.startswith("LIBTPU_INIT_ARGS=")]
   passed = value.split()
   assert passed == _sourced("RANKJAX_TPU_LIBTPU_ARGS").split() + ["--xla_tpu_mine=true"]
+
+
+@pytest.mark.parametrize("command", ["train", "reproduce"])
+def test_tpu_pod_forwards_a_studys_data_settings(tmp_path, command):
+  """RANKJAX_FINEWEB (and the other study settings) set here reach the workers' command;
+  one unset is not invented."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  _recorder(bin_dir, "gcloud")
+  args = (["cfg.json", "gs://b/run"] if command == "train"
+          else ["softmax_sensitivity", "--scale", "paper", "--out", "gs://b/r"])
+  env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
+             RANKJAX_FINEWEB="gs://b/fine web", TFDS_DATA_DIR="/data/tfds")
+  env.pop("RANKJAX_TINY_DATA_DIR", None)
+  proc = subprocess.run(["bash", str(LAUNCH / "tpu_pod.sh"), command, "tpu1", "zone1", *args],
+                        env=env, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  (call,) = (bin_dir / "calls").read_text().splitlines()
+  # the remote shell's reading of the command (printf %q escaped the space)
+  remote = shlex.split(call.split(" | XLA_FLAGS=")[0])
+  assert "RANKJAX_FINEWEB=gs://b/fine web" in remote      # one word on the worker's shell
+  assert "TFDS_DATA_DIR=/data/tfds" in remote
+  assert not any(w.startswith("RANKJAX_TINY_DATA_DIR=") for w in remote)
+  assert remote.index("RANKJAX_FINEWEB=gs://b/fine web") < remote.index("-m")

@@ -10,7 +10,8 @@ dropped); nothing is padded. A chunk becomes the example
 Sources (``dataset=``):
 
   None / "shakespeare"   the offline default corpus (``rankjax.data.corpus``).
-  DIR of *.txt files     one document per file. The split is ``DIR/<split>/`` when
+  DIR of *.txt files     one document per file (DIR local or a URL: gs://bucket/dir,
+                         read through etils.epath). The split is ``DIR/<split>/`` when
                          that folder exists, else every 10th file (sorted) is held out.
   DIR of ArrayRecord     one document (UTF-8 text) per record. Files whose names
   files (*.array_record*) name the split (``*train*``, ``*validation*``) when there
@@ -31,6 +32,7 @@ checkpoint state is the position of the document being cut and the offset into i
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import pathlib
 from typing import Any, Sequence
@@ -38,6 +40,7 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
+from rankjax import storage
 from rankjax.data import common
 from rankjax.data import corpus
 from rankjax.data import streams
@@ -83,7 +86,31 @@ class _Feature:
 
 
 def _read_txt(path: pathlib.Path) -> str:
-  return path.read_text(encoding="utf-8", errors="replace")
+  if isinstance(path, pathlib.Path):
+    return path.read_text(encoding="utf-8", errors="replace")
+  text = path.read_bytes().decode("utf-8", errors="replace")   # a URL (epath): the same
+  return text.replace("\r\n", "\n").replace("\r", "\n")      # newlines as text mode's
+
+
+def _size(path) -> int:
+  """Bytes of a file: a local path's ``st_size``, an epath URL's ``length``."""
+  stat = path.stat()
+  return int(getattr(stat, "st_size", None) or getattr(stat, "length", 0) or 0)
+
+
+def _files(base, patterns: Sequence[str]) -> list:
+  """The files under ``base`` (recursively) whose names match one of ``patterns``,
+  sorted: ``rglob`` on a local path, folder by folder on a URL (epath refuses ``**``
+  there)."""
+  if isinstance(base, pathlib.Path):
+    return sorted({p for g in patterns for p in base.rglob(g) if p.is_file()})
+  out = []
+  for p in base.iterdir():
+    if p.is_dir():
+      out += _files(p, patterns)
+    elif any(fnmatch.fnmatch(p.name, g) for g in patterns):
+      out.append(p)
+  return sorted(out)
 
 
 def _split_dir(root: pathlib.Path, split: str) -> pathlib.Path | None:
@@ -98,15 +125,15 @@ def _directory_source(root: pathlib.Path, split: str) -> TextSource:
   held_out = common.check_split(split)
   sub = _split_dir(root, split)
   base = sub or root
-  txt = sorted(p for p in base.rglob("*.txt") if p.is_file())
-  records = sorted({p for g in _ARRAY_RECORD_GLOBS for p in base.rglob(g) if p.is_file()})
+  txt = _files(base, ("*.txt",))
+  records = _files(base, _ARRAY_RECORD_GLOBS)
   if txt and records:
     raise UserError(f"{base} holds both .txt and ArrayRecord files; point dataset at a "
                      f"folder of one kind")
   if txt:
     if sub is None:
       txt = [txt[i] for i in common.split_indices(len(txt), held_out)]
-    size = sum(p.stat().st_size for p in txt)
+    size = sum(_size(p) for p in txt)
     return TextSource(str(root), common.IndexedSource(txt, transform=_read_txt),
                       in_memory=size <= IN_MEMORY_MAX_BYTES)
   if records:
@@ -152,10 +179,11 @@ def text_source(dataset: str | None, split: str, *, data_dir: str | None = None,
     paths = corpus.document_paths(split)
     return TextSource("shakespeare", common.IndexedSource(paths, transform=corpus.read_document),
                       in_memory=True)
-  path = pathlib.Path(dataset).expanduser()
+  remote = storage.is_remote(dataset)
+  path = storage.as_path(dataset, "dataset") if remote else pathlib.Path(dataset).expanduser()
   if path.is_dir():
     return _directory_source(path, split)
-  if dataset.startswith(("/", "./", "../", "~")):
+  if remote or dataset.startswith(("/", "./", "../", "~")):
     raise common.DataUnavailableError(f"data set directory {dataset} does not exist")
   tfds_split = split if split != "val" else "validation"
   return _tfds_source(dataset, tfds_split, data_dir, text_feature)

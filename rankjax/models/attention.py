@@ -22,6 +22,24 @@ Two paths compute the same function:
 Attention-probability dropout in training (no public JAX kernel drops probabilities)
 takes ``blocked_attention``: query blocks, each block's probabilities recomputed in the
 backward pass, so no (T, T) buffer exists on any backend.
+
+Precision of the logits under 16-bit q and k (the quantities the softmax paper is
+about: p_max, row entropy):
+
+  einsum, blocked   ``attention_logits``: a float32 contraction
+          (``preferred_element_type``), the scale, mask and softmax in float32; only
+          the probabilities are rounded to the compute dtype for the product with V,
+          which accumulates in float32.
+  xla     ``jax.nn.dot_product_attention(implementation="xla")`` does the same (its
+          logits einsum has ``preferred_element_type=float32`` and the bf16 x bf16 ->
+          float32 dot preset; softmax in float32; probabilities cast to the value dtype).
+  cudnn   cuDNN's fused flash attention keeps the scores and the online softmax in
+          float32 accumulators; the probabilities enter the P V product in the
+          16-bit dtype (as every flash kernel).
+  splash  the Pallas kernel contracts q k^T with ``preferred_element_type=float32`` and
+          keeps its softmax statistics in float32, but takes no scale: ours is folded
+          into q, one more rounding of each query entry to the 16-bit dtype (relative
+          2^-9; exact when the scale is a power of two, d_head 16, 64 or 256 at tau 1).
 """
 
 from __future__ import annotations
@@ -141,20 +159,32 @@ def rope(x_BxTxHxD: jax.Array, base: float = 10000.0, theta: jax.Array | None = 
   return out.reshape(x_BxTxHxD.shape).astype(x_BxTxHxD.dtype)
 
 
+def attention_logits(q_BxQxHxD: jax.Array, k_BxKxHxD: jax.Array) -> jax.Array:
+  """``Q K^T`` per head, ``(B, H, Q, K)`` in ``float_dtype(q)``: float32 for 16-bit q and
+  k (the products of two bf16 numbers are exact in float32 and summed there:
+  ``preferred_element_type``), float64 for float64. Never rounded to the inputs' dtype:
+  at T = 1024 bf16 logits put p_max off by up to 10% and the row entropy by 0.08 nats
+  (tests/models/test_attention.py). The one place the einsum and blocked paths form
+  their logits."""
+  acc = float_dtype(jnp.result_type(q_BxQxHxD, k_BxKxHxD))
+  return jnp.einsum("...qhd,...khd->...hqk", q_BxQxHxD, k_BxKxHxD,
+                    preferred_element_type=acc)
+
+
 def causal_probabilities(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array,
                          tau: float = 1.0, causal: bool | jax.Array = True) -> jax.Array:
   """``P = softmax_row(Q K^T / (sqrt(d_head) tau) + M_causal)`` per head (postnorm
   Eq. 2; softmax paper Sec 4.1's ``A_h``), ``(B, H, T, T)`` in ``float_dtype(q)``: the
   one einsum attention of the library (``CausalSelfAttention``'s einsum path, the GPT-2
   reader's forward pass, ``flax_capture.causal_probs`` and
-  ``sensitivity_bounds.mha_attention_probs`` call it). The logits are formed in q's
-  dtype and accumulated in at least float32; keys after the query get ``finfo.min``
-  (zero probability: every row keeps its diagonal). ``causal=False`` (may be traced)
-  lets every query see every key."""
+  ``sensitivity_bounds.mha_attention_probs`` call it). The logits are
+  :func:`attention_logits` (a float32 contraction of 16-bit q and k: never rounded to
+  their dtype), the softmax in float32 (float64 for float64 input); keys after the
+  query get ``finfo.min`` (zero probability: every row keeps its diagonal).
+  ``causal=False`` (may be traced) lets every query see every key."""
   t, dh = q_BxTxHxD.shape[-3], q_BxTxHxD.shape[-1]
   acc = float_dtype(q_BxTxHxD.dtype)
-  logits_BxHxTxT = jnp.einsum("...qhd,...khd->...hqk", q_BxTxHxD, k_BxTxHxD).astype(acc)
-  logits_BxHxTxT = logits_BxHxTxT / (math.sqrt(dh) * tau)
+  logits_BxHxTxT = attention_logits(q_BxTxHxD, k_BxTxHxD) / (math.sqrt(dh) * tau)
   visible = jnp.tril(jnp.ones((t, t), bool)) | jnp.logical_not(causal)
   logits_BxHxTxT = jnp.where(visible, logits_BxHxTxT, jnp.finfo(acc).min)
   return jax.nn.softmax(logits_BxHxTxT, axis=-1)
@@ -269,7 +299,8 @@ def blocked_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax
                       key: jax.Array | None = None, block: int = QUERY_BLOCK) -> jax.Array:
   """Causal attention with dropout on the probabilities, without a ``(T, T)`` buffer:
   the queries go in blocks of :func:`query_block` rows (``lax.map``), each block's
-  ``(B, H, block, T)`` probabilities (``softmax(q k^T scale + M_causal)`` in float32,
+  ``(B, H, block, T)`` probabilities (``softmax(q k^T scale + M_causal)``, logits by
+  :func:`attention_logits` and the softmax in float32,
   minus ``prefix_avg_removal`` times those rows of C_n, then inverted dropout: kept with
   probability ``1 - dropout_rate`` and divided by it) formed, applied to V and dropped;
   ``jax.checkpoint`` per block recomputes them in the backward pass, so the peak is one
@@ -284,7 +315,7 @@ def blocked_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax
   @jax.checkpoint
   def one(i, q_BxNxHxD):
     rows_N = i * n + jnp.arange(n)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q_BxNxHxD, k_BxTxHxD).astype(acc) * scale
+    logits = attention_logits(q_BxNxHxD, k_BxTxHxD) * scale
     visible_NxT = rows_N[:, None] >= keys_T[None, :]
     p = jax.nn.softmax(jnp.where(visible_NxT, logits, jnp.finfo(acc).min), axis=-1)
     if prefix_avg_removal:
@@ -293,7 +324,8 @@ def blocked_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax
     if dropout_rate:
       keep = jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - dropout_rate, p.shape)
       p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
-    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v_BxTxHxD.dtype), v_BxTxHxD)
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v_BxTxHxD.dtype), v_BxTxHxD,
+                      preferred_element_type=acc).astype(v_BxTxHxD.dtype)
 
   q_KxBxNxHxD = jnp.moveaxis(q_BxTxHxD.reshape(b, t // n, n, h, dh), 1, 0)
   out = jax.lax.map(lambda a: one(*a), (jnp.arange(t // n), q_KxBxNxHxD))
@@ -381,4 +413,5 @@ class CausalSelfAttention(nn.Module):
       self.sow("intermediates", "attn_probs", probs)
     if drop_probs:
       probs = nn.Dropout(cfg.attn_dropout_rate)(probs, deterministic=False)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v,
+                      preferred_element_type=probs.dtype).astype(dtype)

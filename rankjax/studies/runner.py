@@ -281,12 +281,14 @@ def training_runs(study: Study, names: Sequence[str], scale: str,
 
 
 def preflight(study: Study, names: Sequence[str], scale: str,
-              out_dir: str | pathlib.Path | None = None) -> list[str]:
+              out_dir: str | pathlib.Path | None = None, listed: bool = False) -> list[str]:
   """Before anything runs: the experiments without a path at ``scale`` (returned, and
   announced); raises :class:`NotPrepared` when a data set is missing. With ``out_dir``
   also the training runs: their plan is printed (``training.plan_text``) and a run
   that cannot start (data, tokenizer, memory: ``training.refusals``) raises
-  :class:`NotPrepared`."""
+  :class:`NotPrepared`. ``listed`` (``reproduce --plan``): the plan says when the scale
+  trains nothing, and every refusal is printed under it, each with its fix, instead of
+  raised."""
   if scale not in study.scales:
     raise UserError(f"{study.name}: --scale {scale!r} is not known; choose one of "
                      f"{list(study.scales)}")
@@ -310,7 +312,16 @@ def preflight(study: Study, names: Sequence[str], scale: str,
     if runs:
       print(training.plan_text(training.plan(runs)), flush=True)
       lacks += [line for line in training.refusals(runs) if line not in lacks]
-  if lacks:
+    elif listed:
+      print(f"plan: {study.name} --scale {scale} has no rankjax train runs to plan"
+            + ("; a refusal below may hide some (a study may list its runs only once "
+               "their data are given)" if lacks else
+               " (its experiments compute inside their own run, or train nothing)"),
+            flush=True)
+  if lacks and listed:
+    print(f"  refusals ({len(lacks)}; each stops the command before anything trains):\n"
+          + "\n".join(f"    - {line}" for line in lacks), flush=True)
+  elif lacks:
     raise NotPrepared(f"{study.name} --scale {scale}: " + "; ".join(lacks))
   return missing
 

@@ -109,6 +109,34 @@ _SETS_APPLIED = [0]   # configs the active sets reached (``rankjax reproduce`` c
 _BATCH_NOTES: dict[Any, str] = {}
 
 
+# ``rankjax reproduce --plan --target KIND:N``: the hardware the plan is for while
+# :func:`planning_for` is active (None: this job's own devices)
+_TARGET: list[Any] = [None]
+
+
+@contextlib.contextmanager
+def planning_for(target):
+  """While active, the plan, the batch fit and the refusals are for ``target``
+  (``rankjax.train.mfu.Target``: N devices of a kind, from any machine) instead of this
+  job's devices; None changes nothing."""
+  before, _TARGET[0] = _TARGET[0], target
+  try:
+    yield
+  finally:
+    _TARGET[0] = before
+
+
+def target():
+  """The active :func:`planning_for` target, or None."""
+  return _TARGET[0]
+
+
+def device_count() -> int:
+  """The devices the runs are planned for: the target's, else this job's."""
+  import jax
+  return _TARGET[0].devices if _TARGET[0] is not None else jax.device_count()
+
+
 @contextlib.contextmanager
 def user_sets(sets: Sequence[str]):
   """While active, :func:`at_scale` applies ``sets`` (``key=value``, the syntax of
@@ -132,23 +160,49 @@ def sets_applied() -> int:
   return _SETS_APPLIED[0]
 
 
+def user_setting(key: str) -> str | None:
+  """The value the active ``--set`` gives ``key`` (the last assignment), else None: how
+  a study's own data check, or an experiment that trains outside ``rankjax train``
+  runs, reads a setting such as ``data_dir``. A value read counts as applied (the
+  command's "--set reached no run" refusal does not fire)."""
+  values = [v.strip() for k, _, v in (a.partition("=") for a in _USER_SETS)
+            if k.strip() == key]
+  if not values:
+    return None
+  _SETS_APPLIED[0] += 1
+  return values[-1]
+
+
+def missing_directory(path: str, what: str) -> str | None:
+  """None when ``path`` is a directory, local or at a URL (``gs://bucket/dir``, through
+  etils.epath), else one line saying why not (``what`` names the setting)."""
+  from rankjax import storage
+  try:
+    if storage.as_path(path, what).is_dir():
+      return None
+  except (OSError, ValueError) as e:
+    return f"{what}={path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+  return f"{what}={path} is not a directory"
+
+
 def at_scale(cfg, scale: str):
   """``cfg`` as the runs of ``scale`` train it: :func:`tiny` at ``tiny`` (its parameters
   and optimizer state sharded over this job's devices, ``mesh_fsdp``, as a paper run that
   needs it: the paper step's code path on host devices), then the user's ``--set``
   (:func:`user_sets`), then the batch split fitted to this job's devices
-  (:func:`fit_batch`: the global batch kept; the plan prints the change)."""
+  (:func:`fit_batch`: the global batch kept; the plan prints the change). The devices
+  are the :func:`planning_for` target's where one is active."""
   import math
 
-  import jax
   from rankjax import config as config_lib
+  count = device_count()
   if scale == "tiny":
     cfg = tiny(cfg, os.environ.get(TINY_DATA_DIR) or None)
-    cfg = dataclasses.replace(cfg, mesh_fsdp=math.gcd(jax.device_count(), cfg.batch_size))
+    cfg = dataclasses.replace(cfg, mesh_fsdp=math.gcd(count, cfg.batch_size))
   if _USER_SETS:
     cfg = config_lib.override(cfg, _USER_SETS, "rankjax reproduce --set")
     _SETS_APPLIED[0] += 1
-  fitted, note = fit_batch(cfg, jax.device_count())
+  fitted, note = fit_batch(cfg, count)
   if note:
     _BATCH_NOTES[fitted] = note
   return fitted
@@ -274,7 +328,8 @@ def on_the_devices(num_devices: int) -> bool:
   ``rankjax train`` does."""
   import jax
   from rankjax.train import memory
-  return memory.device_limit() is not None and num_devices == jax.device_count()
+  return (_TARGET[0] is None and memory.device_limit() is not None
+          and num_devices == jax.device_count())
 
 
 @functools.lru_cache(maxsize=None)
@@ -291,8 +346,9 @@ def resolved(cfg, num_devices: int):
   ``memory.device_limit`` and, on the devices, the same compiled peaks), and the line
   saying so (None when nothing was chosen)."""
   from rankjax.train import memory
-  return memory.resolve_remat(cfg, num_devices, memory.device_limit(),
-                              params=_param_count(cfg),
+  limit = (_TARGET[0].hardware.memory_bytes if _TARGET[0] is not None
+           else memory.device_limit())
+  return memory.resolve_remat(cfg, num_devices, limit, params=_param_count(cfg),
                               measure=_compiled_peak if on_the_devices(num_devices) else None)
 
 
@@ -317,9 +373,14 @@ def checkpoint_bytes(cfg, params: int) -> float:
 
 def device_memory() -> tuple[str, int, float | None]:
   """(device kind, number of devices of the job, bytes of one device or None when
-  unknown; on CPU the host's available memory over its devices)."""
+  unknown; on CPU the host's available memory over its devices); for a
+  :func:`planning_for` target its kind, count and memory per device (the spec sheet's,
+  ``rankjax.train.mfu.HARDWARE``), never this host's."""
   import jax
   from rankjax.train import memory
+  if _TARGET[0] is not None:
+    hw = _TARGET[0].hardware
+    return hw.device_kind, _TARGET[0].devices, float(hw.memory_bytes)
   local = jax.local_devices()
   limit = memory.device_limit()
   if local[0].platform == "cpu":
@@ -378,13 +439,14 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
         "parameters": int(est["parameters"]), "flops": flops,
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
         "peak_gb_per_device": est["total"] / 1e9, "peak_compiled": bool(est["compiled"]),
-        "device_hours": hours,
+        "device_hours": hours, "mesh": mesh_text(cfg, count),
         "remat": run_cfg.model.remat if lm else None, "remat_note": note,
         "batch_note": _BATCH_NOTES.get(cfg)})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
   return {
       "device": kind, "devices": count,
+      "target": None if _TARGET[0] is None else _TARGET[0].describe(),
       "device_memory_gb": None if memory is None else memory / 1e9,
       "mfu": mfu, "mfu_source": source,
       "rows": rows, "to_train": len(todo),
@@ -392,13 +454,26 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
       "checkpoint_gb": sum(r["checkpoint_gb"] for r in rows)}
 
 
+def mesh_text(cfg, num_devices: int) -> str:
+  """The (data, fsdp) mesh ``cfg`` trains on over ``num_devices`` devices
+  (``rankjax.train.sharding.make_mesh``: ``mesh_data`` 0 takes the devices ``mesh_fsdp``
+  leaves)."""
+  fsdp = cfg.mesh_fsdp if 0 < cfg.mesh_fsdp <= num_devices else num_devices
+  data = cfg.mesh_data or max(num_devices // max(fsdp, 1), 1)
+  return f"data {data} x fsdp {fsdp}"
+
+
 def plan_text(p: Mapping[str, Any]) -> str:
   """The plan as the lines ``rankjax reproduce`` prints."""
   def num(x, fmt="{:.3g}"):
     return "-" if x is None else fmt.format(x)
-  lines = [f"plan: {len(p['rows'])} training runs ({p['to_train']} to train) on "
-           f"{p['devices']} x {p['device']} ({num(p['device_memory_gb'])} GB each); "
-           f"MFU {num(p['mfu'])} ({p['mfu_source']})",
+  where = (f"for {p['target']}, planned from this machine" if p.get("target") else
+           f"on {p['devices']} x {p['device']} ({num(p['device_memory_gb'])} GB each)")
+  hours_why = ("" if p["device_hours"] is not None or not p["to_train"] else
+               f"; device-hours '-': {p['device']} has no spec peak "
+               "(rankjax.train.mfu.SPEC_PEAKS; plan for one with --plan --target KIND:N)")
+  lines = [f"plan: {len(p['rows'])} training runs ({p['to_train']} to train) {where}; "
+           f"MFU {num(p['mfu'])} ({p['mfu_source']}){hours_why}",
            f"  {'run':<48} {'updates':>8} {'tokens':>10} {'params':>9} {'ckpt GB':>8} "
            f"{'GB/dev':>7} {'dev-h':>7}"]
   for r in p["rows"]:
@@ -407,13 +482,20 @@ def plan_text(p: Mapping[str, Any]) -> str:
                  f"{num(r['parameters'], '{:.3g}'):>9} {num(r['checkpoint_gb']):>8} "
                  f"{num(r['peak_gb_per_device']):>7} "
                  f"{'done' if r['done'] else num(r['device_hours']):>7}")
+    if not r["done"]:
+      lines.append(f"    mesh {r['mesh']}")
     for key in ("batch_note", "remat_note"):
       if r.get(key):
         lines.append(f"    {r[key]}")
-  compiled = all(r.get("peak_compiled") for r in p["rows"])
-  lines.append(f"  total: {num(p['device_hours'])} device-hours to train, "
+  compiled = p["rows"] and all(r.get("peak_compiled") for r in p["rows"])
+  wall = ("" if p["device_hours"] is None else
+          f" ({p['device_hours'] / p['devices']:.3g} hours on {p['devices']} device"
+          f"{'s' if p['devices'] > 1 else ''})")
+  lines.append(f"  total: {num(p['device_hours'])} device-hours to train{wall}, "
                f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory per device: "
                + ("XLA's analysis of each compiled step on these devices)" if compiled else
+                  "an estimate, rankjax.train.memory, at the target's device count and "
+                  "sharding, not compiled for it)" if p.get("target") else
                   "an estimate, rankjax.train.memory; on the devices themselves the plan "
                   "reads XLA's analysis of the compiled step)"))
   return "\n".join(lines)
@@ -434,8 +516,10 @@ def refusals(runs: Mapping[str, Any]) -> list[str]:
     except (OSError, ValueError) as e:   # named, and the other checks still run
       line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       out.append(line)
+    hosts = _TARGET[0].hosts if _TARGET[0] is not None else None
     out += [f"{os.path.basename(path)}: {line}"
-            for line in device_refusals(cfg, count, memory, kind, finished(path, cfg))]
+            for line in device_refusals(cfg, count, memory, kind, finished(path, cfg),
+                                        processes=hosts)]
   return list(dict.fromkeys(out))
 
 

@@ -21,12 +21,34 @@ The peaks are the vendors' dense (no sparsity) numbers per chip:
 TPUs publish no float32 peak (float32 matmuls run as several bf16 MXU passes), and a
 CPU has no spec peak here: for those ``spec_peak`` returns None and the loop logs no
 MFU (the benchmarks measure a same-run matmul peak instead).
+
+``HARDWARE``: the kinds a plan may target (``rankjax reproduce --plan --target
+KIND:N``), each with its memory per device, devices per host and interconnect (the
+vendors' spec sheets: NVIDIA's H100 / H200 / A100 SXM, Cloud TPU's system architecture
+pages); its bf16 peak is ``spec_peak`` of its device kind (the table above).
+
+| kind | device_kind (jax)      | HBM per device | per host | interconnect                       |
+|------|------------------------|----------------|----------|------------------------------------|
+| h100 | NVIDIA H100 80GB HBM3  | 80 GB          | 8        | NVLink 4, 900 GB/s per GPU         |
+| h200 | NVIDIA H200            | 141 GB         | 8        | NVLink 4, 900 GB/s per GPU         |
+| a100 | NVIDIA A100-SXM4-80GB  | 80 GB          | 8        | NVLink 3, 600 GB/s per GPU         |
+| v4   | TPU v4                 | 32 GiB         | 4        | ICI, 3D torus                      |
+| v5e  | TPU v5 lite            | 16 GB          | 8        | ICI, 2D torus, 400 GB/s per chip   |
+| v5p  | TPU v5                 | 95 GB          | 4        | ICI, 3D torus, 4800 Gbps per chip  |
+| v6e  | TPU v6 lite            | 32 GB          | 8        | ICI, 2D torus, 800 GB/s per chip   |
+
+(GPU nodes join over InfiniBand / RoCE, slower than NVLink: FSDP beyond 8 GPUs pays it.)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
+
+from rankjax.errors import UserError
 
 # (substring of jax's device_kind, lower case) -> {dtype name: FLOP/s}; first match wins.
 SPEC_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
@@ -70,3 +92,55 @@ def mfu(flops_per_step: float, step_time_s: float, num_devices: int,
 def local_spec_peak(dtype) -> float | None:
   """``spec_peak`` of this process's first device (all devices of a run are one kind)."""
   return spec_peak(jax.devices()[0].device_kind, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+  """One kind of accelerator a plan may target (see the module docstring's table)."""
+  name: str            # the --target spelling: h100, v5e, ...
+  device_kind: str     # as jax.Device.device_kind spells it (spec_peak, the device check)
+  memory_bytes: float  # HBM of one device
+  per_host: int        # devices a host (node, TPU VM) drives
+  interconnect: str
+
+  @property
+  def bf16_peak(self) -> float | None:
+    return spec_peak(self.device_kind, "bfloat16")
+
+
+HARDWARE: dict[str, Hardware] = {h.name: h for h in (
+    Hardware("h100", "NVIDIA H100 80GB HBM3", 80e9, 8, "NVLink 4, 900 GB/s per GPU"),
+    Hardware("h200", "NVIDIA H200", 141e9, 8, "NVLink 4, 900 GB/s per GPU"),
+    Hardware("a100", "NVIDIA A100-SXM4-80GB", 80e9, 8, "NVLink 3, 600 GB/s per GPU"),
+    Hardware("v4", "TPU v4", 32 * 2**30, 4, "ICI, 3D torus"),
+    Hardware("v5e", "TPU v5 lite", 16e9, 8, "ICI, 2D torus, 400 GB/s per chip"),
+    Hardware("v5p", "TPU v5", 95e9, 4, "ICI, 3D torus, 4800 Gbps per chip"),
+    Hardware("v6e", "TPU v6 lite", 32e9, 8, "ICI, 2D torus, 800 GB/s per chip"),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """``devices`` devices of one ``hardware`` kind: what ``--target KIND:N`` plans for."""
+  hardware: Hardware
+  devices: int
+
+  @property
+  def hosts(self) -> int:
+    return math.ceil(self.devices / self.hardware.per_host)
+
+  def describe(self) -> str:
+    hw = self.hardware
+    peak = "-" if hw.bf16_peak is None else f"{hw.bf16_peak / 1e12:.0f}"
+    return (f"{self.devices} x {hw.name} ({hw.device_kind}: {hw.memory_bytes / 1e9:.0f} GB "
+            f"each, {peak} TFLOP/s bf16, {hw.interconnect}; {self.hosts} host"
+            f"{'s' if self.hosts > 1 else ''})")
+
+
+def parse_target(text: str) -> Target:
+  """``KIND:N`` (``h200:8``, ``v5e:64``) as a :class:`Target`; anything else one line."""
+  kind, _, count = text.strip().lower().partition(":")
+  if kind not in HARDWARE or not count.isdigit() or int(count) < 1:
+    raise UserError(f"--target {text!r}: write KIND:N with KIND one of {list(HARDWARE)} "
+                    "and N a positive device count (e.g. h200:8, v5e:64)")
+  return Target(HARDWARE[kind], int(count))

@@ -356,3 +356,87 @@ def test_rows_of_partial_runs_are_proxies_named_partial(tmp_path):
   from rankjax import config as config_lib
   config_lib.to_json(watched, tmp_path / "runs" / "c" / "config.json")
   assert training.finished(str(tmp_path / "runs" / "c"), watched)
+
+
+def test_user_setting_reads_the_last_set_and_counts_as_applied(tmp_path):
+  """A study's own data check reads --set data_dir (training.user_setting): outside
+  user_sets nothing; inside, the last assignment, and reading it counts as applied."""
+  assert training.user_setting("data_dir") is None
+  with training.user_sets(["seed=3", "data_dir=/a", "data_dir = /data/tfds"]):
+    assert training.sets_applied() == 0
+    assert training.user_setting("tokenizer") is None and training.sets_applied() == 0
+    assert training.user_setting("data_dir") == "/data/tfds"
+    assert training.sets_applied() == 1
+  assert training.missing_directory(str(tmp_path), "data_dir") is None
+  assert training.missing_directory(str(tmp_path / "x"), "data_dir") == \
+      f"data_dir={tmp_path / 'x'} is not a directory"
+
+
+def _plan_lines(capsys, *args) -> tuple[int, str]:
+  code = cli.main(["reproduce", *args, "--scale", "paper", "--plan"])
+  out, err = capsys.readouterr()
+  assert code == 0, err               # a plan printed: exit 0, whatever it refuses
+  return code, out
+
+
+def test_plan_for_a_target_uses_its_devices_memory_and_peak(tmp_path, capsys, monkeypatch):
+  """--plan --target h200:8 and v5e:64 from this CPU: grad_accum fitted to the target's
+  count, the memory per device and the remat choice against the target's memory,
+  device-hours at the target's peak (the same FLOPs: the peaks' ratio), the wall hours
+  on N; the missing tokenizer listed in the plan, exit 0."""
+  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
+  plans = {}
+  for target in ("h200:8", "v5e:64"):
+    _, out = _plan_lines(capsys, "postnorm_collapse", "--only", "fig3", "--target", target,
+                         "--out", str(tmp_path / "out"))
+    rows = [line.split() for line in out.splitlines() if "/runs/post_lr8e-4_seed0" in line]
+    total = next(line for line in out.splitlines() if line.startswith("  total:"))
+    plans[target] = (float(rows[0][-2]), float(total.split()[1]), out)
+    assert "tokenizer.model does not exist" in out.split("refusals (1;")[1]
+  (gb_h, hours_h, out_h), (gb_v, hours_v, out_v) = plans["h200:8"], plans["v5e:64"]
+  assert "for 8 x h200 (NVIDIA H200: 141 GB each, 989 TFLOP/s bf16" in out_h
+  assert "for 64 x v5e (TPU v5 lite: 16 GB each, 197 TFLOP/s bf16" in out_v
+  assert "85% of 141.0 GB" in out_h and "85% of 16.0 GB" in out_v     # never this host's
+  assert "mesh data 8 x fsdp 1" in out_h and "mesh data 64 x fsdp 1" in out_v
+  assert "grad_accum" not in out_h and "grad_accum 16 -> 4" in out_v
+  assert gb_v < gb_h                             # micro-batch 64 over 64 vs 16 over 8
+  assert hours_v / hours_h == pytest.approx(989 / 197, rel=1e-2)
+  assert f"({hours_h / 8:.3g} hours on 8 devices)" in out_h
+  assert list((tmp_path / "out").rglob("config.json")) == []
+
+
+def test_a_missing_data_set_is_a_refusal_inside_the_plan(tmp_path, capsys, monkeypatch):
+  """The softmax study without RANKJAX_FINEWEB: the plan says it has no runs to plan and
+  lists the refusal with its fix, exit 0; against a target too small for a run, the
+  refusal names the target's memory, never this host's."""
+  monkeypatch.delenv("RANKJAX_FINEWEB", raising=False)
+  _, out = _plan_lines(capsys, "softmax_sensitivity", "--target", "h200:8",
+                       "--out", str(tmp_path / "out"))
+  assert "has no rankjax train runs to plan" in out
+  assert "- the paper's FineWeb is not given: set RANKJAX_FINEWEB=" in out
+  from rankjax.train import mfu
+  cfg = training.load(GPT2_774M, ["tokenizer=byte", "dataset=shakespeare"])  # 774M
+  with training.planning_for(mfu.parse_target("v5e:1")):
+    assert training.device_memory() == ("TPU v5 lite", 1, 16e9)
+    (line,) = training.refusals({str(tmp_path / "runs" / "a"): cfg})
+  assert "16.0 GB of a TPU v5 lite (1 devices)" in line
+  assert training.device_memory()[0] != "TPU v5 lite"          # the context is left
+
+
+def test_a_bad_target_is_one_line(tmp_path, capsys):
+  for args in (["--plan", "--target", "h300:8"], ["--plan", "--target", "h200:0"],
+               ["--target", "h200:8"]):
+    code = cli.main(["reproduce", "postnorm_collapse", "--scale", "paper", "--only", "fig3",
+                     "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, (args, err)
+    assert ("KIND:N" in err) if "--plan" in args else ("add --plan" in err)
+
+
+def test_a_plan_without_a_spec_peak_says_why_it_has_no_device_hours(monkeypatch):
+  monkeypatch.setattr(training, "device_memory", lambda: ("cpu", 1, 100e9))
+  text = training.plan_text(training.plan({"/o/runs/a": training.load(PAPER_LM)}))
+  assert "device-hours '-': cpu has no spec peak" in text and "--target KIND:N" in text
+  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
+  assert "no spec peak" not in training.plan_text(
+      training.plan({"/o/runs/a": training.load(PAPER_LM)}))

@@ -209,3 +209,46 @@ def test_output_on_a_missing_bucket_is_one_line_before_any_work(gcs_env, capsys)
   assert capsys.readouterr().err.strip().splitlines() == [
       "rankjax measure: error: --out gs://no-such-bucket/x.json: the bucket "
       "gs://no-such-bucket does not exist"]
+
+
+@needs_emulator
+def test_a_text_dataset_on_gs_reads_as_the_local_folder(gcs_env, tmp_path):
+  """dataset=gs://bucket/dir (the softmax study's FineWeb location) gives the documents
+  of the same folder on disk; a gs:// folder that is not there is one line, never a tfds
+  lookup; a study's data check (training.missing_directory) accepts the URL."""
+  from etils import epath
+  from rankjax.data import common, text
+  from rankjax.studies import training
+  local = tmp_path / "fineweb"
+  local.mkdir()
+  remote = epath.Path(f"gs://{BUCKET}/fineweb")
+  for i in range(12):
+    body = f"document {i}\r\nline two of {i} \u00e9\n"
+    (local / f"d{i:02d}.txt").write_text(body, encoding="utf-8", newline="")
+    (remote / f"d{i:02d}.txt").write_text(body)
+  seen = 0
+  for split in ("train", "validation"):
+    ours, theirs = text.text_source(str(remote), split), text.text_source(str(local), split)
+    assert ours.in_memory and len(ours.docs) == len(theirs.docs) > 0
+    assert [ours.docs[i] for i in range(len(ours.docs))] == \
+        [theirs.docs[i] for i in range(len(theirs.docs))]
+    seen += len(ours.docs)
+  assert seen == 12
+  # the training batches, packed in memory and streamed, are the local folder's
+  from rankjax.data import pipeline
+
+  def batches(dataset):
+    it = pipeline.make_iterator("text", dataset=dataset, batch_size=2, seq_len=8,
+                                tokenizer="byte", seed=3)
+    return [next(it)["inputs"].tolist() for _ in range(3)]
+  assert batches(str(remote)) == batches(str(local))
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(text, "IN_MEMORY_MAX_BYTES", 0)
+    assert not text.text_source(str(remote), "train").in_memory
+    assert batches(str(remote)) == batches(str(local))
+  assert training.missing_directory(str(remote), "RANKJAX_FINEWEB") is None
+  gone = f"gs://{BUCKET}/no-such-set"
+  with pytest.raises(common.DataUnavailableError, match=f"directory {gone} does not exist"):
+    text.text_source(gone, "train")
+  assert training.missing_directory(gone, "RANKJAX_FINEWEB") == \
+      f"RANKJAX_FINEWEB={gone} is not a directory"
