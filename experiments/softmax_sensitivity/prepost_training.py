@@ -288,16 +288,15 @@ CLAIMS = claims([
 
 def needs(scale: str) -> str | None:
   """``Experiment.needs``: at paper, one line when ``RANKJAX_FINEWEB`` does not name a
-  directory (the paper's FineWeb), else None."""
+  directory, local or gs:// (the paper's FineWeb), else None."""
   if scale != "paper":
     return None
   path = os.environ.get(FINEWEB)
   if not path:
     return (f"the paper's FineWeb is not given: set {FINEWEB}=/path/to/fineweb (a directory "
             "of text or ArrayRecord files)")
-  if not os.path.isdir(path):
-    return f"{FINEWEB}={path} is not a directory (the paper's FineWeb: text or ArrayRecord files)"
-  return None
+  line = training.missing_directory(path, FINEWEB)     # local or gs://
+  return line + " (the paper's FineWeb: text or ArrayRecord files)" if line else None
 
 
 def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | None = None):

@@ -53,6 +53,7 @@ from .fig6_rows import (  # noqa: F401 (the study's claims)
 from rankjax.config import MLPConfig
 from rankjax.data import images
 from rankjax.measure import jacobians
+from rankjax.studies import training
 from rankjax.models import blocks as blocks_lib
 from rankjax.models.mlp import ResidualMLP
 
@@ -429,7 +430,8 @@ def figure(s: dict, ds: str, chance: float, grid: dict, fig16: dict):
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s = common.settings(SCALES, scale, overrides)
   wall0, cpu0 = time.time(), time.process_time()
-  data = load_arrays(s["dataset"], s["data_dir"], s["train_examples"],
+  data = load_arrays(s["dataset"], s["data_dir"] or training.user_setting("data_dir"),
+                     s["train_examples"],
                      s["test_examples"]).on_device()
   chance = 1.0 / data.num_classes
   grid = fig6_grid(s, data)

@@ -202,11 +202,13 @@ REGISTER = items.register([
 
 
 def _needs_cifar10(scale: str) -> str | None:
-  """Paper scale trains on CIFAR-10 (never a fallback set): one line when tfds lacks it."""
+  """Paper scale trains on CIFAR-10 (never a fallback set): one line when tfds lacks it
+  (in ``--set data_dir=DIR`` where given)."""
   if scale != "paper":
     return None
   from rankjax.data import images
-  return images.missing_image_set_line("cifar10", None)
+  from rankjax.studies import training
+  return images.missing_image_set_line("cifar10", training.user_setting("data_dir"))
 
 
 # their numbers come out of training runs (--check: at the distribution level)
