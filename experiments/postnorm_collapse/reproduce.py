@@ -86,6 +86,13 @@ SCALE_FREE = {
 }
 
 
+# the PNGs --record commits beside the results (results/<scale>/figures/, EXPECTED.md)
+FIGURES: dict[str, tuple[str, ...]] = {
+    "fig1": ("fig1.png",), "fig2": ("fig2.png",), "fig7": ("fig7.png",),
+    "fig8_fig9": ("fig8.png", "fig9.png"),
+}
+
+
 def _experiment(name: str) -> runner.Experiment:
   module, folder = SCRIPTS[name]
   return runner.Experiment(module, folder=folder, runs=PAPER_TRAINING.get(name),
@@ -95,6 +102,7 @@ def _experiment(name: str) -> runner.Experiment:
                            setting={"paper": runner.PAPER_SETTING,
                                     "quick": QUICK_SETTING[name]},
                            scale_free=frozenset(SCALE_FREE.get(name, ())),
+                           figures=FIGURES.get(name, ()),
                            **RECHECK.get(name, {}))
 
 
