@@ -77,6 +77,30 @@ def measure(cfg: dict[str, Any], alpha: float, seed: int = 0) -> dict[str, np.nd
           **{f"{k}_per_seq": v for k, v in per_seq.items()}}
 
 
+def plot(per_layer: dict[str, dict[str, Any]], cfg: dict[str, Any], scale: str,
+         out_dir: str) -> None:
+  """``fig2.png`` from the results file's ``per_layer`` (keyed by alpha)."""
+  per = {float(a): {k: np.asarray(v) for k, v in m.items()} for a, m in per_layer.items()}
+  plt = common.pyplot()
+  layers = np.arange(1, cfg["num_layers"] + 1)
+  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+  for i, (a, m) in enumerate(per.items()):
+    c = f"C{i}"
+    ax[0].plot(layers, m["tsim_x1"], "-", color=c, label=f"alpha={a:g}")
+    ax[1].plot(layers, m["attn"], "o", ms=2.5, color=c, label=f"measured alpha={a:g}")
+    ax[1].plot(layers, m["pred"], "--", color=c)
+  ax[0].set(xlabel="layer", ylabel="t_sim(X_1^l)", title="token similarity at init")
+  ax[1].set(xlabel="layer", ylabel="t_sim(Y_1) - t_sim(X_1)",
+            title="attention increment (dashed: Cor 3.3)")
+  ax[0].legend(fontsize=7)
+  fig.suptitle(f"Fig 2 ({scale}): P - alpha C_n, Post-Norm, d={cfg['d_model']}, "
+               f"n={cfg['seq_len']}", fontsize=9)
+  fig.tight_layout()
+  os.makedirs(out_dir, exist_ok=True)
+  plotting.save_figure(fig, os.path.join(out_dir, "fig2.png"), dpi=120)
+  plt.close(fig)
+
+
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Measures Fig 2; writes ``fig2.json`` and ``fig2.png``."""
   cfg = SCALES[scale]
@@ -113,24 +137,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       "per_layer": {f"{a:g}": {k: v.tolist() for k, v in m.items() if not k.endswith("_per_seq")}
                     for a, m in per.items()},
   }
-  plt = common.pyplot()
-  layers = np.arange(1, cfg["num_layers"] + 1)
-  fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
-  for i, (a, m) in enumerate(per.items()):
-    c = f"C{i}"
-    ax[0].plot(layers, m["tsim_x1"], "-", color=c, label=f"alpha={a:g}")
-    ax[1].plot(layers, m["attn"], "o", ms=2.5, color=c, label=f"measured alpha={a:g}")
-    ax[1].plot(layers, m["pred"], "--", color=c)
-  ax[0].set(xlabel="layer", ylabel="t_sim(X_1^l)", title="token similarity at init")
-  ax[1].set(xlabel="layer", ylabel="t_sim(Y_1) - t_sim(X_1)",
-            title="attention increment (dashed: Cor 3.3)")
-  ax[0].legend(fontsize=7)
-  fig.suptitle(f"Fig 2 ({scale}): P - alpha C_n, Post-Norm, d={cfg['d_model']}, "
-               f"n={cfg['seq_len']}", fontsize=9)
-  fig.tight_layout()
-  os.makedirs(out_dir, exist_ok=True)
-  plotting.save_figure(fig, os.path.join(out_dir, "fig2.png"), dpi=120)
-  plt.close(fig)
+  plot(result["per_layer"], cfg, scale, out_dir)
   result["seconds"] = time.time() - start
   common.write_json(out_dir, "fig2.json", result)
   result["measured"] = measurements(result)

@@ -166,6 +166,49 @@ def layer_errors(stats: dict[str, Any], n: int) -> dict[str, np.ndarray]:
   )
 
 
+def plot(errs: dict[str, Any], cfg: dict[str, Any], scale: str, out_dir: str) -> None:
+  """``fig8.png`` and ``fig9.png`` from seed 0's per-layer errors (``errs``: the results
+  file's ``per_layer``, arrays or lists) and the scale's settings."""
+  errs = {k: np.asarray(v, np.float64) for k, v in errs.items()}
+  layers = np.arange(1, cfg["num_layers"] + 1)
+  pre = errs["prefix_rel_err"]
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+  ax[0].plot(layers, errs["delta_attn"], "o-", ms=3)
+  ax[0].set(xlabel="layer l", ylabel=r"$\delta^l_{attn}$", title=r"Fig 8 left: $\delta_{attn}$")
+  ax[1].plot(layers, errs["delta_proj"], "o-", ms=3)
+  ax[1].set(xlabel="layer l", ylabel=r"$\delta^l_{proj}$", title=r"Fig 8 right: $\delta_{proj}$")
+  for a in ax:
+    a.set_ylim(bottom=0)
+  fig.suptitle(f"{scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
+               f"{cfg['num_inits']} inits", fontsize=9)
+  fig.tight_layout()
+  plotting.save_figure(fig, os.path.join(out_dir, "fig8.png"), dpi=130)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  ax.plot(layers, pre, "o-", ms=3, label=r"$\|E[P^l]-C_n\|_F/\|C_n\|_F$")
+  ax.plot(layers, errs["prefix_rel_err_debiased"], "s-", ms=2, lw=0.8,
+          label="sampling noise removed (estimate)")
+  floor = errs["single_sample_rel_err"] / np.sqrt(cfg["num_inits"] * cfg["batch"]
+                                                   * cfg["num_heads"])
+  ax.plot(layers, floor, "-", color="C2", lw=0.8, label="sampling-noise floor of the mean")
+  ax.axhline(0.021, color="gray", ls=":", label="paper mean (2.1%)")
+  ax.plot([1, cfg["num_layers"]], [0.027, 0.012], "r*", ms=9,
+          label="paper: 2.7% (layer 1), 1.2% (layer 48)")
+  ax.set(xlabel="layer l", ylabel="relative Frobenius error",
+         title=f"Fig 9 ({scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
+               f"{cfg['num_inits']} inits)")
+  ax.set_ylim(bottom=0)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  plotting.save_figure(fig, os.path.join(out_dir, "fig9.png"), dpi=130)
+  plt.close(fig)
+
+
+
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Measures Figs 8 and 9, writes ``fig8_fig9.json``, ``fig8.png`` and ``fig9.png``."""
   cfg = SCALES[scale]
@@ -210,40 +253,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       "per_layer": {k: v.tolist() for k, v in errs.items()},
   }
 
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-  ax[0].plot(layers, errs["delta_attn"], "o-", ms=3)
-  ax[0].set(xlabel="layer l", ylabel=r"$\delta^l_{attn}$", title=r"Fig 8 left: $\delta_{attn}$")
-  ax[1].plot(layers, errs["delta_proj"], "o-", ms=3)
-  ax[1].set(xlabel="layer l", ylabel=r"$\delta^l_{proj}$", title=r"Fig 8 right: $\delta_{proj}$")
-  for a in ax:
-    a.set_ylim(bottom=0)
-  fig.suptitle(f"{scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
-               f"{cfg['num_inits']} inits", fontsize=9)
-  fig.tight_layout()
-  plotting.save_figure(fig, os.path.join(out_dir, "fig8.png"), dpi=130)
-  plt.close(fig)
-
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
-  ax.plot(layers, pre, "o-", ms=3, label=r"$\|E[P^l]-C_n\|_F/\|C_n\|_F$")
-  ax.plot(layers, errs["prefix_rel_err_debiased"], "s-", ms=2, lw=0.8,
-          label="sampling noise removed (estimate)")
-  floor = errs["single_sample_rel_err"] / np.sqrt(cfg["num_inits"] * cfg["batch"]
-                                                   * cfg["num_heads"])
-  ax.plot(layers, floor, "-", color="C2", lw=0.8, label="sampling-noise floor of the mean")
-  ax.axhline(0.021, color="gray", ls=":", label="paper mean (2.1%)")
-  ax.plot([1, cfg["num_layers"]], [0.027, 0.012], "r*", ms=9,
-          label="paper: 2.7% (layer 1), 1.2% (layer 48)")
-  ax.set(xlabel="layer l", ylabel="relative Frobenius error",
-         title=f"Fig 9 ({scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
-               f"{cfg['num_inits']} inits)")
-  ax.set_ylim(bottom=0)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  plotting.save_figure(fig, os.path.join(out_dir, "fig9.png"), dpi=130)
-  plt.close(fig)
+  plot(errs, cfg, scale, out_dir)
 
   result["seconds"] = time.time() - start
   common.write_json(out_dir, "fig8_fig9.json", result)
