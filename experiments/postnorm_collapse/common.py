@@ -133,8 +133,6 @@ QUOTES = {
              "suppressed, and $\\alpha=1$ removes most of the increment."),
     "fig7_increasing": ("a numerical evaluation of $m(\\rho)$ shows that it increases across "
                         "$\\rho\\in[0,1)$"),
-    "fig7_m1": "In the conventional setting $\\xi=1/9$ and $m(1)\\approx 0.10$.",
-    "fig7_xim1": "Thus $\\xi m(1)$ is about $0.011$, so the damping effect is small.",
     "fig8": ("The relative error is small throughout the stack, which is consistent with the "
              "initialization-time attention surrogate used in the forward appendix."),
     "fig9": ("The relative Frobenius error stays small throughout the stack (about $2.7\\%$ in "
