@@ -3,11 +3,13 @@
 A thin entry point: each subcommand parses its arguments and calls the library.
 Subcommands that belong to a part of the library are defined next to it, in a
 module exposing ``add_parser(subparsers)``; the parser sets ``func`` to the function
-that runs the command. A failure is one line on stderr and a documented exit code:
-2 bad input, 3 a run's checkpoints cannot be read (all corrupt, their metadata
-damaged, or unreadable now: ``RestoreError``); a command documents its others. What
-Orbax and TensorStore print meanwhile goes to a log file (``cli_quiet``), which the
-line names when it holds errors.
+that runs the command. A refusal is one line on stderr and a documented exit code:
+2 bad input (``rankjax.errors.UserError``, and a path the OS refuses: missing, a file
+for a folder, no permission), 3 a run's checkpoints cannot be read (all corrupt, their
+metadata damaged, or unreadable now: ``RestoreError``); a command documents its others.
+Any other exception is a bug: its traceback goes to stderr and to the log, exit 1.
+What Orbax and TensorStore print meanwhile goes to a log file (``cli_quiet``), which
+the line names when it holds errors.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from rankjax import cli_quiet
+from rankjax.errors import UserError
 
 # Modules that each add one or more subcommands: add_parser(subparsers).
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -59,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+EXIT_BUG = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREADABLE = 3
 
@@ -75,17 +80,23 @@ def main(argv: list[str] | None = None) -> int:
   with cli_quiet.quiet(args.command) as log:
     try:
       return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError,
+    except (UserError, FileNotFoundError, PermissionError, IsADirectoryError,
             NotADirectoryError) as e:      # bad input, or an output place refusing writes
       line, code = f"error: {e}", EXIT_BAD_INPUT
     except KeyboardInterrupt:
       line, code = "interrupted", 130
     except Exception as e:
-      if not _unreadable(e):
-        raise
-      line, code = str(e), EXIT_UNREADABLE
-      log.abandoned = True
-  if log.errors:     # counted once the stragglers settled
+      if _unreadable(e):
+        line, code = str(e), EXIT_UNREADABLE
+        log.abandoned = True
+      else:                                # a bug: the whole traceback, here and logged
+        trace = traceback.format_exc()
+        print(trace, end="", file=sys.stderr)
+        log.write(trace)
+        line, code = f"internal error, a bug (not your input): {type(e).__name__}: {e}", EXIT_BUG
+  if code == EXIT_BUG:
+    line += f" (traceback above, also in {log.path})"
+  elif log.errors:     # counted once the stragglers settled
     line += f" (library messages: {log.path})"
   print(f"rankjax {args.command}: {line}", file=sys.stderr)
   global _LATE_NOISE_TO

@@ -7,7 +7,9 @@ case the backend the user chose is kept.
 
 ``save_figure`` writes a PNG that carries what the figure shows (its titles and axis
 labels, ``figure_description``); ``png_description`` reads it back, and the report
-of ``rankjax reproduce`` captions each study figure with it.
+of ``rankjax reproduce`` captions each study figure with it. Every figure rankjax
+saves has plain tick labels (``plain_ticks``): a near-constant series reads 0.0423603,
+not an offset axis of "1e-9+4.23603e-2".
 """
 from __future__ import annotations
 
@@ -36,9 +38,23 @@ def figure_description(fig) -> str:
   return "; ".join(" ".join(p.split()) for p in parts if p)
 
 
+def plain_ticks(fig) -> None:
+  """No offset on any linear axis of ``fig`` (matplotlib's ``useOffset``): tick labels
+  are the values themselves. Called when the figure is saved, after its scales are set
+  (``set_yscale`` replaces the formatter)."""
+  from matplotlib.ticker import ScalarFormatter
+  for ax in fig.axes:
+    for axis in (ax.xaxis, ax.yaxis):
+      formatter = axis.get_major_formatter()
+      if isinstance(formatter, ScalarFormatter):
+        formatter.set_useOffset(False)
+
+
 def save_figure(fig, path, dpi: int = 110) -> None:
   """``fig.savefig(path)`` as a PNG that carries ``figure_description(fig)`` (its
-  ``Description`` text chunk; ``png_description`` reads it back: the report's caption)."""
+  ``Description`` text chunk; ``png_description`` reads it back: the report's caption),
+  with plain tick labels (``plain_ticks``)."""
+  plain_ticks(fig)
   fig.savefig(path, dpi=dpi, format="png", metadata={"Description": figure_description(fig)})
 
 

@@ -18,6 +18,8 @@ import pathlib
 import sys
 from typing import Sequence
 
+from rankjax.errors import UserError
+
 
 def add_argument(parser) -> None:
   """The ``--import MODULE`` option (``args.imports``) of every command that takes it."""
@@ -33,7 +35,7 @@ def import_module(name: str):
   if name.endswith(".py"):
     path = pathlib.Path(name).expanduser()
     if not path.is_file():
-      raise ValueError(f"--import {name}: no such file")
+      raise UserError(f"--import {name}: no such file")
     module_name = path.stem
     if module_name in sys.modules and getattr(sys.modules[module_name], "__file__", None) == str(
         path.resolve()):
@@ -51,14 +53,14 @@ def import_module(name: str):
     return importlib.import_module(name)
   except ModuleNotFoundError as e:
     if e.name and name.startswith(e.name):
-      raise ValueError(f"--import {name}: no module named {e.name!r} on the import path "
+      raise UserError(f"--import {name}: no module named {e.name!r} on the import path "
                        "(add its folder to PYTHONPATH, or pass the .py file's path)") from None
     raise _failed(name, e) from e
   except Exception as e:
     raise _failed(name, e) from e
 
 
-def _failed(name: str, e: Exception) -> ValueError:
+def _failed(name: str, e: Exception) -> UserError:
   """The one line for a module that raised while ``--import`` ran it (where it raised)."""
   where = ""
   if isinstance(e, SyntaxError):
@@ -69,8 +71,8 @@ def _failed(name: str, e: Exception) -> ValueError:
       tb = tb.tb_next
     if tb is not None:
       where = f" ({tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno})"
-  return ValueError(f"--import {name}: the module raised {type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}{where}")
+  return UserError(f"--import {name}: the module raised {type(e).__name__}: "
+                   f"{str(e).splitlines()[0] if str(e) else ''}{where}")
 
 
 def import_modules(names: Sequence[str]) -> None:

@@ -66,8 +66,8 @@ def cpu_features() -> str | None:
   return None
 
 
-BITS_KEYS = ("jax", "jaxlib", "backend", "device_kind", "device_count", "xla_flags",
-             "cpu_features")   # what decides a rerun's bits (same_bits)
+BITS_KEYS = ("jax", "jaxlib", "flax", "optax", "numpy", "backend", "device_kind",
+             "device_count", "xla_flags", "cpu_features")   # what decides a rerun's bits
 
 
 def same_bits(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, str]:
@@ -91,6 +91,7 @@ def provenance(wall_s: float | None = None) -> dict[str, Any]:
   import jax
   import jaxlib
   import numpy
+  import optax
   commit = _git("rev-parse", "HEAD")
   status = _git("status", "--porcelain", "--untracked-files=no")
   dirty = None if status is None else any(
@@ -98,7 +99,7 @@ def provenance(wall_s: float | None = None) -> dict[str, Any]:
   dev = jax.devices()[0]
   return {"commit": commit.strip() if commit else None, "dirty": dirty,
           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-          "numpy": numpy.__version__, "python": platform.python_version(),
+          "numpy": numpy.__version__, "optax": optax.__version__, "python": platform.python_version(),
           "backend": jax.default_backend(), "device_kind": dev.device_kind,
           "device_count": jax.device_count(), "cpu": cpu_name(),
           "xla_flags": os.environ.get("XLA_FLAGS", ""), "cpu_features": cpu_features(),

@@ -56,14 +56,16 @@ def _figure(path: pathlib.Path, caption: str, name: str | None = None) -> str:
 STATUS_COLORS = {"match": "#dfd", "mismatch": "#fdd", "inconclusive": "#ffd",
                  "qualitative": "#eef", "tiny": "#ffe", "missing": "#eee",
                  "failed": "#f99"}
-ROW_FIELDS = ("experiment", "item", "quantity", "paper", "ours", "sd", "n", "interval", "band",
-              "rule", "status", "scale", "note")   # rankjax.studies.evidence.FIELDS minus the per-seed lists
+ROW_FIELDS = ("experiment", "item", "where", "kind", "quantity", "paper", "ours", "sd", "n",
+              "interval", "band", "limit", "rule", "status", "scale", "note")   # rankjax.studies.evidence.FIELDS minus the per-seed lists
 
 
 def rows_to_html(rows: list[dict]) -> str:
   """The rows of a study's ``summary.json`` as one table (every cell escaped), with
-  the status counts above it."""
+  the counts by paper item (``rankjax.studies.items``) and the rows per status above it."""
   import html
+
+  from rankjax.studies import items
   counts = {}
   for r in rows:
     counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
@@ -75,7 +77,8 @@ def rows_to_html(rows: list[dict]) -> str:
       + "".join(f"<td>{html.escape(cell(r.get(f)))}</td>" for f in ROW_FIELDS) + "</tr>"
       for r in rows)
   tally = ", ".join(f"{html.escape(str(k))} {v}" for k, v in counts.items())
-  return f"<p>status: {tally}</p><table><tr>{head}</tr>{body}</table>"
+  return (f"<p>{html.escape(items.counts_text(rows))}</p><p>rows per status: {tally}</p>"
+          f"<table><tr>{head}</tr>{body}</table>")
 
 
 # ---------------------------------------------------------------------------
@@ -118,7 +121,12 @@ def build_analysis_report(out_dir: pathlib.Path, r: dict) -> pathlib.Path:
           ("mean spike", lambda l: l.get("mean_spike")),
           ("block erank / d", block_erank_over_d),
           ("median p_max", lambda l: _mean_of(l.get("attention"), "p_max")),
-          ("median theta_cert", lambda l: _mean_of(l.get("attention"), "theta_cert")),
+          ("median theta_cert (every row)",
+           lambda l: _mean_of(l.get("attention"), "theta_cert")),
+          ("median theta_exact (short rows)",
+           lambda l: _mean_of(l.get("attention"), "theta_exact")),
+          ("median theta_cert (short rows)",
+           lambda l: _mean_of(l.get("attention"), "theta_cert_exact_rows")),
           ("alpha_1", lambda l: l.get("gradients", {}).get("alpha_1")),
           ("alpha_2", lambda l: l.get("gradients", {}).get("alpha_2")),
           ("c_1 (Thm 3.6)", lambda l: l.get("gradients", {}).get("contraction_1")),
@@ -131,8 +139,14 @@ def build_analysis_report(out_dir: pathlib.Path, r: dict) -> pathlib.Path:
   body = "".join("<tr>" + f"<td>{name}</td>" + "".join(
       f"<td>{'' if f(l) is None else format(f(l), '.4g')}</td>" for _, f in cols) + "</tr>"
       for name, l in rows)
+  rows_note = ("<p class='note'>Attention medians are means over heads; which rows "
+               "each covers: " + "; ".join(f"{html.escape(k)}: {html.escape(v)}" for k, v in
+                                         r["attention_rows"].items()) +
+               ". The certificate is a lower bound of theta row by row: compare it with "
+               "theta_exact over the same (short) rows.</p>"
+               if "attention_rows" in r else "")
   parts = [_paragraph(_analysis_sentences(r)),
-           f"<table><tr>{head}</tr>{body}</table>",
+           f"<table><tr>{head}</tr>{body}</table>", rows_note,
            "<p class='note'>Per-head attention statistics (percentiles over rows), every "
            "Jacobian's top singular values and the path-order profile are in "
            "analysis.json (there erank and stable_rank are absolute; keys ending _over_d "
@@ -166,11 +180,10 @@ def build_study_report(workdir: pathlib.Path, studies: dict[str, pathlib.Path]) 
   """``WORKDIR/report/report.html`` for ``rankjax reproduce`` output: per study, a
   sentence of its statuses, its paper-vs-measured rows (``summary.json``) and every
   figure it wrote, embedded and captioned by the titles saved in the PNG."""
-  import json
+  from rankjax import storage
+  loaded = {name: storage.read_json(folder / "summary.json") for name, folder in studies.items()}
   out = workdir / "report"
   out.mkdir(exist_ok=True)
-  loaded = {name: json.loads((folder / "summary.json").read_text())
-            for name, folder in studies.items()}
   body = [_paragraph([story.study_sentence(n, rows) for n, rows in loaded.items()])]
   for name, folder in studies.items():
     rows = loaded[name]
@@ -200,15 +213,19 @@ def _runs_table(runs: dict, numbers: dict[str, story.RunNumbers]) -> str:
   rows = []
   for name, run in runs.items():
     n = numbers[name]
-    lm = n.model == "transformer"
+    task = task_lib.make_task(run.config)
+
+    def lm_cell(value: float | None) -> str:
+      """The number the sentences quote (any model kind); else why there is none."""
+      return _cell(value) if value is not None or task.data_kind == "text" else "n/a (LM runs)"
+
     last_sim = float(n.tsim[-1, -1]) if n.tsim is not None else None
-    speed = story.throughput(run.history, task_lib.make_task(run.config).throughput_unit)
+    speed = story.throughput(run.history, task.throughput_unit)
     rate = "not logged" if speed is None else f"{speed[0]:.4g} {speed[1]}"
     logged = [r for r in run.history if "mfu" in r]
     mfu = f"{logged[-1]['mfu']:.1%}" if logged else "n/a"
-    cells = [html.escape(name), str(n.updates), _cell(n.final_loss),
-             _cell(n.freq_loss) if lm else "n/a (LM runs)",
-             _cell(last_sim) if lm else "n/a (LM runs)", rate, mfu]
+    cells = [html.escape(name), str(n.updates), _cell(n.final_loss), lm_cell(n.freq_loss),
+             lm_cell(last_sim), rate, mfu]
     rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
   return ("<table><tr><th>run</th><th>updates</th><th>final loss</th>"
           "<th>frequency loss</th><th>last-layer token similarity</th><th>throughput (last "
@@ -226,6 +243,9 @@ def _diagnostics_table(runs: dict) -> str:
     for key in sorted(run.diagnostics):
       values = np.asarray(run.diagnostics[key])
       shape = "x".join(map(str, values.shape[1:])) + " values" if values.ndim > 1 else "scalar"
+      at = figs.layers_of(run, key)
+      if at is not None:
+        shape += f" (layers {', '.join(map(str, at))})"
       where = f"figure {shown[key]}" if shown[key] else "this table only"
       cells = [name, key, shape, str(len(values)), story.last_values(values), where]
       rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
@@ -249,7 +269,6 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
   checkpoints are all corrupt (or unreadable now). Writes only under
   ``WORKDIR/report/``.
   """
-  import json
 
   from rankjax import storage
   from rankjax.train.run_reader import load_run
@@ -275,7 +294,7 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
       runs[name] = load_run(path)
     except FileNotFoundError as e:
       raise FileNotFoundError(f"{path} holds a half-written run: {e}") from None
-  jac = json.loads(jac_path.read_text()) if jac_path.is_file() else None
+  jac = storage.read_json(jac_path) if jac_path.is_file() else None
   out = workdir / "report"
   out.mkdir(exist_ok=True)
   figures = []
@@ -298,7 +317,9 @@ def build_report(workdir: str | pathlib.Path) -> pathlib.Path:
           [f"Not recorded in {name}: {'; '.join(m)}." for name, m in missing.items()]
           + [f"To record them, {story.RECORD_HINT}."], cls="note"))
     body.append(_paragraph(["Layers are numbered from 0 (the first layer), as in "
-                            "rankjax.load_run's columns and TensorBoard's layer_00 tags."],
+                            "rankjax.load_run's columns and TensorBoard's layer_00 tags; "
+                            "the attention diagnostic measures some layers only, named "
+                            "by its layers series."],
                            cls="note"))
     body.append(_diagnostics_table(runs))
   body += [_figure(path, caption) for path, caption in figures]

@@ -35,6 +35,18 @@ def series(run, key: str):
   return np.asarray(run.diagnostic_steps), np.asarray(run.diagnostics[key], dtype=float)
 
 
+def layers_of(run, key: str) -> np.ndarray | None:
+  """The layers the columns of series ``key`` measure, where its diagnostic measures
+  some layers only and says which (its ``layers`` series: the attention diagnostic's
+  e.g. 0, 2, 3 of 4); None where column i is layer i (or no layer at all)."""
+  diagnostic, _, name = key.partition("/")
+  layers = np.asarray(run.diagnostics.get(f"{diagnostic}/layers", 0.0))
+  if name == "layers" or not np.issubdtype(layers.dtype, np.integer):
+    return None
+  at = layers.reshape(len(run.diagnostic_steps), -1)[-1]
+  return at if np.shape(run.diagnostics[key])[1:] == at.shape else None
+
+
 def label(name: str, run) -> str:
   """``name (Post-Norm)``: the placement the run's task declares, or the name alone."""
   placement = story.placement_of(run.config)
@@ -53,6 +65,7 @@ def _integer_ticks(axis) -> None:
 def _save(fig, out: pathlib.Path, name: str, tight: bool = True) -> pathlib.Path:
   plt = plotting.pyplot()
   path = out / f"{name}.png"
+  plotting.plain_ticks(fig)
   if tight:
     fig.tight_layout()
   with path.open("wb") as f:  # an etils.epath path: local or gs://
@@ -232,8 +245,10 @@ def fig_recorded(runs: dict, out: pathlib.Path):
         ax.plot(steps, v, color=color, label=name)
         continue
       shown = {0: ":", v.shape[1] // 2: "--", v.shape[1] - 1: "-"}   # a column drawn once
+      at = layers_of(run, key)
       for col, ls in sorted(shown.items()):
-        ax.plot(steps, v[:, col], ls=ls, color=color, label=f"{name} [{col}]")
+        which = f"[{col}]" if at is None else f"layer {at[col]}"
+        ax.plot(steps, v[:, col], ls=ls, color=color, label=f"{name} {which}")
     ax.set(xlabel="update", title=key)
     ax.title.set_fontsize(9)
     ax.legend(fontsize=6)
@@ -242,8 +257,10 @@ def fig_recorded(runs: dict, out: pathlib.Path):
   return _save(fig, out, "diagnostics"), (
       "Recorded diagnostics that no figure above draws, against the update: a scalar as "
       "one line, a per-layer (or other vector) series at its first, middle and last "
-      "column (dotted, dashed, solid; [i] is column i, layers from 0). The table lists "
-      "every recorded series with its last values.")
+      "column (dotted, dashed, solid; [i] is column i, layer i of a per-layer series, "
+      "layers from 0; a diagnostic that measures some layers only, the attention one, "
+      "names the layer each column measures). The table lists every recorded series "
+      "with its last values.")
 
 
 def fig_jacobian(jac: dict, out: pathlib.Path):

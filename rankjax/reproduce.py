@@ -16,7 +16,7 @@ a data set the scale needs and lacks stops it before anything runs (exit 2).
 ``--check`` compares the rerun with those committed numbers and exits 1 naming every
 number that moved beyond its reproducibility tolerance, which is not the paper band
 (``rankjax.studies.results.compare``: 1e-4 relative for a deterministic experiment unless
-it says why; for a trained one, 1e-6 relative per seed where jax/jaxlib, the XLA flags and
+it says why; for a trained one, 1e-6 relative per seed where the versions, the XLA flags and
 the CPU features equal the record's (``rankjax.provenance.same_bits``), elsewhere the
 seeds' 95% intervals must overlap; it prints which rule it applied and why).
 Training experiments are sets of ``rankjax train`` runs under the study's output folder
@@ -45,6 +45,8 @@ import sys
 from typing import Sequence
 
 from rankjax.studies import finder
+from rankjax.errors import UserError
+from rankjax.studies import listing
 
 def studies(extra: Sequence[str] = ()) -> tuple[str, ...]:
   """The studies found: the checkout's ``experiments/`` and every ``extra`` path."""
@@ -55,7 +57,7 @@ def study(name: str, extra: Sequence[str] = ()):
   """The ``STUDY`` of the study package ``name`` (``rankjax.studies.finder``)."""
   known = finder.find(extra)
   if name not in known:
-    raise ValueError(f"study {name!r} is not known; choose one of "
+    raise UserError(f"study {name!r} is not known; choose one of "
                      f"{sorted(known) + ['all']}" + ("" if extra else
                                                      " (a study of your own: --studies PATH)"))
   return finder.load(known[name])
@@ -68,8 +70,10 @@ def _split_all(only: list[str], extra: Sequence[str] = ()) -> dict[str, list[str
   known = {s: {k.lower(): k for k in study(s, extra).names()} for s in studies(extra)}
   unknown = [n for n in wanted if not any(n.lower() in k for k in known.values())]
   if unknown:
-    raise ValueError(f"--only {unknown}: no study has such an experiment; "
-                     + "; ".join(f"{s}: {sorted(k.values())}" for s, k in known.items()))
+    raise UserError(f"--only {unknown}: no study has such an experiment; they are (wall "
+                    "time of the committed results) " + " | ".join(
+                        f"{s}: {listing.experiments_with_costs(study(s, extra))}"
+                        for s in known))
   return {s: [known[s][n.lower()] for n in wanted if n.lower() in known[s]] for s in known}
 
 
@@ -107,14 +111,17 @@ def _run_one(the_study, out_dir, scale: str, only, record: bool, check: bool,
           same_bits=bits)]
     print(f"check {name}: " + ("every committed number within its tolerance"
                                if not res["moved"] else f"{len(res['moved'])} moved"))
-  if record:
+  if record and check and res["moved"]:
+    print(f"not recorded {name}: --check found {len(res['moved'])} moved (the committed "
+          "results stay; rerun with --record alone to replace them)")
+  elif record:
     done = expected.record(the_study, out, scale, ran)
     print(f"recorded {name}: {', '.join(done) or 'nothing'} -> "
           f"{results.committed_dir(the_study, scale)}")
   return res
 
 
-class NoAccelerator(ValueError):
+class NoAccelerator(UserError):
   """``--scale paper`` on a machine whose JAX backend is the CPU, without --allow-cpu."""
 
 
@@ -153,7 +160,7 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   """
   from rankjax.studies import training
   if sets and (record or check):
-    raise ValueError("--set changes the runs: their numbers are not the committed results "
+    raise UserError("--set changes the runs: their numbers are not the committed results "
                      "(no --record or --check with it)")
   with training.user_sets(sets):
     return _run(name, out_dir, scale, only, record, check, options, extra, plan_only)
@@ -168,10 +175,10 @@ def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -
       if name == "all" else {name: only}
   plan = {s: names for s, names in plan.items() if names is None or names}
   if (record or check) and scale == "tiny":
-    raise ValueError("--scale tiny measures the code path at laptop sizes: its rows are not "
+    raise UserError("--scale tiny measures the code path at laptop sizes: its rows are not "
                      "evidence (no --record or --check with it)")
   if options and (record or check):
-    raise ValueError("--checkpoint measures your weights: its numbers are not the committed "
+    raise UserError("--checkpoint measures your weights: its numbers are not the committed "
                      "results (no --record or --check with it)")
   loaded = {s: study(s, extra) for s in plan}
   for s, names in plan.items():   # every check before the first experiment runs
@@ -179,7 +186,7 @@ def _run(name, out_dir, scale, only, record, check, options, extra, plan_only) -
     runner.check_options(loaded[s], loaded[s].resolve(names), options or {})
   from rankjax.studies import training
   if training.active_sets() and not training.sets_applied():
-    raise ValueError(f"--set {' '.join(training.active_sets())}: no training run the runner "
+    raise UserError(f"--set {' '.join(training.active_sets())}: no training run the runner "
                      f"trains at --scale {scale} (the runs of --scale paper and tiny)")
   if plan_only:
     return {}
@@ -294,6 +301,7 @@ def add_parser(sub) -> None:
                       "repeatable; nothing is downloaded")
   p.add_argument("--check", action="store_true",
                  help="exit 1 when a number moved from the committed results beyond its "
-                      "reproducibility tolerance (1e-4 relative, or for trained "
-                      "experiments non-overlapping 95%% intervals; never the paper band)")
+                      "reproducibility tolerance (1e-4 relative; for trained experiments "
+                      "1e-6 per seed where jax, XLA flags and CPU features are the record's, "
+                      "else non-overlapping 95%% intervals; never the paper band)")
   p.set_defaults(func=_command)

@@ -10,10 +10,14 @@ one line naming it. Orbax and tensorstore read and write the same URLs themselve
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import uuid
+from typing import Any
 
 from etils import epath
+
+from rankjax.errors import UserError
 
 # URL scheme -> the fsspec package epath needs for it.
 FILESYSTEM_PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
@@ -36,10 +40,10 @@ def as_path(path: str | os.PathLike, what: str = "path") -> epath.Path:
   if s is not None:
     package = FILESYSTEM_PACKAGES.get(s)
     if package is None:
-      raise ValueError(f"{what} {os.fspath(path)}: the URL scheme {s}:// is not supported; "
+      raise UserError(f"{what} {os.fspath(path)}: the URL scheme {s}:// is not supported; "
                        f"use a local path or one of {[k + '://' for k in FILESYSTEM_PACKAGES]}")
     if importlib.util.find_spec(package) is None:
-      raise ValueError(f"{what} {os.fspath(path)} needs the {package} package "
+      raise UserError(f"{what} {os.fspath(path)} needs the {package} package "
                        f"(pip install {package})")
   return epath.Path(path)
 
@@ -55,20 +59,20 @@ def check_output(path: str | os.PathLike, what: str, *, file: bool = False) -> e
   """
   p = as_path(path, what)
   if p.exists() and p.is_dir() == file:
-    raise ValueError(f"{what} {path} is a {'folder' if file else 'file'}, "
+    raise UserError(f"{what} {path} is a {'folder' if file else 'file'}, "
                      f"not a {'file' if file else 'directory'}")
   if is_remote(p):       # object stores have no folders to check, only the bucket
     bucket = epath.Path(f"{scheme(p)}://{p.parts[2]}")
     if not bucket.exists():
-      raise ValueError(f"{what} {path}: the bucket {bucket} does not exist")
+      raise UserError(f"{what} {path}: the bucket {bucket} does not exist")
     return p
   existing = p.parent if file else p
   while not existing.exists():
     existing = existing.parent
   if not existing.is_dir():
-    raise ValueError(f"{what} {path}: {existing} is a file, not a directory")
+    raise UserError(f"{what} {path}: {existing} is a file, not a directory")
   if not os.access(existing, os.W_OK | os.X_OK):
-    raise ValueError(f"{what} {path}: {existing} is not writable")
+    raise UserError(f"{what} {path}: {existing} is not writable")
   return p
 
 
@@ -80,13 +84,23 @@ def check_new_outputs(outputs, what: str, overwrite: bool) -> None:
   existing = [os.fspath(p) for p in outputs if as_path(p, what).exists()]
   if existing:
     more = f" (and {len(existing) - 1} more of its outputs)" if len(existing) > 1 else ""
-    raise ValueError(f"{what}: {existing[0]} exists{more}; add --overwrite to replace "
+    raise UserError(f"{what}: {existing[0]} exists{more}; add --overwrite to replace "
                      "the earlier results")
 
 
 def absolute(path: epath.Path) -> epath.Path:
   """A local path made absolute (Orbax wants one); URLs as they are."""
   return path if is_remote(path) else epath.Path(os.path.abspath(os.fspath(path)))
+
+
+def read_json(path: str | os.PathLike) -> Any:
+  """The JSON document in ``path``; a damaged file is bad input: one UserError naming
+  it (a file rankjax wrote, cut short or edited)."""
+  try:
+    return json.loads(as_path(path).read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(f"{os.fspath(path)} is not valid JSON ({e}): a damaged file; restore "
+                    "it, or remove it to write it again") from None
 
 
 def write_text_atomic(path: epath.Path, text: str) -> None:

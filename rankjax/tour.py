@@ -29,12 +29,14 @@ import time
 
 from rankjax import preemption
 from rankjax.tour_runs import PLACEMENTS, lm_configs, mlp_config  # noqa: F401
+from rankjax.errors import UserError
 
 
 def measure_jacobians(path: pathlib.Path, smoke: bool = False) -> dict:
   """Phase 2, written atomically to ``path`` (skipped when already there)."""
   if path.is_file():
-    return json.loads(path.read_text())
+    from rankjax import storage
+    return storage.read_json(path)
   import jax
   from tqdm import tqdm
 
@@ -121,7 +123,7 @@ def check_tour_workdir(workdir: pathlib.Path) -> None:
   (its ``config.json`` or ``checkpoints/``) is refused before anything runs."""
   for marker in ("config.json", "checkpoints"):
     if (workdir / marker).exists():
-      raise ValueError(f"--workdir {workdir} holds a rankjax train run ({marker}); the tour "
+      raise UserError(f"--workdir {workdir} holds a rankjax train run ({marker}); the tour "
                        "writes its own runs into a folder of their own: choose another")
 
 
@@ -160,5 +162,6 @@ def add_parser(sub) -> None:
   p = sub.add_parser("tour", help="the main job: Pre- vs Post-Norm collapse on real text, "
                                   "MLP Jacobian ranks, and an HTML report (~3 min on an idle 2-core CPU)")
   p.add_argument("--workdir", default="runs/tour", help="output directory (default runs/tour)")
-  p.add_argument("--smoke", action="store_true", help="a reduced version (about a minute)")
+  p.add_argument("--smoke", action="store_true",
+                 help="a reduced version (65 s of CPU time: 1-3 minutes)")
   p.set_defaults(func=lambda a: run(a.workdir, a.smoke))

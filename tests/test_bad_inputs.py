@@ -69,6 +69,12 @@ def inputs(tmp_path, monkeypatch):
   (tmp_path / "gpt2_bloom" / "config.json").write_text(json.dumps({**bloom,
                                                                    "model_type": "bloom"}))
   (tmp_path / "s.json").write_text("{}")            # an earlier measure result
+  (tmp_path / "damaged_study" / "s1").mkdir(parents=True)      # reproduce output, cut short
+  (tmp_path / "damaged_study" / "s1" / "summary.json").write_text('[{"experiment": "x"')
+  (tmp_path / "damaged_tour").mkdir()                            # a tour's, cut short
+  (tmp_path / "damaged_tour" / "jacobians.json").write_text('{"studies": ')
+  (tmp_path / "halfrun").mkdir()                     # a run that saved no checkpoint yet
+  (tmp_path / "halfrun" / "config.json").write_text(LM_CONFIG.read_text())
   return tmp_path
 
 
@@ -157,6 +163,12 @@ PASSING = [
     (["analyze", GPT2, "--token-ids", "ids20.txt", "--tokens", "8", "--out", "afile"], 2,
      "afile is a file, not a directory"),
     (["tour", "--smoke", "--workdir", "afile"], 2, "afile is a file, not a directory"),
+    # the rest of issue 55's ten: they held
+    (TRAIN + ["--set", "total_steps=1e3"], 2, "total_steps=1000.0 must be a positive integer"),
+    (TRAIN + ["--set", "model.kind=mlp"], 2, "set model.input_dim and model.num_classes"),
+    (["train", "--config", "lm.json", "--workdir", "cfgonly"], 2, "not valid JSON"),
+    (MEASURE + ["--sweep", "nosuchfield=1,2", "--out", "out.json"], 2,
+     "unknown config key 'nosuchfield' in --sweep"),
 ]
 
 
@@ -209,6 +221,50 @@ FOUND = [
     pytest.param(["analyze", GPT2, "--token-ids", "ids20.txt", "--dtype", "float17",
                   "--out", "a"], 2, "invalid choice",
                  id="analyze --dtype float17"),
+    # Fourth pass (issue 55). --steps on a Hugging Face folder said it "holds no
+    # checkpoints", not that --steps is for rankjax runs.
+    pytest.param(["analyze", GPT2, "--steps", "all", "--token-ids", "ids20.txt", "--out",
+                  "a"], 2, "--steps reads the checkpoints of a rankjax run",
+                 id="analyze a Hugging Face folder --steps all"),
+    # A nested typo listed no known keys (a top-level one did).
+    pytest.param(TRAIN + ["--set", "modle.num_layers=4"], 2,
+                 "'modle' is not a key; known keys: ['async_checkpointing'",
+                 id="train --set modle.num_layers=4"),
+    pytest.param(TRAIN + ["--set", "modle.num_layers=4"], 2, "did you mean 'model'?",
+                 id="train --set modle.num_layers=4 suggests model"),
+    # More of a new user's inputs (issue 55); these seven failed (four more held: see
+    # PASSING). A file as the compilation cache: the run trained, the cache silently off.
+    pytest.param(TRAIN + ["--set", "compilation_cache_dir=lm.json"], 2,
+                 "compilation_cache_dir lm.json is a file, not a directory",
+                 id="train --set compilation_cache_dir=a file"),
+    # A diagnostic named twice: accepted, computed twice, saved once.
+    pytest.param(TRAIN + ["--set", "diagnostics=basic,basic"], 2, "names basic twice",
+                 id="train --set diagnostics=basic,basic"),
+    # stop_at beyond total_steps: trained to total_steps without a word.
+    pytest.param(TRAIN + ["--set", "stop_at=99999"], 2,
+                 "stop_at=99999 is beyond total_steps=", id="train --set stop_at=99999"),
+    # The attention diagnostic on sequences shorter than its min_query: refused at the
+    # first diagnostics step, after the run's files were written (as issue item 2).
+    pytest.param(TRAIN + ["--set", "diagnostics=attention", "--set", "seq_len=8"], 2,
+                 "no attention rows with t >= 16 in a sequence of length 8",
+                 id="train attention diagnostic on 8-token sequences"),
+    # A rankjax run that saved no checkpoint yet: "model_type=None is not supported".
+    pytest.param(["analyze", "halfrun", "--dataset", "shakespeare", "--out", "a"], 2,
+                 "halfrun holds a rankjax run that saved no checkpoint yet",
+                 id="analyze a run without checkpoints"),
+    # A number as the tokenizer: an AttributeError's traceback.
+    pytest.param(TRAIN + ["--set", "tokenizer=3"], 2,
+                 "tokenizer=3 must be a non-empty string or null", id="train --set tokenizer=3"),
+    # A damaged summary.json of reproduce output, or jacobians.json of a tour: since
+    # UserError, a raw JSONDecodeError would read as a bug.
+    pytest.param(["report", "damaged_study"], 2,
+                 "damaged_study/s1/summary.json is not valid JSON", id="report a damaged summary"),
+    pytest.param(["report", "damaged_tour"], 2, "damaged_tour/jacobians.json is not valid JSON",
+                 id="report a damaged jacobians.json"),
+    # The default --tokens 64 beyond the model's positions named a flag never typed.
+    pytest.param(["analyze", GPT2, "--token-ids", "ids20.txt", "--out", "a"], 2,
+                 "(--tokens is 64 unless given: give --tokens 16 or fewer)",
+                 id="analyze with the default --tokens beyond the positions"),
 ]
 
 
@@ -284,3 +340,55 @@ def test_all_corrupt_checkpoints_stay_one_line_to_the_process_exit(tmp_path):
       if p.returncode != 3 or len(lines) != 1:
         failures.append((command[0], p.returncode, lines[:3]))
   assert not failures, failures
+
+
+MLP_CONFIG = ROOT / "experiments" / "configs" / "mlp_classifier.json"
+MLP_SMALL = ["--set", "model.depth=2", "--set", "model.width=8", "--set", "total_steps=2",
+             "--set", "batch_size=8", "--set", "diag_every=1", "--set", "log_every=1",
+             "--set", "eval_every=0", "--set", "checkpoint_every=2"]
+
+
+def test_a_run_refused_for_its_diagnostics_writes_nothing(inputs, capsys):
+  """The attention diagnostic on an MLP was refused only when the first diagnostics
+  step traced: after config.json, metrics.jsonl, checkpoints/ and tensorboard/ were
+  written, so the corrected command was refused as "a different config"."""
+  refused = ["train", "--config", MLP_CONFIG, "--workdir", "w", *MLP_SMALL,
+             "--set", "diagnostics=basic,attention"]
+  _check_one_line(refused, 2, "needs a transformer model", inputs, capsys)
+  corrected = ["train", "--config", MLP_CONFIG, "--workdir", "w", *MLP_SMALL,
+               "--set", "diagnostics=basic"]
+  assert _call(corrected) == 0, capsys.readouterr().err
+  assert (inputs / "w" / "config.json").is_file()
+
+
+def test_a_bug_inside_a_command_shows_its_traceback(inputs, capsys, monkeypatch):
+  """A ValueError that is not bad input (a bug planted in ``train``'s config reading)
+  was told as one line with exit 2, like a typo; it is a traceback on stderr and in the
+  log, and exit 1. Bad input (``UserError``) stays one line: the cases above."""
+  import rankjax.config
+
+  def planted(*_):
+    raise ValueError("planted bug")
+
+  monkeypatch.setattr(rankjax.config, "override", planted)
+  assert _call(TRAIN) == 1
+  err = capsys.readouterr().err
+  assert "Traceback (most recent call last)" in err and "in planted" in err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("rankjax train: internal error") and "planted bug" in last
+  log = last.rsplit("also in ", 1)[1].rstrip(")")
+  assert "in planted" in pathlib.Path(log).read_text()
+  assert not (inputs / "w").exists()
+
+
+def test_an_unknown_experiment_lists_the_experiments_with_their_cost(inputs, capsys):
+  """``reproduce --only`` with an unknown name listed the names alone; the wall time of
+  each experiment's committed results (per scale) helps choose one."""
+  from rankjax.studies import listing
+  committed = ROOT / "experiments" / "softmax_sensitivity" / "results"
+  wall = {scale: json.loads((committed / scale / "theorem_check.json").read_text())
+          ["provenance"]["wall_s"] for scale in ("paper", "quick")}
+  argv = ["reproduce", "softmax_sensitivity", "--scale", "tiny", "--only", "nosuch",
+          "--out", "a"]
+  cost = ", ".join(f"{s} {listing.duration(w)}" for s, w in wall.items())
+  _check_one_line(argv, 2, f"theorem_check ({cost})", inputs, capsys)

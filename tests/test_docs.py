@@ -64,14 +64,20 @@ def test_every_relative_link_resolves(page):
     assert (page.parent / target).exists(), (page.name, target)
 
 
-def _run(code: str, where: pathlib.Path) -> None:
+_HELP = re.compile(r"`help\(([^`]+)\)`")
+
+
+def _run(code: str, where: pathlib.Path) -> dict:
+  """Runs ``code`` in ``where``; returns its namespace."""
   import os
   here = os.getcwd()
   os.chdir(where)
+  namespace = {"__name__": "__snippet__"}
   try:
-    exec(compile(code, "<snippet>", "exec"), {"__name__": "__snippet__"})  # noqa: S102
+    exec(compile(code, "<snippet>", "exec"), namespace)  # noqa: S102
   finally:
     os.chdir(here)
+  return namespace
 
 
 @pytest.mark.slow   # a 48-block Jacobian study at width 256 (about 15 s on 2 idle cores)
@@ -83,14 +89,66 @@ def test_the_readmes_library_snippet_runs(tmp_path):
 @pytest.mark.slow   # trains the smoke tour's Post-Norm run (about 20 s)
 def test_the_python_blocks_of_the_docs_run(tmp_path):
   """Each Python block of docs/*.md, in a folder where ``runs/tour/lm_post`` is the
-  smoke tour's Post-Norm run (what the reading example opens)."""
+  smoke tour's Post-Norm run (what the reading example opens); what a page's prose
+  tells to ``help(...)`` resolves after its blocks ran."""
   from rankjax.tour_runs import lm_configs
   from rankjax.train.loop import train
   train(lm_configs(smoke=True)["lm_post"], str(tmp_path / "runs" / "tour" / "lm_post"),
         progress_bar=False)
-  ran = 0
+  ran, helped = 0, 0
   for page in sorted((ROOT / "docs").glob("*.md")):
+    namespace = {}
     for code in blocks(page, "python"):
-      _run(code, tmp_path)
+      namespace.update(_run(code, tmp_path))
       ran += 1
-  assert ran >= 1
+    for target in _HELP.findall(page.read_text()):
+      assert eval(target, namespace) is not None, (page.name, target)  # noqa: S307
+      helped += 1
+  assert ran >= 1 and helped >= 1
+
+
+def _docstring_examples() -> list[tuple[str, str]]:
+  """(module file, code) of each ``::`` literal block in the module docstrings of
+  rankjax/ that is code (a folder layout is not)."""
+  import ast
+  import textwrap
+  out = []
+  for path in sorted((ROOT / "rankjax").rglob("*.py")):
+    doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+    for intro, block in re.findall(r"([^\n]*)::\n\n((?:(?:  [^\n]*)?\n)+)", doc):
+      if not intro.startswith("Layout"):
+        out.append((str(path.relative_to(ROOT)), textwrap.dedent(block)))
+  return out
+
+
+def test_the_docstring_examples_compile_and_the_diagnostic_one_runs(monkeypatch):
+  """Copied as they are, the module docstrings' examples parse (the diagnostic example
+  had an unindented line: an IndentationError); the diagnostic example registers its
+  diagnostic."""
+  from rankjax.train import diagnostics
+  examples = _docstring_examples()
+  assert len(examples) >= 4
+  for where, code in examples:
+    compile(code, where, "exec")
+  (code,) = [c for w, c in examples if w == "rankjax/train/diagnostics.py"]
+  monkeypatch.setattr(diagnostics, "_REGISTRY", {})
+  exec(compile(code, "<diagnostics example>", "exec"), {})  # noqa: S102
+  assert list(diagnostics._REGISTRY) == ["x1_rms"]
+
+
+def test_the_pages_state_what_the_code_does():
+  """Statements that were wrong when followed (issue 55): images were "one per
+  diagnostics step" while image_every draws fewer; attention dropout was said to train
+  on the explicit (B, H, T, T) probabilities; the smoke tour "runs in about a minute"
+  (170 s on a loaded 2-core machine)."""
+  from rankjax.config import TrainConfig
+  from rankjax.models import attention
+  training = (ROOT / "docs" / "training.md").read_text()
+  assert "one image per diagnostics step" not in training
+  assert f"`image_every` updates (default {TrainConfig().image_every}" in training
+  configs = (ROOT / "experiments" / "configs" / "README.md").read_text()
+  assert "trains on the explicit" not in configs
+  assert "trains through `blocked_attention`" in configs and attention.blocked_attention
+  readme = " ".join((ROOT / "README.md").read_text().split())
+  assert "about a minute" not in readme
+  assert "65 s of CPU time on a 2-core" in readme

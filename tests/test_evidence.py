@@ -213,8 +213,9 @@ def test_expected_blocks_render_from_results_files(tmp_path):
     expected.render(study, "<!-- results quick/fig1 colour=red -->\n<!-- end results -->")
   (folder / "summary.json").write_text(json.dumps(rows + [dict(rows[0], status="proxy")]))
   counted = expected.render(study, "<!-- results quick/counts -->\n<!-- end results -->")
-  assert ("quick scale, 3 rows: at the paper's setting match 1, mismatch 1, inconclusive 0; "
-          "proxy 1 (measured at another setting") in counted
+  assert ("quick scale, 3 rows: 1 paper items: at the paper's setting match 0, mismatch 1, "
+          "inconclusive 0, open 0; proxy 0 (measured at another setting") in counted
+  assert "(from 3 experiment rows; 0 identity and 0 sensitivity rows shown" in counted
 
 
 def test_the_committed_expected_files_are_what_their_results_render():
@@ -301,8 +302,10 @@ def test_every_committed_row_was_judged_by_the_claim_declared_today():
     c = claims.get(r["item"])
     assert c is not None, (path, r["item"])
     band = c.rule.band(c.paper) if hasattr(c.rule, "band") else None
-    assert (r["quantity"], r["paper"], r["rule"]) == (c.quantity, c.paper,
-                                                      c.rule.describe()), (path, r["item"])
+    assert (r["quantity"], r["paper"], r["rule"], r["limit"], r["confidence"]) == (
+        c.quantity, c.paper, c.rule.describe(), c.limit,
+        None if isinstance(c.rule, (evidence.Draw, Qualitative)) else c.confidence), (
+        path, r["item"])
     assert r["band"] == band or (band is not None and math.isclose(r["band"], band)), (
         path, r["item"])
     seen += 1
@@ -338,6 +341,8 @@ _TYPED = re.compile(r"(?<![\w.`/-])[-+]?\d+\.\d{2,}(?:e[-+]?\d+)?(?![\w.`/])")
 def _prose(text: str) -> str:
   """EXPECTED.md without its rendered blocks, code spans and code blocks."""
   text = re.sub(r"<!-- results [^>]*-->\n.*?<!-- end results -->", "", text, flags=re.S)
+  text = re.sub(r"<!-- (?:register|figure[^>]*) -->\n.*?<!-- end (?:register|figure) -->", "",
+                text, flags=re.S)     # the register quotes the paper's printed numbers
   text = re.sub(r"```.*?```", "", text, flags=re.S)
   return re.sub(r"`[^`]*`", "", text)
 
@@ -366,7 +371,7 @@ def _past(row: dict, inside: bool = False) -> list[float] | float:
   mean = sum(per) / len(per)
   lo, hi = row["interval"] or (mean, mean)
   w = max(hi - mean, mean - lo, *(abs(v - mean) for v in per))   # every seed past too
-  paper = row["paper"]
+  paper = row["paper"] if row["paper"] is not None else row["limit"]   # ours, where no paper's
   eps = 1e-3 * max(1.0, abs(paper), w)
   if row["band"] is not None:
     target = paper if inside else paper + row["band"] + w + eps
@@ -408,11 +413,13 @@ def test_a_planted_counterexample_of_every_declared_claim_fails():
         if isinstance(c.rule, Qualitative):
           continue
         band = c.rule.band(c.paper) if hasattr(c.rule, "band") else None
-        s = 0.01 * (band or max(1e-3, 0.1 * abs(c.paper)))
-        mean = sum(v for v in (-s, 0.0, s)) / 3
-        row = {"paper": c.paper, "band": band, "rule": c.rule.describe(),
-               "per_seed": [c.paper - s, c.paper, c.paper + s], "ours": c.paper + mean,
-               "interval": evidence.t_interval([c.paper - s, c.paper, c.paper + s])}
+        ref = c.paper if c.paper is not None else c.limit
+        s = 0.01 * (band or max(1e-3, 0.1 * abs(ref)))
+        k = evidence.MIN_DRAWS if isinstance(c.rule, evidence.Draw) else 1   # draws: 3k
+        per = [ref + d for d in (-s, 0.0, s) * k]
+        row = {"paper": c.paper, "limit": c.limit, "band": band, "rule": c.rule.describe(),
+               "per_seed": per, "ours": sum(per) / len(per),
+               "interval": evidence.t_interval(per)}
         assert c.judge(_past(row))["status"] == "mismatch", (name, exp, c.item)
         if band is not None:
           assert c.judge(_past(row, inside=True))["status"] == "match", (name, exp, c.item)

@@ -6,6 +6,7 @@ import pathlib
 import re
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -39,8 +40,10 @@ def _png(path):
 def test_rows_render_as_one_escaped_table_with_status_counts():
   page = rows_to_html(ROWS)
   assert page.count("<table>") == 1 and page.count("<tr") == 3
-  assert ("<th>experiment</th><th>item</th><th>quantity</th><th>paper</th><th>ours</th>"
-          "<th>sd</th><th>n</th><th>interval</th><th>band</th><th>rule</th><th>status</th>") in page
+  assert ("<th>experiment</th><th>item</th><th>where</th><th>kind</th><th>quantity</th>"
+          "<th>paper</th><th>ours</th><th>sd</th><th>n</th><th>interval</th><th>band</th>"
+          "<th>limit</th><th>rule</th><th>status</th>") in page
+  assert "paper items: at the paper&#x27;s setting" in page
   assert "<td>0.3652, 0.4148</td>" in page
   assert "<td>erank at L=48 &lt;ok&gt;</td>" in page and "<td>a|b</td>" in page
   assert "<td>0.3912</td>" in page                  # floats to 4 significant digits
@@ -89,6 +92,36 @@ def test_study_figures_are_captioned_by_what_they_show_not_by_file_name(tmp_path
   assert ("<figcaption>study_a: Fig 4: placement; effective rank: erank / d against depth l; "
           "path order k</figcaption>") in page
   assert "study_a (quick scale): 2 paper items, 1 match, 1 mismatch; mismatch: fig2." in page
+
+
+def test_near_constant_series_are_drawn_without_offset_axes(tmp_path):
+  """A series constant to 1e-9 was labelled "1e-9+4.23603e-2" (matplotlib's offset);
+  every figure rankjax saves (save_figure, the run report's, TensorBoard's images)
+  labels the values themselves, on both axes, and leaves a log axis alone."""
+  from rankjax.train import tensorboard
+  fig, axes = plt.subplots(1, 2)
+  axes[0].plot([1000, 1000.001], [0.0423603, 0.0423603 + 1e-9])
+  axes[1].plot([1, 2], [1e-3, 1e3])
+  axes[1].set_yscale("log")
+  plotting.save_figure(fig, tmp_path / "flat.png")
+  fig.canvas.draw()
+  y, x = axes[0].yaxis.get_major_formatter(), axes[0].xaxis.get_major_formatter()
+  assert y.get_offset() == "" and x.get_offset() == ""
+  assert all(t.get_text() for t in axes[0].get_yticklabels())
+  plt.close(fig)
+  drawn = {}
+  real = tensorboard.plotting.plain_ticks
+
+  def spy(fig):
+    real(fig)
+    fig.canvas.draw()
+    drawn["offsets"] = [ax.yaxis.get_major_formatter().get_offset() for ax in fig.axes]
+
+  import unittest.mock
+  with unittest.mock.patch.object(tensorboard.plotting, "plain_ticks", spy):
+    image = tensorboard.render_profiles(
+        "flat", [("x", np.arange(3), 0.0423603 + np.array([0, 1e-9, 0]))])
+  assert drawn["offsets"] == [""] and image.ndim == 3
 
 
 def test_every_study_script_saves_its_figures_with_their_description():

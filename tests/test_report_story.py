@@ -296,3 +296,50 @@ def test_report_throughput_excludes_compile_steps_and_counts_images(tmp_path, mo
   assert story.throughput(history, "images") == (1000.0, "images/s")
   assert story.throughput([{"step": 4, "tokens_per_s_avg": 50.0}], "images") is None
   assert story.throughput([{"step": 1}], "tokens") is None
+
+
+def test_a_plugin_lms_table_shows_the_numbers_its_sentences_quote(tmp_path, monkeypatch):
+  """A plug-in LM (kind other than "transformer") had "n/a (LM runs)" in the table's
+  frequency-loss and token-similarity cells beside sentences quoting both."""
+  import dataclasses
+
+  from rankjax import config as config_lib
+  from rankjax.train import tasks
+  cls = type("my_lm_config", (TransformerConfig,), {})
+  monkeypatch.setitem(config_lib.MODEL_CONFIGS, "my_lm", cls)
+  monkeypatch.setitem(tasks.TASKS, "my_lm",
+                      lambda cfg: dataclasses.replace(tasks.TASKS["transformer"](cfg),
+                                                      kind="my_lm"))
+  run = _run(tmp_path, "mine", "post", ("basic", "postnorm"))
+  run.config = dataclasses.replace(
+      run.config, model=cls(**{f.name: getattr(run.config.model, f.name)
+                               for f in dataclasses.fields(TransformerConfig)}))
+  assert run.config.model.kind == "my_lm"
+  page = _page(tmp_path, monkeypatch, {"mine": run})
+  assert "n/a (LM runs)" not in page
+  last = run.diagnostics["basic/tsim_y2"][-1]
+  assert f"the highest was {last.max():.3f}, in layer {last.argmax()}" in page
+  assert f"<td>{last[-1]:.3f}</td>" in page and "<td>3.250</td>" in page
+
+
+def test_a_diagnostic_of_sampled_layers_is_labelled_by_those_layers(tmp_path, monkeypatch):
+  """The attention diagnostic of a 4-layer LM measures layers 0, 2, 3: the generic
+  figure labelled its columns [0] [1] [2] ("[i] is column i") and the table gave no
+  layers; both now name the layers measured."""
+  run = _run(tmp_path, "lm", "post", ("basic", "attention"))
+  run.diagnostics["attention/p_max_p50"] = np.random.default_rng(1).uniform(0, 1, (5, 3))
+  labels = {}
+  real_save = report_figures._save
+
+  def save(fig, out, name, tight=True):
+    labels[name] = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    return real_save(fig, out, name, tight)
+
+  monkeypatch.setattr(report_figures, "_save", save)
+  np.testing.assert_array_equal(report_figures.layers_of(run, "attention/p_max_p50"),
+                                [0, 2, 3])
+  assert report_figures.layers_of(run, "basic/tsim_y2") is None      # column i: layer i
+  page = _page(tmp_path, monkeypatch, {"lm": run})
+  assert labels["diagnostics"] == ["lm layer 0", "lm layer 2", "lm layer 3"]
+  assert "<td>attention/p_max_p50</td><td>3 values (layers 0, 2, 3)</td>" in page
+  assert "<td>basic/tsim_y2</td><td>4 values</td>" in page

@@ -82,10 +82,10 @@ def test_run_study_writes_rows_results_files_and_names_failures(tmp_path, monkey
   assert not (tmp_path / "out" / "results" / "paper" / "bad.json").exists()
   md = (tmp_path / "out" / "summary.md").read_text()
   assert md.startswith("# Fake: paper vs ours (paper scale)")
-  assert "| good | Fig 1: value | v | 0.5 | 0.5001 |" in md
-  assert ("Status counts: at the paper's setting match 1, mismatch 0, inconclusive 0; "
-          "proxy 0 (measured at another setting, counted apart, never a match); "
-          "qualitative 1, missing 1, failed 1") in md
+  assert "| good | Fig 1: value |  | experiment |  | v | 0.5 | 0.5001 |" in md
+  assert ("Counts by paper item: 3 paper items: at the paper's setting match 1, mismatch 0, "
+          "inconclusive 0, open 0; proxy 0 (measured at another setting, counted apart, "
+          "never a match); missing 1, failed 1 (from 4 experiment rows") in md
   assert study.resolve("FIG1,good") == ["good"]
   with pytest.raises(ValueError, match="unknown experiment 'fig9'"):
     study.resolve("fig9")
@@ -129,6 +129,12 @@ def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, caps
   assert "fake/good / Fig 1: value: status match -> mismatch (ours 0.5001 -> 0.5201)" in err
   # a qualitative row's number is rechecked too (its own tolerance, not a paper band)
   assert "fake/good / Fig 1: look: ours 0.5 -> 0.52, moved more than 0.0001" in err
+  # --check with --record records nothing when a number moved
+  before = (committed / "good.json").read_text()
+  assert cli.main(["reproduce", "fake", *own, "--out", out, "--only", "good", "--check",
+                   "--record"]) == 1
+  assert (committed / "good.json").read_text() == before
+  assert "not recorded fake: --check found" in capsys.readouterr().out
 
 
 def test_check_refuses_a_rerun_that_read_another_data_set(tmp_path, monkeypatch, capsys):
@@ -164,11 +170,11 @@ def test_reproduce_command_exits_nonzero_naming_the_failed(tmp_path, monkeypatch
   out, err = capsys.readouterr()
   assert "FAILED: fake/bad" in err
   md = (tmp_path / "r" / "fake" / "summary.md").read_text()
-  counts = md.split("Status counts: ")[1].split(". Each")[0]
+  counts = md.split("Counts by paper item: ")[1].split(". Each")[0]
   assert out.splitlines()[-1] == (f"verdicts fake: {counts} "
                                   f"({tmp_path / 'r' / 'fake' / 'summary.json'})")
-  assert counts.startswith("at the paper's setting match 2, mismatch 0, inconclusive 0; "
-                           "proxy 0") and "failed 1" in counts
+  assert counts.startswith("3 paper items: at the paper's setting match 2, mismatch 0, "
+                           "inconclusive 0, open 0; proxy 0") and "failed 1" in counts
   assert (tmp_path / "r" / "fake" / "report" / "report.html").is_file()
 
 

@@ -28,9 +28,9 @@ import jax
 import numpy as np
 
 from rankjax.studies import Abs, Bound, Claim, claims, measured, runner
+from rankjax.studies.evidence import Draw
 from rankjax import plotting
 from rankjax.measure import sensitivity as sens
-from .policy import FRACTION_FLOOR, REL
 
 SCALES: dict[str, dict[str, Any]] = {
     # logit vectors per length (the paper uses 500); spread_seeds: how many seeds
@@ -47,20 +47,51 @@ PAPER_TAU = 1.0          # App D.2, step 1
 EXTRA_TAUS = (0.5, 2.0)  # ours
 MATCH_RTOL = 1e-12       # "certificate equals the exact value": |theta - cert| <= rtol * theta
 
+Q_IDENTITY = ("For the tested lengths $L\\in\\{8,16\\}$, the maximum relative error across all "
+              "tests is below $10^{-13}$, consistent with double-precision floating-point "
+              "arithmetic")
+Q_RATES = ("over $500$ distributions per length, it matches the exact value on $17.8\\%$ of "
+           "instances at $L=8$ and $2.6\\%$ at $L=16$, with worst-case gap "
+           "$\\theta-\\theta_{\\mathrm{cert}}\\approx 0.11$")
+_ONE_DRAW = ("the paper reports one draw of 500 vectors (App D.2: 'over 500 distributions per "
+             "length'), not a mean: its number is placed among our single draws of the same "
+             "protocol, one per seed (2.5-97.5% range), widened by half its last printed digit")
+_SEED0 = ("seed 0 of numpy default_rng, L = 8 drawn before L = 16, 500 vectors: the draw that "
+          "gives all three of App D.2's printed numbers at once (89/500, 13/500, worst gap "
+          "0.105); the paper names no generator or seed, so this is a reproduction of its draw "
+          "only in that sense; the headline is the row judged against the single draws' range")
+_SEED0_POST_HOC = ("that seed 0 is the paper's draw is inferred from this very agreement: the "
+                   "draw was not identified before its numbers were seen")
 CLAIMS = claims([
     Claim("App D.2 / Thm 3.2, L = 8", "max |LHS - RHS| / RHS over the vectors, tau = 1",
-          1e-13, Bound("<", every_seed=True), "paper: below 1e-13 over 500 vectors"),
+          1e-13, Bound("<", every_seed=True), "paper: below 1e-13 over 500 vectors, asked of "
+          "every seed's 500", where="App D.2: exhaustive check", quote=Q_IDENTITY),
     Claim("App D.2 / Thm 3.2, L = 16", "max |LHS - RHS| / RHS over the vectors, tau = 1",
-          1e-13, Bound("<", every_seed=True), "paper: below 1e-13 over 500 vectors"),
+          1e-13, Bound("<", every_seed=True), "paper: below 1e-13 over 500 vectors, asked of "
+          "every seed's 500", where="App D.2: exhaustive check", quote=Q_IDENTITY),
     Claim("App D.2, L = 8: greedy certificate = exact theta",
-          "share of vectors, mean over seeds", 0.178, REL,
-          "paper: one draw of 500 vectors"),
+          "share of vectors, one draw per seed", 0.178, Draw(0.0005), _ONE_DRAW,
+          where="App D.2: greedy certificate", quote=Q_RATES),
     Claim("App D.2, L = 16: greedy certificate = exact theta",
-          "share of vectors, mean over seeds", 0.026, Abs(max(0.0005, FRACTION_FLOOR)),
-          "paper: one draw of 500 vectors"),
-    Claim("App D.2: worst gap theta - theta_cert", "max over L in {8, 16}, mean over seeds",
-          0.11, REL, "paper: ~0.11"),
+          "share of vectors, one draw per seed", 0.026, Draw(0.0005), _ONE_DRAW,
+          where="App D.2: greedy certificate", quote=Q_RATES),
+    Claim("App D.2: worst gap theta - theta_cert", "max over L in {8, 16}, one draw per seed",
+          0.11, Draw(0.005), _ONE_DRAW + "; '~0.11' read as 0.11 +- 0.005 (its two decimals)",
+          where="App D.2: greedy certificate", quote=Q_RATES),
+    Claim("App D.2, L = 8, seed 0: greedy certificate = exact theta",
+          "share of seed 0's 500 vectors", 0.178, Abs(0.0005), _SEED0,
+          where="App D.2: greedy certificate", quote=Q_RATES, kind="sensitivity",
+          post_hoc=_SEED0_POST_HOC),
+    Claim("App D.2, L = 16, seed 0: greedy certificate = exact theta",
+          "share of seed 0's 500 vectors", 0.026, Abs(0.0005), _SEED0,
+          where="App D.2: greedy certificate", quote=Q_RATES, kind="sensitivity",
+          post_hoc=_SEED0_POST_HOC),
+    Claim("App D.2, seed 0: worst gap theta - theta_cert",
+          "max over L in {8, 16} of seed 0's 500 vectors", 0.11, Abs(0.005), _SEED0,
+          where="App D.2: greedy certificate", quote=Q_RATES, kind="sensitivity",
+          post_hoc=_SEED0_POST_HOC),
 ])
+PAPER_NUM = 500   # App D.2's draw size: the seed-0 rows exist only at this size
 
 
 def _certificate_stats(theta: np.ndarray, cert: np.ndarray) -> dict[str, float]:
@@ -138,6 +169,14 @@ def measurements(r: dict[str, Any]) -> list[dict[str, Any]]:
   gaps = np.maximum(sp["L=8/greedy_worst_gap"]["per_seed"], sp["L=16/greedy_worst_gap"]["per_seed"])
   out.append(measured("App D.2: worst gap theta - theta_cert", gaps.tolist(),
                       seeds=spread_seeds, note=f"{sp['num']} vectors per length and seed"))
+  if sp["num"] == PAPER_NUM and spread_seeds and spread_seeds[0] == 0:
+    for L in ("8", "16"):
+      x = sp[f"L={L}/greedy_prefix"]["per_seed"][0]
+      out.append(measured(f"App D.2, L = {L}, seed 0: greedy certificate = exact theta", x,
+                          note=f"{round(x * PAPER_NUM)}/{PAPER_NUM}"))
+    out.append(measured("App D.2, seed 0: worst gap theta - theta_cert", float(gaps[0]),
+                        note=f"L = 8: {sp['L=8/greedy_worst_gap']['per_seed'][0]:.4g}, L = 16: "
+                             f"{sp['L=16/greedy_worst_gap']['per_seed'][0]:.4g}"))
   return out
 
 
@@ -201,13 +240,19 @@ def _plot(plots, path: str) -> None:
     axes[0].hist(np.log10(np.maximum(rel, 1e-18)), bins=30, alpha=0.6, label=f"L = {L}")
     axes[1 if L == 8 else 2].scatter(theta, greedy, s=6, label="greedy prefix (paper)")
     axes[1 if L == 8 else 2].scatter(theta, balance, s=6, label="balance (ours)")
-  axes[0].set(xlabel="log10 |LHS - RHS| / RHS  (exact zeros at -18)", ylabel="count",
-              title="Thm 3.2: ||J||_inf->1 vs theta/tau (tau = 1)")
+  axes[0].axvline(-13, color="k", ls=":", lw=1, label="paper: below 1e-13")
+  axes[0].set(xlabel="log10 |LHS - RHS| / RHS  (exact zeros at -18)", ylabel="count")
+  axes[0].set_title("Thm 3.2: ||J||_inf->1 vs theta/tau (tau = 1)", fontsize=9)
   axes[0].legend()
   for ax, L in zip(axes[1:], plots):
     lo = min(plots[L][1].min(), plots[L][2].min())
     ax.plot([lo, 1], [lo, 1], "k--", lw=0.8)
-    ax.set(xlabel="exact theta", ylabel="certificate", title=f"App D.2 certificates, L = {L}")
+    theta, greedy = plots[L][1], plots[L][2]
+    ours = 100 * float(np.mean(theta - greedy <= MATCH_RTOL * theta))
+    paper = {8: 17.8, 16: 2.6}[L]
+    ax.set(xlabel="exact theta", ylabel="certificate")
+    ax.set_title(f"App D.2 certificates, L = {L}\ngreedy = exact on {ours:.1f}% of these "
+                 f"(paper's draw: {paper}%)", fontsize=9)
     ax.legend()
   fig.tight_layout()
   plotting.save_figure(fig, path, dpi=120)

@@ -57,14 +57,22 @@ SCALES: dict[str, dict[str, Any]] = {
     scale: dict(seeds=SEEDS, seqs=SEQS, tokens=T, rows_per_layer=ROWS)
     for scale in ("quick", "quick_sharpen", "paper", "tiny")}
 
+Q_THM41 = (r"\Lambda_{\MHA}(U)\leq\|W^{O}\|_{2}\sum_{h=1}^{H}\left(\|W_{h}^{V}\|_{2}+"
+           r"\frac{\tilde{\theta}_{h}(U)}{\tau}\Phi_{h}\right)")
+Q_COR_A3 = (r"the LayerNorm-only term satisfies $\|\prod_{k=\ell}^{m-1}\mathcal{J}_{\LN,k}(Y_{k})"
+            r"\|_{2}\leq\max_{i}\prod_{k}a_{k,i}$")
 CLAIMS = claims([
     Claim(f"Thm 4.1 on the trained {arch} checkpoints",
           "max over layers and sequences of measured ||D MHA(U)|| (lower end) / bound", 1.0,
-          Bound("<=", every_seed=True), "a theorem: the bound holds on any weights")
+          Bound("<=", every_seed=True), "a theorem: measured <= bound on any weights, i.e. "
+          "the ratio <= 1 (the theorem's inequality, not a number of ours); the inputs are the "
+          "trained checkpoints' own, not a worst-case search over U", where="Thm 4.1",
+          quote=Q_THM41)
     for arch in ("Pre-LN", "Post-LN")] + [
     Claim("Lemma A.2(iv) / Cor A.3 on the trained Post-LN LayerNorms",
           "log ||prod_k J_LN,k||_2 measured - log of the token bound", 0.0,
-          Bound("<=", every_seed=True), "over the 2N in-block LayerNorms, all tokens")])
+          Bound("<=", every_seed=True), "over the 2N in-block LayerNorms, all tokens; the "
+          "inequality as a log difference <= 0", where="Cor A.3", quote=Q_COR_A3)])
 
 
 def split_heads(w_attn: dict[str, Any], heads: int):

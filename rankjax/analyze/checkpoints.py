@@ -41,6 +41,7 @@ from rankjax.config import TransformerConfig
 from rankjax.measure import decoder_jacobians
 from rankjax.models import hf, transformer
 from rankjax.train import diagnostics_postnorm
+from rankjax.errors import UserError
 
 Array = jax.Array
 LAYER_AT_A_TIME = ("auto", "on", "off")
@@ -254,11 +255,11 @@ def _rankjax_run(workdir: pathlib.Path, step: int | None, placement: Placement,
                  layer_at_a_time: str) -> Model:
   from rankjax.train.run_reader import load_run
   if layer_at_a_time == "on":
-    raise ValueError("a rankjax run's checkpoint is restored whole; --layer-at-a-time on "
+    raise UserError("a rankjax run's checkpoint is restored whole; --layer-at-a-time on "
                      "reads Hugging Face safetensors folders")
   run = load_run(str(workdir), step)
   if run.config.model.kind != "transformer":
-    raise ValueError(f"{workdir}: a {run.config.model.kind!r} run; rankjax analyze reads "
+    raise UserError(f"{workdir}: a {run.config.model.kind!r} run; rankjax analyze reads "
                      "language models")
   tokenizer = run.config.tokenizer if getattr(run.config, "tokenizer", None) else None
   return decoder_model(run.config.model, run.params, f"{workdir} (step {run.step})",
@@ -276,7 +277,7 @@ def open_checkpoint(path: str, step: int | None = None, *,
   dtype exceed ``RESIDENT_SHARE`` of the free memory (``available_bytes``)."""
   placement = placement or Placement()
   if layer_at_a_time not in LAYER_AT_A_TIME:
-    raise ValueError(f"layer_at_a_time={layer_at_a_time!r}; one of {LAYER_AT_A_TIME}")
+    raise UserError(f"layer_at_a_time={layer_at_a_time!r}; one of {LAYER_AT_A_TIME}")
   folder = pathlib.Path(path)
   if not folder.is_dir():
     raise FileNotFoundError(f"checkpoint folder {folder} " + (
@@ -285,7 +286,7 @@ def open_checkpoint(path: str, step: int | None = None, *,
   if (folder / "checkpoints").is_dir():
     return _rankjax_run(folder, step, placement, layer_at_a_time)
   if step is not None:
-    raise ValueError("--step reads a rankjax run's checkpoints; this is a Hugging Face "
+    raise UserError("--step reads a rankjax run's checkpoints; this is a Hugging Face "
                      "checkpoint folder")
   config = folder / "config.json"
   if not config.is_file():
@@ -294,9 +295,12 @@ def open_checkpoint(path: str, step: int | None = None, *,
   try:
     stated = json.loads(config.read_text())
   except json.JSONDecodeError as e:
-    raise ValueError(f"{config}: not JSON ({e})") from None
+    raise UserError(f"{config}: not JSON ({e})") from None
   kind = stated.get("model_type") if isinstance(stated, dict) else None
   if kind in hf.MODEL_TYPES:
     return _hf(folder, stated, placement, layer_at_a_time)
-  raise ValueError(f"{config}: model_type={kind!r} is not supported "
+  if kind is None and isinstance(stated, dict) and "format" in stated:
+    raise UserError(f"{folder} holds a rankjax run that saved no checkpoint yet (no "
+                    "checkpoints/): train it first, or wait for its first checkpoint")
+  raise UserError(f"{config}: model_type={kind!r} is not supported "
                    f"({', '.join(hf.MODEL_TYPES)})")

@@ -32,7 +32,10 @@ import time
 
 import numpy as np
 
+from rankjax.errors import UserError
+
 MEASURES = ("stream", "attention", "jacobian", "gradients")
+DEFAULT_TOKENS = 64
 
 
 def add_parser(subparsers) -> None:
@@ -53,7 +56,8 @@ def add_parser(subparsers) -> None:
   src.add_argument("--text", help="a text file, tokenized with the checkpoint's tokenizer")
   src.add_argument("--token-ids", help="a file of whitespace-separated token ids")
   src.add_argument("--dataset", choices=["shakespeare"], help="the offline corpus")
-  p.add_argument("--tokens", type=int, default=64, help="tokens per sequence (%(default)s)")
+  p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
+                 help="tokens per sequence (%(default)s)")
   p.add_argument("--sequences", type=int, default=2,
                  help="sequences (%(default)s; a shorter input: as many as fit)")
   p.add_argument("--positions", default="-1",
@@ -89,7 +93,7 @@ def _token_ids(args, model) -> tuple[np.ndarray, str]:
     try:
       ids = np.array([int(x) for x in path.read_text().split()], np.int64)
     except ValueError:
-      raise ValueError(f"{path}: not whitespace-separated integers") from None
+      raise UserError(f"{path}: not whitespace-separated integers") from None
     return ids, "token ids given"
   from rankjax.data import tokenizer as tokenizer_lib
   if args.text:
@@ -114,7 +118,8 @@ def too_long(n: int, model) -> str:
     return (f"--tokens {n} exceeds the model's sliding window of {window} tokens (it has "
             f"{model.description['max_position_embeddings']} positions; rankjax attends "
             f"without a window, so analyze is exact up to {window} tokens)")
-  return f"--tokens {n} exceeds the model's {model.max_len} positions"
+  return (f"--tokens {n} exceeds the model's {model.max_len} positions (--tokens is "
+          f"{DEFAULT_TOKENS} unless given: give --tokens {model.max_len} or fewer)")
 
 
 def fitted_shape(available: int, tokens: int, sequences: int) -> tuple[int, int]:
@@ -132,14 +137,14 @@ def _sequences(ids: np.ndarray, args, model) -> tuple[np.ndarray, str | None]:
   """The (K, T) sequences analyzed, and the note saying so when the input is short."""
   n, k = args.tokens, args.sequences
   if n < 2 or k < 1:
-    raise ValueError(f"--tokens must be >= 2 and --sequences >= 1; got {n}, {k}")
+    raise UserError(f"--tokens must be >= 2 and --sequences >= 1; got {n}, {k}")
   if ids.size < 2:
-    raise ValueError(f"the input has {ids.size} token(s); rankjax analyze needs at least 2")
+    raise UserError(f"the input has {ids.size} token(s); rankjax analyze needs at least 2")
   k_fit, n_fit = fitted_shape(ids.size, n, k)
   if n_fit > model.max_len:
-    raise ValueError(too_long(n, model))
+    raise UserError(too_long(n, model))
   if ids.min() < 0 or ids.max() >= model.vocab_size:
-    raise ValueError(f"token ids must lie in [0, {model.vocab_size}); the input has "
+    raise UserError(f"token ids must lie in [0, {model.vocab_size}); the input has "
                      f"{ids.min()}..{ids.max()}")
   note = None
   if (k_fit, n_fit) != (k, n):
@@ -152,11 +157,11 @@ def _positions(spec: str, n: int) -> list[int]:
   try:
     raw = [int(x) for x in spec.split(",") if x.strip()]
   except ValueError:
-    raise ValueError(f"--positions {spec!r}: comma-separated integers") from None
+    raise UserError(f"--positions {spec!r}: comma-separated integers") from None
   out = []
   for p in raw:
     if not -n <= p < n:
-      raise ValueError(f"--positions: {p} is outside a sequence of {n} tokens")
+      raise UserError(f"--positions: {p} is outside a sequence of {n} tokens")
     out.append(p % n)
   return out
 
@@ -183,6 +188,8 @@ def analyze(model, seqs: np.ndarray, positions: list[int], measures: set[str],
       row.update(entry)
   for l, heads in enumerate(fwd["attention"]):
     out["layers"][l]["attention"] = heads
+  if "attention" in measures:
+    out["attention_rows"] = m.attention_rows(seqs.shape[1])
   if "jacobian" in measures:
     depth = {}
     for pos, blocks in fwd["token_blocks"].items():
@@ -234,8 +241,11 @@ def _targets(args) -> list[tuple[str, str, int | None]]:
   from rankjax.analyze import trajectory
   if args.steps is not None:
     if len(args.checkpoint) != 1 or args.step is not None:
-      raise ValueError("--steps reads one rankjax run (and replaces --step)")
+      raise UserError("--steps reads one rankjax run (and replaces --step)")
     wd = args.checkpoint[0]
+    if _is_hugging_face(wd):
+      raise UserError(f"--steps reads the checkpoints of a rankjax run; {wd} is a Hugging "
+                      "Face checkpoint folder (one set of weights: analyze it without --steps)")
     saved = trajectory.run_steps(wd)
     steps = saved if args.steps == "all" else _ints(args.steps, "--steps")
     _check_steps(steps, saved)
@@ -245,11 +255,22 @@ def _targets(args) -> list[tuple[str, str, int | None]]:
       _check_steps([args.step], trajectory.run_steps(args.checkpoint[0]))
     return [("", args.checkpoint[0], args.step)]
   if args.step is not None:
-    raise ValueError("--step reads one rankjax run; give --steps for several")
+    raise UserError("--step reads one rankjax run; give --steps for several")
   labels = [pathlib.Path(c).name or f"checkpoint_{i}" for i, c in enumerate(args.checkpoint)]
   if len(set(labels)) < len(labels):
     labels = [f"{i}_{lab}" for i, lab in enumerate(labels)]
   return [(lab, c, None) for lab, c in zip(labels, args.checkpoint)]
+
+
+def _is_hugging_face(folder: str) -> bool:
+  """Whether ``folder`` holds a Hugging Face checkpoint: a config.json stating a
+  model_type (a rankjax run's config.json states none)."""
+  config = pathlib.Path(folder) / "config.json"
+  try:
+    stated = json.loads(config.read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(stated, dict) and "model_type" in stated
 
 
 def _check_steps(steps: list[int], saved: list[int]) -> None:
@@ -257,7 +278,7 @@ def _check_steps(steps: list[int], saved: list[int]) -> None:
   missing = [s for s in steps if s not in saved]
   if missing:
     plural = "s" if len(missing) > 1 else ""
-    raise ValueError(f"no checkpoint at step{plural} {', '.join(map(str, missing))}; the run "
+    raise UserError(f"no checkpoint at step{plural} {', '.join(map(str, missing))}; the run "
                      f"has steps {', '.join(map(str, saved))}")
 
 
@@ -265,7 +286,7 @@ def _ints(spec: str, flag: str) -> list[int]:
   try:
     return [int(x) for x in spec.split(",") if x.strip()]
   except ValueError:
-    raise ValueError(f"{flag} {spec!r}: comma-separated integers or 'all'") from None
+    raise UserError(f"{flag} {spec!r}: comma-separated integers or 'all'") from None
 
 
 def jacobian_bytes(model, tokens: int) -> int:
@@ -284,7 +305,7 @@ def _check_jacobian_memory(model, tokens: int) -> None:
   if need > free:
     fits = max(t for t in range(1, tokens + 1) if jacobian_bytes(model, t) <= free) \
         if jacobian_bytes(model, 1) <= free else 0
-    raise ValueError(f"--measures jacobian at d={model.d_model}, {tokens} tokens needs about "
+    raise UserError(f"--measures jacobian at d={model.d_model}, {tokens} tokens needs about "
                      f"{need / 2**30:.0f} GiB for an attention sublayer's d tangents; "
                      f"{free / 2**30:.0f} GiB are free: use --tokens {fits} or fewer, or "
                      "leave jacobian out of --measures")
@@ -299,7 +320,7 @@ def _placement(args):
   devices = jax.local_devices()
   n = len(devices) if args.mesh_fsdp == 0 else args.mesh_fsdp
   if not 1 <= n <= len(devices):
-    raise ValueError(f"--mesh-fsdp {args.mesh_fsdp}: this host has {len(devices)} devices")
+    raise UserError(f"--mesh-fsdp {args.mesh_fsdp}: this host has {len(devices)} devices")
   mesh = sharding.make_mesh(data=1, fsdp=n, devices=devices[:n]) if n > 1 else None
   return checkpoints.Placement(mesh, args.dtype)
 
@@ -327,7 +348,7 @@ def run(args) -> int:
   measures = {x.strip() for x in args.measures.split(",") if x.strip()}
   unknown = measures - set(MEASURES)
   if unknown or not measures:
-    raise ValueError(f"--measures: {', '.join(sorted(unknown)) or 'none'}; choose from "
+    raise UserError(f"--measures: {', '.join(sorted(unknown)) or 'none'}; choose from "
                      f"{', '.join(MEASURES)}")
   out = pathlib.Path(args.out)
   storage.check_output(str(out), "--out")
@@ -344,10 +365,10 @@ def run(args) -> int:
       ids, tokenizer = _token_ids(args, model)
       try:
         seqs, shape_note = _sequences(ids, args, model)
-      except ValueError as e:
+      except UserError as e:
         if tokenizer != BYTES:
           raise
-        raise ValueError(f"{e} ({BYTES_NOTE})") from None
+        raise UserError(f"{e} ({BYTES_NOTE})") from None
       positions = _positions(args.positions, seqs.shape[1])
       if "jacobian" in measures:
         _check_jacobian_memory(model, seqs.shape[1])
@@ -357,7 +378,7 @@ def run(args) -> int:
       if shape_note:
         print(f"rankjax analyze: {shape_note}", file=sys.stderr)
     elif seqs.max() >= model.vocab_size or seqs.shape[1] > model.max_len:
-      raise ValueError(f"{model.source}: its vocabulary or positions do not fit the "
+      raise UserError(f"{model.source}: its vocabulary or positions do not fit the "
                        "sequences of the first checkpoint")
     result = {"source": model.source, "family": model.family, "model": model.description,
               "tokenizer": tokenizer, "tokens": int(seqs.size), "sequences": int(seqs.shape[0]),

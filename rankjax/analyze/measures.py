@@ -9,7 +9,11 @@
   * ``attention_measures``: per head, percentiles over rows (queries t >= 1, restricted
     to their causal support) of the normalized entropy, p_max and the certificate
     ``theta_certificate`` (softmax paper App D.2, greedy prefix), and the exact
-    ``theta(p)`` (Def 3.1) for the rows of at most ``MAX_ENUMERATE_L`` keys.
+    ``theta(p)`` (Def 3.1) for the rows of at most ``MAX_ENUMERATE_L`` keys, with the
+    certificate over those same rows beside it (``theta_cert_exact_rows``: a lower
+    bound row by row, so percentile by percentile); which rows each covers:
+    ``attention_rows``. theta values are clipped to [0, 1] (float32 rounding gave
+    1 + 2e-7).
   * ``jacobian_measures``: at one token, the attention and FFN sublayer Jacobians
     ``J_R (I + G)`` (Eq. 18) and the whole block's (their product), each with effective
     and stable rank (Eq. 3) and top singular values (Fig 8c, 12); through depth the
@@ -74,23 +78,38 @@ def _row_measures(probs_HxTxT: Array) -> dict[str, Array]:
   log_support = jnp.log(jnp.arange(1, t + 1, dtype=p.dtype))
   entropy = jnp.sum(jax.scipy.special.entr(p), -1) / jnp.where(log_support > 0, log_support, 1.0)
   return {"entropy_norm": entropy[:, 1:], "p_max": jnp.max(p, -1)[:, 1:],
-          "theta_cert": sensitivity.theta_certificate(p)[:, 1:]}
+          "theta_cert": jnp.clip(sensitivity.theta_certificate(p)[:, 1:], 0.0, 1.0)}
 
 
 @jax.jit
 def _exact_theta(probs_HxTxT: Array) -> Array:
-  """theta(p) of the rows t = 1 .. MAX_ENUMERATE_L - 1 (support t + 1 <= the limit)."""
+  """theta(p) of the rows t = 1 .. MAX_ENUMERATE_L - 1 (support t + 1 <= the limit),
+  clipped to [0, 1]."""
   n = min(probs_HxTxT.shape[-1], MAX_ENUMERATE_L)
   p = probs_HxTxT[:, 1:n, :n]
   support = jnp.arange(n)[None, :] <= jnp.arange(1, n)[:, None]
   p = jnp.where(support, p, 0.0)
-  return sensitivity.theta_exact(p / jnp.sum(p, -1, keepdims=True))
+  return jnp.clip(sensitivity.theta_exact(p / jnp.sum(p, -1, keepdims=True)), 0.0, 1.0)
+
+
+def attention_rows(tokens: int) -> dict[str, str]:
+  """Which rows (queries) each statistic of ``attention_measures`` covers, for
+  sequences of ``tokens`` tokens (``analysis.json``'s ``attention_rows``)."""
+  n = min(tokens, MAX_ENUMERATE_L)
+  return {"entropy_norm, p_max, theta_cert": f"every query t = 1 .. {tokens - 1} "
+                                             "(t + 1 keys each)",
+          "theta_exact, theta_cert_exact_rows": f"the queries t = 1 .. {n - 1} (at most "
+                                                f"{MAX_ENUMERATE_L} keys: theta(p) is "
+                                                "enumerated over subsets)",
+          "clipped": "theta values clipped to [0, 1] (float32 rounding)"}
 
 
 def attention_measures(probs_KxLxHxTxT: np.ndarray) -> list[list[dict]]:
   """Per layer, per head: percentiles over the rows of every sequence (queries t >= 1)
-  of ``entropy_norm``, ``p_max``, ``theta_cert`` and ``theta_exact`` (rows of at most
-  ``MAX_ENUMERATE_L`` keys; beyond it the certificate is the measure)."""
+  of ``entropy_norm``, ``p_max``, ``theta_cert``; ``theta_exact`` over the rows of at
+  most ``MAX_ENUMERATE_L`` keys (beyond them the certificate is the measure) and
+  ``theta_cert_exact_rows``, the certificate over those same rows
+  (``attention_rows``)."""
   probs = np.asarray(probs_KxLxHxTxT)
   k, num_layers, heads = probs.shape[:3]
   out = []
@@ -102,6 +121,8 @@ def attention_measures(probs_KxLxHxTxT: np.ndarray) -> list[list[dict]]:
       entry = {name: _percentiles(np.concatenate([r[name][h] for r in rows]))
                for name in ("entropy_norm", "p_max", "theta_cert")}
       entry["theta_exact"] = _percentiles(np.concatenate([e[h] for e in exact]))
+      entry["theta_cert_exact_rows"] = _percentiles(np.concatenate(
+          [r["theta_cert"][h, :e.shape[-1]] for r, e in zip(rows, exact)]))
       entry["head"] = h
       layer.append(entry)
     out.append(layer)

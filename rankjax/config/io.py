@@ -12,11 +12,14 @@ another format in one line; ``convert_file`` rewrites a config of format 1 (a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import pathlib
 import types
 import typing
 from typing import Any, Mapping, Sequence, TypeVar
+
+from rankjax.errors import UserError
 
 C = TypeVar("C")
 
@@ -62,7 +65,7 @@ class Tagged(JsonConfig):
     raise NotImplementedError
 
 
-class FormatError(ValueError):
+class FormatError(UserError):
   """A JSON config of another format than this code's (``FORMAT``)."""
 
 
@@ -130,7 +133,7 @@ def _check_format(data: Mapping[str, Any], cls: type, source: str) -> None:
 def _tagged(name: str, family: type, value: Any) -> Any:
   if not isinstance(value, Mapping) or "kind" not in value:
     kind = value if isinstance(value, str) else "KIND"
-    raise ValueError(f"{name}={value!r} must be an object with a \"kind\" (one of "
+    raise UserError(f"{name}={value!r} must be an object with a \"kind\" (one of "
                      f"{family.kinds()}) and that kind's fields; --set {name}.kind={kind} "
                      "switches kind")
   return from_dict(family.of_kind(value["kind"]), value)
@@ -140,7 +143,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], source: str = "config") -> 
   """Builds ``cls`` from a (nested) dict; unknown keys raise ValueError. A dict of
   another ``JSON_FORMAT`` raises ``FormatError`` naming ``source`` (where it was read)."""
   if not isinstance(data, Mapping):
-    raise ValueError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
+    raise UserError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
   if getattr(cls, "JSON_FORMAT", None) is not None:
     _check_format(data, cls, source)
     data = {k: v for k, v in data.items() if k != "format"}
@@ -148,13 +151,13 @@ def from_dict(cls: type[C], data: Mapping[str, Any], source: str = "config") -> 
   if issubclass(cls, Tagged):         # a member read on its own: its tag, if any, is its own
     kind = f" (model kind {cls.kind_of_class()!r})"
     if data.get("kind", cls.kind_of_class()) != cls.kind_of_class():
-      raise ValueError(f"{cls.__name__} reads model kind {cls.kind_of_class()!r}, not "
+      raise UserError(f"{cls.__name__} reads model kind {cls.kind_of_class()!r}, not "
                        f"{data['kind']!r}")
     data = {k: v for k, v in data.items() if k != "kind"}
   fields = {f.name: f for f in dataclasses.fields(cls)}
   unknown = sorted(set(data) - set(fields))
   if unknown:
-    raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{kind}; known fields: "
+    raise UserError(f"unknown {cls.__name__} field(s) {unknown}{kind}; known fields: "
                      f"{sorted(fields)}")
   hints = typing.get_type_hints(cls)
   kwargs = {}
@@ -184,13 +187,13 @@ def _read_json(path_or_text: str | pathlib.Path) -> tuple[Any, str]:
     from rankjax import storage
     path = storage.as_path(text, "config file")
     if not path.is_file():
-      raise ValueError(f"config file {path} " + ("is a folder, not a JSON file"
+      raise UserError(f"config file {path} " + ("is a folder, not a JSON file"
                                                  if path.is_dir() else "does not exist"))
     text, source = path.read_text(), f"config {path}"
   try:
     return json.loads(text), source
   except json.JSONDecodeError as e:
-    raise ValueError(f"{source} is not valid JSON: {e}") from None
+    raise UserError(f"{source} is not valid JSON: {e}") from None
 
 
 def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
@@ -206,7 +209,7 @@ def convert_format1(data: Mapping[str, Any]) -> dict[str, Any]:
   rest = {k: v for k, v in data.items() if k not in ("model", "lm", "mlp", "format")}
   name = data.get("model", "lm")
   if name not in _FORMAT1_MODELS:
-    raise ValueError(f"model {name!r} is a plug-in's: its format 1 config cannot be "
+    raise UserError(f"model {name!r} is a plug-in's: its format 1 config cannot be "
                      f"converted; write its \"model\" object ({{\"kind\": {name!r}, ...}}) "
                      "by hand")
   model = {"kind": _FORMAT1_MODELS[name], **data.get(name, {})}
@@ -230,18 +233,18 @@ def convert_file(path: str | pathlib.Path, cls: type) -> tuple[Any, Any]:
     path = path / "config.json"
   data, source = _read_json(path)
   if not isinstance(data, Mapping):
-    raise ValueError(f"{source} is not a JSON object")
+    raise UserError(f"{source} is not a JSON object")
   written = written_format(data)
   if written != 1:
-    raise ValueError(f"{source} has config format {written!r}, not 1: nothing to convert")
+    raise UserError(f"{source} has config format {written!r}, not 1: nothing to convert")
   new = convert_format1(data)
   try:
     from_dict(cls, new)
-  except ValueError as e:
-    raise ValueError(f"{source} converted is not a valid config ({e}); nothing written") from None
+  except UserError as e:
+    raise UserError(f"{source} converted is not a valid config ({e}); nothing written") from None
   backup = path.parent / (path.name + ".format1")
   if backup.exists():
-    raise ValueError(f"{backup} exists already: move it aside to convert {path} again")
+    raise UserError(f"{backup} exists already: move it aside to convert {path} again")
   storage.write_text_atomic(backup, path.read_text())
   storage.write_text_atomic(path, json.dumps(new, indent=2, sort_keys=True) + "\n")
   return path, backup
@@ -263,6 +266,15 @@ def _node_class(parent: type, name: str, node: Mapping[str, Any]) -> type | None
   return _dataclass_type(hint)
 
 
+def _known_keys(node: Mapping[str, Any], typed: str) -> str:
+  """"; known keys: [...]" of a config dict, its nested configs and the closest to
+  ``typed``."""
+  nested = sorted(k for k, v in node.items() if isinstance(v, dict))
+  close = difflib.get_close_matches(typed, list(node), n=1)
+  return (f"; known keys: {sorted(node)}" + (f" (nested: {', '.join(nested)})" if nested else "")
+          + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
 def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
   """Applies ``key=value`` strings (``--set``; ``option`` names the flag in errors);
   dotted keys reach nested configs (``model.d_model=1024``).
@@ -280,31 +292,33 @@ def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
   lists = []
   for item in assignments:
     if "=" not in item:
-      raise ValueError(f"{option} expects key=value, got {item!r}")
+      raise UserError(f"{option} expects key=value, got {item!r}")
     key, raw = item.split("=", 1)
     key = key.strip()
     value = _json_or_text(raw)
     node, cls, parts = data, type(cfg), key.split(".")
     for part in parts[:-1]:
       if not isinstance(node.get(part), dict):
-        raise ValueError(f"unknown config key {key!r} in {option}")
+        raise UserError(f"unknown config key {key!r} in {option}: {part!r} is "
+                        + ("not a key" if part not in node else "not a nested config")
+                        + _known_keys(node, part))
       node, cls = node[part], _node_class(cls, part, node[part])
     leaf = parts[-1]
     tagged = len(parts) > 1 and cls is not None and issubclass(cls, Tagged)
     if tagged and leaf == "kind":
       try:
         new = cls.of_kind(value)
-      except ValueError as e:
-        raise ValueError(f"{option} {key}: {e}") from None
+      except UserError as e:
+        raise UserError(f"{option} {key}: {e}") from None
       if new is not cls:
         node.clear()
         node.update(to_dict(new()))
       continue
     if leaf not in node:
       if tagged:
-        raise ValueError(f"{option} {key}: model kind {node['kind']!r} has no field {leaf!r}; "
+        raise UserError(f"{option} {key}: model kind {node['kind']!r} has no field {leaf!r}; "
                          f"its fields: {sorted(k for k in node if k != 'kind')}")
-      raise ValueError(f"unknown config key {key!r} in {option}; known keys: {sorted(node)}")
+      raise UserError(f"unknown config key {key!r} in {option}" + _known_keys(node, leaf))
     if isinstance(node[leaf], (list, tuple)):
       lists.append(key)
       if not isinstance(value, list):
@@ -312,10 +326,10 @@ def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
     node[leaf] = value
   try:
     return from_dict(type(cfg), data)
-  except ValueError as e:
+  except UserError as e:
     syntax = (f" (a list is written {option} {lists[0]}=a,b or {option} "
               f"'{lists[0]}=[\"a\", \"b\"]')" if lists else "")
-    raise ValueError(f"{option}: {e}{syntax}") from None
+    raise UserError(f"{option}: {e}{syntax}") from None
 
 
 def diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:

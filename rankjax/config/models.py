@@ -16,6 +16,7 @@ from typing import Literal, Sequence
 
 from rankjax.config.io import Tagged
 from rankjax.config.validation import check, literal_choices
+from rankjax.errors import UserError
 
 NormPosition = Literal["pre", "post", "output", "peri", "none"]
 NormOp = Literal["rms", "layer", "mean", "detached_rms", "none"]
@@ -69,7 +70,7 @@ class ModelConfig(Tagged):
     for kind, c in MODEL_CONFIGS.items():
       if c is cls:
         return kind
-    raise ValueError(f"{cls.__name__} is not a registered model config "
+    raise UserError(f"{cls.__name__} is not a registered model config "
                      "(rankjax.config.register_model_config)")
 
   @classmethod
@@ -81,7 +82,7 @@ class ModelConfig(Tagged):
     """The config class of ``kind``; a one-line ValueError naming the registry if none."""
     if isinstance(kind, str) and kind in MODEL_CONFIGS:
       return MODEL_CONFIGS[kind]
-    raise ValueError(f"model kind {kind!r} is not registered; choose one of "
+    raise UserError(f"model kind {kind!r} is not registered; choose one of "
                      f"{sorted(MODEL_CONFIGS)} (or register your own: "
                      "rankjax.config.register_model_config, loaded with --import MODULE)")
 
@@ -91,19 +92,19 @@ def register_model_config(kind: str, cls: type[ModelConfig]) -> type[ModelConfig
   ``ModelConfig`` whose every field has a default: ``--set model.kind=KIND`` starts from
   them; no field named ``kind``). A kind has one class and a class one kind."""
   if not isinstance(kind, str) or not kind:
-    raise ValueError(f"model kind {kind!r} must be a non-empty string")
+    raise UserError(f"model kind {kind!r} must be a non-empty string")
   if not (isinstance(cls, type) and issubclass(cls, ModelConfig)
           and dataclasses.is_dataclass(cls)):
-    raise ValueError(f"{cls!r} must be a dataclass subclassing rankjax.config.ModelConfig")
+    raise UserError(f"{cls!r} must be a dataclass subclassing rankjax.config.ModelConfig")
   if "kind" in {f.name for f in dataclasses.fields(cls)}:
-    raise ValueError(f"{cls.__name__} has a field named 'kind': that key tags the JSON form")
+    raise UserError(f"{cls.__name__} has a field named 'kind': that key tags the JSON form")
   taken = [k for k, c in MODEL_CONFIGS.items() if c is cls and k != kind]
   if taken:
-    raise ValueError(f"{cls.__name__} is registered as model kind {taken[0]!r} already")
+    raise UserError(f"{cls.__name__} is registered as model kind {taken[0]!r} already")
   try:
     cls()
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{cls.__name__}() must build with its defaults ({e})") from None
+    raise UserError(f"{cls.__name__}() must build with its defaults ({e})") from None
   MODEL_CONFIGS[kind] = cls
   return cls
 
@@ -166,7 +167,7 @@ class MLPConfig(ModelConfig):
     check("input_dim", self.input_dim, "positive int", optional=True)
     check("num_classes", self.num_classes, "positive int", optional=True)
     if self.hidden_width < 1:
-      raise ValueError(f"expansion={self.expansion!r} gives a hidden width below 1")
+      raise UserError(f"expansion={self.expansion!r} gives a hidden width below 1")
 
   @property
   def hidden_width(self) -> int:
@@ -351,11 +352,11 @@ class TransformerConfig(ModelConfig):
     check("d_ff", self.d_ff, "positive int")
     check("max_seq_len", self.max_seq_len, "positive int")
     if self.d_model % self.num_heads:
-      raise ValueError(
+      raise UserError(
           f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
     check("num_kv_heads", self.num_kv_heads, "positive int", optional=True)
     if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-      raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+      raise UserError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
     for name in ("attn_bias", "attn_out_bias", "ffn_bias", "fused_projections",
                  "tie_embeddings"):
@@ -372,15 +373,15 @@ class TransformerConfig(ModelConfig):
     check("rope_original_max_len", self.rope_original_max_len, "positive int")
     check("rope_attention_factor", self.rope_attention_factor, "positive")
     if self.rope_scaling == "yarn" and not 0 < self.rope_beta_slow < self.rope_beta_fast:
-      raise ValueError("rope_scaling='yarn' needs 0 < rope_beta_slow < rope_beta_fast; got "
+      raise UserError("rope_scaling='yarn' needs 0 < rope_beta_slow < rope_beta_fast; got "
                        f"{self.rope_beta_slow}, {self.rope_beta_fast}")
     if self.rope_scaling == "llama3" and not (
         0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
-      raise ValueError("rope_scaling='llama3' needs 0 < rope_low_freq_factor < "
+      raise UserError("rope_scaling='llama3' needs 0 < rope_low_freq_factor < "
                        f"rope_high_freq_factor; got {self.rope_low_freq_factor}, "
                        f"{self.rope_high_freq_factor}")
     if self.pos_embedding == "rope" and self.d_head % 2:
-      raise ValueError(f"pos_embedding='rope' needs an even d_head; got {self.d_head}")
+      raise UserError(f"pos_embedding='rope' needs an even d_head; got {self.d_head}")
     check("init_scale", self.init_scale, "positive")
     check("embed_std", self.embed_std, "positive", optional=True)
     check("prefix_avg_removal", self.prefix_avg_removal, "non-negative")

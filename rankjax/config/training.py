@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 from rankjax.config.io import FORMAT, JsonConfig
 from rankjax.config.models import ModelConfig, TransformerConfig
 from rankjax.config.validation import check, literal_choices
+from rankjax.errors import UserError
 
 Optimizer = Literal["adamw", "adam"]
 LRSchedule = Literal["cosine", "constant"]
@@ -158,7 +159,7 @@ class TrainConfig(JsonConfig):
     # Which kinds train is rankjax.train.tasks' registry (require_task): configs import
     # nothing above them.
     if not isinstance(self.model, ModelConfig):
-      raise ValueError(f"model={self.model!r} must be a model config (TransformerConfig, "
+      raise UserError(f"model={self.model!r} must be a model config (TransformerConfig, "
                        "MLPConfig or a registered plug-in's: register_model_config)")
     lm = self.model.kind == "transformer"
     literal_choices(self)
@@ -168,48 +169,61 @@ class TrainConfig(JsonConfig):
     check("eps", self.eps, "positive")
     check("weight_decay", self.weight_decay, "non-negative")
     if self.optimizer == "adam" and self.weight_decay:
-      raise ValueError(f"weight_decay={self.weight_decay!r} needs optimizer='adamw'; "
+      raise UserError(f"weight_decay={self.weight_decay!r} needs optimizer='adamw'; "
                        "plain adam has no weight decay (set weight_decay=0)")
     check("warmup_steps", self.warmup_steps, "non-negative int")
     check("total_steps", self.total_steps, "positive int")
     check("stop_at", self.stop_at, "non-negative int")
     if self.warmup_steps > self.total_steps:
-      raise ValueError(f"warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
+      raise UserError(f"warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}")
+    if self.stop_at > self.total_steps:
+      raise UserError(f"stop_at={self.stop_at} is beyond total_steps={self.total_steps}: the "
+                      "run would end at total_steps (stop_at=0 trains to the end)")
     check("min_lr_ratio", self.min_lr_ratio, "fraction")
     check("clip_norm", self.clip_norm, "non-negative")
     check("batch_size", self.batch_size, "positive int")
     check("grad_accum", self.grad_accum, "positive int")
     check("seq_len", self.seq_len, "positive int")
     if self.batch_size % self.grad_accum:
-      raise ValueError(
+      raise UserError(
           f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
     if lm:
       if self.seq_len > self.model.max_seq_len:
-        raise ValueError(f"seq_len={self.seq_len} exceeds the model's "
+        raise UserError(f"seq_len={self.seq_len} exceeds the model's "
                          f"model.max_seq_len={self.model.max_seq_len}")
       if self.model.compute_dtype not in ("float32", self.compute_dtype):
-        raise ValueError(
+        raise UserError(
             f"model.compute_dtype={self.model.compute_dtype!r} conflicts with "
             f"compute_dtype={self.compute_dtype!r}; set the training option compute_dtype")
     check("label_frequency", self.label_frequency, "bool")
     if self.label_frequency and not lm:
-      raise ValueError(f"label_frequency=true needs a transformer model (sequences of "
+      raise UserError(f"label_frequency=true needs a transformer model (sequences of "
                        f"labels), not model kind {self.model.kind!r}")
     check("seed", self.seed, "int")
     if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset):
-      raise ValueError(f"dataset={self.dataset!r} must be a data set name or null (the default)")
+      raise UserError(f"dataset={self.dataset!r} must be a data set name or null (the default)")
+    for name in ("tokenizer", "data_dir"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, str) or not value):
+        raise UserError(f"{name}={value!r} must be a non-empty string or null")
+    if not isinstance(self.compilation_cache_dir, str):
+      raise UserError(f"compilation_cache_dir={self.compilation_cache_dir!r} must be a "
+                      "folder path (\"\": off)")
     check("mesh_data", self.mesh_data, "non-negative int")
     check("mesh_fsdp", self.mesh_fsdp, "positive int")
     check("log_every", self.log_every, "positive int")
     check("diag_every", self.diag_every, "non-negative int")
     if isinstance(self.diagnostics, str) or not all(
         isinstance(n, str) and n for n in self.diagnostics):
-      raise ValueError(f"diagnostics={self.diagnostics!r} must be a list of diagnostic names")
+      raise UserError(f"diagnostics={self.diagnostics!r} must be a list of diagnostic names")
     object.__setattr__(self, "diagnostics", tuple(self.diagnostics))
+    twice = sorted({n for n in self.diagnostics if self.diagnostics.count(n) > 1})
+    if twice:
+      raise UserError(f"diagnostics={list(self.diagnostics)} names {', '.join(twice)} twice")
     check("diag_examples", self.diag_examples, "non-negative int")
     check("stop_on_collapse", self.stop_on_collapse, "non-negative int")
     if self.stop_on_collapse and not (lm and self.diag_every and "basic" in self.diagnostics):
-      raise ValueError(f"stop_on_collapse={self.stop_on_collapse} reads the basic "
+      raise UserError(f"stop_on_collapse={self.stop_on_collapse} reads the basic "
                        "diagnostic's token similarity: it needs a transformer model, "
                        "diag_every > 0 and 'basic' in diagnostics")
     check("checkpoint_every", self.checkpoint_every, "positive int")

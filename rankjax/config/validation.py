@@ -13,6 +13,8 @@ import types
 import typing
 from typing import Any, Literal, Sequence
 
+from rankjax.errors import UserError
+
 
 def _number(v: Any) -> bool:
   return isinstance(v, numbers.Real) and not isinstance(v, bool)
@@ -43,14 +45,14 @@ def check(name: str, value: Any, rule: str, *, optional: bool = False, note: str
   if (optional and value is None) or test(value):
     return
   what += " or null" if optional else ""
-  raise ValueError(f"{name}={value!r} must be {what}" + (f" ({note})" if note else ""))
+  raise UserError(f"{name}={value!r} must be {what}" + (f" ({note})" if note else ""))
 
 
 def choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
   """Raises a ``ValueError`` naming ``allowed`` unless ``value`` is one of them."""
   is_bool = isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed)
   if is_bool or value not in allowed:      # true is not the choice 1
-    raise ValueError(f"{name}={value!r} is not allowed; choose one of {list(allowed)}")
+    raise UserError(f"{name}={value!r} is not allowed; choose one of {list(allowed)}")
 
 
 def literal_choices(cfg: Any) -> None:

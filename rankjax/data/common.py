@@ -11,12 +11,14 @@ from typing import Any, Callable, Sequence
 import grain
 import numpy as np
 
+from rankjax.errors import UserError
+
 VALIDATION_EVERY = 10  # document i (sorted) is held out when i % 10 == 9
 TRAIN_SPLITS = ("train",)
 HELD_OUT_SPLITS = ("validation", "valid", "val", "test")
 
 
-class DataUnavailableError(ValueError):
+class DataUnavailableError(UserError):
   """A data set that is not on this machine; the message says how to get it."""
 
 
@@ -42,7 +44,7 @@ def check_split(split: str) -> bool:
     return False
   if split in HELD_OUT_SPLITS:
     return True
-  raise ValueError(f"split={split!r} is not allowed; choose one of "
+  raise UserError(f"split={split!r} is not allowed; choose one of "
                    f"{list(TRAIN_SPLITS + HELD_OUT_SPLITS)}")
 
 
@@ -60,7 +62,7 @@ def default_shard(shard_index: int | None, shard_count: int | None) -> tuple[int
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
   if not 0 <= shard_index < shard_count:
-    raise ValueError(f"shard_index={shard_index} must lie in [0, shard_count={shard_count})")
+    raise UserError(f"shard_index={shard_index} must lie in [0, shard_count={shard_count})")
   return shard_index, shard_count
 
 
@@ -70,7 +72,7 @@ def shard_shuffle_repeat(ds: grain.MapDataset, *, shard_index: int, shard_count:
   """This host's strided shard, shuffled per epoch by ``seed``, repeated."""
   ds = ds[shard_index::shard_count]
   if len(ds) == 0:
-    raise ValueError(f"{what} has too few items for shard {shard_index} of {shard_count}")
+    raise UserError(f"{what} has too few items for shard {shard_index} of {shard_count}")
   if shuffle:
     ds = ds.shuffle(seed=seed % 2**32)
   if num_epochs is None or num_epochs > 1:
@@ -86,7 +88,7 @@ def host_rows(batch_size: int, micro_batches: int, shard_index: int,
   ``rankjax.train.sharding.global_batch`` reassembles micro-batch j as the same rows in
   the same order whatever the number of hosts)."""
   if batch_size % micro_batches:
-    raise ValueError(f"batch_size={batch_size} is not divisible by "
+    raise UserError(f"batch_size={batch_size} is not divisible by "
                      f"micro_batches={micro_batches}")
   part = batch_size // micro_batches
   micro = part * shard_count
@@ -144,7 +146,7 @@ class EpochBatches:
     self.batches_per_epoch = (num_items // self._global if drop_remainder
                               else math.ceil(usable / self._global))
     if self.batches_per_epoch == 0:
-      raise ValueError(f"{what} has {num_items} items, too few for one batch of "
+      raise UserError(f"{what} has {num_items} items, too few for one batch of "
                        f"{batch_size} on each of {shard_count} host(s)")
     self._len = sys.maxsize if num_epochs is None else self.batches_per_epoch * num_epochs
     self._order_cache: tuple[int, np.ndarray] | None = None

@@ -34,6 +34,7 @@ import grain
 import numpy as np
 
 from rankjax.data import common
+from rankjax.errors import UserError
 
 CIFAR10_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
 CIFAR10_STD = np.array([0.2470, 0.2435, 0.2616], np.float32)
@@ -263,7 +264,7 @@ def resolve_image_set(dataset: str | None, data_dir: str | None) -> str:
         f"{common.tfds_data_dir(data_dir)} --file_format array_record), or apt-get install "
         f"dataset-fashion-mnist, or pip install scikit-learn")
   if dataset not in IMAGE_SETS:
-    raise ValueError(f"image dataset={dataset!r} is not allowed; choose one of "
+    raise UserError(f"image dataset={dataset!r} is not allowed; choose one of "
                      f"{['auto', *IMAGE_SETS]}")
   if dataset == "cifar10":          # a named set that is absent: its one-line error now,
     _cifar10("train", data_dir)     # before training, saying how to get it

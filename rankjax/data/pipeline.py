@@ -57,6 +57,7 @@ from rankjax.data import common
 from rankjax.data import images as images_lib
 from rankjax.data import text as text_lib
 from rankjax.data.tokenizer import Tokenizer, as_tokenizer
+from rankjax.errors import UserError
 
 Kind = Literal["text", "images"]
 KINDS = ("text", "images")
@@ -145,15 +146,15 @@ def make_iterator(
       tokenizer file, missing seq_len for text.
   """
   if kind not in KINDS:
-    raise ValueError(f"kind={kind!r} is not allowed; choose one of {list(KINDS)}")
+    raise UserError(f"kind={kind!r} is not allowed; choose one of {list(KINDS)}")
   if not isinstance(batch_size, int) or batch_size <= 0:
-    raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
+    raise UserError(f"batch_size={batch_size!r} must be a positive integer")
   if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs <= 0):
-    raise ValueError(f"num_epochs={num_epochs!r} must be a positive integer or None")
+    raise UserError(f"num_epochs={num_epochs!r} must be a positive integer or None")
   shard_index, shard_count = common.default_shard(shard_index, shard_count)
   if kind == "text":
     if not isinstance(seq_len, int) or seq_len <= 0:
-      raise ValueError(f"seq_len={seq_len!r} must be a positive integer for text data")
+      raise UserError(f"seq_len={seq_len!r} must be a positive integer for text data")
     ds, _, _ = text_lib.text_dataset(
         dataset=dataset, split=split, seq_len=seq_len, batch_size=batch_size,
         tokenizer=tokenizer, data_dir=data_dir, seed=seed, shuffle=shuffle,
@@ -190,7 +191,7 @@ def dataset_info(
     name = images_lib.resolve_image_set(dataset, data_dir)
     input_dim, num_classes = images_lib.IMAGE_SHAPES[name]
     return DataInfo(name=name, kind="images", num_classes=num_classes, input_dim=input_dim)
-  raise ValueError(f"kind={kind!r} is not allowed; choose one of {list(KINDS)}")
+  raise UserError(f"kind={kind!r} is not allowed; choose one of {list(KINDS)}")
 
 
 def check_model_fits(info: DataInfo, *, vocab_size: int | None = None,
@@ -199,17 +200,17 @@ def check_model_fits(info: DataInfo, *, vocab_size: int | None = None,
   """Raises one clear ValueError when a model config cannot take this data."""
   if info.kind == "text":
     if vocab_size is not None and vocab_size < info.vocab_size:
-      raise ValueError(f"model vocab_size={vocab_size} is smaller than the {info.tokenizer} "
+      raise UserError(f"model vocab_size={vocab_size} is smaller than the {info.tokenizer} "
                        f"tokenizer's vocabulary of {info.vocab_size}")
     if max_seq_len is not None and info.seq_len is not None and info.seq_len > max_seq_len:
-      raise ValueError(f"data seq_len={info.seq_len} is longer than the model's "
+      raise UserError(f"data seq_len={info.seq_len} is longer than the model's "
                        f"max_seq_len={max_seq_len}")
   else:
     if num_classes is not None and num_classes != info.num_classes:
-      raise ValueError(f"model num_classes={num_classes} does not match {info.name}'s "
+      raise UserError(f"model num_classes={num_classes} does not match {info.name}'s "
                        f"{info.num_classes} classes")
     if input_dim is not None and input_dim != info.input_dim:
       sets = ", ".join(f"{k} {v[0]}" for k, v in images_lib.IMAGE_SHAPES.items())
-      raise ValueError(f"model input_dim={input_dim} does not match {info.name}'s "
+      raise UserError(f"model input_dim={input_dim} does not match {info.name}'s "
                        f"flattened images of {info.input_dim} values (input_dim of each "
                        f"set: {sets}; name the set with --set dataset=...)")

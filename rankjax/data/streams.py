@@ -35,6 +35,7 @@ import numpy as np
 from etils import epath
 
 from rankjax.data import common
+from rankjax.errors import UserError
 
 STATE_KEYS = frozenset({"next_batch", "streams", "rows", "docs", "offsets"})
 
@@ -91,12 +92,12 @@ class _Streams:
   def set_state(self, state: dict[str, Any]) -> None:
     """This host's streams from ``state``: its own, or ``merge_states`` of every host's."""
     if not isinstance(state, dict) or set(state) != STATE_KEYS:
-      raise ValueError("the saved data iterator state is not one of the global streamed "
+      raise UserError("the saved data iterator state is not one of the global streamed "
                        "order (a checkpoint of the earlier per-host document order?); "
                        "resume it with the rankjax version that wrote it, or train in a "
                        "new --workdir")
     if int(state["streams"]) != self._streams:
-      raise ValueError(f"the saved data iterator packs {state['streams']} streams (the global "
+      raise UserError(f"the saved data iterator packs {state['streams']} streams (the global "
                        f"batch size it was written with) and this run has {self._streams}; "
                        "resume with the same global batch size")
     saved = {int(r): (int(d), int(o))
@@ -152,7 +153,7 @@ class StreamsIterDataset(grain.IterDataset):
     super().__init__()
     streams = batch_size * shard_count
     if len(docs) < streams:
-      raise ValueError(f"{what} has {len(docs)} documents, fewer than the {streams} rows of "
+      raise UserError(f"{what} has {len(docs)} documents, fewer than the {streams} rows of "
                        f"a global batch (one packing stream each)")
     self._args = dict(length=seq_len + 1, streams=streams, seed=seed, shuffle=shuffle,
                       num_threads=num_threads,

@@ -42,6 +42,7 @@ from rankjax.data import common
 from rankjax.data import corpus
 from rankjax.data import streams
 from rankjax.data.tokenizer import Tokenizer, as_tokenizer
+from rankjax.errors import UserError
 
 IN_MEMORY_MAX_BYTES = 64 * 2**20
 _ARRAY_RECORD_GLOBS = ("*.array_record", "*.array_record-*", "*.arrayrecord")
@@ -63,7 +64,7 @@ def _as_text(value: Any) -> str:
     value = value.item()
   if isinstance(value, (bytes, np.bytes_)):
     return bytes(value).decode("utf-8", errors="replace")
-  raise ValueError(f"a text record holds {type(value).__name__}, not text")
+  raise UserError(f"a text record holds {type(value).__name__}, not text")
 
 
 class _Feature:
@@ -76,7 +77,7 @@ class _Feature:
     if not isinstance(record, dict):
       return _as_text(record)
     if self.feature not in record:
-      raise ValueError(f"records have no text feature {self.feature!r}; they have "
+      raise UserError(f"records have no text feature {self.feature!r}; they have "
                        f"{sorted(record)} (set text_feature)")
     return _as_text(record[self.feature])
 
@@ -100,7 +101,7 @@ def _directory_source(root: pathlib.Path, split: str) -> TextSource:
   txt = sorted(p for p in base.rglob("*.txt") if p.is_file())
   records = sorted({p for g in _ARRAY_RECORD_GLOBS for p in base.rglob(g) if p.is_file()})
   if txt and records:
-    raise ValueError(f"{base} holds both .txt and ArrayRecord files; point dataset at a "
+    raise UserError(f"{base} holds both .txt and ArrayRecord files; point dataset at a "
                      f"folder of one kind")
   if txt:
     if sub is None:

@@ -27,6 +27,8 @@ from unittest import mock
 
 import numpy as np
 
+from rankjax.errors import UserError
+
 BYTE_VOCAB = 256
 
 
@@ -66,7 +68,7 @@ class SentencePieceTokenizer:
     try:
       self._sp = spm.SentencePieceProcessor(model_file=self.path)
     except (OSError, RuntimeError) as e:
-      raise ValueError(f"tokenizer file {self.path} is not a sentencepiece model: "
+      raise UserError(f"tokenizer file {self.path} is not a sentencepiece model: "
                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     pieces = self._sp.get_piece_size()
     eos = self._sp.eos_id()
@@ -94,10 +96,10 @@ def _load_ranks(path: pathlib.Path) -> dict[bytes, int]:
       token, rank = line.split()
       ranks[base64.b64decode(token, validate=True)] = int(rank)
     except ValueError:
-      raise ValueError(f"tokenizer file {path} is not a tiktoken ranks file "
+      raise UserError(f"tokenizer file {path} is not a tiktoken ranks file "
                        f"(line {n} is not 'base64(token) rank')") from None
   if not ranks:
-    raise ValueError(f"tokenizer file {path} is empty")
+    raise UserError(f"tokenizer file {path} is empty")
   return ranks
 
 
@@ -146,7 +148,7 @@ class HFTokenizer:
     try:
       self._tok = tokenizers.Tokenizer.from_file(self.path)
     except Exception as e:   # the Rust error type is not importable: one line for any
-      raise ValueError(f"tokenizer file {self.path} is not a tokenizer.json: "
+      raise UserError(f"tokenizer file {self.path} is not a tokenizer.json: "
                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     size = self._tok.get_vocab_size(with_added_tokens=True)
     ids = [self._tok.token_to_id(t) for t in (_ENDOFTEXT, "</s>", "<|end_of_text|>", "<eos>")]
@@ -172,15 +174,15 @@ def make_tokenizer(spec: str | pathlib.Path | None = None) -> Tokenizer:
   path = pathlib.Path(spec).expanduser()
   cls = _SUFFIXES.get(path.suffix)
   if cls is None:
-    raise ValueError(f"tokenizer {str(spec)!r} is not 'byte', a sentencepiece .model file, "
+    raise UserError(f"tokenizer {str(spec)!r} is not 'byte', a sentencepiece .model file, "
                      f"a tiktoken .tiktoken file or a Hugging Face tokenizer.json")
   if not path.is_file():
-    raise ValueError(f"tokenizer file {path} does not exist (nothing is downloaded: put the "
+    raise UserError(f"tokenizer file {path} does not exist (nothing is downloaded: put the "
                      f"file there, or --set tokenizer=/path/to/file, or --set tokenizer=byte)")
   try:
     return cls(path)
   except ImportError as e:
-    raise ValueError(f"tokenizer file {path} needs the {e.name} package: "
+    raise UserError(f"tokenizer file {path} needs the {e.name} package: "
                      f"pip install 'rankjax[tokenizers]'") from None
 
 

@@ -29,6 +29,7 @@ import json
 import pathlib
 
 from rankjax import plugins
+from rankjax.errors import UserError
 
 DEFAULT_SEEDS = 4
 DEFAULT_INPUTS = 4
@@ -114,7 +115,7 @@ def run_mlp(args: argparse.Namespace) -> int:
   distributed.maybe_initialize_distributed()  # before any other JAX call (multi-host)
   import jax
   if args.seeds < 1 or args.inputs < 1:
-    raise ValueError("--seeds and --inputs must be positive integers")
+    raise UserError("--seeds and --inputs must be positive integers")
   plugins.import_modules(args.imports)
   base = config_lib.from_json(MLPConfig, args.config) if args.config else MLPConfig()
   base = config_lib.override(base, args.overrides)
@@ -123,7 +124,7 @@ def run_mlp(args: argparse.Namespace) -> int:
              for point in summary.sweep_points(sweeps)]
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
-    raise ValueError(f"--out {out} must end in .json")
+    raise UserError(f"--out {out} must end in .json")
   storage.check_output(args.out, "--out", file=True)
   storage.check_new_outputs(_outputs(out, bool(sweeps)), f"--out {args.out}", args.overwrite)
   writer = jax.process_index() == 0     # every process measures, process 0 writes

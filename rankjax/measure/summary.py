@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rankjax import plotting
+from rankjax.errors import UserError
 
 # per-sample fields with leading (seeds, inputs) axes
 SAMPLE_FIELDS = ("erank", "stable_rank", "order_profile", "order_log_mass", "mean_order",
@@ -70,11 +71,11 @@ def parse_sweeps(sweeps: Sequence[str]) -> list[tuple[str, list[str]]]:
     key, sep, values = item.partition("=")
     items = [v.strip() for v in values.split(",")]
     if not sep or not key.strip() or not any(items):
-      raise ValueError(f"--sweep expects field=v1,v2,..., got {item!r}")
+      raise UserError(f"--sweep expects field=v1,v2,..., got {item!r}")
     if not all(items):
-      raise ValueError(f"--sweep {item!r}: an empty value in the list")
+      raise UserError(f"--sweep {item!r}: an empty value in the list")
     if any(k == key.strip() for k, _ in out):
-      raise ValueError(f"--sweep {key.strip()} given twice")
+      raise UserError(f"--sweep {key.strip()} given twice")
     out.append((key.strip(), items))
   return out
 
@@ -156,6 +157,7 @@ def plot_study(result: Mapping[str, Any], path: pathlib.Path, title: str = "") -
     axes[2].set_yscale("log")
   n = f"{result['num_seeds']} seeds x {result['num_inputs']} inputs, {result['dtype']}"
   fig.suptitle(f"{title} ({n}; shaded: min-max)" if title else n)
+  plotting.plain_ticks(fig)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -181,6 +183,7 @@ def plot_sweep(points: Sequence[Mapping[str, Any]], results: Sequence[Mapping[st
   axes[1].set(ylabel="erank(dh_L/dh_0) / d (+- sd)")
   n = results[0]
   fig.suptitle(f"{n['num_seeds']} seeds x {n['num_inputs']} inputs, {n['dtype']}")
+  plotting.plain_ticks(fig)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

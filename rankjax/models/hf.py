@@ -54,6 +54,7 @@ import safetensors
 import safetensors.numpy
 
 from rankjax.config import TransformerConfig
+from rankjax.errors import UserError
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2")
 MODEL_TYPES = ("gpt2", *LLAMA_TYPES)
@@ -87,7 +88,7 @@ def _rope(hf: dict) -> dict:
               "rope_high_freq_factor": float(merged["high_freq_factor"]),
               "rope_original_max_len": int(merged["original_max_position_embeddings"])}
     except (KeyError, TypeError, ValueError):
-      raise ValueError(f"rope_type='llama3' without its factor, low_freq_factor, "
+      raise UserError(f"rope_type='llama3' without its factor, low_freq_factor, "
                        f"high_freq_factor, original_max_position_embeddings: {merged}") from None
   if kind == "dynamic":     # dynamic NTK: the default frequencies up to max_position_embeddings
     return out              # (transformers rescales only beyond it; max_seq_len stops there)
@@ -106,7 +107,7 @@ def _rope(hf: dict) -> dict:
             "rope_beta_slow": float(merged.get("beta_slow") or 1.0),
             "rope_truncate": bool(merged.get("truncate", True)),
             "rope_attention_factor": float(attention)}
-  raise ValueError(f"rope_type={kind!r} (RoPE scaling) is not implemented; rankjax has "
+  raise UserError(f"rope_type={kind!r} (RoPE scaling) is not implemented; rankjax has "
                    "default, linear, llama3, yarn and dynamic (exact up to "
                    "max_position_embeddings)")
 
@@ -125,10 +126,10 @@ def gpt2_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConfi
   ``GPT2Config`` defaults for what it leaves out)."""
   act = hf.get("activation_function", "gelu_new")
   if act not in GPT2_ACTIVATIONS:
-    raise ValueError(f"activation_function={act!r}; rankjax's GPT-2 FFN has "
+    raise UserError(f"activation_function={act!r}; rankjax's GPT-2 FFN has "
                      f"{', '.join(GPT2_ACTIVATIONS)}")
   if not hf.get("scale_attn_weights", True) or hf.get("scale_attn_by_inverse_layer_idx"):
-    raise ValueError("scale_attn_weights=false or scale_attn_by_inverse_layer_idx=true: "
+    raise UserError("scale_attn_weights=false or scale_attn_by_inverse_layer_idx=true: "
                      "rankjax's attention scales the logits by 1/sqrt(d_head) only")
   d = int(hf.get("n_embd", 768))
   return TransformerConfig(
@@ -153,17 +154,17 @@ def llama_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConf
   """The ``TransformerConfig`` of a Llama-family ``config.json`` (as a dict)."""
   kind = hf.get("model_type")
   if kind not in LLAMA_TYPES:
-    raise ValueError(f"model_type={kind!r}; rankjax reads {', '.join(MODEL_TYPES)}")
+    raise UserError(f"model_type={kind!r}; rankjax reads {', '.join(MODEL_TYPES)}")
   if hf.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"hidden_act={hf['hidden_act']!r}; the Llama family's FFN is SwiGLU (silu)")
+    raise UserError(f"hidden_act={hf['hidden_act']!r}; the Llama family's FFN is SwiGLU (silu)")
   if hf.get("mlp_bias"):
-    raise ValueError("mlp_bias=true: FFN biases are not implemented")
+    raise UserError("mlp_bias=true: FFN biases are not implemented")
   if kind != "qwen2" and hf.get("attention_bias"):
-    raise ValueError("attention_bias=true (a bias on the output projection too) is not "
+    raise UserError("attention_bias=true (a bias on the output projection too) is not "
                      "implemented")
   d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   if hf.get("head_dim") not in (None, d // heads):
-    raise ValueError(f"head_dim={hf['head_dim']} differs from hidden_size / "
+    raise UserError(f"head_dim={hf['head_dim']} differs from hidden_size / "
                      f"num_attention_heads = {d // heads}")
   max_len = int(hf.get("max_position_embeddings", 2048))
   window = sliding_window(hf)
@@ -195,7 +196,7 @@ def _header(file: pathlib.Path) -> dict[str, tuple[str, tuple[int, ...]]]:
       return {n: (f.get_slice(n).get_dtype(), tuple(f.get_slice(n).get_shape()))
               for n in f.keys()}
   except safetensors.SafetensorError as e:
-    raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+    raise UserError(f"{file}: not a readable safetensors file ({e})") from None
 
 
 def tensor_files(path: str | os.PathLike) -> dict[str, pathlib.Path]:
@@ -209,7 +210,7 @@ def tensor_files(path: str | os.PathLike) -> dict[str, pathlib.Path]:
       try:
         weight_map = json.loads(index.read_text())["weight_map"]
       except (json.JSONDecodeError, KeyError, TypeError):
-        raise ValueError(f"{index}: not a safetensors index (no 'weight_map')") from None
+        raise UserError(f"{index}: not a safetensors index (no 'weight_map')") from None
       files = {name: path / file for name, file in weight_map.items()}
       absent = sorted({f.name for f in files.values() if not f.is_file()})
       if absent:
@@ -217,7 +218,7 @@ def tensor_files(path: str | os.PathLike) -> dict[str, pathlib.Path]:
                                 f"{index.name} not found")
       return files
     if (path / "pytorch_model.bin").is_file() and not (path / "model.safetensors").is_file():
-      raise ValueError(f"{path}: PyTorch .bin checkpoints are not read (they need torch); "
+      raise UserError(f"{path}: PyTorch .bin checkpoints are not read (they need torch); "
                        "use the model.safetensors of the same checkpoint")
     path = path / "model.safetensors"
   if not path.is_file():
@@ -302,9 +303,9 @@ def _read_config(path: pathlib.Path) -> dict:
   try:
     hf = json.loads(config.read_text())
   except json.JSONDecodeError as e:
-    raise ValueError(f"{config}: not JSON ({e})") from None
+    raise UserError(f"{config}: not JSON ({e})") from None
   if not isinstance(hf, dict):
-    raise ValueError(f"{config}: not a JSON object")
+    raise UserError(f"{config}: not a JSON object")
   return hf
 
 
@@ -325,7 +326,7 @@ def open_hf(path: str | os.PathLike, *, compute_dtype: str = "float32") -> HFFil
   hf = _read_config(path)
   kind = hf.get("model_type")
   if kind not in MODEL_TYPES:
-    raise ValueError(f"{path / 'config.json'}: model_type={kind!r} is not supported "
+    raise UserError(f"{path / 'config.json'}: model_type={kind!r} is not supported "
                      f"({', '.join(MODEL_TYPES)})")
   cfg = hf_config(hf, compute_dtype=compute_dtype)
   where = tensor_files(path)
@@ -344,12 +345,12 @@ def open_hf(path: str | os.PathLike, *, compute_dtype: str = "float32") -> HFFil
     raise _missing(path, missing)
   unread = sorted({codes[n] for n in names if n not in dtypes})
   if unread:
-    raise ValueError(f"{path}: tensors of dtype {', '.join(unread)} are not read "
+    raise UserError(f"{path}: tensors of dtype {', '.join(unread)} are not read "
                      f"({', '.join(DTYPES)})")
   extra = sorted({int(m.group(1)) for n in where if (m := _LAYER[files.kind].match(n))} -
                  set(range(cfg.num_layers)))
   if extra:
-    raise ValueError(f"{path}: layers {extra} beyond the config's {cfg.num_layers}")
+    raise UserError(f"{path}: layers {extra} beyond the config's {cfg.num_layers}")
   check_dtype(hf, {n: dtypes[n] for n in names}, path / "config.json")
   return files
 
@@ -365,7 +366,7 @@ def read_tensors(file: str | os.PathLike, names=None) -> dict[str, np.ndarray]:
         raise _missing(file, absent)
       return {n: f.get_tensor(n) for n in names}
   except safetensors.SafetensorError as e:
-    raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+    raise UserError(f"{file}: not a readable safetensors file ({e})") from None
 
 
 def _read(files: HFFiles, names) -> dict[str, np.ndarray]:
@@ -425,10 +426,10 @@ def check_dtype(hf: dict, dtypes: dict[str, np.dtype], config: pathlib.Path) -> 
   if stated is None:
     return
   if stated not in SAFETENSORS_OF:
-    raise ValueError(f"{config}: dtype {stated!r} is not one of {', '.join(SAFETENSORS_OF)}")
+    raise UserError(f"{config}: dtype {stated!r} is not one of {', '.join(SAFETENSORS_OF)}")
   found = sorted({str(np.dtype(t)) for t in dtypes.values()})
   if found != [SAFETENSORS_OF[stated]]:
-    raise ValueError(f"{config} states dtype {stated}; the safetensors files hold "
+    raise UserError(f"{config} states dtype {stated}; the safetensors files hold "
                      f"{', '.join(found)}")
 
 
@@ -452,7 +453,7 @@ def _convert(files: HFFiles, leaf: str, name: str, a: np.ndarray) -> np.ndarray:
     stored = fused if leaf in _QKV else (cfg.vocab_size, d) if leaf == "lm_head" \
         else shapes[leaf]
     if np.shape(a) != stored:
-      raise ValueError(f"{files.path}: {name} has shape {np.shape(a)}, which does not fit "
+      raise UserError(f"{files.path}: {name} has shape {np.shape(a)}, which does not fit "
                        f"config.json (expected {stored})")
     if leaf in _QKV:
       out = np.split(out, 3, axis=-1)[_QKV[leaf]]
@@ -464,7 +465,7 @@ def _convert(files: HFFiles, leaf: str, name: str, a: np.ndarray) -> np.ndarray:
   if leaf in ("w_k", "b_k"):
     out = out[..., _rope_permutation(kv, dh)]
   if out.shape != shapes[leaf]:
-    raise ValueError(f"{files.path}: {name} has shape {np.shape(a)}, which does not fit "
+    raise UserError(f"{files.path}: {name} has shape {np.shape(a)}, which does not fit "
                      f"config.json (expected {shapes[leaf]} after transposing)")
   return np.ascontiguousarray(out)
 

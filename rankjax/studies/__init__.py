@@ -8,19 +8,24 @@ defines ``run(out_dir, scale)``; the runner judges what it measured
 (``evidence``: the 95% t-interval of the seeds' mean against the declared band),
 writes the results files (``results``), summary.json / summary.md and EXPECTED.md's
 tables (``expected``), and trains the ``rankjax train`` runs the experiments read
-(``training``). Modules: ``evidence``, ``runner``, ``results``, ``expected``,
-``training``, ``finder``.
+(``training``). Each claim names the paper item it tests and quotes it; the counts are
+by paper item, from experiment rows only, and the study's register lists every item
+of the paper (``items``); ``rejudge`` judges committed values again by the claims as
+now declared. Modules: ``evidence``, ``items``, ``runner``, ``results``, ``expected``,
+``rejudge``, ``training``, ``finder``.
 """
 from rankjax.studies.evidence import (
     Abs,
     Bound,
     Claim,
+    Draw,
     OneMinus,
     Qualitative,
     Rel,
     claims,
     measured,
 )
+from rankjax.studies.items import PaperItem, register
 from rankjax.studies.runner import (
     PAPER_SETTING,
     Experiment,
@@ -36,20 +41,25 @@ __all__ = [
     "Abs",
     "Bound",
     "Claim",
+    "Draw",
     "Experiment",
     "NotPrepared",
     "OneMinus",
+    "PaperItem",
     "Qualitative",
     "Rel",
     "Study",
     "claims",
     "measured",
+    "register",
     "run_study",
     "to_jsonable",
     "write_json",
     "evidence",
     "expected",
     "finder",
+    "items",
+    "rejudge",
     "results",
     "runner",
     "training",

@@ -433,8 +433,10 @@ def direction(row: dict[str, Any]) -> str:
     side = "above"
   elif hi < ref:
     side = "below"
+  elif lo == ref or hi == ref:
+    side = "at or above" if lo == ref else "at or below"
   else:
-    side = "around"           # an interval that holds the value
+    side = "on both sides of"
   span = f" [{_g(lo)}, {_g(hi)}]" if iv and lo != hi else ""
   return f"ours {_g(ours)}{span} is {side} {whose} {_g(ref)}"
 

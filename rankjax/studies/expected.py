@@ -119,7 +119,7 @@ def _register_block(study) -> str:
       if t is None:
         cells.append("")
         continue
-      kinds = ", ".join(f"{t[k]} {k[:5] if k != 'experiment' else 'exp'}"
+      kinds = ", ".join(f"{t[k]} {'exp' if k == 'experiment' else k}"
                         for k in ("experiment", "identity", "sensitivity") if t[k])
       cells.append(f"**{t['status']}** ({kinds})" + (f": {t['why']}" if t["why"] else ""))
     words = " / ".join(f"\"{q}\"" for q in quotes.get(e.where, []))
@@ -132,8 +132,8 @@ def _register_block(study) -> str:
   if problems:
     lines += ["", "Register problems: " + "; ".join(problems) + "."]
   lines += ["", "Status per scale: the item's status from its experiment rows "
-            "(rankjax.studies.items); in brackets its rows by kind (exp: experiment, "
-            "identi: identity, sensi: sensitivity; only experiment rows count)."]
+            "(rankjax.studies.items); in brackets its rows by kind (exp: experiment; "
+            "only experiment rows count, identity and sensitivity rows are shown)."]
   return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,8 @@ import pathlib
 import sys
 from typing import Iterable
 
+from rankjax.errors import UserError
+
 CHECKOUT_STUDIES = pathlib.Path(__file__).resolve().parents[2] / "experiments"
 
 
@@ -39,11 +41,11 @@ def find(extra: Iterable[str | pathlib.Path] = ()) -> dict[str, pathlib.Path]:
     found = [root] if is_study(root) else sorted(p for p in root.iterdir()
                                                  if p.is_dir() and is_study(p))
     if not found and root is not CHECKOUT_STUDIES:
-      raise ValueError(f"--studies {root}: neither a study (a package with reproduce.py) "
+      raise UserError(f"--studies {root}: neither a study (a package with reproduce.py) "
                        "nor a folder of studies")
     for folder in found:
       if folder.name in out and out[folder.name] != folder:
-        raise ValueError(f"two studies are named {folder.name!r}: {out[folder.name]} and "
+        raise UserError(f"two studies are named {folder.name!r}: {out[folder.name]} and "
                          f"{folder}")
       out[folder.name] = folder
   return out
@@ -67,7 +69,7 @@ def load(folder: str | pathlib.Path):
     where = pathlib.Path(head.__file__).resolve().parent
     expected = top / name.split(".")[0]
     if where != expected:
-      raise ValueError(f"a different package named {name.split('.')[0]!r} is already "
+      raise UserError(f"a different package named {name.split('.')[0]!r} is already "
                        f"imported ({where}); the study at {folder} needs {expected}")
   if str(top) not in sys.path:
     sys.path.insert(0, str(top))
@@ -86,5 +88,5 @@ def folder_of(study) -> pathlib.Path:
     return study.folder
   known = find()
   if study not in known:
-    raise ValueError(f"study {study!r} is not known; choose one of {sorted(known)}")
+    raise UserError(f"study {study!r} is not known; choose one of {sorted(known)}")
   return known[study]

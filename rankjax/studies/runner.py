@@ -41,6 +41,8 @@ import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 from rankjax.studies import evidence, results as results_files, training
+from rankjax.errors import UserError
+from rankjax.studies import listing
 
 STATUSES = evidence.STATUSES
 FIELDS = evidence.FIELDS
@@ -49,7 +51,7 @@ FIELDS = evidence.FIELDS
 PAPER_SETTING = "paper"   # Experiment.setting's value for the paper's own setting
 
 
-class NotPrepared(ValueError):
+class NotPrepared(UserError):
   """A data set the chosen scale needs is not prepared (raised before anything runs)."""
 
 
@@ -165,8 +167,9 @@ class Study:
         if not name:
           continue
         if name.lower() not in lower:
-          raise ValueError(f"{self.name}: unknown experiment {name!r}; choose from "
-                           f"{sorted(self.names())}")
+          raise UserError(f"{self.name}: unknown experiment {name!r}; choose from (wall "
+                          "time of the committed results): "
+                          + listing.experiments_with_costs(self))
         name = lower[name.lower()]
         name = self.aliases.get(name, name)
         if name not in wanted:
@@ -285,7 +288,7 @@ def preflight(study: Study, names: Sequence[str], scale: str,
   that cannot start (data, tokenizer, memory: ``training.refusals``) raises
   :class:`NotPrepared`."""
   if scale not in study.scales:
-    raise ValueError(f"{study.name}: --scale {scale!r} is not known; choose one of "
+    raise UserError(f"{study.name}: --scale {scale!r} is not known; choose one of "
                      f"{list(study.scales)}")
   missing = [n for n in names if scale not in study.scales_of(n)]
   if missing:
@@ -317,7 +320,7 @@ def check_options(study: Study, names: Sequence[str], options: Mapping[str, Any]
   for key in options:
     if not any(key in study.experiments[n].options for n in names):
       takers = [n for n, e in study.experiments.items() if key in e.options]
-      raise ValueError(f"{study.name}: no requested experiment takes {key!r} "
+      raise UserError(f"{study.name}: no requested experiment takes {key!r} "
                        f"(only {', '.join(takers) or 'none'})")
 
 

@@ -62,6 +62,7 @@ from etils import epath
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
 from rankjax import distributed, storage
+from rankjax.errors import UserError
 
 log = logging.getLogger("rankjax.train")
 
@@ -123,7 +124,7 @@ def check_workdir_config(workdir: str | epath.PathLike, cfg: TrainConfig) -> boo
   differ = {k: v for k, v in config_lib.diff(saved, cfg).items() if k not in RESUMABLE_FIELDS}
   if differ:
     fields = ", ".join(f"{k}: {a!r} (saved) vs {b!r} (given)" for k, (a, b) in differ.items())
-    raise ValueError(f"workdir {workdir} holds a run with a different config: {fields}; "
+    raise UserError(f"workdir {workdir} holds a run with a different config: {fields}; "
                      "use another --workdir, or the saved config.json to resume")
   return True
 
@@ -135,7 +136,7 @@ def read_stopped(workdir: str | epath.PathLike) -> dict[str, Any] | None:
   """What ``workdir/stopped.json`` says (the update at which a run stopped itself and
   why), or None."""
   path = storage.as_path(workdir) / STOPPED
-  return json.loads(path.read_text()) if path.exists() else None
+  return storage.read_json(path) if path.exists() else None
 
 
 def write_stopped(workdir: str | epath.PathLike, step: int, reason: str) -> None:
@@ -239,7 +240,7 @@ class RestoreError(RuntimeError):
   """A step could not be read for a reason that is not its integrity; nothing moved."""
 
 
-class ProcessCountError(ValueError):
+class ProcessCountError(UserError):
   """A step of another process count whose data iterator cannot be re-sharded."""
 
 
@@ -410,7 +411,7 @@ def check_param_names(where: str, saved: Any, expected: Any) -> None:
     listed = sorted(names)
     return ", ".join(listed[:3]) + (f" and {len(listed) - 3} more" if len(listed) > 3 else "")
 
-  raise ValueError(f"{where} holds parameters named otherwise than this config's model "
+  raise UserError(f"{where} holds parameters named otherwise than this config's model "
                    f"(saved only: {few(have - want) or 'none'}; model only: "
                    f"{few(want - have) or 'none'}): written by other model code, and "
                    "parameters are never renamed on restore")

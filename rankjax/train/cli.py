@@ -4,7 +4,8 @@ Running the same command again with the same workdir resumes from the newest
 readable checkpoint (a workdir holding a run with another config is refused).
 Exit codes (for requeue scripts: requeue on 75, never on 0):
   0   the run finished (reached total_steps), or was already complete;
-  1   the loss became NaN/Inf (the last good checkpoint is kept);
+  1   the loss became NaN/Inf (the last good checkpoint is kept), or a bug (its
+      traceback is printed);
   2   bad input (one line on stderr; nothing written);
   3   checkpoints unreadable: none could be read (all corrupt, or their metadata
       damaged), or one could not be read for a reason that is not its integrity

@@ -13,7 +13,6 @@ needs_capture), imported when a run names one. Adding your own (no library edit)
 
   # my_pieces.py
   import jax.numpy as jnp
-import numpy as np
   from rankjax.train import diagnostics
 
   def x1_rms(d: diagnostics.DiagInputs) -> dict:
@@ -51,6 +50,7 @@ import numpy as np
 
 from rankjax.measure import gradients as gr
 from rankjax.measure.similarity import token_similarity
+from rankjax.errors import UserError
 
 Array = jax.Array
 
@@ -115,11 +115,11 @@ def register(name: str, fn: DiagFn | None = None, *, needs_capture: bool = False
   """Registers ``fn(DiagInputs) -> {key: array}`` under ``name`` and returns it;
   without ``fn``, a decorator doing the same."""
   if not isinstance(name, str) or not name or "/" in name:
-    raise ValueError(f"diagnostic name {name!r} must be non-empty and contain no '/'")
+    raise UserError(f"diagnostic name {name!r} must be non-empty and contain no '/'")
 
   def deco(fn: DiagFn) -> DiagFn:
     if not callable(fn):
-      raise ValueError(f"diagnostic {name!r}: {fn!r} is not callable")
+      raise UserError(f"diagnostic {name!r}: {fn!r} is not callable")
     _REGISTRY[name] = Diagnostic(name, fn, needs_capture)
     return fn
 
@@ -136,7 +136,7 @@ def lookup(name: str) -> Diagnostic:
     module, attr, needs_capture = BUILTIN[name]
     register(name, getattr(importlib.import_module(module), attr), needs_capture=needs_capture)
   if name not in _REGISTRY:
-    raise ValueError(f"unknown diagnostics [{name!r}]; registered: {available()} (your own: "
+    raise UserError(f"unknown diagnostics [{name!r}]; registered: {available()} (your own: "
                      "rankjax.train.diagnostics.register, loaded with --import MODULE)")
   return _REGISTRY[name]
 
@@ -145,7 +145,7 @@ def resolve(names: Sequence[str]) -> tuple[Diagnostic, ...]:
   """The diagnostics for ``names``; ValueError naming unknown ones."""
   unknown = [n for n in names if n not in _REGISTRY and n not in BUILTIN]
   if unknown:
-    raise ValueError(f"unknown diagnostics {unknown}; registered: {available()} (your own: "
+    raise UserError(f"unknown diagnostics {unknown}; registered: {available()} (your own: "
                      "rankjax.train.diagnostics.register, loaded with --import MODULE)")
   return tuple(lookup(n) for n in names)
 
@@ -157,7 +157,7 @@ def compute(diags: Sequence[Diagnostic], inputs: DiagInputs) -> dict[str, dict[s
     values = d.fn(inputs)
     for key in values:
       if not key or "/" in key or "." in key:
-        raise ValueError(f"diagnostic {d.name!r} returned key {key!r}; keys must be "
+        raise UserError(f"diagnostic {d.name!r} returned key {key!r}; keys must be "
                          "non-empty and contain no '/' or '.'")
     out[d.name] = {k: jnp.asarray(v) for k, v in values.items()}
   return out

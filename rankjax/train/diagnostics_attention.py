@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from rankjax.measure import sensitivity as sens
 from rankjax.models.transformer import DecoderBlock, first_layer_input
 from rankjax.train import diagnostics as diag_lib
+from rankjax.errors import UserError
 
 Array = jax.Array
 
@@ -94,7 +95,7 @@ def attention_summary(probs_BxHxTxT: Array, key: Array, num_rows: int = 512,
   B, H, T, _ = probs_BxHxTxT.shape
   n = min(num_rows, B * H * max(T - min_query, 0))
   if n < 1:
-    raise ValueError(f"no attention rows with t >= {min_query} in a sequence of length {T}")
+    raise UserError(f"no attention rows with t >= {min_query} in a sequence of length {T}")
   greedy = sens.attention_statistics(probs_BxHxTxT, key, num_rows=n, min_query=min_query,
                                      percentiles=PERCENTILES, method="greedy_prefix")
   balance = sens.attention_statistics(probs_BxHxTxT, key, num_rows=n, min_query=min_query,
@@ -115,11 +116,11 @@ def attention_diagnostic(d: diag_lib.DiagInputs, layers: Sequence[int] | None = 
                          num_rows: int = 512, min_query: int = 16) -> dict[str, Array]:
   """The ``attention`` diagnostic's values for one ``DiagInputs`` (LM only)."""
   if d.kind != "transformer":
-    raise ValueError(f"the attention diagnostic needs a transformer model, got {d.kind!r}")
+    raise UserError(f"the attention diagnostic needs a transformer model, got {d.kind!r}")
   num_layers = d.model.cfg.num_layers
   layers = tuple(layers) if layers is not None else default_layers(num_layers)
   if not layers or min(layers) < 0 or max(layers) >= num_layers:
-    raise ValueError(f"layers {layers} out of range for {num_layers} layers")
+    raise UserError(f"layers {layers} out of range for {num_layers} layers")
   probs_LxBxHxTxT = jnp.stack(layer_probs(d.model, d.params, d.batch["inputs"], layers))
   keys = jnp.stack([row_key(d.step, i) for i in range(len(layers))])
   # one traced copy of the statistics for all layers (compile time), mapped over layers

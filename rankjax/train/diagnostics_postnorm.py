@@ -57,6 +57,7 @@ from rankjax.measure.gradients import ALARM_REL_TOL, ALARM_SIM_MIN
 from rankjax.measure.losses import cross_entropy, frequency_loss
 from rankjax.measure.similarity import token_similarity
 from rankjax.train import diagnostics
+from rankjax.errors import UserError
 
 Array = jax.Array
 
@@ -64,7 +65,7 @@ Array = jax.Array
 def postnorm(d: diagnostics.DiagInputs) -> dict[str, Array]:
   """Sublayer gradient factors, RMSNorm factors, contraction, frequency loss."""
   if d.kind != "transformer" or d.activations is None or d.activation_grads is None:
-    raise ValueError("the 'postnorm' diagnostic needs a transformer model")
+    raise UserError("the 'postnorm' diagnostic needs a transformer model")
   acts, grads = d.activations, d.activation_grads
   out: dict[str, Array] = {}
   out["last_tsim"] = jnp.mean(token_similarity(acts["y2"][-1]), axis=-1)
@@ -133,7 +134,7 @@ SUBLAYER_NORMS = "postnorm_sublayer_norms"
 def sublayer_norms(d: diagnostics.DiagInputs) -> dict[str, Array]:
   """||dL/dX_k^l||_F and ||dL/dY_k^l||_F per layer (the parts of Def 3.5's alpha)."""
   if d.kind != "transformer" or d.activation_grads is None:
-    raise ValueError(f"the {SUBLAYER_NORMS!r} diagnostic needs a transformer model")
+    raise UserError(f"the {SUBLAYER_NORMS!r} diagnostic needs a transformer model")
   g = d.activation_grads
   return {f"d{s}_norm_{k}": jnp.sqrt(gr.sq_norm(g[f"{s}{k}"], (-3, -2, -1)))
           for k in (1, 2) for s in ("x", "y")}

@@ -57,6 +57,7 @@ from rankjax.train.checkpoint import check_workdir_config, write_config
 from rankjax.measure.gradients import ALARM_SIM_MIN as COLLAPSED_SIM
 from rankjax.train.logging import MetricsWriter
 from rankjax.train.state import TrainState, make_eval_step, make_init, make_optimizer, make_step
+from rankjax.errors import UserError
 
 
 class NonFiniteLossError(RuntimeError):
@@ -146,12 +147,7 @@ def compiled_memory(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None
   written into the donated state) and ``peak`` = arguments + outputs + temporaries -
   aliased. None where the backend gives no analysis. Nothing is allocated."""
   c = build(cfg, mesh)
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                       jax.eval_shape(c.init), c.state_shardings)
-  micro = cfg.batch_size // cfg.grad_accum
-  batch = {k: jax.ShapeDtypeStruct((cfg.grad_accum, micro, *v.shape[1:]), v.dtype,
-                                   sharding=c.batch_sharding)
-           for k, v in jax.eval_shape(lambda: c.task.dummy_batch(1)).items()}
+  state, batch = abstract_inputs(cfg, c)
   out = {}
   for name, fn in (("step", c.step), ("diag_step", c.diag_step)):
     if fn is None:
@@ -166,6 +162,26 @@ def compiled_memory(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None
                  "peak": float(m.argument_size_in_bytes + m.output_size_in_bytes
                                + m.temp_size_in_bytes - m.alias_size_in_bytes)}
   return out
+
+
+def abstract_inputs(cfg: TrainConfig, c: Compiled) -> tuple[Any, dict[str, Any]]:
+  """The train state and one batch of ``c``'s steps as sharded shapes (nothing
+  allocated)."""
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       jax.eval_shape(c.init), c.state_shardings)
+  micro = cfg.batch_size // cfg.grad_accum
+  batch = {k: jax.ShapeDtypeStruct((cfg.grad_accum, micro, *v.shape[1:]), v.dtype,
+                                   sharding=c.batch_sharding)
+           for k, v in jax.eval_shape(lambda: c.task.dummy_batch(1)).items()}
+  return state, batch
+
+
+def check_diagnostics(cfg: TrainConfig, c: Compiled) -> None:
+  """Traces the diagnostics step (nothing compiled or allocated), so that a diagnostic
+  refusing this model (the attention one on an MLP, layers out of range) refuses
+  before anything is written, not at the first diagnostics update."""
+  if c.diag_step is not None:
+    jax.eval_shape(c.diag_step, *abstract_inputs(cfg, c))
 
 
 @functools.lru_cache(maxsize=2)
@@ -227,8 +243,9 @@ def eval_batches(cfg: TrainConfig, task: task_lib.Task):
 
 
 def check_eval_split(cfg: TrainConfig, task: task_lib.Task, data_name: str) -> None:
-  """ValueError before training when evaluation is configured but its split gives no
-  batch at all (rather than an error at the first evaluation)."""
+  """UserError before training when evaluation is configured but its split gives no
+  batch at all (rather than an error at the first evaluation); the data layer's
+  ValueErrors (tfds' unknown split among them) are told as that."""
   if not cfg.eval_every:
     return
   try:
@@ -236,20 +253,20 @@ def check_eval_split(cfg: TrainConfig, task: task_lib.Task, data_name: str) -> N
   except DataUnavailableError:
     raise
   except ValueError as e:
-    raise ValueError(f"eval_split={cfg.eval_split!r} of {data_name}: {e} (set eval_every=0 "
+    raise UserError(f"eval_split={cfg.eval_split!r} of {data_name}: {e} (set eval_every=0 "
                      "to train without evaluation)") from None
   if first is None:
-    raise ValueError(f"eval_split={cfg.eval_split!r} of {data_name} has fewer than "
+    raise UserError(f"eval_split={cfg.eval_split!r} of {data_name} has fewer than "
                      f"{jax.local_device_count()} examples per host: nothing to evaluate "
                      "(set eval_every=0 to train without evaluation)")
 
 
 def check_param_dtype(cfg: TrainConfig) -> None:
   """float64 parameters need JAX's x64 mode, which training does not switch on for the
-  whole process: one ValueError instead of silently training in float32."""
+  whole process: one UserError instead of silently training in float32."""
   dtype = getattr(cfg.model, "param_dtype", "float32")
   if str(dtype) == "float64" and not jax.config.jax_enable_x64:
-    raise ValueError("model.param_dtype=float64 needs JAX's x64 mode: run with "
+    raise UserError("model.param_dtype=float64 needs JAX's x64 mode: run with "
                      "JAX_ENABLE_X64=1 (without it JAX would train in float32)")
 
 
@@ -259,7 +276,7 @@ def enable_compilation_cache(directory: str) -> None:
   Takes effect for programs compiled after the call (``rankjax train`` calls it
   before compiling anything)."""
   from jax.experimental.compilation_cache import compilation_cache
-  path = storage.as_path(directory, "compilation_cache_dir")
+  path = storage.check_output(directory, "compilation_cache_dir")
   if jax.config.jax_compilation_cache_dir != str(storage.absolute(path)):
     jax.config.update("jax_compilation_cache_dir", str(storage.absolute(path)))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -292,8 +309,8 @@ def train(cfg: TrainConfig, workdir: str | epath.PathLike, *,
     stream: console output (default stdout); progress_bar: force the tqdm bar on/off.
 
   Raises:
-    ValueError: bad input (config, data set, batch vs devices, a workdir holding a
-      different run), before anything is written.
+    UserError: bad input (config, data set, batch vs devices, a diagnostic refusing the
+      model, a workdir holding a different run), before anything is written.
     NonFiniteLossError: the loss or gradient norm became NaN/Inf.
   """
   workdir = storage.check_output(workdir, "workdir")
@@ -313,6 +330,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
   data_pipeline.check_model_fits(info, **task_lib.model_requirements(task))
   check_eval_split(cfg, task, info.name)
+  check_diagnostics(cfg, compiled)
   check_workdir_config(workdir, cfg)
   data_it = make_data_iterator(cfg, task)
   write_config(workdir, cfg)

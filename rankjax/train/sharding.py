@@ -36,6 +36,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rankjax.train.tasks import is_stacked
+from rankjax.errors import UserError
 
 AXES = ("data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
@@ -77,10 +78,10 @@ def make_mesh(data: int = 0, fsdp: int = 1, devices: Any = None) -> Mesh:
   n = len(devices)
   if data == 0:
     if n % fsdp:
-      raise ValueError(f"mesh_fsdp={fsdp} does not divide the {n} devices")
+      raise UserError(f"mesh_fsdp={fsdp} does not divide the {n} devices")
     data = n // fsdp
   if data * fsdp != n:
-    raise ValueError(f"mesh data={data} x fsdp={fsdp} = {data * fsdp} devices, "
+    raise UserError(f"mesh data={data} x fsdp={fsdp} = {data * fsdp} devices, "
                      f"but {n} are available; set mesh_data=0 to use all of them")
   axis_types = (jax.sharding.AxisType.Auto,) * 2
   return jax.make_mesh((data, fsdp), AXES, axis_types=axis_types, devices=devices)
@@ -208,12 +209,12 @@ def check_batch(batch_size: int, grad_accum: int, mesh: Mesh) -> None:
   n, hosts = mesh.size, jax.process_count()
   micro = batch_size // grad_accum
   if micro % n:
-    raise ValueError(
+    raise UserError(
         f"batch_size={batch_size} / grad_accum={grad_accum} = {micro} examples per "
         f"micro-batch is not divisible by the {n} devices "
         f"(mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']})")
   if batch_size % hosts:
-    raise ValueError(f"batch_size={batch_size} is not divisible by the {hosts} hosts")
+    raise UserError(f"batch_size={batch_size} is not divisible by the {hosts} hosts")
 
 
 def host_batch_size(batch_size: int) -> int:

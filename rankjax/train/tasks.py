@@ -34,6 +34,7 @@ from rankjax.measure.losses import cross_entropy
 from rankjax.models.lm_head import head_cross_entropy
 from rankjax.models.mlp import ResidualMLP
 from rankjax.models.transformer import DecoderLM, intermediate_grads
+from rankjax.errors import UserError
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -223,7 +224,7 @@ def _lm_task(cfg: TrainConfig) -> Task:
 def _mlp_task(cfg: TrainConfig) -> Task:
   mlp = cfg.model
   if mlp.input_dim is None or mlp.num_classes is None:
-    raise ValueError("model kind 'mlp' trains a classifier: set model.input_dim and "
+    raise UserError("model kind 'mlp' trains a classifier: set model.input_dim and "
                      f"model.num_classes (got input_dim={mlp.input_dim}, "
                      f"num_classes={mlp.num_classes})")
   spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
@@ -246,7 +247,7 @@ def register_task(kind: str, factory: TaskFactory) -> TaskFactory:
   ``norm_position`` is the placement ``rankjax report`` names). The kind's config class
   is registered in the config layer: ``rankjax.config.register_model_config``."""
   if not isinstance(kind, str) or not kind:
-    raise ValueError(f"model kind {kind!r} must be a non-empty string")
+    raise UserError(f"model kind {kind!r} must be a non-empty string")
   TASKS[kind] = factory
   return factory
 
@@ -255,7 +256,7 @@ def require_task(cfg: TrainConfig) -> TaskFactory:
   """The factory of ``cfg.model.kind``; one-line ValueError naming the registry if none."""
   factory = TASKS.get(cfg.model.kind)
   if factory is None:
-    raise ValueError(f"model kind {cfg.model.kind!r} has no task; choose one of "
+    raise UserError(f"model kind {cfg.model.kind!r} has no task; choose one of "
                      f"{sorted(TASKS)} (or register your own: "
                      "rankjax.train.tasks.register_task, loaded with --import MODULE)")
   return factory

@@ -7,13 +7,23 @@ Tags (the same names as ``metrics.jsonl`` and ``rankjax.load_run``):
   series ``load_run`` returns as ``"<diagnostic>/<key>"`` (``rankjax report`` plots
   those): a scalar value as one scalar; a per-layer profile (L,) as one scalar per
   layer, ``.../layer_00`` ... (layer 0 is the first, as in ``load_run``'s columns and
-  the report; TensorBoard's regex filter ``tsim_y2/layer`` overlays them), plus a histogram of the profile; larger arrays as a histogram;
-* ``diagnostics/<diagnostic>/per_layer`` (Images tab) at every diagnostics step: one
-  PNG per diagnostic with a panel per per-layer profile (value against layer; a log
-  axis for a positive profile spanning more than two decades), so TensorBoard's step
-  slider shows how e.g. the token similarity or the gradient norm evolves along the
-  depth. Rendered with matplotlib's Agg canvas (``matplotlib.figure.Figure``, no
-  pyplot, no process-wide backend), imported the first time an image is drawn. A
+  the report; TensorBoard's regex filter ``tsim_y2/layer`` overlays them), plus a
+  histogram of the profile; larger arrays as a histogram. A diagnostic that measures
+  some layers only returns their indices as its ``layers`` key (the attention one:
+  e.g. layers 0, 2, 3 of 4): its profiles of that length are tagged by the layer they
+  measure (``attention/theta_cert_p50/layer_03``), and ``layers`` itself is no series
+  of its own. (Runs written before this rule tagged them by column, ``layer_00`` ...,
+  with a ``layers/layer_NN`` series holding the mapping; their checkpoints, which
+  ``load_run`` and the report read, are unaffected; resumed, such a run's backfill
+  writes its earlier steps again under the layer tags, beside the column ones.)
+* ``diagnostics/<diagnostic>/per_layer`` (Images tab) at update 1 and then at the
+  first diagnostics step of every ``image_every`` updates (``MetricsWriter``): one
+  PNG per diagnostic with a panel per per-layer profile (value against layer, at the
+  layers it measures; a log axis for a positive profile spanning more than two
+  decades), so TensorBoard's step slider shows how e.g. the token similarity or the
+  gradient norm evolves along the depth. Rendered with matplotlib's Agg canvas
+  (``matplotlib.figure.Figure``, no pyplot, no process-wide backend; plain tick
+  labels, ``plotting.plain_ticks``), imported the first time an image is drawn. A
   figure took about 0.1 s per panel on a loaded CPU core (4 panels 0.4 s, 22 panels
   1.9 s); the loop draws it while the next update runs on the device.
 
@@ -36,41 +46,57 @@ from typing import Any, Container, Iterator, Mapping
 
 import numpy as np
 
+from rankjax import plotting
+
 MAX_LAYER_SCALARS = 256   # profiles longer than this get only the histogram
+LAYERS_KEY = "layers"     # a diagnostic's indices of the layers it measures
+
+
+def _measured(values: Mapping[str, Any]) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+  """(key, array, layer of each entry along a 1-D array) of one diagnostic's values:
+  the ``layers`` key's indices (integers) for 1-D arrays of its length (that key itself
+  left out), else 0, 1, ..."""
+  layers = np.asarray(values.get(LAYERS_KEY, 0.0))
+  layers = layers.reshape(-1) if np.issubdtype(layers.dtype, np.integer) else None
+  for key, v in values.items():
+    if key == LAYERS_KEY and layers is not None:
+      continue
+    a = np.asarray(v)
+    at = layers if a.ndim == 1 and layers is not None and len(layers) == a.size else None
+    yield key, a, np.arange(a.size) if at is None else at
 
 
 def diagnostic_scalars(diag: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, float]]:
   """(tag, value) of every scalar TensorBoard gets from one diagnostics step."""
   for name, values in diag.items():
-    for key, v in values.items():
-      a = np.asarray(v)
+    for key, a, layers in _measured(values):
       tag = f"diagnostics/{name}/{key}"
       if a.ndim == 0:
         yield tag, float(a)
       elif a.ndim == 1 and a.size <= MAX_LAYER_SCALARS:
-        for layer, x in enumerate(a):
+        for layer, x in zip(layers, a):
           yield f"{tag}/layer_{layer:02d}", float(x)
 
 
 def diagnostic_histograms(diag: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, np.ndarray]]:
   """(tag, finite values) of every non-scalar diagnostic array."""
   for name, values in diag.items():
-    for key, v in values.items():
-      a = np.asarray(v, np.float64)
+    for key, a, _ in _measured(values):
+      a = a.astype(np.float64)
       if a.ndim >= 1 and np.isfinite(a).any():
         yield f"diagnostics/{name}/{key}", a[np.isfinite(a)].reshape(-1)
 
 
 def per_layer_profiles(diag: Mapping[str, Mapping[str, Any]]
-                       ) -> Iterator[tuple[str, list[tuple[str, np.ndarray]]]]:
-  """(image tag, [(key, (L,) profile), ...]) of every diagnostic with per-layer
-  profiles: 1-D arrays of 2 to ``MAX_LAYER_SCALARS`` values, some finite."""
+                       ) -> Iterator[tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]]:
+  """(image tag, [(key, (L,) layers, (L,) profile), ...]) of every diagnostic with
+  per-layer profiles: 1-D arrays of 2 to ``MAX_LAYER_SCALARS`` values, some finite."""
   for name, values in diag.items():
     profiles = []
-    for key, v in values.items():
-      a = np.asarray(v, np.float64)
+    for key, a, layers in _measured(values):
+      a = a.astype(np.float64)
       if a.ndim == 1 and 2 <= a.size <= MAX_LAYER_SCALARS and np.isfinite(a).any():
-        profiles.append((key, a))
+        profiles.append((key, layers, a))
     if profiles:
       yield f"diagnostics/{name}/per_layer", profiles
 
@@ -80,8 +106,10 @@ PANEL_INCHES = (3.2, 2.3)
 IMAGE_DPI = 80
 
 
-def render_profiles(title: str, profiles: list[tuple[str, np.ndarray]]) -> np.ndarray:
-  """One figure, a panel per ``(key, profile)``, as an (H, W, 3) uint8 RGB image."""
+def render_profiles(title: str, profiles: list[tuple[str, np.ndarray, np.ndarray]]
+                    ) -> np.ndarray:
+  """One figure, a panel per ``(key, layers, profile)`` (the profile against its
+  layers), as an (H, W, 3) uint8 RGB image."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   from matplotlib.ticker import MaxNLocator
@@ -94,9 +122,8 @@ def render_profiles(title: str, profiles: list[tuple[str, np.ndarray]]) -> np.nd
   fig.subplots_adjust(left=0.55 / width, right=1 - 0.15 / width, bottom=0.45 / height,
                       top=1 - 0.65 / height, wspace=0.35, hspace=0.55)
   fig.suptitle(title, y=1 - 0.1 / height, va="top")
-  for i, (key, profile) in enumerate(profiles):
+  for i, (key, layers, profile) in enumerate(profiles):
     ax = fig.add_subplot(rows, cols, i + 1)
-    layers = np.arange(len(profile))
     ax.plot(layers, profile, marker="o", markersize=2.5, linewidth=1.0)
     finite = profile[np.isfinite(profile)]
     if finite.size and finite.min() > 0 and finite.max() > 100 * finite.min():
@@ -105,6 +132,7 @@ def render_profiles(title: str, profiles: list[tuple[str, np.ndarray]]) -> np.nd
     ax.set_xlabel("layer", fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=7)
+  plotting.plain_ticks(fig)
   canvas.draw()
   return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 

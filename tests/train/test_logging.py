@@ -205,7 +205,7 @@ def test_per_layer_profiles_pick_the_layer_arrays():
                     "nan": np.full(3, np.nan), "grad": np.array([1e-4, np.nan, 1.0])},
           "empty": {"loss": 2.0}}
   picked = list(tb.per_layer_profiles(diag))
-  assert [(tag, [k for k, _ in p]) for tag, p in picked] == [
+  assert [(tag, [k for k, _, _ in p]) for tag, p in picked] == [
       ("diagnostics/basic/per_layer", ["tsim", "grad"])]
   (tag, image), = tb.diagnostic_images(5, diag)
   assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
@@ -295,3 +295,60 @@ def test_image_throughput_is_logged_as_images_per_second(tmp_path):
   w.write(2, {"loss": 1.0, "images_per_s": 50.0, "images_per_s_avg": 50.0})
   w.close()
   assert out.getvalue().splitlines()[-1] == "step 2  loss 1.0000  images/s 50"
+
+
+def test_a_diagnostic_of_sampled_layers_is_tagged_and_drawn_at_those_layers():
+  """The attention diagnostic measures layers 0, 2, 3 of 4 and says so in its
+  ``layers`` key: its scalars were tagged layer_00, layer_01, layer_02 (the last
+  layer's attention read as layer 2's), its images drew them at 0, 1, 2 and a
+  ``layers/layer_01`` scalar held the value 2."""
+  import numpy as np
+  from rankjax.train import tensorboard as tb
+  diag = {"attention": {"theta_cert_p50": np.array([0.9, 0.8, 0.7]),
+                        "p_max_uniform_mean": np.float32(0.1),
+                        "layers": np.array([0, 2, 3], np.int32)},
+          "basic": {"tsim": np.array([0.1, 0.2, 0.3, 0.4])}}
+  tags = dict(tb.diagnostic_scalars(diag))
+  assert sorted(t for t in tags if t.startswith("diagnostics/attention/")) == [
+      "diagnostics/attention/p_max_uniform_mean",
+      "diagnostics/attention/theta_cert_p50/layer_00",
+      "diagnostics/attention/theta_cert_p50/layer_02",
+      "diagnostics/attention/theta_cert_p50/layer_03"]
+  assert tags["diagnostics/attention/theta_cert_p50/layer_03"] == pytest.approx(0.7)
+  assert [f"diagnostics/basic/tsim/layer_0{i}" in tags for i in range(4)] == [True] * 4
+  assert "diagnostics/attention/layers" not in dict(tb.diagnostic_histograms(diag))
+  profiles = dict(tb.per_layer_profiles(diag))["diagnostics/attention/per_layer"]
+  (key, layers, values), = profiles
+  assert key == "theta_cert_p50" and list(layers) == [0, 2, 3]
+  assert tb.render_profiles("attention", profiles).ndim == 3
+  floats = {"mine": {"layers": np.array([0.5, 0.25]), "x": np.array([1.0, 2.0])}}
+  assert sorted(dict(tb.diagnostic_scalars(floats))) == [     # not indices: a series
+      "diagnostics/mine/layers/layer_00", "diagnostics/mine/layers/layer_01",
+      "diagnostics/mine/x/layer_00", "diagnostics/mine/x/layer_01"]
+
+
+@pytest.mark.slow   # trains a 4-layer LM for one update with the attention diagnostic (~20 s)
+def test_a_4_layer_lms_attention_is_tagged_by_the_layers_it_measures(tmp_path):
+  """End to end: the run's TensorBoard scalars, ``load_run`` and the report agree
+  that the attention diagnostic measured layers 0, 2 and 3."""
+  import numpy as np
+  from rankjax import report
+  from rankjax.config import TransformerConfig
+  from rankjax.train import tensorboard as tb
+  from rankjax.train.loop import train
+  from rankjax.train.run_reader import load_run
+  from tests.train.conftest import tiny_lm
+  lm = TransformerConfig(vocab_size=257, num_layers=4, d_model=16, num_heads=2, d_ff=32,
+                         max_seq_len=32, norm_position="pre")
+  cfg = tiny_lm(model=lm, seq_len=20, total_steps=1, diag_every=1, eval_every=0,
+                checkpoint_every=1, warmup_steps=0, grad_accum=1, diagnostics=("attention",))
+  train(cfg, tmp_path / "run", stream=io.StringIO(), progress_bar=False)
+  tags = [t for t in tb.read_scalars(str(tmp_path / "run" / "tensorboard"))
+          if t.startswith("diagnostics/attention/theta_cert_p50")]
+  assert sorted(tags) == [f"diagnostics/attention/theta_cert_p50/layer_0{i}" for i in (0, 2, 3)]
+  assert not [t for t in tb.read_scalars(str(tmp_path / "run" / "tensorboard"))
+              if t.startswith("diagnostics/attention/layers")]
+  np.testing.assert_array_equal(load_run(tmp_path / "run").diagnostics["attention/layers"][-1],
+                                [0, 2, 3])
+  page = report.build_report(tmp_path / "run").read_text()
+  assert "3 values (layers 0, 2, 3)" in page
