@@ -40,10 +40,8 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 Q7 = ("We can see that $m(\\rho)$ is approximately linear and increasing on "
       "$\\rho\\in[0,1]$, and $\\rho m(\\rho)$ is also increasing on $\\rho\\in[0,1]$.")
-# the quotes elide the printed values in brackets (they are the rows' paper column):
-# EXPECTED.md's register shows the quotes, and its prose carries no typed number
-Q7_NUM = ("Numerically, $m(0)\\approx [the printed m(0)]$ and $m(1)\\approx [the printed "
-          "m(1)]$ under current variance setting")
+Q7_NUM = ("Numerically, $m(0)\\approx 0.006$ and $m(1)\\approx 0.100$ under current variance "
+          "setting")
 CLOSED = ("a closed form: quadrature of the paper's integral at its stated variances, "
           "deterministic (the paper's arithmetic, not a measurement)")
 WORST_NOTE = ("the worst case over a dense grid: t in [1/n, 1) (2001 points), s in "
@@ -98,8 +96,8 @@ CLAIMS = claims(common.words([
     ("m\\(0\\)$|: m\\(1\\)$", {"where": "Fig 7", "quote": Q7_NUM, "kind": "identity",
                                "note": CLOSED}),
     ("xi m\\(1\\)", {"where": "Fig 7", "quote": "In the conventional setting $\\xi=1/9$ and "
-                     "$m(1)\\approx [m(1)]$. Thus $\\xi m(1)$ is about $[the printed value]$, "
-                     "so the damping effect is small.", "kind": "identity", "note": CLOSED}),
+                     "$m(1)\\approx 0.10$. Thus $\\xi m(1)$ is about $0.011$, so the damping "
+                     "effect is small.", "kind": "identity", "note": CLOSED}),
     ("Fig 7: ", {"where": "Fig 7", "quote": Q7, "kind": "identity", "note": CLOSED})]))
 
 
