@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import common, paper_runs
-from rankjax.studies import Abs, Bound, Claim, claims, measured
+from rankjax.studies import Abs, Bound, Claim, Qualitative, claims, measured
 
 RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse": ("collapse_post_quick", []),
@@ -107,8 +107,28 @@ def _collapse_claims(lr: str = "1e-2", low: str = "5e-3"):
 
 
 PAPER_LRS = ("8e-4", "6e-4")     # paper_runs.COLLAPSE_LR, STABLE_LR as the items write them
-_QUICK_COLLAPSE = _collapse_claims()
-CLAIMS = claims(_QUICK_COLLAPSE + [c for c in _collapse_claims(*PAPER_LRS)
+NEAR_FREQ = ("'stays near' has no number: the paper's Figure 6 (not in our text copy) "
+             "is what shows it; ours: the relative gap to L_freq, shown, not judged (the "
+             "5% of the collapse alarm would be our band, not the paper's)")
+WORDS = [
+    ("loss near L_freq", {"where": "Abstract: collapsed runs stay near L_freq",
+                          "quote": common.QUOTES["freq_after"], "paper": None,
+                          "rule": Qualitative(NEAR_FREQ)}),
+    ("Post-Norm LR [^:]*: last layer collapsed", {
+        "where": "Sec 4.2: the LR decides collapse", "quote": common.QUOTES["lr_8e4"],
+        "ours": True, "note": "'collapses' = last-layer t_sim >= 0.99 at the last update, ours"}),
+    ("Post-Norm LR [^:]*: early-layer gradients vanish", {
+        "where": "Fig 5", "quote": common.QUOTES["grad_left"], "ours": True,
+        "note": "'little gradient' = ||g_1|| / ||g_L|| below 1/100, ours"}),
+    ("Pre-Norm, same LR", {"where": "Sec 1: Pre-Norm less prone to collapse",
+                           "quote": common.QUOTES["pre_vs_post"], "ours": True}),
+    ("lower LR [^:]*: no collapse", {"where": "Sec 4.2: the LR decides collapse",
+                                     "quote": common.QUOTES["lr_8e4"], "ours": True}),
+    ("lower LR", {"where": "Figs 21-22 (App F.5)", "quote": common.QUOTES["f5_control"],
+                  "ours": True}),
+]
+_QUICK_COLLAPSE = common.words(_collapse_claims(), WORDS)
+CLAIMS = claims(_QUICK_COLLAPSE + [c for c in common.words(_collapse_claims(*PAPER_LRS), WORDS)
                                    if c not in _QUICK_COLLAPSE])
 
 

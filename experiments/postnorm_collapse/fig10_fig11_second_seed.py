@@ -72,9 +72,11 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 F10 = "Figs 10-11, another seed (warmup LR 1.5e-2)"
 FIG10_ITEMS = ("a transition", "alpha stays below 2.5", "most attention c < 1 after",
-               "most FFN c < 1 after", "layer-1 gradient drops by orders")
+               "most FFN c < 1 after", f35.STRICT_1, f35.STRICT_2,
+               "layer-1 gradient drops by orders")
 F10_PAPER = "Figs 10-11, another seed (Post-Norm LR 8e-4)"
-CLAIMS = claims([c for prefix in (F10, F10_PAPER) for c in f35.transition_claims(prefix)
+CLAIMS = claims([c for prefix in (F10, F10_PAPER)
+                 for c in f35.transition_claims(prefix, where="Figs 10-11", lead="f10")
                  if c.item.split(": ", 1)[1] in FIG10_ITEMS])
 
 

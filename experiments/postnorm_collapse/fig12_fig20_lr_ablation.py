@@ -78,18 +78,26 @@ def _f12(lr: float) -> str:
 
 
 FIG12_ITEMS = ("alpha stays below 2.5", "most attention c < 1 after", "most FFN c < 1 after",
+               f35.STRICT_1, f35.STRICT_2,
                "layer-1 gradient drops by orders", "last-layer gradient changes much less")
 PAPER_ABLATION_LRS = paper_runs.ABLATION_LRS     # App F.4: 1.2e-3, 1.5e-3, 1.8e-3
 CLAIMS = claims(
     [Claim(f"{_f12(lr)}: alpha stays below 2.5, vanished gradients excluded", "max of "
            "alpha_k^l (masked) over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run "
-           "median", common.ALPHA_PAPER_MAX, Bound("<", every_seed=True), "issue 25 item 6")
+           "median", common.ALPHA_PAPER_MAX, Bound("<", every_seed=True),
+           "issue 25 item 6: ours, beside the unmasked headline (App F.4 masks below 1e-10 "
+           "for its plots only)", where="Figs 12-20",
+           quote=common.QUOTES["f12"] + " ... " + common.QUOTES["f12_mask"] + " ... "
+           + common.QUOTES["alpha"], kind="sensitivity")
      for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
-    + [Claim(f"{_f12(lr)}: collapses", "collapse onset found (1) or not (0): last-layer t_sim "
-           "stays >= 0.99", 1.0, Bound(">=", every_seed=True),
-           "App F.4: the run collapses at each LR")
+    + [common.ours_limit(Claim(
+        f"{_f12(lr)}: collapses", "collapse onset found (1) or not (0): last-layer t_sim "
+        "stays >= 0.99", 1.0, Bound(">=", every_seed=True),
+        "App F.4: the run collapses at each LR; 'collapsed' = last-layer t_sim >= 0.99, ours",
+        where="Figs 12-20", quote=common.QUOTES["f12"]))
      for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS]
-    + [c for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS for c in f35.transition_claims(_f12(lr))
+    + [c for lr in sl.ABLATION_LRS + PAPER_ABLATION_LRS for c in f35.transition_claims(
+        _f12(lr), where="Figs 12-20", lead="f12")
        if c.item.split(": ", 1)[1] in FIG12_ITEMS])
 
 

@@ -523,11 +523,21 @@ def transition_spec(every_seed: bool = True):
        lambda a: ratio(a, 1)),
       ("sqrt(d)/||y_2|| drops", "FFN sqrt(d)/||y_2|| (layer mean), after / before", 1.0,
        Bound("<", e), "Fig 4(c): drops sharply", lambda a: ratio(a, 2)),
-      ("most attention c < 1 after", "share of (update, layer) with bound c_1 < 1, 30 "
-       "updates after the transition", 0.5, Bound(">"), "Fig 4(b): most curves cross below 1",
+      ("most attention c < 1 after", "share of (update, layer) with the paper's c_1 = "
+       "alpha_1 x mean_i sqrt(d)/||y_i|| < 1, 30 updates after the transition", 0.5,
+       Bound(">"), "Fig 4(b): most curves cross below 1; c as Thm 3.6 writes it, "
+       "alpha sqrt(d)/||y|| (the token mean of sqrt(d)/||y_i||: the rows differ before "
+       "exact collapse)",
+       lambda a: common.num(a.get("contraction_mean_1_frac_below1_post"))),
+      ("most FFN c < 1 after", "share of (update, layer) with the paper's c_2 < 1 after",
+       0.5, Bound(">"), "Fig 4(d): most curves cross below 1; c = alpha sqrt(d)/||y||",
+       lambda a: common.num(a.get("contraction_mean_2_frac_below1_post"))),
+      (STRICT_1, "share of (update, layer) with our stricter bound c_1 (Prop D.1's, every "
+       "row's factor) < 1, 30 updates after the transition", 0.5, Bound(">"),
+       "ours, beside the paper's c: the bound that holds before exact collapse",
        lambda a: common.num(a.get("contraction_1_frac_below1_post"))),
-      ("most FFN c < 1 after", "share of (update, layer) with bound c_2 < 1 after", 0.5,
-       Bound(">"), "Fig 4(d): most curves cross below 1",
+      (STRICT_2, "share of (update, layer) with our stricter bound c_2 < 1 after", 0.5,
+       Bound(">"), "ours, beside the paper's c",
        lambda a: common.num(a.get("contraction_2_frac_below1_post"))),
       ("attention layer-1 c the exception", "attention layer-1 bound c_1, mean after the "
        "transition", 1.0, Bound(">"), "Sec 4.2: attention layer 1 does not show the drop",
@@ -543,10 +553,47 @@ def transition_spec(every_seed: bool = True):
   ]
 
 
-def transition_claims(prefix: str, every_seed: bool = True) -> list[Claim]:
-  """The claims of ``transition_spec``, their items ``"<prefix>: <suffix>"``."""
-  return [Claim(f"{prefix}: {s}", q, p, r, w) for s, q, p, r, w, _ in
-          transition_spec(every_seed)]
+STRICT_1 = "most attention c < 1 after, our stricter bound"
+STRICT_2 = "most FFN c < 1 after, our stricter bound"
+# each transition claim: the panel it tests and the paper's words (common.QUOTES); the
+# thresholds the paper does not print are ours (Bound limit): "a transition" (an
+# indicator), "drops" (a ratio below 1), "most" (1/2), "orders of magnitude" (100),
+# "much less" (10); 2.5 and c's 1 are the paper's
+SPEC_WORDS = {
+    "a transition": ("Fig 3", ("transition", "collapses_8e4"), True),
+    "alpha stays below 2.5": ("Fig 3", ("alpha",), False),
+    "sqrt(d)/||y_1|| drops": ("Fig 4", ("rms_drop",), True),
+    "sqrt(d)/||y_2|| drops": ("Fig 4", ("rms_drop",), True),
+    "most attention c < 1 after": ("Fig 4", ("c_below",), True),
+    "most FFN c < 1 after": ("Fig 4", ("c_below",), True),
+    STRICT_1: ("Fig 4", ("c_below",), True),
+    STRICT_2: ("Fig 4", ("c_below",), True),
+    "attention layer-1 c the exception": ("Fig 4", ("c_layer1",), False),
+    "layer-1 gradient drops by orders": ("Fig 5", ("grad_orders",), True),
+    "last-layer gradient changes much less": ("Fig 5", ("grad_orders",), True),
+}
+
+
+def spec_words(suffix: str, where: str | None = None, lead: str = "") -> dict[str, Any]:
+  """The where / quote / kind of a transition claim by its suffix (``where`` replaces the
+  panel for the other runs' figures; ``lead``: a quote key put before the claim's)."""
+  panel, keys, ours = SPEC_WORDS[suffix]
+  quote = " ... ".join(common.QUOTES[k] for k in ((lead,) if lead else ()) + keys)
+  return {"where": where or panel, "quote": quote, "ours": ours,
+          "kind": "sensitivity" if suffix in (STRICT_1, STRICT_2) else "experiment"}
+
+
+def transition_claims(prefix: str, every_seed: bool = True, where: str | None = None,
+                      lead: str = "") -> list[Claim]:
+  """The claims of ``transition_spec``, their items ``"<prefix>: <suffix>"``, with the
+  paper's words (:func:`spec_words`)."""
+  out = []
+  for s, q, p, r, w, _ in transition_spec(every_seed):
+    f = spec_words(s, where, lead)
+    ours = f.pop("ours")
+    c = Claim(f"{prefix}: {s}", q, p, r, w, **f)
+    out.append(common.ours_limit(c) if ours else c)
+  return out
 
 
 def transition_measured(prefix: str, analyses: dict[str, dict], note: str,
@@ -568,38 +615,45 @@ F35_LONG = "Figs 3-5, the same run for 120 updates"
 # (Prop D.1's bound, ||dL/dX_1|| / ||dL/dX_2|| <= c, is no row: alpha comes from the same
 # gradients, so it holds for any network by the chain rule; the results keep the share
 # of entries above it, contraction_*_ratio_exceeds_c, and a unit test checks it)
+_VANISH = {"where": "Fig 5", "quote": common.QUOTES["grad_left"]}
 F35_EXTRA = [
-    Claim(f"{F35}: early layers vanish after the transition", "||g_1|| / ||g_L|| at the "
-          "last update (60)", GRAD_COLLAPSE_RATIO, Bound("<", every_seed=True),
-          "Sec 4.2: little gradient is left in earlier layers after the transition"),
-    Claim(f"{F35_LONG}: early layers vanish after the transition", "||g_1|| / ||g_L|| at "
-          "the last update (120), seed 0", GRAD_COLLAPSE_RATIO, Bound("<"),
-          "Sec 4.2; " + common.AFTER_OUTCOME + ": run extended 60 -> 120 updates after the "
-          "60-update run showed no early-layer vanishing"),
+    common.ours_limit(Claim(
+        f"{F35}: early layers vanish after the transition", "||g_1|| / ||g_L|| at the "
+        "last update (60)", GRAD_COLLAPSE_RATIO, Bound("<", every_seed=True),
+        "Sec 4.2: little gradient is left in earlier layers after the transition; 'little' "
+        "= below 1/100 of the last layer's (ours)", **_VANISH)),
+    common.ours_limit(Claim(
+        f"{F35_LONG}: early layers vanish after the transition", "||g_1|| / ||g_L|| at "
+        "the last update (120), seed 0", GRAD_COLLAPSE_RATIO, Bound("<"), "Sec 4.2",
+        kind="sensitivity", post_hoc="run extended 60 -> 120 updates after the 60-update "
+        "run showed no early-layer vanishing (issue 25 item 5); the 60-update row is the "
+        "headline", **_VANISH)),
     Claim(f"{F35_LONG}: alpha stays below 2.5", "max of alpha_k^l over the 120 updates, "
-          "seed 0", ALPHA_PAPER_MAX, Bound("<"), "Sec 4.2; " + common.AFTER_OUTCOME),
-    Claim(f"{F35}, window on the onset: layer-1 gradient drops by orders", "log10 of the "
-          "layer-1 gradient drop factor over [onset-4, onset+6]", math.log10(common.ORDERS),
-          Bound(">="),
-          "Fig 5; " + common.AFTER_OUTCOME + ": window centred on the collapse onset after "
-          "the planned [t-4, t+6] one failed"),
+          "seed 0", ALPHA_PAPER_MAX, Bound("<"), "Sec 4.2", where="Fig 3",
+          quote=common.QUOTES["alpha"], kind="sensitivity",
+          post_hoc="the 120-update run was added after the 60-update outcome (issue 25 "
+          "item 5); the 60-update row is the headline"),
+    common.ours_limit(Claim(
+        f"{F35}, window on the onset: layer-1 gradient drops by orders", "log10 of the "
+        "layer-1 gradient drop factor over [onset-4, onset+6]", math.log10(common.ORDERS),
+        Bound(">="), "Fig 5", where="Fig 5", quote=common.QUOTES["grad_orders"],
+        kind="sensitivity", post_hoc="window centred on the collapse onset after the "
+        "planned [t-4, t+6] one failed (issue 25 item 5); the planned window is the "
+        "headline")),
 ]
-# Fig 4 with the paper's c(y, alpha) = alpha sqrt(d)/||y|| (Thm 3.6; the
-# token mean of the factor, no gains), alpha without the ratios of vanished gradients
-# (VANISHED_REL), and the transition detector's sensitivity
+# alpha without the ratios of vanished gradients (VANISHED_REL), and the transition
+# detector's sensitivity (the paper's c is the headline of "most c < 1": transition_spec)
 F35_ITEM6 = [
-    Claim(f"{F35}: most attention c < 1 after (the paper's c, token mean)", "share of "
-          "(update, layer) with alpha_1 x mean_i sqrt(d)/||y_i|| < 1, 30 updates after", 0.5,
-          Bound(">"), "Fig 4(b) with c = alpha sqrt(d)/||y|| as Thm 3.6 writes it"),
-    Claim(f"{F35}: most FFN c < 1 after (the paper's c, token mean)", "share of (update, "
-          "layer) with alpha_2 x mean_i sqrt(d)/||y_i|| < 1 after", 0.5, Bound(">"),
-          "Fig 4(d) with c = alpha sqrt(d)/||y||"),
     Claim(f"{F35}: alpha stays below 2.5, vanished gradients excluded", "max of alpha_k^l "
           "over the entries whose ||dL/dY_k^l|| >= 1e-4 x its run median", ALPHA_PAPER_MAX,
-          Bound("<", every_seed=True), "Sec 4.2; a ratio of two vanished norms excluded"),
-    Claim(f"{F35}: a transition under every detector setting", "share of the 9 settings "
-          "(sim_rise 0.1/0.2/0.3 x loss_rise 5/10/20%) that find a transition", 1.0,
-          Bound(">=", every_seed=True), "Sec 4.2's transition; our detector's thresholds"),
+          Bound("<", every_seed=True), "Sec 4.2; a ratio of two vanished norms excluded "
+          "(App F.4 masks below 1e-10 for its plots)", where="Fig 3",
+          quote=common.QUOTES["alpha"], kind="sensitivity"),
+    common.ours_limit(Claim(
+        f"{F35}: a transition under every detector setting", "share of the 9 settings "
+        "(sim_rise 0.1/0.2/0.3 x loss_rise 5/10/20%) that find a transition", 1.0,
+        Bound(">=", every_seed=True), "Sec 4.2's transition; our detector's thresholds",
+        where="Fig 3", quote=common.QUOTES["transition"], kind="sensitivity")),
 ]
 # --scale paper / tiny: the paper's run (paper_runs.post_collapse at its seeds), the same
 # claims without the quick-only extended run; the onset-window claim keeps its note
@@ -624,8 +678,6 @@ def _paper_measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   rows = transition_measured(F35_PAPER, pre, note)
   fns = (lambda a: common.num(a["final_grad_first_over_last"]),
          lambda a: common.log10(a.get("grad_window_onset_layer1_drop")),
-         lambda a: common.num(a.get("contraction_mean_1_frac_below1_post")),
-         lambda a: common.num(a.get("contraction_mean_2_frac_below1_post")),
          lambda a: common.num(a.get("alpha_max_excluding_vanished")), _sensitivity)
   return rows + [measured(c.item, [fn(a) for a in pre.values()], seeds=seeds, note=note)
                  for c, fn in zip(F35_PAPER_EXTRA, fns)]
@@ -652,9 +704,7 @@ def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
                     note=f"run {res.get('run')}")]
   rows += [measured(F35_EXTRA[3].item, vals(
       lambda a: common.log10(a.get("grad_window_onset_layer1_drop"))), seeds=seeds, note=note)]
-  item6 = (lambda a: common.num(a.get("contraction_mean_1_frac_below1_post")),
-           lambda a: common.num(a.get("contraction_mean_2_frac_below1_post")),
-           lambda a: common.num(a.get("alpha_max_excluding_vanished")), _sensitivity)
+  item6 = (lambda a: common.num(a.get("alpha_max_excluding_vanished")), _sensitivity)
   rows += [measured(c.item, vals(fn), seeds=seeds, note=note)
            for c, fn in zip(F35_ITEM6, item6)]
   return rows

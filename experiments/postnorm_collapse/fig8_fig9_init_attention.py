@@ -54,19 +54,46 @@ SCALES: dict[str, dict[str, Any]] = {
 
 # the seeds (independent sets of num_inits initializations): 3 at either scale
 SEEDS: dict[str, tuple[int, ...]] = {"quick": (0, 1, 2), "paper": (0, 1, 2), "tiny": (0, 1)}
-CLAIMS = claims([
+NOISE_REMOVED = ("Fig 9: ||E[P]-C_n||/||C_n|| with the sampling noise removed, mean "
+                 "over layers")
+NOISE_FLOOR = "Fig 9: sampling-noise floor of a 32-init mean, mean over layers"
+FLOOR_NOTE = ("what this row can show: that our protocol (32 inits x 4 heads, the paper's "
+              "32 initializations) gives the paper's printed number; what it cannot: that "
+              "E[P^l] is within that distance of C_n, since at 32 inits the measured error "
+              "is the sampling noise of the mean (seed 0: noise floor 2.08% against 2.10% "
+              "measured, mean over layers; fig9_noise_floor_mean); the approximation itself "
+              "is judged by the row with the noise removed")
+FLOOR_POST_HOC = ("issue 52: the noise-floor reading was added after the 2.09% 'match' was "
+                  "seen to equal its own sampling-noise floor (2.08%)")
+CLAIMS = claims(common.words([
     Claim("Fig 9: ||E[P]-C_n||/||C_n||, layer 1", "relative error at layer 1", 0.027,
           Abs(0.0005), "App F.2 prints 2.7% (d=512, n=2048)"),
     Claim("Fig 9: ||E[P]-C_n||/||C_n||, last layer", "relative error at the last layer",
           0.012, Abs(0.0005), "App F.2 prints 1.2%"),
     Claim("Fig 9: ||E[P]-C_n||/||C_n||, mean over layers", "mean over layers of the "
           "relative error", 0.021, Abs(0.0005), "App F.2 prints ~2.1%"),
+    Claim("Fig 9: ||E[P]-C_n||/||C_n|| with the sampling noise removed, mean over layers",
+          "mean over layers of sqrt((K ||mean P - C_n||^2 - mean ||P - C_n||^2) / (K - 1)) "
+          "/ ||C_n||, K = 128 samples, seed 0", 0.021, Bound("<"),
+          "App F.2: 'stays small ... directly supporting' E[P] ~ C_n: the deviation of "
+          "E[P^l] from C_n itself, the 32-init mean's sampling noise removed, is at most "
+          "the paper's 2.1% (heads of one sequence share X, so the K samples are not "
+          "fully independent: an estimate)", post_hoc=FLOOR_POST_HOC),
+    Claim("Fig 9: sampling-noise floor of a 32-init mean, mean over layers",
+          "mean over layers of sqrt(mean ||P - C_n||^2 / K) / ||C_n||, seed 0: the error a "
+          "32-init mean shows when E[P] = C_n exactly", 0.021, Abs(0.0005),
+          "another reading of the printed 2.1%: the noise of a 32-init mean, which it "
+          "equals", kind="sensitivity", post_hoc=FLOOR_POST_HOC),
     Claim("Fig 8: delta_attn small throughout the stack", "max over layers of delta_attn",
           common.SMALL, Bound("<"), "App F.1: small throughout the stack (no numbers); "
-          "'small' = below 5%"),
+          "'small' = below 5%, ours (the paper calls Fig 9's 2.7% small)"),
     Claim("Fig 8: delta_proj small throughout the stack", "max over layers of delta_proj",
-          common.SMALL, Bound("<"), "App F.1: small throughout the stack; 'small' = below 5%"),
-])
+          common.SMALL, Bound("<"), "App F.1: small throughout the stack; 'small' = below "
+          "5%, ours"),
+], [(r"Fig 9: .*(layer 1|last layer|, mean over layers)$",
+     {"where": "Fig 9", "quote": common.QUOTES["fig9"], "note": FLOOR_NOTE}),
+    ("Fig 9: ", {"where": "Fig 9", "quote": common.QUOTES["fig9"]}),
+    ("Fig 8: ", {"where": "Fig 8", "quote": common.QUOTES["fig8"], "ours": True})]))
 
 
 def model_config(cfg: dict[str, Any], norm_position: str = "post") -> TransformerConfig:
@@ -139,6 +166,49 @@ def layer_errors(stats: dict[str, Any], n: int) -> dict[str, np.ndarray]:
   )
 
 
+def plot(errs: dict[str, Any], cfg: dict[str, Any], scale: str, out_dir: str) -> None:
+  """``fig8.png`` and ``fig9.png`` from seed 0's per-layer errors (``errs``: the results
+  file's ``per_layer``, arrays or lists) and the scale's settings."""
+  errs = {k: np.asarray(v, np.float64) for k, v in errs.items()}
+  layers = np.arange(1, cfg["num_layers"] + 1)
+  pre = errs["prefix_rel_err"]
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+  ax[0].plot(layers, errs["delta_attn"], "o-", ms=3)
+  ax[0].set(xlabel="layer l", ylabel=r"$\delta^l_{attn}$", title=r"Fig 8 left: $\delta_{attn}$")
+  ax[1].plot(layers, errs["delta_proj"], "o-", ms=3)
+  ax[1].set(xlabel="layer l", ylabel=r"$\delta^l_{proj}$", title=r"Fig 8 right: $\delta_{proj}$")
+  for a in ax:
+    a.set_ylim(bottom=0)
+  fig.suptitle(f"{scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
+               f"{cfg['num_inits']} inits", fontsize=9)
+  fig.tight_layout()
+  plotting.save_figure(fig, os.path.join(out_dir, "fig8.png"), dpi=130)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  ax.plot(layers, pre, "o-", ms=3, label=r"$\|E[P^l]-C_n\|_F/\|C_n\|_F$")
+  ax.plot(layers, errs["prefix_rel_err_debiased"], "s-", ms=2, lw=0.8,
+          label="sampling noise removed (estimate)")
+  floor = errs["single_sample_rel_err"] / np.sqrt(cfg["num_inits"] * cfg["batch"]
+                                                   * cfg["num_heads"])
+  ax.plot(layers, floor, "-", color="C2", lw=0.8, label="sampling-noise floor of the mean")
+  ax.axhline(0.021, color="gray", ls=":", label="paper mean (2.1%)")
+  ax.plot([1, cfg["num_layers"]], [0.027, 0.012], "r*", ms=9,
+          label="paper: 2.7% (layer 1), 1.2% (layer 48)")
+  ax.set(xlabel="layer l", ylabel="relative Frobenius error",
+         title=f"Fig 9 ({scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
+               f"{cfg['num_inits']} inits)")
+  ax.set_ylim(bottom=0)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  plotting.save_figure(fig, os.path.join(out_dir, "fig9.png"), dpi=130)
+  plt.close(fig)
+
+
+
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Measures Figs 8 and 9, writes ``fig8_fig9.json``, ``fig8.png`` and ``fig9.png``."""
   cfg = SCALES[scale]
@@ -183,35 +253,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       "per_layer": {k: v.tolist() for k, v in errs.items()},
   }
 
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-  ax[0].plot(layers, errs["delta_attn"], "o-", ms=3)
-  ax[0].set(xlabel="layer l", ylabel=r"$\delta^l_{attn}$", title=r"Fig 8 left: $\delta_{attn}$")
-  ax[1].plot(layers, errs["delta_proj"], "o-", ms=3)
-  ax[1].set(xlabel="layer l", ylabel=r"$\delta^l_{proj}$", title=r"Fig 8 right: $\delta_{proj}$")
-  for a in ax:
-    a.set_ylim(bottom=0)
-  fig.suptitle(f"{scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
-               f"{cfg['num_inits']} inits", fontsize=9)
-  fig.tight_layout()
-  plotting.save_figure(fig, os.path.join(out_dir, "fig8.png"), dpi=130)
-  plt.close(fig)
-
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
-  ax.plot(layers, pre, "o-", ms=3, label=r"$\|E[P^l]-C_n\|_F/\|C_n\|_F$")
-  ax.plot(layers, errs["prefix_rel_err_debiased"], "s-", ms=2, lw=0.8,
-          label="sampling noise removed (estimate)")
-  ax.axhline(0.021, color="gray", ls=":", label="paper mean (2.1%)")
-  ax.set(xlabel="layer l", ylabel="relative Frobenius error",
-         title=f"Fig 9 ({scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
-               f"{cfg['num_inits']} inits)")
-  ax.set_ylim(bottom=0)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  plotting.save_figure(fig, os.path.join(out_dir, "fig9.png"), dpi=130)
-  plt.close(fig)
+  plot(errs, cfg, scale, out_dir)
 
   result["seconds"] = time.time() - start
   common.write_json(out_dir, "fig8_fig9.json", result)
@@ -225,9 +267,16 @@ def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   ps, seeds = o["per_seed"], o["seeds"]
   note += (f"; each seed averages {res['settings'].get('num_inits')} inits x 4 heads; the "
            "mean's sampling noise is in the results file (fig9_noise_floor_mean)")
-  return [measured(item, ps[field], seeds=seeds, note=note) for item, field in (
+  rows = [measured(item, ps[field], seeds=seeds, note=note) for item, field in (
       ("Fig 9: ||E[P]-C_n||/||C_n||, layer 1", "fig9_layer1"),
       ("Fig 9: ||E[P]-C_n||/||C_n||, last layer", "fig9_last_layer"),
       ("Fig 9: ||E[P]-C_n||/||C_n||, mean over layers", "fig9_mean"),
       ("Fig 8: delta_attn small throughout the stack", "fig8_delta_attn_max"),
       ("Fig 8: delta_proj small throughout the stack", "fig8_delta_proj_max"))]
+  # seed 0's noise floor and the error with the noise removed (the per-layer values of
+  # seed 0 are in the results file)
+  for item, field in ((NOISE_REMOVED, "fig9_debiased_mean"), (NOISE_FLOOR,
+                                                              "fig9_noise_floor_mean")):
+    if field in o:
+      rows.append(measured(item, o[field], note=note + "; seed 0"))
+  return rows
