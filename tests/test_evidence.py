@@ -422,7 +422,7 @@ def test_a_planted_counterexample_of_every_declared_claim_fails():
         per = [ref + d for d in (-s, 0.0, s) * k]
         row = {"paper": c.paper, "limit": c.limit, "band": band, "rule": c.rule.describe(),
                "per_seed": per, "ours": sum(per) / len(per),
-               "interval": evidence.t_interval(per)}
+               "interval": evidence.t_interval(per, c.confidence)}
         assert c.judge(_past(row))["status"] == "mismatch", (name, exp, c.item)
         if band is not None:
           assert c.judge(_past(row, inside=True))["status"] == "match", (name, exp, c.item)
