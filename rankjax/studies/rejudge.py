@@ -10,8 +10,10 @@ change while what was measured does not: the committed rows keep every measured 
 Nothing is measured again: the rows' values, settings, seeds, figure data and
 provenance stay as recorded, and the file gains ``"rejudged": {commit, date, claims}``
 saying when and by which declarations it was judged again. A committed row whose claim
-is no longer declared, or a declared claim with no committed row (a new measurement),
-stops it with one line: that experiment must be rerun (``rankjax reproduce --record``).
+is no longer declared stops it with one line: that experiment must be rerun
+(``rankjax reproduce --record``). A claim declared since (a new measurement) gets no
+row from a re-judge: rerun the experiment for it (a claim may be measured at some
+scales only, so its absence is not an error here).
 The note of a row keeps what the measurement said; the claim's own note, the proxy
 setting and the verdict's explanation are written anew.
 """
