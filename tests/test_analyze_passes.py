@@ -42,7 +42,8 @@ def _decoder(placement: str, **kw):
 
 
 @pytest.mark.parametrize("placement", [
-    "pre", "post", pytest.param("output", marks=pytest.mark.slow),
+    pytest.param("pre", marks=pytest.mark.slow), "post",
+    pytest.param("output", marks=pytest.mark.slow),
     pytest.param("none", marks=pytest.mark.slow)])
 def test_decoder_passes_equal_the_whole_model(placement):
   cfg, params, seqs = _decoder(placement)

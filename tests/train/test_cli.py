@@ -210,6 +210,7 @@ def test_a_finished_run_ends_with_one_line_saying_where_its_results_are(tmp_path
                        f"`rankjax report {workdir}` draws them")
 
 
+@pytest.mark.slow   # ~7 s: the default suite keeps within 4 minutes
 def test_stop_at_trains_the_first_updates_of_the_schedule_then_continues_exactly(
     tmp_path, compile_cache):
   """``stop_at=3`` of the 8-update schedule saves update 3 and stops ("stopped"; the

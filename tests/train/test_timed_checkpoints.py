@@ -69,6 +69,7 @@ def _saved_steps(workdir) -> list[int]:
   return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
 
 
+@pytest.mark.slow   # ~7 s: the default suite keeps within 4 minutes
 def test_a_slow_run_saves_between_checkpoint_every_steps(tmp_path, compile_cache):
   """Updates 3 and 6 take 0.7 s more (on_step sleeps): with checkpoint_minutes = 0.01
   (0.6 s) update 1 is saved (no checkpoint yet) and a save comes at each of 3 and 6,
