@@ -87,7 +87,7 @@ def test_small_runs_make_claim_rows(tmp_path):
   rows = [runner._complete("table3", r, "quick", exp)
           for r in runner.judged("table3", table3_projections.CLAIMS, res)]
   assert [r["item"] for r in rows] == [                       # L=8 is not in the paper
-      "Table 3: eps=0.6, L=48", "Table 3 sensitivity, renormalized step: eps=0.6, L=48"]
+      "Table 3: eps=0.6, L=48", "Table 3, renormalized step: eps=0.6, L=48"]
   assert all(r["n"] == 3 and len(r["per_seed"]) == 3 and r["status"] == "mismatch"
              for r in rows)   # d = 16 loses 1/16 of the rank per direction: far from 0.994
   t1 = table1_coherence.run(str(tmp_path), width=16, inputs=64, seeds=2, sweep_seeds=2,
