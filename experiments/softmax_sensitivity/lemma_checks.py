@@ -34,6 +34,7 @@ Run:  rankjax reproduce softmax_sensitivity --only lemma_checks
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -270,7 +271,14 @@ def lemma_a_2(rng, draws: int) -> dict[str, float]:
 
 def _ascend(log_ratio, params, steps: int = STEPS, lr: float = 0.05):
   """``params`` after ``steps`` Adam steps of gradient ascent on ``log_ratio(params)``
-  (a pytree of float64 arrays), and the largest ratio seen along the way."""
+  (a pytree of float64 arrays), and the largest ratio seen along the way (one compile
+  per ``log_ratio`` and shape: :func:`_ascent`)."""
+  x, best = _ascent(log_ratio, params, steps, lr)
+  return x, float(best)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def _ascent(log_ratio, params, steps: int, lr: float):
   grad = jax.value_and_grad(log_ratio)
 
   def step(carry, i):
@@ -286,7 +294,7 @@ def _ascend(log_ratio, params, steps: int = STEPS, lr: float = 0.05):
   zeros = jax.tree.map(jnp.zeros_like, params)
   (x, _, _, best), _ = jax.lax.scan(step, (params, zeros, zeros, -jnp.inf),
                                     jnp.arange(steps, dtype=jnp.float64))
-  return x, float(jnp.exp(jnp.maximum(best, log_ratio(x))))
+  return x, jnp.exp(jnp.maximum(best, log_ratio(x)))
 
 
 def _rms_rows(z):
