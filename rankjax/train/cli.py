@@ -40,6 +40,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
   plugins.add_argument(parser)
   parser.add_argument("--workdir", required=True,
                       help="run directory: config.json, metrics.jsonl, checkpoints/")
+  parser.add_argument("--seeds", metavar="SEEDS",
+                      help="train these seeds (0-7, 0,3,5) as one program, each a run of "
+                           "its own in WORKDIR/seed_<s>")
+  parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
+                      help="also train these values of an optimizer hyperparameter "
+                           "(learning_rate, min_lr_ratio, warmup_steps, b1, b2, eps, "
+                           "weight_decay) in the same program, each in "
+                           "WORKDIR/<field>_<value>[/seed_<s>]; repeatable (every "
+                           "combination)")
   parser.set_defaults(func=run)
   convert = subparsers.add_parser(
       "convert-config", help="rewrite a config.json of config format 1 in format 2",
@@ -87,6 +96,8 @@ def _run(args: argparse.Namespace) -> int:
 
   plugins.import_modules(args.imports)
   cfg = config_lib.override(TrainConfig.from_json(args.config), args.overrides)
+  if args.seeds or args.sweep:
+    return _run_many(cfg, args)
   try:
     result = train(cfg, args.workdir)
   except NonFiniteLossError as e:
@@ -97,5 +108,25 @@ def _run(args: argparse.Namespace) -> int:
              else f"checkpoint saved in {args.workdir}")
     print(f"rankjax train: stopped (SIGTERM or Ctrl-C) at step {result.step}; {saved}; run "
           f"the same command to resume (exit {EXIT_PREEMPTED})", file=sys.stderr)
+    return EXIT_PREEMPTED
+  return 0
+
+
+def _run_many(cfg, args: argparse.Namespace) -> int:
+  """``--seeds`` / ``--sweep``: the runs as one program (``rankjax.train.runs``); exit 1
+  when a run's loss became NaN/Inf (the others trained on), 75 when stopped."""
+  from rankjax.train import runs
+  cfgs = runs.expand(cfg, args.workdir, runs.parse_seeds(args.seeds) if args.seeds else None,
+                     runs.parse_sweep(args.sweep))
+  results = runs.train_runs(cfgs)
+  failed = {w: r.error for w, r in results.items() if r.status == "failed"}
+  for workdir, error in failed.items():
+    print(f"rankjax train: {workdir}: {error}", file=sys.stderr)
+  if failed:
+    return 1
+  if any(r.status == "preempted" for r in results.values()):
+    print(f"rankjax train: stopped (SIGTERM or Ctrl-C); the runs under {args.workdir} saved "
+          f"their step; run the same command to resume (exit {EXIT_PREEMPTED})",
+          file=sys.stderr)
     return EXIT_PREEMPTED
   return 0

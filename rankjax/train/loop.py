@@ -71,13 +71,16 @@ class TrainResult:
   ``total_steps``; run again without it to continue), "collapsed" (saved and stopped by
   ``cfg.stop_on_collapse``; why in ``stopped.json``) or "already_complete" (the
   workdir's checkpoint had reached ``total_steps``, or ``stop_at``, or the run had
-  stopped on collapse; nothing was run or written)."""
+  stopped on collapse; nothing was run or written); with several runs as one program
+  (``rankjax.train.runs``) also "failed": its loss became NaN/Inf (``error`` says
+  where), its last good checkpoint kept, while the others trained on."""
 
   workdir: epath.Path
   step: int
   status: str
   metrics: dict[str, Any]
   start_step: int
+  error: str | None = None     # status "failed" (one of several runs of one program)
 
 
 @dataclasses.dataclass
@@ -325,6 +328,27 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
     enable_compilation_cache(cfg.compilation_cache_dir)
   check_param_dtype(cfg)
   compiled = build_for_run(cfg)
+  opened = open_run(cfg, workdir, compiled, stream, progress_bar)
+  if isinstance(opened, TrainResult):
+    return opened
+  loop = opened
+  state = loop.restored_state if loop.restored_state is not None else compiled.init()
+  loop.restored_state = None
+  try:
+    step, status = loop.run(state, loop.start, preemption, on_step)
+    loop.say_end(step, status, t_start)
+  finally:
+    loop.close()
+  return TrainResult(workdir, step, status, loop.last_metrics, loop.start)
+
+
+def open_run(cfg: TrainConfig, workdir: epath.Path, compiled: Compiled,
+             stream: TextIO | None, progress_bar: bool | None) -> "TrainResult | _Loop":
+  """Everything of one run before its first update: the checks (data, evaluation split,
+  diagnostics, the workdir's config), config.json, the data iterator, the checkpoint
+  restored (``restored_state``; None for a fresh run, whose state the caller
+  initializes) and the console writer; or the ``already_complete`` result when there is
+  nothing to train. Shared by ``train`` and ``rankjax.train.runs`` (one per run)."""
   shard_lib.check_batch(cfg.batch_size, cfg.grad_accum, compiled.mesh)  # also when cached
   task = compiled.task
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
@@ -354,7 +378,7 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
   else:
     if had_steps:  # every step was incomplete (moved aside); the iterator may have moved
       data_it = make_data_iterator(cfg, task)
-    state, start, history = compiled.init(), 0, DiagnosticsHistory()
+    state, start, history = None, 0, DiagnosticsHistory()
   stopped = read_stopped(workdir)
   if stopped and not cfg.stop_on_collapse:   # trained on past its collapse stop, on purpose
     if jax.process_index() == 0:
@@ -387,23 +411,9 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
     writer.message(compiled.remat_note)
   loop = _Loop(cfg, compiled, ckpt, writer, history, data_it)
   loop.data_name = info.name
-  loop.param_dtype = str(jax.tree.leaves(state.params)[0].dtype)   # what is computed
-  try:
-    step, status = loop.run(state, start, preemption, on_step)
-    if status == "completed":
-      writer.message(f"done: step {step} of {workdir} ({step - start} updates in "
-                     f"{time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
-                     f"checkpoints/ are there, `rankjax report {workdir}` draws them")
-    elif status == "collapsed":
-      writer.message(f"stopped at update {step}: {loop.collapse_reason} (stop_on_collapse); "
-                     f"saved in {ckpt.directory}; stopped.json says why")
-    elif status == "stopped":
-      writer.message(f"stopped at update {step} of {cfg.total_steps} (stop_at), saved in "
-                     f"{ckpt.directory}; run again without stop_at to continue")
-  finally:
-    writer.close()
-    ckpt.close()
-  return TrainResult(workdir, step, status, loop.last_metrics, start)
+  loop.start, loop.restored_state = start, state
+  loop.param_dtype = str(jax.tree.leaves(abstract.params)[0].dtype)   # what is computed
+  return loop
 
 
 def collapse_runs(tsim_rows: list[np.ndarray], threshold: float) -> np.ndarray:
@@ -445,6 +455,28 @@ class _Loop:
     self._t_start = self._t_last
     self.collapse_reason: str | None = None
     self._tsim_rows = list(history.series.get("basic", {}).get("tsim_y2", []))  # resumed
+    self.start = 0                       # the update the run resumes after (open_run)
+    self.restored_state: Any = None      # its restored state; None: a fresh run
+
+  def say_end(self, step: int, status: str, t_start: float) -> None:
+    """The console line of how the run ended."""
+    workdir = self.ckpt.workdir
+    if status == "completed":
+      self.writer.message(f"done: step {step} of {workdir} ({step - self.start} updates in "
+                          f"{time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
+                          f"checkpoints/ are there, `rankjax report {workdir}` draws them")
+    elif status == "collapsed":
+      self.writer.message(f"stopped at update {step}: {self.collapse_reason} "
+                          f"(stop_on_collapse); saved in {self.ckpt.directory}; "
+                          "stopped.json says why")
+    elif status == "stopped":
+      self.writer.message(f"stopped at update {step} of {self.cfg.total_steps} (stop_at), "
+                          f"saved in {self.ckpt.directory}; run again without stop_at to "
+                          "continue")
+
+  def close(self) -> None:
+    self.writer.close()
+    self.ckpt.close()
 
   def run(self, state, start: int, preemption: preemption_lib.DuringTraining, on_step) -> tuple[int, str]:
     """Updates start+1 .. total_steps; on an error other than a non-finite loss the
@@ -551,11 +583,14 @@ class _Loop:
     self.writer.flush()
     self.ckpt.save(step, state, self.data_it, self.history.to_tree(), self._summary(step))
 
-  def _finish(self, step: int, metrics, diag) -> None:
-    """Fetches a step's outputs, stops on NaN/Inf, records metrics and diagnostics."""
+  def _finish(self, step: int, metrics, diag, dt: float | None = None) -> None:
+    """Fetches a step's outputs, stops on NaN/Inf, records metrics and diagnostics;
+    ``dt``: the step's time when the caller measured it (several runs of one program)."""
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     now = time.perf_counter()
-    dt, self._t_last = now - self._t_last, now
+    if dt is None:
+      dt = now - self._t_last
+    self._t_last = now
     metrics["step_time_s"] = dt
     metrics[f"{self.unit}_per_s"] = self.units_per_step / dt if dt > 0 else 0.0
     if self._compiling:               # this step's time includes compiling a variant

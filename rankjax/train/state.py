@@ -75,15 +75,21 @@ def make_schedule(cfg: TrainConfig) -> Schedule:
 
   def schedule(count):
     s = jnp.asarray(count, jnp.float32) + 1.0
-    warm = peak * s / max(warmup, 1)
+    warm = peak * s / _at_least_one(warmup)
     if cosine:
-      progress = jnp.clip((s - warmup) / max(total - warmup, 1), 0.0, 1.0)
+      progress = jnp.clip((s - warmup) / _at_least_one(total - warmup), 0.0, 1.0)
       after = end + 0.5 * (peak - end) * (1.0 + jnp.cos(math.pi * progress))
     else:
       after = jnp.asarray(peak, jnp.float32)
     return jnp.where(s <= warmup, warm, after)
 
   return schedule
+
+
+def _at_least_one(n):
+  """``max(n, 1)`` of a Python int, or of a per-run array (``rankjax.train.runs``: the
+  hyperparameters of several runs of one program are arrays)."""
+  return max(n, 1) if isinstance(n, int) else jnp.maximum(n, 1)
 
 
 def decay_mask(params: Any, stacked_roots: Sequence[str]) -> Any:

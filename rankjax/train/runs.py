@@ -1,0 +1,460 @@
+"""Several runs of one step shape trained as one program (``rankjax train --seeds``,
+``--sweep``; ``rankjax reproduce`` groups a study's runs so).
+
+Runs whose configs differ only in ``SWEPT`` fields (the seed and the optimizer's scalar
+hyperparameters) have the same step shape. ``train_runs`` trains them together: the
+train state carries a leading run axis (each run's initialization, data order and
+dropout keys from its own seed), the step is ``jax.vmap`` of the one-run step
+(``state.make_step``) over that axis with the differing hyperparameters as per-run
+arrays, and one compile serves every run. Each run keeps its own workdir, written
+exactly as ``rankjax train`` writes one (config.json, metrics.jsonl, diagnostics,
+TensorBoard, its own Orbax checkpoints), which ``load_run``, ``report`` and ``analyze``
+read like any other run; everything of a run before its first update is
+``loop.open_run``'s, everything after an update ``loop._Loop``'s, the code of a single
+run.
+
+Per run: a resumed run continues from its own newest checkpoint (runs that stopped at
+different updates are masked until the others reach them); ``stop_on_collapse`` saves
+and stops that run, a NaN/Inf loss stops it with its last good checkpoint kept (its
+result says so), and the others go on. A masked run's update is computed and thrown
+away (``jnp.where``): the program's shape never changes.
+
+The numbers: ``jax.vmap`` batches each matmul over the runs, so a run's floats are
+those of its single run up to the order of floating-point reductions (a float32 loss
+within a few ulps after one update; ``tests/train/test_runs.py`` bounds a short run),
+never bit for bit. A group of one run is the single run (``loop.train``), bit for bit.
+
+Devices: with one process, more than one device, ``mesh_fsdp=1`` and a run count that
+the device count divides, the run axis is sharded over the devices (each device trains
+its own runs; no collective inside a run). Otherwise every run is laid out as a single
+run is (the batch over ``data``, parameters by the training rules) and the run axis is
+replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence, TextIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from etils import epath
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rankjax import preemption as preemption_lib
+from rankjax import storage
+from rankjax.config import TrainConfig
+from rankjax.errors import UserError
+from rankjax.train import diagnostics as diag_lib
+from rankjax.train import loop as loop_lib
+from rankjax.train import sharding as shard_lib
+from rankjax.train.checkpoint import write_stopped
+from rankjax.train.state import TrainState, make_init, make_optimizer, make_step
+
+# fields that may differ between the runs of one program (per-run arrays in the step);
+# any other difference is another step shape, hence another program
+SWEPT = ("seed", "learning_rate", "min_lr_ratio", "warmup_steps", "b1", "b2", "eps",
+         "weight_decay")
+_INTS = ("seed", "warmup_steps")
+
+
+def shape_key(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
+  """``cfg``'s fields but the ``SWEPT`` ones: runs with equal keys are one program."""
+  return tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+               if f.name not in SWEPT)
+
+
+def group(cfgs: Mapping[str, TrainConfig]) -> list[list[str]]:
+  """The names of ``cfgs`` grouped by step shape, in their first appearance's order."""
+  groups: dict[tuple, list[str]] = {}
+  for name, cfg in cfgs.items():
+    groups.setdefault(shape_key(cfg), []).append(name)
+  return list(groups.values())
+
+
+def parse_seeds(text: str) -> list[int]:
+  """``"0-7"``, ``"0,3,5"`` or ``"0-3,8"`` -> the seeds, in order, each once."""
+  seeds: list[int] = []
+  try:
+    for part in text.split(","):
+      lo, _, hi = part.strip().partition("-")
+      seeds.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+  except ValueError:
+    raise UserError(f"--seeds {text!r}: expected seeds like 0-7 or 0,3,5") from None
+  if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    raise UserError(f"--seeds {text!r}: expected distinct non-negative seeds like 0-7")
+  return seeds
+
+
+def parse_sweep(items: Sequence[str]) -> dict[str, list[str]]:
+  """``["learning_rate=4e-4,8e-4"]`` -> ``{"learning_rate": ["4e-4", "8e-4"]}``."""
+  out: dict[str, list[str]] = {}
+  for item in items:
+    key, sep, values = item.partition("=")
+    if not sep or not values or key in out:
+      raise UserError(f"--sweep {item!r}: expected FIELD=V1,V2,... once per field")
+    if key not in SWEPT or key == "seed":
+      raise UserError(f"--sweep {key}: one program sweeps only "
+                      f"{', '.join(f for f in SWEPT if f != 'seed')} (use --seeds for "
+                      "seeds; a field that changes a shape needs runs of their own)")
+    out[key] = [v.strip() for v in values.split(",")]
+  return out
+
+
+def expand(cfg: TrainConfig, workdir: str, seeds: Sequence[int] | None,
+           sweep: Mapping[str, Sequence[str]]) -> dict[str, TrainConfig]:
+  """``{run workdir: config}`` of ``--seeds`` x ``--sweep`` under ``workdir``:
+  ``seed_<s>``, ``<field>_<value>[_...]`` or ``<field>_<value>/seed_<s>``."""
+  from rankjax import config as config_lib
+  root = epath.Path(workdir)
+  points = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
+  out: dict[str, TrainConfig] = {}
+  for point in points:
+    base = config_lib.override(cfg, [f"{k}={v}" for k, v in point.items()])
+    folder = root / "_".join(f"{k}_{v}" for k, v in point.items()) if point else root
+    for seed in (seeds if seeds is not None else [None]):
+      run = base if seed is None else dataclasses.replace(base, seed=seed)
+      out[str(folder / f"seed_{seed}" if seed is not None else folder)] = run
+  return out
+
+
+class _RunView:
+  """``cfg`` with some fields replaced by one run's traced values (inside the vmap)."""
+
+  def __init__(self, cfg: TrainConfig, values: Mapping[str, Any]):
+    self._cfg, self._values = cfg, values
+
+  def __getattr__(self, name: str) -> Any:
+    return self._values[name] if name in self._values else getattr(self._cfg, name)
+
+
+@dataclasses.dataclass
+class Program:
+  """The jitted functions of R runs of one shape (built once, no data, no I/O)."""
+
+  runs: int
+  swept: dict[str, np.ndarray]          # the per-run values of the fields that differ
+  stacked: Any                          # the state's shardings with the run axis
+  batch_sharding: NamedSharding
+  vector_sharding: NamedSharding        # (R,) arrays: hyperparameters, the active mask
+  init: Callable
+  step: Callable
+  diag_step: Callable | None
+  take: Callable                        # (state, i) -> run i's state (single-run layout)
+  put: Callable                         # (state, i, one) -> state with run i replaced
+
+
+def build_program(cfgs: Sequence[TrainConfig], c: loop_lib.Compiled,
+                  diags: tuple[diag_lib.Diagnostic, ...]) -> Program:
+  """The program of ``cfgs`` (one shape) around ``c``, the single run's build."""
+  cfg = cfgs[0]
+  runs, mesh, task = len(cfgs), c.mesh, c.task
+  swept = {f: np.asarray([getattr(x, f) for x in cfgs],
+                         np.int32 if f in _INTS else np.float32)
+           for f in SWEPT if f != "seed" and len({getattr(x, f) for x in cfgs}) > 1}
+  seeds = np.asarray([x.seed for x in cfgs], np.int32)
+  by_run = (jax.process_count() == 1 and mesh.size > 1 and mesh.shape["fsdp"] == 1
+            and runs % mesh.shape["data"] == 0)
+  if by_run:     # each device trains whole runs
+    stacked = jax.tree.map(lambda _: NamedSharding(mesh, P("data")), c.state_shardings)
+    batch_sh = vector_sh = NamedSharding(mesh, P("data"))
+    inner_mesh, grad_shardings = None, None
+  else:          # each run laid out as a single run; the run axis replicated
+    stacked = jax.tree.map(lambda s: NamedSharding(mesh, P(None, *s.spec)),
+                           c.state_shardings)
+    batch_sh = NamedSharding(mesh, P(None, *c.batch_sharding.spec))
+    vector_sh = shard_lib.replicated(mesh)
+    inner_mesh, grad_shardings = mesh, c.state_shardings.params
+  tx = make_optimizer(cfg, task.stacked_roots)
+
+  def init(seeds_r):
+    return jax.vmap(lambda s: make_init(task, tx, s)())(seeds_r)
+
+  def one(values, state, batch, diags_):
+    run = _RunView(cfg, values)
+    run_tx = make_optimizer(run, task.stacked_roots)
+    return make_step(task, run, run_tx, diags_, grad_shardings=grad_shardings,
+                     mesh=inner_mesh)(state, batch)
+
+  def jit_step(diags_):
+    def step(values, state, batch, active):
+      new, metrics, diag = jax.vmap(lambda v, s, b: one(v, s, b, diags_))(values, state, batch)
+      keep = lambda n, o: jnp.where(active.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+      return jax.tree.map(keep, new, state), metrics, diag
+    repl = shard_lib.replicated(mesh)
+    return jax.jit(step, in_shardings=(vector_sh, stacked, batch_sh, vector_sh),
+                   out_shardings=(stacked, repl, repl), donate_argnums=(1,))
+
+  take = jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
+                 out_shardings=c.state_shardings)
+  put = jax.jit(lambda state, i, one_: jax.tree.map(lambda x, y: x.at[i].set(y), state, one_),
+                out_shardings=stacked, donate_argnums=(0,))
+  init_fn = jax.jit(init, out_shardings=stacked)
+  return Program(runs=runs, swept=swept, stacked=stacked, batch_sharding=batch_sh,
+                 vector_sharding=vector_sh, init=lambda: init_fn(seeds),
+                 step=jit_step(()), diag_step=jit_step(diags) if diags else None,
+                 take=take, put=put)
+
+
+def train_runs(cfgs: Mapping[str, TrainConfig], *, on_step: Callable[[int], None] | None = None,
+               stream: TextIO | None = None, progress_bar: bool | None = None
+               ) -> dict[str, loop_lib.TrainResult]:
+  """Trains ``cfgs`` ({workdir: config}, one step shape) as one program; a run's
+  workdir is written as ``loop.train`` writes it. Returns {workdir: result}; a run whose
+  loss became NaN/Inf has status ``"failed"`` and the reason in ``error`` (its last good
+  checkpoint kept), and the others trained on.
+
+  Raises:
+    UserError: runs of different step shapes (naming a field), or bad input.
+  """
+  if not cfgs:
+    return {}
+  names = list(cfgs)
+  first = shape_key(cfgs[names[0]])
+  for name in names[1:]:
+    if shape_key(cfgs[name]) != first:
+      diff = [k for (k, v), (_, w) in zip(shape_key(cfgs[name]), first) if v != w]
+      raise UserError(f"{name} and {names[0]} differ in {', '.join(diff)}: one program "
+                      f"trains runs that differ only in {', '.join(SWEPT)}")
+  if len(set(map(str, names))) != len(names):
+    raise UserError("two runs of one program share a workdir")
+  if len(names) == 1:          # a group of one is the single run, bit for bit
+    result = loop_lib.train(cfgs[names[0]], names[0], on_step=on_step, stream=stream,
+                            progress_bar=progress_bar)
+    return {names[0]: result}
+  workdirs = [storage.check_output(n, "workdir") for n in names]
+  with preemption_lib.DuringTraining() as preemption:
+    return _train_runs([cfgs[n] for n in names], workdirs, names, preemption, on_step,
+                       stream, progress_bar)
+
+
+def _train_runs(cfgs, workdirs, names, preemption, on_step, stream, progress_bar):
+  t_start = time.perf_counter()
+  cfg = cfgs[0]
+  if cfg.compilation_cache_dir:
+    loop_lib.enable_compilation_cache(cfg.compilation_cache_dir)
+  loop_lib.check_param_dtype(cfg)
+  c = loop_lib.build_for_run(cfg)
+  quiet = _Discard()
+  results: dict[str, loop_lib.TrainResult] = {}
+  loops: list[loop_lib._Loop] = []
+  order: list[int] = []
+  try:
+    for i, (run_cfg, workdir) in enumerate(zip(cfgs, workdirs)):
+      opened = loop_lib.open_run(run_cfg, workdir, c, stream if not loops else quiet,
+                                 progress_bar if not loops else False)
+      if isinstance(opened, loop_lib.TrainResult):
+        results[names[i]] = opened
+      else:
+        loops.append(opened)
+        order.append(i)
+  except BaseException:
+    for lp in loops:
+      lp.close()
+    raise
+  if not loops:
+    return results
+  diags = diag_lib.resolve(cfg.diagnostics) if cfg.diag_every else ()
+  program = build_program([cfgs[i] for i in order], c, diags)
+  out_stream = stream or sys.stdout
+  if jax.process_index() == 0:
+    done = f"; {len(results)} already complete" if results else ""
+    print(f"{len(loops)} runs as one program (the run axis {_layout(program)}; "
+          + ("per-run " + ", ".join(["seed", *program.swept]) if program.swept
+             else "per-run seeds") + f"){done}; the console follows {workdirs[order[0]]}",
+          file=out_stream, flush=True)
+  driver = _Driver(program, loops, preemption, on_step)
+  try:
+    statuses = driver.run()
+  finally:
+    for lp in loops:
+      lp.close()
+  for k, (i, lp) in enumerate(zip(order, loops)):
+    status = statuses[k]
+    if status != "failed":
+      lp.say_end(driver.step_of[k], status, t_start)
+    results[names[i]] = loop_lib.TrainResult(
+        workdirs[i], driver.step_of[k], status, lp.last_metrics, lp.start,
+        error=driver.errors.get(k))
+  return {n: results[n] for n in names}
+
+
+class _Discard(io.TextIOBase):
+  """The console of every run but the first (their files are written in full)."""
+
+  def write(self, text: str) -> int:
+    return len(text)
+
+
+def _layout(program: Program) -> str:
+  spec = program.batch_sharding.spec
+  return "sharded over the devices" if spec and spec[0] == "data" else "replicated"
+
+
+class _Driver:
+  """The step loop of one program: a ``loop._Loop`` per run does the per-run work
+  (metrics, diagnostics, checks, saving), this class steps them together."""
+
+  def __init__(self, program: Program, loops: list[loop_lib._Loop],
+               preemption: preemption_lib.DuringTraining, on_step):
+    self.p, self.loops, self.preemption, self.on_step = program, loops, preemption, on_step
+    self.cfg = loops[0].cfg
+    self.c = loops[0].c
+    self.stopped = [False] * len(loops)    # collapsed or failed: masked from then on
+    self.errors: dict[int, str] = {}
+    self.step_of = [lp.start for lp in loops]
+    self.status = ["completed"] * len(loops)
+    self.pending: tuple[int, Any, Any, list[int]] | None = None
+    self._t_last = time.perf_counter()
+    self._called: set[Any] = set()
+    self.state_step, self.state_active = 0, []
+    self.values = {k: jax.device_put(v, program.vector_sharding)
+                   for k, v in program.swept.items()}
+
+  def _initial_state(self):
+    state = self.p.init()
+    for k, lp in enumerate(self.loops):
+      if lp.restored_state is not None:
+        state = self.p.put(state, k, lp.restored_state)
+        lp.restored_state = None
+    return state
+
+  def _active(self, step: int) -> list[int]:
+    return [k for k, lp in enumerate(self.loops)
+            if lp.start < step and not self.stopped[k]]
+
+  def _batch(self, active: list[int]):
+    """Each active run's next batch from its own iterator, stacked; a masked run gets
+    a copy of the first active run's (its own iterator does not move)."""
+    local = {k: next(self.loops[k].data_it) for k in active}
+    filler = local[active[0]]
+    rows = [local.get(k, filler) for k in range(len(self.loops))]
+    k_acc, hosts = self.cfg.grad_accum, jax.process_count()
+    out = {}
+    for key in filler:
+      x = np.stack([np.asarray(r[key]).reshape(k_acc, -1, *np.shape(r[key])[1:]) for r in rows])
+      shape = (x.shape[0], k_acc, x.shape[2] * hosts, *x.shape[3:])
+      out[key] = jax.make_array_from_process_local_data(self.p.batch_sharding, x, shape)
+    return out
+
+  def run(self) -> list[str]:
+    try:
+      return self._run()
+    except (loop_lib.NonFiniteLossError, preemption_lib.Stopped):
+      raise
+    except Exception as e:
+      self._save_after_error(e)
+      raise
+
+  def _run(self) -> list[str]:
+    cfg, p = self.cfg, self.p
+    self.state = self._initial_state()
+    if self.preemption.signal_name is not None:
+      for lp in self.loops:
+        lp.writer.message(f"{self.preemption.signal_name} before update {lp.start + 1}: "
+                          "nothing new to save; run the same command again to continue")
+      return ["preempted"] * len(self.loops)
+    end = loop_lib.last_step(cfg)
+    first = min(lp.start for lp in self.loops) + 1
+    for step in range(first, end + 1):
+      active = self._active(step)
+      if not active:
+        break
+      mask = jax.device_put(np.asarray([k in active for k in range(len(self.loops))]),
+                            p.vector_sharding)
+      batch = self._batch(active)
+      diag_now = p.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
+      fn = p.diag_step if diag_now else p.step
+      before = loop_lib._compiled_count(fn)
+      self.state, metrics, diag = fn(self.values, self.state, batch, mask)
+      self.state_step, self.state_active = step, active
+      compiled = fn not in self._called or loop_lib._compiled_count(fn) != before
+      self._called.add(fn)
+      for k in active:              # the next measured step time holds the compile
+        self.loops[k]._compiling |= compiled
+      if self.pending is not None:
+        self._finish()              # waits for step - 1 while `step` is queued
+      self.pending = (step, metrics, diag, active)
+      eval_now = cfg.eval_every and step % cfg.eval_every == 0
+      if eval_now or self.on_step is not None:
+        self._finish()
+      if eval_now:
+        for k in active:
+          if not self.stopped[k]:
+            self.loops[k]._evaluate(p.take(self.state, k).params, step)
+      if self.on_step is not None:
+        self.on_step(step)
+      stop = self.preemption.reached(step)
+      saving = [k for k in active if not self.stopped[k]
+                and (stop or step == end or self.loops[k].ckpt.should_save(step))]
+      collapsing = [k for k in active if self.loops[k].collapse_reason is not None
+                    and not self.stopped[k]]
+      if saving or collapsing:
+        self._finish()               # saving needs this step checked finite
+        saving = [k for k in saving if not self.stopped[k]]
+        collapsing = [k for k in active if self.loops[k].collapse_reason is not None
+                      and not self.stopped[k]]
+      for k in sorted(set(saving) | set(collapsing)):
+        self.loops[k]._save(step, p.take(self.state, k))
+      for k in active:
+        if not self.stopped[k]:
+          self.step_of[k] = step
+      for k in (collapsing if not stop else ()):
+        self.loops[k].ckpt.wait()
+        write_stopped(self.loops[k].ckpt.workdir, step, self.loops[k].collapse_reason)
+        self.stopped[k], self.status[k] = True, "collapsed"
+      if stop:
+        for k in active:
+          if not self.stopped[k]:
+            self.loops[k].ckpt.wait()
+            self.loops[k].writer.message(
+                f"{self.preemption.signal_name}: saved step {step} in "
+                f"{self.loops[k].ckpt.directory}; run the same command again to resume")
+            self.status[k] = "preempted"
+        return self.status
+    self._finish()
+    if end != cfg.total_steps:
+      self.status = [s if s != "completed" else "stopped" for s in self.status]
+    return self.status
+
+  def _finish(self) -> None:
+    """Fetches the pending step's outputs once and hands each active run its slice."""
+    if self.pending is None:
+      return
+    step, metrics, diag, active = self.pending
+    self.pending = None
+    metrics, diag = jax.device_get((metrics, diag))
+    now = time.perf_counter()
+    dt, self._t_last = now - self._t_last, now
+    for k in active:
+      if self.stopped[k]:
+        continue
+      one = lambda tree: jax.tree.map(lambda x: x[k], tree)
+      try:
+        self.loops[k]._finish(step, one(metrics), one(diag) if diag else diag, dt=dt)
+      except loop_lib.NonFiniteLossError as e:
+        self.stopped[k], self.status[k], self.errors[k] = True, "failed", str(e)
+        self.loops[k].writer.message(f"run stopped: {e}")
+
+  def _save_after_error(self, error: Exception) -> None:
+    """Each run of the newest dispatched update saves it when it is finished and
+    finite (``_Loop._save_after_error``); a run masked at that update has nothing new."""
+    pending, self.pending = self.pending, None
+    for k in self.state_active:
+      lp = self.loops[k]
+      if self.stopped[k]:
+        continue
+      try:
+        lp.state = self.p.take(self.state, k)
+      except Exception:  # noqa: BLE001 - the buffers may be gone: nothing to save then
+        continue
+      lp.state_step, lp.pending = self.state_step, None
+      if pending is not None and pending[0] == self.state_step and k in pending[3]:
+        lp.pending = (pending[0], jax.tree.map(lambda x: x[k], jax.device_get(pending[1])),
+                      None)
+      lp._save_after_error(error)
