@@ -17,7 +17,8 @@ os.environ.setdefault(
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.rerun_alarm import pytest_terminal_summary  # noqa: E402,F401  (a loud rerun banner)
+# a test's own timeout mark moves faulthandler's watchdog (tests/watchdog.py)
+from tests.watchdog import pytest_runtest_setup  # noqa: E402,F401
 
 
 @pytest.fixture
