@@ -190,6 +190,9 @@ def _run(name, out_dir, scale, only, record, check, options, extra, plan_only,
     raise UserError("--checkpoint measures your weights: its numbers are not the committed "
                      "results (no --record or --check with it)")
   loaded = {s: study(s, extra) for s in plan}
+  if len(plan) == 1 and not jax_cache_configured():   # on before anything compiles: the
+    from rankjax.train.loop import enable_compilation_cache   # plan's steps included
+    enable_compilation_cache(str(pathlib.Path(out_dir) / next(iter(plan)) / "xla_cache"))
   for s, names in plan.items():   # every check before the first experiment runs
     runner.preflight(loaded[s], loaded[s].resolve(names), scale, pathlib.Path(out_dir) / s,
                      listed=listed)
@@ -205,6 +208,11 @@ def _run(name, out_dir, scale, only, record, check, options, extra, plan_only,
   if name == "all" and all(r["analysed"] for r in results.values()):
     print(f"report: {build_report(out_dir)}")
   return results
+
+
+def jax_cache_configured() -> bool:
+  import jax
+  return bool(jax.config.jax_compilation_cache_dir)
 
 
 def verdicts(results: dict, out_dir: str | pathlib.Path) -> list[str]:

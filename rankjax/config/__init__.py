@@ -17,7 +17,7 @@ from rankjax.config.models import (MLP_ACTIVATIONS, MODEL_CONFIGS, NORM_LOCATION
                                    RopeScaling, TransformerConfig, norm_ops_of,
                                    norm_position_of, register_model_config)
 from rankjax.config.training import (ComputeDType, LRSchedule, Optimizer, TrainConfig,
-                                     fields_with, run_field)
+                                     fields_with, run_field, step_shape)
 from rankjax.config.validation import check
 
 __all__ = [
@@ -28,5 +28,5 @@ __all__ = [
     "ModelConfig", "NormOp", "NormPosition", "PosEmbedding", "PRNGImpl", "RematPolicy",
     "RopeScaling", "TransformerConfig", "norm_ops_of", "norm_position_of",
     "register_model_config", "ComputeDType", "LRSchedule", "Optimizer", "TrainConfig",
-    "fields_with", "run_field", "check",
+    "fields_with", "run_field", "step_shape", "check",
 ]

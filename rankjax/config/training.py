@@ -20,22 +20,36 @@ LRSchedule = Literal["cosine", "constant"]
 ComputeDType = Literal["float32", "bfloat16"]
 
 
-def run_field(default: Any, *, resumable: bool = False, build: bool = True) -> Any:
+def run_field(default: Any, *, resumable: bool = False, build: bool = True,
+              per_run: bool = False) -> Any:
   """A config field with its run-control metadata (read by ``fields_with``):
 
   resumable: the field may change when a run resumes (it does not change the
     trajectory; ``rankjax.train.checkpoint.check_workdir_config``).
   build: ``rankjax.train.loop.build`` reads it (runs differing only in fields with
     ``build=False`` share one compiled build).
+  per_run: a scalar that may differ between the runs of one program
+    (``rankjax.train.runs``: the seed and the optimizer's hyperparameters, per-run
+    arrays of the vmapped step); it changes no shape (:func:`step_shape`).
   """
-  return dataclasses.field(default=default, metadata={"resumable": resumable, "build": build})
+  return dataclasses.field(default=default, metadata={"resumable": resumable, "build": build,
+                                                      "per_run": per_run})
 
 
 def fields_with(cls: type, key: str, value: bool) -> tuple[str, ...]:
   """Names of ``cls``'s fields whose metadata ``key`` (``run_field``) is ``value``;
-  fields without metadata count as ``resumable=False, build=True``."""
-  default = {"resumable": False, "build": True}[key]
+  fields without metadata count as ``resumable=False, build=True, per_run=False``."""
+  default = {"resumable": False, "build": True, "per_run": False}[key]
   return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(key, default) == value)
+
+
+def step_shape(cfg: Any) -> tuple[tuple[str, Any], ...]:
+  """``cfg``'s fields but the ``per_run`` ones: configs with equal step shapes compile to
+  the same programs (their steps, their memory) and train as one program
+  (``rankjax.train.runs``)."""
+  per_run = set(fields_with(type(cfg), "per_run", True))
+  return tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+               if f.name not in per_run)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,21 +131,21 @@ class TrainConfig(JsonConfig):
 
   model: ModelConfig = dataclasses.field(default_factory=TransformerConfig)
   optimizer: Optimizer = "adamw"
-  learning_rate: float = 6e-4
-  b1: float = 0.9
-  b2: float = 0.95
-  eps: float = 1e-8
-  weight_decay: float = 0.1
+  learning_rate: float = run_field(6e-4, per_run=True)
+  b1: float = run_field(0.9, per_run=True)
+  b2: float = run_field(0.95, per_run=True)
+  eps: float = run_field(1e-8, per_run=True)
+  weight_decay: float = run_field(0.1, per_run=True)
   lr_schedule: LRSchedule = "cosine"
-  warmup_steps: int = 2000
+  warmup_steps: int = run_field(2000, per_run=True)
   total_steps: int = 40000
-  min_lr_ratio: float = 0.0
+  min_lr_ratio: float = run_field(0.0, per_run=True)
   clip_norm: float = 1.0
   batch_size: int = 256
   grad_accum: int = 1
   seq_len: int = 2048
   compute_dtype: ComputeDType = "float32"
-  seed: int = 0
+  seed: int = run_field(0, per_run=True)
   dataset: str | None = run_field(None, build=False)
   data_dir: str | None = run_field(None, build=False)
   tokenizer: str | None = run_field(None, build=False)

@@ -358,9 +358,10 @@ def run_study(study: Study, out_dir: str | pathlib.Path, scale: str = "quick",
              [n for n in names if scale not in study.scales_of(n)])
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
+  every = [n for n in study.resolve(None) if scale in study.scales_of(n)]
   untrained = training.train_all(
       training_runs(study, [n for n in names if n not in missing], scale, out),
-      cache_dir=out / "xla_cache")
+      cache_dir=out / "xla_cache", groups_of=training_runs(study, every, scale, out))
   if jax.process_index() != 0:
     return {"results": {}, "rows": [], "failed": [], "seconds": {}, "analysed": False}
   results, rows, failed, seconds = {}, [], [], {}

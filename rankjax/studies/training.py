@@ -276,33 +276,58 @@ def train(path: str, cfg) -> str:
   return path
 
 
-def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = None
-              ) -> dict[str, str]:
+def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = None,
+              groups_of: Mapping[str, Any] | None = None) -> dict[str, str]:
   """Trains each of ``runs`` ({workdir: cfg}; skipped when finished) and returns
   {workdir: one-line error} of the runs that failed (a NaN loss, a bad config): the
-  experiments that read them fail, the others still run. ``cache_dir``: JAX's persistent
-  compilation cache for the runs (runs that differ only in seed or learning rate compile
-  once), unless one is configured already.
+  experiments that read them fail, the others still run.
+
+  Where one program pays (``rankjax.train.runs.one_program_pays``: on accelerators, not
+  on a CPU), runs of one step shape (``rankjax.train.runs.group``: configs that differ
+  only in the seed and the optimizer's scalar hyperparameters) train as one program
+  (``rankjax.train.runs.train_runs``): the group is formed over ``groups_of`` (the
+  study's every run at this scale; default ``runs``), so a run's program, hence its
+  floats, is the same whichever experiments a command selects, and a group trains when
+  any of its runs in ``runs`` is unfinished. Elsewhere each run trains alone. ``cache_dir``: JAX's persistent compilation
+  cache for the runs, unless one is configured already.
 
   Raises:
     Preempted: a run was stopped by SIGTERM / Ctrl-C (nothing after it runs).
   """
   import jax
+  from rankjax.train import runs as runs_lib
   if cache_dir is not None and runs and not jax.config.jax_compilation_cache_dir:
     from rankjax.train.loop import enable_compilation_cache
     enable_compilation_cache(str(cache_dir))
+  every = {**(groups_of or {}), **runs}
+  one_program = runs_lib.one_program_pays()
+  groups = runs_lib.group(every) if one_program else [[p] for p in runs]
   failed: dict[str, str] = {}
-  for path, cfg in runs.items():
-    print(f"train {path}", flush=True)
+  for names in groups:
+    if not any(p in runs and not finished(p, every[p]) for p in names):
+      continue
+    print(f"train {', '.join(names)}", flush=True)
     try:
-      train(path, cfg)
+      if len(names) == 1:
+        train(names[0], every[names[0]])
+        continue
+      results = runs_lib.train_runs({p: every[p] for p in names})
     except Preempted:
       raise
-    except Exception as e:  # noqa: BLE001 (the experiments reading it fail, one line each)
-      failed[path] = f"training {os.path.basename(path)}: {type(e).__name__}: " + (
-          str(e).splitlines() or [""])[0][:300]
-      print(failed[path], flush=True)
-  return failed
+    except Exception as e:  # noqa: BLE001 (the experiments reading them fail, one line each)
+      line = f"{type(e).__name__}: " + (str(e).splitlines() or [""])[0][:300]
+      for p in names:
+        failed[p] = f"training {os.path.basename(p)}: {line}"
+      print(failed[names[0]], flush=True)
+      continue
+    if any(r.status == "preempted" for r in results.values()):
+      raise Preempted(f"{os.path.dirname(names[0])}: {len(names)} runs saved and stopped "
+                      "(SIGTERM or Ctrl-C); run the same command again to resume")
+    for p, r in results.items():
+      if r.status == "failed":
+        failed[p] = f"training {os.path.basename(p)}: NonFiniteLossError: {r.error[:300]}"
+        print(failed[p], flush=True)
+  return {p: e for p, e in failed.items() if p in runs}
 
 
 # ---------------------------------------------------------------------------------------

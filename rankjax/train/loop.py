@@ -148,7 +148,22 @@ def compiled_memory(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None
   ``memory_analysis`` of each compiled step per device, in bytes: ``arguments`` (the
   sharded train state and the batch), ``outputs``, ``temporaries``, ``aliased`` (outputs
   written into the donated state) and ``peak`` = arguments + outputs + temporaries -
-  aliased. None where the backend gives no analysis. Nothing is allocated."""
+  aliased. None where the backend gives no analysis. Nothing is allocated. Compiled once
+  per step shape (``config.step_shape``: configs that differ in a seed or a learning
+  rate share their memory) and devices when ``mesh`` is None."""
+  if mesh is not None:
+    return _compiled_memory(cfg, mesh)
+  key = (config_lib.step_shape(cfg), tuple(jax.devices()))
+  if key not in _MEMORY:
+    _MEMORY[key] = _compiled_memory(cfg, None)
+  return _MEMORY[key]
+
+
+# compiled_memory of each (step shape, devices) this process has compiled
+_MEMORY: dict[Any, dict[str, dict[str, float]] | None] = {}
+
+
+def _compiled_memory(cfg: TrainConfig, mesh: jax.sharding.Mesh | None):
   c = build(cfg, mesh)
   state, batch = abstract_inputs(cfg, c)
   out = {}

@@ -14,7 +14,9 @@ read like any other run; everything of a run before its first update is
 run.
 
 Per run: a resumed run continues from its own newest checkpoint (runs that stopped at
-different updates are masked until the others reach them); ``stop_on_collapse`` saves
+different updates are masked until the others reach them; a finished run stays in the
+program, masked throughout, so that the run count, on which a run's floats depend, is
+the group's whatever an earlier command left finished); ``stop_on_collapse`` saves
 and stops that run, a NaN/Inf loss stops it with its last good checkpoint kept (its
 result says so), and the others go on. A masked run's update is computed and thrown
 away (``jnp.where``): the program's shape never changes.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import os
 import sys
 import time
 from typing import Any, Callable, Mapping, Sequence, TextIO
@@ -48,7 +51,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rankjax import preemption as preemption_lib
 from rankjax import storage
-from rankjax.config import TrainConfig
+from rankjax.config import TrainConfig, fields_with, step_shape
 from rankjax.errors import UserError
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import loop as loop_lib
@@ -56,22 +59,32 @@ from rankjax.train import sharding as shard_lib
 from rankjax.train.checkpoint import write_stopped
 from rankjax.train.state import TrainState, make_init, make_optimizer, make_step
 
-# fields that may differ between the runs of one program (per-run arrays in the step);
-# any other difference is another step shape, hence another program
-SWEPT = ("seed", "learning_rate", "min_lr_ratio", "warmup_steps", "b1", "b2", "eps",
-         "weight_decay")
+# fields that may differ between the runs of one program (per-run arrays in the step:
+# ``run_field(per_run=True)``); any other difference is another step shape, hence
+# another program (``config.step_shape``)
+SWEPT = fields_with(TrainConfig, "per_run", True)
 _INTS = ("seed", "warmup_steps")
+shape_key = step_shape
+ONE_PROGRAM = "RANKJAX_ONE_PROGRAM"   # env: 1 / 0 overrides ``one_program_pays``
 
 
-def shape_key(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
-  """``cfg``'s fields but the ``SWEPT`` ones: runs with equal keys are one program."""
-  return tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-               if f.name not in SWEPT)
+def one_program_pays(platform: str | None = None) -> bool:
+  """Whether ``rankjax reproduce`` trains a study's runs of one step shape as one
+  program (``RANKJAX_ONE_PROGRAM=1`` / ``0`` decides): on an accelerator yes (a run of
+  the studies' quick sizes uses a sliver of the device); on a CPU no, measured
+  (``experiments/benchmarks/RESULTS.md``, "Runs as one program": XLA:CPU computes the
+  batched matmuls of R runs as R loops, so a step of R runs takes R single steps, and the
+  vmapped step compiles slower; runs one after another share the compiled step through
+  the persistent compilation cache). ``rankjax train --seeds`` is one program anywhere."""
+  forced = os.environ.get(ONE_PROGRAM, "")
+  if forced in ("0", "1"):
+    return forced == "1"
+  return (platform or jax.default_backend()) != "cpu"
 
 
 def group(cfgs: Mapping[str, TrainConfig]) -> list[list[str]]:
   """The names of ``cfgs`` grouped by step shape, in their first appearance's order."""
-  groups: dict[tuple, list[str]] = {}
+  groups: dict[tuple[tuple[str, Any], ...], list[str]] = {}
   for name, cfg in cfgs.items():
     groups.setdefault(shape_key(cfg), []).append(name)
   return list(groups.values())
@@ -242,44 +255,47 @@ def _train_runs(cfgs, workdirs, names, preemption, on_step, stream, progress_bar
   c = loop_lib.build_for_run(cfg)
   quiet = _Discard()
   results: dict[str, loop_lib.TrainResult] = {}
-  loops: list[loop_lib._Loop] = []
-  order: list[int] = []
+  slots: list[loop_lib._Loop | None] = []     # one per run; None: nothing to train
   try:
     for i, (run_cfg, workdir) in enumerate(zip(cfgs, workdirs)):
-      opened = loop_lib.open_run(run_cfg, workdir, c, stream if not loops else quiet,
-                                 progress_bar if not loops else False)
+      first = not any(slots)
+      opened = loop_lib.open_run(run_cfg, workdir, c, stream if first else quiet,
+                                 progress_bar if first else False)
       if isinstance(opened, loop_lib.TrainResult):
         results[names[i]] = opened
+        slots.append(None)
       else:
-        loops.append(opened)
-        order.append(i)
+        slots.append(opened)
   except BaseException:
-    for lp in loops:
+    for lp in filter(None, slots):
       lp.close()
     raise
-  if not loops:
+  live = [k for k, lp in enumerate(slots) if lp is not None]
+  if not live:
     return results
+  # every run of the group stays in the program (a finished one masked throughout): a
+  # run's floats depend on the program's run count, which must not depend on which
+  # runs a kill or an earlier command left finished
   diags = diag_lib.resolve(cfg.diagnostics) if cfg.diag_every else ()
-  program = build_program([cfgs[i] for i in order], c, diags)
-  out_stream = stream or sys.stdout
+  program = build_program(cfgs, c, diags)
   if jax.process_index() == 0:
-    done = f"; {len(results)} already complete" if results else ""
-    print(f"{len(loops)} runs as one program (the run axis {_layout(program)}; "
+    done = f", {len(results)} of them finished (masked)" if results else ""
+    print(f"{len(slots)} runs as one program{done} (the run axis {_layout(program)}; "
           + ("per-run " + ", ".join(["seed", *program.swept]) if program.swept
-             else "per-run seeds") + f"){done}; the console follows {workdirs[order[0]]}",
-          file=out_stream, flush=True)
-  driver = _Driver(program, loops, preemption, on_step)
+             else "per-run seeds") + f"); the console follows {workdirs[live[0]]}",
+          file=stream or sys.stdout, flush=True)
+  driver = _Driver(program, slots, preemption, on_step)
   try:
     statuses = driver.run()
   finally:
-    for lp in loops:
-      lp.close()
-  for k, (i, lp) in enumerate(zip(order, loops)):
-    status = statuses[k]
-    if status != "failed":
-      lp.say_end(driver.step_of[k], status, t_start)
-    results[names[i]] = loop_lib.TrainResult(
-        workdirs[i], driver.step_of[k], status, lp.last_metrics, lp.start,
+    for k in live:
+      slots[k].close()
+  for k in live:
+    lp = slots[k]
+    if statuses[k] != "failed":
+      lp.say_end(driver.step_of[k], statuses[k], t_start)
+    results[names[k]] = loop_lib.TrainResult(
+        workdirs[k], driver.step_of[k], statuses[k], lp.last_metrics, lp.start,
         error=driver.errors.get(k))
   return {n: results[n] for n in names}
 
@@ -300,14 +316,16 @@ class _Driver:
   """The step loop of one program: a ``loop._Loop`` per run does the per-run work
   (metrics, diagnostics, checks, saving), this class steps them together."""
 
-  def __init__(self, program: Program, loops: list[loop_lib._Loop],
+  def __init__(self, program: Program, loops: list[loop_lib._Loop | None],
                preemption: preemption_lib.DuringTraining, on_step):
     self.p, self.loops, self.preemption, self.on_step = program, loops, preemption, on_step
-    self.cfg = loops[0].cfg
-    self.c = loops[0].c
-    self.stopped = [False] * len(loops)    # collapsed or failed: masked from then on
+    self.live = [k for k, lp in enumerate(loops) if lp is not None]
+    self.cfg = loops[self.live[0]].cfg
+    self.c = loops[self.live[0]].c
+    # finished before the call, collapsed or failed: masked from then on
+    self.stopped = [lp is None for lp in loops]
     self.errors: dict[int, str] = {}
-    self.step_of = [lp.start for lp in loops]
+    self.step_of = [lp.start if lp is not None else 0 for lp in loops]
     self.status = ["completed"] * len(loops)
     self.pending: tuple[int, Any, Any, list[int]] | None = None
     self._t_last = time.perf_counter()
@@ -318,15 +336,15 @@ class _Driver:
 
   def _initial_state(self):
     state = self.p.init()
-    for k, lp in enumerate(self.loops):
+    for k in self.live:
+      lp = self.loops[k]
       if lp.restored_state is not None:
         state = self.p.put(state, k, lp.restored_state)
         lp.restored_state = None
     return state
 
   def _active(self, step: int) -> list[int]:
-    return [k for k, lp in enumerate(self.loops)
-            if lp.start < step and not self.stopped[k]]
+    return [k for k in self.live if self.loops[k].start < step and not self.stopped[k]]
 
   def _batch(self, active: list[int]):
     """Each active run's next batch from its own iterator, stacked; a masked run gets
@@ -355,12 +373,12 @@ class _Driver:
     cfg, p = self.cfg, self.p
     self.state = self._initial_state()
     if self.preemption.signal_name is not None:
-      for lp in self.loops:
+      for lp in (self.loops[k] for k in self.live):
         lp.writer.message(f"{self.preemption.signal_name} before update {lp.start + 1}: "
                           "nothing new to save; run the same command again to continue")
       return ["preempted"] * len(self.loops)
     end = loop_lib.last_step(cfg)
-    first = min(lp.start for lp in self.loops) + 1
+    first = min(self.loops[k].start for k in self.live) + 1
     for step in range(first, end + 1):
       active = self._active(step)
       if not active:

@@ -179,7 +179,7 @@ def test_a_failed_run_fails_the_experiments_that_read_it_only(tmp_path, monkeypa
   it; an experiment that does not read it still runs."""
   from rankjax import reproduce
   STUDY = reproduce.study("postnorm_collapse")
-  monkeypatch.setattr(training, "train_all", lambda runs, cache_dir=None: {
+  monkeypatch.setattr(training, "train_all", lambda runs, cache_dir=None, groups_of=None: {
       p: "training x: NonFiniteLossError: loss is nan at update 3"
       for p in runs if "post_lr0.0012" in p})
   res = runner.run_study(STUDY, tmp_path / "out", "tiny", ["fig7", "fig12"])
@@ -199,13 +199,45 @@ def test_train_all_records_a_failure_and_goes_on_but_stops_on_preemption(monkeyp
     if path == "d":
       raise training.Preempted("d: saved at update 2 and stopped")
     done.append(path)
+  from rankjax.config import TrainConfig
   monkeypatch.setattr(training, "train", train)
-  assert training.train_all({"a": None, "b": None, "c": None}) == {
+  monkeypatch.setattr(training, "finished", lambda path, cfg: False)
+  # runs of different step shapes (total_steps), so each trains alone
+  cfg = {p: TrainConfig(total_steps=10 + i, warmup_steps=1) for i, p in enumerate("abcde")}
+  assert training.train_all({p: cfg[p] for p in "abc"}) == {
       "b": "training b: NonFiniteLossError: loss is nan at update 3"}
   assert done == ["a", "c"]
   with pytest.raises(training.Preempted):
-    training.train_all({"d": None, "e": None})
+    training.train_all({p: cfg[p] for p in "de"})
   assert done == ["a", "c"]
+
+
+def test_train_all_trains_a_group_of_one_shape_as_one_program(monkeypatch):
+  """Runs differing only in seed or learning rate are one program, formed over the
+  study's every run (``groups_of``): a selected run brings its whole group; a group
+  whose selected runs are finished does not train."""
+  from rankjax.config import TrainConfig
+  from rankjax.train import runs as runs_lib
+  calls = []
+  monkeypatch.setattr(training, "train", lambda path, cfg: calls.append([path]))
+  monkeypatch.setattr(runs_lib, "train_runs", lambda cfgs: calls.append(list(cfgs)) or {})
+  monkeypatch.setattr(training, "finished", lambda path, cfg: path == "z")
+  monkeypatch.setenv(runs_lib.ONE_PROGRAM, "1")
+  base = TrainConfig(total_steps=10, warmup_steps=1)
+  every = {"a": base, "b": dataclasses.replace(base, seed=1),
+           "c": dataclasses.replace(base, learning_rate=0.1),
+           "d": dataclasses.replace(base, total_steps=11),
+           "y": dataclasses.replace(base, total_steps=12), "z": dataclasses.replace(base, total_steps=12, seed=2)}
+  assert training.train_all({"b": every["b"], "d": every["d"], "z": every["z"]},
+                            groups_of=every) == {}
+  assert calls == [["a", "b", "c"], ["d"]]
+  # where one program does not pay (a CPU, by default), each selected run alone
+  calls.clear()
+  monkeypatch.setenv(runs_lib.ONE_PROGRAM, "0")
+  training.train_all({"b": every["b"], "d": every["d"]}, groups_of=every)
+  assert calls == [["b"], ["d"]]
+  monkeypatch.delenv(runs_lib.ONE_PROGRAM)
+  assert runs_lib.one_program_pays("cpu") is False and runs_lib.one_program_pays("gpu")
 
 
 @pytest.mark.parametrize("flag", ["--record", "--check"])

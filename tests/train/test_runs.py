@@ -113,8 +113,15 @@ def test_a_stopped_group_resumes_exactly_with_runs_at_different_updates(tmp_path
   for n in names:
     np.testing.assert_array_equal(losses(tmp_path / "parts" / n), losses(tmp_path / "whole" / n))
   # finished runs are skipped; the program then trains nothing
-  again = runs.train_runs({w: dataclasses.replace(c, stop_at=0) for w, c in parts.items()})
+  final = {w: dataclasses.replace(c, stop_at=0) for w, c in parts.items()}
+  again = runs.train_runs(final)
   assert {r.status for r in again.values()} == {"already_complete"}
+  # a run trained again beside finished ones: they stay in the program (masked), so the
+  # run count, hence its floats, are the uninterrupted program's
+  shutil.rmtree(tmp_path / "parts" / "s2")
+  redo = runs.train_runs(final)
+  assert [r.status for r in redo.values()] == ["already_complete"] * 2 + ["completed"]
+  np.testing.assert_array_equal(losses(tmp_path / "parts" / "s2"), losses(tmp_path / "whole" / "s2"))
 
 
 def test_a_diverging_run_stops_alone_and_a_collapse_stops_its_run(tmp_path, monkeypatch):
