@@ -2,6 +2,7 @@
 them (the plan printed and a one-line refusal before anything trains)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest

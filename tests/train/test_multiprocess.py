@@ -10,6 +10,7 @@ handling each launcher in ``launch/`` reproduces on a cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -286,3 +287,37 @@ def test_a_simulated_pod_trains_the_tiny_paper_config_stops_together_and_resumes
   assert sorted(after) == list(range(1, STEPS + 1)) == sorted(expected)
   for step in range(1, STEPS + 1):
     assert after[step] == pytest.approx(expected[step], rel=1e-5, abs=0), step
+
+
+def test_seeds_as_one_program_on_two_processes_match_one_process(worker_env, tmp_path):
+  """``rankjax train --seeds 0-1`` as two processes joined by ``jax.distributed`` (2
+  devices each; the run axis replicated, each run's batch over the 4 devices) gives
+  each seed the losses of the same command in one process of 4 devices."""
+  cfg = dataclasses.replace(_cfg(), eval_every=0)
+  path = tmp_path / "cfg.json"
+  config_lib.to_json(cfg, path)
+  out = {}
+  for name, n, d in (("1x4", 1, 4), ("2x2", 2, 2)):
+    port, procs = _free_port(), []
+    for i in range(n):
+      e = dict(worker_env, XLA_FLAGS=f"--xla_force_host_platform_device_count={d}",
+               JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+      if n > 1:
+        e.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n),
+                 JAX_PROCESS_ID=str(i))
+      procs.append(subprocess.Popen(
+          [sys.executable, "-m", "rankjax.cli", "train", "--config", str(path), "--workdir",
+           str(tmp_path / name), "--seeds", "0-1"], env=e, cwd=ROOT,
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+      for p in procs:
+        _, err = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, err[-3000:]
+    finally:
+      _kill_unfinished(procs)
+    out[name] = {s: losses(tmp_path / name / f"seed_{s}") for s in (0, 1)}
+  assert out["1x4"][0] != out["1x4"][1]
+  for s in (0, 1):
+    assert sorted(out["2x2"][s]) == list(range(1, 9))
+    for step in range(1, 9):
+      assert out["2x2"][s][step] == pytest.approx(out["1x4"][s][step], rel=1e-6), (s, step)
