@@ -117,6 +117,7 @@ def main() -> None:
             f"{m['single_s'] / m['many_s']:.2f}x", flush=True)
   load1 = common.load_average()
   lines = [
+      SECTION, "",
       f"Machine: {common.machine_name()}, "
       f"jax {jax.__version__}; 1-minute load average at the start / end {load0:.1f} / {load1:.1f}.",
       "Command: `python experiments/benchmarks/runs_as_one_program.py`.", "",

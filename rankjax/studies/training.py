@@ -282,13 +282,15 @@ def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = No
   {workdir: one-line error} of the runs that failed (a NaN loss, a bad config): the
   experiments that read them fail, the others still run.
 
-  Where one program pays (``rankjax.train.runs.one_program_pays``: on accelerators, not
-  on a CPU), runs of one step shape (``rankjax.train.runs.group``: configs that differ
+  Unless ``RANKJAX_ONE_PROGRAM=0`` (``rankjax.train.runs.one_program_pays``), runs of
+  one step shape (``rankjax.train.runs.group``: configs that differ
   only in the seed and the optimizer's scalar hyperparameters) train as one program
   (``rankjax.train.runs.train_runs``): the group is formed over ``groups_of`` (the
   study's every run at this scale; default ``runs``), so a run's program, hence its
   floats, is the same whichever experiments a command selects, and a group trains when
-  any of its runs in ``runs`` is unfinished. Elsewhere each run trains alone. ``cache_dir``: JAX's persistent compilation
+  any of its runs in ``runs`` is unfinished; on an accelerator a group larger than one
+  program holds (``program_size``: the device memory) is cut into programs in order.
+  Otherwise each run trains alone. ``cache_dir``: JAX's persistent compilation
   cache for the runs, unless one is configured already.
 
   Raises:
@@ -301,7 +303,9 @@ def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = No
     enable_compilation_cache(str(cache_dir))
   every = {**(groups_of or {}), **runs}
   one_program = runs_lib.one_program_pays()
-  groups = runs_lib.group(every) if one_program else [[p] for p in runs]
+  groups = ([chunk for names in runs_lib.group(every)
+             for chunk in _fitting(names, program_size(every[names[0]]))]
+            if one_program else [[p] for p in runs])
   failed: dict[str, str] = {}
   for names in groups:
     if not any(p in runs and not finished(p, every[p]) for p in names):
@@ -328,6 +332,27 @@ def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = No
         failed[p] = f"training {os.path.basename(p)}: NonFiniteLossError: {r.error[:300]}"
         print(failed[p], flush=True)
   return {p: e for p, e in failed.items() if p in runs}
+
+
+def program_size(cfg) -> int:
+  """How many runs of ``cfg``'s step shape one program holds: all of them where the
+  devices report no memory limit (a CPU: the host's memory); on an accelerator as many
+  as fit ``MEMORY_SHARE`` of a device at the planned peak of one run per device
+  (``memory_estimate``; R runs of one program hold R runs' state and activations), at
+  least one (a paper-scale run fills its devices alone)."""
+  import jax
+  from rankjax.train import memory
+  limit = memory.device_limit()
+  if limit is None:
+    return 1 << 30
+  peak = memory_estimate(cfg, jax.device_count())["total"]
+  return max(1, int(MEMORY_SHARE * limit // peak)) if peak > 0 else 1 << 30
+
+
+def _fitting(names: list[str], size: int) -> list[list[str]]:
+  """``names`` cut into programs of at most ``size`` runs, in order (the cut depends on
+  the device memory only, so a run's program is the same on the same devices)."""
+  return [names[i:i + size] for i in range(0, len(names), size)]
 
 
 # ---------------------------------------------------------------------------------------

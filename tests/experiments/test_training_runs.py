@@ -160,18 +160,26 @@ def test_a_preempted_run_stops_reproduce_with_exit_75(tmp_path, monkeypatch, cap
   """SIGTERM during a run (the loop saved and returned "preempted"): nothing after it
   runs (no analysis of an unfinished run), and the command exits 75 as rankjax train."""
   from rankjax.train import loop
+  from rankjax.train import runs as runs_lib
   seen = []
 
   def preempted(cfg, workdir, **kw):
-    seen.append(str(workdir))
+    seen.append([str(workdir)])
     return loop.TrainResult(workdir=workdir, step=3, status="preempted", metrics={},
                             start_step=0)
+
+  def preempted_program(cfgs, **kw):      # the runs of one shape: one program
+    seen.append(list(cfgs))
+    return {p: loop.TrainResult(workdir=p, step=3, status="preempted", metrics={},
+                                start_step=0) for p in cfgs}
   monkeypatch.setattr(loop, "train", preempted)
+  monkeypatch.setattr(runs_lib, "train_runs", preempted_program)
   code = cli.main(["reproduce", "postnorm_collapse", "--scale", "tiny", "--only", "fig3",
                    "--out", str(tmp_path / "out")])
   err = capsys.readouterr().err
-  assert code == 75 and len(seen) == 1
-  assert "saved at update 3 and stopped" in err and "run the same command again" in err
+  assert code == 75 and len(seen) == 1      # the first program, then nothing else
+  assert len(seen[0]) == 2                  # fig3's two seeds at tiny: one program
+  assert "saved and stopped" in err and "run the same command again" in err
   assert not (tmp_path / "out" / "postnorm_collapse" / "summary.json").exists()
 
 
@@ -223,7 +231,7 @@ def test_train_all_trains_a_group_of_one_shape_as_one_program(monkeypatch):
   monkeypatch.setattr(training, "train", lambda path, cfg: calls.append([path]))
   monkeypatch.setattr(runs_lib, "train_runs", lambda cfgs: calls.append(list(cfgs)) or {})
   monkeypatch.setattr(training, "finished", lambda path, cfg: path == "z")
-  monkeypatch.setenv(runs_lib.ONE_PROGRAM, "1")
+  monkeypatch.delenv(runs_lib.ONE_PROGRAM, raising=False)
   base = TrainConfig(total_steps=10, warmup_steps=1)
   every = {"a": base, "b": dataclasses.replace(base, seed=1),
            "c": dataclasses.replace(base, learning_rate=0.1),
@@ -232,13 +240,11 @@ def test_train_all_trains_a_group_of_one_shape_as_one_program(monkeypatch):
   assert training.train_all({"b": every["b"], "d": every["d"], "z": every["z"]},
                             groups_of=every) == {}
   assert calls == [["a", "b", "c"], ["d"]]
-  # where one program does not pay (a CPU, by default), each selected run alone
+  # RANKJAX_ONE_PROGRAM=0: each selected run alone (the single runs' floats)
   calls.clear()
   monkeypatch.setenv(runs_lib.ONE_PROGRAM, "0")
   training.train_all({"b": every["b"], "d": every["d"]}, groups_of=every)
   assert calls == [["b"], ["d"]]
-  monkeypatch.delenv(runs_lib.ONE_PROGRAM)
-  assert runs_lib.one_program_pays("cpu") is False and runs_lib.one_program_pays("gpu")
 
 
 @pytest.mark.parametrize("flag", ["--record", "--check"])
@@ -473,3 +479,19 @@ def test_a_plan_without_a_spec_peak_says_why_it_has_no_device_hours(monkeypatch)
   monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
   assert "no spec peak" not in training.plan_text(
       training.plan({"/o/runs/a": training.load(PAPER_LM)}))
+
+
+def test_a_program_holds_the_runs_that_fit_the_device_memory(monkeypatch):
+  """On an accelerator a group is cut into programs of as many runs as fit a device at
+  one run's planned peak; a CPU (no device limit) holds the whole group."""
+  from rankjax.config import TrainConfig
+  from rankjax.train import memory
+  cfg = TrainConfig(total_steps=10, warmup_steps=1)
+  monkeypatch.setattr(memory, "device_limit", lambda: None)
+  assert training.program_size(cfg) >= 1 << 20
+  monkeypatch.setattr(memory, "device_limit", lambda: 100e9)
+  monkeypatch.setattr(training, "memory_estimate", lambda c, n: {"total": 30e9})
+  assert training.program_size(cfg) == 3            # 0.9 x 100 GB // 30 GB
+  monkeypatch.setattr(training, "memory_estimate", lambda c, n: {"total": 95e9})
+  assert training.program_size(cfg) == 1            # a paper-scale run fills it alone
+  assert training._fitting(list("abcdefg"), 3) == [list("abc"), list("def"), ["g"]]
