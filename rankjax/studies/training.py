@@ -345,8 +345,15 @@ def program_size(cfg) -> int:
   limit = memory.device_limit()
   if limit is None:
     return 1 << 30
-  peak = memory_estimate(cfg, jax.device_count())["total"]
-  return max(1, int(MEMORY_SHARE * limit // peak)) if peak > 0 else 1 << 30
+  return runs_per_program(memory_estimate(cfg, jax.device_count())["total"], limit)
+
+
+def runs_per_program(peak: float, memory: float | None) -> int:
+  """Runs of ``peak`` bytes per device one program holds in ``memory`` bytes per device
+  (``MEMORY_SHARE`` of it); None (no limit): all of them."""
+  if memory is None or peak <= 0:
+    return 1 << 30
+  return max(1, int(MEMORY_SHARE * memory // peak))
 
 
 def _fitting(names: list[str], size: int) -> list[list[str]]:
@@ -494,7 +501,13 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
         "batch_note": _BATCH_NOTES.get(cfg)})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
+  from rankjax.train import runs as runs_lib
+  peaks = {r["run"]: r["peak_gb_per_device"] * 1e9 for r in rows}
+  groups = runs_lib.group(runs) if runs_lib.one_program_pays() else [[p] for p in runs]
+  programs = [len(chunk) for g in groups
+              for chunk in _fitting(g, runs_per_program(peaks[g[0]], memory))]
   return {
+      "programs": programs,
       "device": kind, "devices": count,
       "target": None if _TARGET[0] is None else _TARGET[0].describe(),
       "device_memory_gb": None if memory is None else memory / 1e9,
@@ -537,6 +550,11 @@ def plan_text(p: Mapping[str, Any]) -> str:
     for key in ("batch_note", "remat_note"):
       if r.get(key):
         lines.append(f"    {r[key]}")
+  if p.get("programs"):
+    sizes = p["programs"]
+    lines.append(f"  {len(sizes)} program{'s' if len(sizes) > 1 else ''} (runs of one step "
+                 f"shape train as one program, one compile each; runs per program: "
+                 f"{', '.join(map(str, sizes))})")
   compiled = p["rows"] and all(r.get("peak_compiled") for r in p["rows"])
   wall = ("" if p["device_hours"] is None else
           f" ({p['device_hours'] / p['devices']:.3g} hours on {p['devices']} device"

@@ -5,7 +5,9 @@ same configs: a run of the program must follow its single run up to the order of
 float32 reductions (``jax.vmap`` batches the matmuls over runs). Stated tolerance:
 relative 1e-5 on every logged loss of these 6-update runs (measured: at most 3e-7 on
 a 4-layer model over 12 updates; the LR here is high enough that a wrong key, data
-order or hyperparameter moves the loss by far more than that).
+order or hyperparameter moves the loss by far more than that). The resume, stop, CLI
+and 8-device tests are marked slow (CI's slow stage); the default suite keeps the
+parsing and the seeds-and-sweep equivalence.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def test_seeds_and_a_learning_rate_sweep_follow_their_single_runs(tmp_path):
   np.testing.assert_array_equal(losses(tmp_path / "one"), losses(tmp_path / "single1"))
 
 
+@pytest.mark.slow
 def test_a_stopped_group_resumes_exactly_with_runs_at_different_updates(tmp_path):
   """stop_at 3, then one run's folder removed: that run starts over from update 1 while
   the others are masked until it reaches their update 3, and every run's losses equal
@@ -124,6 +127,7 @@ def test_a_stopped_group_resumes_exactly_with_runs_at_different_updates(tmp_path
   np.testing.assert_array_equal(losses(tmp_path / "parts" / "s2"), losses(tmp_path / "whole" / "s2"))
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_alone_and_a_collapse_stops_its_run(tmp_path, monkeypatch):
   """A learning rate that turns the loss to NaN fails its own run (its last good
   checkpoint kept) while the other run of the program completes."""
@@ -149,6 +153,7 @@ def test_a_diverging_run_stops_alone_and_a_collapse_stops_its_run(tmp_path, monk
     assert stopped["step"] == r.step and load_run(workdir).step == r.step
 
 
+@pytest.mark.slow
 def test_the_cli_trains_seeds_as_one_program(tmp_path):
   cfg = tmp_path / "c.json"
   _lm(total_steps=2, checkpoint_every=2, diag_every=0).to_json(cfg)
@@ -186,6 +191,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_runs_on_8_host_devices_shard_the_run_axis_or_replicate_it(tmp_path):
   """8 runs over 8 CPU devices: the run axis sharded (each device its run); 3 runs: the
   run axis replicated and each run's batch over the devices. Both follow the same runs
