@@ -237,3 +237,26 @@ def test_compiled_state_per_device_is_the_plans_share_on_8_and_4_devices():
 def _paper(name):
   from rankjax.studies import training
   return training.load(f"experiments/configs/{name}")
+
+
+@pytest.mark.slow   # compiles the policies of two shapes (~40 s under load)
+def test_remat_auto_compiles_once_per_step_shape(monkeypatch):
+  """Runs that differ only in per-run fields (seed, learning rate) share their compiled
+  memory analysis: remat auto compiles each policy's step once for all of them."""
+  import dataclasses
+  cfg = _deep()
+  limit = _limits(cfg, _compiled_peaks(cfg))["dots"]
+  monkeypatch.setattr(memory, "device_limit", lambda: limit)
+  monkeypatch.setattr(loop, "_MEMORY", {})
+  compiled = []
+  real = loop._compiled_memory
+  monkeypatch.setattr(loop, "_compiled_memory",
+                      lambda c, mesh: compiled.append(c.model.remat) or real(c, mesh))
+  first = loop.build(cfg).task.model.cfg.remat
+  n = len(compiled)
+  assert n >= 1
+  for change in (dict(seed=7), dict(learning_rate=cfg.learning_rate * 2), dict(b1=0.8)):
+    assert loop.build(dataclasses.replace(cfg, **change)).task.model.cfg.remat == first
+  assert len(compiled) == n                 # nothing compiled again
+  loop.build(dataclasses.replace(cfg, batch_size=cfg.batch_size * 2))
+  assert len(compiled) > n                  # another shape compiles
