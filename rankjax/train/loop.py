@@ -358,18 +358,22 @@ def _train(cfg: TrainConfig, workdir: epath.Path, preemption: preemption_lib.Dur
 
 
 def open_run(cfg: TrainConfig, workdir: epath.Path, compiled: Compiled,
-             stream: TextIO | None, progress_bar: bool | None) -> "TrainResult | _Loop":
+             stream: TextIO | None, progress_bar: bool | None, *, checked: bool = False
+             ) -> "TrainResult | _Loop":
   """Everything of one run before its first update: the checks (data, evaluation split,
   diagnostics, the workdir's config), config.json, the data iterator, the checkpoint
   restored (``restored_state``; None for a fresh run, whose state the caller
   initializes) and the console writer; or the ``already_complete`` result when there is
-  nothing to train. Shared by ``train`` and ``rankjax.train.runs`` (one per run)."""
+  nothing to train. Shared by ``train`` and ``rankjax.train.runs`` (one per run;
+  ``checked``: a run of the same step shape passed the data, evaluation and diagnostics
+  checks already)."""
   shard_lib.check_batch(cfg.batch_size, cfg.grad_accum, compiled.mesh)  # also when cached
   task = compiled.task
   info = data_pipeline.dataset_info(task.data_kind, **task_lib.data_kwargs(cfg, task))
-  data_pipeline.check_model_fits(info, **task_lib.model_requirements(task))
-  check_eval_split(cfg, task, info.name)
-  check_diagnostics(cfg, compiled)
+  if not checked:
+    data_pipeline.check_model_fits(info, **task_lib.model_requirements(task))
+    check_eval_split(cfg, task, info.name)
+    check_diagnostics(cfg, compiled)
   check_workdir_config(workdir, cfg)
   data_it = make_data_iterator(cfg, task)
   write_config(workdir, cfg)

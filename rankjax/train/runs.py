@@ -56,7 +56,7 @@ from rankjax.errors import UserError
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import loop as loop_lib
 from rankjax.train import sharding as shard_lib
-from rankjax.train.checkpoint import write_stopped
+from rankjax.train.checkpoint import check_workdir_config, write_stopped
 from rankjax.train.state import make_init, make_optimizer, make_step
 
 # fields that may differ between the runs of one program (per-run arrays in the step:
@@ -252,6 +252,8 @@ def _train_runs(cfgs, workdirs, names, preemption, on_step, stream, progress_bar
     loop_lib.enable_compilation_cache(cfg.compilation_cache_dir)
   loop_lib.check_param_dtype(cfg)
   c = loop_lib.build_for_run(cfg)
+  for run_cfg, workdir in zip(cfgs, workdirs):   # every refusal before any file is written
+    check_workdir_config(workdir, run_cfg)
   quiet = _Discard()
   results: dict[str, loop_lib.TrainResult] = {}
   slots: list[loop_lib._Loop | None] = []     # one per run; None: nothing to train
@@ -259,7 +261,7 @@ def _train_runs(cfgs, workdirs, names, preemption, on_step, stream, progress_bar
     for i, (run_cfg, workdir) in enumerate(zip(cfgs, workdirs)):
       first = not any(slots)
       opened = loop_lib.open_run(run_cfg, workdir, c, stream if first else quiet,
-                                 progress_bar if first else False)
+                                 progress_bar if first else False, checked=i > 0)
       if isinstance(opened, loop_lib.TrainResult):
         results[names[i]] = opened
         slots.append(None)

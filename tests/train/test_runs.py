@@ -214,3 +214,15 @@ def test_runs_on_8_host_devices_shard_the_run_axis_or_replicate_it(tmp_path):
     for s in range(n):
       np.testing.assert_allclose(losses(tmp_path / "eight" / name / f"s{s}"),
                                  losses(tmp_path / "one" / name / f"s{s}"), rtol=RTOL)
+
+
+def test_a_refused_run_of_a_program_writes_nothing(tmp_path):
+  """A workdir holding another run refuses the whole program before any file is
+  written (the other runs' folders stay absent)."""
+  base = _lm()
+  loop_lib.train(dataclasses.replace(base, seed=5, total_steps=2, checkpoint_every=2),
+                 tmp_path / "b")
+  cfgs = {str(tmp_path / "a"): base, str(tmp_path / "b"): dataclasses.replace(base, seed=1)}
+  with pytest.raises(UserError):
+    runs.train_runs(cfgs)
+  assert not (tmp_path / "a").exists()
