@@ -427,12 +427,12 @@ class _Driver:
         self.loops[k].ckpt.wait()
         write_stopped(self.loops[k].ckpt.workdir, step, self.loops[k].collapse_reason)
         self.stopped[k], self.status[k] = True, "collapsed"
-      if stop:
-        for k in active:
+      if stop:          # every unfinished run stops (a masked one had nothing new)
+        for k in self.live:
           if not self.stopped[k]:
             self.loops[k].ckpt.wait()
             self.loops[k].writer.message(
-                f"{self.preemption.signal_name}: saved step {step} in "
+                f"{self.preemption.signal_name}: saved step {self.step_of[k]} in "
                 f"{self.loops[k].ckpt.directory}; run the same command again to resume")
             self.status[k] = "preempted"
         return self.status
