@@ -226,3 +226,23 @@ def test_a_refused_run_of_a_program_writes_nothing(tmp_path):
   with pytest.raises(UserError):
     runs.train_runs(cfgs)
   assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_saves_every_run_and_the_same_command_resumes_exactly(tmp_path):
+  """SIGTERM after update 2: every run saves update 2 and reports "preempted"; the same
+  call again finishes them with the uninterrupted program's losses, bit for bit."""
+  import signal
+  base = tiny_mlp(total_steps=5, checkpoint_every=5, max_to_keep=2)
+  whole = {str(tmp_path / "whole" / f"s{s}"): dataclasses.replace(base, seed=s)
+           for s in range(3)}
+  runs.train_runs(whole)
+  cut = {str(tmp_path / "cut" / f"s{s}"): dataclasses.replace(base, seed=s) for s in range(3)}
+  first = runs.train_runs(cut, on_step=lambda s: s == 2 and os.kill(os.getpid(),
+                                                                       signal.SIGTERM))
+  assert [(r.status, r.step) for r in first.values()] == [("preempted", 2)] * 3
+  again = runs.train_runs(cut)
+  assert [(r.status, r.start_step) for r in again.values()] == [("completed", 2)] * 3
+  for s in range(3):
+    np.testing.assert_array_equal(losses(tmp_path / "cut" / f"s{s}"),
+                                  losses(tmp_path / "whole" / f"s{s}"))
