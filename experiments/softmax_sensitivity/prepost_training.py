@@ -341,19 +341,20 @@ def use_compile_cache(path: str) -> None:
 
 
 def train_runs(out_dir: str, scale: str, seeds: tuple[int, ...] = SEEDS,
-               overrides: dict[str, Any] | None = None) -> dict[str, tuple[Any, str, float]]:
-  """Trains (or resumes / reuses: ``training.train``) every run of ``scale`` in
-  ``out_dir/runs``; ``{name: (config, workdir, seconds spent)}``. Raises the one line of
-  :func:`needs` when the data set is not given."""
+               overrides: dict[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
+  """Trains (or resumes / reuses) every run of ``scale`` in ``out_dir/runs``, the seeds of
+  each placement as one program (``training.train_all``: one step shape, one compile);
+  ``{name: (config, workdir)}``. Raises the one line of :func:`needs` when the data set
+  is not given, and a run's failure (a NaN loss) as one line."""
   line = needs(scale)
   if line:
     raise ValueError(line)
-  out = {}
-  for name, cfg in run_configs(scale, seeds, overrides).items():
-    path, t0 = training.workdir(out_dir, name), time.time()
-    training.train(path, cfg)
-    out[name] = (cfg, path, time.time() - t0)
-  return out
+  cfgs = run_configs(scale, seeds, overrides)
+  paths = {name: training.workdir(out_dir, name) for name in cfgs}
+  failed = training.train_all({paths[n]: cfg for n, cfg in cfgs.items()})
+  if failed:
+    raise RuntimeError(next(iter(failed.values())))
+  return {name: (cfgs[name], paths[name]) for name in cfgs}
 
 
 def read_run(workdir: str) -> dict[str, np.ndarray]:
@@ -701,13 +702,14 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS,
   use_compile_cache(os.path.join(out_dir, "jax_cache"))
   t0 = time.time()
   trained = train_runs(out_dir, scale, seeds, overrides)
+  train_seconds = time.time() - t0
   runs = {arch: {seed: read_run(trained[f"{arch}_s{seed}"][1]) for seed in seeds}
           for arch in ARCHS}
   first = trained[f"pre_s{seeds[0]}"][0]
   res = analyze(runs, first.warmup_steps)
   res.update(scale=scale, seeds=list(seeds),
              config=CONFIGS["paper" if scale == "tiny" else scale], overrides=overrides or {},
-             paper=PAPER, train_seconds={n: t[2] for n, t in trained.items()},
+             paper=PAPER, train_seconds=train_seconds,
              seconds=time.time() - t0)
   res["settings"] = dict(seeds=list(seeds), archs=list(ARCHS), fig_seed=FIG_SEED,
                          config=config_lib.to_dict(first))
