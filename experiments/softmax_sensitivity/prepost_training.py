@@ -332,7 +332,7 @@ def runs(scale: str) -> dict[str, Any]:
 
 
 def use_compile_cache(path: str) -> None:
-  """Persistent XLA cache: runs that differ only in the seed compile once."""
+  """Persistent XLA cache: a rerun loads the compiled programs instead of compiling them."""
   import jax
   from jax.experimental.compilation_cache import compilation_cache
   jax.config.update("jax_compilation_cache_dir", path)
