@@ -17,7 +17,12 @@ similarity, the first/last per-layer gradient-norm ratio, the transition step
 early-layer gradients vanished), Pre-Norm at the same LR and Post-Norm at the lower LR
 do not (the policy: ``common``).
 
-Run:  rankjax reproduce postnorm_collapse --only collapse
+``--scale quick_deep`` (issue 53 item 4): the same three runs, seeds, updates, LRs and
+diagnostics at the paper's depth, 48 layers (``model.num_layers=48``, d=64 as quick), in
+workdirs ``runs/<name>_L48`` beside quick's; the same claims. The study's only path at
+that scale (the other experiments are missing there).
+
+Run:  rankjax reproduce postnorm_collapse --only collapse [--scale quick_deep]
 Figs 3-6 (``fig3_fig5_transition.py``, ``fig6_frequency_loss.py``) reuse these runs.
 """
 from __future__ import annotations
@@ -62,10 +67,15 @@ PAPER_FREQ_TOKENS = 500_000_000
 # what each seed's row reads (summarize's keys)
 SEED_KEYS = ("final_loss_last10pct_mean", "loss_minus_stream_freq", "final_last_tsim",
              "final_grad_ratio_first_over_last", "min_loss", "max_last_tsim")
-# the scales and what each trains: the quick runs above at SEEDS; paper / tiny the paper's
-# three roles (paper_runs.ROLES) at its seeds
+# the scales and what each trains: the quick runs above at SEEDS; quick_deep the same
+# runs at the paper's depth, 48 layers (issue 53 item 4; fixed before its runs: every
+# other setting is quick's), in workdirs of their own (the name + "suffix"); paper / tiny
+# the paper's three roles (paper_runs.ROLES) at its seeds
+DEEP = "quick_deep"
 SCALES: dict[str, dict[str, Any]] = {
     "quick": {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS)},
+    DEEP: {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS),
+           "num_layers": 48, "suffix": "_L48"},
     "paper": {"config": paper_runs.CONFIG, "roles": list(paper_runs.ROLES),
               "seeds": list(paper_runs.SEEDS)},
     "tiny": {"config": paper_runs.CONFIG, "roles": list(paper_runs.ROLES),
@@ -132,15 +142,21 @@ CLAIMS = claims(_QUICK_COLLAPSE + [c for c in common.words(_collapse_claims(*PAP
                                    if c not in _QUICK_COLLAPSE])
 
 
+def deep_overrides(scale: str) -> list[str]:
+  """The overrides a quick-model scale adds to every run (quick_deep: its depth)."""
+  layers = SCALES.get(scale, {}).get("num_layers")
+  return [f"model.num_layers={layers}"] if layers else []
+
+
 def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
-              config: str | None = None) -> str:
+              config: str | None = None, scale: str = "quick") -> str:
   """Trains run ``name`` (resumes/skips when its workdir already finished); returns
-  the workdir."""
+  the workdir. ``scale`` quick_deep: at its ``num_layers``, in ``runs/<name><suffix>``."""
   import rankjax.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm", "postnorm_sublayer_norms")
   from rankjax.train.loop import train
   cfg_name, extra = {**RUNS, **SEED_RUNS, **WINDOW_RUNS}.get(name, (config, []))
-  cfg = common.load_config(cfg_name, extra + list(overrides or []))
-  workdir = os.path.join(out_dir, "runs", name)
+  cfg = common.load_config(cfg_name, extra + list(overrides or []) + deep_overrides(scale))
+  workdir = os.path.join(out_dir, "runs", name + SCALES.get(scale, {}).get("suffix", ""))
   done = os.path.join(workdir, "checkpoints", str(cfg.total_steps))
   saved = os.path.join(workdir, "config.json")
   if os.path.isdir(done) and os.path.isfile(saved):
@@ -209,18 +225,22 @@ def summarize(workdir: str, stream_freq: float) -> dict[str, Any]:
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Trains (or reuses) the three runs at every seed and writes ``collapse_study.json``
-  (paper / tiny: the paper's runs, ``paper_runs``)."""
+  (quick_deep: ``collapse_study_quick_deep.json``, its runs ``SCALES[DEEP]``; paper /
+  tiny: the paper's runs, ``paper_runs``)."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
-  if scale != "quick":
-    raise ValueError(f"collapse_study has the quick, paper and tiny scales, not {scale!r}")
+  if scale not in ("quick", DEEP):
+    raise ValueError(f"collapse_study has the scales {list(SCALES)}, not {scale!r}")
   start = time.time()
-  out: dict[str, Any] = {"figure": "postnorm_collapse quick collapse study (Sec 4.2-4.3)",
+  out: dict[str, Any] = {"figure": "postnorm_collapse quick collapse study (Sec 4.2-4.3)"
+                                   + (", 48 layers" if scale == DEEP else ""),
                          "scale": scale, "runs": {}}
+  if scale == DEEP:
+    out["settings"] = {**SCALES[DEEP], "overrides": deep_overrides(DEEP)}
   freq = None
   for name in RUNS:
     t0 = time.time()
-    wd = train_run(name, out_dir)
+    wd = train_run(name, out_dir, scale=scale)
     if freq is None:
       freq = stream_frequency_loss(common.load_config(RUNS[name][0]))
     out["runs"][name] = {**summarize(wd, freq), "workdir": wd, "seconds": time.time() - t0}
@@ -229,11 +249,12 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   out["by_seed"] = {name: {"0": {k: out["runs"][name][k] for k in SEED_KEYS}} for name in RUNS}
   for name in RUNS:
     for seed in SEEDS[1:]:
-      s = summarize(train_run(seeded_name(name, seed), out_dir), freq)
+      s = summarize(train_run(seeded_name(name, seed), out_dir, scale=scale), freq)
       out["by_seed"][name][str(seed)] = {k: s[k] for k in SEED_KEYS}
   out["stream_freq_loss"] = freq
   out["seconds"] = time.time() - start
-  common.write_json(out_dir, "collapse_study.json", out)
+  common.write_json(out_dir, "collapse_study.json" if scale == "quick"
+                    else f"collapse_study_{scale}.json", out)
   out["measured"] = measurements(out)
   return out
 
@@ -269,9 +290,9 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
 
 def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   """``run``'s ``"measured"``: every seed's value of each claim of ``CLAIMS`` (the quick
-  LRs' items at quick, the paper's at paper / tiny)."""
+  LRs' items at quick and quick_deep, the paper's at paper / tiny)."""
   by, freq = res["by_seed"], res["stream_freq_loss"]
-  lr, low = ("1e-2", "5e-3") if res.get("scale", "quick") == "quick" else PAPER_LRS
+  lr, low = ("1e-2", "5e-3") if res.get("scale", "quick") in ("quick", DEEP) else PAPER_LRS
   seeds = [int(s) for s in by["post_collapse"]]
   note = f"seeds {seeds}; stream L_freq {freq:.4f}"
   get = lambda run, key: [common.num(by[run][str(s)][key]) for s in seeds]

@@ -13,6 +13,8 @@ the paper's own runs at ``--scale paper`` (48 layers, C4, LR 8e-4 / 6e-4: ``pape
 
 Run:  rankjax reproduce postnorm_collapse --out runs [--scale quick|paper|tiny]
       [--only fig1,fig2]
+      rankjax reproduce postnorm_collapse --out runs --scale quick_deep --only collapse
+      (quick_deep: the collapse study's quick runs at 48 layers, its only experiment)
       (--only fig10 = Figs 10-11, the second seed; --only fig12 = Figs 12-20, the LR
       ablation; fig11, fig13..fig20 are aliases)
 """
@@ -71,6 +73,13 @@ _QUICK_TRAINED = ("a 12-layer d=64 byte-level LM trained 60-150 updates at LR 1e
 QUICK_SETTING = {**{n: _QUICK_INIT for n in INIT},
                  **{n: _QUICK_TRAINED for n in TRAINED},
                  "fig7": runner.PAPER_SETTING}
+# quick_deep (issue 53 item 4): the collapse study's quick runs at the paper's depth, its
+# only experiment (collapse_study.SCALES["quick_deep"]); the others are missing there
+QUICK_DEEP_SETTING = {"collapse": (
+    "a 48-layer (the paper's depth) d=64 byte-level LM trained 150 updates at LR 1e-2 / "
+    "5e-3, quick's runs at 48 layers (paper: d=512, C4, 40000 steps at LR 8e-4 / 6e-4)")}
+_DEEP_MISSING = ("quick_deep is a training-only scale of the collapse study (its three "
+                 "runs at 48 layers, CPU cost); this experiment has no path there")
 # --check's tolerance where 1e-4 relative is not reproducible (measured
 # under the test suite's XLA flags against the default ones)
 RECHECK = {"fig2": dict(recheck_atol=1e-7, recheck_why=(
@@ -100,7 +109,10 @@ def _experiment(name: str) -> runner.Experiment:
                            # sign flip when a rounding change moves a layer near zero
                            trained=name in TRAINED or name == "fig1",
                            setting={"paper": runner.PAPER_SETTING,
-                                    "quick": QUICK_SETTING[name]},
+                                    "quick": QUICK_SETTING[name],
+                                    **({"quick_deep": QUICK_DEEP_SETTING[name]}
+                                       if name in QUICK_DEEP_SETTING else {})},
+                           why_missing=_DEEP_MISSING,
                            scale_free=frozenset(SCALE_FREE.get(name, ())),
                            figures=FIGURES.get(name, ()),
                            **RECHECK.get(name, {}))
@@ -187,6 +199,12 @@ REGISTER = items.register([
                     "from one, loss falls smoothly, backward quantities stable"),
 ])
 
-STUDY = runner.Study(name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",
-                     experiments={n: _experiment(n) for n in SCRIPTS}, aliases=ALIASES,
-                     register=REGISTER)
+STUDY = runner.Study(
+    name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",
+    experiments={n: _experiment(n) for n in SCRIPTS}, aliases=ALIASES, register=REGISTER,
+    scales=("quick", "quick_deep", "paper", "tiny"),
+    notes={"quick_deep": "quick_deep: the collapse study's three quick runs (Post-Norm LR "
+                         "1e-2, Pre-Norm LR 1e-2, Post-Norm LR 5e-3; seeds 0, 1, 2; 150 "
+                         "updates, d=64) at the paper's depth, 48 layers, fixed before its "
+                         "runs (issue 53 item 4); every row a proxy; the other experiments "
+                         "have no path at this scale (EXPECTED.md)."})

@@ -47,7 +47,11 @@ SCALES_NOT_IN_CI: dict[tuple[str, str], str] = {
         "a second proxy setting of the quick model (every row a proxy): its six 800-update "
         "runs and their bounds are the committed stage's largest single cost after the "
         "Post-Norm group; `rankjax reproduce softmax_sensitivity --scale quick_sharpen "
-        "--check` reruns it by hand")}
+        "--check` reruns it by hand"),
+    ("postnorm_collapse", "quick_deep"): (
+        "the collapse study's nine 150-update runs at 48 layers took 2111 s on the "
+        "shared 2-core Xeon VM (EXPECTED.md, Quick-deep scale); `rankjax reproduce "
+        "postnorm_collapse --scale quick_deep --only collapse --check` reruns it by hand")}
 # experiments that read another's training runs rerun in its process (trained once): the
 # Post-Norm trained experiments share the collapse study's runs, which train once in the
 # "collapse" test
@@ -111,6 +115,7 @@ def test_every_exclusion_names_a_committed_result():
       "prepost_training", "trained_bounds"]
   assert names("softmax_sensitivity", "quick_paper_lr", "prepost_training") == [
       "prepost_training"]
+  assert not any(sc == "quick_deep" for s, sc, _ in CHECKED if s == "postnorm_collapse")
 
 
 def _environment(provenance: dict) -> dict:

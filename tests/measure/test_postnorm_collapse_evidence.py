@@ -34,12 +34,40 @@ def test_every_experiment_declares_its_claims():
     module = STUDY.module(name)
     claims = STUDY.claims(name)
     assert claims is module.CLAIMS and len(claims) > 0, name
-    assert set(module.SCALES) == {"quick", "paper", "tiny"} == set(STUDY.scales_of(name))
+    # quick_deep (issue 53 item 4): the collapse study's runs at 48 layers, its only path
+    deep = {"quick_deep"} if name == "collapse" else set()
+    assert set(module.SCALES) == {"quick", "paper", "tiny"} | deep == set(STUDY.scales_of(name))
     assert callable(module.run) and callable(module.measurements), name
     for c in claims.values():
       assert (c.paper is not None or isinstance(c.rule, evidence.Qualitative)
               or (isinstance(c.rule, evidence.Bound) and c.rule.limit is not None)), c.item
       assert c.where and c.quote and c.kind in evidence.KINDS, c.item
+
+
+def test_quick_deep_is_the_collapse_runs_at_48_layers_in_their_own_workdirs(monkeypatch,
+                                                                            tmp_path):
+  deep = collapse_study.SCALES["quick_deep"]
+  assert deep["num_layers"] == 48 and deep["seeds"] == [0, 1, 2]
+  assert deep["runs"] == collapse_study.SCALES["quick"]["runs"]
+  assert set(STUDY.experiments["collapse"].setting) >= {"quick", "quick_deep"}
+  assert "quick_deep" in STUDY.scales and STUDY.notes["quick_deep"]
+  others = [n for n in STUDY.experiments if n != "collapse"]
+  assert all("quick_deep" not in STUDY.scales_of(n) for n in others)
+  assert all("quick_deep" in STUDY.experiments[n].why_missing for n in others)
+  trained = []
+  monkeypatch.setattr("rankjax.train.loop.train",
+                      lambda cfg, wd, **kw: trained.append((cfg, wd)))
+  for scale in ("quick", "quick_deep"):
+    collapse_study.train_run(collapse_study.seeded_name("pre_same_lr", 1), str(tmp_path),
+                             scale=scale)
+  (quick, quick_wd), (deep_cfg, deep_wd) = trained
+  assert quick.model.num_layers == 12 and deep_cfg.model.num_layers == 48
+  assert deep_cfg.model.norm_position == "pre" and deep_cfg.seed == 1
+  assert (quick_wd.endswith("runs/pre_same_lr_seed1")
+          and deep_wd.endswith("runs/pre_same_lr_seed1_L48"))
+  import dataclasses
+  assert dataclasses.replace(deep_cfg, model=dataclasses.replace(
+      deep_cfg.model, num_layers=12)) == quick   # every other setting is quick's
 
 
 def test_committed_quick_results_cover_every_experiment():
