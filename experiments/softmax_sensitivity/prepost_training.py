@@ -37,6 +37,11 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
          no longer in the repository, and overturned by seeds 123 and 456
          (docs/notes/softmax_sensitivity_readings.md); committed, not a headline, and
          not rerun by CI (tests/experiments/test_committed_results.py).
+  quick_seeds8  ``quick.json`` unchanged at 8 seeds (``SEEDS8``: 42, 123, 456 and 7, 99,
+         1000, 2024, 31337, fixed before its run; issue 53): the quick rows' seed count.
+  quick_deep  ``quick.json`` at ``DEEP_LAYERS`` layers (``SCALE_SETS["quick_deep"]``),
+         everything else of quick, seeds 42, 123, 456, fixed before its run (issue 53):
+         the quick rows at the paper model's depth (36) or the deepest that fit the CPU.
 
 Aggregates follow Sec 5: certificate curve = mean over sampled layers and seeds of the
 per-layer median, envelope = min per-layer p5 .. max per-layer p95 over layers and
@@ -73,26 +78,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = {"quick": os.path.join(HERE, "configs", "quick.json"),
            "quick_paper_lr": os.path.join(HERE, "configs", "quick_paper_lr.json"),
            "quick_sharpen": os.path.join(HERE, "configs", "quick_sharpen.json"),
+           # issue 53's two training-only scales: the preregistered quick config, at 8
+           # seeds (quick_seeds8) and at a depth set below (quick_deep)
+           "quick_seeds8": os.path.join(HERE, "configs", "quick.json"),
+           "quick_deep": os.path.join(HERE, "configs", "quick.json"),
            # the project's one 774M config (experiments/configs/gpt2_774m.json)
            "paper": os.path.join(os.path.dirname(HERE), "configs", "gpt2_774m.json")}
 # What App D.1 fixes that the shared 774M config leaves to a flag: dropout 0.1 on the
 # attention probabilities (gpt2_774m.json keeps 0.0 for the fused kernel; see
 # experiments/configs/README.md), no embedding LayerNorm in Post-LN (the library's
 # placement rule would add one), and the log cadence of every update's loss / norm.
-SCALE_SETS = {"paper": ("model.attn_dropout_rate=0.1", "model.embed_norm=false", "log_every=10")}
+DEEP_LAYERS = 36   # quick_deep's depth, fixed before its run (EXPECTED.md, quick_deep)
+SCALE_SETS = {"paper": ("model.attn_dropout_rate=0.1", "model.embed_norm=false", "log_every=10"),
+              # quick at depth (issue 53): the paper model has 36 layers (gpt2_774m.json)
+              "quick_deep": (f"model.num_layers={DEEP_LAYERS}",)}
 FINEWEB = "RANKJAX_FINEWEB"   # env: the paper's FineWeb, a directory of text / ArrayRecord files
 TRAINED_BY_RUNNER = ("paper", "tiny")   # scales whose runs the runner trains (Experiment.runs)
 SEEDS = (42, 123, 456)
+# quick_seeds8's seeds (issue 53): the paper's three and five more, fixed before its run
+SEEDS8 = (42, 123, 456, 7, 99, 1000, 2024, 31337)
 ARCHS = ("pre", "post")
 FIG_SEED = 123  # the seed of Fig 1(d) and Fig 4
 # the scales it has a path for: each one's config (relative to this folder), the
 # overrides of SCALE_SETS and the seeds; paper and tiny are trained by the runner
+SCALE_SEEDS = {"quick_seeds8": SEEDS8}   # every other scale: SEEDS
 SCALES: dict[str, dict[str, Any]] = {
     scale: dict(config=os.path.relpath(CONFIGS[base], HERE), sets=SCALE_SETS.get(base, ()),
-                seeds=SEEDS, trained_by_runner=scale in TRAINED_BY_RUNNER)
+                seeds=SCALE_SEEDS.get(scale, SEEDS), trained_by_runner=scale in TRAINED_BY_RUNNER)
     for scale, base in (("quick", "quick"), ("quick_paper_lr", "quick_paper_lr"),
-                        ("quick_sharpen", "quick_sharpen"), ("paper", "paper"),
-                        ("tiny", "paper"))}
+                        ("quick_sharpen", "quick_sharpen"), ("quick_seeds8", "quick_seeds8"),
+                        ("quick_deep", "quick_deep"), ("paper", "paper"), ("tiny", "paper"))}
 
 PAPER = {
     "final_loss": {"pre": "4.509 +- 0.005", "post": "6.771 +- 1.551 (4.98; two at ~7.67)"},
@@ -111,6 +126,11 @@ SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Sh
                                 "(200 updates, byte-level Shakespeare), not GPT-2 774M",
               "quick_sharpen": "quick_sharpen: the quick LM run 800 updates; chosen after "
                                "seed 42's outcome (EXPECTED.md), not the preregistered setting",
+              "quick_seeds8": "quick_seeds8: the quick LM (6 layers, d=64, 200 updates at "
+                              "1e-3) at 8 seeds, fixed before the run; maxima and the plateau "
+                              "count are over its 8 runs (the paper's over 3)",
+              "quick_deep": f"quick_deep: the quick LM at {DEEP_LAYERS} layers (d=64, 200 updates "
+                            "at 1e-3, 3 seeds), fixed before the run, not GPT-2 774M",
               "tiny": "tiny: the 774M config shrunk by rankjax.studies.training.tiny (4 layers, "
                       "d=32, 24 updates, byte-level Shakespeare): not judged"}
 LOSS_UNITS = ("the paper's loss is per GPT-2 BPE token of FineWeb, ours per byte of "
@@ -316,11 +336,17 @@ def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | No
   return training.at_scale(cfg, scale)
 
 
-def run_configs(scale: str, seeds: tuple[int, ...] = SEEDS,
+def scale_seeds(scale: str) -> tuple[int, ...]:
+  """The seeds of ``scale`` (``SCALES``; ``SEEDS`` at a scale it lacks)."""
+  return tuple(SCALES.get(scale, {}).get("seeds", SEEDS))
+
+
+def run_configs(scale: str, seeds: tuple[int, ...] | None = None,
                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-  """``{run name: TrainConfig}``: both placements at each seed (``<arch>_s<seed>``)."""
+  """``{run name: TrainConfig}``: both placements at each seed (``<arch>_s<seed>``;
+  the scale's seeds when None)."""
   return {f"{arch}_s{seed}": make_config(scale, arch, seed, overrides)
-          for arch in ARCHS for seed in seeds}
+          for arch in ARCHS for seed in (seeds or scale_seeds(scale))}
 
 
 def runs(scale: str) -> dict[str, Any]:
@@ -340,12 +366,13 @@ def use_compile_cache(path: str) -> None:
   compilation_cache.reset_cache()
 
 
-def train_runs(out_dir: str, scale: str, seeds: tuple[int, ...] = SEEDS,
+def train_runs(out_dir: str, scale: str, seeds: tuple[int, ...] | None = None,
                overrides: dict[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
-  """Trains (or resumes / reuses) every run of ``scale`` in ``out_dir/runs``, the seeds of
-  each placement as one program (``training.train_all``: one step shape, one compile);
-  ``{name: (config, workdir)}``. Raises the one line of :func:`needs` when the data set
-  is not given, and a run's failure (a NaN loss) as one line."""
+  """Trains (or resumes / reuses) every run of ``scale`` in ``out_dir/runs`` (``seeds``:
+  the scale's own when None), the seeds of each placement as one program
+  (``training.train_all``: one step shape, one compile); ``{name: (config, workdir)}``.
+  Raises the one line of :func:`needs` when the data set is not given, and a run's
+  failure (a NaN loss) as one line."""
   line = needs(scale)
   if line:
     raise ValueError(line)
@@ -693,11 +720,13 @@ def measurements(r: dict[str, Any]) -> list[dict[str, Any]]:
   return out
 
 
-def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS,
+def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] | None = None,
         overrides: dict[str, Any] | None = None) -> dict[str, Any]:
   """Trains (or reuses) every run under ``out_dir/runs``, writes JSON + PNGs; returns
-  the results with their ``measured`` values (:func:`measurements`)."""
+  the results with their ``measured`` values (:func:`measurements`). ``seeds``: the
+  scale's (``SCALES``) when None."""
   from rankjax import config as config_lib
+  seeds = tuple(seeds or scale_seeds(scale))
   os.makedirs(out_dir, exist_ok=True)
   use_compile_cache(os.path.join(out_dir, "jax_cache"))
   t0 = time.time()

@@ -11,9 +11,13 @@ scale) -> dict``, output in ``out_dir/<name>/``):
   prepost_training      Pre-LN vs Post-LN early training (Fig 1, Table 1, Fig 3, Fig 4);
                         also at ``--scale quick_paper_lr`` (the paper's rate 3e-4) and
                         ``--scale quick_sharpen`` (800 updates, 3 seeds; chosen
-                        after seed 42's outcome; committed, not a headline)
+                        after seed 42's outcome; committed, not a headline),
+                        ``--scale quick_seeds8`` (quick at 8 seeds) and ``--scale
+                        quick_deep`` (quick at the paper's depth; both issue 53, fixed
+                        before their runs)
   trained_bounds        Thm 4.1 vs measured MHA Jacobian norms and Lemma A.2(iv) / Cor A.3
-                        on the trained prepost checkpoints (seeds 42, 123, 456)
+                        on the trained prepost checkpoints (seeds 42, 123, 456; at
+                        quick_seeds8 its 8 seeds)
 
 At ``--scale paper`` and ``tiny`` the runner trains the six runs of both training
 experiments (``prepost_training.runs``: 2 placements x seeds 42, 123, 456 of
@@ -44,8 +48,16 @@ from . import lemma_checks, prepost_training, theorem_check
 # paper's sample counts and its 774M GPT-2 runs; the quick scales sample less and train
 # a 0.3M-parameter byte-level LM, whose rows are proxies (counted apart, never a match)
 # except SCALE_FREE's.
-_QUICK_LM = ("a 6-layer d=64 byte-level LM (0.3M parameters) on Shakespeare, {updates} "
-             "updates at peak LR {lr} (paper: 774M GPT-2 on FineWeb, 2000 updates at 3e-4)")
+_QUICK_LM = ("a {layers}-layer d=64 byte-level LM ({params} parameters) on Shakespeare, "
+             "{updates} updates at peak LR {lr} (paper: 774M GPT-2 on FineWeb, 2000 updates "
+             "at 3e-4)")
+_QUICK = dict(layers=6, params="0.3M")
+# issue 53's two scales, fixed before their runs: quick at 8 seeds, quick at depth
+_SEEDS8 = "; 8 seeds (42, 123, 456, 7, 99, 1000, 2024, 31337)"
+# parameters: 49,408 a layer (attention 4 d^2, GELU FFN 2 d d_ff, two LayerNorms) and
+# 20,672 outside (tied byte embedding, learned positions, final LayerNorm)
+_DEEP = dict(layers=prepost_training.DEEP_LAYERS,
+             params=f"{(49_408 * prepost_training.DEEP_LAYERS + 20_672) / 1e6:.1f}M")
 # quick_sharpen's update count was chosen after seed 42's outcome (EXPECTED.md): every
 # row of that scale says so through its setting (a Claim's post_hoc is per claim, not per
 # scale)
@@ -56,12 +68,15 @@ QUICK_SETTING = {
     "theorem_check": {"quick": "100 logit vectors per length and seed (paper: 500)"},
     "certificates_large_L": {"quick": "100 distributions per length (paper: 500)"},
     "prepost_training": {
-        "quick": _QUICK_LM.format(updates=200, lr="1e-3"),
-        "quick_paper_lr": _QUICK_LM.format(updates=200, lr="3e-4"),
-        "quick_sharpen": _QUICK_LM.format(updates=800, lr="1e-3") + _SHARPEN},
+        "quick": _QUICK_LM.format(updates=200, lr="1e-3", **_QUICK),
+        "quick_paper_lr": _QUICK_LM.format(updates=200, lr="3e-4", **_QUICK),
+        "quick_sharpen": _QUICK_LM.format(updates=800, lr="1e-3", **_QUICK) + _SHARPEN,
+        "quick_seeds8": _QUICK_LM.format(updates=200, lr="1e-3", **_QUICK) + _SEEDS8,
+        "quick_deep": _QUICK_LM.format(updates=200, lr="1e-3", **_DEEP)},
     "trained_bounds": {
-        "quick": _QUICK_LM.format(updates=200, lr="1e-3"),
-        "quick_sharpen": _QUICK_LM.format(updates=800, lr="1e-3") + _SHARPEN}}
+        "quick": _QUICK_LM.format(updates=200, lr="1e-3", **_QUICK),
+        "quick_sharpen": _QUICK_LM.format(updates=800, lr="1e-3", **_QUICK) + _SHARPEN,
+        "quick_seeds8": _QUICK_LM.format(updates=200, lr="1e-3", **_QUICK) + _SEEDS8}}
 # rows judged against the paper at any scale: exact lemmas and theorems (on random draws
 # or on the trained checkpoints), and rates and medians whose estimate only widens with
 # fewer samples (the worst gap, a maximum over draws, is not one of them)
@@ -149,7 +164,8 @@ def _experiment(name: str, **kw) -> runner.Experiment:
                            scale_free=frozenset(SCALE_FREE.get(name, ())), **kw)
 
 
-_TRAINING_ONLY = "quick_paper_lr and quick_sharpen are training-only scales"
+_TRAINING_ONLY = ("quick_paper_lr, quick_sharpen, quick_seeds8 and quick_deep are "
+                  "training-only scales")
 STUDY = runner.Study(
     name="softmax_sensitivity", title="Softmax sensitivity: paper vs ours",
     experiments={"lemma_checks": _experiment(
@@ -172,8 +188,10 @@ STUDY = runner.Study(
                      "trained_bounds", folder="prepost_training",
                      needs=prepost_training.needs, runs=prepost_training.runs, trained=True,
                      why_missing="it reads the prepost_training checkpoints of quick, "
-                                 "quick_sharpen, paper and tiny only (CPU cost)")},
-    scales=("quick", "quick_paper_lr", "quick_sharpen", "paper", "tiny"),
+                                 "quick_sharpen, quick_seeds8, paper and tiny only (CPU "
+                                 "cost)")},
+    scales=("quick", "quick_paper_lr", "quick_sharpen", "quick_seeds8", "quick_deep", "paper",
+            "tiny"),
     register=REGISTER,
     notes={"quick": "Details, settings the paper leaves open and deviations: EXPECTED.md.",
            "quick_paper_lr": "quick_paper_lr: the quick LM at the paper's peak learning rate "
@@ -181,6 +199,10 @@ STUDY = runner.Study(
            "quick_sharpen": "quick_sharpen: the quick model trained 800 updates (warmup 200), "
                             "chosen after seed 42's outcome and overturned by seeds 123 and "
                             "456 (EXPECTED.md); the preregistered setting is quick.",
+           "quick_seeds8": "quick_seeds8: the preregistered quick setting at 8 seeds (42, 123, "
+                           "456, 7, 99, 1000, 2024, 31337), fixed before its run (issue 53).",
+           "quick_deep": f"quick_deep: the quick setting at {prepost_training.DEEP_LAYERS} "
+                         "layers (3 seeds), fixed before its run (issue 53).",
            "tiny": "tiny: every experiment's paper path shrunk to a laptop CPU (the six "
                    "774M runs through rankjax.studies.training.tiny, fewer draws elsewhere); "
                    "measured, not judged against the paper."})

@@ -27,8 +27,9 @@ are those of the full sequence), per layer:
   certificate, the paper's) with ``p_max``, entropy and the balance certificate (ours)
   of the same rows, saved to ``rows_<run>.json``.
 
-Scales (``SCALES``): quick, quick_sharpen, paper (``RANKJAX_FINEWEB``, accelerators)
-and tiny, the runs of ``prepost_training.run_configs`` at that scale. Its claims
+Scales (``SCALES``): quick, quick_sharpen, quick_seeds8 (its 8 seeds), paper
+(``RANKJAX_FINEWEB``, accelerators) and tiny, the runs of
+``prepost_training.run_configs`` at that scale. Its claims
 (``CLAIMS``: Thm 4.1 per placement and Lemma A.2(iv) / Cor A.3, per seed) are declared
 below.
 
@@ -52,10 +53,11 @@ SEEDS = (42, 123, 456)   # the prepost_training seeds (at least 3 per trained re
 SEQS = 2     # sequences per layer for the Jacobian
 T = 32       # tokens per sequence for the Jacobian
 ROWS = 256   # attention rows per layer for the records
-# the scales whose prepost_training checkpoints it reads (quick_paper_lr: none, CPU cost)
+# the scales whose prepost_training checkpoints it reads, at their seeds (quick_paper_lr
+# and quick_deep: none, CPU cost)
 SCALES: dict[str, dict[str, Any]] = {
-    scale: dict(seeds=SEEDS, seqs=SEQS, tokens=T, rows_per_layer=ROWS)
-    for scale in ("quick", "quick_sharpen", "paper", "tiny")}
+    scale: dict(seeds=pt.scale_seeds(scale), seqs=SEQS, tokens=T, rows_per_layer=ROWS)
+    for scale in ("quick", "quick_sharpen", "quick_seeds8", "paper", "tiny")}
 
 Q_THM41 = (r"\Lambda_{\MHA}(U)\leq\|W^{O}\|_{2}\sum_{h=1}^{H}\left(\|W_{h}^{V}\|_{2}+"
            r"\frac{\tilde{\theta}_{h}(U)}{\tau}\Phi_{h}\right)")
@@ -227,14 +229,17 @@ def measurements(r: dict[str, Any]) -> list[dict[str, Any]]:
   return out
 
 
-def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] = SEEDS) -> dict[str, Any]:
-  """Both placements at each of ``seeds``, the ``prepost_training`` runs of ``scale`` in
+def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] | None = None
+        ) -> dict[str, Any]:
+  """Both placements at each of ``seeds`` (the scale's, ``SCALES``, when None), the
+  ``prepost_training`` runs of ``scale`` in
   ``out_dir/runs`` (trained when missing); writes ``trained_bounds.json`` and the row
   records into ``out_dir``; returns the results with their ``measured`` values
   (:func:`measurements`)."""
   if scale not in SCALES:
     raise ValueError(f"scale {scale!r}: trained_bounds runs at {', '.join(SCALES)} (it reads "
                      "the prepost_training checkpoints of that scale)")
+  seeds = tuple(seeds or SCALES[scale]["seeds"])
   start = time.time()
   pt.use_compile_cache(os.path.join(out_dir, "jax_cache"))
   trained = pt.train_runs(out_dir, scale, seeds)        # reuses finished runs

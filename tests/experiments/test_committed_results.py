@@ -51,7 +51,15 @@ SCALES_NOT_IN_CI: dict[tuple[str, str], str] = {
     ("postnorm_collapse", "quick_deep"): (
         "the collapse study's nine 150-update runs at 48 layers took 2111 s on the "
         "shared 2-core Xeon VM (EXPECTED.md, Quick-deep scale); `rankjax reproduce "
-        "postnorm_collapse --scale quick_deep --only collapse --check` reruns it by hand")}
+        "postnorm_collapse --scale quick_deep --only collapse --check` reruns it by hand"),
+    ("softmax_sensitivity", "quick_seeds8"): (
+        "the quick setting at 8 seeds (issue 53; every row a proxy): 16 training runs and "
+        "their bounds, about 2.7x quick's CPU cost; `rankjax reproduce softmax_sensitivity "
+        "--scale quick_seeds8 --check` reruns it by hand"),
+    ("softmax_sensitivity", "quick_deep"): (
+        "the quick setting at 36 layers (issue 53; every row a proxy): six 36-layer runs, "
+        "about 6x quick's training time on the CPU; `rankjax reproduce softmax_sensitivity "
+        "--scale quick_deep --check` reruns it by hand")}
 # experiments that read another's training runs rerun in its process (trained once): the
 # Post-Norm trained experiments share the collapse study's runs, which train once in the
 # "collapse" test

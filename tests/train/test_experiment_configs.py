@@ -63,3 +63,24 @@ def test_softmax_quick_sharpen_config():
   task = make_task(sharp)
   tx = state_lib.make_optimizer(sharp, task.stacked_roots)
   jax.eval_shape(state_lib.make_init(task, tx, sharp.seed))
+
+
+def test_softmax_issue53_scales():
+  """quick_seeds8 and quick_deep (issue 53, fixed before their runs): ``quick`` at 8
+  seeds, and ``quick`` at the paper model's 36 layers (App D.1) with every other field
+  of quick; 1.8M parameters."""
+  from experiments.softmax_sensitivity import prepost_training as pt, trained_bounds as tb
+  assert pt.SCALES["quick_seeds8"]["seeds"] == (42, 123, 456, 7, 99, 1000, 2024, 31337)
+  assert tb.SCALES["quick_seeds8"]["seeds"] == pt.SCALES["quick_seeds8"]["seeds"]
+  assert pt.SCALES["quick_deep"]["seeds"] == pt.SEEDS == (42, 123, 456)
+  assert "quick_deep" not in tb.SCALES
+  for seed in (42, 31337):
+    quick, wide = (pt.make_config(s, "post", seed) for s in ("quick", "quick_seeds8"))
+    assert config_lib.diff(quick, wide) == {}
+  quick, deep = (pt.make_config(s, "pre", 42) for s in ("quick", "quick_deep"))
+  assert config_lib.diff(quick, deep) == {"model.num_layers": (6, 36)} == {
+      "model.num_layers": (6, pt.DEEP_LAYERS)}
+  task = make_task(deep)
+  tx = state_lib.make_optimizer(deep, task.stacked_roots)
+  n = count_params(jax.eval_shape(state_lib.make_init(task, tx, 42)).params)
+  assert 1.75e6 < n < 1.85e6, n
