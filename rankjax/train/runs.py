@@ -322,7 +322,6 @@ class _Driver:
     self.p, self.loops, self.preemption, self.on_step = program, loops, preemption, on_step
     self.live = [k for k, lp in enumerate(loops) if lp is not None]
     self.cfg = loops[self.live[0]].cfg
-    self.c = loops[self.live[0]].c
     # finished before the call, collapsed or failed: masked from then on
     self.stopped = [lp is None for lp in loops]
     self.errors: dict[int, str] = {}
