@@ -330,6 +330,7 @@ class _Driver:
     self.pending: tuple[int, Any, Any, list[int]] | None = None
     self._t_last = time.perf_counter()
     self._called: set[Any] = set()
+    self._saving: Any = None      # the Checkpointer of the newest save
     self.state_step, self.state_active = 0, []
     self.values = {k: jax.device_put(v, program.vector_sharding)
                    for k, v in program.swept.items()}
@@ -418,7 +419,7 @@ class _Driver:
         collapsing = [k for k in active if self.loops[k].collapse_reason is not None
                       and not self.stopped[k]]
       for k in sorted(set(saving) | set(collapsing)):
-        self.loops[k]._save(step, p.take(self.state, k))
+        self._save(k, step)
       for k in active:
         if not self.stopped[k]:
           self.step_of[k] = step
@@ -439,6 +440,17 @@ class _Driver:
     if end != cfg.total_steps:
       self.status = [s if s != "completed" else "stopped" for s in self.status]
     return self.status
+
+  def _save(self, k: int, step: int) -> None:
+    """Run k's checkpoint of ``step``. One run's save at a time: the previous save (async
+    or not) ends first, so that Orbax's multi-process barriers and metadata checks of
+    one run's checkpoint never interleave with another's (two managers finalizing at
+    once on two processes failed its metadata check); the last save still overlaps the
+    next updates."""
+    if self._saving is not None:
+      self._saving.wait()
+    self.loops[k]._save(step, self.p.take(self.state, k))
+    self._saving = self.loops[k].ckpt
 
   def _finish(self) -> None:
     """Fetches the pending step's outputs once and hands each active run its slice."""
@@ -463,6 +475,11 @@ class _Driver:
     """Each run of the newest dispatched update saves it when it is finished and
     finite (``_Loop._save_after_error``); a run masked at that update has nothing new."""
     pending, self.pending = self.pending, None
+    if self._saving is not None:   # one run's save at a time (``_save``)
+      try:
+        self._saving.wait()
+      except Exception:  # noqa: BLE001 - the original error matters more
+        pass
     for k in self.state_active:
       lp = self.loops[k]
       if self.stopped[k]:
