@@ -64,7 +64,6 @@ from rankjax.train.state import make_init, make_optimizer, make_step
 # another program (``config.step_shape``)
 SWEPT = fields_with(TrainConfig, "per_run", True)
 _INTS = ("seed", "warmup_steps")
-shape_key = step_shape
 ONE_PROGRAM = "RANKJAX_ONE_PROGRAM"   # env: 0 trains a study's runs one after another
 
 
@@ -85,7 +84,7 @@ def group(cfgs: Mapping[str, TrainConfig]) -> list[list[str]]:
   """The names of ``cfgs`` grouped by step shape, in their first appearance's order."""
   groups: dict[tuple[tuple[str, Any], ...], list[str]] = {}
   for name, cfg in cfgs.items():
-    groups.setdefault(shape_key(cfg), []).append(name)
+    groups.setdefault(step_shape(cfg), []).append(name)
   return list(groups.values())
 
 
@@ -227,10 +226,11 @@ def train_runs(cfgs: Mapping[str, TrainConfig], *, on_step: Callable[[int], None
   if not cfgs:
     return {}
   names = list(cfgs)
-  first = shape_key(cfgs[names[0]])
+  first = step_shape(cfgs[names[0]])
   for name in names[1:]:
-    if shape_key(cfgs[name]) != first:
-      diff = [k for (k, v), (_, w) in zip(shape_key(cfgs[name]), first) if v != w]
+    shape = step_shape(cfgs[name])
+    if shape != first:
+      diff = [k for (k, v), (_, w) in zip(shape, first) if v != w]
       raise UserError(f"{name} and {names[0]} differ in {', '.join(diff)}: one program "
                       f"trains runs that differ only in {', '.join(SWEPT)}")
   if len(set(map(str, names))) != len(names):
