@@ -54,9 +54,11 @@ def seeded_name(name: str, seed: int) -> str:
   return SEED_ALIASES.get((name, seed), f"{name}_seed{seed}")
 
 
+# quick_seeds8 (issue 53 item 4): the quick runs at seeds 0-7; its seeds 0-2 are quick's
+SEEDS8 = tuple(range(8))
 SEED_RUNS: dict[str, tuple[str, list[str]]] = {
     seeded_name(n, s): (cfg, [*extra, f"seed={s}"]) for n, (cfg, extra) in RUNS.items()
-    for s in SEEDS if s and (n, s) not in SEED_ALIASES}
+    for s in sorted(set(SEEDS) | set(SEEDS8)) if s and (n, s) not in SEED_ALIASES}
 # the first steps of the collapsing run with diagnostics at every step (Figs 4-5)
 WINDOW_RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse_window": ("collapse_post_quick", ["total_steps=30", "diag_every=1"]),
@@ -67,13 +69,18 @@ PAPER_FREQ_TOKENS = 500_000_000
 # what each seed's row reads (summarize's keys)
 SEED_KEYS = ("final_loss_last10pct_mean", "loss_minus_stream_freq", "final_last_tsim",
              "final_grad_ratio_first_over_last", "min_loss", "max_last_tsim")
-# the scales and what each trains: the quick runs above at SEEDS; quick_deep the same
-# runs at the paper's depth, 48 layers (issue 53 item 4; fixed before its runs: every
-# other setting is quick's), in workdirs of their own (the name + "suffix"); paper / tiny
-# the paper's three roles (paper_runs.ROLES) at its seeds
+# the scales and what each trains: the quick runs above at SEEDS; quick_seeds8 the same
+# runs at SEEDS8 (issue 53 item 4; fixed before its runs), in quick's workdirs (its seeds
+# 0-2 are quick's runs); quick_deep the same runs at the paper's depth, 48 layers (issue
+# 53 item 4; fixed before its runs: every other setting is quick's), in workdirs of their
+# own (the name + "suffix"); paper / tiny the paper's three roles (paper_runs.ROLES) at
+# its seeds
 DEEP = "quick_deep"
+SEEDS8_SCALE = "quick_seeds8"
+QUICK_MODEL_SCALES = ("quick", SEEDS8_SCALE, DEEP)   # the quick runs' scales
 SCALES: dict[str, dict[str, Any]] = {
     "quick": {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS)},
+    SEEDS8_SCALE: {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS8)},
     DEEP: {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS),
            "num_layers": 48, "suffix": "_L48"},
     "paper": {"config": paper_runs.CONFIG, "roles": list(paper_runs.ROLES),
@@ -229,14 +236,16 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   tiny: the paper's runs, ``paper_runs``)."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
-  if scale not in ("quick", DEEP):
+  if scale not in QUICK_MODEL_SCALES:
     raise ValueError(f"collapse_study has the scales {list(SCALES)}, not {scale!r}")
   start = time.time()
+  seeds = SCALES[scale]["seeds"]
   out: dict[str, Any] = {"figure": "postnorm_collapse quick collapse study (Sec 4.2-4.3)"
-                                   + (", 48 layers" if scale == DEEP else ""),
+                                   + {DEEP: ", 48 layers", SEEDS8_SCALE: ", 8 seeds"
+                                      }.get(scale, ""),
                          "scale": scale, "runs": {}}
-  if scale == DEEP:
-    out["settings"] = {**SCALES[DEEP], "overrides": deep_overrides(DEEP)}
+  if scale != "quick":
+    out["settings"] = {**SCALES[scale], "overrides": deep_overrides(scale)}
   freq = None
   for name in RUNS:
     t0 = time.time()
@@ -244,11 +253,11 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
     if freq is None:
       freq = stream_frequency_loss(common.load_config(RUNS[name][0]))
     out["runs"][name] = {**summarize(wd, freq), "workdir": wd, "seconds": time.time() - t0}
-  # the same three runs at the other seeds (the rows judge all of SEEDS)
-  out["seeds"] = list(SEEDS)
+  # the same three runs at the other seeds (the rows judge all of the scale's seeds)
+  out["seeds"] = list(seeds)
   out["by_seed"] = {name: {"0": {k: out["runs"][name][k] for k in SEED_KEYS}} for name in RUNS}
   for name in RUNS:
-    for seed in SEEDS[1:]:
+    for seed in seeds[1:]:
       s = summarize(train_run(seeded_name(name, seed), out_dir, scale=scale), freq)
       out["by_seed"][name][str(seed)] = {k: s[k] for k in SEED_KEYS}
   out["stream_freq_loss"] = freq
@@ -292,7 +301,7 @@ def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   """``run``'s ``"measured"``: every seed's value of each claim of ``CLAIMS`` (the quick
   LRs' items at quick and quick_deep, the paper's at paper / tiny)."""
   by, freq = res["by_seed"], res["stream_freq_loss"]
-  lr, low = ("1e-2", "5e-3") if res.get("scale", "quick") in ("quick", DEEP) else PAPER_LRS
+  lr, low = ("1e-2", "5e-3") if res.get("scale", "quick") in QUICK_MODEL_SCALES else PAPER_LRS
   seeds = [int(s) for s in by["post_collapse"]]
   note = f"seeds {seeds}; stream L_freq {freq:.4f}"
   get = lambda run, key: [common.num(by[run][str(s)][key]) for s in seeds]

@@ -78,8 +78,13 @@ QUICK_SETTING = {**{n: _QUICK_INIT for n in INIT},
 QUICK_DEEP_SETTING = {"collapse": (
     "a 48-layer (the paper's depth) d=64 byte-level LM trained 150 updates at LR 1e-2 / "
     "5e-3, quick's runs at 48 layers (paper: d=512, C4, 40000 steps at LR 8e-4 / 6e-4)")}
-_DEEP_MISSING = ("quick_deep is a training-only scale of the collapse study (its three "
-                 "runs at 48 layers, CPU cost); this experiment has no path there")
+# quick_seeds8 (issue 53 item 4): the same runs at 8 seeds (collapse_study.SCALES)
+QUICK_SEEDS8_SETTING = {"collapse": (
+    "a 12-layer d=64 byte-level LM trained 150 updates at LR 1e-2 / 5e-3, quick's runs at "
+    "seeds 0-7 (paper: 48 layers, d=512, C4, 40000 steps at LR 8e-4 / 6e-4)")}
+_DEEP_MISSING = ("quick_deep and quick_seeds8 are training-only scales of the collapse "
+                 "study (its three runs at 48 layers, or at 8 seeds; CPU cost); this "
+                 "experiment has no path there")
 # --check's tolerance where 1e-4 relative is not reproducible (measured
 # under the test suite's XLA flags against the default ones)
 RECHECK = {"fig2": dict(recheck_atol=1e-7, recheck_why=(
@@ -110,7 +115,8 @@ def _experiment(name: str) -> runner.Experiment:
                            trained=name in TRAINED or name == "fig1",
                            setting={"paper": runner.PAPER_SETTING,
                                     "quick": QUICK_SETTING[name],
-                                    **({"quick_deep": QUICK_DEEP_SETTING[name]}
+                                    **({"quick_deep": QUICK_DEEP_SETTING[name],
+                                        "quick_seeds8": QUICK_SEEDS8_SETTING[name]}
                                        if name in QUICK_DEEP_SETTING else {})},
                            why_missing=_DEEP_MISSING,
                            scale_free=frozenset(SCALE_FREE.get(name, ())),
@@ -202,9 +208,14 @@ REGISTER = items.register([
 STUDY = runner.Study(
     name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",
     experiments={n: _experiment(n) for n in SCRIPTS}, aliases=ALIASES, register=REGISTER,
-    scales=("quick", "quick_deep", "paper", "tiny"),
+    scales=("quick", "quick_seeds8", "quick_deep", "paper", "tiny"),
     notes={"quick_deep": "quick_deep: the collapse study's three quick runs (Post-Norm LR "
                          "1e-2, Pre-Norm LR 1e-2, Post-Norm LR 5e-3; seeds 0, 1, 2; 150 "
                          "updates, d=64) at the paper's depth, 48 layers, fixed before its "
                          "runs (issue 53 item 4); every row a proxy; the other experiments "
-                         "have no path at this scale (EXPECTED.md)."})
+                         "have no path at this scale (EXPECTED.md).",
+           "quick_seeds8": "quick_seeds8: the collapse study's three quick runs (Post-Norm "
+                           "LR 1e-2, Pre-Norm LR 1e-2, Post-Norm LR 5e-3; 150 updates, 12 "
+                           "layers, d=64) at seeds 0-7, fixed before its runs (issue 53 item "
+                           "4); seeds 0-2 are quick's runs; every row a proxy; the other "
+                           "experiments have no path at this scale (EXPECTED.md)."})

@@ -35,7 +35,8 @@ def test_every_experiment_declares_its_claims():
     claims = STUDY.claims(name)
     assert claims is module.CLAIMS and len(claims) > 0, name
     # quick_deep (issue 53 item 4): the collapse study's runs at 48 layers, its only path
-    deep = {"quick_deep"} if name == "collapse" else set()
+    # and quick_seeds8 (the same at seeds 0-7)
+    deep = {"quick_deep", "quick_seeds8"} if name == "collapse" else set()
     assert set(module.SCALES) == {"quick", "paper", "tiny"} | deep == set(STUDY.scales_of(name))
     assert callable(module.run) and callable(module.measurements), name
     for c in claims.values():
@@ -69,6 +70,44 @@ def test_quick_deep_is_the_collapse_runs_at_48_layers_in_their_own_workdirs(monk
   assert dataclasses.replace(deep_cfg, model=dataclasses.replace(
       deep_cfg.model, num_layers=12)) == quick   # every other setting is quick's
 
+
+
+def test_quick_seeds8_is_the_quick_runs_at_eight_seeds_in_quick_workdirs(monkeypatch,
+                                                                         tmp_path):
+  """quick_seeds8 (issue 53 item 4): quick's runs and claims at seeds 0-7; seeds 0-2 are
+  quick's own workdirs (trained once for both scales), the others their seeded names."""
+  s8 = collapse_study.SCALES["quick_seeds8"]
+  assert s8["seeds"] == list(range(8)) and s8["runs"] == collapse_study.SCALES["quick"]["runs"]
+  assert "num_layers" not in s8 and "suffix" not in s8
+  assert "quick_seeds8" in STUDY.scales and STUDY.notes["quick_seeds8"]
+  assert all("quick_seeds8" in STUDY.experiments[n].why_missing
+             for n in STUDY.experiments if n != "collapse")
+  trained = []
+  monkeypatch.setattr("rankjax.train.loop.train",
+                      lambda cfg, wd, **kw: trained.append((cfg, wd)))
+  for scale in ("quick", "quick_seeds8"):
+    collapse_study.train_run(collapse_study.seeded_name("post_stable", 2), str(tmp_path),
+                             scale=scale)
+  collapse_study.train_run(collapse_study.seeded_name("post_stable", 7), str(tmp_path),
+                           scale="quick_seeds8")
+  (q, q_wd), (s, s_wd), (s7, s7_wd) = trained
+  assert q == s and q_wd == s_wd and q_wd.endswith("runs/post_stable_seed2")
+  assert s7.seed == 7 and s7_wd.endswith("runs/post_stable_seed7")
+  import dataclasses
+  assert dataclasses.replace(s7, seed=2) == q
+  # the rows judge every seed of the scale: a seed that fails an every-seed row fails it
+  by = {n: {str(k): {key: 0.0 for key in collapse_study.SEED_KEYS} for k in range(8)}
+        for n in collapse_study.RUNS}
+  for k in range(8):
+    by["post_collapse"][str(k)].update(final_last_tsim=1.0,
+                                       final_grad_ratio_first_over_last=1e-9)
+    by["post_stable"][str(k)].update(final_last_tsim=0.4, final_grad_ratio_first_over_last=0.2)
+  by["post_stable"]["7"]["final_last_tsim"] = 1.0
+  res = {"scale": "quick_seeds8", "by_seed": by, "stream_freq_loss": 3.25}
+  rows = {r["item"]: r for r in _rows("collapse", res)}
+  ctl = rows["Post-Norm, lower LR 5e-3: no collapse (App F.5)"]
+  assert ctl["n"] == 8 and ctl["status"] == "mismatch"
+  assert rows["Post-Norm LR 1e-2: last layer collapsed"]["status"] in ("match", "proxy")
 
 def test_committed_quick_results_cover_every_experiment():
   docs = _committed()
