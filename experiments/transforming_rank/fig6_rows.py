@@ -9,7 +9,6 @@ rank and the best accuracy over every cell, with a percentile-bootstrap interval
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -107,6 +106,19 @@ CLAIMS = {k: (common.dataclasses.replace(c, note="; ".join(x for x in (c.note, _
               else c) for k, c in CLAIMS.items()}
 
 
+def max_stable_lr(lrs: Sequence[float], accuracy_T: Sequence[float],
+                  threshold: float = STABLE_ACCURACY) -> float:
+  """The largest learning rate whose accuracy is >= ``threshold`` (App B.4, Table 5).
+
+  NaN when none reaches it (Table 5's dash). Rates need not be sorted; NaN
+  accuracies count as failures.
+  """
+  lrs = np.asarray(lrs, float)
+  acc = np.nan_to_num(np.asarray(accuracy_T, float), nan=-1.0)
+  ok = acc >= threshold
+  return float(lrs[ok].max()) if ok.any() else float("nan")
+
+
 def spearman_bootstrap(x: Sequence[float], y: Sequence[float], draws: int = 2000,
                        seed: int = 0) -> tuple[float, float, float]:
   """Spearman's rank correlation of ``x`` and ``y`` and its 95% percentile-bootstrap
@@ -134,11 +146,26 @@ def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | No
   alphas, depths = list(s["alphas"]), list(s["depths"])
   where = f"trained on {ds}" + ("" if ds == "cifar10" else ", not CIFAR-10")
   seeds = f"{s['seeds']} network(s) per cell (Sec 4: one)"
+  # several networks per (cell, lr) (quick_seeds3): a trained row has one value per
+  # network (network k: the k-th draw of every cell), judged on the mean's interval
+  nets = list(range(int(s["seeds"]))) if int(s["seeds"]) > 1 else None
+  if nets:
+    seeds += ("; a value per network (network k: each cell's k-th init and batch order), "
+              "the rows judge their mean")
+  lrs = list(s["lrs"])
+  best = {p: grid[p]["accuracy"].max(axis=2) for p in grid}   # (A, L, S): each network's
+  log_msl = {p: np.log10([[[max_stable_lr(lrs, grid[p]["accuracy"][i, j, :, k])   # best,
+                            for k in range(grid[p]["accuracy"].shape[-1])]        # its
+                           for j in range(len(depths))] for i in range(len(alphas))])
+             for p in grid}                                # log10 max stable lr (A, L, S)
   rows = []
 
   def add(item, value, note="", untested=""):
     if item in CLAIMS:
-      rows.append(measured(item, float(value), untested=untested, note="; ".join(
+      v = np.asarray(value, float).reshape(-1)
+      rows.append(measured(item, float(v[0]) if nets is None or v.size == 1 else
+                           [float(x) for x in v], seeds=nets if v.size > 1 else None,
+                           untested=untested, note="; ".join(
           x for x in (note, where if "accuracy" in CLAIMS[item].quantity or "lr" in
                       CLAIMS[item].quantity else "") if x)))
 
@@ -148,19 +175,20 @@ def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | No
   ia = lambda a: alphas.index(a) if a in alphas else None
   jd = lambda L: depths.index(L) if L in depths else None
   if "pre" in grid:
-    add("Fig 6b: Pre-Norm trains across the grid", grid["pre"]["best_accuracy"].min(), seeds)
+    add("Fig 6b: Pre-Norm trains across the grid", best["pre"].min(axis=(0, 1)), seeds)
     add("Fig 6a: Pre-Norm init rank above 0.2", grid["pre"]["erank"].min(), f"d={s['rank_width']}")
   if "output" in grid:
-    add("Fig 13: Output-Norm trains across the grid", grid["output"]["best_accuracy"].min(), seeds)
+    add("Fig 13: Output-Norm trains across the grid", best["output"].min(axis=(0, 1)), seeds)
     if "pre" in grid:
       add("Fig 13: Output-Norm init rank just below Pre-Norm",
           np.mean(grid["pre"]["erank"] - grid["output"]["erank"]), f"d={s['rank_width']}")
   if "post" in grid:
     g = grid["post"]
     if ia(0.5) is not None:
-      add("Fig 6d: Post-Norm alpha=0.5 trains at every depth", g["best_accuracy"][ia(0.5)].min(), seeds)
+      add("Fig 6d: Post-Norm alpha=0.5 trains at every depth", best["post"][ia(0.5)].min(axis=0),
+          seeds)
     if ia(1.0) is not None and jd(384) is not None:
-      add("Fig 6d: Post-Norm alpha=1 fails at L=384", g["best_accuracy"][ia(1.0), jd(384)], seeds)
+      add("Fig 6d: Post-Norm alpha=1 fails at L=384", best["post"][ia(1.0), jd(384)], seeds)
     if ia(4.0) is not None and jd(384) is not None:
       for side in ("at least 1%", "at most 2%"):
         add(f"Fig 6c: Post-Norm init rank at alpha=4, L=384, {side}",
@@ -174,19 +202,19 @@ def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | No
           # a dash tests the placement only where the budget trains some network of the
           # same depth; else no lr could reach 0.4 whatever the init (the budget's dash)
           top = best_at_depth(j)
-          add(item, g["best_accuracy"][i, j], f"{seeds}; best of any network at L={L}: "
+          add(item, best["post"][i, j], f"{seeds}; best of any network at L={L}: "
               f"{top:.3f}", untested="" if top >= STABLE_ACCURACY else (
                   f"no network of depth {L} reached {STABLE_ACCURACY} at this budget "
                   f"(best {top:.3f}): the dash is the budget's"))
         else:   # a stable lr the paper reports; none reached here: ours null (mismatch)
-          msl = g["max_stable_lr"][i, j]
-          add(item, math.log10(msl) if np.isfinite(msl) else float("nan"),
-              seeds + ("" if np.isfinite(msl) else "; no lr reached 0.4"))
+          msl = log_msl["post"][i, j]
+          add(item, msl, seeds + ("" if np.isfinite(msl).all() else
+                                  "; no lr reached 0.4" + (" in some network" if nets else "")))
   if "pre" in grid:
-    low = np.log10(grid["pre"]["max_stable_lr"]).min(axis=0)   # NaN when one alpha has none
+    low = log_msl["pre"].min(axis=0)   # (L, S); NaN when one alpha has none
     for j, L in enumerate(depths):
       add(f"Table 5: Pre-Norm, L={L}", low[j],
-          seeds + ("" if np.isfinite(low[j]) else "; an alpha where no lr reached 0.4"))
+          seeds + ("" if np.isfinite(low[j]).all() else "; an alpha where no lr reached 0.4"))
   cells = [(grid[p]["erank"].ravel(), grid[p]["best_accuracy"].ravel()) for p in grid]
   if cells and sum(len(c[0]) for c in cells) >= 4:
     rho, lo, hi = spearman_bootstrap(np.concatenate([c[0] for c in cells]),
@@ -200,17 +228,21 @@ def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | No
            f"up to {max(gaps):.3f}" if gaps else ""))
   if fig16:
     d16 = np.asarray(s["fig16_depths"])
-    acc = {k: np.asarray(v["best_accuracy"]) for k, v in fig16.items()}
+    # (depths, S): each network's best over the sweep (one network: the best_accuracy)
+    acc = {k: np.asarray(v.get("best_accuracy_by_network", v["best_accuracy"]), float
+                         ).reshape(len(d16), -1) for k, v in fig16.items()}
     if (d16 > 50).any():
-      add("Fig 16a: no norm, M=1 fails beyond L=50", acc[(1, "none")][d16 > 50].max(), seeds)
+      add("Fig 16a: no norm, M=1 fails beyond L=50", acc[(1, "none")][d16 > 50].max(axis=0),
+          seeds)
     if (d16 > 100).any():
-      add("Fig 16a: no norm, M=2 fails beyond L=100", acc[(2, "none")][d16 > 100].max(), seeds)
+      add("Fig 16a: no norm, M=2 fails beyond L=100", acc[(2, "none")][d16 > 100].max(axis=0),
+          seeds)
     add("Fig 16b: no-norm magnitude slope, M=1", fig16[(1, "none")]["slope"],
         f"L={s['magnitude_depth']}, d={s['rank_width']}")
     add("Fig 16b: no-norm magnitude slope, M=2", fig16[(2, "none")]["slope"],
         f"L={s['magnitude_depth']}, d={s['rank_width']}")
     add("Fig 16c: Pre-RMSNorm M=1 and M=2 within a point",
-        np.abs(acc[(1, "pre")] - acc[(2, "pre")]).max(), seeds)
+        np.abs(acc[(1, "pre")] - acc[(2, "pre")]).max(axis=0), seeds)
   return rows
 
 

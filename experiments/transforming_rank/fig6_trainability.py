@@ -49,7 +49,7 @@ import optax
 
 from . import common
 from .fig6_rows import (  # noqa: F401 (the study's claims)
-    CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, measured_values)
+    CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, max_stable_lr, measured_values)
 from rankjax.config import MLPConfig
 from rankjax.data import images
 from rankjax.measure import jacobians
@@ -89,7 +89,11 @@ SCALES = {
                  fig16_large_lr_max_depth=100, magnitude_depth=100, magnitude_inputs=64,
                  norm_eps=1e-6, dataset="digits", data_dir=None),
 }
+# quick_seeds3 (issue 53 item 4): quick's grid with three networks per (cell, lr), fixed
+# before its runs; network 0 is quick's own draw (EXPECTED.md, "Quick-seeds3 scale")
+SCALES["quick_seeds3"] = {**SCALES["quick"], "seeds": 3}
 KEY = jax.random.PRNGKey(6)
+SEED_STRIDE = 100_000   # network s of a cell draws seed0 + SEED_STRIDE * s (run_cell)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,25 +241,14 @@ def sweep_trainer(cfg: MLPConfig) -> Callable[..., dict]:
   return jax.jit(jax.vmap(one, in_axes=(0, 0) + (None,) * 6), compiler_options=options)
 
 
-def max_stable_lr(lrs: Sequence[float], accuracy_T: Sequence[float],
-                  threshold: float = STABLE_ACCURACY) -> float:
-  """The largest learning rate whose accuracy is >= ``threshold`` (App B.4, Table 5).
-
-  NaN when none reaches it (Table 5's dash). Rates need not be sorted; NaN
-  accuracies count as failures.
-  """
-  lrs = np.asarray(lrs, float)
-  acc = np.nan_to_num(np.asarray(accuracy_T, float), nan=-1.0)
-  ok = acc >= threshold
-  return float(lrs[ok].max()) if ok.any() else float("nan")
-
-
 def run_cell(cfg: MLPConfig, data: ImageArrays, alphas: Sequence[float], lrs: Sequence[float],
              seeds: int, steps: int, batch: int, seed0: int = 0) -> dict:
   """Trains every (alpha, lr, seed) of one cell; arrays (A, T, S) (``losses``: (A, T, S, steps)).
 
   Seed s draws one unit-scale init and one batch order, shared by every alpha and
-  learning rate; all (alpha, lr) of a seed run in one call.
+  learning rate; all (alpha, lr) of a seed run in one call. Network 0 draws seed
+  ``seed0`` (the one-network scales' draw); network s > 0 draws ``seed0 + SEED_STRIDE *
+  s``, apart from every other cell's draws.
   """
   a_n, t_n = len(alphas), len(lrs)
   ai, ti = np.meshgrid(np.arange(a_n), np.arange(t_n), indexing="ij")
@@ -265,8 +258,8 @@ def run_cell(cfg: MLPConfig, data: ImageArrays, alphas: Sequence[float], lrs: Se
   fn = sweep_trainer(cfg)
   outs = []
   for s in range(seeds):
-    unit = init_unit_params(cfg, seed0 + s)
-    order = batch_order(seed0 + s, steps, batch, len(data.y_train_N))
+    unit = init_unit_params(cfg, seed0 + SEED_STRIDE * s)
+    order = batch_order(seed0 + SEED_STRIDE * s, steps, batch, len(data.y_train_N))
     outs.append(jax.device_get(fn(alpha_R, lr_R, unit, order, data.x_train_NxD,
                                   data.y_train_N, data.x_test_MxD, data.y_test_M)))
   # (A, T, S) per metric; the loss curves are (A, T, S, steps).
@@ -357,7 +350,7 @@ def fig16_depth(s: dict, data: ImageArrays) -> dict:
   out = {}
   for m in (1, 2):
     for pos in ("none", "pre"):
-      best, per_lr = [], []
+      best, per_lr, by_net = [], [], []
       for j, depth in enumerate(s["fig16_depths"]):
         # App C: the two largest rates are left out at the largest depths.
         use = lrs if depth <= s["fig16_large_lr_max_depth"] else lrs[:-2]
@@ -369,11 +362,14 @@ def fig16_depth(s: dict, data: ImageArrays) -> dict:
         acc_T = cell["accuracy"].mean(axis=-1)[0]
         best.append(float(acc_T.max()))
         per_lr.append({f"{lr:g}": float(v) for lr, v in zip(use, acc_T)})
+        by_net.append([float(v) for v in cell["accuracy"][0].max(axis=0)])   # (S,)
       mag_cfg = MLPConfig(depth=s["magnitude_depth"], width=s["rank_width"], expansion=1.0,
                           branch_matrices=m, norm_position=pos)
       mag = init_magnitude(mag_cfg, KEY, s["magnitude_inputs"])
       out[(m, pos)] = {"best_accuracy": best, "accuracy_by_lr": per_lr, "log10_rms": mag,
                        "slope": float(np.polyfit(np.arange(len(mag)), mag, 1)[0])}
+      if s["seeds"] > 1:   # each network's best over the sweep, (depths, S)
+        out[(m, pos)]["best_accuracy_by_network"] = by_net
   return out
 
 

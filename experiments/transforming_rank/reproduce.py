@@ -226,6 +226,12 @@ RECHECK = {
         "up to 7e-4 relative across CPUs (Fig 5b's flattening)")),
 }
 
+# quick_seeds3 (issue 53 item 4): Fig 6 / 13 / 16 and Table 5 at quick's grid with three
+# networks per (cell, lr), fixed before its runs; fig6's only other scale
+SEEDS3 = "quick_seeds3"
+_SEEDS3_MISSING = (f"{SEEDS3} is a training-only scale of fig6 (three networks per cell; "
+                   "CPU cost); this experiment has no path there")
+
 STUDY = runner.Study(
     name="transforming_rank",
     title="Transforming Rank: paper vs rankjax",
@@ -233,7 +239,11 @@ STUDY = runner.Study(
                                          needs=_needs_cifar10 if name == "fig6" else None,
                                          trained=name in TRAINED,
                                          setting={"paper": runner.PAPER_SETTING,
-                                                  "quick": QUICK_SETTING[name]},
+                                                  "quick": QUICK_SETTING[name],
+                                                  **({SEEDS3: QUICK_SETTING[name] + "; three "
+                                                      "networks per (cell, lr) (paper: one)"}
+                                                     if name == "fig6" else {})},
+                                         why_missing=_SEEDS3_MISSING,
                                          scale_free=frozenset(SCALE_FREE.get(name, ())),
                                          **RECHECK.get(name, {}),
                                          figures=(f"{module}.png",),
@@ -241,7 +251,13 @@ STUDY = runner.Study(
                  for name, module in EXPERIMENTS.items()},
     aliases=ALIASES,
     register=REGISTER,
-    notes={"quick": "Quick scale: the paper's depths, ratios (m/d, beta*alpha^M, L) and sweeps "
+    scales=("quick", SEEDS3, "paper", "tiny"),
+    notes={SEEDS3: f"{SEEDS3}: fig6 (Figs 6, 13, 16, Table 5) at quick's grid and budget "
+                   "with three networks per (cell, lr) (a value per network, the rows judge "
+                   "their mean), fixed before its runs (issue 53 item 4); network 0 is "
+                   "quick's; every trained row a proxy; the other experiments have no path "
+                   "at this scale (EXPECTED.md).",
+           "quick": "Quick scale: the paper's depths, ratios (m/d, beta*alpha^M, L) and sweeps "
                     "with width mostly 256 -> 64 and fewer seeds; width-dependent numbers (e.g. "
                     "a one-direction rank loss, 1/d) are expected to differ. See EXPECTED.md.",
            "tiny": "Tiny scale: the paper scale's code path at widths 8-32, two seeds and "

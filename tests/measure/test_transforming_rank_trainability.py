@@ -122,3 +122,43 @@ def test_smoke_run_writes_figure_and_names_the_data_set(tmp_path):
   # no cell of the paper's grid (depth 2 only): no claim is judged; the set used is in
   # the result (above) and in the note of every accuracy row of a grid that has them
   assert res["measured"] == []
+
+
+def _synthetic_grid(acc_AxLxTxS: np.ndarray) -> dict:
+  """A fig6_grid-shaped result of the given accuracies (init ranks made up)."""
+  a, l = acc_AxLxTxS.shape[:2]
+  mean = acc_AxLxTxS.mean(axis=-1)
+  return {p: {"accuracy": acc_AxLxTxS, "best_accuracy": mean.max(axis=-1),
+              "max_stable_lr": np.array([[f6.max_stable_lr(f6.PAPER_LRS, mean[i, j])
+                                          for j in range(l)] for i in range(a)]),
+              "erank": np.linspace(0.01, 0.5, a * l).reshape(a, l)}
+          for p in ("pre", "post")}
+
+
+def test_rows_have_one_value_per_network_when_a_cell_has_several():
+  """quick_seeds3 (issue 53 item 4): each trained row has a value per network (that
+  network's best over the sweep, its own stable rate), judged on their mean; with one
+  network the rows are the one-network values (no seeds)."""
+  s = {**f6.SCALES["quick"], "seeds": 3, "depths": (12, 384), "alphas": (0.5, 1.0)}
+  rng = np.random.default_rng(0)
+  acc = rng.uniform(0.0, 1.0, (2, 2, len(f6.PAPER_LRS), 3))
+  acc[1, 1] = 0.1                      # alpha=1, L=384 fails in every network
+  acc[0, :, :, 2] = 0.2                # network 2 fails everywhere at alpha=0.5
+  rows = {r["item"]: r for r in f6.measured_values(s, "digits", _synthetic_grid(acc), {})}
+  half = rows["Fig 6d: Post-Norm alpha=0.5 trains at every depth"]
+  assert half["seeds"] == [0, 1, 2]
+  np.testing.assert_allclose(half["values"], acc[0].max(axis=1).min(axis=0))
+  assert half["values"][2] == 0.2
+  fails = rows["Fig 6d: Post-Norm alpha=1 fails at L=384"]
+  assert fails["values"] == [0.1, 0.1, 0.1]
+  t5 = rows["Table 5: Post-Norm alpha=0.5, L=12"]
+  assert len(t5["values"]) == 3 and np.isnan(t5["values"][2])   # network 2: no stable lr
+  for k in range(2):
+    assert t5["values"][k] == math.log10(f6.max_stable_lr(f6.PAPER_LRS, acc[0, 0, :, k]))
+  one = {**s, "seeds": 1}
+  rows1 = {r["item"]: r for r in f6.measured_values(one, "digits", _synthetic_grid(acc[..., :1]),
+                                                    {})}
+  assert rows1["Fig 6d: Post-Norm alpha=0.5 trains at every depth"]["seeds"] is None
+  assert rows1["Fig 6d: Post-Norm alpha=0.5 trains at every depth"]["values"] == \
+      float(acc[0, :, :, 0].max(axis=1).min())
+  assert f6.SCALES["quick_seeds3"] == {**f6.SCALES["quick"], "seeds": 3}
