@@ -43,10 +43,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
   parser.add_argument("--seeds", metavar="SEEDS",
                       help="train these seeds (0-7, 0,3,5) as one program, each a run of "
                            "its own in WORKDIR/seed_<s>")
+  from rankjax.config import TrainConfig, fields_with
+  swept = [f for f in fields_with(TrainConfig, "per_run", True) if f != "seed"]
   parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
                       help="also train these values of an optimizer hyperparameter "
-                           "(learning_rate, min_lr_ratio, warmup_steps, b1, b2, eps, "
-                           "weight_decay) in the same program, each in "
+                           f"({', '.join(swept)}) in the same program, each in "
                            "WORKDIR/<field>_<value>[/seed_<s>]; repeatable (every "
                            "combination)")
   parser.set_defaults(func=run)

@@ -56,16 +56,25 @@ SCALES_NOT_IN_CI: dict[tuple[str, str], str] = {
         "the quick setting at 8 seeds (issue 53; every row a proxy): 16 training runs and "
         "their bounds, about 2.7x quick's CPU cost; `rankjax reproduce softmax_sensitivity "
         "--scale quick_seeds8 --check` reruns it by hand"),
+    ("postnorm_collapse", "quick_seeds8"): (
+        "the collapse study's three runs at seeds 0-7 (issue 53 item 4; every row a "
+        "proxy): 24 150-update runs, 1093 s to record on the shared 2-core Xeon; "
+        "`rankjax reproduce postnorm_collapse --scale quick_seeds8 --only collapse --check` "
+        "reruns it by hand"),
+    ("transforming_rank", "quick_seeds3"): (
+        "fig6 at three networks per (cell, lr) (issue 53 item 4; every trained row a "
+        "proxy): three times quick's fig6 grid, 861 s to record; `rankjax reproduce "
+        "transforming_rank --scale quick_seeds3 --only fig6 --check` reruns it by hand"),
     ("softmax_sensitivity", "quick_deep"): (
         "the quick setting at 36 layers (issue 53; every row a proxy): six 36-layer runs, "
         "about 6x quick's training time on the CPU; `rankjax reproduce softmax_sensitivity "
         "--scale quick_deep --check` reruns it by hand")}
 # experiments that read another's training runs rerun in its process (trained once): the
 # Post-Norm trained experiments share the collapse study's runs, which train once in the
-# "collapse" test
+# "collapse" test (propd2 too: alone it trained post_collapse again, 94 s in CI)
 WITH = {("softmax_sensitivity", "trained_bounds"): "prepost_training",
         **{("postnorm_collapse", n): "collapse"
-           for n in ("fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38")}}
+           for n in ("fig3_fig5", "fig6", "fig10", "fig12", "sec43", "thm38", "propd2")}}
 
 
 def scales(study: str) -> list[str]:
