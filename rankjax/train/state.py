@@ -271,8 +271,6 @@ def run_diagnostics(task: Task, cfg: TrainConfig, diags: Sequence[diag_lib.Diagn
     cast = any(c is not p for c, p in zip(jax.tree.leaves(copy), jax.tree.leaves(state.params)))
     if param_shardings is not None and cast:                      # cast on the shards
       copy = jax.lax.with_sharding_constraint(copy, param_shardings)
-    elif not cast:
-      copy = state.params
     params = _replicated(copy, mesh)
     acts = act_grads = None
     if any(d.needs_capture for d in diags):
