@@ -7,7 +7,9 @@ measurements both use it (neither imports the other for it).
 
 The mixed-precision rule lives here too (``compute_copy``): matrices and embeddings are
 cast to the compute dtype, norm gains and biases are not (norms compute in float32 and
-return their input's dtype); both model families and both training tasks use it.
+return their input's dtype); both model families, both training tasks, the training
+step's diagnostics (``train.state.run_diagnostics``: they measure the forward pass the
+training step computes, bit for bit) and ``rankjax analyze`` use it.
 """
 from __future__ import annotations
 
@@ -44,7 +46,14 @@ def compute_copy(params: Any, compute_dtype: Any) -> Any:
   Every matrix and embedding is cast to ``compute_dtype`` (so under FSDP the all-gathers
   move bfloat16, not float32); norm gains and biases (``is_norm_param``) keep their dtype
   (the norms compute in float32). The originals stay the optimizer's. A tree already in
-  ``compute_dtype`` comes back as it is.
+  ``compute_dtype`` comes back as it is (the same leaves).
+
+  Why the embedding tables too, though the model adds token rows and learned positions
+  in float32 (``grad_reduce_dtype="float32"``): the looked-up token rows are rounded to
+  the compute dtype before anything reads them and a tied head casts its table to the
+  compute dtype (``lm_head.head_logits``), so a float32 token table would change no
+  value and double the bytes its all-gather moves; only the learned positions (a
+  ``max_seq_len x d`` table) are rounded once more than a float32 copy would be.
   """
   dtype = jnp.dtype(compute_dtype)
 

@@ -21,10 +21,12 @@ from rankjax.numerics import float_dtype
 
 @jax.custom_vjp
 def _low_precision_matmul(h: jax.Array, w: jax.Array) -> jax.Array:
-  """``h @ w`` of 16-bit operands accumulated into float32, with a backward pass whose
-  two matmuls also take 16-bit operands (the float32 cotangent is rounded to ``h``'s
-  dtype first); jax's own rule would upcast both operands to float32."""
-  return jnp.matmul(h, w, preferred_element_type=jnp.float32)
+  """``h @ w`` of a 16-bit ``h`` and ``w`` rounded to ``h``'s dtype, accumulated into
+  float32, with a backward pass whose two matmuls also take 16-bit operands (the
+  float32 cotangent is rounded to ``h``'s dtype first); jax's own rule would upcast
+  both operands to float32. ``w``'s gradient is accumulated in float32 and returned in
+  ``w``'s own dtype (float32 for ``matmul.shard_copies``'s copies)."""
+  return jnp.matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
 
 
 def _low_precision_fwd(h, w):
@@ -34,7 +36,7 @@ def _low_precision_fwd(h, w):
 def _low_precision_bwd(res, g):
   h, w = res
   g = g.astype(h.dtype)
-  dh = jnp.matmul(g, w.T, preferred_element_type=jnp.float32).astype(h.dtype)
+  dh = jnp.matmul(g, w.astype(h.dtype).T, preferred_element_type=jnp.float32).astype(h.dtype)
   dw = jnp.einsum("...d,...v->dv", h, g, preferred_element_type=jnp.float32).astype(w.dtype)
   return dh, dw
 
@@ -51,11 +53,10 @@ def head_logits(h: jax.Array, w_DxV: jax.Array, vocab_size: int | None = None) -
   padding of ``W``) are -inf, so softmax, log-sum-exp and cross-entropy see exactly
   the ``vocab_size`` real classes.
   """
-  w_DxV = w_DxV.astype(h.dtype)
   if jnp.finfo(h.dtype).bits < 32:
     z = _low_precision_matmul(h, w_DxV)
   else:
-    z = jnp.matmul(h, w_DxV, preferred_element_type=float_dtype(h.dtype))
+    z = jnp.matmul(h, w_DxV.astype(h.dtype), preferred_element_type=float_dtype(h.dtype))
   v = z.shape[-1] if vocab_size is None else vocab_size
   if v < z.shape[-1]:
     z = jnp.where(jnp.arange(z.shape[-1]) < v, z, -jnp.inf)
@@ -153,11 +154,26 @@ def head_cross_entropy(h_NxD: jax.Array, w_DxV: jax.Array, labels_N: jax.Array,
   chunks. The token count is padded to a multiple of ``chunk`` with zero-weight
   tokens; the chunks are strided (``_strided``) and constrained to the batch axes.
   Differentiable once (a training loss): no higher derivatives through the chunks.
+
+  ``w`` of shape ``(S, D, V)`` is S copies of the head, one per batch shard
+  (``matmul.shard_copies``, a tied table): the N tokens are split into S equal blocks,
+  block s (shard s's tokens) meets copy s only (``chunk / S`` tokens a chunk), so the
+  head's gradient stays a partial sum on each shard, added there to the lookup's, and
+  the mean of the blocks' means is the loss.
   """
   if h_NxD.ndim != 2 or labels_N.shape != h_NxD.shape[:1]:
     raise ValueError(f"head_cross_entropy expects h (N, d) and labels (N,); got "
                      f"{h_NxD.shape} and {labels_N.shape}")
   n = h_NxD.shape[0]
+  if w_DxV.ndim == 3:
+    s = w_DxV.shape[0]
+    h_S = partitioning.constrain(h_NxD.reshape(s, n // s, -1), ("batch", None, None))
+    y_S = partitioning.constrain(labels_N.reshape(s, n // s), ("batch", None))
+    per_shard = max(chunk // s, 1) if chunk > 0 else 0
+    with partitioning.activation_sharding(None, {}):     # inside: one shard's tokens
+      means = jax.vmap(lambda h, w, y: head_cross_entropy(h, w, y, vocab_size, per_shard))(
+          h_S, w_DxV, y_S)
+    return jnp.mean(means)
   if chunk <= 0 or chunk >= n:
     weights = jnp.ones((n,), float_dtype(h_NxD.dtype))
     return jnp.sum(weights * token_nll(head_logits(h_NxD, w_DxV, vocab_size), labels_N)) / n

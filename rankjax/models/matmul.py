@@ -13,12 +13,18 @@ take jax's own product and rule unchanged.
 
 ``lookup`` is the same for an embedding table: its gradient (a scatter-add of the
 looked-up rows' cotangents) is accumulated in float32.
+
+``shard_copies`` gives a table one copy per batch shard, so that a table read twice (a
+tied embedding: the lookup and the LM head) has the two uses' gradients added on each
+shard and reduced across devices once, not once per use.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from rankjax import partitioning
 
 
 def _is_16bit(x: jax.Array) -> bool:
@@ -74,7 +80,35 @@ def _lookup_f32_grad(table: jax.Array, ids: jax.Array) -> jax.Array:
 
 def lookup(table: jax.Array, ids: jax.Array, grad_reduce_dtype: str = "float32") -> jax.Array:
   """``table[ids]`` (rows of an embedding); with a 16-bit table and
-  ``grad_reduce_dtype="float32"`` its gradient is accumulated (and reduced) in float32."""
+  ``grad_reduce_dtype="float32"`` its gradient is accumulated (and reduced) in float32.
+
+  A table ``(S, V, D)`` of ``shard_copies`` is S copies of one ``(V, D)`` table: the
+  ids ``(B, ...)`` are split into S equal blocks of rows, the batch shards, and block s
+  is looked up in copy s (its gradient stays on the shard)."""
+  if table.ndim == 3:
+    s = table.shape[0]
+    ids_S = partitioning.constrain(ids.reshape(s, ids.shape[0] // s, *ids.shape[1:]),
+                                   ("batch",) + (None,) * ids.ndim)
+    rows = jax.vmap(lambda t, i: lookup(t, i, grad_reduce_dtype))(table, ids_S)
+    return rows.reshape(*ids.shape, table.shape[-1])
   if grad_reduce_dtype == "float32" and _is_16bit(table):
     return _lookup_f32_grad(table, ids)
   return jnp.take(table, ids, axis=0)
+
+
+def shard_copies(table: jax.Array, shards: int, grad_reduce_dtype: str = "float32"
+                 ) -> jax.Array:
+  """``(shards, *table.shape)``: one copy of ``table`` per batch shard, copy s on shard
+  s's devices (the leading axis constrained to the batch axes; a gathered table is
+  already on every device, so this moves nothing).
+
+  Shard s reads only copy s (``lookup``, ``lm_head.head_cross_entropy``), so each use's
+  gradient is a partial sum left on its shard, the uses' partial sums are added there,
+  and the transpose of this broadcast, the sum over the shards, is the table's one
+  cross-device reduction. A 16-bit table's copies are float32 under
+  ``grad_reduce_dtype="float32"`` (its own values: every use rounds them back to the
+  compute dtype), so the partial sums and their reduction are float32."""
+  if grad_reduce_dtype == "float32" and _is_16bit(table):
+    table = table.astype(jnp.float32)
+  copies = jnp.broadcast_to(table[None], (shards, *table.shape))
+  return partitioning.constrain(copies, ("batch",) + (None,) * table.ndim)

@@ -42,7 +42,7 @@ from rankjax.models import sites as sites_lib
 from rankjax.models.attention import (ATTENTION_OUT, ATTENTION_RESIDUALS,
                                       CausalSelfAttention, matrix_init, projections)
 from rankjax.models.lm_head import head_logits
-from rankjax.models.matmul import lookup, weight_matmul
+from rankjax.models.matmul import lookup, shard_copies, weight_matmul
 from rankjax.models.norms import Norm
 from rankjax.numerics import float_dtype
 
@@ -191,7 +191,12 @@ class DecoderLM(nn.Module):
   ``perturbations[name]`` when given; ``capture_probs`` sows the attention probabilities (B, H, T, T) per
   layer, stacked as (L, B, H, T, T). ``return_hidden`` returns ``(h_BxTxD, W_DxVp)``,
   the head's input and matrix (padded columns included), for a loss that computes
-  the head itself (``rankjax.measure.losses.head_cross_entropy``).
+  the head itself (``rankjax.models.lm_head.head_cross_entropy``). With tied embeddings
+  and ``tied_shards`` S > 1 (``return_hidden`` only; the training loss passes its
+  batch shards) the table is read as S copies, one per batch shard
+  (``matmul.shard_copies``): the lookup and the returned ``W`` (S, D, Vp) both read
+  copy s for shard s's rows, so the table's two gradients are added on each shard and
+  reduced across devices once.
   """
 
   cfg: TransformerConfig
@@ -199,7 +204,8 @@ class DecoderLM(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxT: jax.Array, *, deterministic: bool = True,
                capture: bool = False, perturbations: dict | None = None,
-               capture_probs: bool = False, return_hidden: bool = False):
+               capture_probs: bool = False, return_hidden: bool = False,
+               tied_shards: int = 1):
     cfg = self.cfg
     dtype, pdt = jnp.dtype(cfg.compute_dtype), jnp.dtype(cfg.param_dtype)
     t = tokens_BxT.shape[-1]
@@ -208,7 +214,12 @@ class DecoderLM(nn.Module):
     embed_std = cfg.embed_std or (1.0 if cfg.init == "paper_collapse" else 0.02)
     embed = nn.Embed(cfg.padded_vocab_size, cfg.d_model, param_dtype=pdt,
                      embedding_init=nn.initializers.normal(embed_std), name="embed")
-    rows = lookup(embed.embedding, tokens_BxT, cfg.grad_reduce_dtype)   # = embed(tokens)
+    table = embed.embedding
+    if cfg.tie_embeddings and tied_shards > 1:
+      if not return_hidden:
+        raise ValueError("tied_shards > 1 returns the head's copies: pass return_hidden=True")
+      table = shard_copies(table, tied_shards, cfg.grad_reduce_dtype)
+    rows = lookup(table, tokens_BxT, cfg.grad_reduce_dtype)   # = embed(tokens)
     h = partitioning.constrain(rows.astype(dtype), ("batch", "length", "embed"))
     if cfg.pos_embedding == "learned":
       pos = self.param("pos_embed", nn.initializers.normal(embed_std),
@@ -242,7 +253,7 @@ class DecoderLM(nn.Module):
     if cfg.uses_final_norm:
       h = make_norm(cfg, cfg.norm_op, "norm_final")(h)
     if cfg.tie_embeddings:
-      w_DxV = embed.embedding.T
+      w_DxV = jnp.swapaxes(table, -1, -2)
     else:
       w_DxV = self.param("lm_head", matrix_init(cfg, "lm_head", cfg.d_model),
                          (cfg.d_model, cfg.padded_vocab_size), pdt)

@@ -71,7 +71,8 @@ class DiagInputs:
   Attributes:
     kind: the model's kind ("transformer", "mlp" or a plug-in's).
     model: the linen module (call ``model.apply`` for extra forward passes).
-    params: parameters before this update.
+    params: parameters before this update, as the training step's forward pass reads
+      them (the compute copy: see ``master_params``).
     batch: the diagnostic examples (the first ``diag_examples`` of the last
       micro-batch), ``{"inputs", "targets"}``.
     grads: parameter gradients of the whole update, averaged over micro-batches,
@@ -81,8 +82,10 @@ class DiagInputs:
     activations, activation_grads: ``Task.capture`` output when some configured
       diagnostic has ``needs_capture``, else None.
     stacked_roots: parameter subtrees with a leading layer axis.
-    master_params: the float32 parameters (sharded as trained) when ``params`` is the
-      compute-dtype copy the forward passes use (``state.compute_copy``), else None.
+    master_params: the float32 parameters (sharded as trained); ``params`` is the
+      compute-dtype copy the training step's forward pass uses
+      (``numerics.compute_copy``: the one mixed-precision rule), or these themselves
+      under float32.
   """
 
   kind: str

@@ -257,17 +257,19 @@ def run_diagnostics(task: Task, cfg: TrainConfig, diags: Sequence[diag_lib.Diagn
   Under ``mesh`` they run in the activation-sharding context: the examples are split
   over the batch axes when their count divides them, and replicated otherwise (a few
   examples: each device computes them all); the capture and the diagnostics read a replicated
-  copy of the parameters in the compute dtype (``compute_copy``, cast on the shards
-  ``param_shardings`` before one all-gather; the diagnostics step holds it besides the
-  shards), so no activation is split along d_model and nothing activation-sized is
-  all-reduced."""
+  copy of the parameters in the compute dtype by the training step's own rule
+  (``numerics.compute_copy``: the forward passes are bit for bit the training step's;
+  cast on the shards ``param_shardings`` before one all-gather; the diagnostics step
+  holds it besides the shards), so no activation is split along d_model and nothing
+  activation-sized is all-reduced."""
   n = cfg.diag_examples or None
   with partitioning.activation_sharding(mesh, ACTIVATION_RULES, replicate_indivisible=True):
     examples = jax.tree.map(
         lambda x: partitioning.constrain(x[-1, :n], ("batch",) + (None,) * (x.ndim - 2)),
         batch)
-    copy = compute_copy(state.params, cfg.compute_dtype)
-    if param_shardings is not None and copy is not state.params:   # cast on the shards
+    copy = numerics.compute_copy(state.params, cfg.compute_dtype)
+    cast = any(c is not p for c, p in zip(jax.tree.leaves(copy), jax.tree.leaves(state.params)))
+    if param_shardings is not None and cast:                      # cast on the shards
       copy = jax.lax.with_sharding_constraint(copy, param_shardings)
     params = _replicated(copy, mesh)
     acts = act_grads = None
@@ -278,23 +280,6 @@ def run_diagnostics(task: Task, cfg: TrainConfig, diags: Sequence[diag_lib.Diagn
         loss=loss, step=state.step + 1, activations=acts, activation_grads=act_grads,
         stacked_roots=task.stacked_roots, master_params=state.params)
     return diag_lib.compute(diags, inputs)
-
-
-def compute_copy(params: Any, compute_dtype: str) -> Any:
-  """``params`` as the forward pass uses them under ``compute_dtype``: under bfloat16
-  the weight matrices and biases in bfloat16 (the model casts them so before every
-  matmul), the norms' gains and biases and the embedding tables kept float32 (the norms
-  compute in float32; token and position embeddings are added in float32), so the
-  diagnostics step gathers about half the bytes and its forward passes are bit for bit
-  those of float32 parameters; float32: ``params`` itself."""
-  if compute_dtype != "bfloat16":
-    return params
-
-  def cast(path, x):
-    keep = any(str(getattr(k, "key", "")).startswith(("norm", "embed", "pos_embed"))
-               for k in path)
-    return x if keep or not jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.bfloat16)
-  return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def _replicated(params: Any, mesh: Mesh | None) -> Any:

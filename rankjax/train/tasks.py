@@ -8,7 +8,8 @@ The loop, the step and the diagnostics never branch on the model kind; they call
        loss = mean next-token cross-entropy over all B*T tokens (sequences are packed,
        no padding), computed from the head's input by ``head_cross_entropy`` (compute
        dtype head, float32 log-sum-exp, pad columns masked, ``model.loss_chunk``) on
-       the compute copy of the parameters (``numerics.compute_copy``, both tasks).
+       the compute copy of the parameters (``numerics.compute_copy``, both tasks; the
+       diagnostics step's forward passes read the same copy).
   mlp: ``ResidualMLP`` classifier on image batches ``{"inputs": (B, D) float32,
        "targets": (B,) int32}``; loss = mean cross-entropy, plus accuracy.
 
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rankjax import config as config_lib
-from rankjax import numerics
+from rankjax import numerics, partitioning
 from rankjax.config import TrainConfig
 from rankjax.measure.losses import cross_entropy
 from rankjax.models.lm_head import head_cross_entropy
@@ -136,10 +137,15 @@ class LMTask(Task):
     cfg = self.model.cfg
     rngs = ({"dropout": dropout_key(rng, cfg.prng_impl)}
             if (self.dropout and not deterministic) else None)
+    # a tied table is read as one copy per batch shard by the lookup and the head: its
+    # two gradients are added on the shard and reduced once (matmul.shard_copies)
+    shards = partitioning.axis_size("batch") if cfg.tie_embeddings else 1
+    if batch["inputs"].shape[0] % shards:
+      shards = 1
     h, w = self.model.apply({"params": numerics.compute_copy(params, cfg.compute_dtype)},
                             batch["inputs"],
                             deterministic=deterministic or not self.dropout, rngs=rngs,
-                            return_hidden=True)
+                            return_hidden=True, tied_shards=shards)
     targets = batch["targets"]
     loss = head_cross_entropy(h.reshape(-1, h.shape[-1]), w, targets.reshape(-1),
                               cfg.vocab_size, cfg.loss_chunk)

@@ -60,3 +60,38 @@ def test_lookup_accumulates_the_table_gradient_in_float32():
   ref = jax.vjp(lambda t: jnp.take(t, ids, axis=0), t32)[1](jnp.ones((len(ids), 3)))
   got = jax.vjp(lambda t: matmul.lookup(t, ids), t32)[1](jnp.ones((len(ids), 3)))
   np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(ref[0]))
+
+
+def test_shard_copies_read_as_the_table_and_sum_its_gradients():
+  """A tied table read as S copies, one per batch shard, by the lookup and the head (as
+  DecoderLM with tied_shards): the loss and the table's gradient of the table itself,
+  the two uses' gradients summed (float32 within summation order; a bfloat16 table's
+  copies are float32, its gradient rounded once)."""
+  from rankjax.models import lm_head
+  k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+  table = jax.random.normal(k1, (40, 8), jnp.float32)
+  ids = jax.random.randint(k2, (4, 6), 0, 37)
+  labels = jax.random.randint(k3, (24,), 0, 37)
+
+  def loss(t, shards, chunk, dtype=jnp.float32):
+    if shards > 1:
+      t = matmul.shard_copies(t, shards)
+    h = jnp.tanh(matmul.lookup(t, ids).astype(dtype)).reshape(-1, 8)
+    return lm_head.head_cross_entropy(h, jnp.swapaxes(t, -1, -2), labels, 37, chunk)
+
+  for chunk in (0, 6):
+    want, want_g = jax.value_and_grad(loss)(table, 1, chunk)
+    got, got_g = jax.value_and_grad(loss)(table, 2, chunk)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got_g, want_g, rtol=1e-5, atol=1e-7)
+  t16 = table.astype(jnp.bfloat16)
+  copies = matmul.shard_copies(t16, 2)
+  assert copies.shape == (2, 40, 8) and copies.dtype == jnp.float32
+  np.testing.assert_array_equal(copies[1], np.asarray(t16, np.float32))
+  assert matmul.shard_copies(t16, 2, "compute").dtype == jnp.bfloat16
+  for chunk in (0, 6):
+    want, want_g = jax.value_and_grad(loss)(t16, 1, chunk, jnp.bfloat16)
+    got, got_g = jax.value_and_grad(loss)(t16, 2, chunk, jnp.bfloat16)
+    assert got_g.dtype == jnp.bfloat16
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert _rel(got_g, np.asarray(want_g, np.float32)) < 2.0 ** -7

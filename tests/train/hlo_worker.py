@@ -11,6 +11,10 @@
   python tests/train/hlo_worker.py reductions DTYPE -> their bf16 training steps'
                                         collectives after SPMD partitioning, with
                                         model.grad_reduce_dtype=DTYPE (needs --xla_dump_to)
+  python tests/train/hlo_worker.py tied -> the optimized HLO's collectives of the shrunk
+                                        GPT-2 config's training step (tied embeddings)
+                                        under mesh_fsdp=8, per compute dtype and loss
+                                        chunking (``TIED_CASES``)
 
 Runs apart from the test process (JAX must see 8 devices before it starts).
 """
@@ -193,6 +197,28 @@ def reductions(grad_reduce_dtype: str) -> None:
   print(json.dumps(out))
 
 
+# (compute_dtype, loss_chunk) of ``tied``: the shipped bf16 and a float32 step, each
+# with the fused chunked loss (256 tokens a chunk) and with the plain head
+TIED_CASES = (("bfloat16", 256), ("bfloat16", 0), ("float32", 256), ("float32", 0))
+
+
+def tied() -> None:
+  """The GPT-2 paper config shrunk as in ``paper`` (tied embeddings: the token table is
+  the lookup and the LM head; vocab 1000 padded to 1024, d=64, 2 micro-batches of 32
+  sequences) under mesh_fsdp=8: every collective of its compiled training step, for each
+  of ``TIED_CASES``, with the padded vocabulary and d_model to find the table's."""
+  out = {}
+  for dtype, chunk in TIED_CASES:
+    cfg = shrunk_paper_config("gpt2_774m.json")
+    assert cfg.model.tie_embeddings
+    cfg = dataclasses.replace(cfg, diag_every=0, compute_dtype=dtype,
+                              model=dataclasses.replace(cfg.model, loss_chunk=chunk))
+    hlo, _ = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), "step")
+    out[f"{dtype}/{chunk}"] = collectives(hlo)
+  out["vocab"], out["d_model"] = cfg.model.padded_vocab_size, cfg.model.d_model
+  print(json.dumps(out))
+
+
 def main() -> None:
   assert jax.device_count() == 8, jax.devices()
   lm = dataclasses.replace(tiny_lm().model, num_layers=3, d_model=32, num_heads=2, d_ff=64,
@@ -220,5 +246,7 @@ if __name__ == "__main__":
     reductions(sys.argv[2])
   elif sys.argv[1:] == ["memory"]:
     memory()
+  elif sys.argv[1:] == ["tied"]:
+    tied()
   else:
     paper() if sys.argv[1:] == ["paper"] else main()

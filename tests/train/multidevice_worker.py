@@ -30,9 +30,9 @@ def main() -> None:
   tokens = rng.integers(0, 257, size=(16, cfg.seq_len + 1)).astype(np.int32)
   host_batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
-  def run(mesh, sharded_init: bool, init_host=None, zero1=False, loss_chunk=0):
+  def run(mesh, sharded_init: bool, init_host=None, zero1=False, loss_chunk=0, **lm_fields):
     c = build(dataclasses.replace(cfg, zero1=zero1, model=dataclasses.replace(
-        cfg.model, loss_chunk=loss_chunk)), mesh=mesh)
+        cfg.model, loss_chunk=loss_chunk, **lm_fields)), mesh=mesh)
     if sharded_init:
       state = c.init()
     else:
@@ -70,6 +70,21 @@ def main() -> None:
   out["param_max_rel_diff_chunked"] = max(
       float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-12))
       for a, b in zip(jax.tree.leaves(chunk1.params), jax.tree.leaves(chunk8.params)))
+  # tied embeddings, chunked and not: the table read as one copy per batch shard by the
+  # lookup and the head (their gradients added there, reduced once), against one device;
+  # fsdp=8 (8 shards) and data=2 x fsdp=4 (4 shards in each data group)
+  for chunk in (16, 0):
+    tied1_init, tied1, tied_m1, _ = run(shard_lib.make_mesh(1, 1, devices[:1]), True,
+                                        loss_chunk=chunk, tie_embeddings=True)
+    for data, fsdp in ((1, 8), (2, 4)):
+      _, tied, tied_m, _ = run(shard_lib.make_mesh(data, fsdp), False, tied1_init,
+                               loss_chunk=chunk, tie_embeddings=True)
+      key = f"tied_{chunk}_{data}x{fsdp}"
+      out[f"loss_{key}"] = [float(tied_m1["loss"]), float(tied_m["loss"])]
+      out[f"grad_norm_{key}"] = [float(tied_m1["grad_norm"]), float(tied_m["grad_norm"])]
+      out[f"param_max_rel_diff_{key}"] = max(
+          float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-12))
+          for a, b in zip(jax.tree.leaves(tied1.params), jax.tree.leaves(tied.params)))
   try:
     build(dataclasses.replace(cfg, batch_size=12, grad_accum=1))
     out["batch_error"] = None

@@ -71,6 +71,11 @@ def test_step_on_1_and_8_devices_agrees():
   assert eight == pytest.approx(one, rel=1e-6) and one == pytest.approx(out["loss_1"], rel=1e-5)
   assert out["grad_norm_chunked"][1] == pytest.approx(out["grad_norm_chunked"][0], rel=1e-5)
   assert out["param_max_rel_diff_chunked"] < 1e-5
+  for key in ("tied_16_1x8", "tied_16_2x4", "tied_0_1x8", "tied_0_2x4"):  # shard copies
+    one, many = out[f"loss_{key}"]
+    assert many == pytest.approx(one, rel=1e-6), key
+    assert out[f"grad_norm_{key}"][1] == pytest.approx(out[f"grad_norm_{key}"][0], rel=1e-5)
+    assert out[f"param_max_rel_diff_{key}"] < 1e-5, key
   specs = out["specs_2x4"]
   assert specs[".params['layers']['ffn']['w_1']"] == "P(None, 'fsdp', None)"  # (L, d=16, 32)
   assert specs[".params['embed']['embedding']"] == "P(None, 'fsdp')"          # (257, 16)
@@ -198,15 +203,43 @@ def test_paper_configs_gather_bf16_and_reduce_gradients_in_float32(tmp_path,
       assert {dtype for dtype, _ in reduced} == {"f32"}, (name, reduced)
     else:
       assert sum(dtype == "bf16" for dtype, _ in matrices) >= 5, (name, reduced)
-    # the diagnostics step gathers its replicated copy of the weights in bfloat16 (cast on
-    # the shards, state.compute_copy); float32 only the tables it keeps so: the token
-    # embedding (vocab 1024 x d) and the learned positions (40 x d), or norm gains
+    # the diagnostics step gathers its replicated copy of the weights in bfloat16 by the
+    # training step's rule (cast on the shards, numerics.compute_copy): the token
+    # embedding (vocab 1024 x d) and the learned positions (40 x d) too; float32 only
+    # norm gains and biases
     diag = [(c["dtypes"][0], tuple(c["shapes"][0])) for c in out[name]["diag"]
             if c["op"] == "all-gather"]
     assert any(dtype == "bf16" for dtype, _ in diag), (name, diag)
-    kept = {(1024, 64), (40, 64)}
-    assert all(shape in kept or len(shape) == 1 for dtype, shape in diag if dtype == "f32"), (
-        name, diag)
+    assert {(1024, 64)} <= {shape for dtype, shape in diag if dtype == "bf16"}, (name, diag)
+    assert all(len(shape) == 1 for dtype, shape in diag if dtype == "f32"), (name, diag)
+
+
+@pytest.mark.slow   # 8 devices in a second process, 4 steps compiled and read
+def test_tied_embedding_gradient_is_reduced_once_per_micro_batch():
+  """The shrunk GPT-2 config (tied embeddings: the token table is both the lookup and
+  the LM head; vocab 1024 padded, d=64) under mesh_fsdp=8, 2 micro-batches: in the
+  compiled training step, bf16 and float32, chunked loss and plain head, exactly one
+  all-reduce / reduce-scatter of a vocabulary-sized array per micro-batch (inside the
+  micro-batch scan; XLA combines reductions into one op, so operands are counted): the
+  table's gradient, its lookup's and its head's parts added on each device first
+  (matmul.shard_copies). Before, each use reduced its own: two per micro-batch, (1024,
+  64) and (64, 1024), in one combined all-reduce."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
+                         "tied"], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  v, d = out["vocab"], out["d_model"]
+  table = {(v, d), (d, v)}                          # all-reduced whole (XLA:CPU) ...
+  shard = {(v // 8, d), (d, v // 8)}                # ... or reduce-scattered to the shards
+  for case in ("bfloat16/256", "bfloat16/0", "float32/256", "float32/0"):
+    # XLA combines reductions into one op of several operands: count the operands
+    vocab_sized = [(c["loop_depth"], tuple(s)) for c in out[case]
+                   if c["op"] in ("all-reduce", "reduce-scatter") for s in c["shapes"]
+                   if tuple(s) in table or (c["op"] == "reduce-scatter" and tuple(s) in shard)]
+    per_micro_batch = [s for depth, s in vocab_sized if depth >= 1]
+    assert len(per_micro_batch) == 1, (case, vocab_sized)
 
 
 def test_rule_table_names_every_parameter_and_shards_d_model():
