@@ -153,11 +153,10 @@ def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | No
     seeds += ("; a value per network (network k: each cell's k-th init and batch order), "
               "the rows judge their mean")
   lrs = list(s["lrs"])
-  best = {p: grid[p]["accuracy"].max(axis=2) for p in grid}   # (A, L, S): each network's
-  log_msl = {p: np.log10([[[max_stable_lr(lrs, grid[p]["accuracy"][i, j, :, k])   # best,
-                            for k in range(grid[p]["accuracy"].shape[-1])]        # its
-                           for j in range(len(depths))] for i in range(len(alphas))])
-             for p in grid}                                # log10 max stable lr (A, L, S)
+  # (A, L, S): each network's best accuracy over the sweep and log10 largest stable lr
+  best = {p: grid[p]["accuracy"].max(axis=2) for p in grid}
+  log_msl = {p: np.log10(np.apply_along_axis(lambda acc_T: max_stable_lr(lrs, acc_T), 2,
+                                             grid[p]["accuracy"])) for p in grid}
   rows = []
 
   def add(item, value, note="", untested=""):

@@ -45,6 +45,17 @@ def test_every_experiment_declares_its_claims():
       assert c.where and c.quote and c.kind in evidence.KINDS, c.item
 
 
+
+def _trained(monkeypatch, tmp_path, runs: list[tuple[str, int, str]]) -> list[tuple]:
+  """(config, workdir) that ``collapse_study.train_run`` hands the training loop for each
+  (run, seed, scale) of ``runs``, in order (nothing trains: the loop is replaced)."""
+  trained = []
+  monkeypatch.setattr("rankjax.train.loop.train",
+                      lambda cfg, wd, **kw: trained.append((cfg, wd)))
+  for name, seed, scale in runs:
+    collapse_study.train_run(collapse_study.seeded_name(name, seed), str(tmp_path), scale=scale)
+  return trained
+
 def test_quick_deep_is_the_collapse_runs_at_48_layers_in_their_own_workdirs(monkeypatch,
                                                                             tmp_path):
   deep = collapse_study.SCALES["quick_deep"]
@@ -55,13 +66,8 @@ def test_quick_deep_is_the_collapse_runs_at_48_layers_in_their_own_workdirs(monk
   others = [n for n in STUDY.experiments if n != "collapse"]
   assert all("quick_deep" not in STUDY.scales_of(n) for n in others)
   assert all("quick_deep" in STUDY.experiments[n].why_missing for n in others)
-  trained = []
-  monkeypatch.setattr("rankjax.train.loop.train",
-                      lambda cfg, wd, **kw: trained.append((cfg, wd)))
-  for scale in ("quick", "quick_deep"):
-    collapse_study.train_run(collapse_study.seeded_name("pre_same_lr", 1), str(tmp_path),
-                             scale=scale)
-  (quick, quick_wd), (deep_cfg, deep_wd) = trained
+  (quick, quick_wd), (deep_cfg, deep_wd) = _trained(
+      monkeypatch, tmp_path, [("pre_same_lr", 1, "quick"), ("pre_same_lr", 1, "quick_deep")])
   assert quick.model.num_layers == 12 and deep_cfg.model.num_layers == 48
   assert deep_cfg.model.norm_position == "pre" and deep_cfg.seed == 1
   assert (quick_wd.endswith("runs/pre_same_lr_seed1")
@@ -82,15 +88,9 @@ def test_quick_seeds8_is_the_quick_runs_at_eight_seeds_in_quick_workdirs(monkeyp
   assert "quick_seeds8" in STUDY.scales and STUDY.notes["quick_seeds8"]
   assert all("quick_seeds8" in STUDY.experiments[n].why_missing
              for n in STUDY.experiments if n != "collapse")
-  trained = []
-  monkeypatch.setattr("rankjax.train.loop.train",
-                      lambda cfg, wd, **kw: trained.append((cfg, wd)))
-  for scale in ("quick", "quick_seeds8"):
-    collapse_study.train_run(collapse_study.seeded_name("post_stable", 2), str(tmp_path),
-                             scale=scale)
-  collapse_study.train_run(collapse_study.seeded_name("post_stable", 7), str(tmp_path),
-                           scale="quick_seeds8")
-  (q, q_wd), (s, s_wd), (s7, s7_wd) = trained
+  (q, q_wd), (s, s_wd), (s7, s7_wd) = _trained(
+      monkeypatch, tmp_path, [("post_stable", 2, "quick"), ("post_stable", 2, "quick_seeds8"),
+                              ("post_stable", 7, "quick_seeds8")])
   assert q == s and q_wd == s_wd and q_wd.endswith("runs/post_stable_seed2")
   assert s7.seed == 7 and s7_wd.endswith("runs/post_stable_seed7")
   import dataclasses

@@ -27,6 +27,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).with_name("train_worker.py")
 
 
+def run_json_worker(script: str, *args: str, timeout: float = 900, **env: str) -> dict:
+  """``tests/train/SCRIPT ARGS`` (``hlo_worker.py``, ``multidevice_worker.py``) in a CPU
+  process of its own (its host devices set there, before JAX starts; ``env`` added to
+  this environment): its last stdout line, parsed as JSON; a failure is an assertion
+  naming the worker's stderr."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **env,
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name(script)), *args],
+                        env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def tiny_lm(**overrides) -> TrainConfig:
   """A 1-layer LM on the offline Shakespeare corpus (byte tokenizer: 257 ids)."""
   lm = TransformerConfig(vocab_size=257, num_layers=1, d_model=16, num_heads=2, d_ff=32,

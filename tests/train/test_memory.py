@@ -206,17 +206,8 @@ def test_compiled_state_per_device_is_the_plans_share_on_8_and_4_devices():
   ``mesh_fsdp`` plus the batch over the devices, within 5% (norm scales and biases stay
   whole: up to 3% of this shrunk state, under 0.1% at the paper's widths); sharding them lowers the compiled peak by at least the state it
   shards, 12 x params x (1 - 1/n), as the estimate's ``state`` term assumes."""
-  import pathlib
-  import subprocess
-  import sys
-
-  from tests.train.conftest import ROOT
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
-                         "memory"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  from tests.train.conftest import run_json_worker
+  out = run_json_worker("hlo_worker.py", "memory", timeout=600)
   assert len(out) == 2
   for name, m in out.items():
     p, batch = m["params"], m["batch_bytes"]

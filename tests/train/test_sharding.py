@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -14,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from rankjax import distributed
 from rankjax.train import sharding as shard_lib
-from tests.train.conftest import ROOT
+from tests.train.conftest import run_json_worker
 
 
 def test_spec_shards_largest_divisible_dim_never_the_layer_axis():
@@ -54,13 +50,8 @@ def test_mesh_shape_errors():
 @pytest.mark.slow   # 8 devices in a second process (~14 s); mesh and spec rules are fast above
 def test_step_on_1_and_8_devices_agrees():
   """data=2 x fsdp=4 (sharded init) and data=8: same init, loss, grad norm, params."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
-  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name(
-      "multidevice_worker.py"))], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = run_json_worker("multidevice_worker.py", timeout=600, XLA_FLAGS=(
+      os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip())
   for key in ("2x4", "8x1", "2x4_zero1"):
     assert out[f"init_max_diff_{key}"] == 0.0
     assert out[f"loss_{key}"] == pytest.approx(out["loss_1"], rel=1e-6)
@@ -99,12 +90,7 @@ def test_compiled_step_collectives_fsdp_and_data_parallel():
   data=8: no all-gather; all-reduces only outside every loop (one reduction per
   update, after the micro-batch scan), of exactly the gradients plus a few scalars.
   """
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py"))],
-                        env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = run_json_worker("hlo_worker.py", timeout=600)
   params = [tuple(s) for s in out["param_shapes"]]
   per_layer = {s[1:] for s in params if len(s) == 3 and s[0] == 3}
   unstacked = {s for s in params if len(s) == 2 and s[0] != 3}   # (3, 32): stacked gains
@@ -140,13 +126,7 @@ def test_paper_configs_step_and_diagnostics_move_no_activation():
   ones move only token ids. Before: the loss chunks all-reduced (chunk, vocab) logits
   and the diagnostics split activations along d_model. With fused projections a
   gathered weight may be a layer's concatenated w_q|w_k|w_v (w_1|w_3)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
-                         "paper"], env=env, capture_output=True, text=True, timeout=900,
-                        cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = run_json_worker("hlo_worker.py", "paper")
   for name in ("postnorm_48l_d512_c4.json", "gpt2_774m.json"):
     params = [tuple(s) for s in out[f"{name}/params"]]
     layers = 2
@@ -183,14 +163,8 @@ def test_paper_configs_gather_bf16_and_reduce_gradients_in_float32(tmp_path,
   (jax's own rule) reduces the layers' weight gradients in bfloat16: what the check
   would see without models/matmul.py."""
   dump = tmp_path / "dump"
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_pass_re=spmd-partitioning",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
-                         "reductions", grad_reduce_dtype], env=env, capture_output=True,
-                        text=True, timeout=900, cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = run_json_worker("hlo_worker.py", "reductions", grad_reduce_dtype, XLA_FLAGS=(
+      f"--xla_dump_to={dump} --xla_dump_hlo_pass_re=spmd-partitioning"))
   for name in ("postnorm_48l_d512_c4.json", "gpt2_774m.json"):
     seen = out[name]["collectives"]
     gathers = [c for c in seen if c["op"] == "all-gather"]
@@ -224,12 +198,7 @@ def test_tied_embedding_gradient_is_reduced_once_per_micro_batch():
   table's gradient, its lookup's and its head's parts added on each device first
   (matmul.shard_copies). Before, each use reduced its own: two per micro-batch, (1024,
   64) and (64, 1024), in one combined all-reduce."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("hlo_worker.py")),
-                         "tied"], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = run_json_worker("hlo_worker.py", "tied")
   v, d = out["vocab"], out["d_model"]
   table = {(v, d), (d, v)}                          # all-reduced whole (XLA:CPU) ...
   shard = {(v // 8, d), (d, v // 8)}                # ... or reduce-scattered to the shards
