@@ -127,9 +127,8 @@ class MetricsWriter:
       row["kind"] = kind
     self._file.write(json.dumps(row) + "\n")
     if self._tb is not None and (kind != "train" or step % self.log_every == 0):
-      for k, v in row.items():
-        if k not in NOT_SCALARS and isinstance(v, float):
-          self._tb.add_scalar(f"{kind}/{k}", v, step)
+      self._add_scalars(step, [(f"{kind}/{k}", v) for k, v in row.items()
+                               if k not in NOT_SCALARS and isinstance(v, float)])
     if kind != "train":
       self.message(f"step {step} {kind}: " + " ".join(
           f"{k} {v:.4g}" for k, v in row.items() if isinstance(v, float)))
@@ -169,12 +168,11 @@ class MetricsWriter:
       step, kind = int(row.get("step", 0)), row.get("kind", "train")
       if step > up_to or (kind == "train" and step % self.log_every):
         continue
-      for k, v in row.items():
-        tag = f"{kind}/{k}"
-        if k not in NOT_SCALARS and isinstance(v, float) and (tag, step) not in have:
-          self._tb.add_scalar(tag, v, step)
-          have.add((tag, step))
-          written += 1
+      missing = [(f"{kind}/{k}", v) for k, v in row.items() if k not in NOT_SCALARS
+                 and isinstance(v, float) and (f"{kind}/{k}", step) not in have]
+      self._add_scalars(step, missing)
+      have.update((tag, step) for tag, _ in missing)
+      written += len(missing)
     if history is not None:
       for i, step in enumerate(history.steps):
         if step > up_to:
@@ -182,9 +180,8 @@ class MetricsWriter:
         diag = {name: {key: values[i] for key, values in keys.items()}
                 for name, keys in history.series.items()}
         missing = [(t, v) for t, v in tb_lib.diagnostic_scalars(diag) if (t, step) not in have]
-        for tag, value in missing:
-          self._tb.add_scalar(tag, value, step)
-          have.add((tag, step))
+        self._add_scalars(step, missing)
+        have.update((tag, step) for tag, _ in missing)
         written += len(missing)
         self._write_arrays(step, diag, skip=have)
     self._backfilled = have
@@ -194,19 +191,31 @@ class MetricsWriter:
     """One diagnostics step ({diagnostic: {key: array}}, host arrays) to TensorBoard."""
     if not self.enabled or self._tb is None:
       return
-    for tag, value in tb_lib.diagnostic_scalars(diag):
-      self._tb.add_scalar(tag, value, step)
+    self._add_scalars(step, list(tb_lib.diagnostic_scalars(diag)))
     self._write_arrays(step, diag)
+
+  def _add_scalars(self, step: int, scalars: list[tuple[str, float]]) -> None:
+    self._add_summary(step, tb_lib.scalar_values(scalars))
+
+  def _add_summary(self, step: int, values: list[Any]) -> None:
+    """One TensorBoard event holding every summary value of ``step`` (a Summary of
+    several values, as TensorFlow's own writers emit; tensorboardX's ``add_scalar`` and
+    ``add_histogram`` write one event per tag through the same call). A diagnostics step
+    has hundreds of per-layer scalars, and one event each made the loop wait on
+    tensorboardX's 10-event queue: 3.6 of 5.5 s of TensorBoard time in a 60-update
+    quick Post-Norm run with diagnostics at every update, 1.1 s as one event a step."""
+    if values:
+      self._tb._get_file_writer().add_summary(tb_lib.Summary(value=values), step)
 
   def _write_arrays(self, step: int, diag: Mapping[str, Mapping[str, Any]],
                     skip: set[tuple[str, int]] | None = None) -> None:
     """A diagnostics step's histograms and per-layer profile images, except the
     (tag, step) pairs in ``skip`` (which gains those written)."""
-    for tag, values in tb_lib.diagnostic_histograms(diag):
-      if skip is None or (tag, step) not in skip:
-        self._tb.add_histogram(tag, values, step)
-        if skip is not None:
-          skip.add((tag, step))
+    histograms = [(tag, values) for tag, values in tb_lib.diagnostic_histograms(diag)
+                  if skip is None or (tag, step) not in skip]
+    self._add_summary(step, tb_lib.histogram_values(histograms, self._tb.default_bins))
+    if skip is not None:
+      skip.update((tag, step) for tag, _ in histograms)
     if not self.draws_images(step):
       return
     for tag, image in tb_lib.diagnostic_images(step, diag, skip=skip):

@@ -78,6 +78,28 @@ def diagnostic_scalars(diag: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[
           yield f"{tag}/layer_{layer:02d}", float(x)
 
 
+def scalar_values(scalars: list[tuple[str, float]]) -> list[Any]:
+  """The ``Summary.Value`` of each ``(tag, value)`` as a scalar (tensorboardX's
+  ``summary.scalar``, as ``add_scalar`` writes it); one event may hold many, and
+  TensorBoard reads each as its tag's value at the event's step."""
+  from tensorboardX.summary import scalar
+  return [v for tag, x in scalars for v in scalar(tag, x).value]
+
+
+def histogram_values(histograms: list[tuple[str, np.ndarray]], bins: Any) -> list[Any]:
+  """The ``Summary.Value`` of each ``(tag, values)`` as a histogram over ``bins``
+  (tensorboardX's ``summary.histogram``, as ``add_histogram`` writes it)."""
+  from tensorboardX.summary import histogram
+  return [v for tag, a in histograms for v in histogram(tag, a, bins).value]
+
+
+def __getattr__(name: str) -> Any:
+  if name == "Summary":    # the proto, imported when first asked for (tensorboardX optional)
+    from tensorboardX.proto.summary_pb2 import Summary
+    return Summary
+  raise AttributeError(name)
+
+
 def diagnostic_histograms(diag: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, np.ndarray]]:
   """(tag, finite values) of every non-scalar diagnostic array."""
   for name, values in diag.items():

@@ -114,6 +114,34 @@ def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):
   assert [s for s, _ in images["diagnostics/basic/per_layer"]] == [3, 6]
 
 
+def test_a_diagnostics_steps_scalars_are_one_event_and_its_histograms_another(tmp_path):
+  """Hundreds of per-layer scalars a step go in one event (not one event per tag, which
+  made the loop wait on tensorboardX's queue), every tag still its own series."""
+  pytest.importorskip("tensorboardX")
+  import numpy as np
+  from rankjax.train import tensorboard as tb
+  w = MetricsWriter(tmp_path, total_steps=4, log_every=1, stream=io.StringIO(), image_every=100)
+  for step in (2, 3):
+    w.write_diagnostics(step, {"basic": {"tsim_x1": np.arange(40.0) * step, "loss": 1.0 * step},
+                               "postnorm": {"grad": np.arange(12.0) + step}})
+  w.close()
+  events = [e for e in tb.read_events(str(tmp_path / "tensorboard")) if e.summary.value]
+  kinds = [(e.step, sorted({v.WhichOneof("value") for v in e.summary.value})) for e in events]
+  assert kinds == [(2, ["simple_value"]), (2, ["histo"]), (3, ["simple_value"]), (3, ["histo"])]
+  assert len(events[0].summary.value) == 40 + 1 + 12
+  scalars = tb.read_scalars(str(tmp_path / "tensorboard"))
+  assert scalars["diagnostics/basic/tsim_x1/layer_39"] == [(2, 78.0), (3, 117.0)]
+  assert scalars["diagnostics/postnorm/grad/layer_00"] == [(2, 2.0), (3, 3.0)]
+  try:   # TensorBoard's own reader, where installed, sees every tag
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  except ImportError:
+    return
+  acc = EventAccumulator(str(tmp_path / "tensorboard"))
+  acc.Reload()
+  assert [e.value for e in acc.Scalars("diagnostics/basic/tsim_x1/layer_39")] == [78.0, 117.0]
+  assert len(acc.Tags()["scalars"]) == 53 and len(acc.Tags()["histograms"]) == 2
+
+
 def test_tensorboard_run_started_over_at_step_0_drops_the_killed_runs_steps(tmp_path):
   """A run killed before its first checkpoint wrote steps 1-6; the rerun starts at
   step 0 and writes 1-4: each step is in the files once, with the rerun's values."""
