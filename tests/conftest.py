@@ -21,6 +21,18 @@ import pytest  # noqa: E402
 from tests.watchdog import pytest_runtest_setup  # noqa: E402,F401
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+  """The committed reruns first, in their declared order (the Post-Norm group, the
+  longest, first: tests/experiments/test_committed_results.py, CHECKED), then every other
+  test as collected. CI runs them in one stage with the slow tests: the long reruns start
+  at once, and the many short slow tests fill the other worker and the end, instead of
+  each stage ending on one worker."""
+  committed = [item for item in items if item.get_closest_marker("committed")]
+  if committed and len(committed) < len(items):
+    items[:] = committed + [item for item in items if not item.get_closest_marker("committed")]
+
+
 @pytest.fixture
 def x64():
   with jax.enable_x64(True):

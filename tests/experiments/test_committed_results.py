@@ -8,7 +8,8 @@ flags its provenance records (not the test suite's compile flags), and the test 
 naming every row whose status changed or whose number moved beyond the row's tolerance
 (``rankjax.studies.results.compare``), or a rerun that read another data set.
 
-Marked ``slow`` and ``committed``: CI runs them as a stage of their own (``.ci/run``).
+Marked ``slow`` and ``committed``: CI runs them in its slow stage, before the other
+slow tests (``.ci/run``; ``tests/conftest.py`` orders them first).
 None is in the default suite: the fastest two (Post-Norm fig7, TR table3) were its two
 slowest tests (20 s of test time) with the suite already at its 4-minute budget.
 The scales in ``SCALES_NOT_IN_CI`` (and any experiment in ``NOT_IN_CI``) train for too
@@ -36,7 +37,7 @@ PAPER = "paper"           # the one committed scale CI does not rerun (accelerat
 # (2026-12-06, another reproduce sharing the two cores: its fig6 took 889 s); the test's
 # own limits, the same by hand as in CI: pytest-timeout's is the mark below (200 s more),
 # faulthandler's watchdog sits 60 s above the mark (tests/watchdog.py; the ini's 1100 s
-# would end the Post-Norm group), the stage's (.ci/run: timeout 2700) above both;
+# would end the Post-Norm group), the stage's (.ci/run: timeout 4200) above both;
 # issue 53 (seeds as one program) is the real fix
 TIMEOUT_S = 2400
 # (study, experiment) -> why CI does not rerun it (at any scale): none today
