@@ -3,7 +3,8 @@
 Each committed ``experiments/<study>/results/<scale>/<name>.json`` of every scale but
 ``paper`` (``quick``, and the quick model's other settings such as the softmax study's
 ``quick_paper_lr``) is rerun by
-``rankjax reproduce STUDY --scale SCALE --check --only NAME`` in a process of its own, under the XLA
+``rankjax reproduce STUDY --scale SCALE --check --only NAME`` in a process of its own (the
+short ones of a study and scale a few to a process: ``SHARED_BELOW_S``), under the XLA
 flags its provenance records (not the test suite's compile flags), and the test fails
 naming every row whose status changed or whose number moved beyond the row's tolerance
 (``rankjax.studies.results.compare``), or a rerun that read another data set.
@@ -97,11 +98,12 @@ def committed() -> list[tuple[str, str, str]]:
 
 
 def names(study: str, scale: str, name: str) -> list[str]:
-  """``name`` and the experiments that rerun with it (``WITH``, those committed at
-  ``scale``)."""
+  """``name`` (several joined by ``+``: short reruns sharing a process, ``SHARED_BELOW_S``)
+  and the experiments that rerun with each (``WITH``, those committed at ``scale``)."""
   there = results.load(results.committed_dir(study, scale))
-  return [name] + [n for (s, n), host in WITH.items()
-                   if s == study and host == name and n in there]
+  return [m for part in name.split("+")
+          for m in [part] + [n for (s, n), host in WITH.items()
+                             if s == study and host == part and n in there]]
 
 
 def _recorded_seconds(study: str, scale: str, name: str) -> float:
@@ -122,6 +124,40 @@ BY_COST = sorted([(s, sc, n) for s, sc, n in committed()
 # group's 19 minutes on its worker; the baseline of 2026-12-06 queued the softmax group
 # and TR fig6 there (11.5 minutes alone at the stage's end while the other worker idled)
 CHECKED = BY_COST[:1] + BY_COST[-2:] + BY_COST[1:-2]
+# reruns that recorded less than SHARED_BELOW_S share a process, SHARED_SIZE at most, with
+# those of their study and scale (each process's start-up, JAX's import and the study's
+# own, cost a few seconds; reproduce runs any experiments together, as `--check` without
+# --only does): the two queued behind the Post-Norm group stay alone
+SHARED_BELOW_S, SHARED_SIZE = 50.0, 5
+
+
+def _flags(study: str, scale: str, name: str) -> str:
+  docs = results.load(results.committed_dir(study, scale))
+  return docs[name]["provenance"].get("xla_flags") or ""
+
+
+def _sharing(checked: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+  out, open_ = [], {}
+  for i, (s, sc, n) in enumerate(checked):
+    if i < 3 or _recorded_seconds(s, sc, n) >= SHARED_BELOW_S:
+      out.append((s, sc, n))
+      continue
+    key = (s, sc, _flags(s, sc, n))     # one process: one set of XLA flags
+    at = open_.get(key)
+    if at is None or out[at][2].count("+") + 1 >= SHARED_SIZE:
+      open_[key] = len(out)
+      out.append((s, sc, n))
+    else:
+      out[at] = (s, sc, f"{out[at][2]}+{n}")
+  return out
+
+
+CHECKED = _sharing(CHECKED)
+
+
+def reruns(checked: list[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+  """Every (study, scale, experiment) the entries of ``checked`` rerun, groups split."""
+  return {(s, sc, part) for s, sc, n in checked for part in n.split("+")}
 
 
 def test_every_exclusion_names_a_committed_result():
@@ -132,7 +168,7 @@ def test_every_exclusion_names_a_committed_result():
   assert set(NOT_IN_CI) <= by_name and set(WITH) <= by_name
   assert all(sc in committed_scales(s) for s, sc in SCALES_NOT_IN_CI)
   assert {key for key in every if (key[0], key[2]) in NOT_IN_CI or (key[0], key[2]) in WITH
-          } | set(CHECKED) == every and len(CHECKED) >= 20
+          } | reruns(CHECKED) == every and len(reruns(CHECKED)) >= 20
   assert {(s, host) for (s, _), host in WITH.items()} <= {(s, n) for s, _, n in CHECKED}
   assert ("softmax_sensitivity", "quick_paper_lr", "prepost_training") in CHECKED
   assert names("softmax_sensitivity", "quick", "prepost_training") == [
@@ -142,7 +178,9 @@ def test_every_exclusion_names_a_committed_result():
   assert not any(sc == "quick_deep" for s, sc, _ in CHECKED if s == "postnorm_collapse")
   # the longest rerun first, the two shortest queued behind it (xdist's batch of two)
   assert CHECKED[0] == ("postnorm_collapse", "quick", "collapse") == BY_COST[0]
-  assert sorted(CHECKED) == sorted(BY_COST) and set(CHECKED[1:3]) == set(BY_COST[-2:])
+  assert reruns(CHECKED) == set(BY_COST) and set(CHECKED[1:3]) == set(BY_COST[-2:])
+  shared = [n.split("+") for _, _, n in CHECKED if "+" in n]
+  assert shared and all(len(group) <= SHARED_SIZE for group in shared)
   assert all(_recorded_seconds(*k) <= min(_recorded_seconds(*j) for j in CHECKED[3:])
              for k in CHECKED[1:3])
 
@@ -170,7 +208,7 @@ def test_committed_quick_result_reproduces(study, scale, name, tmp_path):
       pytest.skip(f"committed on {data['dataset']}: {why}")
   cmd = [sys.executable, "-m", "rankjax.cli", "reproduce", study, "--scale", scale,
          "--check", "--only", ",".join(names(study, scale, name)), "--out", str(tmp_path)]
-  proc = subprocess.run(cmd, env=_environment(docs[name]["provenance"]), cwd=tmp_path,
+  proc = subprocess.run(cmd, env=_environment(docs[name.split("+")[0]]["provenance"]), cwd=tmp_path,
                         capture_output=True, text=True, timeout=TIMEOUT_S)
   said = [line for line in proc.stderr.splitlines() if line.startswith("rankjax reproduce")]
   assert proc.returncode == 0, "\n".join(said or proc.stderr.splitlines()[-20:])
