@@ -205,7 +205,7 @@ class MetricsWriter:
     tensorboardX's 10-event queue: 3.6 of 5.5 s of TensorBoard time in a 60-update
     quick Post-Norm run with diagnostics at every update, 1.1 s as one event a step."""
     if values:
-      self._tb._get_file_writer().add_summary(tb_lib.Summary(value=values), step)
+      self._tb._get_file_writer().add_summary(tb_lib.summary(values), step)
 
   def _write_arrays(self, step: int, diag: Mapping[str, Mapping[str, Any]],
                     skip: set[tuple[str, int]] | None = None) -> None:

@@ -93,11 +93,10 @@ def histogram_values(histograms: list[tuple[str, np.ndarray]], bins: Any) -> lis
   return [v for tag, a in histograms for v in histogram(tag, a, bins).value]
 
 
-def __getattr__(name: str) -> Any:
-  if name == "Summary":    # the proto, imported when first asked for (tensorboardX optional)
-    from tensorboardX.proto.summary_pb2 import Summary
-    return Summary
-  raise AttributeError(name)
+def summary(values: list[Any]) -> Any:
+  """One ``Summary`` proto of the values (one TensorBoard event)."""
+  from tensorboardX.proto.summary_pb2 import Summary
+  return Summary(value=values)
 
 
 def diagnostic_histograms(diag: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, np.ndarray]]:
