@@ -20,8 +20,32 @@ Two paths compute the same function:
           (the reference the fused path is tested against).
 
 Attention-probability dropout in training (no public JAX kernel drops probabilities)
-takes ``blocked_attention``: query blocks, each block's probabilities recomputed in the
-backward pass, so no (T, T) buffer exists on any backend.
+takes a query-block path: no (T, T) buffer exists on any backend, each block's
+probabilities are recomputed in the backward pass. ``attn_dropout_mask`` picks it:
+
+  threefry  ``blocked_attention`` (the default: the masks and bits of every recorded
+          run): ``jax.random.bernoulli`` per block of rows over all T keys, the hidden
+          ones computed and zeroed, the bits drawn again in the backward pass.
+  hash      ``causal_dropout_attention``: block i of rows meets keys [0, (i+1) block)
+          only (56% of the square's work at T = 1024), its masks a uint32 hash of the
+          entry's indices (``rankjax.models.dropout_mask``: which masks, that they
+          differ from threefry's, the keep probability within 2^-33 of 1 - rate).
+          The softmax study's paper scale sets it. Estimated 24-36% MFU for that step
+          on one H200 (threefry: 17-27%; ``experiments/benchmarks/dropout_attention.py``,
+          FLOP / byte accounting): both paths write each block's float32 logits and
+          probabilities to HBM, which a fused kernel would not; the hash, a function
+          of the indices, is what such a kernel could compute in registers.
+
+cuDNN's fused attention has a dropout (``jax._src.cudnn.fused_attention_stablehlo.
+dot_product_attention(dropout_rate=...)``, a private API in jax 0.10.2) and lowers for
+CUDA from a CPU (``__cudnn$fmhaSoftmaxDropout`` and its backward, tested), but it is not
+taken: its ``seed`` is a static Python int written into the custom call's backend
+config (default 42), not an operand, so the masks cannot follow the run's dropout key
+(``rngs={"dropout": ...}``): the same compiled step (every update, and every layer of
+the layer scan, one custom call) gets one seed, and whether cuDNN's Philox offset moves
+between executions, and stays paired between a forward and its backward, is XLA
+runtime state that cannot be checked without a GPU. A new seed per update would mean a
+compile per update.
 
 Precision of the logits under 16-bit q and k (the quantities the softmax paper is
 about: p_max, row entropy):
@@ -296,8 +320,8 @@ def query_block(t: int, block: int = QUERY_BLOCK) -> int:
 
 def _block_probabilities(q_BxNxHxD, k_BxSxHxD, rows_N, scale, prefix_avg_removal):
   """One block of query rows ``rows_N`` against the first S keys: ``softmax(q k^T scale +
-  M_causal)`` (logits by :func:`attention_logits`, softmax in float32) minus
-  ``prefix_avg_removal`` times those rows of C_n, ``(B, H, N, S)``; and the visible mask."""
+  M_causal)`` (postnorm Eq. 2; logits by :func:`attention_logits`, softmax in float32)
+  minus ``prefix_avg_removal`` times those rows of C_n (Cor 3.3), ``(B, H, N, S)``."""
   acc = float_dtype(q_BxNxHxD.dtype)
   keys_S = jnp.arange(k_BxSxHxD.shape[1])
   logits = attention_logits(q_BxNxHxD, k_BxSxHxD) * scale

@@ -182,3 +182,29 @@ def test_softmax_study_paper_scale_takes_the_hash_path_and_quick_keeps_threefry(
     sys.path.pop(0)
   # the device check times the study's step as the study runs it (but its log cadence)
   assert set(device_check.SOFTMAX_SETS) == set(pt.SCALE_SETS["paper"]) - {"log_every=10"}
+
+
+def test_cudnn_fused_dropout_takes_its_seed_at_compile_time():
+  """Why cuDNN's fused dropout (a private jax API) is not taken (attention.py's
+  docstring): lowered for CUDA from this CPU (cuDNN's version checks answered as for an
+  H100), its forward and backward custom calls carry the seed as a constant of their
+  backend config, and two dropout keys cannot reach it (the operands are q, k, v only).
+  If a jax release makes the seed an operand, this fails and the route is worth
+  reopening."""
+  from unittest import mock
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_lib
+  x = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16)
+
+  def loss(q, k, v):
+    out = cudnn_lib.dot_product_attention(q, k, v, scale=0.125, dropout_rate=0.1,
+                                          mask_type=cudnn_lib.MaskType.CAUSAL)
+    return jnp.sum(out.astype(jnp.float32))
+  with mock.patch.object(cudnn_lib, "check_cudnn_version", return_value=91000), \
+       mock.patch.object(cudnn_lib, "check_compute_capability", return_value=True):
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(x, x, x).lower(
+        lowering_platforms=("cuda",)).as_text()
+  calls = re.findall(r"stablehlo.custom_call @(__cudnn\$\w+)\(([^)]*)\)", text)
+  assert sorted(c for c, _ in calls) == ["__cudnn$fmhaSoftmaxDropout",
+                                         "__cudnn$fmhaSoftmaxDropoutBackward"]
+  assert len(calls[0][1].split(",")) == 3                  # q, k, v: no seed operand
+  assert re.findall(r"\\22seed\\22: (\d+)", text) == ["42", "42"]
