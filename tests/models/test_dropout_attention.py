@@ -40,10 +40,10 @@ def _check(dtype, t, alpha, rate, rtol, atol):
   key, scale = jax.random.key(5), 0.4
   fast = lambda q, k, v: attention.causal_dropout_attention(q, k, v, scale, alpha, rate, key, 4)
   explicit = lambda q, k, v: _explicit(q, k, v, scale, alpha, rate, key)
-  np.testing.assert_allclose(fast(q, k, v), explicit(q, k, v), rtol=rtol, atol=atol)
   loss = lambda f: lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)))
-  gf = jax.grad(loss(fast), argnums=(0, 1, 2))(q, k, v)
-  ge = jax.grad(loss(explicit), argnums=(0, 1, 2))(q, k, v)
+  both = lambda f: jax.jit(lambda q, k, v: (f(q, k, v), jax.grad(loss(f), (0, 1, 2))(q, k, v)))
+  (of, gf), (oe, ge) = both(fast)(q, k, v), both(explicit)(q, k, v)
+  np.testing.assert_allclose(of, oe, rtol=rtol, atol=atol)
   chex.assert_trees_all_close(gf, ge, rtol=10 * rtol, atol=10 * atol)
 
 
@@ -83,16 +83,18 @@ def _equations(jaxpr):
 
 
 def test_hash_masks_keep_the_declared_share_and_differ_everywhere():
-  """Over 2^21 entries the kept share is within 5 binomial standard deviations of the
+  """Over 2^20 entries the kept share is within 5 binomial standard deviations of the
   keep probability, which is within 2^-33 of 1 - rate; the masks of two keys, two
   batch rows, two heads, and two entries beside each other agree only as independent
   draws would (p^2 + (1 - p)^2, within 5 deviations); a block of rows and columns reads
   the same entries as the whole square."""
-  rate, t, b, h = 0.1, 256, 4, 8
+  rate, t, b, h = 0.1, 256, 2, 8
   p = dropout_mask.keep_probability(rate)
   assert abs(p - (1 - rate)) <= 2.0 ** -33
   rows = cols = jnp.arange(t)
-  m = dropout_mask.keep(dropout_mask.streams(jax.random.key(0), b, h), rows, cols, t, rate)
+  mask = jax.jit(lambda key: dropout_mask.keep(dropout_mask.streams(key, b, h), rows, cols,
+                                               t, rate))
+  m = mask(jax.random.key(0))
   n = m.size
   assert abs(float(m.mean()) - p) < 5 * math.sqrt(p * (1 - p) / n)
   agree = p * p + (1 - p) ** 2
@@ -100,8 +102,7 @@ def test_hash_masks_keep_the_declared_share_and_differ_everywhere():
   def independent(a, c):
     share = float(jnp.mean(a == c))
     assert abs(share - agree) < 5 * math.sqrt(agree * (1 - agree) / a.size), share
-  other = dropout_mask.keep(dropout_mask.streams(jax.random.key(1), b, h), rows, cols, t, rate)
-  independent(m, other)                             # keys
+  independent(m, mask(jax.random.key(1)))          # keys
   independent(m[0], m[1])                           # batch rows
   independent(m[:, 0], m[:, 1])                     # heads
   independent(m[..., :-1], m[..., 1:])              # neighbouring keys
@@ -144,15 +145,16 @@ def test_model_query_block_and_einsum_paths_draw_the_same_hash_masks():
   from rankjax.models.transformer import DecoderLM
   tokens = jax.random.randint(jax.random.key(3), (2, 11), 0, 37)
 
-  def run(cfg):
-    model = DecoderLM(cfg)
-    params = model.init(jax.random.key(0), tokens)
-    f = lambda p: model.apply(p, tokens, deterministic=False,
-                              rngs={"dropout": jax.random.key(9)})
-    return f(params), jax.grad(lambda p: jnp.sum(jnp.sin(f(p))))(params)
+  params = jax.jit(DecoderLM(CFG).init)(jax.random.key(0), tokens)
+
+  def run(cfg, grad=True):
+    f = lambda p: DecoderLM(cfg).apply(p, tokens, deterministic=False,
+                                       rngs={"dropout": jax.random.key(9)})
+    return jax.jit(lambda p: (f(p), jax.grad(lambda p: jnp.sum(jnp.sin(f(p))))(p)) if grad
+                   else f(p))(params)
   fast, ref = run(CFG), run(dataclasses.replace(CFG, attention_impl="einsum"))
   chex.assert_trees_all_close(fast, ref, rtol=2e-5, atol=2e-6)
-  threefry = run(dataclasses.replace(CFG, attn_dropout_mask="threefry"))[0]
+  threefry = run(dataclasses.replace(CFG, attn_dropout_mask="threefry"), grad=False)
   assert float(jnp.max(jnp.abs(threefry - fast[0]))) > 1e-2
 
 
