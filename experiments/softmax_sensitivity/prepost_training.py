@@ -13,7 +13,8 @@ LayerNorm with gain and bias, no linear biases, Post-LN without an embedding
 LayerNorm, tied embeddings, GPT-2 init, learned positions):
   paper  ``experiments/configs/gpt2_774m.json`` (the project's one 774M config) with
          ``SCALE_SETS["paper"]`` (attention-probability dropout 0.1 and no Post-LN
-         embedding LayerNorm, as App D.1):
+         embedding LayerNorm, as App D.1; the dropout masks by hash, the hidden key
+         blocks skipped: ``model.attn_dropout_mask=hash``):
          d=1280, 36 layers, 20 heads, d_ff=5120, T=1024, 2000 updates, warmup 500,
          batch 64, lr 3e-4, bfloat16, GPT-2 BPE, diagnostics every 10 updates, on the
          paper's FineWeb: a directory of text or ArrayRecord files named by the env
