@@ -36,6 +36,7 @@ LM_BAD = [
     ("prefix_avg_removal", -0.5), ("dropout_rate", 1.0), ("dropout_rate", -0.1),
     ("attn_dropout_rate", 1.5), ("compute_dtype", "float16"), ("remat", "some"),
     ("embed_norm", "yes"), ("norm_bias", 1), ("beta", -1.0), ("rope_base", 0.0),
+    ("attn_dropout_mask", "philox"),
 ]
 
 

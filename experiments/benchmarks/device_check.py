@@ -15,7 +15,8 @@ the script writes the section ``## Device check`` of RESULTS.md itself.
 3. **Paper training steps**: the 48-layer d=512 Post-Norm config and the 774M config
    (experiments/configs/, as they are, with one micro-batch per update and synthetic
    tokens), and the 774M step as the softmax study runs it (attention-probability
-   dropout 0.1: the query-block path, ``rankjax.models.attention.blocked_attention``):
+   dropout 0.1 with hash masks: the query-block path that skips the hidden key blocks,
+   ``rankjax.models.attention.causal_dropout_attention``):
    step time, tokens/s, MFU against the device's spec peak (``rankjax.train.mfu``) and
    the step's own peak memory (XLA's ``memory_analysis`` of its compiled program); a
    config with dropout (774M) again with ``unsafe_rbg`` dropout keys, the cost of
@@ -93,8 +94,10 @@ TOLERANCES = {
 # the targets; shown beside the measurement, never judged.
 MFU_ESTIMATE = {"postnorm_48l_d512_c4.json": (0.38, 0.43), "gpt2_774m.json": (0.41, 0.46)}
 MFU_TARGET = {"postnorm_48l_d512_c4.json": 0.50, "gpt2_774m.json": 0.55}
-# the softmax study's 774M step: App D.1's attention dropout (its SCALE_SETS["paper"])
-SOFTMAX_SETS = ("model.attn_dropout_rate=0.1", "model.embed_norm=false")
+# the softmax study's 774M step: App D.1's attention dropout with the study's hash masks
+# (its SCALE_SETS["paper"] but the log cadence; tests/models/test_dropout_attention.py)
+SOFTMAX_SETS = ("model.attn_dropout_rate=0.1", "model.embed_norm=false",
+                "model.attn_dropout_mask=hash")
 
 
 def failed_checks(r: dict) -> list[str]:
@@ -388,7 +391,7 @@ def run_part(part: str, smoke: bool, out: pathlib.Path | None) -> Any:
     trace = lambda tag: None if out is None else out / "traces" / tag
     steps = [check_step(n, smoke, trace_dir=trace(n.removesuffix(".json")))
              for n in ("postnorm_48l_d512_c4.json", "gpt2_774m.json")]
-    # the softmax study's 774M step (attention dropout: the query-block path)
+    # the softmax study's 774M step (attention dropout: the hash-mask query-block path)
     steps.append(check_step("gpt2_774m.json", smoke, sets=SOFTMAX_SETS,
                             trace_dir=trace("gpt2_774m_softmax")))
     # the configs with dropout again with unsafe_rbg dropout bits (does the dropout RNG

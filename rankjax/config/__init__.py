@@ -10,7 +10,8 @@ concern: ``models`` (the model configs and the registry of kinds), ``training``
 from rankjax.config.io import (FORMAT, FormatError, JsonConfig, convert_file, diff,
                                from_dict, from_json, override, to_dict, to_json)
 from rankjax.config.models import (MLP_ACTIVATIONS, MODEL_CONFIGS, NORM_LOCATIONS,
-                                   NORM_OPS, NORM_POSITIONS, AttentionImpl, BranchMatrices,
+                                   NORM_OPS, NORM_POSITIONS, AttentionImpl, AttnDropoutMask,
+                                   BranchMatrices,
                                    DType, GradReduceDType, InitScaleTo, LMFFN, LMInit,
                                    MLPActivation, MLPConfig, ModelConfig, NormOp,
                                    NormPosition, PosEmbedding, PRNGImpl, RematPolicy,
@@ -23,7 +24,7 @@ from rankjax.config.validation import check
 __all__ = [
     "FORMAT", "FormatError", "JsonConfig", "convert_file", "diff", "from_dict", "from_json",
     "override", "to_dict", "to_json", "MLP_ACTIVATIONS", "MODEL_CONFIGS", "NORM_LOCATIONS",
-    "NORM_OPS", "NORM_POSITIONS", "AttentionImpl", "BranchMatrices", "DType",
+    "NORM_OPS", "NORM_POSITIONS", "AttentionImpl", "AttnDropoutMask", "BranchMatrices", "DType",
     "GradReduceDType", "InitScaleTo", "LMFFN", "LMInit", "MLPActivation", "MLPConfig",
     "ModelConfig", "NormOp", "NormPosition", "PosEmbedding", "PRNGImpl", "RematPolicy",
     "RopeScaling", "TransformerConfig", "norm_ops_of", "norm_position_of",

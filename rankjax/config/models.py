@@ -29,6 +29,7 @@ DType = Literal["float32", "float64", "bfloat16"]
 RematPolicy = Literal["none", "dots", "full", "auto"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
+AttnDropoutMask = Literal["threefry", "hash"]
 GradReduceDType = Literal["float32", "compute"]
 MLPActivation = Literal["relu", "gelu", "silu", "abs", "tanh", "swiglu"]
 BranchMatrices = Literal[1, 2]
@@ -265,8 +266,10 @@ class TransformerConfig(ModelConfig):
     attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
       flash attention on GPU when it applies, Pallas splash attention on TPU when the
       sequence length is a multiple of 128, XLA otherwise), xla, cudnn (GPU only),
-      splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum (the explicit probability matrix; always used for captured
-      probabilities and attention-probability dropout).
+      splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum
+      (the explicit probability matrix; always used for captured probabilities and
+      float64). Attention-probability dropout in training takes a query-block path
+      instead of a fused kernel (``attn_dropout_mask``).
     vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
       ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's
       matmul); the pad logits are masked to -inf, so losses and outputs are those of
@@ -277,6 +280,12 @@ class TransformerConfig(ModelConfig):
       B*T*V float32 logits; 0: one chunk.
     prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
       default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
+    attn_dropout_mask: the masks of attention-probability dropout in training:
+      threefry (``jax.random.bernoulli`` per query block over every key:
+      ``attention.blocked_attention``, the bits of every recorded run) or hash (a
+      counter-based uint32 hash of the key, batch, head, query and key indices,
+      ``rankjax.models.dropout_mask``, with the hidden key blocks skipped:
+      ``attention.causal_dropout_attention``; other masks of the same law, faster).
     fused_projections: Q, K, V as one matmul and SwiGLU's W1, W3 as one, the weights
       concatenated along their output axis where the layer uses them and the product
       split (``attention.projections``); the parameters keep their names and shapes.
@@ -339,6 +348,7 @@ class TransformerConfig(ModelConfig):
   vocab_multiple: int = 1
   loss_chunk: int = 0
   prng_impl: PRNGImpl = "threefry"
+  attn_dropout_mask: AttnDropoutMask = "threefry"
   scan_unroll: int = 1
   fused_projections: bool = False
   grad_reduce_dtype: GradReduceDType = "float32"

@@ -20,8 +20,32 @@ Two paths compute the same function:
           (the reference the fused path is tested against).
 
 Attention-probability dropout in training (no public JAX kernel drops probabilities)
-takes ``blocked_attention``: query blocks, each block's probabilities recomputed in the
-backward pass, so no (T, T) buffer exists on any backend.
+takes a query-block path: no (T, T) buffer exists on any backend, each block's
+probabilities are recomputed in the backward pass. ``attn_dropout_mask`` picks it:
+
+  threefry  ``blocked_attention`` (the default: the masks and bits of every recorded
+          run): ``jax.random.bernoulli`` per block of rows over all T keys, the hidden
+          ones computed and zeroed, the bits drawn again in the backward pass.
+  hash      ``causal_dropout_attention``: block i of rows meets keys [0, (i+1) block)
+          only (56% of the square's work at T = 1024), its masks a uint32 hash of the
+          entry's indices (``rankjax.models.dropout_mask``: which masks, that they
+          differ from threefry's, the keep probability within 2^-33 of 1 - rate).
+          The softmax study's paper scale sets it. Estimated 24-36% MFU for that step
+          on one H200 (threefry: 17-27%; ``experiments/benchmarks/dropout_attention.py``,
+          FLOP / byte accounting): both paths write each block's float32 logits and
+          probabilities to HBM, which a fused kernel would not; the hash, a function
+          of the indices, is what such a kernel could compute in registers.
+
+cuDNN's fused attention has a dropout (``jax._src.cudnn.fused_attention_stablehlo.
+dot_product_attention(dropout_rate=...)``, a private API in jax 0.10.2) and lowers for
+CUDA from a CPU (``__cudnn$fmhaSoftmaxDropout`` and its backward, tested), but it is not
+taken: its ``seed`` is a static Python int written into the custom call's backend
+config (default 42), not an operand, so the masks cannot follow the run's dropout key
+(``rngs={"dropout": ...}``): the same compiled step (every update, and every layer of
+the layer scan, one custom call) gets one seed, and whether cuDNN's Philox offset moves
+between executions, and stays paired between a forward and its backward, is XLA
+runtime state that cannot be checked without a GPU. A new seed per update would mean a
+compile per update.
 
 Precision of the logits under 16-bit q and k (the quantities the softmax paper is
 about: p_max, row entropy):
@@ -55,7 +79,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
-from rankjax.models import splash_attention
+from rankjax.models import dropout_mask, splash_attention
 from rankjax.models.matmul import weight_matmul
 
 ATTENTION_OUT = "attention_out"   # checkpoint_name of the heads' output, before W_O
@@ -286,7 +310,7 @@ def with_named_residuals(kernel):
   return attend
 
 
-QUERY_BLOCK = 128   # query rows per block of blocked_attention
+QUERY_BLOCK = 128   # query rows per block of the dropout paths
 
 
 def query_block(t: int, block: int = QUERY_BLOCK) -> int:
@@ -294,42 +318,98 @@ def query_block(t: int, block: int = QUERY_BLOCK) -> int:
   return max(n for n in range(1, min(t, block) + 1) if t % n == 0)
 
 
+def _block_probabilities(q_BxNxHxD, k_BxSxHxD, rows_N, scale, prefix_avg_removal):
+  """One block of query rows ``rows_N`` against the first S keys: ``softmax(q k^T scale +
+  M_causal)`` (postnorm Eq. 2; logits by :func:`attention_logits`, softmax in float32)
+  minus ``prefix_avg_removal`` times those rows of C_n (Cor 3.3), ``(B, H, N, S)``."""
+  acc = float_dtype(q_BxNxHxD.dtype)
+  keys_S = jnp.arange(k_BxSxHxD.shape[1])
+  logits = attention_logits(q_BxNxHxD, k_BxSxHxD) * scale
+  visible_NxS = rows_N[:, None] >= keys_S[None, :]
+  p = jax.nn.softmax(jnp.where(visible_NxS, logits, jnp.finfo(acc).min), axis=-1)
+  if prefix_avg_removal:
+    p = p - prefix_avg_removal * jnp.where(visible_NxS, 1.0 / (rows_N[:, None] + 1), 0.0
+                                           ).astype(acc)
+  return p
+
+
+def _apply(p_BxHxNxS, v_BxSxHxD):
+  """``P V`` with P rounded to V's dtype, accumulated in float32, in V's dtype."""
+  return jnp.einsum("bhqk,bkhd->bqhd", p_BxHxNxS.astype(v_BxSxHxD.dtype), v_BxSxHxD,
+                    preferred_element_type=float_dtype(v_BxSxHxD.dtype)
+                    ).astype(v_BxSxHxD.dtype)
+
+
 def blocked_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.Array,
                       scale: float, prefix_avg_removal: float = 0.0, dropout_rate: float = 0.0,
                       key: jax.Array | None = None, block: int = QUERY_BLOCK) -> jax.Array:
-  """Causal attention with dropout on the probabilities, without a ``(T, T)`` buffer:
-  the queries go in blocks of :func:`query_block` rows (``lax.map``), each block's
-  ``(B, H, block, T)`` probabilities (``softmax(q k^T scale + M_causal)``, logits by
-  :func:`attention_logits` and the softmax in float32,
-  minus ``prefix_avg_removal`` times those rows of C_n, then inverted dropout: kept with
-  probability ``1 - dropout_rate`` and divided by it) formed, applied to V and dropped;
-  ``jax.checkpoint`` per block recomputes them in the backward pass, so the peak is one
-  block's probabilities. Block ``i``'s mask is ``bernoulli(fold_in(key, i))``. The path
-  of attention-probability dropout in training (App D.1 of the softmax paper: 0.1) on
-  every backend (JAX's fused kernels take no dropout but cuDNN's private one)."""
+  """Causal attention with threefry dropout on the probabilities (``attn_dropout_mask=
+  "threefry"``, the default: the masks and bits of every recorded run), without a
+  ``(T, T)`` buffer: the queries go in blocks of :func:`query_block` rows (``lax.map``),
+  each block's ``(B, H, block, T)`` probabilities (:func:`_block_probabilities`, every
+  key, the hidden ones at zero; then inverted dropout: kept with probability ``1 -
+  dropout_rate`` and divided by it) formed, applied to V and dropped; ``jax.checkpoint``
+  per block recomputes them (and draws the bits again) in the backward pass, so the
+  peak is one block's probabilities. Block ``i``'s mask is ``bernoulli(fold_in(key,
+  i))`` of shape ``(B, H, block, T)``. :func:`causal_dropout_attention` is the fast path."""
   b, t, h, dh = q_BxTxHxD.shape
   n = query_block(t, block)
-  acc = float_dtype(q_BxTxHxD.dtype)
-  keys_T = jnp.arange(t)
 
   @jax.checkpoint
   def one(i, q_BxNxHxD):
-    rows_N = i * n + jnp.arange(n)
-    logits = attention_logits(q_BxNxHxD, k_BxTxHxD) * scale
-    visible_NxT = rows_N[:, None] >= keys_T[None, :]
-    p = jax.nn.softmax(jnp.where(visible_NxT, logits, jnp.finfo(acc).min), axis=-1)
-    if prefix_avg_removal:
-      p = p - prefix_avg_removal * jnp.where(visible_NxT, 1.0 / (rows_N[:, None] + 1), 0.0
-                                             ).astype(acc)
+    p = _block_probabilities(q_BxNxHxD, k_BxTxHxD, i * n + jnp.arange(n), scale,
+                             prefix_avg_removal)
     if dropout_rate:
       keep = jax.random.bernoulli(jax.random.fold_in(key, i), 1.0 - dropout_rate, p.shape)
       p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
-    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v_BxTxHxD.dtype), v_BxTxHxD,
-                      preferred_element_type=acc).astype(v_BxTxHxD.dtype)
+    return _apply(p, v_BxTxHxD)
 
   q_KxBxNxHxD = jnp.moveaxis(q_BxTxHxD.reshape(b, t // n, n, h, dh), 1, 0)
   out = jax.lax.map(lambda a: one(*a), (jnp.arange(t // n), q_KxBxNxHxD))
   return jnp.moveaxis(out, 0, 1).reshape(b, t, h, dh)
+
+
+def causal_dropout_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array,
+                             v_BxTxHxD: jax.Array, scale: float,
+                             prefix_avg_removal: float = 0.0, dropout_rate: float = 0.0,
+                             key: jax.Array | None = None, block: int = QUERY_BLOCK
+                             ) -> jax.Array:
+  """Causal attention with hash dropout masks (``attn_dropout_mask="hash"``,
+  ``rankjax.models.dropout_mask``), skipping the keys the causal mask hides: query rows
+  ``[s, e)`` (blocks of ``block`` rows, the last one shorter when T is not a multiple)
+  meet keys ``[0, e)`` only, statically sliced in a Python loop over the ``ceil(T /
+  block)`` blocks, so the logits, softmax, mask and both products cover ``(n_b + 1) /
+  (2 n_b)`` of the T x T square (56% at T = 1024, block 128) instead of all of it.
+  Each block is ``jax.checkpoint``-ed: its probabilities are recomputed in the backward
+  pass (the peak is one block's ``(B, H, block, e)``), its mask bits hashed again from
+  the same indices (``dropout_mask.keep``: the same mask, no PRNG state). The same
+  function as :func:`blocked_attention` (the probabilities of
+  :func:`_block_probabilities`, kept with probability ``1 - dropout_rate`` and divided
+  by it) with other masks.
+
+  Why a loop of sliced blocks and not a flash-style pass with an online softmax: each
+  block's row is whole (no running max and rescaling), the backward is jax's own (no
+  custom VJP to keep right), and the FLOPs are a flash kernel's (forward QK^T and PV,
+  backward one recomputed QK^T and four products); what it gives up is the fusion of
+  the softmax into the matmuls, one block's probabilities a round trip to memory."""
+  b, t, h, _ = q_BxTxHxD.shape
+  words = dropout_mask.streams(key, b, h) if dropout_rate else None
+
+  def one(q_BxNxHxD, k_BxSxHxD, v_BxSxHxD, start):
+    rows_N = start + jnp.arange(q_BxNxHxD.shape[1])
+    p = _block_probabilities(q_BxNxHxD, k_BxSxHxD, rows_N, scale, prefix_avg_removal)
+    if dropout_rate:
+      keep = dropout_mask.keep(words, rows_N, jnp.arange(k_BxSxHxD.shape[1]), t,
+                               dropout_rate)
+      p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
+    return _apply(p, v_BxSxHxD)
+
+  outs = []
+  for start in range(0, t, block):
+    stop = min(start + block, t)
+    outs.append(jax.checkpoint(functools.partial(one, start=start))(
+        q_BxTxHxD[:, start:stop], k_BxTxHxD[:, :stop], v_BxTxHxD[:, :stop]))
+  return jnp.concatenate(outs, axis=1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -382,9 +462,10 @@ class CausalSelfAttention(nn.Module):
     if capture_probs or wide or cfg.attention_impl == "einsum":
       out = self._einsum(q, k, v, capture_probs, drop_probs)
     elif drop_probs:       # no T x T buffer: query blocks, each recomputed in the backward
-      out = blocked_attention(q, k, v, 1.0 / (math.sqrt(dh) * cfg.tau),
-                              cfg.prefix_avg_removal, cfg.attn_dropout_rate,
-                              self.make_rng("dropout"))
+      path = (causal_dropout_attention if cfg.attn_dropout_mask == "hash"
+              else blocked_attention)
+      out = path(q, k, v, 1.0 / (math.sqrt(dh) * cfg.tau), cfg.prefix_avg_removal,
+                 cfg.attn_dropout_rate, self.make_rng("dropout"))
     else:
       scale, impl = 1.0 / (math.sqrt(dh) * cfg.tau), fused_impl(cfg, dtype, t)
       if impl == "splash":
@@ -411,7 +492,12 @@ class CausalSelfAttention(nn.Module):
       probs = probs - cfg.prefix_avg_removal * prefix_average_matrix(t, probs.dtype)
     if capture_probs:
       self.sow("intermediates", "attn_probs", probs)
-    if drop_probs:
+    if drop_probs and cfg.attn_dropout_mask == "hash":   # the fast path's masks, whole
+      rate, b = cfg.attn_dropout_rate, q.shape[0]
+      keep = dropout_mask.keep(dropout_mask.streams(self.make_rng("dropout"), b, cfg.num_heads),
+                               jnp.arange(t), jnp.arange(t), t, rate)
+      probs = jnp.where(keep, probs / (1.0 - rate), 0.0)
+    elif drop_probs:
       probs = nn.Dropout(cfg.attn_dropout_rate)(probs, deterministic=False)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v,
                       preferred_element_type=probs.dtype).astype(dtype)

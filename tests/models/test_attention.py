@@ -247,18 +247,21 @@ def _shapes(text: str) -> list[tuple[int, ...]]:
 def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu():
   """The softmax study's paper LM (attention dropout 0.1, App D.1), shrunk in width and
   depth but not in T, exported for CUDA: the training gradient's module holds no float32
-  tensor with two trailing dimensions of T (the blocked path's blocks are 128 x T);
-  the same model with dropout off on the einsum path does (the check can fail)."""
+  tensor with two trailing dimensions of T (the study's hash-mask path forms blocks of
+  128 x at most T, the threefry path 128 x T); the same model on the einsum path does
+  (the check can fail)."""
   import optax
   from rankjax.models.transformer import DecoderLM
   from rankjax import config as config_lib
+  from experiments.softmax_sensitivity import prepost_training as pt
   paper = config_lib.override(
       config_lib.from_json(config_lib.TrainConfig, "experiments/configs/gpt2_774m.json"),
-      ["model.attn_dropout_rate=0.1", "model.embed_norm=false"])     # the study's SCALE_SETS
+      pt.SCALE_SETS["paper"])                         # the study's (hash masks)
   t = 512
   cfg = dataclasses.replace(paper.model, vocab_size=64, num_layers=2, d_model=64, num_heads=2,
                             d_ff=128, max_seq_len=t, compute_dtype="bfloat16")
   assert (cfg.attn_dropout_rate, cfg.dropout_rate, cfg.attention_impl) == (0.1, 0.1, "auto")
+  assert cfg.attn_dropout_mask == "hash"
   tokens = jnp.zeros((2, t + 1), jnp.int32)
 
   def exported(c):
@@ -274,6 +277,7 @@ def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu
 
   square = lambda text: [s for s in _shapes(text) if len(s) >= 2 and s[-2:] == (t, t)]
   assert not square(exported(cfg))
+  assert not square(exported(dataclasses.replace(cfg, attn_dropout_mask="threefry")))
   assert square(exported(dataclasses.replace(cfg, attention_impl="einsum")))
 
 
