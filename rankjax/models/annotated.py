@@ -10,9 +10,11 @@ own dtype and is no matmul weight), and the layer stack adds ``"layers"`` in fro
 them from an abstract init (``rankjax.train.tasks.Task.param_axes``) and maps them to the
 mesh (``rankjax.train.sharding``).
 
-The arrays themselves stay plain: a model built on ``PlainInit`` returns unboxed
-parameters from ``init`` (what the optimizer, checkpoints and every caller see);
-``init_annotated`` returns the boxed tree (``nn.LogicallyPartitioned`` leaves).
+The arrays themselves stay plain: every module of the library that creates parameters
+is a ``PlainInit``, whose ``init`` returns unboxed parameters (what the optimizer,
+checkpoints and every caller see); ``init_annotated`` returns the boxed tree
+(``nn.LogicallyPartitioned`` leaves). A plug-in model need not be one: ``Task.param_axes``
+reads the boxes of ``init_annotated`` where there is one, else of ``init``.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
 from rankjax.models import splash_attention
+from rankjax.models.annotated import PlainInit
 from rankjax.models.matmul import weight_matmul
 
 ATTENTION_OUT = "attention_out"   # checkpoint_name of the heads' output, before W_O
@@ -333,7 +334,7 @@ def blocked_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax
   return jnp.moveaxis(out, 0, 1).reshape(b, t, h, dh)
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(PlainInit, nn.Module):
   """Multi-head causal self-attention (grouped-query with ``num_kv_heads``; q/k/v biases
   with ``attn_bias``, a bias on the output projection with ``attn_out_bias``). Input and output ``(B, T, d)``.
 

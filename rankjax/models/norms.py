@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from flax.linen import with_logical_partitioning as logical
 
+from rankjax.models.annotated import PlainInit
 from rankjax.numerics import NORM, as_float
 
 
@@ -128,7 +129,7 @@ def has_gain(op: str) -> bool:
   return op in ("rms", "layer", "detached_rms")
 
 
-class Norm(nn.Module):
+class Norm(PlainInit, nn.Module):
   """``normalize`` with an optional learned gain (initialized to one) and bias (zero).
 
   Both exist only for the rescaling ops (``has_gain``): ``y = N(x) * scale + bias``,

@@ -90,7 +90,7 @@ def sublayer_norm(cfg: TransformerConfig, sub: str, apply_norm):
 FFN_ACTIVATIONS = {"gelu": activations.gelu, "gelu_tanh": activations.gelu_tanh}
 
 
-class FeedForward(nn.Module):
+class FeedForward(PlainInit, nn.Module):
   """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2`` (exact
   or tanh form, ``cfg.ffn``), with biases b_1, b_2 (b_3) after each product when
   ``cfg.ffn_bias`` (GPT-2: ``gelu_tanh(X W1 + b1) W2 + b2``); ``cfg.fused_projections``:
@@ -127,7 +127,7 @@ class FeedForward(nn.Module):
     return out if b2 is None else out + b2
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(PlainInit, nn.Module):
   """One layer: the attention sublayer then the FFN sublayer (``residual_sublayer``).
 
   ``__call__(h, perturbations=None) -> (h_out, sites)``: with ``capture`` the layer's
