@@ -33,18 +33,24 @@ def as_float(x: Any) -> jax.Array:
   return x.astype(float_dtype(x.dtype))
 
 
-def is_norm_param(name: str | None) -> bool:
-  """A norm's gain or bias by its parameter name: the LM's ``scale`` / ``bias`` (flax
-  ``Norm``), the MLP's stacked ``p_scale`` / ``b_scale`` / ``r_scale``."""
-  return name is not None and (name in ("scale", "bias") or name.endswith("_scale"))
+# The logical axis of a norm's gain or bias (``rankjax.models.annotated``): the kind of
+# parameter that keeps its own dtype and is no matmul weight.
+NORM = "norm"
 
 
-def compute_copy(params: Any, compute_dtype: Any) -> Any:
+def is_norm_param(axes: Any) -> bool:
+  """A norm's gain or bias, by the logical axes it was created with (a tuple or
+  PartitionSpec of names; ``rankjax.train.tasks.Task.param_axes``): they include ``NORM``."""
+  return NORM in tuple(axes)
+
+
+def compute_copy(params: Any, compute_dtype: Any, axes: Any) -> Any:
   """The parameters as a forward pass in ``compute_dtype`` uses them: the mixed-precision
   rule, in one place.
 
   Every matrix and embedding is cast to ``compute_dtype`` (so under FSDP the all-gathers
-  move bfloat16, not float32); norm gains and biases (``is_norm_param``) keep their dtype
+  move bfloat16, not float32); norm gains and biases (``is_norm_param`` of their logical
+  ``axes``, a tree of PartitionSpecs like ``params``: ``Task.param_axes``) keep their dtype
   (the norms compute in float32). The originals stay the optimizer's. A tree already in
   ``compute_dtype`` comes back as it is (the same leaves).
 
@@ -57,8 +63,7 @@ def compute_copy(params: Any, compute_dtype: Any) -> Any:
   """
   dtype = jnp.dtype(compute_dtype)
 
-  def cast(path, x):
-    name = getattr(path[-1], "key", None) if path else None
-    return x if is_norm_param(name) or x.dtype == dtype else x.astype(dtype)
+  def cast(x, names):
+    return x if is_norm_param(names) or x.dtype == dtype else x.astype(dtype)
 
-  return jax.tree_util.tree_map_with_path(cast, params)
+  return jax.tree.map(cast, params, axes)

@@ -3,10 +3,11 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from rankjax import numerics
 from rankjax.config import MLPConfig, TransformerConfig
-from rankjax.models import blocks
+from rankjax.models import annotated, blocks
 from rankjax.models.mlp import ResidualMLP
 from rankjax.models.transformer import DecoderLM
 
@@ -22,16 +23,19 @@ def test_matrices_are_cast_and_norm_gains_and_biases_are_not():
   mlp = MLPConfig(width=8, depth=2, input_dim=5, num_classes=3, norm_position="peri",
                   norm_op="rms", norm_gain=True)
   tokens = jnp.zeros((1, 4), jnp.int32)
-  for params in (jax.eval_shape(DecoderLM(lm).init, jax.random.key(0), tokens)["params"],
-                 jax.eval_shape(ResidualMLP(mlp).init, jax.random.key(0),
-                                jnp.zeros((1, 5)))["params"]):
-    cast = _dtypes(jax.eval_shape(lambda p: numerics.compute_copy(p, jnp.bfloat16), params))
+  for model, x in ((DecoderLM(lm), tokens), (ResidualMLP(mlp), jnp.zeros((1, 5)))):
+    params = jax.eval_shape(model.init, jax.random.key(0), x)["params"]
+    # the kind is read from the logical axes the parameters were created with
+    axes = annotated.logical_axes(
+        jax.eval_shape(model.init_annotated, jax.random.key(0), x)["params"])
+    cast = _dtypes(jax.eval_shape(lambda p: numerics.compute_copy(p, jnp.bfloat16, axes),
+                                  params))
     kept = {k for k, d in cast.items() if d == jnp.float32}
     assert kept and all(k.endswith(("['scale']", "['bias']", "_scale']")) for k in kept), kept
     assert any(d == jnp.bfloat16 for d in cast.values())
   assert "['blocks']['p_scale']" in kept and "['w_in']" not in kept
   same = {"w": jnp.ones(2, jnp.float32)}
-  assert numerics.compute_copy(same, jnp.float32)["w"] is same["w"]
+  assert numerics.compute_copy(same, jnp.float32, {"w": P("embed")})["w"] is same["w"]
 
 
 def test_mlp_norms_compute_in_float32_and_keep_the_stream_dtype():

@@ -223,7 +223,8 @@ def _register_resmlp(monkeypatch, name, norm_position):
     spec = {"inputs": ((mlp.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
     return tasks.ClassifierTask(name, "images", PostLNResMLP(mlp.width, mlp.depth,
                                                             mlp.num_classes),
-                                spec, 1, (), norm_position=norm_position)
+                                spec, 1, (), norm_position=norm_position,
+                                unannotated_params="fallback")   # nn.Dense: no axes
 
   monkeypatch.setitem(tasks.TASKS, name, factory)
 

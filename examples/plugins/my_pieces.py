@@ -15,7 +15,11 @@ form is ``"model": {"kind": "plain_mlp", ...}``); the diagnostic
 examples. Both land in metrics, checkpoints, ``load_run`` and TensorBoard like the
 library's own. The task declares its norm placement (``norm_position="none"``: the
 model has no norm), which ``rankjax report`` names; a task that declares none is
-reported as "norm placement not declared by the plug-in".
+reported as "norm placement not declared by the plug-in". The library's parameters
+declare their logical axes where they are created
+(``flax.linen.with_logical_partitioning(init, ("embed", "mlp"))``: sharding and mixed
+precision read them); ``nn.Dense``'s do not, so the task opts into the fallback
+(``unannotated_params="fallback"``).
 """
 
 from __future__ import annotations
@@ -81,8 +85,12 @@ def plain_mlp_task(cfg):
     raise ValueError("model kind 'plain_mlp' needs model.input_dim and model.num_classes")
   model = PlainMLP(width=m.width, depth=m.depth, num_classes=m.num_classes)
   spec = {"inputs": ((m.input_dim,), jnp.float32), "targets": ((), jnp.int32)}
+  # nn.Dense's parameters declare no logical axes: the task opts into the fallback
+  # (a matrix sharded over fsdp along its largest divisible dimension, a bias replicated
+  # and kept in its dtype); without it training refuses them in one line
   return PlainMLPTask("plain_mlp", "images", model, spec, 1, (), jnp.dtype(cfg.compute_dtype),
-                      norm_position="none", input_dim=m.input_dim)
+                      norm_position="none", unannotated_params="fallback",
+                      input_dim=m.input_dim)
 
 
 def logit_margin(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:

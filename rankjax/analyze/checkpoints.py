@@ -17,8 +17,8 @@ one layer's parameters at a time when the weights are read per layer. Sources:
 Both use the DecoderLM adapter of ``measure.decoder_jacobians``.
 
 Placement (``Placement``): with several devices every parameter is sharded over a
-``(data=1, fsdp=n)`` mesh by the training code's rules (``train.sharding.param_spec``,
-the tensors of one layer named as in a training state); the activations are left to
+``(data=1, fsdp=n)`` mesh by the training code's rules (``train.sharding.param_spec`` of
+the logical axes ``DecoderLM`` declares, ``decoder_axes``); the activations are left to
 GSPMD. ``compute_dtype="bfloat16"`` casts matrices and embeddings with the training
 code's mixed-precision rule (``numerics.compute_copy``: norm gains stay float32).
 
@@ -34,12 +34,13 @@ import pathlib
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rankjax import numerics
 from rankjax.config import TransformerConfig
 from rankjax.measure import decoder_jacobians
-from rankjax.models import hf, transformer
+from rankjax.models import annotated, hf, transformer
 from rankjax.train import diagnostics_postnorm
 from rankjax.errors import UserError
 
@@ -94,16 +95,27 @@ class Placement:
   mesh: jax.sharding.Mesh | None = None
   compute_dtype: str = "float32"
 
-  def put(self, tree: dict) -> dict:
+  def put(self, tree: dict, axes: dict) -> dict:
+    """``tree`` placed, given its parameters' logical ``axes`` (``decoder_axes``)."""
     from rankjax.train import sharding
-    tree = numerics.compute_copy(tree, self.compute_dtype)
+    tree = numerics.compute_copy(tree, self.compute_dtype, axes)
     if self.mesh is None:
       return jax.device_put(tree)
     shape = dict(self.mesh.shape)
-    shardings = jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.sharding.NamedSharding(
-            self.mesh, sharding.param_spec(path, tuple(x.shape), shape, ())), tree)
+    shardings = jax.tree.map(lambda x, a: jax.sharding.NamedSharding(
+        self.mesh, sharding.param_spec(a, tuple(x.shape), shape)), tree, axes)
     return jax.device_put(tree, shardings)
+
+
+def decoder_axes(cfg: TransformerConfig) -> tuple[dict, dict]:
+  """The logical axes of ``DecoderLM(cfg)``'s parameters, as ``Weights`` holds them:
+  (the non-layer ones, one layer's without the stacked ``"layers"`` axis)."""
+  model = transformer.DecoderLM(cfg)
+  boxed = jax.eval_shape(lambda k: model.init_annotated(
+      k, jnp.zeros((1, 1), jnp.int32))["params"], jax.random.key(0))
+  axes = dict(annotated.logical_axes(boxed))
+  layer = jax.tree.map(lambda a: jax.sharding.PartitionSpec(*tuple(a)[1:]), axes.pop("layers"))
+  return axes, layer
 
 
 class Weights:
@@ -113,18 +125,22 @@ class Weights:
   read and placed once, here; otherwise ``layer(l)`` reads and places it on each call
   and keeps no reference (a pass holds one layer)."""
 
-  def __init__(self, top: dict, read_layer: Callable[[int], dict], num_layers: int,
+  def __init__(self, top: dict, read_layer: Callable[[int], dict], cfg: TransformerConfig,
                placement: Placement, resident: bool):
-    self.placement, self.resident, self.num_layers = placement, resident, num_layers
+    self.placement, self.resident, self.num_layers = placement, resident, cfg.num_layers
     self._read = read_layer
-    self.top = placement.put(top)
-    self._layers = [placement.put(read_layer(l)) for l in range(num_layers)] \
+    top_axes, self._layer_axes = decoder_axes(cfg)
+    self.top = placement.put(top, top_axes)
+    self._layers = [self.layer_placed(l) for l in range(cfg.num_layers)] \
         if resident else None
+
+  def layer_placed(self, l: int) -> dict:
+    return self.placement.put(self._read(l), self._layer_axes)
 
   def layer(self, l: int) -> dict:
     if self._layers is not None:
       return self._layers[l]
-    return self.placement.put(self._read(l))
+    return self.layer_placed(l)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +243,7 @@ def _hf(folder: pathlib.Path, config: dict, placement: Placement, layer_at_a_tim
   per_layer = layer_at_a_time == "on" or (
       layer_at_a_time == "auto" and needed > RESIDENT_SHARE * available_bytes(placement))
   weights = Weights(hf.read_top(files), lambda l: hf.read_layer(files, l),
-                    files.cfg.num_layers, placement, resident=not per_layer)
+                    files.cfg, placement, resident=not per_layer)
   stored = "/".join(sorted({str(files.dtypes[n]) for n in used}))
   extra = {"model_type": config["model_type"], "max_position_embeddings": files.cfg.max_seq_len
            if files.kind == "gpt2" else int(config.get("max_position_embeddings", 2048))}
@@ -246,7 +262,7 @@ def decoder_model(cfg: TransformerConfig, params: dict, source: str = "params", 
   cfg = dataclasses.replace(cfg, compute_dtype=placement.compute_dtype)
   params = dict(params)
   layers = params.pop("layers")
-  weights = Weights(params, _slicer(layers), cfg.num_layers, placement, resident=True)
+  weights = Weights(params, _slicer(layers), cfg, placement, resident=True)
   return _decoder(cfg, weights, _param_count(params) + _param_count(layers), cfg.param_dtype,
                   source, dict(extra or {}), tokenizer)
 

@@ -89,7 +89,8 @@ class TrainConfig(JsonConfig):
       is byte-level (257 ids: the LM's vocab_size must be at least that).
     mesh_data, mesh_fsdp: device mesh (data, fsdp); mesh_data=0 uses all devices
       not taken by fsdp. Parameters are sharded over fsdp (the d_model axis of every
-      matrix, ``rankjax.train.sharding.PARAM_RULES``), the batch over both.
+      matrix, the ``embed`` logical axis it declares: ``rankjax.train.sharding``), the
+      batch over both.
     zero1: also shard the optimizer moments over ``data`` (ZeRO stage 1).
     compilation_cache_dir: JAX persistent compilation cache (a restart after a
       preemption loads the compiled step instead of compiling it); "" = off.

@@ -76,10 +76,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.linen import with_logical_partitioning as logical
 from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
 from rankjax.models import dropout_mask, splash_attention
+from rankjax.models.annotated import PlainInit
 from rankjax.models.matmul import weight_matmul
 
 ATTENTION_OUT = "attention_out"   # checkpoint_name of the heads' output, before W_O
@@ -412,7 +414,7 @@ def causal_dropout_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array,
   return jnp.concatenate(outs, axis=1)
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(PlainInit, nn.Module):
   """Multi-head causal self-attention (grouped-query with ``num_kv_heads``; q/k/v biases
   with ``attn_bias``, a bias on the output projection with ``attn_out_bias``). Input and output ``(B, T, d)``.
 
@@ -434,14 +436,17 @@ class CausalSelfAttention(nn.Module):
     kv = cfg.kv_heads
 
     def proj(name, cols=d):
-      return self.param(name, matrix_init(cfg, name, d), (d, cols), pdt).astype(dtype)
+      names = ("heads", "embed") if name == "w_o" else ("embed", "heads")
+      return self.param(name, logical(matrix_init(cfg, name, d), names), (d, cols),
+                        pdt).astype(dtype)
 
     counts = {"q": heads, "k": kv, "v": kv}
     weights, biases = {}, {}
     for n, c in counts.items():     # created in this order: w_q, b_q, w_k, ... (init rngs)
       weights[n] = proj(f"w_{n}", c * dh)
       if cfg.attn_bias:
-        biases[n] = self.param(f"b_{n}", nn.initializers.zeros, (c * dh,), pdt).astype(dtype)
+        biases[n] = self.param(f"b_{n}", logical(nn.initializers.zeros, ("heads",)), (c * dh,),
+                               pdt).astype(dtype)
     q, k, v = (y.reshape(b, t, c, dh) for y, c in zip(
         projections(x_BxTxD, weights, biases or None, cfg.fused_projections,
                     cfg.grad_reduce_dtype),
@@ -482,7 +487,8 @@ class CausalSelfAttention(nn.Module):
     out = checkpoint_name(out, ATTENTION_OUT)     # saved by remat="dots" (not recomputed)
     out = weight_matmul(out.reshape(b, t, d), proj("w_o"), cfg.grad_reduce_dtype)
     if cfg.attn_out_bias:
-      out = out + self.param("b_o", nn.initializers.zeros, (d,), pdt).astype(dtype)
+      out = out + self.param("b_o", logical(nn.initializers.zeros, ("embed",)), (d,),
+                             pdt).astype(dtype)
     return out
 
   def _einsum(self, q, k, v, capture_probs: bool, drop_probs: bool) -> jax.Array:

@@ -13,12 +13,15 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.linen import with_logical_partitioning as logical
 
 from rankjax.config import MLPConfig
 from rankjax.models import blocks
+from rankjax.models.annotated import PlainInit
+from rankjax.numerics import NORM
 
 
-class ResidualMLP(nn.Module):
+class ResidualMLP(PlainInit, nn.Module):
   """``h_l = R(h_skip + beta * B(f(P(h_{l-1}))))`` for l = 1..L.
 
   Call with ``x_BxD`` (or ``x_BxI`` with ``input_dim`` set). Returns h_L, or logits
@@ -34,7 +37,8 @@ class ResidualMLP(nn.Module):
     cfg = self.cfg
     dtype = jnp.dtype(cfg.param_dtype)
     if cfg.input_dim is not None:
-      w_in = self.param("w_in", _normal(1.0), (cfg.input_dim, cfg.width), dtype)
+      w_in = self.param("w_in", logical(_normal(1.0), ("input", "embed")), (cfg.input_dim, cfg.width),
+                        dtype)
       x = x @ w_in
     stacked = self.param("blocks", _init_stack(cfg))
     h, hs = blocks.stack_forward(stacked, x, cfg)
@@ -42,7 +46,8 @@ class ResidualMLP(nn.Module):
       self.sow("intermediates", "h0", x)
       self.sow("intermediates", "stream", hs)
     if cfg.num_classes is not None:
-      w_out = self.param("w_out", _normal(1.0), (cfg.width, cfg.num_classes), dtype)
+      w_out = self.param("w_out", logical(_normal(1.0), ("embed", "classes")),
+                         (cfg.width, cfg.num_classes), dtype)
       h = h @ w_out
     return h
 
@@ -56,8 +61,17 @@ def _normal(scale: float):
   return init
 
 
+# Logical axes of a block's matrices (``blocks.matrix_shapes``); its gains are ``NORM``.
+BLOCK_AXES = {"w_up": ("embed", "mlp"), "w_gate": ("embed", "mlp"), "w_down": ("mlp", "embed"),
+              "w": ("embed", "mlp")}
+
+
 def _init_stack(cfg: MLPConfig):
   def init(key):
-    return jax.vmap(lambda k: blocks.init_block(k, cfg))(jax.random.split(key, cfg.depth))
+    stacked = jax.vmap(lambda k: blocks.init_block(k, cfg))(jax.random.split(key, cfg.depth))
+    gains = blocks.gain_names(cfg)
+    return {name: nn.LogicallyPartitioned(x, ("layers", *((NORM,) if name in gains
+                                                          else BLOCK_AXES[name])))
+            for name, x in stacked.items()}
 
   return init

@@ -28,7 +28,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankjax.numerics import as_float
+from flax.linen import with_logical_partitioning as logical
+
+from rankjax.models.annotated import PlainInit
+from rankjax.numerics import NORM, as_float
 
 
 def rms(x: jax.Array, eps: float = 0.0) -> jax.Array:
@@ -126,7 +129,7 @@ def has_gain(op: str) -> bool:
   return op in ("rms", "layer", "detached_rms")
 
 
-class Norm(nn.Module):
+class Norm(PlainInit, nn.Module):
   """``normalize`` with an optional learned gain (initialized to one) and bias (zero).
 
   Both exist only for the rescaling ops (``has_gain``): ``y = N(x) * scale + bias``,
@@ -143,8 +146,10 @@ class Norm(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     y = normalize(as_float(x), self.op, self.eps)
     if self.gain and has_gain(self.op):
-      scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+      scale = self.param("scale", logical(nn.initializers.ones, (NORM,)), (x.shape[-1],),
+                         self.param_dtype)
       y = y * scale
     if self.bias and has_gain(self.op):
-      y = y + self.param("bias", nn.initializers.zeros, (x.shape[-1],), self.param_dtype)
+      y = y + self.param("bias", logical(nn.initializers.zeros, (NORM,)), (x.shape[-1],),
+                         self.param_dtype)
     return y.astype(x.dtype)

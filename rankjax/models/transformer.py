@@ -34,10 +34,12 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.linen import with_logical_partitioning as logical
 
 from rankjax import partitioning
 from rankjax.config import TransformerConfig
 from rankjax.models import activations, blocks
+from rankjax.models.annotated import PlainInit
 from rankjax.models import sites as sites_lib
 from rankjax.models.attention import (ATTENTION_OUT, ATTENTION_RESIDUALS,
                                       CausalSelfAttention, matrix_init, projections)
@@ -88,7 +90,7 @@ def sublayer_norm(cfg: TransformerConfig, sub: str, apply_norm):
 FFN_ACTIVATIONS = {"gelu": activations.gelu, "gelu_tanh": activations.gelu_tanh}
 
 
-class FeedForward(nn.Module):
+class FeedForward(PlainInit, nn.Module):
   """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2`` (exact
   or tanh form, ``cfg.ffn``), with biases b_1, b_2 (b_3) after each product when
   ``cfg.ffn_bias`` (GPT-2: ``gelu_tanh(X W1 + b1) W2 + b2``); ``cfg.fused_projections``:
@@ -100,16 +102,19 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.cfg
     d, f, dtype, pdt = cfg.d_model, cfg.d_ff, x.dtype, jnp.dtype(cfg.param_dtype)
-    w1 = self.param("w_1", matrix_init(cfg, "w_1", d), (d, f), pdt).astype(dtype)
-    w2 = self.param("w_2", matrix_init(cfg, "w_2", f), (f, d), pdt).astype(dtype)
+    w1 = self.param("w_1", logical(matrix_init(cfg, "w_1", d), ("embed", "mlp")), (d, f),
+                    pdt).astype(dtype)
+    w2 = self.param("w_2", logical(matrix_init(cfg, "w_2", f), ("mlp", "embed")), (f, d),
+                    pdt).astype(dtype)
     if cfg.ffn == "swiglu":
-      w3 = self.param("w_3", matrix_init(cfg, "w_3", d), (d, f), pdt).astype(dtype)
+      w3 = self.param("w_3", logical(matrix_init(cfg, "w_3", d), ("embed", "mlp")), (d, f),
+                      pdt).astype(dtype)
     # created after the matrices: the matrices' init draws do not depend on ffn_bias
-    bias = lambda name, n: (self.param(name, nn.initializers.zeros, (n,), pdt).astype(dtype)
-                            if cfg.ffn_bias else None)
-    b1, b2 = bias("b_1", f), bias("b_2", d)
+    bias = lambda name, n, ax: (self.param(name, logical(nn.initializers.zeros, (ax,)), (n,),
+                                           pdt).astype(dtype) if cfg.ffn_bias else None)
+    b1, b2 = bias("b_1", f, "mlp"), bias("b_2", d, "embed")
     if cfg.ffn == "swiglu":
-      b3 = bias("b_3", f)
+      b3 = bias("b_3", f, "mlp")
       gate, up = projections(x, {"1": w1, "3": w3},
                              None if b1 is None else {"1": b1, "3": b3},
                              fused=cfg.fused_projections,
@@ -122,7 +127,7 @@ class FeedForward(nn.Module):
     return out if b2 is None else out + b2
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(PlainInit, nn.Module):
   """One layer: the attention sublayer then the FFN sublayer (``residual_sublayer``).
 
   ``__call__(h, perturbations=None) -> (h_out, sites)``: with ``capture`` the layer's
@@ -180,7 +185,7 @@ def layer_with_sites(cfg: TransformerConfig, branches: dict, norm, h: jax.Array,
   return h
 
 
-class DecoderLM(nn.Module):
+class DecoderLM(PlainInit, nn.Module):
   """Token embeddings (and their norm), ``num_layers`` blocks (one ``nn.scan``), the
   final norm, LM head; the two norms follow ``cfg.uses_embed_norm`` / ``uses_final_norm``.
 
@@ -213,7 +218,8 @@ class DecoderLM(nn.Module):
       raise ValueError(f"sequence length {t} exceeds max_seq_len={cfg.max_seq_len}")
     embed_std = cfg.embed_std or (1.0 if cfg.init == "paper_collapse" else 0.02)
     embed = nn.Embed(cfg.padded_vocab_size, cfg.d_model, param_dtype=pdt,
-                     embedding_init=nn.initializers.normal(embed_std), name="embed")
+                     embedding_init=logical(nn.initializers.normal(embed_std), ("vocab", "embed")),
+                     name="embed")
     table = embed.embedding
     if cfg.tie_embeddings and tied_shards > 1:
       if not return_hidden:
@@ -222,7 +228,7 @@ class DecoderLM(nn.Module):
     rows = lookup(table, tokens_BxT, cfg.grad_reduce_dtype)   # = embed(tokens)
     h = partitioning.constrain(rows.astype(dtype), ("batch", "length", "embed"))
     if cfg.pos_embedding == "learned":
-      pos = self.param("pos_embed", nn.initializers.normal(embed_std),
+      pos = self.param("pos_embed", logical(nn.initializers.normal(embed_std), ("length", "embed")),
                        (cfg.max_seq_len, cfg.d_model), pdt)
       if cfg.grad_reduce_dtype == "float32":   # its gradient, a sum over the batch, in f32
         h = (h.astype(float_dtype(dtype)) + pos[:t].astype(float_dtype(dtype))).astype(dtype)
@@ -243,6 +249,7 @@ class DecoderLM(nn.Module):
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         length=cfg.num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},   # the stacked axis's logical name
         unroll=min(cfg.scan_unroll, cfg.num_layers),
     )
     if perturbations is not None and not capture:
@@ -255,7 +262,8 @@ class DecoderLM(nn.Module):
     if cfg.tie_embeddings:
       w_DxV = jnp.swapaxes(table, -1, -2)
     else:
-      w_DxV = self.param("lm_head", matrix_init(cfg, "lm_head", cfg.d_model),
+      w_DxV = self.param("lm_head", logical(matrix_init(cfg, "lm_head", cfg.d_model),
+                                          ("embed", "vocab")),
                          (cfg.d_model, cfg.padded_vocab_size), pdt)
     out = (h, w_DxV) if return_hidden else head_logits(h, w_DxV)[..., :cfg.vocab_size]
     return (out, sites) if capture else out

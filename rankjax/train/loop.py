@@ -115,7 +115,7 @@ def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
   tx = make_optimizer(cfg, task.stacked_roots)
   init = make_init(task, tx, cfg.seed)
   abstract = jax.eval_shape(init)
-  shardings = shard_lib.state_shardings(abstract, mesh, task.stacked_roots, zero1=cfg.zero1)
+  shardings = shard_lib.state_shardings(abstract, mesh, task.param_axes(), zero1=cfg.zero1)
   batch_sh = shard_lib.batch_sharding(mesh)
   repl = shard_lib.replicated(mesh)
 

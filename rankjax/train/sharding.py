@@ -2,9 +2,10 @@
 
 The mesh has two axes, ``("data", "fsdp")``. Sharding is by logical axes:
 
-* parameters: ``PARAM_RULES`` names the logical axes of every parameter by its
-  name (``embed`` is the d_model axis of the residual stream, ``mlp`` the hidden
-  width, ``heads`` the H*d_head axis, ``vocab``, ...); ``MESH_RULES`` maps
+* parameters: each declares its logical axes where it is created
+  (``flax.linen.with_logical_partitioning``, ``rankjax.models.annotated``; read by
+  ``Task.param_axes``): ``embed`` is the d_model axis of the residual stream, ``mlp``
+  the hidden width, ``heads`` the H*d_head axis, ``vocab``, ...; ``MESH_RULES`` maps
   ``embed`` to ``fsdp`` and every other logical axis (the stacked ``layers`` axis
   included) to no mesh axis. So each matrix is split over ``fsdp`` along its d_model
   axis and replicated over ``data``; inside the layer scan each layer's slice is
@@ -18,9 +19,10 @@ The mesh has two axes, ``("data", "fsdp")``. Sharding is by logical axes:
 * batches arrive as (grad_accum, micro_batch, ...) and are split along the
   micro-batch axis over ``("data", "fsdp")``, all devices together.
 
-A parameter no rule names (a new module) falls back to its largest dimension that
-``fsdp`` divides; a dimension a rule shards but ``fsdp`` does not divide stays
-whole (``param_spec``).
+A dimension a rule shards but ``fsdp`` does not divide stays whole (``param_spec``).
+An unannotated parameter is refused (``Task.param_axes``) unless its task opts into
+the fallback (``Task.unannotated_params="fallback"``, for plug-ins): then it is split
+along its largest dimension that ``fsdp`` divides (``spec_for``).
 
 Multi-host (the processes joined by ``rankjax.distributed``): each process reads its
 own shard of the data (``host_batch_size``) and ``global_batch`` assembles the
@@ -35,30 +37,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rankjax.train.tasks import is_stacked
 from rankjax.errors import UserError
+from rankjax.models.annotated import UNANNOTATED
 
 AXES = ("data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
 
-# Logical axes of each parameter (without the stacked layer axis), by its name.
-PARAM_RULES: dict[str, tuple[str, ...]] = {
-    # DecoderLM (rankjax.models.transformer / attention)
-    "embedding": ("vocab", "embed"),
-    "pos_embed": ("length", "embed"),
-    "lm_head": ("embed", "vocab"),
-    "w_q": ("embed", "heads"), "w_k": ("embed", "heads"), "w_v": ("embed", "heads"),
-    "w_o": ("heads", "embed"),
-    "b_q": ("heads",), "b_k": ("heads",), "b_v": ("heads",), "b_o": ("embed",),
-    "w_1": ("embed", "mlp"), "w_3": ("embed", "mlp"), "w_2": ("mlp", "embed"),
-    "b_1": ("mlp",), "b_3": ("mlp",), "b_2": ("embed",),
-    "scale": ("norm",), "bias": ("norm",),
-    # ResidualMLP (rankjax.models.mlp / blocks)
-    "w_in": ("input", "embed"), "w_out": ("embed", "classes"),
-    "w_up": ("embed", "mlp"), "w_gate": ("embed", "mlp"), "w_down": ("mlp", "embed"),
-    "w": ("embed", "mlp"),
-    "p_scale": ("norm",), "b_scale": ("norm",), "r_scale": ("norm",),
-}
 # Parameters read by a gather (a token lookup): all-gathered whole where the loss
 # uses them (``gather_lookup_tables``), so the lookup is local and its output keeps
 # the batch sharding; otherwise GSPMD gathers the token ids and all-to-alls the
@@ -88,8 +72,8 @@ def make_mesh(data: int = 0, fsdp: int = 1, devices: Any = None) -> Mesh:
 
 
 def spec_for(shape: tuple[int, ...], fsdp: int, stacked: bool) -> P:
-  """Fallback for a parameter no rule names: the largest dimension ``fsdp`` divides
-  (ties: the later one), never the stacked layer axis."""
+  """The fallback for an unannotated parameter (a plug-in's opt-in): the largest
+  dimension ``fsdp`` divides (ties: the later one), never the stacked layer axis."""
   if fsdp == 1:
     return P()
   first = 1 if stacked and len(shape) > 1 else 0
@@ -112,25 +96,14 @@ def _leaf_name(path: tuple[Any, ...]) -> str | None:
   return None
 
 
-def logical_axes(path: tuple[Any, ...], ndim: int,
-                 stacked_roots: tuple[str, ...]) -> tuple[str, ...] | None:
-  """The logical axes of a parameter (or of its optimizer moment) at ``path``:
-  ``("layers", *PARAM_RULES[name])`` for a stacked one; None when no rule fits."""
-  rule = PARAM_RULES.get(_leaf_name(path))
-  lead = ("layers",) if is_stacked(path, stacked_roots) and ndim >= 1 else ()
-  if rule is None or len(lead) + len(rule) != ndim:
-    return None
-  return (*lead, *rule)
-
-
-def param_spec(path: tuple[Any, ...], shape: tuple[int, ...], mesh_shape: Mapping[str, int],
-               stacked_roots: tuple[str, ...]) -> P:
-  """The PartitionSpec of a parameter by ``PARAM_RULES`` / ``MESH_RULES``."""
-  axes = logical_axes(path, len(shape), stacked_roots)
-  if axes is None:
-    return spec_for(shape, mesh_shape["fsdp"], is_stacked(path, stacked_roots))
+def param_spec(axes: P, shape: tuple[int, ...], mesh_shape: Mapping[str, int]) -> P:
+  """The PartitionSpec of a parameter of logical ``axes`` (``Task.param_axes``) by
+  ``MESH_RULES``; an unannotated one (``UNANNOTATED``) by ``spec_for``."""
+  names = tuple(axes)
+  if UNANNOTATED in names:
+    return spec_for(shape, mesh_shape["fsdp"], names[:1] == ("layers",))
   spec = []
-  for size, name in zip(shape, axes):
+  for size, name in zip(shape, names):
     mesh_axis = MESH_RULES.get(name)
     ok = mesh_axis is not None and mesh_shape[mesh_axis] > 1 and size % mesh_shape[mesh_axis] == 0
     spec.append(mesh_axis if ok else None)
@@ -170,22 +143,35 @@ def zero1_spec(spec: P, shape: tuple[int, ...], data: int, fsdp: int, stacked: b
   return spec
 
 
-def state_shardings(abstract: Any, mesh: Mesh, stacked_roots: tuple[str, ...],
-                    zero1: bool = False) -> Any:
-  """NamedShardings for every leaf of a TrainState / params pytree (of
-  ShapeDtypeStructs): parameters by ``param_spec``; optimizer moments the same, plus
-  ``data`` with ``zero1``; scalars (step, counts) and the rng replicated."""
-  shape = dict(mesh.shape)
+def _keys(path: tuple[Any, ...]) -> tuple[Any, ...]:
+  return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path)
+
+
+def state_shardings(abstract: Any, mesh: Mesh, axes: Any, zero1: bool = False) -> Any:
+  """NamedShardings for every leaf of a TrainState or params pytree (of
+  ShapeDtypeStructs), given the parameters' logical ``axes`` (``Task.param_axes``):
+  ``state_specs`` on ``mesh``."""
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec),
+                      state_specs(abstract, dict(mesh.shape), axes, zero1))
+
+
+def state_specs(abstract: Any, shape: Mapping[str, int], axes: Any, zero1: bool = False) -> Any:
+  """PartitionSpecs of ``state_shardings`` on a mesh of ``shape``: parameters by
+  ``param_spec``; an optimizer moment (a leaf whose path ends in a parameter's path, with
+  its rank) the same, plus ``data`` with ``zero1``; everything else (step, counts, the
+  rng) replicated."""
+  by_path = {_keys(p): a for p, a in jax.tree_util.tree_leaves_with_path(axes)}
 
   def leaf(path, x):
-    names = [getattr(k, "name", None) for k in path]
-    spec = param_spec(path, tuple(x.shape), shape, stacked_roots)
-    if zero1 and "opt_state" in names:
+    keys = _keys(path)
+    names = next((by_path[keys[i:]] for i in range(len(keys)) if keys[i:] in by_path), None)
+    if names is None or len(names) != x.ndim:
+      return P()
+    spec = param_spec(names, tuple(x.shape), shape)
+    if zero1 and "opt_state" in keys[:1]:
       spec = zero1_spec(spec, tuple(x.shape), shape["data"], shape["fsdp"],
-                        is_stacked(path, stacked_roots))
-    if "rng" in names[:1] or "step" in names[:1]:
-      spec = P()
-    return NamedSharding(mesh, spec)
+                        tuple(names)[:1] == ("layers",) and x.ndim > 1)
+    return spec
 
   return jax.tree_util.tree_map_with_path(leaf, abstract)
 

@@ -142,7 +142,7 @@ def accumulate_grads(task: Task, params: Any, batch: Any, rng: Array,
   def loss(p, micro, key):
     # cast first, on the shards (pinned there: else GSPMD gathers the float32 table and
     # casts the replica), then gather the lookup tables in the compute dtype
-    copy = numerics.compute_copy(p, task.compute_dtype)
+    copy = numerics.compute_copy(p, task.compute_dtype, task.param_axes())
     if grad_shardings is not None:
       copy = jax.lax.with_sharding_constraint(copy, grad_shardings)
     return task.loss(gather_lookup_tables(copy, mesh), micro, key)
@@ -267,7 +267,7 @@ def run_diagnostics(task: Task, cfg: TrainConfig, diags: Sequence[diag_lib.Diagn
     examples = jax.tree.map(
         lambda x: partitioning.constrain(x[-1, :n], ("batch",) + (None,) * (x.ndim - 2)),
         batch)
-    copy = numerics.compute_copy(state.params, cfg.compute_dtype)
+    copy = numerics.compute_copy(state.params, cfg.compute_dtype, task.param_axes())
     cast = any(c is not p for c, p in zip(jax.tree.leaves(copy), jax.tree.leaves(state.params)))
     if param_shardings is not None and cast:                      # cast on the shards
       copy = jax.lax.with_sharding_constraint(copy, param_shardings)

@@ -32,6 +32,7 @@ from rankjax import config as config_lib
 from rankjax import numerics, partitioning
 from rankjax.config import TrainConfig
 from rankjax.measure.losses import cross_entropy
+from rankjax.models import annotated
 from rankjax.models.lm_head import head_cross_entropy
 from rankjax.models.mlp import ResidualMLP
 from rankjax.models.transformer import DecoderLM, intermediate_grads
@@ -61,6 +62,11 @@ class Task:
       it ("pre", "post", "output", "peri", "none"; ``config.norm_position_of``).
       The library's tasks read it from the norms their model builds; a task of one's
       own declares it (None: not declared, and the report says so).
+    unannotated_params: what a parameter created without logical axes gets
+      (``param_axes``): "error" (the default: a one-line UserError naming it) or
+      "fallback" (a plug-in's opt-in: a 1-D one is a vector like a norm gain, replicated
+      and kept in its dtype; a larger one is sharded over ``fsdp`` along its largest
+      dimension that ``fsdp`` divides, ``sharding.spec_for``, and cast like a matrix).
   """
 
   kind: str
@@ -73,6 +79,7 @@ class Task:
   dropout: bool = False
   lookup_tables: tuple[str, ...] = ()
   norm_position: str | None = None
+  unannotated_params: str = "error"
 
   @property
   def throughput_unit(self) -> str:
@@ -85,8 +92,30 @@ class Task:
             for k, (shape, dtype) in self.example_spec.items()}
 
   def init(self, rng: Array) -> Params:
-    """Parameters from ``rng`` (call under ``jax.jit``/``eval_shape``)."""
-    return self.model.init(rng, self.dummy_batch(1)["inputs"])["params"]
+    """Parameters from ``rng`` (call under ``jax.jit``/``eval_shape``): plain arrays."""
+    return nn.unbox(self.model.init(rng, self.dummy_batch(1)["inputs"])["params"])
+
+  def param_axes(self) -> Any:
+    """The logical axes every parameter was created with (``rankjax.models.annotated``):
+    a tree like ``init``'s of PartitionSpecs of logical names (``"layers"`` first under
+    the layer stack), read from an abstract init. What sharding, mixed precision
+    (``numerics.compute_copy``) and FLOP counting read; an unannotated parameter is an
+    error unless ``unannotated_params="fallback"``."""
+    cached = self.__dict__.get("_param_axes")
+    if cached is None:
+      init = getattr(self.model, "init_annotated", self.model.init)
+      boxed = jax.eval_shape(lambda k: init(k, self.dummy_batch(1)["inputs"])["params"],
+                             jax.random.key(0))
+      cached = annotated.logical_axes(boxed, self.stacked_roots,
+                                      fallback=self._fallback())
+      object.__setattr__(self, "_param_axes", cached)
+    return cached
+
+  def _fallback(self) -> bool:
+    if self.unannotated_params not in ("error", "fallback"):
+      raise UserError(f"unannotated_params={self.unannotated_params!r}: "
+                      "expected 'error' or 'fallback'")
+    return self.unannotated_params == "fallback"
 
   def loss(self, params: Params, batch: Batch, rng: Array | None,
            deterministic: bool = False) -> tuple[Array, dict[str, Array]]:
@@ -105,11 +134,14 @@ class Task:
     raise NotImplementedError
 
   def matmul_params(self) -> int:
-    """Weights that multiply an activation in a matmul (``is_norm_param`` leaves and
-    lookup tables excluded; see ``flops_per_example``)."""
+    """Weights that multiply an activation in a matmul (leaves annotated as norm gains or
+    biases, ``numerics.is_norm_param``, and lookup tables excluded; see
+    ``flops_per_example``)."""
     shapes = jax.eval_shape(self.init, jax.random.key(0))
-    return int(sum(np.prod(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(shapes)
-                   if not numerics.is_norm_param(getattr(path[-1], "key", None))
+    leaves = jax.tree_util.tree_leaves_with_path(shapes)
+    return int(sum(np.prod(x.shape) for (path, x), axes in zip(
+                       leaves, jax.tree.leaves(self.param_axes()))
+                   if not numerics.is_norm_param(axes)
                    and getattr(path[0], "key", None) not in self.lookup_tables))
 
   def data_requirements(self) -> dict[str, Any]:
@@ -142,7 +174,8 @@ class LMTask(Task):
     shards = partitioning.axis_size("batch") if cfg.tie_embeddings else 1
     if batch["inputs"].shape[0] % shards:
       shards = 1
-    h, w = self.model.apply({"params": numerics.compute_copy(params, cfg.compute_dtype)},
+    h, w = self.model.apply({"params": numerics.compute_copy(params, cfg.compute_dtype,
+                                                             self.param_axes())},
                             batch["inputs"],
                             deterministic=deterministic or not self.dropout, rngs=rngs,
                             return_hidden=True, tied_shards=shards)
@@ -179,7 +212,7 @@ class ClassifierTask(Task):
 
   def _logits(self, params, x):
     if self.compute_dtype != jnp.float32:
-      params = numerics.compute_copy(params, self.compute_dtype)
+      params = numerics.compute_copy(params, self.compute_dtype, self.param_axes())
       x = x.astype(self.compute_dtype)
     return self.model.apply({"params": params}, x).astype(jnp.float32)
 

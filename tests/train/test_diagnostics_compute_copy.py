@@ -14,7 +14,7 @@ import pytest
 
 from rankjax import numerics
 from rankjax.models.lm_head import head_cross_entropy
-from rankjax.train import diagnostics as diag_lib, loop, sharding as shard_lib
+from rankjax.train import diagnostics as diag_lib, loop, sharding as shard_lib, tasks
 from tests.train.conftest import tiny_lm
 
 FAMILIES = {   # the Post-Norm paper's model (RMSNorm, SwiGLU, RoPE) and the GPT-2 one
@@ -73,7 +73,8 @@ def test_diagnostics_measure_the_training_forward_pass(family, placement):
 
   # the parameters the diagnostics read are the training step's compute copy: matrices
   # and embedding tables bfloat16, norm gains and biases float32
-  assert seen == _dtypes(numerics.compute_copy(params, jnp.bfloat16))
+  axes = tasks.make_task(cfg).param_axes()
+  assert seen == _dtypes(numerics.compute_copy(params, jnp.bfloat16, axes))
   assert seen["['layers']['attn']['w_q']"] == seen["['embed']['embedding']"] == jnp.bfloat16
   assert any(d == jnp.float32 for k, d in seen.items() if "norm" in k)
   if family == "gpt2":

@@ -211,24 +211,25 @@ def test_tied_embedding_gradient_is_reduced_once_per_micro_batch():
     assert len(per_micro_batch) == 1, (case, vocab_sized)
 
 
-def test_rule_table_names_every_parameter_and_shards_d_model():
+def test_every_parameter_is_annotated_and_shards_d_model():
   from rankjax.train import tasks
   from tests.train.conftest import tiny_lm, tiny_mlp
   mesh = {"data": 2, "fsdp": 4}
   for cfg in (tiny_lm(), tiny_mlp()):
     task = tasks.make_task(cfg)
     params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-    for path, x in jax.tree_util.tree_leaves_with_path(params):
-      axes = shard_lib.logical_axes(path, x.ndim, task.stacked_roots)
-      assert axes is not None, jax.tree_util.keystr(path)        # no fallback today
-      spec = shard_lib.param_spec(path, x.shape, mesh, task.stacked_roots)
+    for (path, x), axes in zip(jax.tree_util.tree_leaves_with_path(params),
+                               jax.tree.leaves(task.param_axes())):
+      assert "unannotated" not in axes, jax.tree_util.keystr(path)     # no fallback here
+      assert (tuple(axes)[:1] == ("layers",)) == (path[0].key in task.stacked_roots)
+      spec = shard_lib.param_spec(axes, x.shape, mesh)
       want = tuple("fsdp" if a == "embed" else None for a in axes)
       assert spec == (P(*want) if any(want) else P()), (jax.tree_util.keystr(path), spec)
-  # a dimension fsdp does not divide stays whole; an unknown leaf falls back
-  path = (jax.tree_util.DictKey("w_q"),)
-  assert shard_lib.param_spec(path, (18, 16), {"data": 1, "fsdp": 4}, ()) == P()
-  path = (jax.tree_util.DictKey("new_weight"),)
-  assert shard_lib.param_spec(path, (8, 64), {"data": 1, "fsdp": 4}, ()) == P(None, "fsdp")
+  # a dimension fsdp does not divide stays whole; an unannotated leaf (a plug-in's
+  # opt-in) falls back to its largest divisible dimension
+  assert shard_lib.param_spec(P("embed", "heads"), (18, 16), {"data": 1, "fsdp": 4}) == P()
+  assert shard_lib.param_spec(P("unannotated", "unannotated"), (8, 64),
+                              {"data": 1, "fsdp": 4}) == P(None, "fsdp")
 
 
 def test_zero1_adds_data_to_a_free_dimension():
