@@ -79,7 +79,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
-from rankjax.models import dropout_mask, splash_attention
+from rankjax.models import dropout_mask, flash_dropout, splash_attention
 from rankjax.models.matmul import weight_matmul
 
 ATTENTION_OUT = "attention_out"   # checkpoint_name of the heads' output, before W_O
@@ -461,6 +461,9 @@ class CausalSelfAttention(nn.Module):
     wide = jnp.dtype(dtype) == jnp.float64
     if capture_probs or wide or cfg.attention_impl == "einsum":
       out = self._einsum(q, k, v, capture_probs, drop_probs)
+    elif drop_probs and flash_dropout.takes(cfg, dtype, t):   # hash masks in a flash kernel
+      out = flash_dropout.causal_attention(q, k, v, 1.0 / (math.sqrt(dh) * cfg.tau),
+                                           cfg.attn_dropout_rate, self.make_rng("dropout"))
     elif drop_probs:       # no T x T buffer: query blocks, each recomputed in the backward
       path = (causal_dropout_attention if cfg.attn_dropout_mask == "hash"
               else blocked_attention)
