@@ -463,7 +463,8 @@ class CausalSelfAttention(nn.Module):
       out = self._einsum(q, k, v, capture_probs, drop_probs)
     elif drop_probs and flash_dropout.takes(cfg, dtype, t):   # hash masks in a flash kernel
       out = flash_dropout.causal_attention(q, k, v, 1.0 / (math.sqrt(dh) * cfg.tau),
-                                           cfg.attn_dropout_rate, self.make_rng("dropout"))
+                                           cfg.attn_dropout_rate, self.make_rng("dropout"),
+                                           residual_name=ATTENTION_RESIDUALS)
     elif drop_probs:       # no T x T buffer: query blocks, each recomputed in the backward
       path = (causal_dropout_attention if cfg.attn_dropout_mask == "hash"
               else blocked_attention)

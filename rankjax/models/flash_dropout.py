@@ -54,6 +54,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -209,17 +210,18 @@ def _forward(words, q, k, v, scale, rate, t, block, interpret):
   )(words, q, k, v)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _attend(words, q, k, v, scale, rate, t, block, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+def _attend(words, q, k, v, scale, rate, t, block, interpret, name):
   return _forward(words, q, k, v, scale, rate, t, block, interpret)[0]
 
 
-def _attend_fwd(words, q, k, v, scale, rate, t, block, interpret):
+def _attend_fwd(words, q, k, v, scale, rate, t, block, interpret, name):
   o, lse = _forward(words, q, k, v, scale, rate, t, block, interpret)
-  return o, (words, q, k, v, o, lse)
+  res = (words, q, k, v, o, lse)
+  return o, (res if name is None else tuple(checkpoint_name(x, name) for x in res))
 
 
-def _attend_bwd(scale, rate, t, block, interpret, res, do):
+def _attend_bwd(scale, rate, t, block, interpret, name, res, do):
   words, q, k, v, o, lse = res
   b, tp, h, d = q.shape
   # delta = rowsum(dO o O) (module docstring), (B, H, Tp) in float32
@@ -244,11 +246,14 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 
 def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.Array,
                      scale: float, dropout_rate: float = 0.0, key: jax.Array | None = None,
-                     block: int = BLOCK, interpret: bool | None = None) -> jax.Array:
+                     block: int = BLOCK, interpret: bool | None = None,
+                     residual_name: str | None = None) -> jax.Array:
   """Causal attention with hash dropout on the probabilities, one fused kernel forward
   and backward (module docstring): ``causal_dropout_attention(q, k, v, scale, 0.0,
   dropout_rate, key)`` up to float rounding. ``interpret``: Pallas' interpreter (default:
-  off a GPU backend)."""
+  off a GPU backend). ``residual_name``: a ``checkpoint_name`` for what the backward
+  reads (q, k, v, the words, O and the log-sum-exp), so a remat policy saving that name
+  never runs the forward kernel again (``attention.ATTENTION_RESIDUALS``)."""
   b, t, h, d = q_BxTxHxD.shape
   if d not in D_HEADS or jnp.dtype(q_BxTxHxD.dtype) not in DTYPES:
     raise UserError(f"flash dropout attention needs d_head in {D_HEADS} and float32, "
@@ -266,5 +271,5 @@ def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.
   block, tp = _blocks(t, block)
   pad = lambda x: jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, 0))) if tp > t else x
   out = _attend(words, pad(q_BxTxHxD), pad(k_BxTxHxD), pad(v_BxTxHxD), float(scale),
-                float(dropout_rate), t, block, bool(interpret))
+                float(dropout_rate), t, block, bool(interpret), residual_name)
   return out[:, :t]

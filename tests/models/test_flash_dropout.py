@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from unittest import mock
 
 from rankjax.config import TransformerConfig
 from rankjax.errors import UserError
@@ -151,3 +152,40 @@ def test_flash_lowers_for_cuda_as_two_triton_kernels_without_a_t_by_t_buffer():
             for s in re.findall(r"tensor<((?:\d+x)*\d+)x\w+>", text)}
   assert max(math.prod(s) for s in shapes) == 2 * t * 4 * 64     # q, k, v, o and theirs
   assert not [s for s in shapes if list(s).count(t) >= 2]
+
+
+@pytest.mark.parametrize("remat,forwards", [("none", 1), ("dots", 1), ("full", 2)])
+def test_model_remat_dots_runs_the_flash_forward_once(remat, forwards):
+  """Under ``remat="dots"`` the kernel's residuals are named (``ATTENTION_RESIDUALS``):
+  the gradient's program, lowered for CUDA, runs the forward kernel once per layer scan
+  as without remat; "full" saves nothing and runs it twice (the count tells them apart)."""
+  from jax import export
+  from rankjax.models.transformer import DecoderLM
+  cfg = dataclasses.replace(CFG, remat=remat, attn_dropout_kernel="auto",
+                            compute_dtype="bfloat16")
+  tokens = jnp.zeros((2, 20), jnp.int32)
+  params = jax.eval_shape(DecoderLM(cfg).init, jax.random.key(0), tokens)
+  f = lambda p, rng: jnp.sum(DecoderLM(cfg).apply(p, tokens, deterministic=False,
+                                                   rngs={"dropout": rng}))
+  with mock.patch.object(flash_dropout.jax, "default_backend", lambda: "gpu"):
+    text = export.export(
+        jax.jit(jax.grad(f)), platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(params, jax.random.key(1)).mlir_module()
+  assert text.count('name = "flash_dropout_forward"') == forwards
+  assert text.count('name = "flash_dropout_backward"') == 1
+
+
+def test_device_check_times_the_softmax_step_on_the_flash_kernel():
+  """The device check's softmax study step (774M, bf16, d_head 64, T 1024, hash masks)
+  takes the fused kernel under a GPU backend, the query blocks on this CPU."""
+  import sys
+  sys.path.insert(0, "experiments/benchmarks")
+  try:
+    import device_check
+  finally:
+    sys.path.pop(0)
+  cfg = device_check.step_config("gpt2_774m.json", False, sets=device_check.SOFTMAX_SETS)
+  assert device_check.dropout_kernel(cfg) == "query blocks (hash)"
+  with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+    assert device_check.dropout_kernel(cfg) == "flash_dropout"
