@@ -270,7 +270,8 @@ class TransformerConfig(ModelConfig):
       splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum
       (the explicit probability matrix; always used for captured probabilities and
       float64). Attention-probability dropout in training takes a query-block path
-      instead of a fused kernel (``attn_dropout_mask``).
+      instead (``attn_dropout_mask``), or with hash masks on a GPU the fused Pallas
+      kernel of ``rankjax.models.flash_dropout`` (``attn_dropout_kernel``).
     vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
       ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's
       matmul); the pad logits are masked to -inf, so losses and outputs are those of

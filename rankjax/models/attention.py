@@ -33,8 +33,11 @@ probabilities are recomputed in the backward pass. ``attn_dropout_mask`` picks i
           The softmax study's paper scale sets it. Estimated 24-36% MFU for that step
           on one H200 (threefry: 17-27%; ``experiments/benchmarks/dropout_attention.py``,
           FLOP / byte accounting): both paths write each block's float32 logits and
-          probabilities to HBM, which a fused kernel would not; the hash, a function
-          of the indices, is what such a kernel could compute in registers.
+          probabilities to HBM.
+  flash     ``rankjax.models.flash_dropout``: the hash masks computed in a fused Pallas
+          (Triton) flash-attention kernel, no block in HBM; taken on a GPU for 16-bit
+          dtypes when it takes the shapes and there is no prefix removal
+          (``attn_dropout_kernel``); estimated 34-50% MFU for that step.
 
 cuDNN's fused attention has a dropout (``jax._src.cudnn.fused_attention_stablehlo.
 dot_product_attention(dropout_rate=...)``, a private API in jax 0.10.2) and lowers for
