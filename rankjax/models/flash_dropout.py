@@ -57,7 +57,9 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+from jax.sharding import PartitionSpec as P
 
+from rankjax import partitioning
 from rankjax.errors import UserError
 from rankjax.models import dropout_mask
 
@@ -270,6 +272,24 @@ def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.
            else jnp.zeros((2, b, h), jnp.uint32))
   block, tp = _blocks(t, block)
   pad = lambda x: jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, 0))) if tp > t else x
-  out = _attend(words, pad(q_BxTxHxD), pad(k_BxTxHxD), pad(v_BxTxHxD), float(scale),
-                float(dropout_rate), t, block, bool(interpret), residual_name)
-  return out[:, :t]
+
+  def run(words, q, k, v):
+    out = _attend(words, pad(q), pad(k), pad(v), float(scale), float(dropout_rate), t,
+                  block, bool(interpret), residual_name)
+    return out[:, :t]
+
+  # under the training mesh (rankjax.partitioning) each device runs the kernel on its
+  # own sequences and their words (a Pallas call is opaque to GSPMD, which would gather
+  # the whole batch onto every device), as splash_attention does
+  context = partitioning.current()
+  if context is None:
+    return run(words, q_BxTxHxD, k_BxTxHxD, v_BxTxHxD)
+  mesh, rules = context
+  axes = tuple(a for a in rules.get("batch", ()) if mesh.shape[a] > 1)
+  shards = math.prod(mesh.shape[a] for a in axes)
+  if shards == 1 or b % shards:
+    return run(words, q_BxTxHxD, k_BxTxHxD, v_BxTxHxD)
+  batch = axes if len(axes) > 1 else axes[0]
+  return jax.shard_map(run, mesh=mesh, in_specs=(P(None, batch),) + (P(batch),) * 3,
+                       out_specs=P(batch), check_vma=False)(
+                           words, q_BxTxHxD, k_BxTxHxD, v_BxTxHxD)

@@ -5,7 +5,11 @@ Pallas' interpreter on this CPU: the function and gradients of the query-block p
 
 import dataclasses
 import math
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import chex
 import jax
@@ -189,3 +193,58 @@ def test_device_check_times_the_softmax_step_on_the_flash_kernel():
   assert device_check.dropout_kernel(cfg) == "query blocks (hash)"
   with mock.patch.object(jax, "default_backend", lambda: "gpu"):
     assert device_check.dropout_kernel(cfg) == "flash_dropout"
+
+
+SHARDED = textwrap.dedent("""
+    import jax
+    jax.config.update("jax_num_cpu_devices", 4)
+    import json
+    import numpy as np
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from rankjax import partitioning
+    from rankjax.models import attention, flash_dropout
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "fsdp"))
+    q, k, v = (jax.random.normal(kk, (4, 32, 2, 16)) for kk in jax.random.split(jax.random.key(0), 3))
+    key = jax.random.key(7)
+    sharding = NamedSharding(mesh, P(("data", "fsdp")))
+    def f(q, k, v):
+      with partitioning.activation_sharding(mesh, {"batch": ("data", "fsdp")}):
+        return flash_dropout.causal_attention(q, k, v, 0.25, 0.3, key, 16)
+    fn = jax.jit(f, in_shardings=(sharding,) * 3)
+    out = fn(q, k, v)
+    ref = attention.causal_dropout_attention(q, k, v, 0.25, 0.0, 0.3, key, 16)
+    # lowered for 4 GPUs: the Triton calls see one device's sequences, (1, T, H, D)
+    from jax import export
+    def g(q, k, v):
+      with partitioning.activation_sharding(mesh, {"batch": ("data", "fsdp")}):
+        return flash_dropout.causal_attention(q, k, v, 0.25, 0.3, key, 16, interpret=False)
+    x = jax.ShapeDtypeStruct((4, 32, 2, 16), jnp.bfloat16, sharding=sharding)
+    text = export.export(
+        jax.jit(g), platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(x, x, x).mlir_module()
+    calls = [l for l in text.splitlines() if "xla.gpu.triton" in l and "custom_call" in l]
+    print("RESULT" + json.dumps({
+        "diff": float(jnp.max(jnp.abs(out - ref))),
+        "shards": len(out.sharding.device_set),
+        "calls": len(calls),
+        "local": all("tensor<1x32x2x16xbf16>" in l and "tensor<4x32x2x16xbf16>" not in l
+                     for l in calls),
+    }))
+""")
+
+
+@pytest.mark.slow
+def test_under_the_training_mesh_each_device_runs_its_own_sequences_and_masks():
+  """4 host devices, the batch split over (data, fsdp): each device runs the kernel on
+  its own sequences with their (batch, head) words, the masks and output those of the
+  unsharded query blocks; lowered for 4 GPUs, the Triton call's operands are one
+  device's sequences (no gather of the batch onto each device)."""
+  proc = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True,
+                        env=dict(os.environ), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  import json
+  out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1][6:])
+  assert out["diff"] < 1e-5 and out["shards"] == 4, out
+  assert out["calls"] == 1 and out["local"], out
