@@ -4,7 +4,7 @@ GPU): the function of ``attention.causal_dropout_attention`` (``attn_dropout_mas
 
 Adapted from JAX's Pallas GPU flash attention (``jax.experimental.pallas.ops.gpu.
 attention``: ``mha``, its forward kernel and fused backward kernel, Apache 2.0; Dao et
-al. 2022, FlashAttention Alg. 1-2; Dao 2023, FlashAttention-2 Sec 3.1), with the causal
+al. 2022, FlashAttention Alg. 2 (forward with dropout) and 4 (backward); Dao 2023, FlashAttention-2 Sec 3.1), with the causal
 mask, the dropout and only what this library needs (no segment ids, d_head a power of
 two, no padded head dimension).
 
@@ -33,7 +33,7 @@ the block's (batch, head): the masks of ``causal_dropout_attention``):
 
 T need not be a multiple of the block: Q, K, V are zero-padded to one (the padded keys
 lie after every real query, so the causal mask hides them; the padded queries' rows are
-dropped, and their zero cotangents add nothing to dK, dV), the hash still counts ``i T +
+sliced off, and their zero cotangents add nothing to dK, dV), the hash still counts ``i T +
 j`` with the real T. ``supported`` says which shapes the kernel takes (float32 or
 16-bit, d_head a power of two from 16 to 128); ``CausalSelfAttention`` takes it for hash
 dropout in training on a GPU (``takes``, ``TransformerConfig.attn_dropout_kernel``),
@@ -41,6 +41,9 @@ never with the P - alpha C_n intervention (refused: that path stays
 ``causal_dropout_attention``). Off a GPU it runs in Pallas' interpreter (the tests);
 on a GPU it lowers to two Triton kernels (``__gpu$xla.gpu.triton``, exported for CUDA
 from a CPU in the tests; Triton's own compilation to PTX happens on the GPU only).
+Under the training step's sharding context (``rankjax.partitioning``) the kernel runs
+inside ``jax.shard_map`` with the batch split (as ``splash_attention``): each device
+its own sequences and their (batch, head) words, the masks those of the whole batch.
 Precision: the logits and the softmax in float32, the probabilities rounded to V's
 dtype for the products with V and dO (as every flash kernel), accumulators in float32;
 float32 operands' dots at full precision (no tf32).
@@ -55,8 +58,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
 from rankjax import partitioning
@@ -92,8 +93,8 @@ def takes(cfg, dtype, t: int) -> bool:
 
 def _blocks(t: int, block: int) -> tuple[int, int]:
   """The block (a power of two, at least 16, at most ``block``) and T padded to it."""
-  b = max(16, min(block, pl.next_power_of_2(t)))
-  return b, pl.cdiv(t, b) * b
+  b = max(16, min(block, 1 << (t - 1).bit_length()))
+  return b, -(-t // b) * b
 
 
 def _keep(words_ref, rows, cols, t: int, rate: float):
@@ -103,6 +104,7 @@ def _keep(words_ref, rows, cols, t: int, rate: float):
 
 def _dot(a, b, **kw):
   """``plgpu.dot`` into float32; float32 operands at full precision (not tf32)."""
+  from jax.experimental.pallas import triton as plgpu   # on first use, not with rankjax
   return plgpu.dot(a, b, allow_tf32=False if a.dtype == jnp.float32 else None, **kw)
 
 
@@ -114,6 +116,7 @@ def _logits(q, k, rows, cols, scale):
 
 def _forward_kernel(words_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, rate, t,
                     block):
+  from jax.experimental import pallas as pl   # on first use, not with rankjax
   i = pl.program_id(0)
   rows = i * block + jnp.arange(block)
   q = q_ref[...]
@@ -142,6 +145,7 @@ def _forward_kernel(words_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, ra
 
 def _backward_kernel(words_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
                      dq_ref, dk_ref, dv_ref, *, scale, rate, t, block):
+  from jax.experimental import pallas as pl   # on first use, not with rankjax
   n = q_ref.shape[0] // block
   c = pl.program_id(2)
   inv = 1.0 / (1.0 - rate)
@@ -192,11 +196,14 @@ def _backward_kernel(words_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
 
 
 def _params(d_head: int):
+  from jax.experimental.pallas import triton as plgpu   # on first use, not with rankjax
   return plgpu.CompilerParams(num_warps=4 if d_head <= 64 else 8, num_stages=2)
 
 
 def _forward(words, q, k, v, scale, rate, t, block, interpret):
   """``(O, lse)`` of padded ``(B, Tp, H, D)`` q, k, v; ``words (2, B, H)``."""
+  from jax.experimental import pallas as pl   # on first use, not with rankjax
+  from jax.experimental.pallas import triton as plgpu
   b, tp, h, d = q.shape
   row_block = pl.BlockSpec((None, block, None, d), lambda i, j, c: (j, i, c, 0))
   whole = pl.BlockSpec((None, tp, None, d), lambda i, j, c: (j, 0, c, 0))
@@ -224,6 +231,7 @@ def _attend_fwd(words, q, k, v, scale, rate, t, block, interpret, name):
 
 
 def _attend_bwd(scale, rate, t, block, interpret, name, res, do):
+  from jax.experimental import pallas as pl   # on first use, not with rankjax
   words, q, k, v, o, lse = res
   b, tp, h, d = q.shape
   # delta = rowsum(dO o O) (module docstring), (B, H, Tp) in float32
