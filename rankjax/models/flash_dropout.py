@@ -4,9 +4,9 @@ GPU): the function of ``attention.causal_dropout_attention`` (``attn_dropout_mas
 
 Adapted from JAX's Pallas GPU flash attention (``jax.experimental.pallas.ops.gpu.
 attention``: ``mha``, its forward kernel and fused backward kernel, Apache 2.0; Dao et
-al. 2022, FlashAttention Alg. 2 (forward with dropout) and 4 (backward); Dao 2023, FlashAttention-2 Sec 3.1), with the causal
-mask, the dropout and only what this library needs (no segment ids, d_head a power of
-two, no padded head dimension).
+al. 2022, FlashAttention Alg. 2 (forward with dropout) and 4 (backward); Dao 2023,
+FlashAttention-2 Sec 3.1), with the causal mask, the dropout and only what this library
+needs (no segment ids, d_head a power of two, no padded head dimension).
 
 With ``S = Q K^T scale`` (postnorm Eq. 2's logits), ``P = softmax_row(S + M_causal)``,
 ``D = keep / (1 - rate)`` (``keep = dropout_mask.keep(streams(key, B, H), i, j, T,
