@@ -205,7 +205,8 @@ SHARDED = textwrap.dedent("""
     from rankjax import partitioning
     from rankjax.models import attention, flash_dropout
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "fsdp"))
-    q, k, v = (jax.random.normal(kk, (4, 32, 2, 16)) for kk in jax.random.split(jax.random.key(0), 3))
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk, (4, 32, 2, 16)) for kk in keys)
     key = jax.random.key(7)
     sharding = NamedSharding(mesh, P(("data", "fsdp")))
     def f(q, k, v):
