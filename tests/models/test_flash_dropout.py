@@ -249,3 +249,38 @@ def test_under_the_training_mesh_each_device_runs_its_own_sequences_and_masks():
   out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1][6:])
   assert out["diff"] < 1e-5 and out["shards"] == 4, out
   assert out["calls"] == 1 and out["local"], out
+
+
+@pytest.mark.slow
+def test_training_step_lowered_for_cuda_runs_the_kernel_without_a_t_by_t_buffer():
+  """The softmax study's step as the device check builds it (774M config, hash dropout
+  0.1, bf16), shrunk to 2 layers of d=128 at T = 64, through ``rankjax.train.loop.build``
+  and lowered for CUDA with a GPU backend's dispatch: one forward and one backward
+  Triton kernel (remat dots), no (T, T) tensor."""
+  import sys
+  from jax import export
+  from rankjax.train import sharding as shard_lib
+  from rankjax.train.loop import build
+  sys.path.insert(0, "experiments/benchmarks")
+  try:
+    import device_check
+  finally:
+    sys.path.pop(0)
+  t = 64
+  with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+    cfg = device_check.step_config("gpt2_774m.json", False, sets=device_check.SOFTMAX_SETS)
+    lm = dataclasses.replace(cfg.model, num_layers=2, d_model=128, num_heads=2, d_ff=256,
+                             vocab_size=300, max_seq_len=t, remat="dots",
+                             attention_impl="xla")
+    cfg = dataclasses.replace(cfg, seq_len=t, batch_size=2, model=lm)
+    c = build(cfg)
+    tokens = np.zeros((2, t + 1), np.int32)
+    batch = shard_lib.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}, 1,
+                                   c.batch_sharding)
+    text = export.export(
+        c.step, platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(c.init(), batch).mlir_module()
+  assert text.count('name = "flash_dropout_forward"') == 1
+  assert text.count('name = "flash_dropout_backward"') == 1
+  assert not re.search(rf"tensor<(\d+x)*{t}x{t}x", text)
