@@ -11,12 +11,16 @@ the script writes the section ``## Device check`` of RESULTS.md itself.
    (16, 2048, 4, 128) (the 48-layer d=512 model) and (16, 1024, 20, 64) (774M):
    ``jax.nn.dot_product_attention`` with the backend's fused implementation (cuDNN on
    GPU) against the einsum softmax path the model keeps for captured probabilities;
-   max relative difference of outputs and gradients, and the time of each.
+   and the softmax study's dropout attention at the 774M shape, the fused Pallas kernel
+   (``rankjax.models.flash_dropout``, Triton on a GPU) against the query blocks with the
+   same hash masks: max relative difference of outputs and gradients, and the time of
+   each.
 3. **Paper training steps**: the 48-layer d=512 Post-Norm config and the 774M config
    (experiments/configs/, as they are, with one micro-batch per update and synthetic
    tokens), and the 774M step as the softmax study runs it (attention-probability
-   dropout 0.1 with hash masks: the query-block path that skips the hidden key blocks,
-   ``rankjax.models.attention.causal_dropout_attention``):
+   dropout 0.1 with hash masks: on a GPU the fused Pallas kernel
+   ``rankjax.models.flash_dropout``, a failed check if the step takes another path;
+   elsewhere the query blocks of ``rankjax.models.attention.causal_dropout_attention``):
    step time, tokens/s, MFU against the device's spec peak (``rankjax.train.mfu``) and
    the step's own peak memory (XLA's ``memory_analysis`` of its compiled program); a
    config with dropout (774M) again with ``unsafe_rbg`` dropout keys, the cost of
@@ -72,6 +76,7 @@ import common
 import rankjax
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
+from rankjax.models import attention, flash_dropout
 from rankjax.train import mfu as mfu_lib
 from rankjax.train import sharding as shard_lib
 from rankjax.train.loop import build
@@ -115,6 +120,10 @@ def failed_checks(r: dict) -> list[str]:
   for st in r.get("steps", []):
     if not np.isfinite(st["loss"]):
       bad.append(f"steps {st['config']}: loss {st['loss']}")
+    if (r.get("backend") == "gpu" and st.get("attn_dropout")
+        and st.get("attn_kernel") != "flash_dropout"):
+      bad.append(f"steps {st['config']}: attention dropout on {st.get('attn_kernel')}, "
+                 "not the fused kernel")
   j = r.get("jacobian")
   if j and not j["reconstruction_error"] <= TOLERANCES["jacobian_reconstruction"]:
     bad.append(f"jacobian: reconstruction error {j['reconstruction_error']:.1e} > "
@@ -195,11 +204,31 @@ def check_attention(smoke: bool) -> list[dict]:
     (_, grads_f), (_, grads_r) = fused(q, k, v), ref(q, k, v)
     rows.append(dict(
         shape=f"B={b} T={t} H={h} d_head={dh} {jnp.dtype(dtype).name}",
-        dtype=jnp.dtype(dtype).name,
+        pair="fused vs einsum", dtype=jnp.dtype(dtype).name,
         out_rel_diff=rel_err(out_f, out_r),
         grad_rel_diff=max(rel_err(x, y) for x, y in zip(grads_f, grads_r)),
         fused_ms=1e3 * timed(lambda: fused(q, k, v), 5),
         einsum_ms=1e3 * timed(lambda: ref(q, k, v), 5)))
+  # the softmax study's dropout attention at the 774M shape: the fused Pallas kernel
+  # (rankjax.models.flash_dropout; Triton on a GPU) against the query blocks, the same
+  # hash masks (dropout 0.1, one key)
+  b, t, h, dh = (2, 64, 2, 16) if smoke else (16, 1024, 20, 64)
+  keys = jax.random.split(jax.random.key(3), 4)
+  q, k, v, g = (jax.random.normal(kk, (b, t, h, dh), dtype) for kk in keys)
+  scale, key = 1.0 / np.sqrt(dh), jax.random.key(4)
+  flash = lambda q, k, v: flash_dropout.causal_attention(q, k, v, scale, 0.1, key)
+  blocks = lambda q, k, v: attention.causal_dropout_attention(q, k, v, scale, 0.0, 0.1, key)
+  run = {name: jax.jit(lambda q, k, v, f=f: (f(q, k, v), jax.grad(
+      lambda *a: jnp.sum(f(*a).astype(jnp.float32) * g.astype(jnp.float32)),
+      argnums=(0, 1, 2))(q, k, v))) for name, f in (("flash", flash), ("blocks", blocks))}
+  (out_f, grads_f), (out_r, grads_r) = run["flash"](q, k, v), run["blocks"](q, k, v)
+  rows.append(dict(
+      shape=f"B={b} T={t} H={h} d_head={dh} {jnp.dtype(dtype).name}, dropout 0.1",
+      pair="flash dropout vs query blocks", dtype=jnp.dtype(dtype).name,
+      out_rel_diff=rel_err(out_f, out_r),
+      grad_rel_diff=max(rel_err(x, y) for x, y in zip(grads_f, grads_r)),
+      fused_ms=1e3 * timed(lambda: run["flash"](q, k, v), 5),
+      einsum_ms=1e3 * timed(lambda: run["blocks"](q, k, v), 5)))
   return rows
 
 
@@ -230,6 +259,17 @@ def compiled_peak_bytes(jitted, *args) -> float:
     return float("nan")
   return float(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                - m.alias_size_in_bytes)
+
+
+def dropout_kernel(cfg: TrainConfig) -> str | None:
+  """The attention-dropout path ``CausalSelfAttention`` takes for this step (None
+  without attention dropout): the fused Pallas kernel, or the query blocks."""
+  lm = cfg.model
+  if not lm.attn_dropout_rate:
+    return None
+  if flash_dropout.takes(lm, jnp.dtype(cfg.compute_dtype), cfg.seq_len):
+    return "flash_dropout"
+  return f"query blocks ({lm.attn_dropout_mask})"
 
 
 def check_step(name: str, smoke: bool, prng_impl: str | None = None,
@@ -265,6 +305,7 @@ def check_step(name: str, smoke: bool, prng_impl: str | None = None,
          for key, causal in (("mfu_spec", True), ("mfu_full_attention", False))}
   return dict(config=name, prng_impl=cfg.model.prng_impl, variant=prng_impl is not None,
               sets=list(sets), attn_dropout=cfg.model.attn_dropout_rate,
+              attn_kernel=dropout_kernel(cfg),
               params=n_params, batch=cfg.batch_size, seq_len=cfg.seq_len,
               compute_dtype=cfg.compute_dtype, model=config_lib.to_dict(cfg.model),
               remat=c.task.model.cfg.remat, remat_note=c.remat_note,   # lm.remat="auto"
@@ -339,10 +380,12 @@ def markdown(r: dict, command: str) -> str:
               + ("**below float32 (TF32/bf16 passes)**." if p["default_is_tf32_or_bf16"]
                  else "at full float32."), ""]
   if "attention" in r:
-    lines += ["**Attention, fused vs einsum** (forward + backward):", "",
-              "| shape | out rel. diff | grad rel. diff | fused | einsum |", "|---|---|---|---|---|"]
-    lines += [f"| {a['shape']} | {a['out_rel_diff']:.1e} | {a['grad_rel_diff']:.1e} | "
-              f"{a['fused_ms']:.2f} ms | {a['einsum_ms']:.2f} ms |" for a in r["attention"]]
+    lines += ["**Attention, fused vs reference** (forward + backward):", "",
+              "| shape | fused vs reference | out rel. diff | grad rel. diff | fused | reference |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {a['shape']} | {a.get('pair', 'fused vs einsum')} | {a['out_rel_diff']:.1e} | "
+              f"{a['grad_rel_diff']:.1e} | {a['fused_ms']:.2f} ms | {a['einsum_ms']:.2f} ms |"
+              for a in r["attention"]]
     lines.append("")
   if "steps" in r:
     lines += ["**Paper training steps** (synthetic tokens, one micro-batch per update):", "",
@@ -357,7 +400,8 @@ def markdown(r: dict, command: str) -> str:
       mem = s["peak_memory_gib"]
       mem = "n/a" if np.isnan(mem) else f"{mem:.1f} GiB"
       name = s["config"] + (f", {s['prng_impl']} dropout" if s.get("variant") else "") + (
-          f", attention dropout {s['attn_dropout']:g} (softmax study)"
+          f", attention dropout {s['attn_dropout']:g} (softmax study"
+          + (f"; {s['attn_kernel']})" if s.get("attn_kernel") else ")")
           if s.get("attn_dropout") else "")
       lines.append(f"| {name} (remat {s['remat']}) | {s['params'] / 1e6:.1f}M | "
                    f"{s['batch']} x {s['seq_len']} "
@@ -391,7 +435,8 @@ def run_part(part: str, smoke: bool, out: pathlib.Path | None) -> Any:
     trace = lambda tag: None if out is None else out / "traces" / tag
     steps = [check_step(n, smoke, trace_dir=trace(n.removesuffix(".json")))
              for n in ("postnorm_48l_d512_c4.json", "gpt2_774m.json")]
-    # the softmax study's 774M step (attention dropout: the hash-mask query-block path)
+    # the softmax study's 774M step (attention dropout with hash masks: the fused kernel
+    # on a GPU, the query blocks elsewhere)
     steps.append(check_step("gpt2_774m.json", smoke, sets=SOFTMAX_SETS,
                             trace_dir=trace("gpt2_774m_softmax")))
     # the configs with dropout again with unsafe_rbg dropout bits (does the dropout RNG

@@ -32,6 +32,7 @@ import numpy as np
 import common
 from rankjax import config as config_lib
 from rankjax.config import TrainConfig
+from rankjax.models import flash_dropout
 from rankjax.train import sharding as shard_lib
 from rankjax.train.loop import build
 
@@ -92,6 +93,17 @@ BYTES_PER_ENTRY = (42, 70)
 # conversion and compare (~60); the hash (dropout_mask: ~21). Drawn twice (the backward
 # recomputes).
 MASK_OPS = {"threefry": 60, "hash": 21}
+# The fused kernel (``rankjax.models.flash_dropout``, GPU default for hash masks): no block
+# of logits or probabilities in HBM (flash attention's traffic: q, k, v, O, dO and the row
+# statistics, as in the no-dropout step, so none is added); 9 block products over the
+# visible key blocks of FLASH_BLOCK (forward QK^T, PV; the backward of JAX's fused Triton
+# kernel, which it follows: QK^T, dP, dV, dK per key block and QK^T, dP, dQ per query
+# block) against cuDNN's 7; its Triton dots at TRITON_EFF of cuDNN's rate (an assumption:
+# untuned blocks of 64, no device measured it); the hash evaluated 3 times per visible
+# entry (forward, both backward loops) in the integer units, overlapped with the dots at
+# the optimistic end, added at the pessimistic end.
+TRITON_EFF = (0.8, 0.4)
+FUSED_PRODUCTS = 9
 
 
 def h200_estimate() -> list[str]:
@@ -99,7 +111,9 @@ def h200_estimate() -> list[str]:
   tokens), per path: the no-dropout step's time at ``BASE_MFU``, less its flash
   attention, plus the materialized blocks' dots (``H200["dot_share"]`` of the peak), HBM
   traffic (``BYTES_PER_ENTRY``) and mask bits (``MASK_OPS``: overlapped with the traffic
-  at the optimistic end, added at the pessimistic end)."""
+  at the optimistic end, added at the pessimistic end); and the fused kernel's
+  (``TRITON_EFF``, ``FUSED_PRODUCTS``: its products and hashes, no HBM traffic beyond
+  flash attention's)."""
   from experiments.softmax_sensitivity import prepost_training as pt
   from rankjax.train import tasks
   cfg = config_lib.override(config_lib.from_json(TrainConfig, pt.CONFIGS["paper"]),
@@ -124,9 +138,23 @@ def h200_estimate() -> list[str]:
       t_attn = t_dots + (t_bytes + t_mask if add_mask else max(t_bytes, t_mask))
       t_step = flops / (base * H200["peak"]) - t_flash + t_attn
       mfus.append(flops / t_step / H200["peak"])
-    rows.append(f"| {path} | {share:.3f} | {t_dots * 1e3:.0f} | "
+    rows.append(f"| {path} (query blocks) | {share:.3f} | {t_dots * 1e3:.0f} | "
                 f"{BYTES_PER_ENTRY[0] * entries / 1e9:.0f} - {BYTES_PER_ENTRY[1] * entries / 1e9:.0f} | "
                 f"{t_mask * 1e3:.0f} | {min(mfus):.0%} - {max(mfus):.0%} |")
+  n_fused = -(-t // flash_dropout.BLOCK)
+  share = (n_fused + 1) / (2 * n_fused)
+  t_mask = 3 * MASK_OPS["hash"] * square * share / H200["int_ops"]
+  mfus, dots_ms = [], []
+  for base, eff, add_mask in ((BASE_MFU[1], TRITON_EFF[0], False),
+                              (BASE_MFU[0], TRITON_EFF[1], True)):
+    t_dots = FUSED_PRODUCTS * 2 * dh * square * share / (eff * H200["dot_share"] * H200["peak"])
+    t_attn = t_dots + t_mask if add_mask else max(t_dots, t_mask)
+    mfus.append(flops / (flops / (base * H200["peak"]) - t_flash + t_attn) / H200["peak"])
+    dots_ms.append(t_dots * 1e3)
+  rows.append(f"| hash (fused Pallas kernel, Triton at {TRITON_EFF[0]:g} - {TRITON_EFF[1]:g} "
+              f"of cuDNN's rate) | {share:.3f} | {min(dots_ms):.0f} - {max(dots_ms):.0f} | "
+              f"none beyond flash attention's | {t_mask * 1e3:.0f} | "
+              f"{min(mfus):.0%} - {max(mfus):.0%} |")
   head = (f"Estimate (not a measurement) for one H200, the softmax study's paper step "
           f"(774M, T={t}, micro-batch {b}; {flops / 1e12:.1f} model TFLOP; without "
           f"attention dropout {BASE_MFU[0]:.0%} - {BASE_MFU[1]:.0%} MFU, flash attention "

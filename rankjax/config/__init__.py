@@ -11,7 +11,7 @@ from rankjax.config.io import (FORMAT, FormatError, JsonConfig, convert_file, di
                                from_dict, from_json, override, to_dict, to_json)
 from rankjax.config.models import (MLP_ACTIVATIONS, MODEL_CONFIGS, NORM_LOCATIONS,
                                    NORM_OPS, NORM_POSITIONS, AttentionImpl, AttnDropoutMask,
-                                   BranchMatrices,
+                                   AttnDropoutKernel, BranchMatrices,
                                    DType, GradReduceDType, InitScaleTo, LMFFN, LMInit,
                                    MLPActivation, MLPConfig, ModelConfig, NormOp,
                                    NormPosition, PosEmbedding, PRNGImpl, RematPolicy,
@@ -24,7 +24,8 @@ from rankjax.config.validation import check
 __all__ = [
     "FORMAT", "FormatError", "JsonConfig", "convert_file", "diff", "from_dict", "from_json",
     "override", "to_dict", "to_json", "MLP_ACTIVATIONS", "MODEL_CONFIGS", "NORM_LOCATIONS",
-    "NORM_OPS", "NORM_POSITIONS", "AttentionImpl", "AttnDropoutMask", "BranchMatrices", "DType",
+    "NORM_OPS", "NORM_POSITIONS", "AttentionImpl", "AttnDropoutMask", "AttnDropoutKernel",
+    "BranchMatrices", "DType",
     "GradReduceDType", "InitScaleTo", "LMFFN", "LMInit", "MLPActivation", "MLPConfig",
     "ModelConfig", "NormOp", "NormPosition", "PosEmbedding", "PRNGImpl", "RematPolicy",
     "RopeScaling", "TransformerConfig", "norm_ops_of", "norm_position_of",

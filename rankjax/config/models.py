@@ -30,6 +30,7 @@ RematPolicy = Literal["none", "dots", "full", "auto"]
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash", "einsum"]
 PRNGImpl = Literal["threefry", "rbg", "unsafe_rbg"]
 AttnDropoutMask = Literal["threefry", "hash"]
+AttnDropoutKernel = Literal["auto", "pallas", "blocks"]
 GradReduceDType = Literal["float32", "compute"]
 MLPActivation = Literal["relu", "gelu", "silu", "abs", "tanh", "swiglu"]
 BranchMatrices = Literal[1, 2]
@@ -269,7 +270,8 @@ class TransformerConfig(ModelConfig):
       splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum
       (the explicit probability matrix; always used for captured probabilities and
       float64). Attention-probability dropout in training takes a query-block path
-      instead of a fused kernel (``attn_dropout_mask``).
+      instead (``attn_dropout_mask``), or with hash masks on a GPU the fused Pallas
+      kernel of ``rankjax.models.flash_dropout`` (``attn_dropout_kernel``).
     vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
       ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's
       matmul); the pad logits are masked to -inf, so losses and outputs are those of
@@ -286,6 +288,12 @@ class TransformerConfig(ModelConfig):
       counter-based uint32 hash of the key, batch, head, query and key indices,
       ``rankjax.models.dropout_mask``, with the hidden key blocks skipped:
       ``attention.causal_dropout_attention``; other masks of the same law, faster).
+    attn_dropout_kernel: the kernel of hash-mask dropout in training (no prefix
+      removal): auto (the fused Pallas flash kernel ``rankjax.models.flash_dropout`` on
+      a GPU backend when it takes the dtype (16-bit), d_head and T; the query blocks of
+      ``causal_dropout_attention`` otherwise), pallas (the flash kernel wherever it
+      takes the shapes, float32 too; interpreted off GPU: the tests), or blocks (never
+      the flash kernel). The same masks and function either way.
     fused_projections: Q, K, V as one matmul and SwiGLU's W1, W3 as one, the weights
       concatenated along their output axis where the layer uses them and the product
       split (``attention.projections``); the parameters keep their names and shapes.
@@ -349,6 +357,7 @@ class TransformerConfig(ModelConfig):
   loss_chunk: int = 0
   prng_impl: PRNGImpl = "threefry"
   attn_dropout_mask: AttnDropoutMask = "threefry"
+  attn_dropout_kernel: AttnDropoutKernel = "auto"
   scan_unroll: int = 1
   fused_projections: bool = False
   grad_reduce_dtype: GradReduceDType = "float32"

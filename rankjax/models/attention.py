@@ -33,8 +33,11 @@ probabilities are recomputed in the backward pass. ``attn_dropout_mask`` picks i
           The softmax study's paper scale sets it. Estimated 24-36% MFU for that step
           on one H200 (threefry: 17-27%; ``experiments/benchmarks/dropout_attention.py``,
           FLOP / byte accounting): both paths write each block's float32 logits and
-          probabilities to HBM, which a fused kernel would not; the hash, a function
-          of the indices, is what such a kernel could compute in registers.
+          probabilities to HBM.
+  flash     ``rankjax.models.flash_dropout``: the hash masks computed in a fused Pallas
+          (Triton) flash-attention kernel, no block in HBM; taken on a GPU for 16-bit
+          dtypes when it takes the shapes and there is no prefix removal
+          (``attn_dropout_kernel``); estimated 34-50% MFU for that step.
 
 cuDNN's fused attention has a dropout (``jax._src.cudnn.fused_attention_stablehlo.
 dot_product_attention(dropout_rate=...)``, a private API in jax 0.10.2) and lowers for
@@ -80,7 +83,7 @@ from flax.linen import with_logical_partitioning as logical
 from jax.ad_checkpoint import checkpoint_name
 
 from rankjax.config import TransformerConfig
-from rankjax.models import dropout_mask, splash_attention
+from rankjax.models import dropout_mask, flash_dropout, splash_attention
 from rankjax.models.annotated import PlainInit
 from rankjax.models.matmul import weight_matmul
 
@@ -466,6 +469,10 @@ class CausalSelfAttention(PlainInit, nn.Module):
     wide = jnp.dtype(dtype) == jnp.float64
     if capture_probs or wide or cfg.attention_impl == "einsum":
       out = self._einsum(q, k, v, capture_probs, drop_probs)
+    elif drop_probs and flash_dropout.takes(cfg, dtype, t):   # hash masks in a flash kernel
+      out = flash_dropout.causal_attention(q, k, v, 1.0 / (math.sqrt(dh) * cfg.tau),
+                                           cfg.attn_dropout_rate, self.make_rng("dropout"),
+                                           residual_name=ATTENTION_RESIDUALS)
     elif drop_probs:       # no T x T buffer: query blocks, each recomputed in the backward
       path = (causal_dropout_attention if cfg.attn_dropout_mask == "hash"
               else blocked_attention)
