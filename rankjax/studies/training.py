@@ -683,8 +683,14 @@ def device_refusals(cfg, num_devices: int, memory: float | None, kind: str = "de
     fix = (f"--set mesh_fsdp={fsdp} (parameters and optimizer state sharded over {fsdp} "
            "devices), " if fsdp and fsdp > 1 else "") + ("--set model.remat=full or a larger "
                                                          "grad_accum")
-    what = "a compiled" if est["compiled"] else "an estimated"
-    out.append(f"{what} {est['total'] / 1e9:.1f} GB per device exceeds "
-               f"{MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB of a {kind} ({num_devices} "
+    what = ("an estimated" if not est["compiled"] else "a compiled" if
+            not compiles_for_target(num_devices) else "XLA:CPU's compiled (uncorrected)")
+    out.append(f"{what} {_gb(est['total'])} GB per device exceeds "
+               f"{MEMORY_SHARE:.0%} of the {_gb(memory)} GB of a {kind} ({num_devices} "
                f"devices): {fix}")
   return out
+
+
+def _gb(x: float) -> str:
+  """Bytes as GB: one decimal, three digits below 0.1 GB."""
+  return f"{x / 1e9:.1f}" if x >= 1e8 else f"{x / 1e9:.3g}"
