@@ -19,7 +19,10 @@ Scales:
   against the paper (status ``tiny``).
 
 Before anything trains, :func:`plan` gives each run's updates, tokens, parameters,
-checkpoint disk, estimated peak memory per device and device-hours, and
+checkpoint disk, peak memory per device (XLA's analysis of the compiled step on the
+devices themselves; for a ``--plan --target`` XLA:CPU's of the step compiled at the
+target's mesh on host devices, ``rankjax.train.plan_memory``; else the estimate, each
+labelled) and device-hours at a labelled MFU (:func:`mfu_for`), and
 :func:`refusals` the one-line reasons a run cannot start (a data set not prepared, a
 tokenizer file missing, a config that the devices cannot hold).
 """
