@@ -433,8 +433,15 @@ def resolved(cfg, num_devices: int):
   from rankjax.train import memory
   limit = (_TARGET[0].hardware.memory_bytes if _TARGET[0] is not None
            else memory.device_limit())
-  return memory.resolve_remat(cfg, num_devices, limit, params=_param_count(cfg),
-                              measure=_measure(num_devices))
+  measure = _measure(num_devices)
+  try:
+    return memory.resolve_remat(cfg, num_devices, limit, params=_param_count(cfg),
+                                measure=measure)
+  except ValueError:
+    if measure is _compiled_peak:       # on the devices: as rankjax train would fail
+      raise
+    # a target's compile failed (memory_source says why): the estimate chooses
+    return memory.resolve_remat(cfg, num_devices, limit, params=_param_count(cfg))
 
 
 def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
@@ -461,7 +468,10 @@ def memory_source(cfg, num_devices: int) -> str:
   if on_the_devices(num_devices):
     return "compiled: XLA's analysis of the step on these devices"
   if compiles_for_target(num_devices):
-    return plan_memory.how(resolved(cfg, num_devices)[0], num_devices)
+    run_cfg = resolved(cfg, num_devices)[0]
+    why = plan_memory.failure(run_cfg, num_devices)
+    return (plan_memory.how(run_cfg, num_devices) if why is None else
+            f"estimated (rankjax.train.memory: {why})")
   if _TARGET[0] is not None:
     return ("estimated (rankjax.train.memory" + (f": {PLAN_MEMORY_ENV}=estimate)"
             if num_devices <= plan_memory.MAX_HOST_DEVICES else

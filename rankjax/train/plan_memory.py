@@ -45,6 +45,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 MAX_HOST_DEVICES = 256     # the largest N compiled directly (measured: 25 s at 256)
@@ -55,6 +56,8 @@ _REPLY = "plan_memory: "   # the worker's reply lines start with this
 
 # (step shape, devices) -> compiled_memory's dict (or None), for this process
 _CACHE: dict[Any, Any] = {}
+# (program key, devices) -> why its compile failed (the plan then keeps the estimate)
+_FAILED: dict[Any, str] = {}
 # devices -> the running worker
 _WORKERS: dict[int, "_Worker"] = {}
 COMPILES = [0]             # programs (plain, diagnostics steps) the workers compiled
@@ -93,13 +96,21 @@ def compiled_memory(cfg, devices: int) -> dict[str, dict[str, float]] | None:
   key = (program_key(cfg), devices)
   if key not in _CACHE:
     d = depths(cfg)
-    if d is None:
-      _CACHE[key] = _worker(devices).ask(cfg)
-    else:
-      small = [_worker(devices).ask(_with_depth(cfg, n)) for n in d]
-      _CACHE[key] = None if None in small else extrapolate(
-          small[0], small[1], d, cfg.model.num_layers)
+    try:
+      if d is None:
+        _CACHE[key] = _worker(devices).ask(cfg)
+      else:
+        small = [_worker(devices).ask(_with_depth(cfg, n)) for n in d]
+        _CACHE[key] = None if None in small else extrapolate(
+            small[0], small[1], d, cfg.model.num_layers)
+    except RuntimeError as e:         # the plan keeps the estimate and says why
+      _CACHE[key], _FAILED[key] = None, str(e)
   return _CACHE[key]
+
+
+def failure(cfg, devices: int) -> str | None:
+  """Why ``cfg``'s step could not be compiled on ``devices`` host devices, or None."""
+  return _FAILED.get((program_key(cfg), devices))
 
 
 def program_key(cfg):
@@ -149,14 +160,18 @@ class _Worker:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     self.devices = devices
+    self.stderr = tempfile.TemporaryFile(mode="w+")     # a pipe left unread could block
     self.proc = subprocess.Popen([sys.executable, "-m", "rankjax.train.plan_memory"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env)
+                                 stderr=self.stderr, text=True, env=env)
 
   def ask(self, cfg):
     from rankjax import config as config_lib
-    self.proc.stdin.write(json.dumps(config_lib.to_json(cfg)) + "\n")
-    self.proc.stdin.flush()
+    try:
+      self.proc.stdin.write(json.dumps(config_lib.to_json(cfg)) + "\n")
+      self.proc.stdin.flush()
+    except BrokenPipeError:
+      pass                             # the worker has stopped: said below
     for line in self.proc.stdout:
       if line.startswith(_REPLY):
         reply = json.loads(line[len(_REPLY):])
@@ -165,7 +180,8 @@ class _Worker:
                              f"{reply['error']}")
         COMPILES[0] += len(reply["memory"] or {})
         return reply["memory"]
-    err = self.proc.stderr.read()[-2000:]
+    self.stderr.seek(0)
+    err = self.stderr.read()[-2000:]
     raise RuntimeError(f"the plan's compile worker on {self.devices} host devices "
                        f"stopped: {err.strip().splitlines()[-1] if err.strip() else ''}")
 

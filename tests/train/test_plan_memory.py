@@ -157,3 +157,26 @@ def test_the_shrunk_depth_scaled_per_layer_is_a_direct_compile_within_5_percent(
     for k in ("arguments", "aliased", "outputs"):
       assert scaled[name][k] == pytest.approx(direct[name][k], rel=1e-3), (name, k)
     assert scaled[name]["peak"] == pytest.approx(direct[name]["peak"], rel=0.05), name
+
+
+def test_a_compile_that_fails_leaves_the_estimate_labelled_with_why(monkeypatch):
+  """A worker that cannot compile (it stopped, XLA refused): the plan still prints, the
+  run's memory is the estimate, and the label says why; nothing is raised."""
+  class Broken:
+    def ask(self, cfg):
+      raise RuntimeError("the plan's compile worker on 8 host devices stopped: Killed")
+  monkeypatch.setattr(plan_memory, "_CACHE", {})
+  monkeypatch.setattr(plan_memory, "_FAILED", {})
+  monkeypatch.setattr(plan_memory, "_worker", lambda devices: Broken())
+  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
+  monkeypatch.delenv(training.PLAN_MEMORY_ENV, raising=False)
+  cfg = tiny_lm(model=dataclasses.replace(tiny_lm().model, remat="auto"))  # estimate chooses
+  with training.planning_for(mfu.Target(mfu.HARDWARE["h200"], 8)):
+    p = training.plan({"/o/runs/a": cfg})
+    (row,) = p["rows"]
+    assert not row["peak_compiled"] and row["remat_note"].startswith(
+        "remat auto -> none (estimated peak GB")
+    assert row["peak_gb_per_device"] == training.memory_estimate(cfg, 8)["total"] / 1e9
+  assert row["peak_source"] == ("estimated (rankjax.train.memory: the plan's compile "
+                                "worker on 8 host devices stopped: Killed)")
+  assert "CPU to target" not in training.plan_text(p)
