@@ -85,8 +85,9 @@ def how(cfg, devices: int) -> str:
   else:
     depth = (f"at depths {d[0]} and {d[1]}, the per-layer difference scaled to "
              f"{cfg.model.num_layers} layers")
-  return (f"compiled by XLA:CPU on {devices} host devices {depth} at the target's mesh, "
-          "uncorrected for the target's compiler")
+  hosts = f"{devices} host device{'s' if devices > 1 else ''}"
+  return (f"compiled by XLA:CPU on {hosts} {depth} at the target's mesh, uncorrected "
+          "for the target's compiler")
 
 
 def compiled_memory(cfg, devices: int) -> dict[str, dict[str, float]] | None:
