@@ -693,9 +693,12 @@ def device_refusals(cfg, num_devices: int, memory: float | None, kind: str = "de
   est = memory_estimate(fitted, num_devices)
   if memory and not done and est["total"] > MEMORY_SHARE * memory:
     fsdp = num_devices if cfg.mesh_fsdp < num_devices else None
+    lm = cfg.model.kind == "transformer"
+    full = lm and resolved(fitted, num_devices)[0].model.remat == "full"
     fix = (f"--set mesh_fsdp={fsdp} (parameters and optimizer state sharded over {fsdp} "
-           "devices), " if fsdp and fsdp > 1 else "") + ("--set model.remat=full or a larger "
-                                                         "grad_accum")
+           "devices), " if fsdp and fsdp > 1 else "") + (
+               "--set grad_accum=<a larger divisor of the batch> (remat is full already)"
+               if full else "--set model.remat=full or a larger grad_accum")
     what = ("an estimated" if not est["compiled"] else "a compiled" if
             not compiles_for_target(num_devices) else "XLA:CPU's compiled (uncorrected)")
     out.append(f"{what} {_gb(est['total'])} GB per device exceeds "
