@@ -19,7 +19,10 @@ Scales:
   against the paper (status ``tiny``).
 
 Before anything trains, :func:`plan` gives each run's updates, tokens, parameters,
-checkpoint disk, estimated peak memory per device and device-hours, and
+checkpoint disk, peak memory per device (XLA's analysis of the compiled step on the
+devices themselves; for a ``--plan --target`` XLA:CPU's of the step compiled at the
+target's mesh on host devices, ``rankjax.train.plan_memory``; else the estimate, each
+labelled) and device-hours at a labelled MFU (:func:`mfu_for`), and
 :func:`refusals` the one-line reasons a run cannot start (a data set not prepared, a
 tokenizer file missing, a config that the devices cannot hold).
 """
@@ -397,29 +400,85 @@ def _compiled_peak(cfg):
   return loop.compiled_peak_bytes(cfg)
 
 
+# env: "estimate" plans a --target's memory by rankjax.train.memory.estimate alone (no
+# compile; seconds instead of a minute); else XLA's compiled analysis (plan_memory)
+PLAN_MEMORY_ENV = "RANKJAX_PLAN_MEMORY"
+
+
+def compiles_for_target(num_devices: int) -> bool:
+  """Planning for a ``--target`` whose step the plan compiles on ``num_devices`` host
+  devices (``rankjax.train.plan_memory``): a target is active, the count is at most
+  ``plan_memory.MAX_HOST_DEVICES`` and ``RANKJAX_PLAN_MEMORY`` is not "estimate"."""
+  from rankjax.train import plan_memory
+  return (_TARGET[0] is not None and num_devices <= plan_memory.MAX_HOST_DEVICES
+          and os.environ.get(PLAN_MEMORY_ENV, "compiled") != "estimate")
+
+
+def _measure(num_devices: int):
+  """The compiled peak of a config on these devices, or None (the estimate plans)."""
+  if on_the_devices(num_devices):
+    return _compiled_peak
+  if compiles_for_target(num_devices):
+    from rankjax.train import plan_memory
+    return lambda c: plan_memory.compiled_peak(c, num_devices)
+  return None
+
+
 def resolved(cfg, num_devices: int):
   """``(cfg, note)``: ``lm.remat="auto"`` replaced by the policy ``rankjax train`` will
   choose on these devices (``rankjax.train.memory.resolve_remat``, the same limit
-  ``memory.device_limit`` and, on the devices, the same compiled peaks), and the line
-  saying so (None when nothing was chosen)."""
+  ``memory.device_limit`` and, on the devices, the same compiled peaks; for a target,
+  its memory and its compiled peaks on host devices, :func:`compiles_for_target`), and
+  the line saying so (None when nothing was chosen)."""
   from rankjax.train import memory
   limit = (_TARGET[0].hardware.memory_bytes if _TARGET[0] is not None
            else memory.device_limit())
-  return memory.resolve_remat(cfg, num_devices, limit, params=_param_count(cfg),
-                              measure=_compiled_peak if on_the_devices(num_devices) else None)
+  measure = _measure(num_devices)
+  try:
+    return memory.resolve_remat(cfg, num_devices, limit, params=_param_count(cfg),
+                                measure=measure)
+  except ValueError:
+    if measure is _compiled_peak:       # on the devices: as rankjax train would fail
+      raise
+    # a target's compile failed (memory_source says why): the estimate chooses
+    return memory.resolve_remat(cfg, num_devices, limit, params=_param_count(cfg))
 
 
 def memory_estimate(cfg, num_devices: int) -> dict[str, float]:
   """Peak bytes per device of the training step under the remat policy the run will use
   (``resolved``): on the devices themselves (``on_the_devices``) XLA's analysis of the
-  compiled step (``total``; ``compiled`` 1.0), elsewhere the library's one estimate
-  (``rankjax.train.memory.estimate``; ``compiled`` 0.0)."""
+  compiled step, for a ``--target`` XLA:CPU's analysis of the step compiled on
+  ``num_devices`` host devices at the target's mesh (:func:`compiles_for_target`;
+  ``total``; ``compiled`` 1.0), elsewhere the library's one estimate
+  (``rankjax.train.memory.estimate``; ``compiled`` 0.0). :func:`memory_source` says
+  which."""
   from rankjax.train import memory
   run_cfg = resolved(cfg, num_devices)[0]
   est = memory.estimate(run_cfg, num_devices, _param_count(cfg))
-  peak = _compiled_peak(run_cfg) if on_the_devices(num_devices) else None
+  measure = _measure(num_devices)
+  peak = measure(run_cfg) if measure is not None else None
   return {**est, "total": peak if peak is not None else est["total"],
           "compiled": float(peak is not None)}
+
+
+def memory_source(cfg, num_devices: int) -> str:
+  """How :func:`memory_estimate` got ``cfg``'s number on ``num_devices`` devices: one
+  phrase for the plan."""
+  from rankjax.train import plan_memory
+  if on_the_devices(num_devices):
+    return "compiled: XLA's analysis of the step on these devices"
+  if compiles_for_target(num_devices):
+    run_cfg = resolved(cfg, num_devices)[0]
+    why = plan_memory.failure(run_cfg, num_devices)
+    return (plan_memory.how(run_cfg, num_devices) if why is None else
+            f"estimated (rankjax.train.memory: {why})")
+  if _TARGET[0] is not None:
+    return ("estimated (rankjax.train.memory" + (f": {PLAN_MEMORY_ENV}=estimate)"
+            if num_devices <= plan_memory.MAX_HOST_DEVICES else
+            f": {num_devices} > {plan_memory.MAX_HOST_DEVICES} host devices are not "
+            "compiled)"))
+  return ("estimated (rankjax.train.memory; on the devices themselves the plan reads "
+          "XLA's analysis of the compiled step)")
 
 
 def checkpoint_bytes(cfg, params: int) -> float:
@@ -446,12 +505,17 @@ def device_memory() -> tuple[str, int, float | None]:
   return local[0].device_kind, jax.device_count(), (float(limit) if limit else None)
 
 
-# The MFU the plan's device-hours assume where the device check recorded none: a review
-# of the paper path's steps on an H200 put it at about 20-45% (the Post-Norm study's 122
-# hours at 100% being 280-390 H200-hours); labelled as an estimate wherever it is used
-ESTIMATED_MFU = 0.35
-ESTIMATED_MFU_SOURCE = ("an estimate, not measured here: no device check recorded on this "
-                        "device kind (experiments/benchmarks/device_check.py)")
+def mfu_for(cfg, device_kind: str) -> tuple[float, str]:
+  """``(mfu, source)`` of ``cfg``'s device-hours on ``device_kind``: the device check's
+  measurement where it recorded one on that kind (:func:`measured_mfu`), else the
+  estimate for the config's step family on that kind
+  (``rankjax.train.mfu.estimated_mfu``), each labelled."""
+  from rankjax.train import mfu as mfu_lib
+  measured = measured_mfu(device_kind)
+  if measured:
+    return measured, (f"measured by the device check on {device_kind} (the lower of its "
+                      "paper steps; experiments/benchmarks/device_check.json)")
+  return mfu_lib.estimated_mfu(cfg, device_kind)
 
 
 def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | None:
@@ -468,34 +532,39 @@ def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | 
 
 
 def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
-  """Rows (one per run: workdir, updates (to ``stop_at`` for a partial run), tokens, parameters, checkpoint GB, peak GB per
-  device, device-hours, the remat policy and, for "auto", the line saying why) and totals, for ``runs`` ({workdir: cfg}) on this machine's
-  devices. Device-hours: the model FLOPs of every update (``Task.flops_per_example``,
-  causal attention at half) over the devices' spec peak times the MFU the device check
-  measured, or :data:`ESTIMATED_MFU` (labelled an estimate) when it has none."""
+  """Rows (one per run: workdir, updates (to ``stop_at`` for a partial run), tokens,
+  parameters, checkpoint GB, peak GB per device and how it was obtained
+  (:func:`memory_source`), device-hours at the run's MFU and its label (:func:`mfu_for`),
+  the remat policy and, for "auto", the line saying why) and totals, for ``runs``
+  ({workdir: cfg}) on this machine's devices or the :func:`planning_for` target.
+  Device-hours: the model FLOPs of every update (``Task.flops_per_example``, causal
+  attention at half) over the devices' spec peak times the MFU."""
+  import time
+
   from rankjax.train import mfu as mfu_lib
+  from rankjax.train import plan_memory
+  from rankjax.train.loop import last_step
+  t0, compiles0 = time.perf_counter(), plan_memory.COMPILES[0]
   kind, count, memory = device_memory()
   dtype = "bfloat16"
   rows = []
-  mfu = measured_mfu(kind)
-  source = "measured by the device check"
-  if not mfu:
-    mfu, source = ESTIMATED_MFU, ESTIMATED_MFU_SOURCE
   for path, cfg in runs.items():
     task = _task(cfg)
     est = memory_estimate(cfg, count)
     run_cfg, note = resolved(cfg, count)
-    from rankjax.train.loop import last_step
+    mfu, source = mfu_for(cfg, kind)
     flops = task.flops_per_example(causal=True) * cfg.batch_size * last_step(cfg)
     peak = mfu_lib.spec_peak(kind, dtype if cfg.compute_dtype == "bfloat16" else "float32")
     hours = None if not peak else flops / (peak * mfu) / 3600
     lm = cfg.model.kind == "transformer"
     rows.append({
         "run": path, "updates": last_step(cfg), "done": finished(path, cfg),
-        "tokens": cfg.batch_size * cfg.seq_len * last_step(cfg) if lm else None, "examples": cfg.batch_size * last_step(cfg),
+        "tokens": cfg.batch_size * cfg.seq_len * last_step(cfg) if lm else None,
+        "examples": cfg.batch_size * last_step(cfg),
         "parameters": int(est["parameters"]), "flops": flops,
         "checkpoint_gb": checkpoint_bytes(cfg, int(est["parameters"])) / 1e9,
         "peak_gb_per_device": est["total"] / 1e9, "peak_compiled": bool(est["compiled"]),
+        "peak_source": memory_source(cfg, count), "mfu": mfu, "mfu_source": source,
         "device_hours": hours, "mesh": mesh_text(cfg, count),
         "remat": run_cfg.model.remat if lm else None, "remat_note": note,
         "batch_note": _BATCH_NOTES.get(cfg)})
@@ -506,15 +575,19 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
   groups = runs_lib.group(runs) if runs_lib.one_program_pays() else [[p] for p in runs]
   programs = [len(chunk) for g in groups
               for chunk in _fitting(g, runs_per_program(peaks[g[0]], memory))]
+  mfus = list(dict.fromkeys((r["mfu"], r["mfu_source"]) for r in rows))
   return {
       "programs": programs,
       "device": kind, "devices": count,
       "target": None if _TARGET[0] is None else _TARGET[0].describe(),
       "device_memory_gb": None if memory is None else memory / 1e9,
-      "mfu": mfu, "mfu_source": source,
+      "mfu": mfus[0][0] if len(mfus) == 1 else None,
+      "mfu_source": mfus[0][1] if len(mfus) == 1 else None, "mfus": mfus,
       "rows": rows, "to_train": len(todo),
       "device_hours": (sum(hours) if hours and None not in hours else None),
-      "checkpoint_gb": sum(r["checkpoint_gb"] for r in rows)}
+      "checkpoint_gb": sum(r["checkpoint_gb"] for r in rows),
+      "seconds": time.perf_counter() - t0,
+      "compiles": plan_memory.COMPILES[0] - compiles0}
 
 
 def mesh_text(cfg, num_devices: int) -> str:
@@ -535,10 +608,12 @@ def plan_text(p: Mapping[str, Any]) -> str:
   hours_why = ("" if p["device_hours"] is not None or not p["to_train"] else
                f"; device-hours '-': {p['device']} has no spec peak "
                "(rankjax.train.mfu.SPEC_PEAKS; plan for one with --plan --target KIND:N)")
-  lines = [f"plan: {len(p['rows'])} training runs ({p['to_train']} to train) {where}; "
-           f"MFU {num(p['mfu'])} ({p['mfu_source']}){hours_why}",
-           f"  {'run':<48} {'updates':>8} {'tokens':>10} {'params':>9} {'ckpt GB':>8} "
-           f"{'GB/dev':>7} {'dev-h':>7}"]
+  mfus = p.get("mfus") or [(p["mfu"], p["mfu_source"])]
+  lines = [f"plan: {len(p['rows'])} training runs ({p['to_train']} to train) {where}"
+           f"{hours_why}"]
+  lines += [f"  MFU {num(m)}: {source}" for m, source in mfus]
+  lines.append(f"  {'run':<48} {'updates':>8} {'tokens':>10} {'params':>9} {'ckpt GB':>8} "
+               f"{'GB/dev':>7} {'dev-h':>7}")
   for r in p["rows"]:
     name = r["run"] if len(r["run"]) <= 48 else "..." + r["run"][-45:]
     lines.append(f"  {name:<48} {r['updates']:>8} {num(r['tokens'], '{:.3g}'):>10} "
@@ -546,7 +621,8 @@ def plan_text(p: Mapping[str, Any]) -> str:
                  f"{num(r['peak_gb_per_device']):>7} "
                  f"{'done' if r['done'] else num(r['device_hours']):>7}")
     if not r["done"]:
-      lines.append(f"    mesh {r['mesh']}")
+      lines.append(f"    mesh {r['mesh']}" + (f"; MFU {num(r['mfu'])}" if len(mfus) > 1
+                                                 else ""))
     for key in ("batch_note", "remat_note"):
       if r.get(key):
         lines.append(f"    {r[key]}")
@@ -555,17 +631,21 @@ def plan_text(p: Mapping[str, Any]) -> str:
     lines.append(f"  {len(sizes)} program{'s' if len(sizes) > 1 else ''} (runs of one step "
                  f"shape train as one program, one compile each; runs per program: "
                  f"{', '.join(map(str, sizes))})")
-  compiled = p["rows"] and all(r.get("peak_compiled") for r in p["rows"])
+  sources = list(dict.fromkeys(r.get("peak_source") for r in p["rows"] if r.get("peak_source")))
+  for source in sources:
+    n = sum(r.get("peak_source") == source for r in p["rows"])
+    lines.append(f"  GB/dev of {n} run{'s' if n > 1 else ''}: {source}")
+  if any(r.get("peak_compiled") for r in p["rows"]) and p.get("target"):
+    lines.append(f"    (CPU to target: uncorrected; no device measurement of these steps "
+                 f"is recorded, and XLA:CPU computes bf16 matmuls in float32 and fuses "
+                 f"less: read it as the upper side; {p.get('compiles', 0)} steps compiled "
+                 f"for this plan, {num(p.get('seconds'), '{:.0f}')} s; "
+                 f"rankjax.train.plan_memory; {PLAN_MEMORY_ENV}=estimate skips them)")
   wall = ("" if p["device_hours"] is None else
           f" ({p['device_hours'] / p['devices']:.3g} hours on {p['devices']} device"
           f"{'s' if p['devices'] > 1 else ''})")
   lines.append(f"  total: {num(p['device_hours'])} device-hours to train{wall}, "
-               f"{num(p['checkpoint_gb'])} GB of checkpoints (peak memory per device: "
-               + ("XLA's analysis of each compiled step on these devices)" if compiled else
-                  "an estimate, rankjax.train.memory, at the target's device count and "
-                  "sharding, not compiled for it)" if p.get("target") else
-                  "an estimate, rankjax.train.memory; on the devices themselves the plan "
-                  "reads XLA's analysis of the compiled step)"))
+               f"{num(p['checkpoint_gb'])} GB of checkpoints")
   return "\n".join(lines)
 
 
@@ -613,10 +693,20 @@ def device_refusals(cfg, num_devices: int, memory: float | None, kind: str = "de
   est = memory_estimate(fitted, num_devices)
   if memory and not done and est["total"] > MEMORY_SHARE * memory:
     fsdp = num_devices if cfg.mesh_fsdp < num_devices else None
+    lm = cfg.model.kind == "transformer"
+    full = lm and resolved(fitted, num_devices)[0].model.remat == "full"
     fix = (f"--set mesh_fsdp={fsdp} (parameters and optimizer state sharded over {fsdp} "
-           "devices), " if fsdp and fsdp > 1 else "") + ("--set model.remat=full or a larger "
-                                                         "grad_accum")
-    out.append(f"an estimated {est['total'] / 1e9:.1f} GB per device exceeds "
-               f"{MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB of a {kind} ({num_devices} "
+           "devices), " if fsdp and fsdp > 1 else "") + (
+               "--set grad_accum=<a larger divisor of the batch> (remat is full already)"
+               if full else "--set model.remat=full or a larger grad_accum")
+    what = ("an estimated" if not est["compiled"] else "a compiled" if
+            not compiles_for_target(num_devices) else "XLA:CPU's compiled (uncorrected)")
+    out.append(f"{what} {_gb(est['total'])} GB per device exceeds "
+               f"{MEMORY_SHARE:.0%} of the {_gb(memory)} GB of a {kind} ({num_devices} "
                f"devices): {fix}")
   return out
+
+
+def _gb(x: float) -> str:
+  """Bytes as GB: one decimal, three digits below 0.1 GB."""
+  return f"{x / 1e9:.1f}" if x >= 1e8 else f"{x / 1e9:.3g}"

@@ -1,15 +1,20 @@
 """Peak memory per device of a training step, estimated; ``lm.remat="auto"`` chosen by it.
 
 ``estimate`` is the one estimate of the library, for planning away from the target
-devices (the experiments' plan and refusals on a CPU, ``rankjax/studies/training.py``).
+devices (the experiments' plan and refusals on a CPU, ``rankjax/studies/training.py``)
+where nothing is compiled: a ``--plan --target KIND:N`` plans by XLA:CPU's analysis of
+the step compiled on N host devices instead (``rankjax.train.plan_memory``, labelled
+uncorrected), and falls back to this estimate beyond its device cap or with
+``RANKJAX_PLAN_MEMORY=estimate``.
 On the devices themselves the peak is XLA's own: ``resolve_remat`` replaces
 ``remat="auto"`` by the cheapest policy whose compiled step's peak
 (``loop.compiled_peak_bytes``: ``memory_analysis`` of the compiled program) fits in
 ``AUTO_SHARE`` of a device's memory (``memory_stats()['bytes_limit']``): none (no
 recompute), then dots, then full. Where the device reports no limit (XLA:CPU) it keeps
 ``transformer.REMAT_AUTO_FALLBACK``. The estimate is not calibrated against a device
-compiler (XLA:CPU's analysis of the same step cannot stand in: it computes bfloat16
-matmuls in float32); the device check records each paper step's compiled peak. The choice is a pure function of the config, the
+compiler (nor is XLA:CPU's analysis of the same step, which computes bfloat16 matmuls
+in float32: on the 48-layer d=512 step with remat none on 8 host devices it gives 27.9
+GB, the estimate 11.2 GB); the device check records each paper step's compiled peak. The choice is a pure function of the config, the
 device count and that limit, so a resumed run on the same devices gets the same policy;
 the checkpoint's config keeps "auto" (``rankjax train`` prints the choice at start-up).
 Each process reads its own first device's limit: the hosts of a job are assumed alike

@@ -38,12 +38,31 @@ pages); its bf16 peak is ``spec_peak`` of its device kind (the table above).
 | v6e  | TPU v6 lite            | 32 GB          | 8        | ICI, 2D torus, 800 GB/s per chip   |
 
 (GPU nodes join over InfiniBand / RoCE, slower than NVLink: FSDP beyond 8 GPUs pays it.)
+
+``estimated_mfu``: the MFU a plan's device-hours assume for a step family on a hardware
+kind where the device check measured none, each an estimate with its reasoning
+(``MFU_ESTIMATES``, the one table):
+
+| step family (config)                      | h100 / h200 / a100    | v4 / v5e / v5p / v6e |
+|-------------------------------------------|-----------------------|----------------------|
+| 48L d512 (postnorm_48l_d512_c4.json)      | 0.38 (32-44%, middle) | 0.32 (low end)       |
+| 774M (gpt2_774m.json)                     | 0.465 (40-53%)        | 0.40                 |
+| 774M, attention dropout (softmax study)   | 0.195 (15-24%)        | 0.15                 |
+| any other config                          | 0.35                  | 0.35                 |
+
+The ranges are issue 54's review of these steps on one H200 (their FLOPs, the fused
+attention and the dropout path's cost, never run on a device). A GPU kind takes the
+middle of the H200 range (the same kernels; the A100 and H100 have less memory
+bandwidth per FLOP, not measured either); a TPU kind its low end (no TPU measurement:
+splash attention and ``launch/xla_flags.sh`` never ran on a TPU). Other configs: the
+earlier single figure, 0.35 (the same review's 20-45% over the paper steps).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -144,3 +163,48 @@ def parse_target(text: str) -> Target:
     raise UserError(f"--target {text!r}: write KIND:N with KIND one of {list(HARDWARE)} "
                     "and N a positive device count (e.g. h200:8, v5e:64)")
   return Target(HARDWARE[kind], int(count))
+
+
+# step family -> (its test on a TrainConfig, the H200 range of issue 54's review)
+MFU_ESTIMATES: tuple[tuple[str, Any, tuple[float, float]], ...] = (
+    ("48L d512", lambda c: (c.model.num_layers, c.model.d_model) == (48, 512), (0.32, 0.44)),
+    ("774M, attention dropout", lambda c: (c.model.num_layers, c.model.d_model) == (36, 1280)
+     and c.model.attn_dropout_rate > 0, (0.15, 0.24)),
+    ("774M", lambda c: (c.model.num_layers, c.model.d_model) == (36, 1280), (0.40, 0.53)),
+)
+OTHER_MFU = 0.35     # a config of no family above
+GPU_KINDS = ("h100", "h200", "a100")
+
+
+def hardware_of(device_kind: str) -> Hardware | None:
+  """The :data:`HARDWARE` kind of a ``jax.Device.device_kind`` (None: none of them)."""
+  kind = device_kind.lower()
+  exact = [h for h in HARDWARE.values() if h.device_kind.lower() == kind]
+  if exact:
+    return exact[0]
+  near = [h for h in HARDWARE.values() if h.device_kind.lower() in kind
+          or h.name in kind.replace(" ", "")]
+  return max(near, key=lambda h: len(h.device_kind)) if near else None
+
+
+def step_family(cfg) -> str | None:
+  """The name of ``cfg``'s step family in :data:`MFU_ESTIMATES`, or None."""
+  if getattr(cfg.model, "kind", None) != "transformer":
+    return None
+  return next((name for name, test, _ in MFU_ESTIMATES if test(cfg)), None)
+
+
+def estimated_mfu(cfg, device_kind: str) -> tuple[float, str]:
+  """``(mfu, source)``: the estimate for ``cfg``'s step family on ``device_kind`` (the
+  module docstring's table), its label saying where it comes from."""
+  hw = hardware_of(device_kind)
+  family = step_family(cfg)
+  if family is None:
+    return OTHER_MFU, ("estimate for a config of no measured family: issue 54's review "
+                       "put the paper steps at 20-45%")
+  low, high = next(r for name, _, r in MFU_ESTIMATES if name == family)
+  if hw is not None and hw.name not in GPU_KINDS:
+    return low, (f"estimate for {family} on {hw.name}: the low end of issue 54's "
+                 f"{low:.0%}-{high:.0%} on one H200 (no TPU measurement)")
+  return (low + high) / 2, (f"estimate for {family}: the middle of issue 54's "
+                            f"{low:.0%}-{high:.0%} on one H200 (not measured)")

@@ -169,7 +169,8 @@ def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
       memory.with_remat(cfg, "none")) / 1e9
   assert row["remat_note"].startswith("remat auto -> none (compiled peak")
   assert "    remat auto -> none" in training.plan_text(p)
-  assert "XLA's analysis of each compiled step" in training.plan_text(p)
+  assert "GB/dev of 1 run: compiled: XLA's analysis of the step on these devices" in \
+      training.plan_text(p)
   # planning for other devices: the estimate, said so
   monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", n + 7, limit))
   p = training.plan({"/x/runs/auto": cfg})
@@ -178,7 +179,7 @@ def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
   assert not row["peak_compiled"]
   assert row["peak_gb_per_device"] == memory.estimate(
       memory.with_remat(cfg, row["remat"]), n + 7, params)["total"] / 1e9
-  assert "an estimate, rankjax.train.memory" in training.plan_text(p)
+  assert "GB/dev of 1 run: estimated (rankjax.train.memory;" in training.plan_text(p)
 
 
 def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():
