@@ -60,12 +60,11 @@ class RunContext(Protocol):
   state_step: int                  # the run's newest update
   saved_step: int                  # the update it saved last in this call (0: none)
   collapse_reason: str | None      # set by the flush when stop_on_collapse fires
-  signal_name: str | None          # SIGTERM / SIGINT once one came
 
   def finish(self) -> RunStatus | None: ...
   def evaluate(self, step: int) -> None: ...
   def save(self, step: int) -> None: ...
-  def preempted(self, step: int) -> bool: ...
+  def preempted(self, step: int) -> str | None: ...   # the signal's name: stop here
 
 
 def last_step(cfg: Any) -> int:
@@ -140,7 +139,7 @@ class Save(Hook):
 
   def __call__(self, step, run):
     cfg, end = run.cfg, last_step(run.cfg)
-    stop = run.preempted(step)
+    stop = run.preempted(step) is not None
     if not (stop or step == end or run.ckpt.should_save(step)):
       return None
     if not stop and step != end and step % cfg.checkpoint_every:
@@ -161,10 +160,11 @@ class Preempt(Hook):
   runs = "live"
 
   def __call__(self, step, run):
-    if not run.preempted(step):
+    name = run.preempted(step)
+    if name is None:
       return None
     run.ckpt.wait()
-    run.writer.message(f"{run.signal_name}: saved step {run.state_step} in "
+    run.writer.message(f"{name}: saved step {run.state_step} in "
                        f"{run.ckpt.directory}; run the same command again to resume")
     return RunStatus.PREEMPTED
 

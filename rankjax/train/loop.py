@@ -11,12 +11,12 @@ restores the newest readable checkpoint of ``workdir``), and runs updates until
   (evaluation, ``on_step``, saving, preemption, ``stop_on_collapse``, ``stop_at``), the
   first stop reason (a ``hooks.RunStatus``) ending the run;
 * metrics are fetched one step behind, so the host queues update s before it waits
-  for update s-1, and recorded in one place (``_Loop._flush``); throughput (``tokens_per_s_avg``, or ``images_per_s_avg`` for image
-  tasks, and MFU) is the mean over each ``log_every`` window of the updates whose
-  measured time includes no compile (``throughput``; such rows carry
-  ``compile_step: 1``); a NaN/Inf loss or gradient norm stops the run with
-  ``NonFiniteLossError`` before anything is saved from it, leaving the last good
-  checkpoint as the newest;
+  for update s-1, and recorded in one place (``_Loop._flush``); throughput
+  (``tokens_per_s_avg``, or ``images_per_s_avg`` for image tasks, and MFU) is the mean
+  over each ``log_every`` window of the updates whose measured time includes no compile
+  (``throughput``; such rows carry ``compile_step: 1``); a NaN/Inf loss or gradient
+  norm stops the run with ``NonFiniteLossError`` before anything is saved from it,
+  leaving the last good checkpoint as the newest;
 * checkpoints when Orbax's save-decision policy says so (``checkpoint.save_policy``:
   every ``checkpoint_every`` updates, and with ``checkpoint_minutes`` when that many
   minutes have passed since the newest checkpoint), at the end, and on SIGTERM
@@ -57,7 +57,7 @@ from rankjax.train.checkpoint import Checkpointer
 from rankjax.train.diagnostics import DiagnosticsHistory
 from rankjax.train.checkpoint import STOPPED, read_stopped
 from rankjax.train import hooks as hooks_lib
-from rankjax.train.hooks import RunStatus, last_step  # noqa: F401 - last_step: public here
+from rankjax.train.hooks import RunStatus, last_step
 from rankjax.train.checkpoint import check_workdir_config, write_config
 from rankjax.measure.gradients import ALARM_SIM_MIN as COLLAPSED_SIM
 from rankjax.train.logging import MetricsWriter
@@ -484,20 +484,19 @@ class _Loop:
     self.preemption: preemption_lib.DuringTraining | None = None
 
   def say_end(self, step: int, status: RunStatus, t_start: float) -> None:
-    """The console line of how the run ended."""
-    workdir = self.ckpt.workdir
-    if status == RunStatus.COMPLETED:
-      self.writer.message(f"done: step {step} of {workdir} ({step - self.start} updates in "
-                          f"{time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
-                          f"checkpoints/ are there, `rankjax report {workdir}` draws them")
-    elif status == RunStatus.COLLAPSED:
-      self.writer.message(f"stopped at update {step}: {self.collapse_reason} "
-                          f"(stop_on_collapse); saved in {self.ckpt.directory}; "
-                          "stopped.json says why")
-    elif status == RunStatus.STOPPED:
-      self.writer.message(f"stopped at update {step} of {self.cfg.total_steps} (stop_at), "
-                          f"saved in {self.ckpt.directory}; run again without stop_at to "
-                          "continue")
+    """The console line of how the run ended (none for PREEMPTED: ``Preempt`` said)."""
+    workdir, where = self.ckpt.workdir, self.ckpt.directory
+    line = {
+        RunStatus.COMPLETED: f"done: step {step} of {workdir} ({step - self.start} updates "
+                             f"in {time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
+                             f"checkpoints/ are there, `rankjax report {workdir}` draws them",
+        RunStatus.COLLAPSED: f"stopped at update {step}: {self.collapse_reason} "
+                             f"(stop_on_collapse); saved in {where}; stopped.json says why",
+        RunStatus.STOPPED: f"stopped at update {step} of {self.cfg.total_steps} (stop_at), "
+                           f"saved in {where}; run again without stop_at to continue",
+    }.get(status)
+    if line is not None:
+      self.writer.message(line)
 
   def close(self) -> None:
     self.writer.close()
@@ -519,9 +518,10 @@ class _Loop:
       raise
 
   def _run(self, start: int, hooks) -> tuple[int, RunStatus]:
-    if self.signal_name is not None:    # it came while the run was being set up
-      self.writer.message(f"{self.signal_name} before update {start + 1}: nothing new "
-                          "to save; run the same command again to continue")
+    name = self.preemption.signal_name
+    if name is not None:                # it came while the run was being set up
+      self.writer.message(f"{name} before update {start + 1}: nothing new to save; run "
+                          "the same command again to continue")
       return start, RunStatus.PREEMPTED
     for step in range(start + 1, self.cfg.total_steps + 1):
       batch = shard_lib.global_batch(next(self.data_it), self.cfg.grad_accum,
@@ -551,12 +551,8 @@ class _Loop:
   def evaluate(self, step: int) -> None:
     self._evaluate(self.current_state().params, step)
 
-  def preempted(self, step: int) -> bool:
-    return self.preemption.reached(step)
-
-  @property
-  def signal_name(self) -> str | None:
-    return self.preemption.signal_name
+  def preempted(self, step: int) -> str | None:
+    return self.preemption.signal_name if self.preemption.reached(step) else None
 
   def _flush(self) -> None:
     """Records the pending update, if any: the one place a train row is written."""
@@ -598,31 +594,11 @@ class _Loop:
     self.saved_step = step
 
   def _record(self, step: int, metrics, diag, dt: float | None = None) -> None:
-    """Fetches a step's outputs, stops on NaN/Inf, records metrics and diagnostics;
-    ``dt``: the step's time when the caller measured it (several runs of one program)."""
+    """Records a finished update (``_flush``, ``runs._Driver._flush``): its metrics row
+    with the step time and throughput, the NaN/Inf stop, then its diagnostics; ``dt``:
+    the step's time when the caller measured it (several runs of one program)."""
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    now = time.perf_counter()
-    if dt is None:
-      dt = now - self._t_last
-    self._t_last = now
-    metrics["step_time_s"] = dt
-    metrics[f"{self.unit}_per_s"] = self.units_per_step / dt if dt > 0 else 0.0
-    if self._compiling:               # this step's time includes compiling a variant
-      metrics["compile_step"] = 1.0
-    self._window.append((dt, self._compiling))
-    self._compiling = False
-    if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
-      window, self._window = self._window, []
-      times, compiled = [dt for dt, _ in window], [c for _, c in window]
-      rate = throughput(self.units_per_step, times, compiled)
-      if rate is not None:            # absent when every update of the window compiled
-        metrics[f"{self.unit}_per_s_avg"] = rate
-        for key, flops in (("mfu", self.flops_per_step),
-                           ("mfu_full_attention", self.flops_per_step_full)):
-          mfu = mfu_lib.mfu(flops, self.units_per_step / rate, self.c.mesh.size,
-                            self.peak_flops)
-          if mfu is not None:         # model FLOPs / spec peak of the devices (train/mfu.py)
-            metrics[key] = mfu
+    metrics.update(self._timing(step, dt))
     self.writer.write(step, metrics)
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
       self.writer.flush()
@@ -635,16 +611,46 @@ class _Loop:
           f"not finite: training stopped; {kept} (try a lower learning_rate or more "
           "warmup_steps)")
     if diag:
-      diag = jax.device_get(diag)
-      self.history.append(step, diag)
-      self.writer.write_diagnostics(step, diag)
-      tsim = diag.get("basic", {}).get("tsim_y2")
-      if self.cfg.stop_on_collapse and tsim is not None:
-        self._tsim_rows.append(np.asarray(tsim))
-        self.collapse_reason = self.collapse_reason or hooks_lib.collapse_reason(
-            self._tsim_rows, self.cfg.stop_on_collapse, COLLAPSED_SIM, step)
+      self._record_diagnostics(step, jax.device_get(diag))
     self.last_metrics = {"step": step, **metrics}
     self.recent_losses = (self.recent_losses + [metrics["loss"]])[-100:]
+
+  def _timing(self, step: int, dt: float | None) -> dict[str, float]:
+    """The step time, throughput and (every ``log_every`` updates) its window's mean
+    and MFU."""
+    now = time.perf_counter()
+    if dt is None:
+      dt = now - self._t_last
+    self._t_last = now
+    out = {"step_time_s": dt,
+           f"{self.unit}_per_s": self.units_per_step / dt if dt > 0 else 0.0}
+    if self._compiling:               # this step's time includes compiling a variant
+      out["compile_step"] = 1.0
+    self._window.append((dt, self._compiling))
+    self._compiling = False
+    if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
+      window, self._window = self._window, []
+      rate = throughput(self.units_per_step, [t for t, _ in window], [c for _, c in window])
+      if rate is not None:            # absent when every update of the window compiled
+        out[f"{self.unit}_per_s_avg"] = rate
+        for key, flops in (("mfu", self.flops_per_step),
+                           ("mfu_full_attention", self.flops_per_step_full)):
+          mfu = mfu_lib.mfu(flops, self.units_per_step / rate, self.c.mesh.size,
+                            self.peak_flops)
+          if mfu is not None:         # model FLOPs / spec peak of the devices (train/mfu.py)
+            out[key] = mfu
+    return out
+
+  def _record_diagnostics(self, step: int, diag) -> None:
+    """The history, TensorBoard, and ``stop_on_collapse``'s evidence (``collapse_reason``,
+    which the ``hooks.CollapseStop`` hook acts on)."""
+    self.history.append(step, diag)
+    self.writer.write_diagnostics(step, diag)
+    tsim = diag.get("basic", {}).get("tsim_y2")
+    if self.cfg.stop_on_collapse and tsim is not None:
+      self._tsim_rows.append(np.asarray(tsim))
+      self.collapse_reason = self.collapse_reason or hooks_lib.collapse_reason(
+          self._tsim_rows, self.cfg.stop_on_collapse, COLLAPSED_SIM, step)
 
   def _summary(self, step: int) -> dict[str, Any]:
     return {

@@ -65,7 +65,7 @@ class _Run:
     self.saved_step = step
 
   def preempted(self, step):
-    return self.signal_name is not None
+    return self.signal_name
 
 
 def test_the_status_is_its_string_in_comparisons_json_and_text():
