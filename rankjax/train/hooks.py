@@ -1,8 +1,8 @@
 """How a run ends (``RunStatus``) and what happens after each update (the hooks).
 
-After update s is dispatched and the previous update's outputs are recorded (the one
-flush of the step: ``loop._Loop._flush``, or ``runs._Driver._flush`` for several runs
-of one program), the loop calls the hooks of ``make_hooks`` in this fixed order, each as
+After update s is dispatched and the previous update's outputs are recorded (the
+flush: ``loop._Loop._flush``, or ``runs._Driver._flush`` for several runs of one
+program, the one place a train row is written), the loop calls the hooks of ``make_hooks`` in this fixed order, each as
 ``hook(step, run) -> RunStatus | None``; the first reason stops the run:
 
 1. ``Evaluate``: every ``eval_every`` updates, the evaluation row;
@@ -17,7 +17,7 @@ of one program), the loop calls the hooks of ``make_hooks`` in this fixed order,
 6. ``StopAt``: ``stop_at`` below ``total_steps`` reached -> ``STOPPED``.
 
 A hook that needs update s fetched and checked finite (not only s-1) calls
-``run.finish()`` first; it returns ``FAILED`` when that update's loss was NaN/Inf in a
+``run.finish()`` (the same flush, now of update s) first; it returns ``FAILED`` when that update's loss was NaN/Inf in a
 run of a program (a single run raises ``loop.NonFiniteLossError`` instead). The
 diagnostics of an update (history, TensorBoard, the collapse evidence) are recorded by
 the flush with its metrics, so that every file keeps its order.

@@ -10,8 +10,8 @@ arrays, and one compile serves every run. Each run keeps its own workdir, writte
 exactly as ``rankjax train`` writes one (config.json, metrics.jsonl, diagnostics,
 TensorBoard, its own Orbax checkpoints), which ``load_run``, ``report`` and ``analyze``
 read like any other run; everything of a run before its first update is
-``loop.open_run``'s, everything after an update ``loop._Loop``'s, the code of a single
-run.
+``loop.open_run``'s, everything after an update ``loop._Loop``'s and the hooks'
+(``rankjax.train.hooks``, in their order, per run), the code of a single run.
 
 Per run: a resumed run continues from its own newest checkpoint (runs that stopped at
 different updates are masked until the others reach them; a finished run stays in the
@@ -220,8 +220,8 @@ def train_runs(cfgs: Mapping[str, TrainConfig], *, on_step: Callable[[int], None
                ) -> dict[str, loop_lib.TrainResult]:
   """Trains ``cfgs`` ({workdir: config}, one step shape) as one program; a run's
   workdir is written as ``loop.train`` writes it. Returns {workdir: result}; a run whose
-  loss became NaN/Inf has status ``RunStatus.FAILED`` and the reason in ``error`` (its last good
-  checkpoint kept), and the others trained on.
+  loss became NaN/Inf has status ``RunStatus.FAILED``, the reason in ``error`` and the
+  update in ``step`` (its last good checkpoint kept), and the others trained on.
 
   Raises:
     UserError: runs of different step shapes (naming a field), or bad input.
@@ -345,7 +345,7 @@ class _Driver:
       lp.state_step, lp.preemption = lp.start, preemption
       lp.finish = functools.partial(self._finish_for, k)
       lp.save = functools.partial(self._save, k)
-      lp.current_state = functools.partial(lambda k_: self.p.take(self.state, k_), k)
+      lp.current_state = functools.partial(self._take, k)
 
   def _initial_state(self):
     state = self.p.init()
@@ -421,12 +421,14 @@ class _Driver:
     """Each hook in order for the runs it concerns (``hooks.Hook.runs``); a run given
     a stop reason is masked from then on."""
     for hook in self.hooks:
-      runs = active[:1] if hook.runs == "once" else [
-          k for k in (active if hook.runs == "active" else self.live) if not self.stopped[k]]
-      for k in runs:
+      runs = {"once": active[:1], "active": active, "live": self.live}[hook.runs]
+      for k in (k for k in runs if hook.runs == "once" or not self.stopped[k]):
         status = hook(step, self.loops[k])
         if status is not None:
           self.stopped[k], self.status[k] = True, status
+
+  def _take(self, k: int):
+    return self.p.take(self.state, k)
 
   def _finish_for(self, k: int) -> RunStatus | None:
     """Run k's ``finish``: records the pending update of every run; FAILED when run k's
@@ -442,7 +444,7 @@ class _Driver:
     next updates."""
     if self._saving is not None:
       self._saving.wait()
-    self.loops[k]._save(step, self.p.take(self.state, k))
+    self.loops[k]._save(step, self._take(k))
     self._saving = self.loops[k].ckpt
 
   def _flush(self) -> None:
