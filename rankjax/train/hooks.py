@@ -83,10 +83,10 @@ def collapse_runs(tsim_rows: Sequence[Any], threshold: float) -> np.ndarray:
 
 def collapse_reason(tsim_rows: Sequence[Any], n: int, threshold: float,
                     step: int) -> str | None:
-  """Why ``stop_on_collapse=n`` stops after update ``step`` (``tsim_rows``: the last-
-  layer-pair token similarity ``tsim_y2`` of every diagnostics step so far): the layers
-  whose similarity was at least ``threshold`` at each of the last ``n`` diagnostics
-  steps; None when there is none."""
+  """Why ``stop_on_collapse=n`` stops after update ``step`` (``tsim_rows``: each
+  diagnostics step's per-layer token similarity ``basic/tsim_y2``, of the residual sum
+  after the FFN sublayer, in order): the layers whose similarity was at least
+  ``threshold`` at each of the last ``n`` diagnostics steps; None when there is none."""
   layers = np.flatnonzero(collapse_runs(list(tsim_rows)[-n:], threshold) >= n)
   if not layers.size:
     return None
