@@ -414,7 +414,8 @@ def open_run(cfg: TrainConfig, workdir: epath.Path, compiled: Compiled,
     if jax.process_index() == 0:
       print(f"{workdir} stopped itself at update {stopped['step']}: {stopped['reason']} "
             "(stop_on_collapse=0 trains on)", file=stream or sys.stdout)
-    return TrainResult(workdir, start, RunStatus.ALREADY_COMPLETE, restored.metrics or {}, start)
+    return TrainResult(workdir, start, RunStatus.ALREADY_COMPLETE, restored.metrics or {},
+                       start)
   if start >= last_step(cfg):   # nothing to do: no event file, no new lines
     ckpt.close()
     if jax.process_index() == 0:
@@ -422,7 +423,8 @@ def open_run(cfg: TrainConfig, workdir: epath.Path, compiled: Compiled,
             + (f"(stop_at={cfg.stop_at}: run without it to continue)"
                if last_step(cfg) < cfg.total_steps else "(raise total_steps to train on)"),
             file=stream or sys.stdout)
-    return TrainResult(workdir, start, RunStatus.ALREADY_COMPLETE, restored.metrics or {}, start)
+    return TrainResult(workdir, start, RunStatus.ALREADY_COMPLETE, restored.metrics or {},
+                       start)
   MetricsWriter.truncate(workdir, start)
   writer = MetricsWriter(workdir, total_steps=cfg.total_steps, log_every=cfg.log_every,
                          start_step=start, stream=stream, progress_bar=progress_bar,
@@ -548,8 +550,6 @@ class _Loop:
   def current_state(self):
     return self.state
 
-  def evaluate(self, step: int) -> None:
-    self._evaluate(self.current_state().params, step)
 
   def preempted(self, step: int) -> str | None:
     return self.preemption.signal_name if self.preemption.reached(step) else None
@@ -670,8 +670,10 @@ class _Loop:
         "devices": self.c.mesh.size,
     }
 
-  def _evaluate(self, params, step: int) -> None:
-    """Mean metrics over the evaluation examples (batches weighted by their size)."""
+  def evaluate(self, step: int) -> None:
+    """The evaluation row of update ``step``: mean metrics over the evaluation examples
+    (batches weighted by their size)."""
+    params = self.current_state().params
     sharding = shard_lib.eval_batch_sharding(self.c.mesh)
     totals: dict[str, float] = {}
     n = 0
