@@ -54,6 +54,7 @@ class DuringTraining:
   def __init__(self):
     self.signal_name: str | None = None
     self._old: dict[int, Any] = {}
+    self._polled: tuple[int | None, bool] = (None, False)   # (step, its answer)
     import jax     # here, not at import: outside_training is installed before jax loads
     self._multi = jax.process_count() > 1
 
@@ -70,12 +71,16 @@ class DuringTraining:
       signal.signal(signal.SIGINT, self._old.pop(signal.SIGINT))
 
   def reached(self, step: int) -> bool:
-    """Call once per step, on every process."""
-    if self._multi:
-      from jax.experimental import multihost_utils
-      if multihost_utils.reached_preemption_sync_point(step):
-        self.signal_name = "SIGTERM"
-    return self.signal_name is not None
+    """Whether to stop at ``step``: call at every step, on every process; the answer of
+    a step's first call holds for the step (every run of a program stops at the same
+    one; several processes ask the sync point once)."""
+    if self._polled[0] != step:
+      if self._multi:
+        from jax.experimental import multihost_utils
+        if multihost_utils.reached_preemption_sync_point(step):
+          self.signal_name = "SIGTERM"
+      self._polled = (step, self.signal_name is not None)
+    return self._polled[1]
 
   def __exit__(self, *exc):
     for signum, handler in self._old.items():

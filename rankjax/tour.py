@@ -131,6 +131,7 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
   """Runs (or continues) the tour in ``workdir``; 0 when done, 130 when interrupted."""
   from rankjax.report import build_report
   from rankjax import storage
+  from rankjax.train.hooks import RunStatus
   from rankjax.train.loop import train
 
   workdir = pathlib.Path(storage.check_output(workdir, "--workdir"))
@@ -143,7 +144,7 @@ def run(workdir: str | pathlib.Path, smoke: bool = False) -> int:
       print(f"== training {name} ({cfg.model.norm_position}-norm, {cfg.total_steps} updates, "
             f"lr {cfg.learning_rate:g})", flush=True)
       result = train(cfg, workdir / name)
-      if result.status == "preempted":
+      if result.status == RunStatus.PREEMPTED:
         print(f"rankjax tour: stopped at update {result.step} of {name}, checkpoint saved; "
               "run the same command again to continue", file=sys.stderr)
         return 130

@@ -93,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
 
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
+  from rankjax.train.hooks import RunStatus
   from rankjax.train.loop import NonFiniteLossError, train
 
   plugins.import_modules(args.imports)
@@ -104,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
   except NonFiniteLossError as e:
     print(f"rankjax train: {e}", file=sys.stderr)
     return 1
-  if result.status == "preempted":
+  if result.status == RunStatus.PREEMPTED:
     saved = ("nothing new to save" if result.step == result.start_step
              else f"checkpoint saved in {args.workdir}")
     print(f"rankjax train: stopped (SIGTERM or Ctrl-C) at step {result.step}; {saved}; run "
@@ -117,15 +118,16 @@ def _run_many(cfg, args: argparse.Namespace) -> int:
   """``--seeds`` / ``--sweep``: the runs as one program (``rankjax.train.runs``); exit 1
   when a run's loss became NaN/Inf (the others trained on), 75 when stopped."""
   from rankjax.train import runs
+  from rankjax.train.hooks import RunStatus
   cfgs = runs.expand(cfg, args.workdir, runs.parse_seeds(args.seeds) if args.seeds else None,
                      runs.parse_sweep(args.sweep))
   results = runs.train_runs(cfgs)
-  failed = {w: r.error for w, r in results.items() if r.status == "failed"}
+  failed = {w: r.error for w, r in results.items() if r.status == RunStatus.FAILED}
   for workdir, error in failed.items():
     print(f"rankjax train: {workdir}: {error}", file=sys.stderr)
   if failed:
     return 1
-  if any(r.status == "preempted" for r in results.values()):
+  if any(r.status == RunStatus.PREEMPTED for r in results.values()):
     print(f"rankjax train: stopped (SIGTERM or Ctrl-C); the runs under {args.workdir} saved "
           f"their step; run the same command to resume (exit {EXIT_PREEMPTED})",
           file=sys.stderr)

@@ -7,17 +7,20 @@ restores the newest readable checkpoint of ``workdir``), and runs updates until
 
 * two compiled variants of the step: the plain one, and one that also computes the
   configured diagnostics, used at update 1 and every ``diag_every`` updates;
+* after each update the hooks of ``hooks.make_hooks`` run in a fixed order
+  (evaluation, ``on_step``, saving, preemption, ``stop_on_collapse``, ``stop_at``), the
+  first stop reason (a ``hooks.RunStatus``) ending the run;
 * metrics are fetched one step behind, so the host queues update s before it waits
-  for update s-1; throughput (``tokens_per_s_avg``, or ``images_per_s_avg`` for image
-  tasks, and MFU) is the mean over each ``log_every`` window of the updates whose
-  measured time includes no compile (``throughput``; such rows carry
-  ``compile_step: 1``); a NaN/Inf loss or gradient norm stops the run with
-  ``NonFiniteLossError`` before anything is saved from it, leaving the last good
-  checkpoint as the newest;
+  for update s-1, and recorded in one place (``_Loop._flush``); throughput
+  (``tokens_per_s_avg``, or ``images_per_s_avg`` for image tasks, and MFU) is the mean
+  over each ``log_every`` window of the updates whose measured time includes no compile
+  (``throughput``; such rows carry ``compile_step: 1``); a NaN/Inf loss or gradient
+  norm stops the run with ``NonFiniteLossError`` before anything is saved from it,
+  leaving the last good checkpoint as the newest;
 * checkpoints when Orbax's save-decision policy says so (``checkpoint.save_policy``:
   every ``checkpoint_every`` updates, and with ``checkpoint_minutes`` when that many
   minutes have passed since the newest checkpoint), at the end, and on SIGTERM
-  (preemption) or Ctrl-C, after which the run returns with ``status="preempted"``;
+  (preemption) or Ctrl-C, after which the run returns with status PREEMPTED;
   an exception after training started (an evaluation, the data, a disk) first saves
   the newest finished update whose loss is finite, then propagates;
 * an interrupted run started again with the same workdir resumes exactly: the state,
@@ -52,7 +55,9 @@ from rankjax.train import sharding as shard_lib
 from rankjax.train import tasks as task_lib
 from rankjax.train.checkpoint import Checkpointer
 from rankjax.train.diagnostics import DiagnosticsHistory
-from rankjax.train.checkpoint import STOPPED, read_stopped, write_stopped
+from rankjax.train.checkpoint import STOPPED, read_stopped
+from rankjax.train import hooks as hooks_lib
+from rankjax.train.hooks import RunStatus, last_step
 from rankjax.train.checkpoint import check_workdir_config, write_config
 from rankjax.measure.gradients import ALARM_SIM_MIN as COLLAPSED_SIM
 from rankjax.train.logging import MetricsWriter
@@ -66,18 +71,19 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclasses.dataclass
 class TrainResult:
-  """How a ``train`` call ended: ``status`` is "completed", "preempted" (saved and
-  stopped on SIGTERM / Ctrl-C), "stopped" (saved at ``cfg.stop_at`` before
-  ``total_steps``; run again without it to continue), "collapsed" (saved and stopped by
-  ``cfg.stop_on_collapse``; why in ``stopped.json``) or "already_complete" (the
-  workdir's checkpoint had reached ``total_steps``, or ``stop_at``, or the run had
-  stopped on collapse; nothing was run or written); with several runs as one program
-  (``rankjax.train.runs``) also "failed": its loss became NaN/Inf (``error`` says
-  where), its last good checkpoint kept, while the others trained on."""
+  """How a ``train`` call ended: ``status`` (a ``hooks.RunStatus``, equal to its string)
+  is COMPLETED, PREEMPTED (saved and stopped on SIGTERM / Ctrl-C), STOPPED (saved at
+  ``cfg.stop_at`` before ``total_steps``; run again without it to continue), COLLAPSED
+  (saved and stopped by ``cfg.stop_on_collapse``; why in ``stopped.json``) or
+  ALREADY_COMPLETE (the workdir's checkpoint had reached ``total_steps``, or
+  ``stop_at``, or the run had stopped on collapse; nothing was run or written); with
+  several runs as one program (``rankjax.train.runs``) also FAILED: its loss became
+  NaN/Inf at update ``step`` (``error`` says where), its last good checkpoint kept,
+  while the others trained on."""
 
   workdir: epath.Path
   step: int
-  status: str
+  status: RunStatus
   metrics: dict[str, Any]
   start_step: int
   error: str | None = None     # status "failed" (one of several runs of one program)
@@ -408,7 +414,8 @@ def open_run(cfg: TrainConfig, workdir: epath.Path, compiled: Compiled,
     if jax.process_index() == 0:
       print(f"{workdir} stopped itself at update {stopped['step']}: {stopped['reason']} "
             "(stop_on_collapse=0 trains on)", file=stream or sys.stdout)
-    return TrainResult(workdir, start, "already_complete", restored.metrics or {}, start)
+    return TrainResult(workdir, start, RunStatus.ALREADY_COMPLETE, restored.metrics or {},
+                       start)
   if start >= last_step(cfg):   # nothing to do: no event file, no new lines
     ckpt.close()
     if jax.process_index() == 0:
@@ -416,7 +423,8 @@ def open_run(cfg: TrainConfig, workdir: epath.Path, compiled: Compiled,
             + (f"(stop_at={cfg.stop_at}: run without it to continue)"
                if last_step(cfg) < cfg.total_steps else "(raise total_steps to train on)"),
             file=stream or sys.stdout)
-    return TrainResult(workdir, start, "already_complete", restored.metrics or {}, start)
+    return TrainResult(workdir, start, RunStatus.ALREADY_COMPLETE, restored.metrics or {},
+                       start)
   MetricsWriter.truncate(workdir, start)
   writer = MetricsWriter(workdir, total_steps=cfg.total_steps, log_every=cfg.log_every,
                          start_step=start, stream=stream, progress_bar=progress_bar,
@@ -435,22 +443,19 @@ def open_run(cfg: TrainConfig, workdir: epath.Path, compiled: Compiled,
   return loop
 
 
-def collapse_runs(tsim_rows: list[np.ndarray], threshold: float) -> np.ndarray:
-  """Per layer, how many of the last diagnostics steps in a row had token similarity at
-  or above ``threshold`` (``tsim_rows``: one (L,) row per diagnostics step, in order)."""
-  runs = np.zeros(len(tsim_rows[0]) if tsim_rows else 0, np.int64)
-  for row in tsim_rows:
-    runs = (runs + 1) * (np.asarray(row) >= threshold)
-  return runs
-
-
-def last_step(cfg: TrainConfig) -> int:
-  """The last update this call trains: ``stop_at`` when set below ``total_steps``."""
-  return cfg.stop_at if 0 < cfg.stop_at < cfg.total_steps else cfg.total_steps
+def step_variant(c: "Compiled | Any", cfg: TrainConfig, step: int) -> Callable:
+  """The step function of update ``step``: the diagnostics variant at update 1 and every
+  ``diag_every`` updates (when diagnostics run), else the plain one (``c``: a
+  ``Compiled`` or a ``runs.Program``)."""
+  if c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0):
+    return c.diag_step
+  return c.step
 
 
 class _Loop:
-  """The step loop of ``train``; state that survives between steps lives here."""
+  """The step loop of ``train`` and one run's work around it (metrics, diagnostics,
+  evaluation, saving: a ``hooks.RunContext``); state that survives between steps
+  lives here. ``runs._Driver`` steps several of them as one program."""
 
   def __init__(self, cfg, compiled: Compiled, ckpt: Checkpointer, writer: MetricsWriter,
                history: DiagnosticsHistory, data_it):
@@ -476,98 +481,84 @@ class _Loop:
     self._tsim_rows = list(history.series.get("basic", {}).get("tsim_y2", []))  # resumed
     self.start = 0                       # the update the run resumes after (open_run)
     self.restored_state: Any = None      # its restored state; None: a fresh run
+    self.state_step = self.saved_step = 0
+    self.pending: tuple[int, Any, Any] | None = None   # an update not yet recorded
+    self.preemption: preemption_lib.DuringTraining | None = None
 
-  def say_end(self, step: int, status: str, t_start: float) -> None:
-    """The console line of how the run ended."""
-    workdir = self.ckpt.workdir
-    if status == "completed":
-      self.writer.message(f"done: step {step} of {workdir} ({step - self.start} updates in "
-                          f"{time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
-                          f"checkpoints/ are there, `rankjax report {workdir}` draws them")
-    elif status == "collapsed":
-      self.writer.message(f"stopped at update {step}: {self.collapse_reason} "
-                          f"(stop_on_collapse); saved in {self.ckpt.directory}; "
-                          "stopped.json says why")
-    elif status == "stopped":
-      self.writer.message(f"stopped at update {step} of {self.cfg.total_steps} (stop_at), "
-                          f"saved in {self.ckpt.directory}; run again without stop_at to "
-                          "continue")
+  def say_end(self, step: int, status: RunStatus, t_start: float) -> None:
+    """The console line of how the run ended (none for PREEMPTED: ``Preempt`` said)."""
+    workdir, where = self.ckpt.workdir, self.ckpt.directory
+    line = {
+        RunStatus.COMPLETED: f"done: step {step} of {workdir} ({step - self.start} updates "
+                             f"in {time.perf_counter() - t_start:.1f} s); metrics.jsonl and "
+                             f"checkpoints/ are there, `rankjax report {workdir}` draws them",
+        RunStatus.COLLAPSED: f"stopped at update {step}: {self.collapse_reason} "
+                             f"(stop_on_collapse); saved in {where}; stopped.json says why",
+        RunStatus.STOPPED: f"stopped at update {step} of {self.cfg.total_steps} (stop_at), "
+                           f"saved in {where}; run again without stop_at to continue",
+    }.get(status)
+    if line is not None:
+      self.writer.message(line)
 
   def close(self) -> None:
     self.writer.close()
     self.ckpt.close()
 
-  def run(self, state, start: int, preemption: preemption_lib.DuringTraining, on_step) -> tuple[int, str]:
-    """Updates start+1 .. total_steps; on an error other than a non-finite loss the
-    newest finished, finite state is saved before the error propagates."""
+  def run(self, state, start: int, preemption: preemption_lib.DuringTraining,
+          on_step) -> tuple[int, RunStatus]:
+    """Updates start+1 .. total_steps, each followed by the hooks (``hooks``); on an
+    error other than a non-finite loss the newest finished, finite state is saved
+    before the error propagates."""
     self.state, self.state_step, self.pending = state, start, None
+    self.preemption = preemption
     try:
-      return self._run(start, preemption, on_step)
+      return self._run(start, hooks_lib.make_hooks(on_step))
     except NonFiniteLossError:
       raise
     except Exception as e:
       self._save_after_error(e)
       raise
 
-  def _run(self, start: int, preemption: preemption_lib.DuringTraining, on_step) -> tuple[int, str]:
-    cfg, c = self.cfg, self.c
-    step = start
-    if preemption.signal_name is not None:    # it came while the run was being set up
-      self.writer.message(f"{preemption.signal_name} before update {start + 1}: nothing new "
-                          "to save; run the same command again to continue")
-      return step, "preempted"
-    end = last_step(cfg)
-    for step in range(start + 1, end + 1):
-      batch = shard_lib.global_batch(next(self.data_it), cfg.grad_accum, c.batch_sharding)
-      diag_now = c.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
-      state, metrics, diag = self._dispatch(c.diag_step if diag_now else c.step, batch)
+  def _run(self, start: int, hooks) -> tuple[int, RunStatus]:
+    name = self.preemption.signal_name
+    if name is not None:                # it came while the run was being set up
+      self.writer.message(f"{name} before update {start + 1}: nothing new to save; run "
+                          "the same command again to continue")
+      return start, RunStatus.PREEMPTED
+    for step in range(start + 1, self.cfg.total_steps + 1):
+      batch = shard_lib.global_batch(next(self.data_it), self.cfg.grad_accum,
+                                     self.c.batch_sharding)
+      state, metrics, diag = self._dispatch(step_variant(self.c, self.cfg, step), batch)
       self.state, self.state_step = state, step
-      if self.pending is not None:
-        self._finish(*self.pending)    # waits for step - 1 while `step` is queued
+      self._flush()                     # update step - 1, while `step` runs
       self.pending = (step, metrics, diag)
-      eval_now = cfg.eval_every and step % cfg.eval_every == 0
-      if eval_now or on_step is not None:
-        self._finish(*self.pending)
-        self.pending = None
-      if eval_now:
-        self._evaluate(state.params, step)
-      if on_step is not None:
-        on_step(step)
-      stop = preemption.reached(step)
-      saved = stop or step == end or self.ckpt.should_save(step)
-      if saved:
-        if not stop and step != end and step % cfg.checkpoint_every:
-          self._say_timed(step)
-        if self.pending is not None:   # saving needs this step checked finite
-          self._finish(*self.pending)
-          self.pending = None
-        self._save(step, state)
-      if self.collapse_reason is not None and not stop:
-        if self.pending is not None:
-          self._finish(*self.pending)
-          self.pending = None
-        if not saved:                  # finishing the step to save found the collapse
-          self._save(step, state)
-        self.ckpt.wait()
-        write_stopped(self.ckpt.workdir, step, self.collapse_reason)
-        return step, "collapsed"
-      if stop:
-        self.ckpt.wait()
-        self.writer.message(f"{preemption.signal_name}: saved step {step} in "
-                            f"{self.ckpt.directory}; "
-                            "run the same command again to resume")
-        return step, "preempted"
-    if self.pending is not None:
-      self._finish(*self.pending)
-      self.pending = None
-    return step, "completed" if end == cfg.total_steps else "stopped"
+      status = hooks_lib.run_hooks(hooks, step, self)
+      if status is not None:
+        return step, status
+    return step, RunStatus.COMPLETED    # the last update's Save recorded it
 
-  def _say_timed(self, step: int) -> None:
-    """The console line of a save that ``checkpoint_minutes`` made."""
-    latest = self.ckpt.latest_step()
-    since = ("no checkpoint yet" if latest is None else
-             f"{self.cfg.checkpoint_minutes:g} min since the newest checkpoint ({latest})")
-    self.writer.message(f"update {step}: {since}; saving (checkpoint_minutes)")
+  # hooks.RunContext: what the hooks call (runs._Driver points the first three at
+  # its program)
+  def finish(self) -> RunStatus | None:
+    """Records the pending update (raises NonFiniteLossError on NaN/Inf)."""
+    self._flush()
+    return None
+
+  def save(self, step: int) -> None:
+    self._save(step, self.current_state())
+
+  def current_state(self):
+    return self.state
+
+
+  def preempted(self, step: int) -> str | None:
+    return self.preemption.signal_name if self.preemption.reached(step) else None
+
+  def _flush(self) -> None:
+    """Records the pending update, if any: the one place a train row is written."""
+    if self.pending is not None:
+      self._record(*self.pending)
+      self.pending = None
 
   def _dispatch(self, fn, batch):
     """``fn(state, batch)``; notes a compile (the variant's first call in this run, or
@@ -585,8 +576,7 @@ class _Loop:
     step = self.state_step
     try:
       if self.pending is not None and self.pending[0] == step:
-        self._finish(*self.pending)    # raises NonFiniteLossError: nothing is saved
-        self.pending = None
+        self._flush()                  # raises NonFiniteLossError: nothing is saved
       if self.last_metrics.get("step") != step or step <= (self.ckpt.latest_step() or 0):
         return                          # not checked finite, or already saved
       self.ckpt.wait()
@@ -601,33 +591,14 @@ class _Loop:
   def _save(self, step: int, state) -> None:
     self.writer.flush()
     self.ckpt.save(step, state, self.data_it, self.history.to_tree(), self._summary(step))
+    self.saved_step = step
 
-  def _finish(self, step: int, metrics, diag, dt: float | None = None) -> None:
-    """Fetches a step's outputs, stops on NaN/Inf, records metrics and diagnostics;
-    ``dt``: the step's time when the caller measured it (several runs of one program)."""
+  def _record(self, step: int, metrics, diag, dt: float | None = None) -> None:
+    """Records a finished update (``_flush``, ``runs._Driver._flush``): its metrics row
+    with the step time and throughput, the NaN/Inf stop, then its diagnostics; ``dt``:
+    the step's time when the caller measured it (several runs of one program)."""
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    now = time.perf_counter()
-    if dt is None:
-      dt = now - self._t_last
-    self._t_last = now
-    metrics["step_time_s"] = dt
-    metrics[f"{self.unit}_per_s"] = self.units_per_step / dt if dt > 0 else 0.0
-    if self._compiling:               # this step's time includes compiling a variant
-      metrics["compile_step"] = 1.0
-    self._window.append((dt, self._compiling))
-    self._compiling = False
-    if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
-      window, self._window = self._window, []
-      times, compiled = [dt for dt, _ in window], [c for _, c in window]
-      rate = throughput(self.units_per_step, times, compiled)
-      if rate is not None:            # absent when every update of the window compiled
-        metrics[f"{self.unit}_per_s_avg"] = rate
-        for key, flops in (("mfu", self.flops_per_step),
-                           ("mfu_full_attention", self.flops_per_step_full)):
-          mfu = mfu_lib.mfu(flops, self.units_per_step / rate, self.c.mesh.size,
-                            self.peak_flops)
-          if mfu is not None:         # model FLOPs / spec peak of the devices (train/mfu.py)
-            metrics[key] = mfu
+    metrics.update(self._timing(step, dt))
     self.writer.write(step, metrics)
     if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
       self.writer.flush()
@@ -640,21 +611,46 @@ class _Loop:
           f"not finite: training stopped; {kept} (try a lower learning_rate or more "
           "warmup_steps)")
     if diag:
-      diag = jax.device_get(diag)
-      self.history.append(step, diag)
-      self.writer.write_diagnostics(step, diag)
-      tsim = diag.get("basic", {}).get("tsim_y2")
-      if self.cfg.stop_on_collapse and tsim is not None:
-        self._tsim_rows.append(np.asarray(tsim))
-        runs = collapse_runs(self._tsim_rows[-self.cfg.stop_on_collapse:], COLLAPSED_SIM)
-        layers = np.flatnonzero(runs >= self.cfg.stop_on_collapse)
-        if layers.size and self.collapse_reason is None:
-          self.collapse_reason = (
-              f"collapsed: token similarity >= {COLLAPSED_SIM} in layers "
-              f"{', '.join(str(int(x)) for x in layers)} at the last "
-              f"{self.cfg.stop_on_collapse} diagnostics steps (to update {step})")
+      self._record_diagnostics(step, jax.device_get(diag))
     self.last_metrics = {"step": step, **metrics}
     self.recent_losses = (self.recent_losses + [metrics["loss"]])[-100:]
+
+  def _timing(self, step: int, dt: float | None) -> dict[str, float]:
+    """The step time, throughput and (every ``log_every`` updates) its window's mean
+    and MFU."""
+    now = time.perf_counter()
+    if dt is None:
+      dt = now - self._t_last
+    self._t_last = now
+    out = {"step_time_s": dt,
+           f"{self.unit}_per_s": self.units_per_step / dt if dt > 0 else 0.0}
+    if self._compiling:               # this step's time includes compiling a variant
+      out["compile_step"] = 1.0
+    self._window.append((dt, self._compiling))
+    self._compiling = False
+    if step % self.cfg.log_every == 0:  # the console shows the mean over log_every steps
+      window, self._window = self._window, []
+      rate = throughput(self.units_per_step, [t for t, _ in window], [c for _, c in window])
+      if rate is not None:            # absent when every update of the window compiled
+        out[f"{self.unit}_per_s_avg"] = rate
+        for key, flops in (("mfu", self.flops_per_step),
+                           ("mfu_full_attention", self.flops_per_step_full)):
+          mfu = mfu_lib.mfu(flops, self.units_per_step / rate, self.c.mesh.size,
+                            self.peak_flops)
+          if mfu is not None:         # model FLOPs / spec peak of the devices (train/mfu.py)
+            out[key] = mfu
+    return out
+
+  def _record_diagnostics(self, step: int, diag) -> None:
+    """The history, TensorBoard, and ``stop_on_collapse``'s evidence (``collapse_reason``,
+    which the ``hooks.CollapseStop`` hook acts on)."""
+    self.history.append(step, diag)
+    self.writer.write_diagnostics(step, diag)
+    tsim = diag.get("basic", {}).get("tsim_y2")
+    if self.cfg.stop_on_collapse and tsim is not None:
+      self._tsim_rows.append(np.asarray(tsim))
+      self.collapse_reason = self.collapse_reason or hooks_lib.collapse_reason(
+          self._tsim_rows, self.cfg.stop_on_collapse, COLLAPSED_SIM, step)
 
   def _summary(self, step: int) -> dict[str, Any]:
     return {
@@ -674,8 +670,10 @@ class _Loop:
         "devices": self.c.mesh.size,
     }
 
-  def _evaluate(self, params, step: int) -> None:
-    """Mean metrics over the evaluation examples (batches weighted by their size)."""
+  def evaluate(self, step: int) -> None:
+    """The evaluation row of update ``step``: mean metrics over the evaluation examples
+    (batches weighted by their size)."""
+    params = self.current_state().params
     sharding = shard_lib.eval_batch_sharding(self.c.mesh)
     totals: dict[str, float] = {}
     n = 0

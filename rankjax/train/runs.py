@@ -10,8 +10,8 @@ arrays, and one compile serves every run. Each run keeps its own workdir, writte
 exactly as ``rankjax train`` writes one (config.json, metrics.jsonl, diagnostics,
 TensorBoard, its own Orbax checkpoints), which ``load_run``, ``report`` and ``analyze``
 read like any other run; everything of a run before its first update is
-``loop.open_run``'s, everything after an update ``loop._Loop``'s, the code of a single
-run.
+``loop.open_run``'s, everything after an update ``loop._Loop``'s and the hooks'
+(``rankjax.train.hooks``, in their order, per run), the code of a single run.
 
 Per run: a resumed run continues from its own newest checkpoint (runs that stopped at
 different updates are masked until the others reach them; a finished run stays in the
@@ -36,6 +36,7 @@ replicated.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import itertools
 import os
@@ -56,7 +57,9 @@ from rankjax.errors import UserError
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import loop as loop_lib
 from rankjax.train import sharding as shard_lib
-from rankjax.train.checkpoint import check_workdir_config, write_stopped
+from rankjax.train import hooks as hooks_lib
+from rankjax.train.checkpoint import check_workdir_config
+from rankjax.train.hooks import RunStatus
 from rankjax.train.state import make_init, make_optimizer, make_step
 
 # fields that may differ between the runs of one program (per-run arrays in the step:
@@ -217,8 +220,8 @@ def train_runs(cfgs: Mapping[str, TrainConfig], *, on_step: Callable[[int], None
                ) -> dict[str, loop_lib.TrainResult]:
   """Trains ``cfgs`` ({workdir: config}, one step shape) as one program; a run's
   workdir is written as ``loop.train`` writes it. Returns {workdir: result}; a run whose
-  loss became NaN/Inf has status ``"failed"`` and the reason in ``error`` (its last good
-  checkpoint kept), and the others trained on.
+  loss became NaN/Inf has status ``RunStatus.FAILED``, the reason in ``error`` and the
+  update in ``step`` (its last good checkpoint kept), and the others trained on.
 
   Raises:
     UserError: runs of different step shapes (naming a field), or bad input.
@@ -293,10 +296,10 @@ def _train_runs(cfgs, workdirs, names, preemption, on_step, stream, progress_bar
       slots[k].close()
   for k in live:
     lp = slots[k]
-    if statuses[k] != "failed":
-      lp.say_end(driver.step_of[k], statuses[k], t_start)
+    if statuses[k] != RunStatus.FAILED:
+      lp.say_end(lp.state_step, statuses[k], t_start)
     results[names[k]] = loop_lib.TrainResult(
-        workdirs[k], driver.step_of[k], statuses[k], lp.last_metrics, lp.start,
+        workdirs[k], lp.state_step, statuses[k], lp.last_metrics, lp.start,
         error=driver.errors.get(k))
   return {n: results[n] for n in names}
 
@@ -315,18 +318,21 @@ def _layout(program: Program) -> str:
 
 class _Driver:
   """The step loop of one program: a ``loop._Loop`` per run does the per-run work
-  (metrics, diagnostics, checks, saving), this class steps them together."""
+  (metrics, diagnostics, checks, saving) and is the run the hooks see (``hooks``: its
+  ``finish``, ``save`` and ``current_state`` pointed at the program); this class steps
+  the runs together. A run a hook stops (collapsed, stop_at) or whose loss becomes
+  NaN/Inf (failed) is masked from then on while the others go on."""
 
   def __init__(self, program: Program, loops: list[loop_lib._Loop | None],
                preemption: preemption_lib.DuringTraining, on_step):
-    self.p, self.loops, self.preemption, self.on_step = program, loops, preemption, on_step
+    self.p, self.loops, self.preemption = program, loops, preemption
+    self.hooks = hooks_lib.make_hooks(on_step)
     self.live = [k for k, lp in enumerate(loops) if lp is not None]
     self.cfg = loops[self.live[0]].cfg
-    # finished before the call, collapsed or failed: masked from then on
+    # finished before the call, stopped or failed: masked from then on
     self.stopped = [lp is None for lp in loops]
     self.errors: dict[int, str] = {}
-    self.step_of = [lp.start if lp is not None else 0 for lp in loops]
-    self.status = ["completed"] * len(loops)
+    self.status = [RunStatus.COMPLETED] * len(loops)
     self.pending: tuple[int, Any, Any, list[int]] | None = None
     self._t_last = time.perf_counter()
     self._called: set[Any] = set()
@@ -334,6 +340,12 @@ class _Driver:
     self.state_step, self.state_active = 0, []
     self.values = {k: jax.device_put(v, program.vector_sharding)
                    for k, v in program.swept.items()}
+    for k in self.live:
+      lp = loops[k]
+      lp.state_step, lp.preemption = lp.start, preemption
+      lp.finish = functools.partial(self._finish_for, k)
+      lp.save = functools.partial(self._save, k)
+      lp.current_state = functools.partial(self._take, k)
 
   def _initial_state(self):
     state = self.p.init()
@@ -361,7 +373,7 @@ class _Driver:
       out[key] = jax.make_array_from_process_local_data(self.p.batch_sharding, x, shape)
     return out
 
-  def run(self) -> list[str]:
+  def run(self) -> list[RunStatus]:
     try:
       return self._run()
     except (loop_lib.NonFiniteLossError, preemption_lib.Stopped):
@@ -370,76 +382,59 @@ class _Driver:
       self._save_after_error(e)
       raise
 
-  def _run(self) -> list[str]:
-    cfg, p = self.cfg, self.p
+  def _run(self) -> list[RunStatus]:
     self.state = self._initial_state()
     if self.preemption.signal_name is not None:
       for lp in (self.loops[k] for k in self.live):
         lp.writer.message(f"{self.preemption.signal_name} before update {lp.start + 1}: "
                           "nothing new to save; run the same command again to continue")
-      return ["preempted"] * len(self.loops)
-    end = loop_lib.last_step(cfg)
+      return [RunStatus.PREEMPTED] * len(self.loops)
     first = min(self.loops[k].start for k in self.live) + 1
-    for step in range(first, end + 1):
+    for step in range(first, self.cfg.total_steps + 1):
       active = self._active(step)
       if not active:
         break
-      mask = jax.device_put(np.asarray([k in active for k in range(len(self.loops))]),
-                            p.vector_sharding)
-      batch = self._batch(active)
-      diag_now = p.diag_step is not None and (step == 1 or step % cfg.diag_every == 0)
-      fn = p.diag_step if diag_now else p.step
-      before = loop_lib._compiled_count(fn)
-      self.state, metrics, diag = fn(self.values, self.state, batch, mask)
-      self.state_step, self.state_active = step, active
-      compiled = fn not in self._called or loop_lib._compiled_count(fn) != before
-      self._called.add(fn)
-      for k in active:              # the next measured step time holds the compile
-        self.loops[k]._compiling |= compiled
-      if self.pending is not None:
-        self._finish()              # waits for step - 1 while `step` is queued
+      metrics, diag = self._dispatch(step, active)
+      self._flush()                 # update step - 1, while `step` runs
       self.pending = (step, metrics, diag, active)
-      eval_now = cfg.eval_every and step % cfg.eval_every == 0
-      if eval_now or self.on_step is not None:
-        self._finish()
-      if eval_now:
-        for k in active:
-          if not self.stopped[k]:
-            self.loops[k]._evaluate(p.take(self.state, k).params, step)
-      if self.on_step is not None:
-        self.on_step(step)
-      stop = self.preemption.reached(step)
-      saving = [k for k in active if not self.stopped[k]
-                and (stop or step == end or self.loops[k].ckpt.should_save(step))]
-      collapsing = [k for k in active if self.loops[k].collapse_reason is not None
-                    and not self.stopped[k]]
-      if saving or collapsing:
-        self._finish()               # saving needs this step checked finite
-        saving = [k for k in saving if not self.stopped[k]]
-        collapsing = [k for k in active if self.loops[k].collapse_reason is not None
-                      and not self.stopped[k]]
-      for k in sorted(set(saving) | set(collapsing)):
-        self._save(k, step)
-      for k in active:
-        if not self.stopped[k]:
-          self.step_of[k] = step
-      for k in (collapsing if not stop else ()):
-        self.loops[k].ckpt.wait()
-        write_stopped(self.loops[k].ckpt.workdir, step, self.loops[k].collapse_reason)
-        self.stopped[k], self.status[k] = True, "collapsed"
-      if stop:          # every unfinished run stops (a masked one had nothing new)
-        for k in self.live:
-          if not self.stopped[k]:
-            self.loops[k].ckpt.wait()
-            self.loops[k].writer.message(
-                f"{self.preemption.signal_name}: saved step {self.step_of[k]} in "
-                f"{self.loops[k].ckpt.directory}; run the same command again to resume")
-            self.status[k] = "preempted"
-        return self.status
-    self._finish()
-    if end != cfg.total_steps:
-      self.status = [s if s != "completed" else "stopped" for s in self.status]
+      self._run_hooks(step, active)
+    self._flush()
     return self.status
+
+  def _dispatch(self, step: int, active: list[int]):
+    """Queues update ``step`` of the ``active`` runs (the others masked)."""
+    mask = jax.device_put(np.asarray([k in active for k in range(len(self.loops))]),
+                          self.p.vector_sharding)
+    batch = self._batch(active)
+    fn = loop_lib.step_variant(self.p, self.cfg, step)
+    before = loop_lib._compiled_count(fn)
+    self.state, metrics, diag = fn(self.values, self.state, batch, mask)
+    self.state_step, self.state_active = step, active
+    compiled = fn not in self._called or loop_lib._compiled_count(fn) != before
+    self._called.add(fn)
+    for k in active:              # the next measured step time holds the compile
+      self.loops[k]._compiling |= compiled
+      self.loops[k].state_step = step
+    return metrics, diag
+
+  def _run_hooks(self, step: int, active: list[int]) -> None:
+    """Each hook in order for the runs it concerns (``hooks.Hook.runs``); a run given
+    a stop reason is masked from then on."""
+    for hook in self.hooks:
+      runs = {"once": active[:1], "active": active, "live": self.live}[hook.runs]
+      for k in (k for k in runs if hook.runs == "once" or not self.stopped[k]):
+        status = hook(step, self.loops[k])
+        if status is not None:
+          self.stopped[k], self.status[k] = True, status
+
+  def _take(self, k: int):
+    return self.p.take(self.state, k)
+
+  def _finish_for(self, k: int) -> RunStatus | None:
+    """Run k's ``finish``: records the pending update of every run; FAILED when run k's
+    loss was NaN/Inf."""
+    self._flush()
+    return RunStatus.FAILED if k in self.errors else None
 
   def _save(self, k: int, step: int) -> None:
     """Run k's checkpoint of ``step``. One run's save at a time: the previous save (async
@@ -449,11 +444,12 @@ class _Driver:
     next updates."""
     if self._saving is not None:
       self._saving.wait()
-    self.loops[k]._save(step, self.p.take(self.state, k))
+    self.loops[k]._save(step, self._take(k))
     self._saving = self.loops[k].ckpt
 
-  def _finish(self) -> None:
-    """Fetches the pending step's outputs once and hands each active run its slice."""
+  def _flush(self) -> None:
+    """Fetches the pending update's outputs once and hands each active run its slice
+    (``_Loop._record``): the one place the program's train rows are written."""
     if self.pending is None:
       return
     step, metrics, diag, active = self.pending
@@ -466,9 +462,10 @@ class _Driver:
         continue
       one = lambda tree: jax.tree.map(lambda x: x[k], tree)
       try:
-        self.loops[k]._finish(step, one(metrics), one(diag) if diag else diag, dt=dt)
+        self.loops[k]._record(step, one(metrics), one(diag) if diag else diag, dt=dt)
       except loop_lib.NonFiniteLossError as e:
-        self.stopped[k], self.status[k], self.errors[k] = True, "failed", str(e)
+        self.stopped[k], self.status[k], self.errors[k] = True, RunStatus.FAILED, str(e)
+        self.loops[k].state_step = step
         self.loops[k].writer.message(f"run stopped: {e}")
 
   def _save_after_error(self, error: Exception) -> None:
