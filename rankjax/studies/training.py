@@ -271,9 +271,10 @@ def train(path: str, cfg) -> str:
   """
   if finished(path, cfg):
     return path
+  from rankjax.train.hooks import RunStatus
   from rankjax.train.loop import train as train_loop
   result = train_loop(cfg, path, progress_bar=False)
-  if result.status == "preempted":
+  if result.status == RunStatus.PREEMPTED:
     raise Preempted(f"{path}: saved at update {result.step} and stopped (SIGTERM or Ctrl-C); "
                     "run the same command again to resume")
   return path
@@ -301,6 +302,7 @@ def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = No
   """
   import jax
   from rankjax.train import runs as runs_lib
+  from rankjax.train.hooks import RunStatus
   if cache_dir is not None and runs and not jax.config.jax_compilation_cache_dir:
     from rankjax.train.loop import enable_compilation_cache
     enable_compilation_cache(str(cache_dir))
@@ -327,11 +329,11 @@ def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = No
         failed[p] = f"training {os.path.basename(p)}: {line}"
       print(failed[names[0]], flush=True)
       continue
-    if any(r.status == "preempted" for r in results.values()):
+    if any(r.status == RunStatus.PREEMPTED for r in results.values()):
       raise Preempted(f"{os.path.dirname(names[0])}: {len(names)} runs saved and stopped "
                       "(SIGTERM or Ctrl-C); run the same command again to resume")
     for p, r in results.items():
-      if r.status == "failed":
+      if r.status == RunStatus.FAILED:
         failed[p] = f"training {os.path.basename(p)}: NonFiniteLossError: {r.error[:300]}"
         print(failed[p], flush=True)
   return {p: e for p, e in failed.items() if p in runs}
