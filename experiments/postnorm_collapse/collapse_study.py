@@ -78,10 +78,21 @@ SEED_KEYS = ("final_loss_last10pct_mean", "loss_minus_stream_freq", "final_last_
 DEEP = "quick_deep"
 SEEDS8_SCALE = "quick_seeds8"
 QUICK_MODEL_SCALES = ("quick", SEEDS8_SCALE, DEEP)   # the quick runs' scales
+
+
+def seeds(scale: str = "quick") -> tuple[int, ...]:
+  """The seeds of the quick runs at a quick-model scale: ``SEEDS``, ``SEEDS8`` at
+  quick_seeds8 (the one place the quick trained experiments take their seeds from:
+  ``seed_lr_runs.ablation_seeds`` / ``warmup_seeds`` read it)."""
+  if scale not in QUICK_MODEL_SCALES:
+    raise ValueError(f"the quick runs have the scales {list(QUICK_MODEL_SCALES)}, not {scale!r}")
+  return SEEDS8 if scale == SEEDS8_SCALE else SEEDS
+
+
 SCALES: dict[str, dict[str, Any]] = {
-    "quick": {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS)},
-    SEEDS8_SCALE: {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS8)},
-    DEEP: {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(SEEDS),
+    **{sc: {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(seeds(sc))}
+       for sc in ("quick", SEEDS8_SCALE)},
+    DEEP: {"runs": {n: [c, *o] for n, (c, o) in RUNS.items()}, "seeds": list(seeds(DEEP)),
            "num_layers": 48, "suffix": "_L48"},
     "paper": {"config": paper_runs.CONFIG, "roles": list(paper_runs.ROLES),
               "seeds": list(paper_runs.SEEDS)},
@@ -239,7 +250,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   if scale not in QUICK_MODEL_SCALES:
     raise ValueError(f"collapse_study has the scales {list(SCALES)}, not {scale!r}")
   start = time.time()
-  seeds = SCALES[scale]["seeds"]
+  seeds_at = seeds(scale)
   out: dict[str, Any] = {"figure": "postnorm_collapse quick collapse study (Sec 4.2-4.3)"
                                    + {DEEP: ", 48 layers", SEEDS8_SCALE: ", 8 seeds"
                                       }.get(scale, ""),
@@ -254,10 +265,10 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       freq = stream_frequency_loss(common.load_config(RUNS[name][0]))
     out["runs"][name] = {**summarize(wd, freq), "workdir": wd, "seconds": time.time() - t0}
   # the same three runs at the other seeds (the rows judge all of the scale's seeds)
-  out["seeds"] = list(seeds)
+  out["seeds"] = list(seeds_at)
   out["by_seed"] = {name: {"0": {k: out["runs"][name][k] for k in SEED_KEYS}} for name in RUNS}
   for name in RUNS:
-    for seed in seeds[1:]:
+    for seed in seeds_at[1:]:
       s = summarize(train_run(seeded_name(name, seed), out_dir, scale=scale), freq)
       out["by_seed"][name][str(seed)] = {k: s[k] for k in SEED_KEYS}
   out["stream_freq_loss"] = freq

@@ -67,6 +67,11 @@ COMPARE_KEYS = (
 SCALES: dict[str, dict[str, Any]] = {
     "quick": {"runs": [WARMUP_SEED0, WARMUP_SEED1, WARMUP_SEED2, NOWARMUP_SEED1,
                        NOWARMUP_SEED0], "diag_interval_check": DIAG10_SEED0},
+    # the warmup runs at seeds 0-7; the no-warmup pair and the diagnostics-interval
+    # check are single-seed checks by design, quick's only
+    collapse_study.SEEDS8_SCALE: {"runs": [
+        sl.warmup_run_name(sl.MAIN_WARMUP_LR, s)
+        for s in sl.warmup_seeds(collapse_study.SEEDS8_SCALE)]},
     "paper": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.SEEDS[1:])},
     "tiny": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.TINY_SEEDS[1:])},
 }
@@ -82,16 +87,17 @@ CLAIMS = claims([c for prefix in (F10, F10_PAPER)
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Trains (or reuses) the runs and writes ``fig10_fig11.json`` and the PNGs (paper /
-  tiny: :func:`run_paper`)."""
+  tiny: :func:`run_paper`). quick_seeds8: the warmup runs at seeds 0-7 only
+  (``SCALES``), ``fig10_fig11_quick_seeds8.json``."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
-  if scale != "quick":
-    raise ValueError(f"fig10 has the quick, paper and tiny scales, not {scale!r}")
+  if scale not in SCALES:
+    raise ValueError(f"fig10 has the scales {list(SCALES)}, not {scale!r}")
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []
   workdirs: dict[str, str] = {}
-  for name in (WARMUP_SEED0, WARMUP_SEED1, WARMUP_SEED2, NOWARMUP_SEED1, NOWARMUP_SEED0):
+  for name in SCALES[scale]["runs"]:
     wd = (collapse_study.train_run(name, out_dir) if name == NOWARMUP_SEED0
           else sl.train(name, out_dir))
     workdirs[name] = wd
@@ -100,6 +106,14 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
     files += f35.plot(a, out_dir, name, ("fig10", "fig11", "fig11grad"), gw)
     a.pop("_series")
     ours[name] = a
+  if scale != "quick":
+    result = {"figure": f"postnorm_collapse Figs 10-11 (App F.3), {scale} scale",
+              "scale": scale, "paper": PAPER, "ours": ours, "files": files,
+              "settings": {"seeds": list(sl.warmup_seeds(scale))},
+              "seconds": time.time() - start}
+    common.write_json(out_dir, f"fig10_fig11_{scale}.json", result)
+    result["measured"] = measurements(result)
+    return result
   comparison = {
       "warmup_lr0.015": {k: [ours[WARMUP_SEED0].get(k), ours[WARMUP_SEED1].get(k)]
                          for k in COMPARE_KEYS},
@@ -142,12 +156,13 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
 def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   """``run``'s ``"measured"``: the values of ``CLAIMS``, one per seed after 0."""
   o = res["ours"]
-  if res.get("scale", "quick") != "quick":      # the paper's runs: seeds after 0
+  if res.get("scale", "quick") in ("paper", "tiny"):      # the paper's runs: seeds after 0
     others = {name.rsplit("seed", 1)[1]: a for name, a in o.items()}
     note = (f"the paper's collapsing run at seeds {list(others)} (seed 0 is the Figs 3-5 "
             f"row), {res['scale']} scale; unmasked")
     return f35.transition_measured(F10_PAPER, others, note, FIG10_ITEMS)
-  others = {str(s): o[sl.warmup_run_name(sl.MAIN_WARMUP_LR, s)] for s in sl.WARMUP_SEEDS[1:]}
+  others = {str(s): o[sl.warmup_run_name(sl.MAIN_WARMUP_LR, s)]
+            for s in sl.warmup_seeds(res.get("scale", "quick"))[1:]}
   note = ("the paper's Figs 10-11 repeat Figs 3-5 on one other seed; ours: seeds "
           f"{list(others)} (seed 0 is the Figs 3-5 row); unmasked")
   return f35.transition_measured(F10, others, note, FIG10_ITEMS)

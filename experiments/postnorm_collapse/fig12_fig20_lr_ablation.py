@@ -11,7 +11,8 @@ masked where the sublayer's input and output gradient norms are below 1e-10.
 
 Ours (``seed_lr_runs``): the warmup setting of the paper-like transition run
 (configs/collapse_post_quick.json, 20 linear warmup updates, 60 updates, seeds
-``seed_lr_runs.ABLATION_SEEDS`` = 0, 1, 2; the paper has one run per LR) at
+``seed_lr_runs.ablation_seeds``: 0, 1, 2 at quick, 0-7 at quick_seeds8; the paper has
+one run per LR) at
 ``seed_lr_runs.ABLATION_LRS`` = 2e-2, 2.5e-2, 3e-2 = 2.0x, 2.5x, 3.0x our highest stable
 warmup LR (1e-2), the paper's ratios to its stable 6e-4; diagnostics at every update
 including ``postnorm_sublayer_norms`` for the mask (``fig3_fig5_transition.mask_vanishing``,
@@ -65,7 +66,8 @@ SUMMARY_KEYS = (
     "grad_window_steps", "grad_window_layer1_drop", "grad_window_last_layer_drop",
     "grad_window_first_over_last", "final_grad_first_over_last")
 SCALES: dict[str, dict[str, Any]] = {
-    "quick": {"learning_rates": list(sl.ABLATION_LRS), "seeds": list(sl.ABLATION_SEEDS)},
+    **{sc: {"learning_rates": list(sl.ABLATION_LRS), "seeds": list(sl.ablation_seeds(sc))}
+       for sc in ("quick", collapse_study.SEEDS8_SCALE)},
     "paper": {"config": paper_runs.CONFIG, "learning_rates": list(paper_runs.ABLATION_LRS),
               "seeds": [0]},
     "tiny": {"config": paper_runs.CONFIG, "learning_rates": list(paper_runs.ABLATION_LRS),
@@ -120,21 +122,24 @@ def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """Trains (or reuses) the ablation runs at every seed (``seed_lr_runs.ABLATION_SEEDS``)
-  and writes ``fig12_fig20.json`` and seed 0's PNGs (paper / tiny: :func:`run_paper`)."""
+  """Trains (or reuses) the ablation runs at every seed (``seed_lr_runs.ablation_seeds``:
+  0-2 at quick, 0-7 at quick_seeds8) and writes ``fig12_fig20.json``
+  (``fig12_fig20_quick_seeds8.json``) and seed 0's PNGs (paper / tiny:
+  :func:`run_paper`)."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
-  if scale != "quick":
-    raise ValueError(f"fig12 has the quick, paper and tiny scales, not {scale!r}")
+  if scale not in SCALES:
+    raise ValueError(f"fig12 has the scales {list(SCALES)}, not {scale!r}")
   start = time.time()
+  seeds = sl.ablation_seeds(scale)
   ours: dict[str, Any] = {}
   files: list[str] = []
   workdirs: dict[str, str] = {}
   for lr in sl.ABLATION_LRS:
-    for seed in sl.ABLATION_SEEDS:
+    for seed in seeds:
       wd = sl.train(sl.warmup_run_name(lr, seed), out_dir)
       a = f35.analyze(wd, mask_threshold=f35.MASK_THRESHOLD, grad_window=f35.GRAD_WINDOW)
-      if seed == sl.ABLATION_SEEDS[0]:      # the figures show seed 0
+      if seed == seeds[0]:      # the figures show seed 0
         workdirs[f"lr {lr}"] = wd
         files += f35.plot(a, out_dir, f"lr{lr}", FIG_NAMES[lr], f35.GRAD_WINDOW)
       a.pop("_series")
@@ -152,9 +157,10 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                          "warmup_steps": sl.WARMUP_STEPS, "total_steps": sl.WARMUP_TOTAL,
                          "mask_threshold": f35.MASK_THRESHOLD, "mask_rule": "both",
                          "grad_window": list(f35.GRAD_WINDOW),
-                         "seeds": list(sl.ABLATION_SEEDS)},
+                         "seeds": list(seeds)},
             "summary": table, "ours": ours, "files": files, "seconds": time.time() - start}
-  common.write_json(out_dir, "fig12_fig20.json", result)
+  common.write_json(out_dir, "fig12_fig20.json" if scale == "quick"
+                    else f"fig12_fig20_{scale}.json", result)
   result["measured"] = measurements(result)
   return result
 
@@ -198,9 +204,9 @@ def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   ``ours["lr<lr>"]`` is seed 0, ``ours["lr<lr>_seed<s>"]`` seed s
   (``collapse_study.seeded_name``)."""
   rows = []
-  paper = res.get("scale", "quick") != "quick"
+  paper = res.get("scale", "quick") in ("paper", "tiny")
   for lr in PAPER_ABLATION_LRS if paper else sl.ABLATION_LRS:
-    seeds = [0] if paper else list(sl.ABLATION_SEEDS)
+    seeds = [0] if paper else list(sl.ablation_seeds(res.get("scale", "quick")))
     runs = {str(s): res["ours"][collapse_study.seeded_name(f"lr{lr}", s)] for s in seeds}
     window = sorted({"transition" if a.get("transition_found") else "onset"
                      for a in runs.values()})

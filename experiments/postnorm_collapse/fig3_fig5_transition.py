@@ -495,10 +495,12 @@ def _analyze_run(name: str, out_dir: str, files: list[str],
 HEADLINE_RUN = seed_lr_runs.HEADLINE_RUN
 SECONDARY_RUNS = ("post_collapse", "post_collapse_window")   # no warmup: collapse at update ~5
 # the scales and the runs each analyses (paper / tiny: paper_runs.post_collapse at its seeds)
+# quick_seeds8: the 60-update runs at seeds 0-7, the single-seed runs as quick's
 SCALES: dict[str, dict[str, Any]] = {
-    "quick": {"run": HEADLINE_RUN, "secondary": list(SECONDARY_RUNS),
-              "preregistered": [seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, s)
-                                for s in seed_lr_runs.WARMUP_SEEDS]},
+    **{sc: {"run": HEADLINE_RUN, "secondary": list(SECONDARY_RUNS),
+            "preregistered": [seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR, s)
+                              for s in seed_lr_runs.warmup_seeds(sc)]}
+       for sc in ("quick", collapse_study.SEEDS8_SCALE)},
     "paper": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.SEEDS)},
     "tiny": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.TINY_SEEDS)},
 }
@@ -686,7 +688,7 @@ def _paper_measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
 def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   """``run``'s ``"measured"``: the values of ``CLAIMS`` (the preregistered 60-update runs
   at every seed and the 120-update run at quick; the paper's run at paper / tiny)."""
-  if res.get("scale", "quick") != "quick":
+  if res.get("scale", "quick") in ("paper", "tiny"):
     return _paper_measurements(res)
   o = res["ours"]
   pre = o.get("preregistered_60", {})
@@ -726,11 +728,14 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Trains (or reuses) ``HEADLINE_RUN`` and writes ``fig3_fig5_<run>.json`` and the PNGs;
   it also analyses the immediate-collapse runs ``SECONDARY_RUNS`` (``ours["secondary"]``)
   and the preregistered 60-update runs (``ours["preregistered_60"]``). Paper / tiny: the
-  paper's collapsing run at every seed (:func:`run_paper`)."""
+  paper's collapsing run at every seed (:func:`run_paper`). quick_seeds8: the 60-update
+  runs at seeds 0-7 (``seed_lr_runs.warmup_seeds``); the 120-update run and the
+  immediate-collapse runs are single-seed by design, quick's; the result file is
+  ``fig3_fig5_<run>_quick_seeds8.json``."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
-  if scale != "quick":
-    raise ValueError(f"fig3_fig5 has the quick, paper and tiny scales, not {scale!r}")
+  if scale not in SCALES:
+    raise ValueError(f"fig3_fig5 has the scales {list(SCALES)}, not {scale!r}")
   start = time.time()
   run_name = HEADLINE_RUN
   files: list[str] = []
@@ -739,12 +744,12 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   a["secondary"] = {n: _analyze_run(n, out_dir, files, GRAD_WINDOW if n.endswith("_window")
                                     else None) for n in SECONDARY_RUNS}
   # the preregistered protocol: the same setting at its planned 60
-  # updates, at seeds WARMUP_SEEDS; the headline rows read these, the 120-update run
+  # updates, at seeds warmup_seeds(scale); the headline rows read these, the 120-update run
   # (extended after the 60-update run showed no early-layer vanishing) stands beside
   a["preregistered_60"] = {
       str(seed): _analyze_run(seed_lr_runs.warmup_run_name(seed_lr_runs.MAIN_WARMUP_LR,
                                                            seed), out_dir, files, GRAD_WINDOW)
-      for seed in seed_lr_runs.WARMUP_SEEDS}
+      for seed in seed_lr_runs.warmup_seeds(scale)}
   # its first 60 updates are the seed-0 60-update run's
   a["same_trajectory_as_60_update_run"] = same_trajectory(
       os.path.join(out_dir, "runs", run_name), os.path.join(
@@ -759,7 +764,8 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                          "2640-2650; later layers change much less"},
       "ours": a, "files": files, "seconds": time.time() - start,
   }
-  common.write_json(out_dir, f"fig3_fig5_{run_name}.json", result)
+  common.write_json(out_dir, f"fig3_fig5_{run_name}"
+                    + ("" if scale == "quick" else f"_{scale}") + ".json", result)
   result["measured"] = measurements(result)
   return result
 

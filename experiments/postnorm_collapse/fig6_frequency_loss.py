@@ -12,7 +12,8 @@ frequency loss. As in the paper (Sec 4.3 and App F.4 both use 1.2e-3 / 1.5e-3 /
 1.8e-3), they are the same three runs as Figs 12-20: ``seed_lr_runs.ABLATION_LRS``
 (trained once, shared with ``fig12_fig20_lr_ablation``), and the first (preregistered)
 set ``seed_lr_runs.ORIGINAL_FIG6_LRS`` beside them. Every scope and every warmup run is
-measured at seeds 0, 1, 2 (``SEEDS``, ``WARMUP_SEEDS``); the figure shows seed 0.
+measured at seeds 0, 1, 2 (``collapse_study.seeds``, ``seed_lr_runs.ablation_seeds``;
+0-7 at ``--scale quick_seeds8``, ``fig6_quick_seeds8.json``); the figure shows seed 0.
 
 The one-batch / one-sequence runs use the training step of ``rankjax.train.state``
 (``make_step``) on a fixed batch, the same update as ``rankjax train``. At paper / tiny
@@ -46,13 +47,14 @@ WARMUP_LRS = sl.ABLATION_LRS   # the paper's Fig 6-right LRs are its Figs 12-20 
 # Fig 6-right's first LR set (the preregistered one): the headline rows;
 # WARMUP_LRS replaced it after its 1e-2 run did not collapse (rows beside, labelled)
 ORIGINAL_LRS = sl.ORIGINAL_FIG6_LRS
-SEEDS = collapse_study.SEEDS   # the full stream (the post_collapse runs) at seeds 0, 1, 2
-# the seeds of the warmup runs of Fig 6-right (both LR sets; at least 3 per trained result)
-WARMUP_SEEDS = sl.ABLATION_SEEDS
+# the seeds: the full stream (the post_collapse runs), one batch and one sequence at
+# collapse_study.seeds(scale); the warmup runs of Fig 6-right (both LR sets) at
+# seed_lr_runs.ablation_seeds(scale) (0, 1, 2 at quick; 0-7 at quick_seeds8)
 SCALES: dict[str, dict[str, Any]] = {
-    "quick": {"config": collapse_study.RUNS["post_collapse"][0], "seeds": list(SEEDS),
-              "warmup_lrs": list(WARMUP_LRS), "original_lrs": list(ORIGINAL_LRS),
-              "warmup_seeds": list(WARMUP_SEEDS)},
+    **{sc: {"config": collapse_study.RUNS["post_collapse"][0],
+            "seeds": list(collapse_study.seeds(sc)), "warmup_lrs": list(WARMUP_LRS),
+            "original_lrs": list(ORIGINAL_LRS), "warmup_seeds": list(sl.ablation_seeds(sc))}
+       for sc in ("quick", collapse_study.SEEDS8_SCALE)},
     "paper": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.SEEDS),
               "warmup_lrs": list(paper_runs.ABLATION_LRS)},
     "tiny": {"config": paper_runs.CONFIG, "seeds": list(paper_runs.TINY_SEEDS),
@@ -201,18 +203,20 @@ def _tail(x) -> float:
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Fig 6 at quick scale (paper / tiny: :func:`run_paper`); writes ``fig6.json`` and
-  ``fig6.png``."""
+  ``fig6.png`` (quick_seeds8, every seed set 0-7: ``fig6_quick_seeds8.json`` / ``.png``)."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
-  if scale != "quick":
-    raise ValueError(f"fig6 has the quick, paper and tiny scales, not {scale!r}")
+  if scale not in SCALES:
+    raise ValueError(f"fig6 has the scales {list(SCALES)}, not {scale!r}")
   from rankjax.train.run_reader import load_run
   start = time.time()
+  seeds, warmup_seeds = collapse_study.seeds(scale), sl.ablation_seeds(scale)
+  tag = "" if scale == "quick" else f"_{scale}"
   base = collapse_study.RUNS["post_collapse"][0]
   cfg = common.load_config(base)
   stream_freq = collapse_study.stream_frequency_loss(cfg)
   by_seed: dict[str, dict[str, Any]] = {"full_stream": {}, "one_batch": {}, "one_sequence": {}}
-  for seed in SEEDS:
+  for seed in seeds:
     wd = collapse_study.train_run(collapse_study.seeded_name("post_collapse", seed), out_dir)
     hist = [h for h in load_run(wd).history if h.get("kind", "train") == "train"]
     by_seed["full_stream"][seed] = {
@@ -221,7 +225,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
         "tokens": collapse_study.STREAM_FREQ_BATCHES * cfg.batch_size * cfg.seq_len}
     by_seed["one_batch"][seed] = fixed_batch_run(cfg, cfg.batch_size, FIXED_STEPS, seed)
     by_seed["one_sequence"][seed] = fixed_batch_run(cfg, 1, FIXED_STEPS, seed)
-  left = {k: v[SEEDS[0]] for k, v in by_seed.items()}     # the figure shows seed 0
+  left = {k: v[seeds[0]] for k, v in by_seed.items()}     # the figure shows seed 0
   right, right_original = {}, {}     # lr -> seed -> curve
   ours = scope_gaps(by_seed)
   for lrs, panel, prefix, name_of in (
@@ -229,23 +233,23 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
       (ORIGINAL_LRS, right_original, "original_warmup_lr", original_run_name)):
     for lr in lrs:
       panel[f"{lr:g}"] = {seed: warmup_curve(load_run(sl.train(name_of(lr, seed), out_dir)))
-                          for seed in WARMUP_SEEDS}
+                          for seed in warmup_seeds}
       ours[f"{prefix}{lr:g}"] = seed_gaps(panel[f"{lr:g}"], stream_freq)
   # the figure and the results file keep seed 0's curves (the gaps above are per seed)
-  right, right_original = ({lr: v[WARMUP_SEEDS[0]] for lr, v in p.items()}
+  right, right_original = ({lr: v[warmup_seeds[0]] for lr, v in p.items()}
                            for p in (right, right_original))
-  figure(left, right, stream_freq, os.path.join(out_dir, "fig6.png"), scale,
+  figure(left, right, stream_freq, os.path.join(out_dir, f"fig6{tag}.png"), scale,
          f"warmup {WARMUP_STEPS} steps")
   result = {"figure": "postnorm_collapse Fig 6 (Sec 4.3)", "scale": scale,
             "settings": {"config": base, "fixed_steps": FIXED_STEPS,
                          "warmup_steps": WARMUP_STEPS, "warmup_total": WARMUP_TOTAL,
                          "warmup_lrs": list(WARMUP_LRS), "original_lrs": list(ORIGINAL_LRS),
-                         "seeds": list(SEEDS), "warmup_seeds": list(WARMUP_SEEDS),
+                         "seeds": list(seeds), "warmup_seeds": list(warmup_seeds),
                          "stream_freq_batches": collapse_study.STREAM_FREQ_BATCHES},
             "paper": {"claim": "after collapse each loss stays near the frequency loss of its "
                                "label collection (aggregated labels)"},
             "ours": ours, "seconds": time.time() - start}
-  common.write_json(out_dir, "fig6.json", {**result, "left": left, "right": right,
+  common.write_json(out_dir, f"fig6{tag}.json", {**result, "left": left, "right": right,
                                            "right_original": right_original})
   result["measured"] = measurements(result)
   return result
@@ -306,7 +310,7 @@ def measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   """``run``'s ``"measured"``: each scope's and each warmup run's relative gap to its
   frequency loss (per seed where the run has seeds), the values of ``CLAIMS``."""
   o = res["ours"]
-  if res.get("scale", "quick") != "quick":
+  if res.get("scale", "quick") in ("paper", "tiny"):
     st = res["settings"]
     note = (f"no warmup, LR {st['no_warmup_lr']:g} (the paper does not give it), fixed-label "
             f"runs {st['fixed_steps']} updates; {res['scale']} scale")

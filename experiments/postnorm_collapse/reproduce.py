@@ -15,6 +15,9 @@ Run:  rankjax reproduce postnorm_collapse --out runs [--scale quick|paper|tiny]
       [--only fig1,fig2]
       rankjax reproduce postnorm_collapse --out runs --scale quick_deep --only collapse
       (quick_deep: the collapse study's quick runs at 48 layers, its only experiment)
+      rankjax reproduce postnorm_collapse --out runs --scale quick_seeds8 --only
+      collapse,fig3_fig5,fig6,fig10,fig12,sec43
+      (quick_seeds8: the trained experiments at seeds 0-7; seeds 0-2 are quick's runs)
       (--only fig10 = Figs 10-11, the second seed; --only fig12 = Figs 12-20, the LR
       ablation; fig11, fig13..fig20 are aliases)
 """
@@ -78,13 +81,28 @@ QUICK_SETTING = {**{n: _QUICK_INIT for n in INIT},
 QUICK_DEEP_SETTING = {"collapse": (
     "a 48-layer (the paper's depth) d=64 byte-level LM trained 150 updates at LR 1e-2 / "
     "5e-3, quick's runs at 48 layers (paper: d=512, C4, 40000 steps at LR 8e-4 / 6e-4)")}
-# quick_seeds8 (issue 53 item 4): the same runs at 8 seeds (collapse_study.SCALES)
-QUICK_SEEDS8_SETTING = {"collapse": (
-    "a 12-layer d=64 byte-level LM trained 150 updates at LR 1e-2 / 5e-3, quick's runs at "
-    "seeds 0-7 (paper: 48 layers, d=512, C4, 40000 steps at LR 8e-4 / 6e-4)")}
-_DEEP_MISSING = ("quick_deep and quick_seeds8 are training-only scales of the collapse "
-                 "study (its three runs at 48 layers, or at 8 seeds; CPU cost); this "
-                 "experiment has no path there")
+# quick_seeds8 (issue 53 item 4): quick's trained runs at seeds 0-7 wherever quick has
+# seeds 0-2 (collapse_study.seeds, seed_lr_runs.ablation_seeds / warmup_seeds); the
+# single-seed runs (the 120-update run, the window run, the diagnostics-interval check)
+# stay quick's; thm38 and propd2, whose rows do not depend on the seeds, have no path
+_SEEDS8_TRAINED = ("a 12-layer d=64 byte-level LM trained 60-150 updates at LR 1e-2 to "
+                   "3e-2, quick's runs at seeds 0-7 (paper: 48 layers, d=512, C4, 40000 "
+                   "steps at LR 8e-4 to 1.8e-3)")
+QUICK_SEEDS8_SETTING = {
+    "collapse": ("a 12-layer d=64 byte-level LM trained 150 updates at LR 1e-2 / 5e-3, "
+                 "quick's runs at seeds 0-7 (paper: 48 layers, d=512, C4, 40000 steps at "
+                 "LR 8e-4 / 6e-4)"),
+    **{n: _SEEDS8_TRAINED for n in ("fig3_fig5", "fig6", "fig10", "fig12", "sec43")}}
+_DEEP = ("quick_deep is a training-only scale of the collapse study (its three runs at 48 "
+         "layers; CPU cost)")
+_INIT_MISSING = (_DEEP + "; quick_seeds8 is a training-only scale (quick's trained runs "
+                 "at 8 seeds); this experiment has no path there")
+_SEEDS8_MISSING = (_DEEP + "; this experiment has no path there (at quick_seeds8 it runs "
+                   "quick's trained runs at seeds 0-7)")
+_SEEDLESS_MISSING = (_DEEP + "; at quick_seeds8 (quick's trained runs at 8 seeds) its rows "
+                     "do not depend on the seeds (deterministic checks on exactly "
+                     "collapsed models; propd2 reads one run): this experiment has no path "
+                     "at either")
 # --check's tolerance where 1e-4 relative is not reproducible (measured
 # under the test suite's XLA flags against the default ones)
 RECHECK = {"fig2": dict(recheck_atol=1e-7, recheck_why=(
@@ -115,10 +133,13 @@ def _experiment(name: str) -> runner.Experiment:
                            trained=name in TRAINED or name == "fig1",
                            setting={"paper": runner.PAPER_SETTING,
                                     "quick": QUICK_SETTING[name],
-                                    **({"quick_deep": QUICK_DEEP_SETTING[name],
-                                        "quick_seeds8": QUICK_SEEDS8_SETTING[name]}
-                                       if name in QUICK_DEEP_SETTING else {})},
-                           why_missing=_DEEP_MISSING,
+                                    **({"quick_deep": QUICK_DEEP_SETTING[name]}
+                                       if name in QUICK_DEEP_SETTING else {}),
+                                    **({"quick_seeds8": QUICK_SEEDS8_SETTING[name]}
+                                       if name in QUICK_SEEDS8_SETTING else {})},
+                           why_missing=(_INIT_MISSING if name in INIT else _SEEDS8_MISSING
+                                        if name in QUICK_SEEDS8_SETTING else
+                                        _SEEDLESS_MISSING),
                            scale_free=frozenset(SCALE_FREE.get(name, ())),
                            figures=FIGURES.get(name, ()),
                            **RECHECK.get(name, {}))
@@ -214,8 +235,11 @@ STUDY = runner.Study(
                          "updates, d=64) at the paper's depth, 48 layers, fixed before its "
                          "runs (issue 53 item 4); every row a proxy; the other experiments "
                          "have no path at this scale (EXPECTED.md).",
-           "quick_seeds8": "quick_seeds8: the collapse study's three quick runs (Post-Norm "
-                           "LR 1e-2, Pre-Norm LR 1e-2, Post-Norm LR 5e-3; 150 updates, 12 "
-                           "layers, d=64) at seeds 0-7, fixed before its runs (issue 53 item "
-                           "4); seeds 0-2 are quick's runs; every row a proxy; the other "
-                           "experiments have no path at this scale (EXPECTED.md)."})
+           "quick_seeds8": "quick_seeds8: quick's trained runs at seeds 0-7 wherever quick "
+                           "has seeds 0-2 (the collapse study's three runs; the warmup "
+                           "runs of Figs 3-5 and 10-11; the LR ablation of Figs 12-20; "
+                           "Fig 6's scopes and warmup runs; Sec 4.3), fixed before its runs "
+                           "(issue 53 item 4); seeds 0-2 are quick's runs; the single-seed "
+                           "runs stay quick's; every row a proxy; the init-time "
+                           "experiments, thm38 and propd2 have no path at this scale "
+                           "(EXPECTED.md)."})

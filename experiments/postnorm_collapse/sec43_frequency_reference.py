@@ -104,24 +104,26 @@ def paper_run_groups(scale: str) -> dict[str, tuple[str, ...]]:
 
 
 def row_runs(scale: str = "quick") -> dict[str, tuple[str, tuple[str, ...]]]:
-  """role -> (label, the runs (one per seed)) of each Sec 4.3 row: the quick runs, or the
-  paper's (:func:`paper_run_groups`) at paper / tiny."""
-  if scale != "quick":
+  """role -> (label, the runs (one per seed)) of each Sec 4.3 row: the quick runs (at
+  ``collapse_study.seeds`` and ``seed_lr_runs.ablation_seeds``: 0, 1, 2 at quick, 0-7 at
+  quick_seeds8), or the paper's (:func:`paper_run_groups`) at paper / tiny."""
+  if scale in ("paper", "tiny"):
     groups = paper_run_groups(scale)
     labels = {"post_collapse": f"Post-Norm LR {collapse_study.PAPER_LRS[0]} (the paper's run)",
               "post_nowarmup": f"no warmup, LR {collapse_study.PAPER_LRS[0]}",
               **{f"warmup_lr{lr:g}": f"warmup, LR {lr:g}" for lr in paper_runs.ABLATION_LRS}}
     return {role: (labels[role], names) for role, names in groups.items()}
-  return {"post_collapse": ("no warmup, LR 1e-2", ("post_collapse", *[
-      f"post_collapse_seed{s}" for s in collapse_study.SEEDS[1:]])),
+  return {"post_collapse": ("no warmup, LR 1e-2", tuple(
+      collapse_study.seeded_name("post_collapse", s) for s in collapse_study.seeds(scale))),
           **{f"warmup_lr{lr:g}": (f"warmup, LR {lr:g}", tuple(
-              collapse_study.seeded_name(f"warmup_lr{lr:g}", s) for s in sl.ABLATION_SEEDS))
+              collapse_study.seeded_name(f"warmup_lr{lr:g}", s)
+              for s in sl.ablation_seeds(scale)))
              for lr in sl.ABLATION_LRS}}
 
 
 SCALES: dict[str, dict[str, Any]] = {
     scale: {"runs": {role: list(names) for role, (_, names) in row_runs(scale).items()}}
-    for scale in ("quick", "paper", "tiny")}
+    for scale in ("quick", collapse_study.SEEDS8_SCALE, "paper", "tiny")}
 CLAIMS = claims(
     [Claim(f"Sec 4.3, {label}: the aggregate reference is the closer one",
            "mean |loss - aggregate stream L_freq| - mean |loss - per-sequence L_freq|, "
@@ -174,24 +176,23 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
 
 
 def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
-  """The comparison for ``post_collapse`` and the three warmup runs, each at three seeds;
-  ``sec43.json``
-  (paper / tiny: :func:`run_paper`)."""
+  """The comparison for ``post_collapse`` and the three warmup runs, each at three seeds
+  (eight at quick_seeds8); ``sec43.json`` (``sec43_quick_seeds8.json``; paper / tiny:
+  :func:`run_paper`)."""
   if scale in ("paper", "tiny"):
     return run_paper(out_dir, scale)
-  if scale != "quick":
-    raise ValueError(f"sec43 has the quick, paper and tiny scales, not {scale!r}")
+  if scale not in SCALES:
+    raise ValueError(f"sec43 has the scales {list(SCALES)}, not {scale!r}")
   start = time.time()
   cfg = common.load_config(collapse_study.RUNS["post_collapse"][0])
   stream_freq = collapse_study.stream_frequency_loss(cfg)
-  # the no-warmup collapse at seeds 0, 1, 2 (collapse_study.SEEDS) and the three
-  # ablation runs at seeds 0, 1, 2 (seed_lr_runs.ABLATION_SEEDS)
-  runs = {"post_collapse": collapse_study.train_run("post_collapse", out_dir)}
-  for seed in collapse_study.SEEDS[1:]:
-    runs[f"post_collapse_seed{seed}"] = collapse_study.train_run(
-        collapse_study.seeded_name("post_collapse", seed), out_dir)
+  # the no-warmup collapse (collapse_study.seeds) and the three ablation runs
+  # (seed_lr_runs.ablation_seeds) at the scale's seeds
+  runs = {collapse_study.seeded_name("post_collapse", seed): collapse_study.train_run(
+      collapse_study.seeded_name("post_collapse", seed), out_dir)
+      for seed in collapse_study.seeds(scale)}
   for lr in sl.ABLATION_LRS:
-    for seed in sl.ABLATION_SEEDS:
+    for seed in sl.ablation_seeds(scale):
       runs[collapse_study.seeded_name(f"warmup_lr{lr:g}", seed)] = sl.train(
           sl.warmup_run_name(lr, seed), out_dir)
   ours = {name: compare(wd, stream_freq) for name, wd in runs.items()}
@@ -204,6 +205,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                          "onset": "first logged update from which last-layer t_sim stays "
                                   ">= 0.99 (fig3_fig5_transition.collapse_onset)"},
             "ours": ours, "seconds": time.time() - start}
-  common.write_json(out_dir, "sec43.json", result)
+  common.write_json(out_dir, "sec43.json" if scale == "quick" else f"sec43_{scale}.json",
+                    result)
   result["measured"] = measurements(result)
   return result

@@ -99,7 +99,7 @@ PAPER_SEQUENCES = 8
 # the collapsed runs each scale reads (quick: the no-warmup run; paper / tiny: paper_runs)
 SCALES: dict[str, dict[str, Any]] = {
     "quick": {"runs": [collapse_study.seeded_name("post_collapse", s)
-                       for s in collapse_study.SEEDS]},
+                       for s in collapse_study.seeds("quick")]},
     "paper": {"runs": [paper_runs.post_collapse(s) for s in paper_runs.SEEDS],
               "sequences": PAPER_SEQUENCES},
     "tiny": {"runs": [paper_runs.post_collapse(s) for s in paper_runs.TINY_SEEDS],
@@ -132,7 +132,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   elif scale == "quick":     # the no-warmup collapsed run at every seed
     all_runs = {**collapse_study.RUNS, **collapse_study.SEED_RUNS}
     runs = {}
-    for seed in collapse_study.SEEDS:
+    for seed in collapse_study.seeds(scale):
       name = collapse_study.seeded_name("post_collapse", seed)
       runs[seed] = (common.load_config(*all_runs[name]),
                     collapse_study.train_run(name, out_dir))

@@ -59,10 +59,15 @@ SCALES_NOT_IN_CI: dict[tuple[str, str], str] = {
         "their bounds, about 2.7x quick's CPU cost; `rankjax reproduce softmax_sensitivity "
         "--scale quick_seeds8 --check` reruns it by hand"),
     ("postnorm_collapse", "quick_seeds8"): (
-        "the collapse study's three runs at seeds 0-7 (issue 53 item 4; every row a "
-        "proxy): 24 150-update runs, 1093 s to record on the shared 2-core Xeon; "
-        "`rankjax reproduce postnorm_collapse --scale quick_seeds8 --only collapse --check` "
-        "reruns it by hand"),
+        "quick's trained runs at seeds 0-7 (issue 53 item 4; every row a proxy): the "
+        "collapse study's 24 150-update runs (1093 s to record) and, for fig3_fig5, fig6, "
+        "fig10, fig12 and sec43, 42 more (the 60-update warmup, ablation and 1e-2 runs at "
+        "seeds 0-7, the 120-update and window runs) and Fig 6's 16 in-process one-batch / "
+        "one-sequence runs; with quick's runs reused, seeds 3-7 (25 runs, 5 post_collapse "
+        "runs, 10 in-process) took 2460 s to record on the 2-core Xeon shared at load "
+        "8-16; `rankjax reproduce postnorm_collapse --scale quick_seeds8 --only "
+        "collapse,fig3_fig5,fig6,fig10,fig12,sec43 --check` reruns it by hand (thm38, "
+        "propd2 and the init-time experiments have no path there)"),
     ("transforming_rank", "quick_seeds3"): (
         "fig6 at three networks per (cell, lr) (issue 53 item 4; every trained row a "
         "proxy): three times quick's fig6 grid, 861 s to record; `rankjax reproduce "

@@ -13,6 +13,7 @@ from experiments.postnorm_collapse import fig1_one_step as fig1
 from experiments.postnorm_collapse import fig3_fig5_transition as f35
 from experiments.postnorm_collapse import fig6_frequency_loss as fig6
 from experiments.postnorm_collapse import seed_lr_runs as sl
+from experiments.postnorm_collapse.reproduce import TRAINED
 
 STUDY = reproduce.study("postnorm_collapse")
 QUICK = results.committed_dir("postnorm_collapse", "quick")
@@ -34,10 +35,12 @@ def test_every_experiment_declares_its_claims():
     module = STUDY.module(name)
     claims = STUDY.claims(name)
     assert claims is module.CLAIMS and len(claims) > 0, name
-    # quick_deep (issue 53 item 4): the collapse study's runs at 48 layers, its only path
-    # and quick_seeds8 (the same at seeds 0-7)
-    deep = {"quick_deep", "quick_seeds8"} if name == "collapse" else set()
-    assert set(module.SCALES) == {"quick", "paper", "tiny"} | deep == set(STUDY.scales_of(name))
+    # quick_deep (issue 53 item 4): the collapse study's runs at 48 layers, its only path;
+    # quick_seeds8: every trained experiment whose rows have seeds (not thm38, propd2)
+    deep = {"quick_deep"} if name == "collapse" else set()
+    seeds8 = ({"quick_seeds8"} if name in set(TRAINED) - {"thm38", "propd2"} else set())
+    assert (set(module.SCALES) == {"quick", "paper", "tiny"} | deep | seeds8
+            == set(STUDY.scales_of(name)))
     assert callable(module.run) and callable(module.measurements), name
     for c in claims.values():
       assert (c.paper is not None or isinstance(c.rule, evidence.Qualitative)
