@@ -32,7 +32,7 @@ with one ``verdicts <study>:`` line per study: its rows per status (match, misma
 A run stopped by SIGTERM (preemption, a time limit) saves and the command exits 75, as
 ``rankjax train`` (requeue and rerun: it resumes). ``--scale paper`` refuses to start without an accelerator (exit 2, after printing the
 plan; ``--allow-cpu`` overrides); ``--plan`` prints the plan and every refusal (each with its fix) and exits 0;
-``--plan --target KIND:N`` plans for hardware that is not here (``training.planning_for``);
+``--plan --target KIND:N`` plans for hardware that is not here (``rankjax.train.plan.planning_for``);
 ``--set KEY=VALUE`` reaches every training run the studies build, whose batch split is
 fitted to the job's devices (``rankjax.studies.training.at_scale``), and a requested experiment with no path at the chosen scale makes the
 command exit 1 naming it (its row still says ``missing``): never a quiet exit 0. The
@@ -156,7 +156,7 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   assignments for every run the studies build (``training.user_sets``); ``plan_only``:
   print the plan, check every run (data, devices, memory) and return ``{}``; ``target``
   (``rankjax.train.mfu.Target``, with ``plan_only``): plan for that hardware instead of
-  this job's devices (``training.planning_for``); ``listed``: the refusals printed in the
+  this job's devices (``rankjax.train.plan.planning_for``); ``listed``: the refusals printed in the
   plan, not raised.
 
   Returns ``{study: runner.run_study(...) result}``. With ``all``, ``only`` names run
@@ -164,12 +164,13 @@ def run(name: str, out_dir: str | pathlib.Path, scale: str = "quick",
   none of them are skipped; every study is checked (scale, names, data) before any runs.
   """
   from rankjax.studies import training
+  from rankjax.train import plan as plan_lib
   if sets and (record or check):
     raise UserError("--set changes the runs: their numbers are not the committed results "
                      "(no --record or --check with it)")
   if target is not None and not plan_only:
     raise UserError("--target plans for hardware that is not here: add --plan")
-  with training.user_sets(sets), training.planning_for(target):
+  with training.user_sets(sets), plan_lib.planning_for(target):
     return _run(name, out_dir, scale, only, record, check, options, extra, plan_only,
                 listed)
 

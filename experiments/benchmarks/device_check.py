@@ -514,7 +514,7 @@ def write_measured_mfu(device_kind: str, steps: list[dict],
                        path: pathlib.Path | None = None) -> pathlib.Path:
   """``device_check.json``'s ``train_mfu[device_kind]``: the lower MFU of the two paper
   steps (a conservative figure for ``rankjax reproduce``'s device-hours:
-  ``rankjax.studies.training.measured_mfu``)."""
+  ``rankjax.train.mfu.measured_mfu``)."""
   path = path or pathlib.Path(__file__).with_name("device_check.json")
   data = json.loads(path.read_text()) if path.is_file() else {}
   values = [s["mfu_spec"] for s in steps if s.get("mfu_spec") and not s.get("variant")]

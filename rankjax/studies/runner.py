@@ -41,6 +41,7 @@ import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 from rankjax.studies import evidence, results as results_files, training
+from rankjax.train import plan as plan_lib
 from rankjax.errors import UserError
 from rankjax.studies import listing
 
@@ -284,8 +285,8 @@ def preflight(study: Study, names: Sequence[str], scale: str,
               out_dir: str | pathlib.Path | None = None, listed: bool = False) -> list[str]:
   """Before anything runs: the experiments without a path at ``scale`` (returned, and
   announced); raises :class:`NotPrepared` when a data set is missing. With ``out_dir``
-  also the training runs: their plan is printed (``training.plan_text``) and a run
-  that cannot start (data, tokenizer, memory: ``training.refusals``) raises
+  also the training runs: their plan is printed (``rankjax.train.plan.plan_text``) and a run
+  that cannot start (data, tokenizer, memory: ``rankjax.train.plan.refusals``) raises
   :class:`NotPrepared`. ``listed`` (``reproduce --plan``): the plan says when the scale
   trains nothing, and every refusal is printed under it, each with its fix, instead of
   raised."""
@@ -310,8 +311,8 @@ def preflight(study: Study, names: Sequence[str], scale: str,
   if out_dir is not None:
     runs = training_runs(study, [n for n in names if n not in missing], scale, out_dir)
     if runs:
-      print(training.plan_text(training.plan(runs)), flush=True)
-      lacks += [line for line in training.refusals(runs) if line not in lacks]
+      print(plan_lib.plan_text(plan_lib.plan(runs)), flush=True)
+      lacks += [line for line in plan_lib.refusals(runs) if line not in lacks]
     elif listed:
       print(f"plan: {study.name} --scale {scale} has no rankjax train runs to plan"
             + ("; a refusal below may hide some (a study may list its runs only once "

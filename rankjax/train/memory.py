@@ -1,7 +1,7 @@
 """Peak memory per device of a training step, estimated; ``lm.remat="auto"`` chosen by it.
 
 ``estimate`` is the one estimate of the library, for planning away from the target
-devices (the experiments' plan and refusals on a CPU, ``rankjax/studies/training.py``)
+devices (the experiments' plan and refusals on a CPU, ``rankjax.train.plan``)
 where nothing is compiled: a ``--plan --target KIND:N`` plans by XLA:CPU's analysis of
 the step compiled on N host devices instead (``rankjax.train.plan_memory``, labelled
 uncorrected), and falls back to this estimate beyond its device cap or with

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
 from typing import Any
 
 import jax
@@ -208,3 +209,32 @@ def estimated_mfu(cfg, device_kind: str) -> tuple[float, str]:
                  f"{low:.0%}-{high:.0%} on one H200 (no TPU measurement)")
   return (low + high) / 2, (f"estimate for {family}: the middle of issue 54's "
                             f"{low:.0%}-{high:.0%} on one H200 (not measured)")
+
+
+# what the device check (experiments/benchmarks/device_check.py) records in a checkout
+DEVICE_CHECK_JSON = (pathlib.Path(__file__).resolve().parents[2] / "experiments" / "benchmarks"
+                     / "device_check.json")
+
+
+def mfu_for(cfg, device_kind: str) -> tuple[float, str]:
+  """``(mfu, source)`` of ``cfg``'s device-hours on ``device_kind``: the device check's
+  measurement where it recorded one on that kind (:func:`measured_mfu`), else the
+  estimate for the config's step family on that kind
+  (``rankjax.train.mfu.estimated_mfu``), each labelled."""
+  measured = measured_mfu(device_kind)
+  if measured:
+    return measured, (f"measured by the device check on {device_kind} (the lower of its "
+                      "paper steps; experiments/benchmarks/device_check.json)")
+  return estimated_mfu(cfg, device_kind)
+
+
+def measured_mfu(device_kind: str, path: pathlib.Path | None = None) -> float | None:
+  """The training MFU the device check measured on ``device_kind``
+  (``experiments/benchmarks/device_check.json``: ``{"train_mfu": {kind: mfu}}``, the lower
+  of its two paper steps; written by ``device_check.py``), or None when it never ran
+  there."""
+  import json
+  path = path or DEVICE_CHECK_JSON
+  if not path.is_file():
+    return None
+  return (json.loads(path.read_text()).get("train_mfu") or {}).get(device_kind)

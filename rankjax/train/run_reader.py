@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 from typing import Any
 
 import jax
@@ -184,3 +185,22 @@ def load_run(workdir: str | epath.PathLike, step: int | None = None) -> Run:
              metrics=out["metrics"],
              history=read_metrics_jsonl(workdir / "metrics.jsonl", up_to=s),
              checkpoint_steps=tuple(saved), stopped=ckpt_lib.read_stopped(workdir))
+
+
+def finished(path: str, cfg) -> bool:
+  """The run in ``path`` has ``cfg`` (up to the resumable fields) and its last step
+  saved (``stop_at``'s, for a partial run), or it stopped itself on collapse."""
+  from rankjax.train.hooks import last_step
+  saved = os.path.join(path, "config.json")
+  if not (os.path.isfile(saved)
+          and (os.path.isdir(os.path.join(path, "checkpoints", str(last_step(cfg))))
+               or stopped_itself(path, cfg))):
+    return False
+  differ = config_lib.diff(config_lib.from_json(TrainConfig, saved), cfg)
+  return not [k for k in differ if k not in ckpt_lib.RESUMABLE_FIELDS]
+
+
+def stopped_itself(path: str, cfg) -> bool:
+  """The run in ``path`` stopped itself on collapse (``stop_on_collapse``; its
+  ``stopped.json``) and ``cfg`` keeps that stop: it will train no further."""
+  return bool(cfg.stop_on_collapse) and ckpt_lib.read_stopped(path) is not None

@@ -11,6 +11,7 @@ import pytest
 
 from rankjax import config as config_lib
 from rankjax.studies import runner, training
+from rankjax.train import run_reader
 from experiments.softmax_sensitivity import prepost_training as pt
 from rankjax import reproduce
 
@@ -77,7 +78,7 @@ def test_whole_study_at_tiny_scale(tmp_path, monkeypatch):
   assert all(s and set(s) == {"tiny"} for s in by_exp.values()), by_exp
   folder = tmp_path / "prepost_training"
   tiny = pt.runs("tiny")
-  assert all(training.finished(training.workdir(folder, n), c) for n, c in tiny.items())
+  assert all(run_reader.finished(training.workdir(folder, n), c) for n, c in tiny.items())
   metrics = _metrics(folder)
   train_rows = {n: [r["step"] for r in rows if r.get("kind", "train") == "train"]
                 for n, rows in metrics.items()}

@@ -1,4 +1,5 @@
-"""rankjax.studies.training: tiny configs, the plan, the refusals, and the runner's use of
+"""rankjax.studies.training (tiny configs) and rankjax.train.plan (the plan, the refusals),
+and the runner's use of
 them (the plan printed and a one-line refusal before anything trains)."""
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 import pytest
 
 from rankjax.studies import evidence, finder, runner, training
+from rankjax.train import mfu as mfu_lib
+from rankjax.train import plan as plan_lib
+from rankjax.train import run_reader
 from rankjax import cli
 
 PAPER_LM = "experiments/configs/postnorm_48l_d512_c4.json"
@@ -53,9 +57,9 @@ def _lm_params(cfg) -> int:
 
 def test_plan_counts_the_paper_run_and_its_device_hours(monkeypatch):
   cfg = training.load(PAPER_LM, ["learning_rate=8e-4"])
-  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 8, 141e9))
-  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
-  p = training.plan({"/x/runs/post": cfg})
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("NVIDIA H200", 8, 141e9))
+  monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: None)
+  p = plan_lib.plan({"/x/runs/post": cfg})
   (row,) = p["rows"]
   assert row["tokens"] == 256 * 2048 * 40000 and row["updates"] == 40000
   assert row["parameters"] == _lm_params(cfg)
@@ -65,32 +69,31 @@ def test_plan_counts_the_paper_run_and_its_device_hours(monkeypatch):
   assert row["flops"] == pytest.approx(flops, rel=1e-9)
   # no device check recorded: the estimate for the 48L d512 family on an H200 (the
   # middle of issue 54's 32-44%), labelled so
-  from rankjax.train import mfu as mfu_lib
   estimate = mfu_lib.estimated_mfu(cfg, "NVIDIA H200")
   assert estimate[0] == pytest.approx(0.38) and "estimate for 48L d512" in estimate[1]
   assert (p["mfu"], p["mfu_source"]) == estimate == (row["mfu"], row["mfu_source"])
   assert row["device_hours"] == pytest.approx(flops / (989e12 * 0.38) / 3600, rel=1e-6)
   assert row["checkpoint_gb"] == pytest.approx(12 * row["parameters"] * cfg.max_to_keep / 1e9)
-  monkeypatch.setattr(training, "measured_mfu", lambda kind: 0.4)
-  assert training.plan({"/x/runs/post": cfg})["device_hours"] == pytest.approx(
+  monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: 0.4)
+  assert plan_lib.plan({"/x/runs/post": cfg})["device_hours"] == pytest.approx(
       row["device_hours"] * 0.38 / 0.4)
-  text = training.plan_text(p)
+  text = plan_lib.plan_text(p)
   assert "/x/runs/post" in text and "8 x NVIDIA H200" in text
 
 
 def test_refusals_name_the_missing_tokenizer_and_a_config_too_big(monkeypatch, tmp_path):
   cfg = training.load(PAPER_LM)
-  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
-  lines = training.refusals({str(tmp_path / "runs" / "a"): cfg})
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
+  lines = plan_lib.refusals({str(tmp_path / "runs" / "a"): cfg})
   assert len(lines) == 1 and "tokenizers/llama2/tokenizer.model" in lines[0]
   ok = training.load(PAPER_LM, ["tokenizer=byte", "model.vocab_size=257", "dataset=shakespeare"])
-  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 10e9))
-  (line,) = training.refusals({str(tmp_path / "runs" / "big"): ok})
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("NVIDIA H200", 1, 10e9))
+  (line,) = plan_lib.refusals({str(tmp_path / "runs" / "big"): ok})
   assert line.startswith("big: an estimated") and "10.0 GB" in line and "\n" not in line
   # the memory check runs whatever else failed: both refusals named
-  both = training.refusals({str(tmp_path / "runs" / "a"): cfg})
+  both = plan_lib.refusals({str(tmp_path / "runs" / "a"): cfg})
   assert len(both) == 2 and "tokenizer.model" in both[0] and "an estimated" in both[1]
-  est = training.memory_estimate(ok, 1)
+  est = plan_lib.memory_estimate(ok, 1)
   assert 15e9 < est["total"] < 40e9        # configs/README.md estimates ~25 GB on one H200
 
 
@@ -114,12 +117,12 @@ def test_finished_ignores_resumable_fields_and_needs_the_last_checkpoint(tmp_pat
   path = tmp_path / "run"
   (path / "checkpoints" / str(cfg.total_steps - 1)).mkdir(parents=True)
   config_lib.to_json(cfg, path / "config.json")
-  assert not training.finished(str(path), cfg)            # the last step is not saved
+  assert not run_reader.finished(str(path), cfg)            # the last step is not saved
   (path / "checkpoints" / str(cfg.total_steps)).mkdir()
-  assert training.finished(str(path), cfg)
+  assert run_reader.finished(str(path), cfg)
   import dataclasses
-  assert training.finished(str(path), dataclasses.replace(cfg, log_every=1))   # resumable
-  assert not training.finished(str(path), dataclasses.replace(cfg, learning_rate=1e-3))
+  assert run_reader.finished(str(path), dataclasses.replace(cfg, log_every=1))   # resumable
+  assert not run_reader.finished(str(path), dataclasses.replace(cfg, learning_rate=1e-3))
 
 
 def test_two_experiments_training_one_workdir_differently_is_an_error(tmp_path, monkeypatch):
@@ -152,11 +155,11 @@ def test_the_device_checks_measured_mfu_feeds_the_plan(tmp_path, monkeypatch):
   monkeypatch.syspath_prepend(str(finder.CHECKOUT_STUDIES / "benchmarks"))  # a script
   device_check = importlib.import_module("device_check")
   path = tmp_path / "device_check.json"
-  assert training.measured_mfu("NVIDIA H200", path) is None
+  assert mfu_lib.measured_mfu("NVIDIA H200", path) is None
   device_check.write_measured_mfu("NVIDIA H200", [{"mfu_spec": 0.41}, {"mfu_spec": 0.47}], path)
   device_check.write_measured_mfu("TPU v5 lite", [{"mfu_spec": None}], path)   # no peak: none
-  assert training.measured_mfu("NVIDIA H200", path) == 0.41     # the lower of the two steps
-  assert training.measured_mfu("TPU v5 lite", path) is None
+  assert mfu_lib.measured_mfu("NVIDIA H200", path) == 0.41     # the lower of the two steps
+  assert mfu_lib.measured_mfu("TPU v5 lite", path) is None
 
 
 def test_a_preempted_run_stops_reproduce_with_exit_75(tmp_path, monkeypatch, capsys):
@@ -213,7 +216,7 @@ def test_train_all_records_a_failure_and_goes_on_but_stops_on_preemption(monkeyp
     done.append(path)
   from rankjax.config import TrainConfig
   monkeypatch.setattr(training, "train", train)
-  monkeypatch.setattr(training, "finished", lambda path, cfg: False)
+  monkeypatch.setattr(run_reader, "finished", lambda path, cfg: False)
   # runs of different step shapes (total_steps), so each trains alone
   cfg = {p: TrainConfig(total_steps=10 + i, warmup_steps=1) for i, p in enumerate("abcde")}
   assert training.train_all({p: cfg[p] for p in "abc"}) == {
@@ -233,7 +236,7 @@ def test_train_all_trains_a_group_of_one_shape_as_one_program(monkeypatch):
   calls = []
   monkeypatch.setattr(training, "train", lambda path, cfg: calls.append([path]))
   monkeypatch.setattr(runs_lib, "train_runs", lambda cfgs: calls.append(list(cfgs)) or {})
-  monkeypatch.setattr(training, "finished", lambda path, cfg: path == "z")
+  monkeypatch.setattr(run_reader, "finished", lambda path, cfg: path == "z")
   monkeypatch.delenv(runs_lib.ONE_PROGRAM, raising=False)
   base = TrainConfig(total_steps=10, warmup_steps=1)
   every = {"a": base, "b": dataclasses.replace(base, seed=1),
@@ -268,28 +271,28 @@ def test_the_batch_split_is_fitted_to_any_device_count():
   cfg = training.load(PAPER_LM)                       # batch 256, grad_accum 16
   assert (cfg.batch_size, cfg.grad_accum) == (256, 16)
   for n, accum in ((1, 16), (8, 16), (16, 16), (32, 8), (64, 4), (256, 1)):
-    fitted, note = training.fit_batch(cfg, n)
+    fitted, note = plan_lib.fit_batch(cfg, n)
     assert fitted.batch_size == 256 and fitted.grad_accum == accum, n
     assert (fitted.batch_size // fitted.grad_accum) % n == 0
     assert (note is None) == (accum == 16) and (note is None or "batch 256 kept" in note)
-  assert training.fit_batch(cfg, 512) == (cfg, None)
-  assert training.fit_batch(cfg, 3) == (cfg, None)
+  assert plan_lib.fit_batch(cfg, 512) == (cfg, None)
+  assert plan_lib.fit_batch(cfg, 3) == (cfg, None)
 
 
 def test_the_plan_prints_how_the_batch_split_was_fitted(monkeypatch):
   """On 32 devices a paper run's grad_accum falls 16 -> 8 (batch 256 kept) and the plan
   row says so; on 8 devices nothing changes and the plan says nothing of it."""
   import jax
-  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 32, 141e9))
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("NVIDIA H200", 32, 141e9))
   monkeypatch.setattr(jax, "device_count", lambda: 32)
   cfg = training.at_scale(training.load(PAPER_LM), "paper")
   assert cfg.grad_accum == 8
-  text = training.plan_text(training.plan({"/o/runs/a": cfg}))
+  text = plan_lib.plan_text(plan_lib.plan({"/o/runs/a": cfg}))
   assert "grad_accum 16 -> 8: micro-batch 32 over 32 devices (batch 256 kept)" in text
   monkeypatch.setattr(jax, "device_count", lambda: 8)
   cfg = training.at_scale(training.load(PAPER_LM), "paper")
   assert cfg.grad_accum == 16
-  assert "grad_accum" not in training.plan_text(training.plan({"/o/runs/b": cfg}))
+  assert "grad_accum" not in plan_lib.plan_text(plan_lib.plan({"/o/runs/b": cfg}))
 
 
 @pytest.mark.parametrize("config, sets", [(PAPER_LM, ()), (GPT2_774M, (
@@ -301,7 +304,7 @@ def test_both_paper_configs_plan_on_every_device_count(config, sets):
   cfg = training.load(config, list(sets))
   for kind, memory in DEVICES.items():
     for n in (1, 8, 16, 32, 64, 256, 512):
-      lines = training.device_refusals(cfg, n, memory, kind, processes=max(1, n // 8))
+      lines = plan_lib.device_refusals(cfg, n, memory, kind, processes=max(1, n // 8))
       for line in lines:
         assert "\n" not in line and ("--set" in line or "run on" in line), (kind, n, line)
       split = [x for x in lines if "splits over no" in x]
@@ -312,11 +315,11 @@ def test_both_paper_configs_plan_on_every_device_count(config, sets):
       if mem and "--set mesh_fsdp=" in mem[0]:
         fsdp = int(mem[0].split("--set mesh_fsdp=")[1].split()[0])
         sharded = training.load(config, [*sets, f"mesh_fsdp={fsdp}"])
-        before = training.memory_estimate(training.fit_batch(cfg, n)[0], n)["total"]
-        after = training.memory_estimate(training.fit_batch(sharded, n)[0], n)["total"]
+        before = plan_lib.memory_estimate(plan_lib.fit_batch(cfg, n)[0], n)["total"]
+        after = plan_lib.memory_estimate(plan_lib.fit_batch(sharded, n)[0], n)["total"]
         assert after < before, (kind, n)
   # the 48-layer run fits one H200; the 774M runs need sharding on a 16 GB v5e
-  assert not training.device_refusals(cfg, 8, 141e9, "NVIDIA H200", processes=1)
+  assert not plan_lib.device_refusals(cfg, 8, 141e9, "NVIDIA H200", processes=1)
 
 
 def test_reproduce_set_reaches_every_run_and_plan_stops_before_training(tmp_path, capsys,
@@ -324,7 +327,7 @@ def test_reproduce_set_reaches_every_run_and_plan_stops_before_training(tmp_path
   """``--set`` reaches each paper-scale run of the study (in the plan the runs are the
   overridden configs); ``--plan`` prints and stops with exit 0 and nothing trained; a bad
   key is one line, exit 2; --set with --record is refused."""
-  from rankjax.studies import training as tr
+  tr = plan_lib
   monkeypatch.setattr(tr, "device_memory", lambda: ("NVIDIA H200", 8, 141e9))
   seen = []
   real = tr.plan
@@ -355,7 +358,7 @@ def test_reproduce_set_reaches_every_run_and_plan_stops_before_training(tmp_path
 
 def test_paper_scale_on_a_cpu_prints_the_plan_before_refusing(tmp_path, capsys,
                                                               monkeypatch):
-  monkeypatch.setattr(training, "device_memory", lambda: ("cpu", 1, 100e9))
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("cpu", 1, 100e9))
   code = cli.main(["reproduce", "postnorm_collapse", "--scale", "paper", "--only", "fig3",
                    "--out", str(tmp_path / "out")])          # and no Llama-2 tokenizer
   out, err = capsys.readouterr()
@@ -385,7 +388,7 @@ def test_rows_of_partial_runs_are_proxies_named_partial(tmp_path):
   done = runner._complete("m", row, "paper", exp, setting)
   assert done["status"] == "proxy" and done["note"].startswith("proxy: partial: a trained")
   assert evidence.recheck(done) == "proxy"
-  (r,) = training.plan({str(tmp_path / "runs" / "a"): part})["rows"]
+  (r,) = plan_lib.plan({str(tmp_path / "runs" / "a"): part})["rows"]
   assert r["updates"] == 4000 and r["tokens"] == 256 * 2048 * 4000
   # a run that stopped itself on collapse is partial too, and finished for the runner
   from rankjax.train import checkpoint
@@ -397,7 +400,7 @@ def test_rows_of_partial_runs_are_proxies_named_partial(tmp_path):
       "partial: c stopped itself at update 3100 of 40000 (stop_on_collapse)")
   from rankjax import config as config_lib
   config_lib.to_json(watched, tmp_path / "runs" / "c" / "config.json")
-  assert training.finished(str(tmp_path / "runs" / "c"), watched)
+  assert run_reader.finished(str(tmp_path / "runs" / "c"), watched)
 
 
 def test_user_setting_reads_the_last_set_and_counts_as_applied(tmp_path):
@@ -428,8 +431,8 @@ def test_plan_for_a_target_uses_its_devices_memory_and_peak(tmp_path, capsys, mo
   the wall hours on N; the missing tokenizer listed in the plan, exit 0. The memory by
   the estimate (RANKJAX_PLAN_MEMORY=estimate: no compile here; the compiled plan is
   tests/train/test_plan_memory.py's)."""
-  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
-  monkeypatch.setenv(training.PLAN_MEMORY_ENV, "estimate")
+  monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: None)
+  monkeypatch.setenv(plan_lib.PLAN_MEMORY_ENV, "estimate")
   plans = {}
   for target in ("h200:8", "v5e:64"):
     _, out = _plan_lines(capsys, "postnorm_collapse", "--only", "fig3", "--target", target,
@@ -460,18 +463,18 @@ def test_a_missing_data_set_is_a_refusal_inside_the_plan(tmp_path, capsys, monke
   lists the refusal with its fix, exit 0; against a target too small for a run, the
   refusal names the target's memory, never this host's (by the estimate here)."""
   monkeypatch.delenv("RANKJAX_FINEWEB", raising=False)
-  monkeypatch.setenv(training.PLAN_MEMORY_ENV, "estimate")
+  monkeypatch.setenv(plan_lib.PLAN_MEMORY_ENV, "estimate")
   _, out = _plan_lines(capsys, "softmax_sensitivity", "--target", "h200:8",
                        "--out", str(tmp_path / "out"))
   assert "has no rankjax train runs to plan" in out
   assert "- the paper's FineWeb is not given: set RANKJAX_FINEWEB=" in out
   from rankjax.train import mfu
   cfg = training.load(GPT2_774M, ["tokenizer=byte", "dataset=shakespeare"])  # 774M
-  with training.planning_for(mfu.parse_target("v5e:1")):
-    assert training.device_memory() == ("TPU v5 lite", 1, 16e9)
-    (line,) = training.refusals({str(tmp_path / "runs" / "a"): cfg})
+  with plan_lib.planning_for(mfu.parse_target("v5e:1")):
+    assert plan_lib.device_memory() == ("TPU v5 lite", 1, 16e9)
+    (line,) = plan_lib.refusals({str(tmp_path / "runs" / "a"): cfg})
   assert "16.0 GB of a TPU v5 lite (1 devices)" in line
-  assert training.device_memory()[0] != "TPU v5 lite"          # the context is left
+  assert plan_lib.device_memory()[0] != "TPU v5 lite"          # the context is left
 
 
 def test_a_bad_target_is_one_line(tmp_path, capsys):
@@ -485,12 +488,12 @@ def test_a_bad_target_is_one_line(tmp_path, capsys):
 
 
 def test_a_plan_without_a_spec_peak_says_why_it_has_no_device_hours(monkeypatch):
-  monkeypatch.setattr(training, "device_memory", lambda: ("cpu", 1, 100e9))
-  text = training.plan_text(training.plan({"/o/runs/a": training.load(PAPER_LM)}))
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("cpu", 1, 100e9))
+  text = plan_lib.plan_text(plan_lib.plan({"/o/runs/a": training.load(PAPER_LM)}))
   assert "device-hours '-': cpu has no spec peak" in text and "--target KIND:N" in text
-  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
-  assert "no spec peak" not in training.plan_text(
-      training.plan({"/o/runs/a": training.load(PAPER_LM)}))
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("NVIDIA H200", 1, 141e9))
+  assert "no spec peak" not in plan_lib.plan_text(
+      plan_lib.plan({"/o/runs/a": training.load(PAPER_LM)}))
 
 
 def test_a_program_holds_the_runs_that_fit_the_device_memory(monkeypatch):
@@ -500,10 +503,10 @@ def test_a_program_holds_the_runs_that_fit_the_device_memory(monkeypatch):
   from rankjax.train import memory
   cfg = TrainConfig(total_steps=10, warmup_steps=1)
   monkeypatch.setattr(memory, "device_limit", lambda: None)
-  assert training.program_size(cfg) >= 1 << 20
+  assert plan_lib.program_size(cfg) >= 1 << 20
   monkeypatch.setattr(memory, "device_limit", lambda: 100e9)
-  monkeypatch.setattr(training, "memory_estimate", lambda c, n: {"total": 30e9})
-  assert training.program_size(cfg) == 3            # 0.9 x 100 GB // 30 GB
-  monkeypatch.setattr(training, "memory_estimate", lambda c, n: {"total": 95e9})
-  assert training.program_size(cfg) == 1            # a paper-scale run fills it alone
-  assert training._fitting(list("abcdefg"), 3) == [list("abc"), list("def"), ["g"]]
+  monkeypatch.setattr(plan_lib, "memory_estimate", lambda c, n: {"total": 30e9})
+  assert plan_lib.program_size(cfg) == 3            # 0.9 x 100 GB // 30 GB
+  monkeypatch.setattr(plan_lib, "memory_estimate", lambda c, n: {"total": 95e9})
+  assert plan_lib.program_size(cfg) == 1            # a paper-scale run fills it alone
+  assert plan_lib.fitting(list("abcdefg"), 3) == [list("abc"), list("def"), ["g"]]

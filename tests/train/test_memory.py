@@ -154,32 +154,33 @@ def test_auto_run_prints_its_choice_keeps_auto_saved_and_resumes_the_same(tmp_pa
 
 
 def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
-  from rankjax.studies import training
+  from rankjax.train import mfu as mfu_lib
+  from rankjax.train import plan as plan_lib
   cfg = _cfg()
   limit = _limits(cfg)["none"]
   monkeypatch.setattr(memory, "device_limit", lambda: limit)
-  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
+  monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: None)
   n = jax.device_count()
-  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", n, limit))
-  p = training.plan({"/x/runs/auto": cfg})
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("NVIDIA H200", n, limit))
+  p = plan_lib.plan({"/x/runs/auto": cfg})
   (row,) = p["rows"]
   # on the job's own devices (a memory limit): XLA's analysis of the chosen step
   assert row["peak_compiled"] and row["remat"] == "none"
   assert row["peak_gb_per_device"] == loop.compiled_peak_bytes(
       memory.with_remat(cfg, "none")) / 1e9
   assert row["remat_note"].startswith("remat auto -> none (compiled peak")
-  assert "    remat auto -> none" in training.plan_text(p)
+  assert "    remat auto -> none" in plan_lib.plan_text(p)
   assert "GB/dev of 1 run: compiled: XLA's analysis of the step on these devices" in \
-      training.plan_text(p)
+      plan_lib.plan_text(p)
   # planning for other devices: the estimate, said so
-  monkeypatch.setattr(training, "device_memory", lambda: ("NVIDIA H200", n + 7, limit))
-  p = training.plan({"/x/runs/auto": cfg})
+  monkeypatch.setattr(plan_lib, "device_memory", lambda: ("NVIDIA H200", n + 7, limit))
+  p = plan_lib.plan({"/x/runs/auto": cfg})
   (row,) = p["rows"]
   params = memory.param_count(cfg)
   assert not row["peak_compiled"]
   assert row["peak_gb_per_device"] == memory.estimate(
       memory.with_remat(cfg, row["remat"]), n + 7, params)["total"] / 1e9
-  assert "GB/dev of 1 run: estimated (rankjax.train.memory;" in training.plan_text(p)
+  assert "GB/dev of 1 run: estimated (rankjax.train.memory;" in plan_lib.plan_text(p)
 
 
 def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():

@@ -9,6 +9,8 @@ import dataclasses
 import pytest
 
 from rankjax.studies import training
+from rankjax.train import mfu as mfu_lib
+from rankjax.train import plan as plan_lib
 from rankjax.train import mfu, plan_memory
 from tests.train.conftest import tiny_lm
 
@@ -80,11 +82,11 @@ def test_the_mfu_table_per_family_and_kind():
 
 
 def test_a_measured_mfu_replaces_the_estimate(monkeypatch):
-  monkeypatch.setattr(training, "measured_mfu", lambda kind: 0.41 if "H200" in kind else None)
+  monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: 0.41 if "H200" in kind else None)
   cfg = training.load("experiments/configs/gpt2_774m.json")
-  value, label = training.mfu_for(cfg, "NVIDIA H200")
+  value, label = mfu_lib.mfu_for(cfg, "NVIDIA H200")
   assert value == 0.41 and label.startswith("measured by the device check on NVIDIA H200")
-  assert training.mfu_for(cfg, "TPU v5 lite") == mfu.estimated_mfu(cfg, "TPU v5 lite")
+  assert mfu_lib.mfu_for(cfg, "TPU v5 lite") == mfu.estimated_mfu(cfg, "TPU v5 lite")
 
 
 def _runs(cfg):
@@ -102,34 +104,34 @@ def test_the_target_plan_compiles_once_refuses_against_its_memory_and_says_so(
   the target's memory (never this host's), as XLA:CPU's compiled number, uncorrected;
   the plan prints how each number was obtained and the MFU's label."""
   monkeypatch.setattr(plan_memory, "_CACHE", {})
-  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
-  monkeypatch.delenv(training.PLAN_MEMORY_ENV, raising=False)
+  monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: None)
+  monkeypatch.delenv(plan_lib.PLAN_MEMORY_ENV, raising=False)
   lm = dataclasses.replace(tiny_lm().model, remat="dots", dropout_rate=0.0)
   cfg = tiny_lm(model=lm, batch_size=16, grad_accum=2)
   big = mfu.Target(mfu.HARDWARE["h200"], 8)
   before = plan_memory.COMPILES[0]
-  with training.planning_for(big):
-    p = training.plan(_runs(cfg))
-    assert training.refusals(_runs(cfg)) == []
+  with plan_lib.planning_for(big):
+    p = plan_lib.plan(_runs(cfg))
+    assert plan_lib.refusals(_runs(cfg)) == []
   assert plan_memory.COMPILES[0] - before == p["compiles"] == 2       # step + diag_step
   parts = plan_memory.compiled_memory(cfg, 8)
   peak = max(parts["step"]["peak"], parts["diag_step"]["peak"])
   assert parts["diag_step"]["peak"] > parts["step"]["peak"] > parts["step"]["arguments"] > 0
   for r in p["rows"]:
     assert r["peak_compiled"] and r["peak_gb_per_device"] == peak / 1e9
-  text = training.plan_text(p)
+  text = plan_lib.plan_text(p)
   assert ("GB/dev of 3 runs: compiled by XLA:CPU on 8 host devices at its full depth 1 "
           "at the target's mesh, uncorrected for the target's compiler") in text
   assert "CPU to target: uncorrected" in text and "2 steps compiled for this plan" in text
   assert "MFU 0.35: estimate for a config of no measured family" in text
   small = mfu.Target(dataclasses.replace(mfu.HARDWARE["h200"], name="small",
                                          memory_bytes=peak), 8)
-  with training.planning_for(small):
-    lines = training.refusals(_runs(cfg))
+  with plan_lib.planning_for(small):
+    lines = plan_lib.refusals(_runs(cfg))
   assert plan_memory.COMPILES[0] - before == 2                    # nothing compiled again
   assert len(lines) == 3 and all("\n" not in line for line in lines)
-  assert lines[0] == (f"r0: XLA:CPU's compiled (uncorrected) {training._gb(peak)} GB per "
-                      f"device exceeds 90% of the {training._gb(peak)} GB of a NVIDIA H200 "
+  assert lines[0] == (f"r0: XLA:CPU's compiled (uncorrected) {plan_lib._gb(peak)} GB per "
+                      f"device exceeds 90% of the {plan_lib._gb(peak)} GB of a NVIDIA H200 "
                       "(8 devices): --set mesh_fsdp=8 (parameters and optimizer state "
                       "sharded over 8 devices), --set model.remat=full or a larger grad_accum")
 
@@ -168,15 +170,15 @@ def test_a_compile_that_fails_leaves_the_estimate_labelled_with_why(monkeypatch)
   monkeypatch.setattr(plan_memory, "_CACHE", {})
   monkeypatch.setattr(plan_memory, "_FAILED", {})
   monkeypatch.setattr(plan_memory, "_worker", lambda devices: Broken())
-  monkeypatch.setattr(training, "measured_mfu", lambda kind: None)
-  monkeypatch.delenv(training.PLAN_MEMORY_ENV, raising=False)
+  monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: None)
+  monkeypatch.delenv(plan_lib.PLAN_MEMORY_ENV, raising=False)
   cfg = tiny_lm(model=dataclasses.replace(tiny_lm().model, remat="auto"))  # estimate chooses
-  with training.planning_for(mfu.Target(mfu.HARDWARE["h200"], 8)):
-    p = training.plan({"/o/runs/a": cfg})
+  with plan_lib.planning_for(mfu.Target(mfu.HARDWARE["h200"], 8)):
+    p = plan_lib.plan({"/o/runs/a": cfg})
     (row,) = p["rows"]
     assert not row["peak_compiled"] and row["remat_note"].startswith(
         "remat auto -> none (estimated peak GB")
-    assert row["peak_gb_per_device"] == training.memory_estimate(cfg, 8)["total"] / 1e9
+    assert row["peak_gb_per_device"] == plan_lib.memory_estimate(cfg, 8)["total"] / 1e9
   assert row["peak_source"] == ("estimated (rankjax.train.memory: the plan's compile "
                                 "worker on 8 host devices stopped: Killed)")
-  assert "CPU to target" not in training.plan_text(p)
+  assert "CPU to target" not in plan_lib.plan_text(p)
