@@ -13,8 +13,10 @@ LayerNorm with gain and bias, no linear biases, Post-LN without an embedding
 LayerNorm, tied embeddings, GPT-2 init, learned positions):
   paper  ``experiments/configs/gpt2_774m.json`` (the project's one 774M config) with
          ``SCALE_SETS["paper"]`` (attention-probability dropout 0.1 and no Post-LN
-         embedding LayerNorm, as App D.1; the dropout masks by hash, the hidden key
-         blocks skipped: ``model.attn_dropout_mask=hash``):
+         embedding LayerNorm, as App D.1; the dropout masks by hash,
+         ``model.attn_dropout_mask=hash``: on a GPU the fused Pallas kernel
+         (rankjax.models.flash_dropout), elsewhere the query blocks with the hidden key
+         blocks skipped):
          d=1280, 36 layers, 20 heads, d_ff=5120, T=1024, 2000 updates, warmup 500,
          batch 64, lr 3e-4, bfloat16, GPT-2 BPE, diagnostics every 10 updates, on the
          paper's FineWeb: a directory of text or ArrayRecord files named by the env
@@ -90,8 +92,8 @@ CONFIGS = {"quick": os.path.join(HERE, "configs", "quick.json"),
 # experiments/configs/README.md), no embedding LayerNorm in Post-LN (the library's
 # placement rule would add one), and the log cadence of every update's loss / norm.
 DEEP_LAYERS = 36   # quick_deep's depth, fixed before its run (EXPECTED.md, quick_deep)
-# The paper step draws its dropout masks by hash and skips the hidden key blocks
-# (model.attn_dropout_mask, rankjax.models.dropout_mask): other masks than threefry's,
+# The paper step draws its dropout masks by hash (model.attn_dropout_mask,
+# rankjax.models.dropout_mask; the fused kernel on a GPU): other masks than threefry's,
 # of the same law; no recorded number of this study comes from a paper-scale run.
 SCALE_SETS = {"paper": ("model.attn_dropout_rate=0.1", "model.embed_norm=false", "log_every=10",
                         "model.attn_dropout_mask=hash"),

@@ -47,11 +47,16 @@ kind where the device check measured none, each an estimate with its reasoning
 |-------------------------------------------|-----------------------|----------------------|
 | 48L d512 (postnorm_48l_d512_c4.json)      | 0.38 (32-44%, middle) | 0.32 (low end)       |
 | 774M (gpt2_774m.json)                     | 0.465 (40-53%)        | 0.40                 |
-| 774M, attention dropout (softmax study)   | 0.195 (15-24%)        | 0.15                 |
+| 774M, attention dropout, hash masks       | 0.42 (34-50%)         | 0.24 (query blocks)  |
+| (the softmax study's paper scale)         |                       |                      |
+| 774M, attention dropout, threefry masks   | 0.195 (15-24%)        | 0.15                 |
 | any other config                          | 0.35                  | 0.35                 |
 
 The ranges are issue 54's review of these steps on one H200 (their FLOPs, the fused
-attention and the dropout path's cost, never run on a device). A GPU kind takes the
+attention and the dropout path's cost, never run on a device); the hash-mask row is
+``experiments/benchmarks/dropout_attention.py``'s FLOP / byte estimate of the fused Pallas
+kernel (``rankjax.models.flash_dropout``, GPU only; a TPU runs the query blocks,
+24-36%). A GPU kind takes the
 middle of the H200 range (the same kernels; the A100 and H100 have less memory
 bandwidth per FLOP, not measured either); a TPU kind its low end (no TPU measurement:
 splash attention and ``launch/xla_flags.sh`` never ran on a TPU). Other configs: the
@@ -169,10 +174,18 @@ def parse_target(text: str) -> Target:
 # step family -> (its test on a TrainConfig, the H200 range of issue 54's review)
 MFU_ESTIMATES: tuple[tuple[str, Any, tuple[float, float]], ...] = (
     ("48L d512", lambda c: (c.model.num_layers, c.model.d_model) == (48, 512), (0.32, 0.44)),
+    ("774M, attention dropout, hash masks", lambda c: (c.model.num_layers, c.model.d_model)
+     == (36, 1280) and c.model.attn_dropout_rate > 0 and c.model.attn_dropout_mask == "hash",
+     (0.34, 0.50)),
     ("774M, attention dropout", lambda c: (c.model.num_layers, c.model.d_model) == (36, 1280)
      and c.model.attn_dropout_rate > 0, (0.15, 0.24)),
     ("774M", lambda c: (c.model.num_layers, c.model.d_model) == (36, 1280), (0.40, 0.53)),
 )
+# a family whose H200 range rests on a GPU kernel: its TPU estimate, labelled
+TPU_LOW = {"774M, attention dropout, hash masks": (0.24, (
+    "estimate for 774M, attention dropout, hash masks on a TPU: the low end of the query "
+    "blocks' 24-36% on one H200 (the fused Pallas kernel is GPU-only; "
+    "experiments/benchmarks/dropout_attention.py; no TPU measurement)"))}
 OTHER_MFU = 0.35     # a config of no family above
 GPU_KINDS = ("h100", "h200", "a100")
 
@@ -205,6 +218,8 @@ def estimated_mfu(cfg, device_kind: str) -> tuple[float, str]:
                        "put the paper steps at 20-45%")
   low, high = next(r for name, _, r in MFU_ESTIMATES if name == family)
   if hw is not None and hw.name not in GPU_KINDS:
+    if family in TPU_LOW:    # the GPU range rests on a GPU-only kernel
+      return TPU_LOW[family]
     return low, (f"estimate for {family} on {hw.name}: the low end of issue 54's "
                  f"{low:.0%}-{high:.0%} on one H200 (no TPU measurement)")
   return (low + high) / 2, (f"estimate for {family}: the middle of issue 54's "

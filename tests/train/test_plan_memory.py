@@ -75,6 +75,15 @@ def test_the_mfu_table_per_family_and_kind():
     for kind in ("TPU v5 lite", "TPU v4", "TPU v6 lite", "TPU v5"):
       value, label = mfu.estimated_mfu(cfg, kind)
       assert value == low and "low end" in label and "no TPU measurement" in label
+  # the softmax study's paper scale (hash masks): the fused kernel's estimate on a GPU,
+  # the query blocks' low end on a TPU (the kernel is GPU-only)
+  hashed = load("experiments/configs/gpt2_774m.json",
+                ["model.attn_dropout_rate=0.1", "model.attn_dropout_mask=hash"])
+  assert mfu.step_family(hashed) == "774M, attention dropout, hash masks"
+  value, label = mfu.estimated_mfu(hashed, "NVIDIA H200")
+  assert value == pytest.approx(0.42) and "34%-50% on one H200" in label
+  value, label = mfu.estimated_mfu(hashed, "TPU v5 lite")
+  assert value == 0.24 and "GPU-only" in label and "no TPU measurement" in label
   assert mfu.estimated_mfu(tiny_lm(), "NVIDIA H200")[0] == mfu.OTHER_MFU == 0.35
   assert {k: mfu.hardware_of(h.device_kind).name for k, h in mfu.HARDWARE.items()} == {
       k: k for k in mfu.HARDWARE}
