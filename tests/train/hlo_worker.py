@@ -32,7 +32,7 @@ import dataclasses  # noqa: E402
 
 from rankjax.train import sharding as shard_lib  # noqa: E402
 from rankjax.train.loop import build  # noqa: E402
-from tests.train.conftest import tiny_lm  # noqa: E402
+from tests.train.conftest import shrunk_paper_config, tiny_lm  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
@@ -103,20 +103,6 @@ def _compiled_hlo(cfg, mesh, which: str) -> tuple[str, list]:
   fn = c.step if which == "step" else c.diag_step
   return fn.lower(state, batch).compile().as_text(), [list(x.shape)
                                                         for x in jax.tree.leaves(state.params)]
-
-
-def shrunk_paper_config(name: str, **lm_fields):
-  """The shipped paper config ``name`` with its sizes shrunk (see ``paper``), everything
-  else its own; ``lm_fields`` override more model fields."""
-  from rankjax import config as config_lib
-  from rankjax.config import TrainConfig
-  from tests.train.conftest import ROOT
-  cfg = config_lib.from_json(TrainConfig, (ROOT / "experiments" / "configs" / name).read_text())
-  lm = dataclasses.replace(cfg.model, num_layers=2, d_model=64, num_heads=2, d_ff=128,
-                           vocab_size=1000, max_seq_len=40, vocab_multiple=128,
-                           loss_chunk=256, **lm_fields)
-  return dataclasses.replace(cfg, model=lm, seq_len=40, batch_size=64, grad_accum=2,
-                             diag_examples=4)
 
 
 def paper() -> None:

@@ -201,7 +201,7 @@ def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():
 
 @pytest.mark.slow   # 6 compiles on 8 host devices in a second process (~30 s)
 def test_compiled_state_per_device_is_the_plans_share_on_8_and_4_devices():
-  """Both paper configs shrunk (``hlo_worker.shrunk_paper_config``), their training step
+  """Both paper configs shrunk (``conftest.shrunk_paper_config``), their training step
   compiled on 8 host devices without and with ``mesh_fsdp=8`` (the fix the plan's memory
   refusal names) and on 4 of them with ``mesh_fsdp=4``: XLA's arguments per device are
   the parameters and AdamW's two moments in float32 (12 bytes a parameter) over

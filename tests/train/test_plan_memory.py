@@ -148,14 +148,14 @@ def test_the_target_plan_compiles_once_refuses_against_its_memory_and_says_so(
 @pytest.mark.slow   # four compiles of a 12-layer unrolled step on 8 host devices (~90 s)
 def test_the_shrunk_depth_scaled_per_layer_is_a_direct_compile_within_5_percent(
     monkeypatch, compile_cache):
-  """The shrunk Post-Norm paper config (tests/train/hlo_worker.py: d=64, vocab 1024,
+  """The shrunk Post-Norm paper config (tests/train/conftest.py: d=64, vocab 1024,
   40 tokens, its diagnostics) with 12 layers unrolled: compiled at depths 4 and 8 and
   scaled to 12 (what the plan does for an unrolled scan) against the 12-layer step
   compiled directly, on 8 host devices with mesh_fsdp=8. The state (arguments, aliased)
   is linear in depth: equal within 0.1%; the peaks within 5% (XLA's buffer assignment
   is not exactly linear in depth; measured 1.7% on this model at 16 layers, 3% on the
   48-layer d=512 step scaled from 4 and 8)."""
-  from tests.train.hlo_worker import shrunk_paper_config
+  from tests.train.conftest import shrunk_paper_config
   monkeypatch.setattr(plan_memory, "_CACHE", {})
   cfg = shrunk_paper_config("postnorm_48l_d512_c4.json")
   cfg = dataclasses.replace(cfg, mesh_fsdp=8, model=dataclasses.replace(
