@@ -267,7 +267,8 @@ def dropout_kernel(cfg: TrainConfig) -> str | None:
   lm = cfg.model
   if not lm.attn_dropout_rate:
     return None
-  if flash_dropout.takes(lm, jnp.dtype(cfg.compute_dtype), cfg.seq_len):
+  if attention.kernel_for(lm, jnp.dtype(cfg.compute_dtype), cfg.seq_len,
+                         dropout=True).name == "flash":
     return "flash_dropout"
   return f"query blocks ({lm.attn_dropout_mask})"
 

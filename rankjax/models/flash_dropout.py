@@ -36,8 +36,9 @@ lie after every real query, so the causal mask hides them; the padded queries' r
 sliced off, and their zero cotangents add nothing to dK, dV), the hash still counts ``i T +
 j`` with the real T. ``supported`` says which shapes the kernel takes (float32 or
 16-bit, d_head a power of two from 16 to 128); ``CausalSelfAttention`` takes it for hash
-dropout in training on a GPU (``takes``, ``TransformerConfig.attn_dropout_kernel``),
-never with the P - alpha C_n intervention (refused: that path stays
+dropout in training on a GPU (the "flash" kernel of ``attention_kernels``, chosen by
+``attention_kernels.select`` under ``TransformerConfig.attn_dropout_kernel``),
+never with the P - alpha C_n intervention (the kernel declares none: that path stays
 ``causal_dropout_attention``). Off a GPU it runs in Pallas' interpreter (the tests);
 on a GPU it lowers to two Triton kernels (``__gpu$xla.gpu.triton``, exported for CUDA
 from a CPU in the tests; Triton's own compilation to PTX happens on the GPU only).
@@ -76,19 +77,6 @@ def supported(dtype, d_head: int, t: int) -> bool:
   of two from 16 to 128 (Triton's dot and the registers), T within the hash counter's
   range."""
   return (jnp.dtype(dtype) in DTYPES and d_head in D_HEADS and t <= dropout_mask.MAX_SEQ)
-
-
-def takes(cfg, dtype, t: int) -> bool:
-  """Whether ``CausalSelfAttention`` runs its dropout through this kernel
-  (``TransformerConfig.attn_dropout_kernel``): hash masks, no P - alpha C_n (refused
-  here: it stays ``causal_dropout_attention``), shapes the kernel takes; under auto a
-  GPU backend and a 16-bit dtype (float32 would run Triton's full-precision dots),
-  under pallas any backend (interpreted off GPU)."""
-  if (cfg.attn_dropout_kernel == "blocks" or cfg.attn_dropout_mask != "hash"
-      or cfg.prefix_avg_removal or not supported(dtype, cfg.d_head, t)):
-    return False
-  return cfg.attn_dropout_kernel == "pallas" or (
-      jax.default_backend() == "gpu" and jnp.dtype(dtype) != jnp.dtype(jnp.float32))
 
 
 def _blocks(t: int, block: int) -> tuple[int, int]:
@@ -263,7 +251,7 @@ def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.
   dropout_rate, key)`` up to float rounding. ``interpret``: Pallas' interpreter (default:
   off a GPU backend). ``residual_name``: a ``checkpoint_name`` for what the backward
   reads (q, k, v, the words, O and the log-sum-exp), so a remat policy saving that name
-  never runs the forward kernel again (``attention.ATTENTION_RESIDUALS``)."""
+  never runs the forward kernel again (``attention_kernels.ATTENTION_RESIDUALS``)."""
   b, t, h, d = q_BxTxHxD.shape
   if d not in D_HEADS or jnp.dtype(q_BxTxHxD.dtype) not in DTYPES:
     raise UserError(f"flash dropout attention needs d_head in {D_HEADS} and float32, "

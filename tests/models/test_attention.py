@@ -13,7 +13,8 @@ import pytest
 from jax import export
 
 from rankjax.config import TransformerConfig
-from rankjax.models import attention
+from rankjax.errors import UserError
+from rankjax.models import attention, attention_kernels
 from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
 
 CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24,
@@ -47,7 +48,7 @@ def test_fused_equals_einsum_outputs_and_gradients(tau, alpha, pos):
 def test_prefix_mean_is_c_n_times_v():
   v = jax.random.normal(jax.random.key(2), (2, 7, 3, 4))
   expected = jnp.einsum("qk,bkhd->bqhd", prefix_average_matrix(7), v)
-  np.testing.assert_allclose(attention.prefix_mean(v), expected, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(attention_kernels.prefix_mean(v), expected, rtol=1e-6, atol=1e-7)
 
 
 def _rotation(m: int, dh: int, base: float) -> np.ndarray:
@@ -81,9 +82,11 @@ def test_rope_scores_depend_on_relative_position_only():
 
 
 def test_auto_is_xla_on_cpu_and_a_forced_choice_stands():
-  assert attention.fused_impl(CFG, jnp.bfloat16) == "xla"
-  assert attention.fused_impl(dataclasses.replace(CFG, attention_impl="cudnn"),
-                              jnp.float32) == "cudnn"
+  assert attention.kernel_for(CFG, jnp.bfloat16, 12).name == "xla"
+  cudnn = dataclasses.replace(CFG, attention_impl="cudnn")
+  assert attention.kernel_for(cudnn, jnp.bfloat16, 12).name == "cudnn"   # any backend
+  with pytest.raises(UserError, match="attention_impl='cudnn' takes bfloat16, float16, not float32"):
+    attention.kernel_for(cudnn, jnp.float32, 12)
 
 
 # --- the compiled step under bf16 compute ------------------------------------------
@@ -161,8 +164,8 @@ def test_causal_probabilities_against_numpy(x64):
 
 def test_auto_is_splash_on_tpu_where_its_blocks_tile_the_sequence():
   with mock.patch.object(jax, "default_backend", return_value="tpu"):
-    assert attention.fused_impl(CFG, jnp.bfloat16, 256) == "splash"
-    assert attention.fused_impl(CFG, jnp.bfloat16, 100) == "xla"
+    assert attention.kernel_for(CFG, jnp.bfloat16, 256).name == "splash"
+    assert attention.kernel_for(CFG, jnp.bfloat16, 100).name == "xla"
 
 
 @pytest.mark.slow
@@ -221,7 +224,7 @@ def test_blocked_attention_is_the_explicit_formula_with_its_masks(t, alpha, rate
   with the same dropout masks (blocks of 4 rows; 7 rows: one block of 7)."""
   q, k, v = (jax.random.normal(jax.random.key(i), (2, t, 3, 4)) for i in range(3))
   key, scale = jax.random.key(5), 0.4
-  n = attention.query_block(t, 4)
+  n = attention_kernels.query_block(t, 4)
   assert n == (4 if t == 12 else 1)
 
   def loss(f):
@@ -301,7 +304,7 @@ def test_remat_dots_runs_the_fused_kernel_forward_once(platform, impl, t):
 def test_named_residuals_change_no_value_or_gradient():
   q, k, v = (jax.random.normal(jax.random.key(i), (2, 16, 2, 8)) for i in range(3))
   kernel = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=0.3)
-  wrapped = attention.with_named_residuals(kernel)
+  wrapped = attention_kernels.with_named_residuals(kernel)
   loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))
   np.testing.assert_array_equal(wrapped(q, k, v), kernel(q, k, v))
   for a, b in zip(jax.grad(loss(wrapped), argnums=(0, 1, 2))(q, k, v),

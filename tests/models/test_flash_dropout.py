@@ -109,8 +109,9 @@ def test_model_dispatch_takes_the_flash_kernel_where_it_applies():
   for change in ({"attn_dropout_kernel": "blocks"}, {"attn_dropout_kernel": "auto"},
                  {"prefix_avg_removal": 0.3}, {"attn_dropout_mask": "threefry"}):
     assert not _uses_pallas(dataclasses.replace(CFG, **change), tokens, params), change
-  assert flash_dropout.takes(CFG, jnp.bfloat16, 20)
-  assert not flash_dropout.takes(dataclasses.replace(CFG, d_model=48), jnp.float32, 20)
+  flash = lambda cfg, dtype: attention.kernel_for(cfg, dtype, 20, dropout=True).name
+  assert flash(CFG, jnp.bfloat16) == "flash"
+  assert flash(dataclasses.replace(CFG, d_model=48), jnp.float32) == "hash_blocks"
   with pytest.raises(ValueError, match="attn_dropout_kernel"):
     TransformerConfig(attn_dropout_kernel="triton")
 
