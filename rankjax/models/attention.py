@@ -179,18 +179,19 @@ def projections(x: jax.Array, weights: dict[str, jax.Array],
 
 
 def settings(cfg: TransformerConfig) -> kernels.Settings:
-  """The attention kernel settings of ``cfg``: ``attention_impl``, ``attn_dropout_mask``,
-  ``attn_dropout_kernel``."""
-  return kernels.Settings(cfg.attention_impl, cfg.attn_dropout_mask, cfg.attn_dropout_kernel)
+  """The attention kernel settings of ``cfg``: ``attention_impl``, ``attn_dropout_kernel``."""
+  return kernels.Settings(cfg.attention_impl, cfg.attn_dropout_kernel)
 
 
 def kernel_for(cfg: TransformerConfig, dtype: Any, t: int, *, capture: bool = False,
                dropout: bool = False) -> kernels.Kernel:
   """The kernel ``CausalSelfAttention`` runs for ``cfg`` at this dtype and T: with
-  ``capture`` (the probabilities sown), ``dropout`` (attention dropout in training);
+  ``capture`` (the probabilities sown), ``dropout`` (attention dropout in training,
+  with ``attn_dropout_mask``'s masks);
   ``kernels.select``, which refuses an explicit ``attention_impl`` that cannot serve it."""
   return kernels.select(settings(cfg), kernels.Need(
-      dtype, t, cfg.d_head, capture=capture, dropout=dropout,
+      dtype, t, cfg.d_head, capture=capture,
+      dropout=cfg.attn_dropout_mask if dropout else None,
       prefix=bool(cfg.prefix_avg_removal)))
 
 

@@ -134,24 +134,23 @@ def scale(d_head: int, tau: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The configured choice: ``attention_impl`` (auto, einsum, xla, cudnn, splash),
-  ``attn_dropout_mask`` (threefry, hash), ``attn_dropout_kernel`` (auto, pallas,
-  blocks)."""
+  """The configured choice: ``attention_impl`` (auto, einsum, xla, cudnn, splash) and
+  ``attn_dropout_kernel`` (auto, pallas, blocks)."""
   impl: str = "auto"
-  dropout_mask: str = "threefry"
   dropout_kernel: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class Need:
   """What one call needs: its dtype, T and d_head; ``capture`` (the probabilities),
-  ``dropout`` (on the probabilities, training), ``prefix`` (alpha != 0); ``backend``
-  (None: ``jax.default_backend()``, for auto)."""
+  ``dropout`` (on the probabilities in training: the masks, threefry or hash
+  (``attn_dropout_mask``); None: none), ``prefix`` (alpha != 0); ``backend`` (None:
+  ``jax.default_backend()``, for auto)."""
   dtype: Any
   t: int
   d_head: int
   capture: bool = False
-  dropout: bool = False
+  dropout: str | None = None
   prefix: bool = False
   backend: str | None = None
 
@@ -182,8 +181,8 @@ class Kernel:
       return "forms no attention probabilities (capture): use einsum"
     if need.float64 and not self.float64:
       return "computes no float64 softmax: use einsum"
-    if need.dropout and not self.dropout:
-      return "has no attention dropout"
+    if need.dropout and need.dropout not in self.dropout:
+      return f"has no attention dropout with {need.dropout} masks"
     if need.prefix and self.prefix is None:
       return "has no prefix removal (prefix_avg_removal)"
     if self.dtypes is not None and jnp.dtype(need.dtype) not in [jnp.dtype(d) for d in self.dtypes]:
@@ -481,9 +480,9 @@ FUSED = ("xla", "cudnn", "splash")   # the attention_impl choices besides auto a
 def select(settings: Settings, need: Need) -> Kernel:
   """The kernel of one call. einsum when ``attention_impl`` is einsum, or under auto when
   the call needs the probabilities (capture) or float64. Dropout in training: the flash
-  kernel for hash masks where ``attn_dropout_kernel`` is pallas, or auto on a GPU
-  backend with a 16-bit dtype, and the kernel supports the call (no prefix removal, its
-  shapes); else the query blocks of the mask (hash_blocks, blocks). Otherwise the named
+  kernel where ``attn_dropout_kernel`` is pallas, or auto on a GPU backend with a 16-bit
+  dtype, and it supports the call (hash masks, no prefix removal, its shapes); else the
+  query blocks of the call's masks (blocks, hash_blocks). Otherwise the named
   fused kernel, or under auto cudnn on a GPU backend and splash on a TPU backend where
   they support the call, else xla. An explicit fused kernel that cannot serve the call
   (capture, float64, dtype, shapes) is refused: ``UserError``, one line. The backend is
@@ -493,16 +492,16 @@ def select(settings: Settings, need: Need) -> Kernel:
   if settings.impl not in FUSED + ("auto",):
     raise UserError(f"attention_impl {settings.impl!r}; choose auto, einsum, {', '.join(FUSED)}")
   if need.capture or need.float64:
-    _refuse(settings.impl, dataclasses.replace(need, dropout=False))
+    _refuse(settings.impl, dataclasses.replace(need, dropout=None))
   backend = need.backend or jax.default_backend()
   if need.dropout:
     flash = KERNELS["flash"]
-    if (settings.dropout_mask == "hash" and settings.dropout_kernel != "blocks"
-        and flash.refusal(need) is None
+    if (settings.dropout_kernel != "blocks" and flash.refusal(need) is None
         and (settings.dropout_kernel == "pallas" or (
             backend == "gpu" and jnp.dtype(need.dtype) != jnp.dtype(jnp.float32)))):
       return flash
-    return KERNELS["hash_blocks" if settings.dropout_mask == "hash" else "blocks"]
+    return next(KERNELS[n] for n in ("blocks", "hash_blocks")
+                if need.dropout in KERNELS[n].dropout)
   if settings.impl == "auto":
     preferred = {"gpu": "cudnn", "tpu": "splash"}.get(backend)
     return KERNELS[preferred if preferred and KERNELS[preferred].refusal(need) is None

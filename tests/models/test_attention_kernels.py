@@ -22,8 +22,9 @@ def _need(dtype=BF16, t=256, d_head=64, **kw):
   return ak.Need(dtype, t, d_head, **kw)
 
 
-def _pick(impl="auto", mask="threefry", kernel="auto", **need):
-  return ak.select(ak.Settings(impl, mask, kernel), _need(**need)).name
+def _pick(impl="auto", mask="threefry", kernel="auto", dropout=False, **need):
+  return ak.select(ak.Settings(impl, kernel),
+                   _need(dropout=mask if dropout else None, **need)).name
 
 
 # (settings, need) -> the kernel, written out from the rules (config docs of
@@ -72,6 +73,15 @@ def test_selector_choice(case, want):
   case = dict(case)
   settings = {k: case.pop(k) for k in ("impl", "mask", "kernel") if k in case}
   assert _pick(**settings, **case) == want
+
+
+def test_declarations_decide_the_refusals():
+  flash, blocks = ak.KERNELS["flash"], ak.KERNELS["blocks"]
+  assert flash.refusal(_need(dropout="hash")) is None
+  assert flash.refusal(_need(dropout="threefry")) == "has no attention dropout with threefry masks"
+  assert flash.refusal(_need(dropout="hash", prefix=True)).startswith("has no prefix removal")
+  assert blocks.refusal(_need(dropout="threefry", prefix=True, dtype=F64)) is None
+  assert ak.KERNELS["xla"].refusal(_need(dropout="hash")).startswith("has no attention dropout")
 
 
 def test_auto_follows_the_default_backend():
