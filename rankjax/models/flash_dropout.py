@@ -36,7 +36,7 @@ lie after every real query, so the causal mask hides them; the padded queries' r
 sliced off, and their zero cotangents add nothing to dK, dV), the hash still counts ``i T +
 j`` with the real T. ``supported`` says which shapes the kernel takes (float32 or
 16-bit, d_head a power of two from 16 to 128); ``CausalSelfAttention`` takes it for hash
-dropout in training on a GPU (``takes``, ``TransformerConfig.attn_dropout_kernel``),
+dropout in training on a GPU (``takes``, ``TransformerConfig.kernels.attn_dropout_kernel``),
 never with the P - alpha C_n intervention (refused: that path stays
 ``causal_dropout_attention``). Off a GPU it runs in Pallas' interpreter (the tests);
 on a GPU it lowers to two Triton kernels (``__gpu$xla.gpu.triton``, exported for CUDA
@@ -80,14 +80,14 @@ def supported(dtype, d_head: int, t: int) -> bool:
 
 def takes(cfg, dtype, t: int) -> bool:
   """Whether ``CausalSelfAttention`` runs its dropout through this kernel
-  (``TransformerConfig.attn_dropout_kernel``): hash masks, no P - alpha C_n (refused
+  (``TransformerConfig.kernels.attn_dropout_kernel``): hash masks, no P - alpha C_n (refused
   here: it stays ``causal_dropout_attention``), shapes the kernel takes; under auto a
   GPU backend and a 16-bit dtype (float32 would run Triton's full-precision dots),
   under pallas any backend (interpreted off GPU)."""
-  if (cfg.attn_dropout_kernel == "blocks" or cfg.attn_dropout_mask != "hash"
+  if (cfg.kernels.attn_dropout_kernel == "blocks" or cfg.attn_dropout_mask != "hash"
       or cfg.prefix_avg_removal or not supported(dtype, cfg.d_head, t)):
     return False
-  return cfg.attn_dropout_kernel == "pallas" or (
+  return cfg.kernels.attn_dropout_kernel == "pallas" or (
       jax.default_backend() == "gpu" and jnp.dtype(dtype) != jnp.dtype(jnp.float32))
 
 

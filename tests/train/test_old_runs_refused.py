@@ -67,7 +67,7 @@ def test_a_format_1_run_is_refused_in_one_line_until_converted(mlp_run, tmp_path
   assert len(err) == 1 and "before config format 2" in err[0] and "convert-config" in err[0]
 
   assert cli.main(["convert-config", str(workdir)]) == 0
-  assert "rewritten in config format 2" in capsys.readouterr().out
+  assert "rewritten in config format 3" in capsys.readouterr().out
   assert (workdir / "config.json.format1").is_file()
   run = load_run(workdir)
   assert run.config == cfg and run.step == 4
