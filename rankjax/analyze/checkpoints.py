@@ -224,7 +224,8 @@ def _decoder(cfg: TransformerConfig, weights: Weights, parameters: int, stored: 
              source: str, extra: dict, tokenizer: str | None) -> Model:
   return Model(
       source=source, family="decoder",
-      description={**extra, **{f: getattr(cfg, f) for f in _DESCRIBED}, "rope_base": cfg.rope.base,
+      description={**extra, **{f: getattr(cfg, f) for f in _DESCRIBED},
+                   "rope_base": cfg.rope.base,
                    "parameters": parameters, "dtype": stored,
                    "compute_dtype": cfg.compute_dtype,
                    "weights": "resident" if weights.resident else "layer at a time"},

@@ -100,16 +100,18 @@ def _uses_pallas(cfg, tokens, params):
 
 
 def test_model_dispatch_takes_the_flash_kernel_where_it_applies():
-  """``attn_dropout_kernel``: pallas takes the kernel (here in the interpreter), blocks
+  """``kernels.attn_dropout_kernel``: pallas takes the kernel (here in the interpreter), blocks
   and auto on this CPU do not; prefix removal, threefry masks and evaluation never take
   it (the traced programs)."""
   from rankjax.models.transformer import DecoderLM
   tokens = jax.random.randint(jax.random.key(3), (2, 20), 0, 37)
   params = jax.jit(DecoderLM(CFG).init)(jax.random.key(0), tokens)
   assert _uses_pallas(CFG, tokens, params)
-  for change in ({"attn_dropout_kernel": "blocks"}, {"attn_dropout_kernel": "auto"},
-                 {"prefix_avg_removal": 0.3}, {"attn_dropout_mask": "threefry"}):
-    assert not _uses_pallas(dataclasses.replace(CFG, **change), tokens, params), change
+  for change in (with_kernels(CFG, attn_dropout_kernel="blocks"),
+                 with_kernels(CFG, attn_dropout_kernel="auto"),
+                 dataclasses.replace(CFG, prefix_avg_removal=0.3),
+                 dataclasses.replace(CFG, attn_dropout_mask="threefry")):
+    assert not _uses_pallas(change, tokens, params), change
   assert flash_dropout.takes(CFG, jnp.bfloat16, 20)
   assert not flash_dropout.takes(dataclasses.replace(CFG, d_model=48), jnp.float32, 20)
   with pytest.raises(ValueError, match="attn_dropout_kernel"):

@@ -38,8 +38,8 @@ Regenerate only on purpose (a deliberate change of the model's numerics), from t
 whose numbers are to be pinned: ``python -m tests.models.test_lm_golden write`` (with
 tests/conftest.py's XLA flags in ``XLA_FLAGS``), and say in the commit why. The configs
 below are flat: their ``KernelConfig`` fields (remat, attention_impl) go into
-``kernels``. Config fields the code lacks are dropped (the pre-issue-17 model had no ``embed_norm`` and no
-``attention_impl`` and behaved as their values here).
+``kernels``. Config fields the code lacks are dropped (the pre-issue-17 model had no
+``embed_norm`` and no ``attention_impl`` and behaved as their values here).
 """
 
 import dataclasses
