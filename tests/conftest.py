@@ -47,3 +47,10 @@ def single_blas_thread():
   from rankjax import fast_paths
   with fast_paths.single_blas_thread():
     yield
+
+
+def with_kernels(lm, **knobs):
+  """The TransformerConfig ``lm`` with ``knobs`` of its ``kernels`` (``KernelConfig``:
+  remat, attention_impl, loss_chunk, ...) changed, the others kept."""
+  import dataclasses
+  return dataclasses.replace(lm, kernels=dataclasses.replace(lm.kernels, **knobs))

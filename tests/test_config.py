@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rankjax import config
-from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
+from rankjax.config import KernelConfig, MLPConfig, TrainConfig, TransformerConfig
 
 MLP_BAD = [
     ("depth", 0), ("depth", -3), ("depth", 2.5),
@@ -34,8 +34,8 @@ LM_BAD = [
     ("ffn", "relu"), ("tau", 0.0), ("tau", -1.0), ("pos_embedding", "alibi"),
     ("init", "xavier"), ("init_scale", 0.0), ("embed_std", -0.1),
     ("prefix_avg_removal", -0.5), ("dropout_rate", 1.0), ("dropout_rate", -0.1),
-    ("attn_dropout_rate", 1.5), ("compute_dtype", "float16"), ("remat", "some"),
-    ("embed_norm", "yes"), ("norm_bias", 1), ("beta", -1.0), ("rope_base", 0.0),
+    ("attn_dropout_rate", 1.5), ("compute_dtype", "float16"),
+    ("embed_norm", "yes"), ("norm_bias", 1), ("beta", -1.0),
     ("attn_dropout_mask", "philox"),
 ]
 
@@ -234,7 +234,7 @@ def test_check_is_the_one_rule_helper():
 
 def test_model_json_is_tagged_with_its_kind_and_written_with_the_format():
   data = config.to_dict(TrainConfig(model=MLPConfig(depth=3)))
-  assert data["format"] == config.FORMAT == 2
+  assert data["format"] == config.FORMAT == 3
   assert data["model"]["kind"] == "mlp" and data["model"]["depth"] == 3
   assert "lm" not in data and "mlp" not in data
   assert config.from_dict(TrainConfig, data).model == MLPConfig(depth=3)
@@ -319,9 +319,9 @@ def test_format_1_json_is_refused_in_one_line_naming_the_format(tmp_path):
       f"config {path} written by rankjax before config format 2 (a \"model\" name beside "
       "\"lm\" / \"mlp\" objects): convert it with rankjax convert-config (its config.json "
       "or its run folder)")
-  with pytest.raises(config.FormatError, match="^config has config format 3; this rankjax "
-                                               "reads format 2: use the rankjax that wrote it"):
-    config.from_json(TrainConfig, json.dumps({"format": 3}))
+  with pytest.raises(config.FormatError, match="^config has config format 4; this rankjax "
+                                               "reads format 3: use the rankjax that wrote it"):
+    config.from_json(TrainConfig, json.dumps({"format": 4}))
   with pytest.raises(config.FormatError, match="before config format 2"):
     config.from_dict(TrainConfig, {"lm": {}})             # no "model" name, the old objects
 
@@ -332,9 +332,10 @@ def test_convert_file_rewrites_format_1_and_keeps_the_original(tmp_path):
   assert path == tmp_path / "config.json" and backup == tmp_path / "config.json.format1"
   assert json.loads(backup.read_text()) == FORMAT1
   cfg = config.from_json(TrainConfig, path)
-  assert cfg == TrainConfig(model=TransformerConfig(num_layers=2, remat="full"),
+  assert cfg == TrainConfig(model=TransformerConfig(num_layers=2,
+                                                    kernels=KernelConfig(remat="full")),
                             learning_rate=1e-3)
-  with pytest.raises(ValueError, match="has config format 2, not 1: nothing to convert"):
+  with pytest.raises(ValueError, match="has config format 3, not 1 or 2: nothing to convert"):
     config.convert_file(path, TrainConfig)
   plugin = tmp_path / "plugin.json"
   plugin.write_text(json.dumps({"model": "plain_mlp", "mlp": {"depth": 2}}))

@@ -10,7 +10,6 @@ Run:  python experiments/benchmarks/ablate_plain.py [--steps 5] [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 
@@ -19,6 +18,7 @@ import optax
 
 import plain_flax
 from train_throughput import step_pair
+from rankjax import config as config_lib
 from rankjax.train.loop import build
 
 SHAPES = ((128, 4, 8, 512, 128, 16), (256, 4, 4, 1024, 256, 8))
@@ -51,7 +51,7 @@ def programs(shape, variants=()):
   out = {"rj_step": pair["rj"], "plain_step": pair["plain"],
          **{f"{side}_grad": (lambda f=f, a=a: f(*a())) for side, (f, a) in grads.items()}}
   for field, value in variants:      # rankjax's gradient with one TransformerConfig field changed
-    vc = build(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **{field: value})))
+    vc = build(config_lib.override(cfg, [f"model.{field}={value}"]))   # dotted: kernels.X
     vg = jax.jit(jax.grad(lambda p, b, vc=vc: vc.task.loss(p, b, None, deterministic=True)[0]))
     vp = vc.init().params
     out[f"rj_grad[{field}={value}]"] = lambda vg=vg, vp=vp: vg(vp, micro)
@@ -63,13 +63,13 @@ def main():
   ap.add_argument("--steps", type=int, default=5)
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--variant", action="append", default=[],
-                  help="FIELD=VALUE of TransformerConfig, e.g. attention_impl=einsum, "
-                       "scan_unroll=8 (an int where it parses as one)")
+                  help="FIELD=VALUE of TransformerConfig (a --set model.FIELD), e.g. "
+                       "kernels.attention_impl=einsum, kernels.scan_unroll=8")
   args = ap.parse_args()
   variants = []
   for v in args.variant:
     k, val = v.split("=", 1)
-    variants.append((k, int(val) if val.lstrip("-").isdigit() else val))
+    variants.append((k, val))
   for shape in SHAPES:
     fns = programs(shape, variants)
     for f in fns.values():

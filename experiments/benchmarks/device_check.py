@@ -309,7 +309,8 @@ def check_step(name: str, smoke: bool, prng_impl: str | None = None,
               attn_kernel=dropout_kernel(cfg),
               params=n_params, batch=cfg.batch_size, seq_len=cfg.seq_len,
               compute_dtype=cfg.compute_dtype, model=config_lib.to_dict(cfg.model),
-              remat=c.task.model.cfg.remat, remat_note=c.remat_note,   # lm.remat="auto"
+              remat=c.task.model.cfg.kernels.remat,
+              remat_note=c.remat_note,                    # lm.kernels.remat="auto"
               step_s=t, tokens_s=cfg.batch_size * cfg.seq_len / t, loss=loss, **mfu,
               peak_memory_gib=step_bytes / 2 ** 30)
 

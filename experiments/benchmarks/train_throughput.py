@@ -73,7 +73,7 @@ def model_configs(accelerator: bool) -> dict[str, tuple[TrainConfig, str]]:
   else:
     paper = dataclasses.replace(paper, batch_size=2, grad_accum=1, seq_len=128,
                                 compute_dtype="float32",
-                                model=dataclasses.replace(paper.model, remat="none"))
+                                model=config_lib.override(paper.model, ["kernels.remat=none"]))
     note = "reduced for the CPU: T=128, B=2, float32, no remat"
   small_note = f"config as is (T={small.seq_len}, B={small.batch_size})"
   common = dict(diag_every=1, diagnostics=("basic",))

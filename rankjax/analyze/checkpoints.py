@@ -217,8 +217,7 @@ def available_bytes(placement: Placement) -> int:
 
 
 _DESCRIBED = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff", "vocab_size",
-              "norm_position", "norm_op", "ffn", "pos_embedding", "rope_base",
-              "tie_embeddings", "attn_bias", "attn_out_bias", "ffn_bias")
+              "norm_position", "norm_op", "ffn", "pos_embedding", "tie_embeddings", "attn_bias", "attn_out_bias", "ffn_bias")
 
 
 def _decoder(cfg: TransformerConfig, weights: Weights, parameters: int, stored: str,
@@ -226,6 +225,7 @@ def _decoder(cfg: TransformerConfig, weights: Weights, parameters: int, stored: 
   return Model(
       source=source, family="decoder",
       description={**extra, **{f: getattr(cfg, f) for f in _DESCRIBED},
+                   "rope_base": cfg.rope.base,
                    "parameters": parameters, "dtype": stored,
                    "compute_dtype": cfg.compute_dtype,
                    "weights": "resident" if weights.resident else "layer at a time"},

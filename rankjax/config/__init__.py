@@ -12,10 +12,11 @@ from rankjax.config.io import (FORMAT, FormatError, JsonConfig, convert_file, di
 from rankjax.config.models import (MLP_ACTIVATIONS, MODEL_CONFIGS, NORM_LOCATIONS,
                                    NORM_OPS, NORM_POSITIONS, AttentionImpl, AttnDropoutMask,
                                    AttnDropoutKernel, BranchMatrices,
-                                   DType, GradReduceDType, InitScaleTo, LMFFN, LMInit,
+                                   DType, GradReduceDType, InitScaleTo, KernelConfig,
+                                   LMFFN, LMInit,
                                    MLPActivation, MLPConfig, ModelConfig, NormOp,
                                    NormPosition, PosEmbedding, PRNGImpl, RematPolicy,
-                                   RopeScaling, TransformerConfig, norm_ops_of,
+                                   RopeConfig, RopeScaling, TransformerConfig, norm_ops_of,
                                    norm_position_of, register_model_config)
 from rankjax.config.training import (ComputeDType, LRSchedule, Optimizer, TrainConfig,
                                      fields_with, run_field, step_shape)
@@ -26,9 +27,10 @@ __all__ = [
     "override", "to_dict", "to_json", "MLP_ACTIVATIONS", "MODEL_CONFIGS", "NORM_LOCATIONS",
     "NORM_OPS", "NORM_POSITIONS", "AttentionImpl", "AttnDropoutMask", "AttnDropoutKernel",
     "BranchMatrices", "DType",
-    "GradReduceDType", "InitScaleTo", "LMFFN", "LMInit", "MLPActivation", "MLPConfig",
+    "GradReduceDType", "InitScaleTo", "KernelConfig", "LMFFN", "LMInit", "MLPActivation",
+    "MLPConfig",
     "ModelConfig", "NormOp", "NormPosition", "PosEmbedding", "PRNGImpl", "RematPolicy",
-    "RopeScaling", "TransformerConfig", "norm_ops_of", "norm_position_of",
+    "RopeConfig", "RopeScaling", "TransformerConfig", "norm_ops_of", "norm_position_of",
     "register_model_config", "ComputeDType", "LRSchedule", "Optimizer", "TrainConfig",
     "fields_with", "run_field", "step_shape", "check",
 ]

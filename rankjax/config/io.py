@@ -3,9 +3,11 @@
 A config's JSON form is its fields, nested configs as objects. A field holding one of a
 family of configs (``Tagged``: the model of a ``TrainConfig``) is tagged with the
 member's kind: ``"model": {"kind": "transformer", "d_model": 512, ...}``. A class with
-``JSON_FORMAT`` (``TrainConfig``) writes ``"format": JSON_FORMAT`` and refuses JSON of
-another format in one line; ``convert_file`` rewrites a config of format 1 (a
-``"model"`` name beside ``"lm"`` and ``"mlp"`` objects) as format 2
+``JSON_FORMAT`` (``TrainConfig``) writes ``"format": JSON_FORMAT``; it reads format 2
+(a model's fields flat: ``"rope_base"``, ``"remat"``, ...) converted (``convert_format2``:
+the fields a model config's ``MOVED`` names go into its sub-configs) and refuses format 1
+and unknown formats in one line; ``convert_file`` rewrites a config of format 1 (a
+``"model"`` name beside ``"lm"`` and ``"mlp"`` objects) or 2 as format 3
 (``rankjax convert-config``).
 """
 
@@ -23,9 +25,11 @@ from rankjax.errors import UserError
 
 C = TypeVar("C")
 
-# The JSON layout of a TrainConfig: 2, one tagged "model" object. Format 1 (no "format"
-# key) had ``"model": "lm"`` or ``"mlp"`` beside both models' objects ``"lm"``, ``"mlp"``.
-FORMAT = 2
+# The JSON layout of a TrainConfig: 3, one tagged "model" object whose sub-configs are
+# objects ("rope": {...}, "kernels": {...}). Format 2 had those fields flat in the model
+# ("rope_base", "remat": the model class's MOVED); format 1 (no "format" key) had
+# ``"model": "lm"`` or ``"mlp"`` beside both models' objects ``"lm"``, ``"mlp"``.
+FORMAT = 3
 _FORMAT1_MODELS = {"lm": "transformer", "mlp": "mlp"}
 
 
@@ -117,13 +121,16 @@ def written_format(data: Mapping[str, Any]) -> Any:
   return 1 if old else FORMAT
 
 
-def _check_format(data: Mapping[str, Any], cls: type, source: str) -> None:
+def _check_format(data: Mapping[str, Any], cls: type, source: str) -> Mapping[str, Any]:
+  """``data`` in ``cls.JSON_FORMAT`` (format 2 converted), or a one-line FormatError."""
   written = written_format(data)
   if written == cls.JSON_FORMAT:
-    return
+    return data
+  if written == 2 and cls.JSON_FORMAT == 3:
+    return convert_format2(cls, data)
   if isinstance(written, int) and not isinstance(written, bool) and written < cls.JSON_FORMAT:
     raise FormatError(
-        f"{source} written by rankjax before config format {cls.JSON_FORMAT} (a \"model\" "
+        f"{source} written by rankjax before config format 2 (a \"model\" "
         "name beside \"lm\" / \"mlp\" objects): convert it with rankjax convert-config "
         "(its config.json or its run folder)")
   raise FormatError(f"{source} has config format {written!r}; this rankjax reads format "
@@ -145,7 +152,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], source: str = "config") -> 
   if not isinstance(data, Mapping):
     raise UserError(f"{cls.__name__} expects a JSON object, got {type(data).__name__}")
   if getattr(cls, "JSON_FORMAT", None) is not None:
-    _check_format(data, cls, source)
+    data = _check_format(data, cls, source)
     data = {k: v for k, v in data.items() if k != "format"}
   kind = ""
   if issubclass(cls, Tagged):         # a member read on its own: its tag, if any, is its own
@@ -156,6 +163,11 @@ def from_dict(cls: type[C], data: Mapping[str, Any], source: str = "config") -> 
     data = {k: v for k, v in data.items() if k != "kind"}
   fields = {f.name: f for f in dataclasses.fields(cls)}
   unknown = sorted(set(data) - set(fields))
+  moved = [k for k in unknown if k in getattr(cls, "MOVED", {})]
+  if moved:
+    raise UserError(f"{cls.__name__} field {moved[0]!r} is {cls.MOVED[moved[0]]!r} since "
+                     f"config format {FORMAT}{kind} (rankjax convert-config converts a "
+                     "file of format 2)")
   if unknown:
     raise UserError(f"unknown {cls.__name__} field(s) {unknown}{kind}; known fields: "
                      f"{sorted(fields)}")
@@ -202,6 +214,32 @@ def from_json(cls: type[C], path_or_text: str | pathlib.Path) -> C:
   return from_dict(cls, data, source)
 
 
+def moved(cls: type, fields: Mapping[str, Any]) -> dict[str, Any]:
+  """A config dict of ``cls`` written flat (config format 2) with the fields ``cls.MOVED``
+  names (``{"rope_base": "rope.base", ...}``) put in their sub-configs' objects."""
+  out = dict(fields)
+  for old, new in getattr(cls, "MOVED", {}).items():
+    if old in out:
+      group, name = new.split(".")
+      if not isinstance(out.get(group, {}), dict):
+        raise UserError(f"{cls.__name__} {group}={out[group]!r} must be an object")
+      out[group] = {**out.get(group, {}), name: out.pop(old)}
+  return out
+
+
+def convert_format2(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+  """A JSON object of ``cls`` (``TrainConfig``) of format 2 in format 3: every tagged
+  config in it (the model) with its flat fields moved into its sub-configs (``moved``);
+  a model of an unknown kind is left for ``from_dict`` to refuse."""
+  hints = typing.get_type_hints(cls)
+  out = {k: v for k, v in data.items() if k != "format"}
+  for name, value in out.items():
+    family = _family(hints[name]) if name in hints else None
+    if family is not None and isinstance(value, Mapping) and value.get("kind") in family.kinds():
+      out[name] = moved(family.of_kind(value["kind"]), value)
+  return {"format": FORMAT, **out}
+
+
 def convert_format1(data: Mapping[str, Any]) -> dict[str, Any]:
   """A TrainConfig's JSON object of format 1 in format 2: the ``"lm"`` or ``"mlp"``
   object the ``"model"`` name chose, tagged (``transformer`` / ``mlp``; the other
@@ -215,17 +253,18 @@ def convert_format1(data: Mapping[str, Any]) -> dict[str, Any]:
   model = {"kind": _FORMAT1_MODELS[name], **data.get(name, {})}
   if isinstance(model.get("remat"), bool):
     model["remat"] = "full" if model["remat"] else "none"
-  return {"format": FORMAT, "model": model, **rest}
+  return {"format": 2, "model": model, **rest}
 
 
 def convert_file(path: str | pathlib.Path, cls: type) -> tuple[Any, Any]:
-  """Rewrites the format 1 config file ``path`` (or a run folder's ``config.json``) in
-  format 2, after checking that ``cls`` reads the result; the original is kept beside
-  it as ``<name>.format1``. Returns (the rewritten path, the backup's path).
+  """Rewrites the config file ``path`` (or a run folder's ``config.json``) of format 1
+  or 2 in format ``FORMAT`` (``convert_format1``, then ``convert_format2``), after
+  checking that ``cls`` reads the result; the original is kept beside it as
+  ``<name>.format1`` / ``.format2``. Returns (the rewritten path, the backup's path).
 
   Raises:
-    ValueError (one line): no such file, not JSON, not format 1, or the converted config
-      is invalid (nothing written then).
+    ValueError (one line): no such file, not JSON, not format 1 or 2, or the converted
+      config is invalid (nothing written then).
   """
   from rankjax import storage
   path = storage.as_path(path, "config")
@@ -235,14 +274,14 @@ def convert_file(path: str | pathlib.Path, cls: type) -> tuple[Any, Any]:
   if not isinstance(data, Mapping):
     raise UserError(f"{source} is not a JSON object")
   written = written_format(data)
-  if written != 1:
-    raise UserError(f"{source} has config format {written!r}, not 1: nothing to convert")
-  new = convert_format1(data)
+  if written not in (1, 2):
+    raise UserError(f"{source} has config format {written!r}, not 1 or 2: nothing to convert")
+  new = convert_format2(cls, convert_format1(data) if written == 1 else data)
   try:
     from_dict(cls, new)
   except UserError as e:
     raise UserError(f"{source} converted is not a valid config ({e}); nothing written") from None
-  backup = path.parent / (path.name + ".format1")
+  backup = path.parent / (path.name + f".format{written}")
   if backup.exists():
     raise UserError(f"{backup} exists already: move it aside to convert {path} again")
   storage.write_text_atomic(backup, path.read_text())
@@ -315,6 +354,9 @@ def override(cfg: C, assignments: Sequence[str], option: str = "--set") -> C:
         node.update(to_dict(new()))
       continue
     if leaf not in node:
+      if cls is not None and leaf in getattr(cls, "MOVED", {}):
+        raise UserError(f"{option} {key}: now {key[:-len(leaf)]}{cls.MOVED[leaf]} (since "
+                         f"config format {FORMAT})")
       if tagged:
         raise UserError(f"{option} {key}: model kind {node['kind']!r} has no field {leaf!r}; "
                          f"its fields: {sorted(k for k in node if k != 'kind')}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Literal, Sequence
+from typing import ClassVar, Literal, Sequence
 
 from rankjax.config.io import Tagged
 from rankjax.config.validation import check, literal_choices
@@ -188,6 +188,127 @@ class MLPConfig(ModelConfig):
     """beta * alpha^M, the nominal branch-to-skip ratio (paper Sec 3)."""
     return self.beta * self.alpha**self.branch_matrices
 
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+  """Rotary position embedding settings of a ``TransformerConfig`` (``cfg.rope``), read
+  only when ``pos_embedding="rope"`` (RoFormer, Su et al. 2021, Eq. 34;
+  ``attention.rope`` and ``attention.rope_frequencies``). The defaults are plain RoPE.
+
+  Attributes:
+    base: the frequencies' base, ``theta_i = base^(-2i/d_head)`` (Hugging Face's
+      ``rope_theta``).
+    scaling: the frequencies' scaling: none; linear (position interpolation: every
+      frequency divided by ``factor``); llama3 (Llama 3.1: wavelengths above
+      ``original_max_len / low_freq_factor`` divided by ``factor``, below
+      ``original_max_len / high_freq_factor`` kept, interpolated between); yarn (YaRN,
+      Peng et al. 2023: a linear ramp between interpolated and kept frequencies over
+      the dimensions rotating between ``beta_fast`` and ``beta_slow`` times in
+      ``original_max_len``, floored/ceiled with ``truncate``).
+    factor, low_freq_factor, high_freq_factor, original_max_len, beta_fast, beta_slow,
+      truncate: the scalings' parameters (transformers' ``rope_scaling`` keys).
+    attention_factor: multiplies q and k after the rotation (transformers'
+      ``attention_scaling``; YaRN's ``0.1 ln(factor) + 1``), 1 otherwise.
+  """
+
+  base: float = 10000.0
+  scaling: RopeScaling = "none"
+  factor: float = 1.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_len: int = 8192
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  truncate: bool = True
+  attention_factor: float = 1.0
+
+  def __post_init__(self):
+    literal_choices(self, prefix="rope.")
+    check("rope.base", self.base, "positive")
+    check("rope.factor", self.factor, "positive")
+    check("rope.original_max_len", self.original_max_len, "positive int")
+    check("rope.attention_factor", self.attention_factor, "positive")
+    check("rope.truncate", self.truncate, "bool")
+    if self.scaling == "yarn" and not 0 < self.beta_slow < self.beta_fast:
+      raise UserError("rope.scaling='yarn' needs 0 < rope.beta_slow < rope.beta_fast; got "
+                       f"{self.beta_slow}, {self.beta_fast}")
+    if self.scaling == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
+      raise UserError("rope.scaling='llama3' needs 0 < rope.low_freq_factor < "
+                       f"rope.high_freq_factor; got {self.low_freq_factor}, "
+                       f"{self.high_freq_factor}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """How a ``TransformerConfig`` is computed, never what (``cfg.kernels``): each knob
+  leaves the function the same, up to float rounding (tested where rounding differs);
+  the papers' architecture is the top-level fields.
+
+  Attributes:
+    remat: rematerialization of each layer in the backward pass: none, dots (save
+      the matmul outputs and the attention heads' output, recompute the rest) or full
+      (save only the layer input), or auto: at build, the cheapest of none, dots,
+      full whose estimated peak fits in 85% of a device's memory
+      (``rankjax.train.memory``; dots where the device reports no limit, as on CPU).
+      The recomputation is the forward's own.
+    attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
+      flash attention on GPU when it applies, Pallas splash attention on TPU when the
+      sequence length is a multiple of 128, XLA otherwise), xla, cudnn (GPU only),
+      splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum
+      (the explicit probability matrix; always used for captured probabilities and
+      float64). Attention-probability dropout in training takes a query-block path
+      instead (``attn_dropout_mask``), or with hash masks on a GPU the fused Pallas
+      kernel of ``rankjax.models.flash_dropout`` (``attn_dropout_kernel``).
+    attn_dropout_kernel: the kernel of hash-mask dropout in training (no prefix
+      removal): auto (the fused Pallas flash kernel ``rankjax.models.flash_dropout`` on
+      a GPU backend when it takes the dtype (16-bit), d_head and T; the query blocks of
+      ``causal_dropout_attention`` otherwise), pallas (the flash kernel wherever it
+      takes the shapes, float32 too; interpreted off GPU: the tests), or blocks (never
+      the flash kernel). The same masks and function either way.
+    vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
+      ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's
+      matmul); the pad logits are masked to -inf, so losses and outputs are those of
+      the unpadded model (the pad rows get no gradient but weight decay). It changes the
+      parameters' shapes: a checkpoint resumes with its own.
+    loss_chunk: the training loss computes the LM head and its float32
+      log-sum-exp over chunks of this many tokens (a fused loss whose chunks form
+      their gradients in the forward pass: ``models.lm_head``), never holding all
+      B*T*V float32 logits; 0: one chunk.
+    scan_unroll: layers per iteration of the layer scan (the parameters stay stacked
+      either way; ``num_layers`` unrolls it fully, which lets XLA fuse across layers
+      and slice the stacked weights statically, at the cost of compile time).
+    fused_projections: Q, K, V as one matmul and SwiGLU's W1, W3 as one, the weights
+      concatenated along their output axis where the layer uses them and the product
+      split (``attention.projections``); the parameters keep their names and shapes.
+      The same function up to float rounding (tested); off by default so recorded
+      results keep their bits, on in the paper configs (fewer, wider matmuls).
+    grad_reduce_dtype: under a 16-bit compute dtype, "float32" forms each weight's
+      (and the embedding's) gradient in float32, so FSDP reduces it across devices in
+      float32 and rounds the sum once (``models.matmul``); "compute": jax's own rule,
+      bf16 partial sums (half the bytes). Float32 compute is the same either way.
+  """
+
+  remat: RematPolicy = "none"
+  attention_impl: AttentionImpl = "auto"
+  attn_dropout_kernel: AttnDropoutKernel = "auto"
+  vocab_multiple: int = 1
+  loss_chunk: int = 0
+  scan_unroll: int = 1
+  fused_projections: bool = False
+  grad_reduce_dtype: GradReduceDType = "float32"
+
+  def __post_init__(self):
+    literal_choices(self, prefix="kernels.")
+    check("kernels.vocab_multiple", self.vocab_multiple, "positive int")
+    check("kernels.loss_chunk", self.loss_chunk, "non-negative int")
+    check("kernels.scan_unroll", self.scan_unroll, "positive int")
+    check("kernels.fused_projections", self.fused_projections, "bool")
+
+
+# Config format 2's flat TransformerConfig fields and where format 3 keeps them
+# (``TransformerConfig.MOVED``: rankjax.config.io converts format 2 on read).
+_MOVED = {**{f"rope_{f.name}": f"rope.{f.name}" for f in dataclasses.fields(RopeConfig)},
+          **{f.name: f"kernels.{f.name}" for f in dataclasses.fields(KernelConfig)}}
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig(ModelConfig):
@@ -195,6 +316,12 @@ class TransformerConfig(ModelConfig):
 
   Each layer is two residual sublayers of the shared block (Transforming Rank Eq. 17),
   attention then FFN: ``h -> R(h + beta * B(f(P(h))))`` (``rankjax.models.blocks``).
+
+  The fields are grouped by what they change: the top-level ones are the architecture
+  (the papers' and Hugging Face's), ``rope`` the rotary positions' settings
+  (``RopeConfig``) and ``kernels`` the knobs that change no result but by float rounding
+  (``KernelConfig``). Config format 2 had them flat (``rope_base``, ``remat``, ...):
+  ``MOVED`` maps each old name to its path, and ``rankjax.config.io`` converts.
 
   Attributes:
     vocab_size: 257 matches the default byte-level tokenizer (256 bytes + end of doc).
@@ -229,18 +356,11 @@ class TransformerConfig(ModelConfig):
     beta: branch scale of both sublayers (1 in both papers).
     tau: attention temperature; logits are ``q.k / (sqrt(d_head) * tau)``.
     pos_embedding: learned absolute positions, rope (rotary positions on q and k of
-      every head, Su et al. 2021 Eq. 34, base ``rope_base``; Llama-2) or none
-      (causal attention alone).
-    rope_scaling: the RoPE frequencies' scaling (``attention.rope_frequencies``): none;
-      linear (position interpolation: every frequency divided by ``rope_factor``); llama3
-      (Llama 3.1: wavelengths above ``rope_original_max_len / rope_low_freq_factor``
-      divided by ``rope_factor``, below ``rope_original_max_len / rope_high_freq_factor``
-      kept, interpolated between); yarn (YaRN, Peng et al. 2023: a linear ramp between
-      interpolated and kept frequencies over the dimensions rotating between
-      ``rope_beta_fast`` and ``rope_beta_slow`` times in ``rope_original_max_len``,
-      floored/ceiled with ``rope_truncate``).
-    rope_attention_factor: multiplies q and k after the rotation (transformers'
-      ``attention_scaling``; YaRN's ``0.1 ln(factor) + 1``), 1 otherwise.
+      every head, Su et al. 2021 Eq. 34, set by ``rope``; Llama-2) or none (causal
+      attention alone). It stays here, not in ``rope``: it chooses the parameters (a
+      learned table or none) and the function, of which RoPE is one of three.
+    rope: the RoPE settings (``RopeConfig``: base, scaling and its parameters), read
+      only when ``pos_embedding="rope"``.
     init: paper_collapse (every matrix N(0, 1/(3d)), W_2 N(0, 1/(3 d_ff)); postnorm
       paper Sec 2) or gpt2 (N(0, 0.02^2), output projections 0.02/sqrt(2N)).
     init_scale: multiplies the init variance of the matrices ``init_scale_to`` names
@@ -259,27 +379,6 @@ class TransformerConfig(ModelConfig):
       the attention probabilities.
     compute_dtype: activations' dtype (bfloat16 for mixed precision); parameters
       stay in ``param_dtype``; softmax, norms and logits are computed in float32.
-    remat: rematerialization of each layer in the backward pass: none, dots (save
-      the matmul outputs and the attention heads' output, recompute the rest) or full
-      (save only the layer input), or auto: at build, the cheapest of none, dots,
-      full whose estimated peak fits in 85% of a device's memory
-      (``rankjax.train.memory``; dots where the device reports no limit, as on CPU).
-    attention_impl: the attention kernel (``rankjax.models.attention``): auto (cuDNN
-      flash attention on GPU when it applies, Pallas splash attention on TPU when the
-      sequence length is a multiple of 128, XLA otherwise), xla, cudnn (GPU only),
-      splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum
-      (the explicit probability matrix; always used for captured probabilities and
-      float64). Attention-probability dropout in training takes a query-block path
-      instead (``attn_dropout_mask``), or with hash masks on a GPU the fused Pallas
-      kernel of ``rankjax.models.flash_dropout`` (``attn_dropout_kernel``).
-    vocab_multiple: the embedding table and LM head get ``padded_vocab_size`` rows,
-      ``vocab_size`` rounded up to this multiple (128: whole tiles for the head's
-      matmul); the pad logits are masked to -inf, so losses and outputs are those of
-      the unpadded model (the pad rows get no gradient but weight decay).
-    loss_chunk: the training loss computes the LM head and its float32
-      log-sum-exp over chunks of this many tokens (a fused loss whose chunks form
-      their gradients in the forward pass: ``models.lm_head``), never holding all
-      B*T*V float32 logits; 0: one chunk.
     prng_impl: the PRNG implementation of the dropout keys: threefry (jax's
       default), rbg or unsafe_rbg (cheaper on accelerators for dropout-heavy runs).
     attn_dropout_mask: the masks of attention-probability dropout in training:
@@ -288,24 +387,9 @@ class TransformerConfig(ModelConfig):
       counter-based uint32 hash of the key, batch, head, query and key indices,
       ``rankjax.models.dropout_mask``, with the hidden key blocks skipped:
       ``attention.causal_dropout_attention``; other masks of the same law, faster).
-    attn_dropout_kernel: the kernel of hash-mask dropout in training (no prefix
-      removal): auto (the fused Pallas flash kernel ``rankjax.models.flash_dropout`` on
-      a GPU backend when it takes the dtype (16-bit), d_head and T; the query blocks of
-      ``causal_dropout_attention`` otherwise), pallas (the flash kernel wherever it
-      takes the shapes, float32 too; interpreted off GPU: the tests), or blocks (never
-      the flash kernel). The same masks and function either way.
-    fused_projections: Q, K, V as one matmul and SwiGLU's W1, W3 as one, the weights
-      concatenated along their output axis where the layer uses them and the product
-      split (``attention.projections``); the parameters keep their names and shapes.
-      The same function up to float rounding (tested); off by default so recorded
-      results keep their bits, on in the paper configs (fewer, wider matmuls).
-    grad_reduce_dtype: under a 16-bit compute dtype, "float32" forms each weight's
-      (and the embedding's) gradient in float32, so FSDP reduces it across devices in
-      float32 and rounds the sum once (``models.matmul``); "compute": jax's own rule,
-      bf16 partial sums (half the bytes). Float32 compute is the same either way.
-    scan_unroll: layers per iteration of the layer scan (the parameters stay stacked
-      either way; ``num_layers`` unrolls it fully, which lets XLA fuse across layers
-      and slice the stacked weights statically, at the cost of compile time).
+    kernels: how the model is computed, never what (``KernelConfig``: remat, the
+      attention kernels, vocabulary padding, the loss's chunks, the layer scan's unroll,
+      fused projections, the gradients' reduction dtype).
   """
 
   vocab_size: int = 257
@@ -331,16 +415,7 @@ class TransformerConfig(ModelConfig):
   beta: float = 1.0
   tau: float = 1.0
   pos_embedding: PosEmbedding = "none"
-  rope_base: float = 10000.0
-  rope_scaling: RopeScaling = "none"
-  rope_factor: float = 1.0
-  rope_low_freq_factor: float = 1.0
-  rope_high_freq_factor: float = 4.0
-  rope_original_max_len: int = 8192
-  rope_beta_fast: float = 32.0
-  rope_beta_slow: float = 1.0
-  rope_truncate: bool = True
-  rope_attention_factor: float = 1.0
+  rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
   init: LMInit = "paper_collapse"
   init_scale: float = 1.0
   init_scale_to: InitScaleTo = "all"
@@ -351,16 +426,11 @@ class TransformerConfig(ModelConfig):
   attn_dropout_rate: float = 0.0
   compute_dtype: DType = "float32"
   param_dtype: DType = "float32"
-  remat: RematPolicy = "none"
-  attention_impl: AttentionImpl = "auto"
-  vocab_multiple: int = 1
-  loss_chunk: int = 0
   prng_impl: PRNGImpl = "threefry"
   attn_dropout_mask: AttnDropoutMask = "threefry"
-  attn_dropout_kernel: AttnDropoutKernel = "auto"
-  scan_unroll: int = 1
-  fused_projections: bool = False
-  grad_reduce_dtype: GradReduceDType = "float32"
+  kernels: KernelConfig = dataclasses.field(default_factory=KernelConfig)
+
+  MOVED: ClassVar[dict[str, str]] = _MOVED
 
   def __post_init__(self):
     literal_choices(self)
@@ -377,8 +447,7 @@ class TransformerConfig(ModelConfig):
     if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
       raise UserError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
-    for name in ("attn_bias", "attn_out_bias", "ffn_bias", "fused_projections",
-                 "tie_embeddings"):
+    for name in ("attn_bias", "attn_out_bias", "ffn_bias", "tie_embeddings"):
       check(name, getattr(self, name), "bool")
     check("norm_eps", self.norm_eps, "non-negative")
     check("norm_bias", self.norm_bias, "bool", optional=True,
@@ -387,18 +456,9 @@ class TransformerConfig(ModelConfig):
       check(name, getattr(self, name), "bool", optional=True, note="null: the placement's rule")
     check("beta", self.beta, "non-negative")
     check("tau", self.tau, "positive")
-    check("rope_base", self.rope_base, "positive")
-    check("rope_factor", self.rope_factor, "positive")
-    check("rope_original_max_len", self.rope_original_max_len, "positive int")
-    check("rope_attention_factor", self.rope_attention_factor, "positive")
-    if self.rope_scaling == "yarn" and not 0 < self.rope_beta_slow < self.rope_beta_fast:
-      raise UserError("rope_scaling='yarn' needs 0 < rope_beta_slow < rope_beta_fast; got "
-                       f"{self.rope_beta_slow}, {self.rope_beta_fast}")
-    if self.rope_scaling == "llama3" and not (
-        0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
-      raise UserError("rope_scaling='llama3' needs 0 < rope_low_freq_factor < "
-                       f"rope_high_freq_factor; got {self.rope_low_freq_factor}, "
-                       f"{self.rope_high_freq_factor}")
+    for name, sub in (("rope", RopeConfig), ("kernels", KernelConfig)):
+      if not isinstance(getattr(self, name), sub):
+        raise UserError(f"{name}={getattr(self, name)!r} must be a {sub.__name__}")
     if self.pos_embedding == "rope" and self.d_head % 2:
       raise UserError(f"pos_embedding='rope' needs an even d_head; got {self.d_head}")
     check("init_scale", self.init_scale, "positive")
@@ -406,9 +466,6 @@ class TransformerConfig(ModelConfig):
     check("prefix_avg_removal", self.prefix_avg_removal, "non-negative")
     check("dropout_rate", self.dropout_rate, "rate")
     check("attn_dropout_rate", self.attn_dropout_rate, "rate")
-    check("vocab_multiple", self.vocab_multiple, "positive int")
-    check("loss_chunk", self.loss_chunk, "non-negative int")
-    check("scan_unroll", self.scan_unroll, "positive int")
 
   def bias_of(self, op: str) -> bool:
     """Whether a norm ``op`` of this LM has a learned bias (``norm_bias``; None: only
@@ -426,8 +483,8 @@ class TransformerConfig(ModelConfig):
 
   @property
   def padded_vocab_size(self) -> int:
-    """Rows of the embedding table and columns of the LM head (``vocab_multiple``)."""
-    m = self.vocab_multiple
+    """Rows of the embedding table and columns of the LM head (``kernels.vocab_multiple``)."""
+    m = self.kernels.vocab_multiple
     return -(-self.vocab_size // m) * m
 
   @property

@@ -61,7 +61,7 @@ class TrainConfig(JsonConfig):
   an ``MLPConfig`` (kind mlp: a classifier on flattened images; ``model.input_dim`` and
   ``model.num_classes`` must match the data set), or a plug-in's registered config
   (``register_model_config``). Its JSON form is tagged with the kind (``"model":
-  {"kind": "transformer", ...}``) and carries ``"format": 2`` (``JSON_FORMAT``).
+  {"kind": "transformer", ...}``) and carries ``"format": 3`` (``JSON_FORMAT``).
   Defaults are the papers' optimizer settings (postnorm Sec 4, softmax
   App D): AdamW(0.9, 0.95, eps 1e-8), weight decay 0.1 on matrices, linear warmup then
   cosine decay, global-norm clipping at 1.0.

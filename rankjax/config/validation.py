@@ -55,8 +55,9 @@ def choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
     raise UserError(f"{name}={value!r} is not allowed; choose one of {list(allowed)}")
 
 
-def literal_choices(cfg: Any) -> None:
-  """Checks every ``Literal``-typed field of the dataclass ``cfg`` (also ``X | None``).
+def literal_choices(cfg: Any, prefix: str = "") -> None:
+  """Checks every ``Literal``-typed field of the dataclass ``cfg`` (also ``X | None``);
+  ``prefix`` precedes the field's name in the message (a sub-config's: ``"rope."``).
 
   The one place the typed string choices are validated: the allowed values are the
   ``Literal``'s arguments, so the annotation is the whole specification.
@@ -71,4 +72,4 @@ def literal_choices(cfg: Any) -> None:
     if typing.get_origin(hint) is Literal:
       value = getattr(cfg, f.name)
       if not (optional and value is None):
-        choice(f.name, value, typing.get_args(hint))
+        choice(prefix + f.name, value, typing.get_args(hint))

@@ -29,7 +29,7 @@ import numpy as np
 from flax.linen import with_logical_partitioning as logical
 from jax.ad_checkpoint import checkpoint_name
 
-from rankjax.config import TransformerConfig
+from rankjax.config import RopeConfig, TransformerConfig
 from rankjax.models import attention_kernels as kernels
 from rankjax.models.annotated import PlainInit
 from rankjax.models.matmul import weight_matmul
@@ -73,13 +73,10 @@ def matrix_init(cfg: TransformerConfig, name: str, fan_in: int):
   return nn.initializers.normal(stddev=std)
 
 
-def rope_frequencies(d_head: int, base: float = 10000.0, scaling: str = "none",
-                     factor: float = 1.0, low_freq_factor: float = 1.0,
-                     high_freq_factor: float = 4.0, original_max_len: int = 8192,
-                     dtype=jnp.float32, beta_fast: float = 32.0, beta_slow: float = 1.0,
-                     truncate: bool = True) -> jax.Array:
-  """The rotation frequencies ``theta_i``, ``(d_head/2,)``: ``base^(-2i/d_head)``
-  (RoFormer Eq. 34), scaled by ``scaling``: "linear" divides every one by ``factor``
+def rope_frequencies(d_head: int, cfg: RopeConfig, dtype=jnp.float32) -> jax.Array:
+  """The rotation frequencies ``theta_i``, ``(d_head/2,)``, of the RoPE settings ``cfg``
+  (``TransformerConfig.rope``): ``base^(-2i/d_head)`` (RoFormer Eq. 34), scaled by
+  ``scaling``: "linear" divides every one by ``factor``
   (position interpolation, Chen et al. 2023); "llama3" (Llama 3.1) divides those whose
   wavelength ``2 pi / theta`` exceeds ``original_max_len / low_freq_factor`` by
   ``factor``, keeps those below ``original_max_len / high_freq_factor``, and between
@@ -89,7 +86,8 @@ def rope_frequencies(d_head: int, base: float = 10000.0, scaling: str = "none",
   "NTK-by-parts") blends ``theta / factor`` and ``theta`` with a ramp over the dimension
   index between ``d(beta_fast)`` and ``d(beta_slow)``, ``d(r) = d_head ln(original_max_len
   / (2 pi r)) / (2 ln base)`` (floored and ceiled when ``truncate``; transformers'
-  ``_compute_yarn_parameters``); its attention factor is ``rope_attention_factor``."""
+  ``_compute_yarn_parameters``); its attention factor is ``cfg.attention_factor``."""
+  base, scaling, factor, original_max_len = cfg.base, cfg.scaling, cfg.factor, cfg.original_max_len
   theta = base ** (-jnp.arange(0, d_head, 2, dtype=dtype) / d_head)
   if scaling == "none":
     return theta
@@ -97,8 +95,8 @@ def rope_frequencies(d_head: int, base: float = 10000.0, scaling: str = "none",
     return theta / factor
   if scaling == "yarn":
     dim = lambda r: d_head * math.log(original_max_len / (r * 2 * math.pi)) / (2 * math.log(base))
-    low, high = dim(beta_fast), dim(beta_slow)
-    if truncate:
+    low, high = dim(cfg.beta_fast), dim(cfg.beta_slow)
+    if cfg.truncate:
       low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, d_head - 1)
     high = high + 0.001 if low == high else high
@@ -107,6 +105,7 @@ def rope_frequencies(d_head: int, base: float = 10000.0, scaling: str = "none",
   if scaling != "llama3":
     raise ValueError(f"rope scaling {scaling!r}; choose none, linear, llama3 or yarn")
   wavelength = 2 * math.pi / theta
+  low_freq_factor, high_freq_factor = cfg.low_freq_factor, cfg.high_freq_factor
   low, high = original_max_len / low_freq_factor, original_max_len / high_freq_factor
   s = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
   mid = (1 - s) * theta / factor + s * theta
@@ -179,8 +178,9 @@ def projections(x: jax.Array, weights: dict[str, jax.Array],
 
 
 def settings(cfg: TransformerConfig) -> kernels.Settings:
-  """The attention kernel settings of ``cfg``: ``attention_impl``, ``attn_dropout_kernel``."""
-  return kernels.Settings(cfg.attention_impl, cfg.attn_dropout_kernel)
+  """The attention kernel settings of ``cfg``: ``kernels.attention_impl``,
+  ``kernels.attn_dropout_kernel``."""
+  return kernels.Settings(cfg.kernels.attention_impl, cfg.kernels.attn_dropout_kernel)
 
 
 def kernel_for(cfg: TransformerConfig, dtype: Any, t: int, *, capture: bool = False,
@@ -230,8 +230,8 @@ class CausalSelfAttention(PlainInit, nn.Module):
         biases[n] = self.param(f"b_{n}", logical(nn.initializers.zeros, ("heads",)), (c * dh,),
                                pdt).astype(dtype)
     q, k, v = (y.reshape(b, t, c, dh) for y, c in zip(
-        projections(x_BxTxD, weights, biases or None, cfg.fused_projections,
-                    cfg.grad_reduce_dtype),
+        projections(x_BxTxD, weights, biases or None, cfg.kernels.fused_projections,
+                    cfg.kernels.grad_reduce_dtype),
         counts.values()))
     drop_probs = bool(cfg.attn_dropout_rate) and not deterministic
     kernel = kernel_for(cfg, dtype, t, capture=capture_probs, dropout=drop_probs)
@@ -239,13 +239,11 @@ class CausalSelfAttention(PlainInit, nn.Module):
     # query heads before RoPE (the bits of every repeat path) only for a kernel that needs it
     k, v = kernels.kv_for(kernel, heads, k, v)
     if cfg.pos_embedding == "rope":
-      theta = None if cfg.rope_scaling == "none" else rope_frequencies(
-          dh, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor, cfg.rope_low_freq_factor,
-          cfg.rope_high_freq_factor, cfg.rope_original_max_len, float_dtype(dtype),
-          cfg.rope_beta_fast, cfg.rope_beta_slow, cfg.rope_truncate)
-      q, k = rope(q, cfg.rope_base, theta), rope(k, cfg.rope_base, theta)
-      if cfg.rope_attention_factor != 1.0:
-        q, k = q * cfg.rope_attention_factor, k * cfg.rope_attention_factor
+      theta = None if cfg.rope.scaling == "none" else rope_frequencies(
+          dh, cfg.rope, float_dtype(dtype))
+      q, k = rope(q, cfg.rope.base, theta), rope(k, cfg.rope.base, theta)
+      if cfg.rope.attention_factor != 1.0:
+        q, k = q * cfg.rope.attention_factor, k * cfg.rope.attention_factor
     rng = None
     if drop_probs:
       rng = (_DropoutKey(name="Dropout_0")() if kernel.name == "einsum"
@@ -257,7 +255,7 @@ class CausalSelfAttention(PlainInit, nn.Module):
         sow=functools.partial(self.sow, "intermediates", "attn_probs") if capture_probs else None)
     out = kernels.attend(kernel, q, k, v, request)
     out = checkpoint_name(out, ATTENTION_OUT)     # saved by remat="dots" (not recomputed)
-    out = weight_matmul(out.reshape(b, t, d), proj("w_o"), cfg.grad_reduce_dtype)
+    out = weight_matmul(out.reshape(b, t, d), proj("w_o"), cfg.kernels.grad_reduce_dtype)
     if cfg.attn_out_bias:
       out = out + self.param("b_o", logical(nn.initializers.zeros, ("embed",)), (d,),
                              pdt).astype(dtype)

@@ -478,20 +478,22 @@ FUSED = ("xla", "cudnn", "splash")   # the attention_impl choices besides auto a
 # --- the selector --------------------------------------------------------------------
 
 def select(settings: Settings, need: Need) -> Kernel:
-  """The kernel of one call. einsum when ``attention_impl`` is einsum, or under auto when
-  the call needs the probabilities (capture) or float64. Dropout in training: the flash
+  """The kernel of one call. einsum when ``attention_impl`` is einsum, when the call
+  captures the probabilities (a measurement: the diagnostics, ``flax_capture``; only
+  einsum forms P, whatever ``attention_impl`` names for the computation itself), or
+  under auto for float64. Dropout in training: the flash
   kernel where ``attn_dropout_kernel`` is pallas, or auto on a GPU backend with a 16-bit
   dtype, and it supports the call (hash masks, no prefix removal, its shapes); else the
   query blocks of the call's masks (blocks, hash_blocks). Otherwise the named
   fused kernel, or under auto cudnn on a GPU backend and splash on a TPU backend where
   they support the call, else xla. An explicit fused kernel that cannot serve the call
-  (capture, float64, dtype, shapes) is refused: ``UserError``, one line. The backend is
+  (float64, dtype, shapes) is refused: ``UserError``, one line. The backend is
   not checked for an explicit choice (a step may be lowered for another platform)."""
-  if settings.impl == "einsum" or (settings.impl == "auto" and (need.capture or need.float64)):
+  if settings.impl == "einsum" or need.capture or (settings.impl == "auto" and need.float64):
     return KERNELS["einsum"]
   if settings.impl not in FUSED + ("auto",):
     raise UserError(f"attention_impl {settings.impl!r}; choose auto, einsum, {', '.join(FUSED)}")
-  if need.capture or need.float64:
+  if need.float64:
     _refuse(settings.impl, dataclasses.replace(need, dropout=None))
   backend = need.backend or jax.default_backend()
   if need.dropout:

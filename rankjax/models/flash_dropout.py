@@ -37,7 +37,7 @@ sliced off, and their zero cotangents add nothing to dK, dV), the hash still cou
 j`` with the real T. ``supported`` says which shapes the kernel takes (float32 or
 16-bit, d_head a power of two from 16 to 128); ``CausalSelfAttention`` takes it for hash
 dropout in training on a GPU (the "flash" kernel of ``attention_kernels``, chosen by
-``attention_kernels.select`` under ``TransformerConfig.attn_dropout_kernel``),
+``attention_kernels.select`` under ``TransformerConfig.kernels.attn_dropout_kernel``),
 never with the P - alpha C_n intervention (the kernel declares none: that path stays
 ``causal_dropout_attention``). Off a GPU it runs in Pallas' interpreter (the tests);
 on a GPU it lowers to two Triton kernels (``__gpu$xla.gpu.triton``, exported for CUDA

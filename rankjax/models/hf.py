@@ -53,7 +53,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from rankjax.config import TransformerConfig
+from rankjax.config import RopeConfig, TransformerConfig
 from rankjax.errors import UserError
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2")
@@ -69,29 +69,30 @@ GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                     "gelu": "gelu"}
 
 
-def _rope(hf: dict) -> dict:
-  """``TransformerConfig`` RoPE fields of a config.json: the base and the scaling
-  (``rope_parameters`` in transformers 5, ``rope_theta`` / ``rope_scaling`` before)."""
+def _rope(hf: dict) -> RopeConfig:
+  """The RoPE settings (``TransformerConfig.rope``) of a config.json: the base and the
+  scaling (``rope_parameters`` in transformers 5, ``rope_theta`` / ``rope_scaling``
+  before)."""
   params = dict(hf.get("rope_parameters") or {})
   scaling = dict(hf.get("rope_scaling") or {})
   merged = {**scaling, **params}
   kind = merged.get("rope_type") or merged.get("type") or "default"
-  out = {"rope_base": float(merged.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+  base = float(merged.get("rope_theta", hf.get("rope_theta", 10000.0)))
   if kind == "default":
-    return out
+    return RopeConfig(base=base)
   if kind == "linear":
-    return {**out, "rope_scaling": "linear", "rope_factor": float(merged["factor"])}
+    return RopeConfig(base=base, scaling="linear", factor=float(merged["factor"]))
   if kind == "llama3":
     try:
-      return {**out, "rope_scaling": "llama3", "rope_factor": float(merged["factor"]),
-              "rope_low_freq_factor": float(merged["low_freq_factor"]),
-              "rope_high_freq_factor": float(merged["high_freq_factor"]),
-              "rope_original_max_len": int(merged["original_max_position_embeddings"])}
+      return RopeConfig(base=base, scaling="llama3", factor=float(merged["factor"]),
+                        low_freq_factor=float(merged["low_freq_factor"]),
+                        high_freq_factor=float(merged["high_freq_factor"]),
+                        original_max_len=int(merged["original_max_position_embeddings"]))
     except (KeyError, TypeError, ValueError):
       raise UserError(f"rope_type='llama3' without its factor, low_freq_factor, "
                        f"high_freq_factor, original_max_position_embeddings: {merged}") from None
   if kind == "dynamic":     # dynamic NTK: the default frequencies up to max_position_embeddings
-    return out              # (transformers rescales only beyond it; max_seq_len stops there)
+    return RopeConfig(base=base)  # (transformers rescales only beyond it; max_seq_len stops there)
   if kind == "yarn":
     max_len = int(hf.get("max_position_embeddings", 2048))
     original = int(merged.get("original_max_position_embeddings") or max_len)
@@ -101,12 +102,11 @@ def _rope(hf: dict) -> dict:
     if attention is None:
       m, m_all = merged.get("mscale"), merged.get("mscale_all_dim")
       attention = mscale(m) / mscale(m_all) if m and m_all else mscale(1.0)
-    return {**out, "rope_scaling": "yarn", "rope_factor": factor,
-            "rope_original_max_len": original,
-            "rope_beta_fast": float(merged.get("beta_fast") or 32.0),
-            "rope_beta_slow": float(merged.get("beta_slow") or 1.0),
-            "rope_truncate": bool(merged.get("truncate", True)),
-            "rope_attention_factor": float(attention)}
+    return RopeConfig(base=base, scaling="yarn", factor=factor, original_max_len=original,
+                      beta_fast=float(merged.get("beta_fast") or 32.0),
+                      beta_slow=float(merged.get("beta_slow") or 1.0),
+                      truncate=bool(merged.get("truncate", True)),
+                      attention_factor=float(attention))
   raise UserError(f"rope_type={kind!r} (RoPE scaling) is not implemented; rankjax has "
                    "default, linear, llama3, yarn and dynamic (exact up to "
                    "max_position_embeddings)")
@@ -175,7 +175,7 @@ def llama_config(hf: dict, *, compute_dtype: str = "float32") -> TransformerConf
       d_model=d, num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads", heads)),
       attn_bias=kind == "qwen2", d_ff=int(hf["intermediate_size"]), max_seq_len=max_len,
       norm_position="pre", norm_op="rms", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      ffn="swiglu", pos_embedding="rope", **_rope(hf),
+      ffn="swiglu", pos_embedding="rope", rope=_rope(hf),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)), init="gpt2",
       compute_dtype=compute_dtype, param_dtype="float32")
 

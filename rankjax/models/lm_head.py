@@ -1,7 +1,7 @@
 """The LM head and its cross-entropy, in the compute dtype with float32 accumulation.
 
 ``head_logits`` is ``F(t) = X^H W_lm`` (Post-Norm paper, Thm 3.8) with the padding
-columns of a vocabulary rounded up to ``TransformerConfig.vocab_multiple`` masked to
+columns of a vocabulary rounded up to ``TransformerConfig.kernels.vocab_multiple`` masked to
 -inf; ``head_cross_entropy`` is the mean token cross-entropy ``L_CE`` computed from
 the head's input, optionally over chunks of tokens so that the B*T*V float32 logits
 never exist at once (a fused loss with its own backward).

@@ -7,7 +7,7 @@ reduce-scatter) right where the dot produces it, in the dot's output dtype. jax'
 transpose of a bfloat16 ``x @ w`` emits a bfloat16 dot, so the partial sums of every
 device would be added in bfloat16. Here the weight-gradient dot accumulates and outputs
 float32 (``preferred_element_type``), the reduction is float32, and the sum is rounded
-to the weight's dtype once. ``TransformerConfig.grad_reduce_dtype =
+to the weight's dtype once. ``TransformerConfig.kernels.grad_reduce_dtype =
 "compute"`` keeps jax's rule (half the bytes on the wire). Float32 and float64 operands
 take jax's own product and rule unchanged.
 

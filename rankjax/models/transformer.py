@@ -93,7 +93,7 @@ FFN_ACTIVATIONS = {"gelu": activations.gelu, "gelu_tanh": activations.gelu_tanh}
 class FeedForward(PlainInit, nn.Module):
   """SwiGLU ``(silu(X W1) * X W3) W2`` (postnorm Eq. 2) or GELU ``gelu(X W1) W2`` (exact
   or tanh form, ``cfg.ffn``), with biases b_1, b_2 (b_3) after each product when
-  ``cfg.ffn_bias`` (GPT-2: ``gelu_tanh(X W1 + b1) W2 + b2``); ``cfg.fused_projections``:
+  ``cfg.ffn_bias`` (GPT-2: ``gelu_tanh(X W1 + b1) W2 + b2``); ``cfg.kernels.fused_projections``:
   X [W1 | W3] as one matmul (``attention.projections``)."""
 
   cfg: TransformerConfig
@@ -117,13 +117,13 @@ class FeedForward(PlainInit, nn.Module):
       b3 = bias("b_3", f, "mlp")
       gate, up = projections(x, {"1": w1, "3": w3},
                              None if b1 is None else {"1": b1, "3": b3},
-                             fused=cfg.fused_projections,
-                             grad_reduce_dtype=cfg.grad_reduce_dtype)
+                             fused=cfg.kernels.fused_projections,
+                             grad_reduce_dtype=cfg.kernels.grad_reduce_dtype)
       hidden = activations.silu(gate) * up
     else:
-      z = weight_matmul(x, w1, cfg.grad_reduce_dtype)
+      z = weight_matmul(x, w1, cfg.kernels.grad_reduce_dtype)
       hidden = FFN_ACTIVATIONS[cfg.ffn](z if b1 is None else z + b1)
-    out = weight_matmul(hidden, w2, cfg.grad_reduce_dtype)
+    out = weight_matmul(hidden, w2, cfg.kernels.grad_reduce_dtype)
     return out if b2 is None else out + b2
 
 
@@ -224,13 +224,13 @@ class DecoderLM(PlainInit, nn.Module):
     if cfg.tie_embeddings and tied_shards > 1:
       if not return_hidden:
         raise ValueError("tied_shards > 1 returns the head's copies: pass return_hidden=True")
-      table = shard_copies(table, tied_shards, cfg.grad_reduce_dtype)
-    rows = lookup(table, tokens_BxT, cfg.grad_reduce_dtype)   # = embed(tokens)
+      table = shard_copies(table, tied_shards, cfg.kernels.grad_reduce_dtype)
+    rows = lookup(table, tokens_BxT, cfg.kernels.grad_reduce_dtype)   # = embed(tokens)
     h = partitioning.constrain(rows.astype(dtype), ("batch", "length", "embed"))
     if cfg.pos_embedding == "learned":
       pos = self.param("pos_embed", logical(nn.initializers.normal(embed_std), ("length", "embed")),
                        (cfg.max_seq_len, cfg.d_model), pdt)
-      if cfg.grad_reduce_dtype == "float32":   # its gradient, a sum over the batch, in f32
+      if cfg.kernels.grad_reduce_dtype == "float32":   # its gradient, a sum over the batch, in f32
         h = (h.astype(float_dtype(dtype)) + pos[:t].astype(float_dtype(dtype))).astype(dtype)
       else:
         h = h + pos[:t].astype(dtype)
@@ -240,7 +240,7 @@ class DecoderLM(PlainInit, nn.Module):
       h = make_norm(cfg, cfg.embed_norm_op, "norm_embed")(h)  # postnorm Eq. 1: X_1^1 = N(Y_0^1)
 
     block = DecoderBlock
-    remat = REMAT_AUTO_FALLBACK if cfg.remat == "auto" else cfg.remat
+    remat = REMAT_AUTO_FALLBACK if cfg.kernels.remat == "auto" else cfg.kernels.remat
     if remat != "none":
       block = nn.remat(block, static_argnums=(), prevent_cse=False,
                        policy=REMAT_POLICIES[remat])
@@ -250,7 +250,7 @@ class DecoderLM(PlainInit, nn.Module):
         split_rngs={"params": True, "dropout": True},
         length=cfg.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},   # the stacked axis's logical name
-        unroll=min(cfg.scan_unroll, cfg.num_layers),
+        unroll=min(cfg.kernels.scan_unroll, cfg.num_layers),
     )
     if perturbations is not None and not capture:
       raise ValueError("perturbations are added at the captured sites: pass capture=True")

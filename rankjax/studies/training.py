@@ -81,7 +81,7 @@ def tiny(cfg, data_dir: str | None = None):
     lm = dataclasses.replace(
         lm, num_layers=min(lm.num_layers, 4), d_model=TINY_WIDTH, num_heads=heads,
         num_kv_heads=kv or None, d_ff=d_ff, max_seq_len=TINY_TOKENS, vocab_size=257,
-        loss_chunk=min(lm.loss_chunk, 64) if lm.loss_chunk else 0)
+        kernels=dataclasses.replace(lm.kernels, loss_chunk=min(lm.kernels.loss_chunk, 64)))
     changes.update(model=lm, seq_len=TINY_TOKENS, tokenizer="byte")
     if not data_dir:
       changes["dataset"] = "shakespeare"

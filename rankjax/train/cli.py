@@ -52,12 +52,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                            "combination)")
   parser.set_defaults(func=run)
   convert = subparsers.add_parser(
-      "convert-config", help="rewrite a config.json of config format 1 in format 2",
-      description="Rewrites a TrainConfig JSON written by rankjax before config format 2 "
-                  "(a \"model\" name beside \"lm\" / \"mlp\" objects) as format 2 (one "
-                  "\"model\" object tagged with its kind), keeping the original beside it "
-                  "as config.json.format1. A run's checkpoints are not touched: one whose "
-                  "parameters are named otherwise than today's model is refused on restore.")
+      "convert-config", help="rewrite a config.json of config format 1 or 2 in format 3",
+      description="Rewrites a TrainConfig JSON written by an older rankjax as config "
+                  "format 3: format 1 (a \"model\" name beside \"lm\" / \"mlp\" objects) "
+                  "and format 2 (the model's fields flat: rope_base, remat, ...; read "
+                  "converted anyway) get one \"model\" object tagged with its kind, its "
+                  "RoPE settings in \"rope\" and its kernel knobs in \"kernels\". The "
+                  "original is kept beside it as config.json.format1 / .format2. A run's "
+                  "checkpoints are not touched: one whose parameters are named otherwise "
+                  "than today's model is refused on restore.")
   convert.add_argument("path", metavar="PATH", help="a run folder (its config.json) or a "
                                                     "config JSON file")
   convert.set_defaults(func=convert_config)

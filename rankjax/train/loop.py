@@ -101,13 +101,13 @@ class Compiled:
   step: Callable
   diag_step: Callable | None
   eval_step: Callable
-  remat_note: str | None = None    # lm.remat="auto": the policy chosen and the estimates
+  remat_note: str | None = None    # lm.kernels.remat="auto": the policy chosen and the estimates
 
 
 def build(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None,
           diags: tuple[diag_lib.Diagnostic, ...] | None = None) -> Compiled:
   """The task, mesh, shardings and jitted functions of ``cfg`` (no data, no I/O);
-  ``lm.remat="auto"`` is resolved here (``memory.resolve_remat``): by XLA's analysis of
+  ``lm.kernels.remat="auto"`` is resolved here (``memory.resolve_remat``): by XLA's analysis of
   each policy's compiled step (``compiled_peak_bytes``) where the devices report a memory
   limit, else by the estimate's fallback."""
   limit = memory.device_limit()

@@ -1,4 +1,4 @@
-"""Peak memory per device of a training step, estimated; ``lm.remat="auto"`` chosen by it.
+"""Peak memory per device of a training step, estimated; ``lm.kernels.remat="auto"`` chosen by it.
 
 ``estimate`` is the one estimate of the library, for planning away from the target
 devices (the experiments' plan and refusals on a CPU, ``rankjax.train.plan``)
@@ -47,7 +47,7 @@ def estimate(cfg: TrainConfig, num_devices: int, params: int, remat: str | None 
              ) -> dict[str, float]:
   """Estimated peak bytes per device of the training step (an estimate, not a
   measurement: the device check measures it), for ``params`` parameters and the remat
-  policy ``remat`` (default ``cfg.model.remat``; "auto" counts as its fallback).
+  policy ``remat`` (default ``cfg.model.kernels.remat``; "auto" counts as its fallback).
 
   State: float32 parameters, gradients and AdamW's two moments (16 bytes a parameter)
   plus a compute-dtype copy, split over ``mesh_fsdp`` devices (all of them when it is 0
@@ -64,13 +64,13 @@ def estimate(cfg: TrainConfig, num_devices: int, params: int, remat: str | None 
   micro = cfg.batch_size / max(cfg.grad_accum, 1) / max(num_devices, 1)
   if cfg.model.kind == "transformer":
     lm = cfg.model
-    policy = remat or lm.remat
+    policy = remat or lm.kernels.remat
     policy = REMAT_AUTO_FALLBACK if policy == "auto" else policy
     dots = 5 * lm.d_model + (2 if lm.ffn == "swiglu" else 1) * lm.d_ff
     per_token = {"dots": dots, "none": 3 * dots, "full": lm.d_model}[policy]
     tokens = micro * cfg.seq_len
     acts = per_token * tokens * lm.num_layers * width
-    head_rows = lm.loss_chunk if lm.loss_chunk else tokens
+    head_rows = lm.kernels.loss_chunk if lm.kernels.loss_chunk else tokens
     head = 2 * min(head_rows, tokens) * lm.padded_vocab_size * 4
   else:
     m = cfg.model
@@ -120,21 +120,22 @@ def choose_remat_compiled(cfg: TrainConfig, limit: float,
 
 
 def with_remat(cfg: TrainConfig, policy: str) -> TrainConfig:
-  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=policy))
+  kernels = dataclasses.replace(cfg.model.kernels, remat=policy)
+  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kernels=kernels))
 
 
 def resolve_remat(cfg: TrainConfig, num_devices: int, limit: float | None,
                   params: int | None = None,
                   measure: Callable[[TrainConfig], float | None] | None = None
                   ) -> tuple[TrainConfig, str | None]:
-  """``(cfg with lm.remat="auto" replaced by the chosen policy, the one line that says
+  """``(cfg with lm.kernels.remat="auto" replaced by the chosen policy, the one line that says
   the choice and the peaks)``; ``(cfg, None)`` when there is nothing to choose.
   ``num_devices``: the job's devices; ``limit``: ``device_limit()``; ``params``: the
   parameter count when the caller has it (else ``param_count``); ``measure``: the peak
   bytes of a config's compiled step (``loop.compiled_peak_bytes``): with a limit, the
   choice reads XLA's own analysis (:func:`choose_remat_compiled`), else the estimate
   (:func:`choose_remat`)."""
-  if cfg.model.kind != "transformer" or cfg.model.remat != "auto":
+  if cfg.model.kind != "transformer" or cfg.model.kernels.remat != "auto":
     return cfg, None
   if measure is not None and limit is not None:
     policy, peaks = choose_remat_compiled(cfg, limit, measure)

@@ -164,7 +164,7 @@ def _measure(num_devices: int):
 
 
 def resolved(cfg, num_devices: int):
-  """``(cfg, note)``: ``lm.remat="auto"`` replaced by the policy ``rankjax train`` will
+  """``(cfg, note)``: ``lm.kernels.remat="auto"`` replaced by the policy ``rankjax train`` will
   choose on these devices (``rankjax.train.memory.resolve_remat``, the same limit
   ``memory.device_limit`` and, on the devices, the same compiled peaks; for a target,
   its memory and its compiled peaks on host devices, :func:`compiles_for_target`), and
@@ -279,7 +279,7 @@ def plan(runs: Mapping[str, Any]) -> dict[str, Any]:
         "peak_gb_per_device": est["total"] / 1e9, "peak_compiled": bool(est["compiled"]),
         "peak_source": memory_source(cfg, count), "mfu": mfu, "mfu_source": source,
         "device_hours": hours, "mesh": mesh_text(cfg, count),
-        "remat": run_cfg.model.remat if lm else None, "remat_note": note,
+        "remat": run_cfg.model.kernels.remat if lm else None, "remat_note": note,
         "batch_note": _BATCH_NOTES.get(cfg)})
   todo = [r for r in rows if not r["done"]]
   hours = [r["device_hours"] for r in todo]
@@ -408,11 +408,11 @@ def device_refusals(cfg, num_devices: int, memory: float | None, kind: str = "de
   if memory and not done and est["total"] > MEMORY_SHARE * memory:
     fsdp = num_devices if cfg.mesh_fsdp < num_devices else None
     lm = cfg.model.kind == "transformer"
-    full = lm and resolved(fitted, num_devices)[0].model.remat == "full"
+    full = lm and resolved(fitted, num_devices)[0].model.kernels.remat == "full"
     fix = (f"--set mesh_fsdp={fsdp} (parameters and optimizer state sharded over {fsdp} "
            "devices), " if fsdp and fsdp > 1 else "") + (
                "--set grad_accum=<a larger divisor of the batch> (remat is full already)"
-               if full else "--set model.remat=full or a larger grad_accum")
+               if full else "--set model.kernels.remat=full or a larger grad_accum")
     what = ("an estimated" if not est["compiled"] else "a compiled" if
             not compiles_for_target(num_devices) else "XLA:CPU's compiled (uncorrected)")
     out.append(f"{what} {_gb(est['total'])} GB per device exceeds "

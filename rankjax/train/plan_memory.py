@@ -67,7 +67,7 @@ def depths(cfg) -> tuple[int, int] | None:
   """The two depths ``cfg``'s step compiles at (``SHRUNK_DEPTHS``), or None: its full
   depth (a rolled layer scan, an MLP, a model no deeper than the larger of them)."""
   lm = cfg.model
-  if lm.kind != "transformer" or lm.scan_unroll <= UNROLL_SHRINK:
+  if lm.kind != "transformer" or lm.kernels.scan_unroll <= UNROLL_SHRINK:
     return None
   return None if lm.num_layers <= SHRUNK_DEPTHS[1] else SHRUNK_DEPTHS
 

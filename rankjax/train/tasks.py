@@ -7,7 +7,7 @@ The loop, the step and the diagnostics never branch on the model kind; they call
   transformer: ``DecoderLM`` on text batches ``{"inputs", "targets"}`` of int32 (B, T);
        loss = mean next-token cross-entropy over all B*T tokens (sequences are packed,
        no padding), computed from the head's input by ``head_cross_entropy`` (compute
-       dtype head, float32 log-sum-exp, pad columns masked, ``model.loss_chunk``) on
+       dtype head, float32 log-sum-exp, pad columns masked, ``model.kernels.loss_chunk``) on
        the compute copy of the parameters (``numerics.compute_copy``, both tasks; the
        diagnostics step's forward passes read the same copy).
   mlp: ``ResidualMLP`` classifier on image batches ``{"inputs": (B, D) float32,
@@ -181,7 +181,7 @@ class LMTask(Task):
                             return_hidden=True, tied_shards=shards)
     targets = batch["targets"]
     loss = head_cross_entropy(h.reshape(-1, h.shape[-1]), w, targets.reshape(-1),
-                              cfg.vocab_size, cfg.loss_chunk)
+                              cfg.vocab_size, cfg.kernels.loss_chunk)
     return loss, {"loss": loss}
 
   def capture(self, params, batch):

@@ -27,9 +27,10 @@ def test_tiny_shrinks_sizes_and_keeps_every_other_setting():
   assert t.warmup_steps == 1                         # 2000 / 40000 of 24 updates, at least 1
   assert (t.tokenizer, t.dataset, t.model.vocab_size) == ("byte", "shakespeare", 257)
   assert t.diag_every == training.TINY_STEPS // 8      # every update asked: at most 8 here
-  for field in ("norm_position", "norm_op", "ffn", "init", "pos_embedding", "remat",
+  for field in ("norm_position", "norm_op", "ffn", "init", "pos_embedding", "rope",
                 "tie_embeddings", "dropout_rate"):
     assert getattr(t.model, field) == getattr(cfg.model, field), field
+  assert t.model.kernels.remat == cfg.model.kernels.remat
   for field in ("learning_rate", "b1", "b2", "weight_decay", "lr_schedule", "clip_norm",
                 "compute_dtype", "diagnostics", "seed", "optimizer"):
     assert getattr(t, field) == getattr(cfg, field), field

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from jax import export
 
-from rankjax.config import TransformerConfig
+from rankjax.config import KernelConfig, TransformerConfig
 from rankjax.errors import UserError
 from rankjax.models import attention, attention_kernels
 from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
+from tests.conftest import with_kernels
 
 CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24,
                         max_seq_len=12)
@@ -28,8 +29,8 @@ CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_
 def test_fused_equals_einsum_outputs_and_gradients(tau, alpha, pos):
   cfg = dataclasses.replace(CFG, tau=tau, prefix_avg_removal=alpha, pos_embedding=pos)
   x = jax.random.normal(jax.random.key(0), (2, 9, 16))
-  fused = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="xla"))
-  ref = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="einsum"))
+  fused = CausalSelfAttention(with_kernels(cfg, attention_impl="xla"))
+  ref = CausalSelfAttention(with_kernels(cfg, attention_impl="einsum"))
   params = jax.jit(fused.init)(jax.random.key(1), x)
 
   def value_and_grads(module):
@@ -83,7 +84,7 @@ def test_rope_scores_depend_on_relative_position_only():
 
 def test_auto_is_xla_on_cpu_and_a_forced_choice_stands():
   assert attention.kernel_for(CFG, jnp.bfloat16, 12).name == "xla"
-  cudnn = dataclasses.replace(CFG, attention_impl="cudnn")
+  cudnn = with_kernels(CFG, attention_impl="cudnn")
   assert attention.kernel_for(cudnn, jnp.bfloat16, 12).name == "cudnn"   # any backend
   with pytest.raises(UserError, match="attention_impl='cudnn' takes bfloat16, float16, not float32"):
     attention.kernel_for(cudnn, jnp.float32, 12)
@@ -91,9 +92,9 @@ def test_auto_is_xla_on_cpu_and_a_forced_choice_stands():
 
 # --- the compiled step under bf16 compute ------------------------------------------
 
-BF16 = TransformerConfig(vocab_size=300, vocab_multiple=128, num_layers=2, d_model=64,
-                         num_heads=2, d_ff=96, max_seq_len=128, norm_position="pre",
-                         tie_embeddings=True, compute_dtype="bfloat16")
+BF16 = TransformerConfig(vocab_size=300, num_layers=2, d_model=64, num_heads=2, d_ff=96,
+                         max_seq_len=128, norm_position="pre", tie_embeddings=True,
+                         compute_dtype="bfloat16", kernels=KernelConfig(vocab_multiple=128))
 B, T = 2, 128
 
 
@@ -137,13 +138,13 @@ def test_bf16_step_head_dots_are_bf16():
 
 
 def test_cudnn_step_has_no_txt_buffer():
-  cfg = dataclasses.replace(BF16, attention_impl="cudnn")
+  cfg = with_kernels(BF16, attention_impl="cudnn")
   text = _step_text(cfg, platform="cuda")
   assert "__cudnn$fmhaSoftmax" in text and "__cudnn$fmhaSoftmaxBackward" in text
   txt = re.findall(rf"tensor<(?:\d+x)*{T}x{T}x[a-z0-9]+>", text)
   assert txt == [], txt
   # the einsum reference does build (B, H, T, T) scores: the check can see them
-  ref = _step_text(dataclasses.replace(BF16, attention_impl="einsum"))
+  ref = _step_text(with_kernels(BF16, attention_impl="einsum"))
   assert re.findall(rf"tensor<{B}x{BF16.num_heads}x{T}x{T}x", ref)
 
 
@@ -176,8 +177,8 @@ def test_splash_module_equals_einsum_outputs_and_gradients(tau, alpha, pos):
   cfg = dataclasses.replace(CFG, max_seq_len=128, tau=tau, prefix_avg_removal=alpha,
                             pos_embedding=pos)
   x = jax.random.normal(jax.random.key(0), (1, 128, 16))
-  splash = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="splash"))
-  ref = CausalSelfAttention(dataclasses.replace(cfg, attention_impl="einsum"))
+  splash = CausalSelfAttention(with_kernels(cfg, attention_impl="splash"))
+  ref = CausalSelfAttention(with_kernels(cfg, attention_impl="einsum"))
   params = jax.jit(splash.init)(jax.random.key(1), x)
 
   def grads(module):
@@ -193,8 +194,8 @@ def test_splash_step_lowered_for_tpu_has_no_txt_buffer():
   """The whole LM loss gradient under bf16 compute, exported for a TPU from this CPU:
   the Mosaic splash kernels, no (T, T) tensor anywhere."""
   t = 256      # not 128: the kernel keeps its softmax statistics lane-padded, (B, H, T, 128)
-  text = _step_text(dataclasses.replace(BF16, attention_impl="splash", max_seq_len=t),
-                    platform="tpu", t=t)
+  text = _step_text(dataclasses.replace(with_kernels(BF16, attention_impl="splash"),
+                                       max_seq_len=t), platform="tpu", t=t)
   assert text.count("tpu_custom_call") >= 2     # forward and backward, in the layer scan
   # no float (T, T) scores or probabilities (the kernel's integer block masks are
   # constants, not activations)
@@ -263,7 +264,8 @@ def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu
   t = 512
   cfg = dataclasses.replace(paper.model, vocab_size=64, num_layers=2, d_model=64, num_heads=2,
                             d_ff=128, max_seq_len=t, compute_dtype="bfloat16")
-  assert (cfg.attn_dropout_rate, cfg.dropout_rate, cfg.attention_impl) == (0.1, 0.1, "auto")
+  assert (cfg.attn_dropout_rate, cfg.dropout_rate, cfg.kernels.attention_impl) == (0.1, 0.1,
+                                                                                   "auto")
   assert cfg.attn_dropout_mask == "hash"
   tokens = jnp.zeros((2, t + 1), jnp.int32)
 
@@ -281,7 +283,7 @@ def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu
   square = lambda text: [s for s in _shapes(text) if len(s) >= 2 and s[-2:] == (t, t)]
   assert not square(exported(cfg))
   assert not square(exported(dataclasses.replace(cfg, attn_dropout_mask="threefry")))
-  assert square(exported(dataclasses.replace(cfg, attention_impl="einsum")))
+  assert square(exported(with_kernels(cfg, attention_impl="einsum")))
 
 
 @pytest.mark.parametrize("platform,impl,t", [("cuda", "cudnn", T), ("tpu", "splash", 256)])
@@ -292,7 +294,8 @@ def test_remat_dots_runs_the_fused_kernel_forward_once(platform, impl, t):
   it twice (the count can tell them apart). Lowered for a GPU (cuDNN) and a TPU (splash)
   from this CPU."""
   def forwards(remat):
-    cfg = dataclasses.replace(BF16, attention_impl=impl, remat=remat, max_seq_len=t)
+    cfg = dataclasses.replace(with_kernels(BF16, attention_impl=impl, remat=remat),
+                              max_seq_len=t)
     text = _step_text(cfg, platform=platform, t=t)
     if platform == "cuda":
       return text.count("__cudnn$fmhaSoftmax") - text.count("__cudnn$fmhaSoftmaxBackward")

@@ -91,8 +91,6 @@ def test_auto_follows_the_default_backend():
 
 
 REFUSED = [
-    (dict(impl="xla", capture=True), "attention_impl='xla' forms no attention probabilities"),
-    (dict(impl="splash", capture=True), "attention_impl='splash' forms no attention probabilities"),
     (dict(impl="cudnn", dtype=F64), "attention_impl='cudnn' computes no float64 softmax"),
     (dict(impl="xla", dtype=F64), "attention_impl='xla' computes no float64 softmax"),
     (dict(impl="xla", dtype=F64, dropout=True), "attention_impl='xla' computes no float64"),
@@ -111,16 +109,24 @@ def test_selector_refuses_an_explicit_kernel_that_cannot_serve_the_call(case, me
   assert text.startswith(message) and "\n" not in text, text
 
 
-def test_the_module_refuses_capture_on_an_explicit_fused_kernel():
-  from rankjax.config import TransformerConfig
+def test_capture_takes_einsum_whatever_kernel_the_config_names():
+  """A measurement's capture (the diagnostics in a run with an explicit fused kernel)
+  gets the probabilities from einsum; the output is the fused kernel's function."""
+  for impl in ("xla", "splash", "cudnn"):
+    assert _pick(impl=impl, capture=True) == "einsum"
+  from rankjax.config import KernelConfig, TransformerConfig
   from rankjax.models.attention import CausalSelfAttention
   cfg = TransformerConfig(vocab_size=37, num_layers=1, d_model=16, num_heads=2, d_ff=24,
-                          max_seq_len=8, attention_impl="xla")
-  x = jnp.ones((1, 8, 16))
+                          max_seq_len=8, kernels=KernelConfig(attention_impl="xla"))
+  x = jax.random.normal(jax.random.key(1), (1, 8, 16))
   module = CausalSelfAttention(cfg)
   params = module.init(jax.random.key(0), x)
-  with pytest.raises(UserError, match="forms no attention probabilities"):
-    module.apply(params, x, capture_probs=True, mutable=["intermediates"])
+  plain = module.apply(params, x)
+  captured, state = module.apply(params, x, capture_probs=True, mutable=["intermediates"])
+  probs = state["intermediates"]["attn_probs"][0]
+  assert probs.shape == (1, 2, 8, 8)
+  np.testing.assert_allclose(np.asarray(probs).sum(-1), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(captured, plain, rtol=1e-5, atol=1e-6)
 
 
 # --- what the kernels compute ---------------------------------------------------------

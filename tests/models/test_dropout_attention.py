@@ -16,6 +16,7 @@ from rankjax import config as config_lib
 from rankjax.config import TransformerConfig
 from rankjax.models import attention, dropout_mask
 from rankjax.models.attention import prefix_average_matrix
+from tests.conftest import with_kernels
 
 
 def _explicit(q, k, v, scale, alpha, rate, key):
@@ -152,7 +153,7 @@ def test_model_query_block_and_einsum_paths_draw_the_same_hash_masks():
                                        rngs={"dropout": jax.random.key(9)})
     return jax.jit(lambda p: (f(p), jax.grad(lambda p: jnp.sum(jnp.sin(f(p))))(p)) if grad
                    else f(p))(params)
-  fast, ref = run(CFG), run(dataclasses.replace(CFG, attention_impl="einsum"))
+  fast, ref = run(CFG), run(with_kernels(CFG, attention_impl="einsum"))
   chex.assert_trees_all_close(fast, ref, rtol=2e-5, atol=2e-6)
   threefry = run(dataclasses.replace(CFG, attn_dropout_mask="threefry"), grad=False)
   assert float(jnp.max(jnp.abs(threefry - fast[0]))) > 1e-2

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from unittest import mock
 
-from rankjax.config import TransformerConfig
+from rankjax.config import KernelConfig, TransformerConfig
 from rankjax.errors import UserError
 from rankjax.models import attention, flash_dropout
+from tests.conftest import with_kernels
 
 
 def _qkv(t, dtype=jnp.float32, b=2, h=2, d=16):
@@ -88,7 +89,7 @@ def test_flash_refuses_shapes_it_does_not_take():
 
 CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=2, d_ff=24,
                         max_seq_len=24, attn_dropout_rate=0.3, attn_dropout_mask="hash",
-                        attn_dropout_kernel="pallas")
+                        kernels=KernelConfig(attn_dropout_kernel="pallas"))
 
 
 def _uses_pallas(cfg, tokens, params):
@@ -99,21 +100,23 @@ def _uses_pallas(cfg, tokens, params):
 
 
 def test_model_dispatch_takes_the_flash_kernel_where_it_applies():
-  """``attn_dropout_kernel``: pallas takes the kernel (here in the interpreter), blocks
+  """``kernels.attn_dropout_kernel``: pallas takes the kernel (here in the interpreter), blocks
   and auto on this CPU do not; prefix removal, threefry masks and evaluation never take
   it (the traced programs)."""
   from rankjax.models.transformer import DecoderLM
   tokens = jax.random.randint(jax.random.key(3), (2, 20), 0, 37)
   params = jax.jit(DecoderLM(CFG).init)(jax.random.key(0), tokens)
   assert _uses_pallas(CFG, tokens, params)
-  for change in ({"attn_dropout_kernel": "blocks"}, {"attn_dropout_kernel": "auto"},
-                 {"prefix_avg_removal": 0.3}, {"attn_dropout_mask": "threefry"}):
-    assert not _uses_pallas(dataclasses.replace(CFG, **change), tokens, params), change
+  for change in (with_kernels(CFG, attn_dropout_kernel="blocks"),
+                 with_kernels(CFG, attn_dropout_kernel="auto"),
+                 dataclasses.replace(CFG, prefix_avg_removal=0.3),
+                 dataclasses.replace(CFG, attn_dropout_mask="threefry")):
+    assert not _uses_pallas(change, tokens, params), change
   flash = lambda cfg, dtype: attention.kernel_for(cfg, dtype, 20, dropout=True).name
   assert flash(CFG, jnp.bfloat16) == "flash"
   assert flash(dataclasses.replace(CFG, d_model=48), jnp.float32) == "hash_blocks"
   with pytest.raises(ValueError, match="attn_dropout_kernel"):
-    TransformerConfig(attn_dropout_kernel="triton")
+    TransformerConfig(kernels=KernelConfig(attn_dropout_kernel="triton"))
 
 
 @pytest.mark.slow
@@ -128,7 +131,7 @@ def test_model_flash_and_query_block_paths_agree():
     f = lambda p: DecoderLM(cfg).apply(p, tokens, deterministic=False,
                                        rngs={"dropout": jax.random.key(9)})
     return jax.jit(lambda p: (f(p), jax.grad(lambda p: jnp.sum(jnp.sin(f(p))))(p)))(params)
-  chex.assert_trees_all_close(run(CFG), run(dataclasses.replace(CFG, attn_dropout_kernel="blocks")),
+  chex.assert_trees_all_close(run(CFG), run(with_kernels(CFG, attn_dropout_kernel="blocks")),
                               rtol=2e-5, atol=2e-5)
 
 
@@ -166,7 +169,7 @@ def test_model_remat_dots_runs_the_flash_forward_once(remat, forwards):
   as without remat; "full" saves nothing and runs it twice (the count tells them apart)."""
   from jax import export
   from rankjax.models.transformer import DecoderLM
-  cfg = dataclasses.replace(CFG, remat=remat, attn_dropout_kernel="auto",
+  cfg = dataclasses.replace(with_kernels(CFG, remat=remat, attn_dropout_kernel="auto"),
                             compute_dtype="bfloat16")
   tokens = jnp.zeros((2, 20), jnp.int32)
   params = jax.eval_shape(DecoderLM(cfg).init, jax.random.key(0), tokens)
@@ -270,9 +273,9 @@ def test_training_step_lowered_for_cuda_runs_the_kernel_without_a_t_by_t_buffer(
   t = 64
   with mock.patch.object(jax, "default_backend", lambda: "gpu"):
     cfg = device_check.step_config("gpt2_774m.json", False, sets=device_check.SOFTMAX_SETS)
-    lm = dataclasses.replace(cfg.model, num_layers=2, d_model=128, num_heads=2, d_ff=256,
-                             vocab_size=300, max_seq_len=t, remat="dots",
-                             attention_impl="xla")
+    lm = dataclasses.replace(with_kernels(cfg.model, remat="dots", attention_impl="xla"),
+                             num_layers=2, d_model=128, num_heads=2, d_ff=256,
+                             vocab_size=300, max_seq_len=t)
     cfg = dataclasses.replace(cfg, seq_len=t, batch_size=2, model=lm)
     c = build(cfg)
     tokens = np.zeros((2, t + 1), np.int32)

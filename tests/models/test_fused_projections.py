@@ -1,4 +1,4 @@
-"""Fused projections (``lm.fused_projections``): one QKV matmul and one W1|W3 matmul,
+"""Fused projections (``lm.kernels.fused_projections``): one QKV matmul and one W1|W3 matmul,
 the same function as the separate matmuls on the same parameters (forward, gradients,
 the captured X_k / Y_k, their gradients and the attention probabilities), for every
 placement, with GQA, q/k/v biases and RoPE; and the layer's lowered dots."""
@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from rankjax import config as config_lib
-from rankjax.config import NORM_POSITIONS, TrainConfig, TransformerConfig
+from rankjax.config import NORM_POSITIONS, KernelConfig, TrainConfig, TransformerConfig
 from rankjax.measure import decoder_jacobians
 from rankjax.models.transformer import DecoderLM, intermediate_grads, layer_forward
 from rankjax.train import tasks
 from tests.train.conftest import ROOT
+from tests.conftest import with_kernels
 
 # GQA (4 query heads, 2 key/value heads), q/k/v biases, RoPE: d=16, d_head=4, so the
 # widths are Q 16, K 8, V 8 (fused 32) and d_ff 24 (W1|W3 fused 48): no two alike
@@ -66,7 +67,7 @@ FAST = {("post", "swiglu")}
     c if c in FAST else pytest.param(*c, marks=pytest.mark.slow) for c in CASES])
 def test_fused_lm_equals_unfused(position, ffn):
   cfg = dataclasses.replace(BASE, norm_position=position, ffn=ffn)
-  fused = dataclasses.replace(cfg, fused_projections=True)
+  fused = with_kernels(cfg, fused_projections=True)
   tokens, targets = _tokens(2), _tokens(3)
 
   def run():                                               # one compile
@@ -103,7 +104,7 @@ def test_decoder_jacobians_of_the_fused_model_equal_the_unfused():
   params = jax.jit(_params, static_argnums=0)(cfg, tokens[None])
   ref = decoder_jacobians.sublayer_jacobians(cfg, params, tokens, 5)
   got = decoder_jacobians.sublayer_jacobians(
-      dataclasses.replace(cfg, fused_projections=True), params, tokens, 5)
+      with_kernels(cfg, fused_projections=True), params, tokens, 5)
   chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-6)
   assert all(np.abs(v).max() > 1e-2 for v in jax.tree.leaves(ref))
 
@@ -128,15 +129,15 @@ def test_layer_has_one_dot_for_qkv_and_one_for_w1_w3(ffn):
   ffn_in = ["16x24", "16x24"] if ffn == "swiglu" else ["16x24"]
   assert _weight_dots(cfg) == Counter(["16x16", "16x8", "16x8", "16x16", *ffn_in, "24x16"])
   fused_ffn = ["16x48"] if ffn == "swiglu" else ["16x24"]
-  assert _weight_dots(dataclasses.replace(cfg, fused_projections=True)) == Counter(
+  assert _weight_dots(with_kernels(cfg, fused_projections=True)) == Counter(
       ["16x32", "16x16", *fused_ffn, "24x16"])
 
 
 @pytest.mark.parametrize("name", ["postnorm_48l_d512_c4", "gpt2_774m"])
 def test_paper_configs_fuse(name):
   cfg = config_lib.from_json(TrainConfig, ROOT / "experiments" / "configs" / f"{name}.json")
-  assert cfg.model.fused_projections
-  assert not TransformerConfig().fused_projections    # recorded results keep their bits
+  assert cfg.model.kernels.fused_projections
+  assert not TransformerConfig().kernels.fused_projections    # recorded results keep their bits
 
 
 @pytest.mark.slow   # three bfloat16 training losses compiled: 8-14 s each
@@ -148,11 +149,11 @@ def test_paper_configs_fuse_within_bf16_rounding(name):
   K, V (W1, W3) contributions to dx in one float32-accumulated dot, the unfused one
   adds three bfloat16 products, so the two differ by bfloat16 rounding, not more."""
   cfg = config_lib.from_json(TrainConfig, ROOT / "experiments" / "configs" / f"{name}.json")
-  assert cfg.model.fused_projections and cfg.compute_dtype == "bfloat16"
-  lm = dataclasses.replace(cfg.model, num_layers=2, d_model=64, num_heads=2, d_ff=128,
-                           vocab_size=300, max_seq_len=32, loss_chunk=0)
+  assert cfg.model.kernels.fused_projections and cfg.compute_dtype == "bfloat16"
+  lm = dataclasses.replace(with_kernels(cfg.model, loss_chunk=0), num_layers=2, d_model=64,
+                           num_heads=2, d_ff=128, vocab_size=300, max_seq_len=32)
   cfg = dataclasses.replace(cfg, model=lm, seq_len=32, batch_size=4, grad_accum=1)
-  unfused_lm = dataclasses.replace(lm, fused_projections=False)
+  unfused_lm = with_kernels(lm, fused_projections=False)
   unfused = dataclasses.replace(cfg, model=unfused_lm)
   f32 = dataclasses.replace(cfg, compute_dtype="float32",
                             model=dataclasses.replace(unfused_lm, compute_dtype="float32"))
@@ -176,4 +177,4 @@ def test_paper_configs_fuse_within_bf16_rounding(name):
 
 def test_fused_projections_must_be_a_bool():
   with pytest.raises(ValueError, match="fused_projections='yes' must be true or false"):
-    TransformerConfig(fused_projections="yes")
+    TransformerConfig(kernels=KernelConfig(fused_projections="yes"))

@@ -122,13 +122,13 @@ def test_llama_config_refusals():
   # beyond it only); YaRN's attention factor from mscale / mscale_all_dim (DeepSeek form)
   dynamic = hf.llama_config({**base, "rope_scaling": {"rope_type": "dynamic",
                                                             "factor": 2.0}})
-  assert (dynamic.rope_scaling, dynamic.max_seq_len) == ("none", 2048)
+  assert (dynamic.rope.scaling, dynamic.max_seq_len) == ("none", 2048)
   yarn = hf.llama_config({**base, "rope_scaling": {
       "rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707,
       "original_max_position_embeddings": 4096, "beta_fast": 16}})
   m = lambda k: 0.1 * k * np.log(40.0) + 1
-  assert (yarn.rope_scaling, yarn.rope_beta_fast, yarn.rope_original_max_len) == ("yarn", 16, 4096)
-  np.testing.assert_allclose(yarn.rope_attention_factor, m(1.0) / m(0.707), rtol=1e-12)
+  assert (yarn.rope.scaling, yarn.rope.beta_fast, yarn.rope.original_max_len) == ("yarn", 16, 4096)
+  np.testing.assert_allclose(yarn.rope.attention_factor, m(1.0) / m(0.707), rtol=1e-12)
   mistral = hf.llama_config({**base, "model_type": "mistral", "sliding_window": 8,
                                    "max_position_embeddings": 64})
   assert mistral.max_seq_len == 8

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from rankjax import config as config_lib
-from rankjax.config import TransformerConfig
+from rankjax.config import KernelConfig, TransformerConfig
 from rankjax.models import norms
 from rankjax.models.lm_head import head_cross_entropy, head_logits
 from rankjax.models.transformer import (DecoderLM, first_layer_input, intermediate_grads,
                                         norm_names)
 from rankjax.train import tasks
+from tests.conftest import with_kernels
 
 TINY = dict(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_seq_len=12,
             norm_eps=0.0)
@@ -190,7 +191,7 @@ def test_every_remat_policy_gives_the_same_gradients(position):
   rng = {"dropout": jax.random.key(3)}
 
   def grads(policy):
-    model = DecoderLM(dataclasses.replace(cfg, remat=policy))
+    model = DecoderLM(with_kernels(cfg, remat=policy))
     loss = lambda p: jnp.sum(model.apply({"params": p}, tokens, deterministic=False,
                                          rngs=rng) ** 2)
     return jax.jit(jax.grad(loss))(params)
@@ -206,7 +207,7 @@ def test_every_remat_policy_gives_the_same_gradients(position):
 def test_layer_scan_unroll_keeps_outputs_gradients_and_params(unroll):
   cfg, tokens, params = _setup(norm_position="post", num_layers=3)
   model = DecoderLM(cfg)
-  unrolled = DecoderLM(dataclasses.replace(cfg, scan_unroll=unroll))
+  unrolled = DecoderLM(with_kernels(cfg, scan_unroll=unroll))
   chex.assert_trees_all_equal_shapes(
       jax.eval_shape(unrolled.init, jax.random.key(0), tokens)["params"],
       params)   # still stacked
@@ -220,17 +221,18 @@ def test_layer_scan_unroll_keeps_outputs_gradients_and_params(unroll):
 
 
 def test_remat_takes_a_policy_not_a_boolean():
-  with pytest.raises(ValueError, match=r"^remat=True is not allowed; choose one of \['none', "
+  with pytest.raises(ValueError, match=r"^kernels\.remat=True is not allowed; choose one of "
+                                       r"\['none', "
                                        r"'dots', 'full', 'auto'\]$"):
-    TransformerConfig(remat=True)
+    TransformerConfig(kernels=KernelConfig(remat=True))
   with pytest.raises(ValueError, match="remat=False is not allowed"):
-    config_lib.from_dict(TransformerConfig, {"remat": False})
+    config_lib.from_dict(TransformerConfig, {"kernels": {"remat": False}})
 
 
 @pytest.mark.slow   # ~5 s: two tasks' gradients; the masked head (vocab 40 -> 33) is fast below
 def test_padded_vocab_gives_the_unpadded_loss_and_gradients():
   cfg, tokens, params = _setup(norm_position="pre", tie_embeddings=True)
-  padded = dataclasses.replace(cfg, vocab_multiple=32)            # 37 -> 64 rows
+  padded = with_kernels(cfg, vocab_multiple=32)                   # 37 -> 64 rows
   assert padded.padded_vocab_size == 64
   extra = jax.random.normal(jax.random.key(9), (64 - 37, 16))     # pad rows: any values
   p_pad = dict(params, embed={"embedding": jnp.concatenate(
@@ -323,7 +325,7 @@ def test_chunked_training_loss_matches_unchunked():
   losses = []
   for chunk in (0, 6):
     task = tasks.make_task(config_lib.TrainConfig(
-        model=dataclasses.replace(cfg, loss_chunk=chunk), seq_len=8, batch_size=2,
+        model=with_kernels(cfg, loss_chunk=chunk), seq_len=8, batch_size=2,
         warmup_steps=1, total_steps=2))
     losses.append(jax.jit(lambda p, t=task: t.loss(p, batch, None, True)[0])(params))
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
@@ -383,7 +385,8 @@ def test_remat_dots_saves_the_attention_output(impl, monkeypatch):
   import io
 
   from rankjax.models import transformer
-  cfg = TransformerConfig(**{**TINY, "num_layers": 2, "remat": "dots", "attention_impl": impl})
+  cfg = TransformerConfig(**{**TINY, "num_layers": 2},
+                          kernels=KernelConfig(remat="dots", attention_impl=impl))
   tokens = _tokens()
   model = DecoderLM(cfg)
   params = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]

@@ -3,7 +3,7 @@
 ``lm_golden.json`` holds, per config, a few float32 outputs of the model (a slice and
 the sum of the logits, the loss, the sum of every parameter gradient, the sums of the
 captured sublayer inputs/outputs and of their gradients) on the reference attention
-path (``attention_impl="einsum"``). It guards against unintended changes of the model's
+path (``kernels.attention_impl="einsum"``). It guards against unintended changes of the model's
 numerics in refactors. Its provenance is in the file (``"recorded"``): the values were
 first computed by the DecoderLM as it was before the decoder block was rebuilt on the
 shared residual block, on a 2-core AMD EPYC VM with tests/conftest.py's XLA
@@ -36,9 +36,10 @@ test_attention.py.
 
 Regenerate only on purpose (a deliberate change of the model's numerics), from the code
 whose numbers are to be pinned: ``python -m tests.models.test_lm_golden write`` (with
-tests/conftest.py's XLA flags in ``XLA_FLAGS``), and say in the commit why. Config fields
-the code lacks are dropped (the pre-issue-17 model had no ``embed_norm`` and no
-``attention_impl`` and behaved as their values here).
+tests/conftest.py's XLA flags in ``XLA_FLAGS``), and say in the commit why. The configs
+below are flat: their ``KernelConfig`` fields (remat, attention_impl) go into
+``kernels``. Config fields the code lacks are dropped (the pre-issue-17 model had no
+``embed_norm`` and no ``attention_impl`` and behaved as their values here).
 """
 
 import dataclasses
@@ -51,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import TransformerConfig
+from rankjax.config import KernelConfig, TransformerConfig
 from rankjax.models.transformer import DecoderLM, intermediate_grads
 
 GOLDEN = pathlib.Path(__file__).with_name("lm_golden.json")
@@ -112,7 +113,9 @@ def _compute(name: str, attention_impl: str = "einsum"):
   """The recorded keys of config ``name`` (hex float32) and each value's error scale."""
   kwargs = {**SMALL, **{**CONFIGS, **DROPOUT}[name], "attention_impl": attention_impl}
   known = {f.name for f in dataclasses.fields(TransformerConfig)}
-  cfg = TransformerConfig(**{k: v for k, v in kwargs.items() if k in known})
+  knobs = {f.name for f in dataclasses.fields(KernelConfig)}     # remat, attention_impl
+  cfg = TransformerConfig(kernels=KernelConfig(**{k: v for k, v in kwargs.items() if k in knobs}),
+                          **{k: v for k, v in kwargs.items() if k in known})
   model = DecoderLM(cfg)
   tokens = _tokens()
   targets = jnp.roll(tokens, -1, axis=1)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import TransformerConfig
+from rankjax.config import KernelConfig, TransformerConfig
 from rankjax.models import norms
 from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
 from rankjax.models.transformer import DecoderLM, intermediate_grads
@@ -61,7 +61,7 @@ def test_settings_build_and_are_finite(position, op, ffn, pos_emb, tie, init):
 
 def test_dropout_and_bfloat16_run():
   cfg = TransformerConfig(**TINY, dropout_rate=0.1, attn_dropout_rate=0.1,
-                          compute_dtype="bfloat16", remat="full")
+                          compute_dtype="bfloat16", kernels=KernelConfig(remat="full"))
   tokens = _tokens()
   variables = _init(cfg, tokens)
   model = DecoderLM(cfg)

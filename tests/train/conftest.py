@@ -133,16 +133,18 @@ def losses(workdir: pathlib.Path) -> dict[int, float]:
   return out
 
 
-def shrunk_paper_config(name: str, **lm_fields):
+def shrunk_paper_config(name: str, **knobs):
   """The shipped paper config ``name`` with its sizes shrunk, everything
-  else its own (hlo_worker.py's ``paper``); ``lm_fields`` override more model fields."""
+  else its own (hlo_worker.py's ``paper``); ``knobs`` override more of the model's
+  ``kernels`` (``KernelConfig``) fields."""
   import dataclasses
 
   from rankjax import config as config_lib
   from rankjax.config import TrainConfig
   cfg = config_lib.from_json(TrainConfig, (ROOT / "experiments" / "configs" / name).read_text())
   lm = dataclasses.replace(cfg.model, num_layers=2, d_model=64, num_heads=2, d_ff=128,
-                           vocab_size=1000, max_seq_len=40, vocab_multiple=128,
-                           loss_chunk=256, **lm_fields)
+                           vocab_size=1000, max_seq_len=40)
+  lm = dataclasses.replace(lm, kernels=dataclasses.replace(
+      lm.kernels, vocab_multiple=128, loss_chunk=256, **knobs))
   return dataclasses.replace(cfg, model=lm, seq_len=40, batch_size=64, grad_accum=2,
                              diag_examples=4)

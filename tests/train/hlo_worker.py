@@ -10,7 +10,7 @@
                                         with and without mesh_fsdp (``MEMORY_MESHES``)
   python tests/train/hlo_worker.py reductions DTYPE -> their bf16 training steps'
                                         collectives after SPMD partitioning, with
-                                        model.grad_reduce_dtype=DTYPE (needs --xla_dump_to)
+                                        model.kernels.grad_reduce_dtype=DTYPE (needs --xla_dump_to)
   python tests/train/hlo_worker.py tied -> the optimized HLO's collectives of the shrunk
                                         GPT-2 config's training step (tied embeddings)
                                         under mesh_fsdp=8, per compute dtype and loss
@@ -123,7 +123,7 @@ def paper() -> None:
     # before gathering them, one gather of the layer's concatenated weight
     fused = [[lm.d_model, (lm.num_heads + 2 * lm.kv_heads) * lm.d_head]]
     fused += [[lm.d_model, 2 * lm.d_ff]] if lm.ffn == "swiglu" else []
-    out[f"{name}/fused"] = fused if lm.fused_projections else []
+    out[f"{name}/fused"] = fused if lm.kernels.fused_projections else []
   print(json.dumps(out))
 
 
@@ -198,7 +198,8 @@ def tied() -> None:
     cfg = shrunk_paper_config("gpt2_774m.json")
     assert cfg.model.tie_embeddings
     cfg = dataclasses.replace(cfg, diag_every=0, compute_dtype=dtype,
-                              model=dataclasses.replace(cfg.model, loss_chunk=chunk))
+                              model=dataclasses.replace(cfg.model, kernels=dataclasses.replace(
+                                  cfg.model.kernels, loss_chunk=chunk)))
     hlo, _ = _compiled_hlo(cfg, shard_lib.make_mesh(1, 8), "step")
     out[f"{dtype}/{chunk}"] = collectives(hlo)
   out["vocab"], out["d_model"] = cfg.model.padded_vocab_size, cfg.model.d_model

@@ -32,7 +32,8 @@ def main() -> None:
 
   def run(mesh, sharded_init: bool, init_host=None, zero1=False, loss_chunk=0, **lm_fields):
     c = build(dataclasses.replace(cfg, zero1=zero1, model=dataclasses.replace(
-        cfg.model, loss_chunk=loss_chunk, **lm_fields)), mesh=mesh)
+        cfg.model, kernels=dataclasses.replace(cfg.model.kernels, loss_chunk=loss_chunk),
+        **lm_fields)), mesh=mesh)
     if sharded_init:
       state = c.init()
     else:

@@ -41,7 +41,7 @@ def _diag_step(cfg):
     h, w = d.model.apply({"params": d.params}, d.batch["inputs"], return_hidden=True)
     return {"loss": head_cross_entropy(h.reshape(-1, h.shape[-1]), w,
                                        d.batch["targets"].reshape(-1), lm.vocab_size,
-                                       lm.loss_chunk)}
+                                       lm.kernels.loss_chunk)}
 
   diags = diag_lib.resolve(("basic",)) + (diag_lib.Diagnostic("training_forward",
                                                               training_forward),)

@@ -1,5 +1,5 @@
 """rankjax.train.memory: the peak-memory estimate against its formula by hand, and
-model.remat="auto" chosen by it at build (device memory faked), printed at start-up, the
+model.kernels.remat="auto" chosen by it at build (device memory faked), printed at start-up, the
 same on resume, and the plan's note."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import pytest
 
 from rankjax.train import loop, memory
 from tests.train.conftest import tiny_lm
+from tests.conftest import with_kernels
 
 
 def _cfg(remat="auto", **kw):
-  lm = dataclasses.replace(tiny_lm().model, remat=remat, dropout_rate=0.0)
+  lm = dataclasses.replace(with_kernels(tiny_lm().model, remat=remat), dropout_rate=0.0)
   return tiny_lm(model=lm, diag_every=0, eval_every=0, **kw)
 
 
@@ -47,8 +48,8 @@ def test_estimate_is_its_formula_by_hand():
 def _deep(remat="auto"):
   """A 4-layer d=32 LM whose activations dominate its memory (T=16, 64 sequences a
   micro-batch): each remat policy's compiled peak is clearly below the last's."""
-  lm = dataclasses.replace(tiny_lm().model, remat=remat, dropout_rate=0.0, num_layers=4,
-                           d_model=32, d_ff=64, max_seq_len=16)
+  lm = dataclasses.replace(with_kernels(tiny_lm().model, remat=remat), dropout_rate=0.0,
+                           num_layers=4, d_model=32, d_ff=64, max_seq_len=16)
   return tiny_lm(model=lm, diag_every=0, eval_every=0, seq_len=16, batch_size=64, grad_accum=1)
 
 
@@ -82,7 +83,7 @@ def test_build_chooses_the_cheapest_policy_whose_compiled_step_fits(size, want,
   limit = _limits(cfg, peaks)[size]
   monkeypatch.setattr(memory, "device_limit", lambda: limit)
   compiled = loop.build(cfg)
-  assert compiled.task.model.cfg.remat == want
+  assert compiled.task.model.cfg.kernels.remat == want
   note = compiled.remat_note
   assert note.startswith(f"remat auto -> {want} (compiled peak GB per device (XLA's "
                          "memory analysis): none ")
@@ -102,7 +103,7 @@ def test_the_estimate_chooses_where_no_compiler_is_asked():
   for size in ("none", "dots", "full"):
     limit = _limits(cfg)[size]
     chosen, note = memory.resolve_remat(cfg, jax.device_count(), limit)
-    assert chosen.model.remat == size and "estimated peak GB per device" in note
+    assert chosen.model.kernels.remat == size and "estimated peak GB per device" in note
 
 
 def test_compiled_peak_is_xlas_memory_analysis_of_the_step():
@@ -121,7 +122,7 @@ def test_compiled_peak_is_xlas_memory_analysis_of_the_step():
 def test_without_a_device_limit_auto_keeps_the_fallback_and_others_stand():
   assert memory.device_limit() is None                  # XLA:CPU reports no bytes_limit
   compiled = loop.build(_cfg())
-  assert compiled.task.model.cfg.remat == memory.REMAT_AUTO_FALLBACK == "dots"
+  assert compiled.task.model.cfg.kernels.remat == memory.REMAT_AUTO_FALLBACK == "dots"
   assert "reports no memory limit" in compiled.remat_note
   for policy in ("none", "dots", "full"):             # a named policy is never replaced
     cfg = _cfg(policy)
@@ -144,7 +145,7 @@ def test_auto_run_prints_its_choice_keeps_auto_saved_and_resumes_the_same(tmp_pa
   out = io.StringIO()
   first = loop.train(cfg, tmp_path, on_step=on_step, stream=out, progress_bar=False)
   assert (first.status, first.step) == ("preempted", 3)
-  assert json.loads((tmp_path / "config.json").read_text())["model"]["remat"] == "auto"
+  assert json.loads((tmp_path / "config.json").read_text())["model"]["kernels"]["remat"] == "auto"
   again = io.StringIO()
   second = loop.train(cfg, tmp_path, stream=again, progress_bar=False)
   assert (second.start_step, second.step) == (3, cfg.total_steps)
@@ -191,7 +192,7 @@ def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():
   tokens = jnp.zeros((2, 8), jnp.int32)
 
   def program(remat):
-    model = DecoderLM(dataclasses.replace(_cfg().model, remat=remat))
+    model = DecoderLM(with_kernels(_cfg().model, remat=remat))
     params = jax.eval_shape(model.init, jax.random.key(0), tokens)
     loss = lambda p: jnp.sum(model.apply(p, tokens))
     return str(jax.make_jaxpr(jax.grad(loss))(params))
@@ -244,12 +245,12 @@ def test_remat_auto_compiles_once_per_step_shape(monkeypatch):
   compiled = []
   real = loop._compiled_memory
   monkeypatch.setattr(loop, "_compiled_memory",
-                      lambda c, mesh: compiled.append(c.model.remat) or real(c, mesh))
-  first = loop.build(cfg).task.model.cfg.remat
+                      lambda c, mesh: compiled.append(c.model.kernels.remat) or real(c, mesh))
+  first = loop.build(cfg).task.model.cfg.kernels.remat
   n = len(compiled)
   assert n >= 1
   for change in (dict(seed=7), dict(learning_rate=cfg.learning_rate * 2), dict(b1=0.8)):
-    assert loop.build(dataclasses.replace(cfg, **change)).task.model.cfg.remat == first
+    assert loop.build(dataclasses.replace(cfg, **change)).task.model.cfg.kernels.remat == first
   assert len(compiled) == n                 # nothing compiled again
   loop.build(dataclasses.replace(cfg, batch_size=cfg.batch_size * 2))
   assert len(compiled) > n                  # another shape compiles

@@ -111,15 +111,15 @@ def test_lm_flops_equal_xla_count_of_the_compiled_gradient(ffn, tie):
   training loss (``Compiled.cost_analysis``: 2 FLOPs per multiply-add of every dot, plus
   the elementwise ops, which the model count leaves out). XLA computes the attention
   scores whole, so the comparison is with ``causal=False``; the layers are unrolled
-  (``scan_unroll``) because the analysis counts a loop body once, not per iteration."""
+  (``kernels.scan_unroll``) because the analysis counts a loop body once, not per iteration."""
   import jax
   import jax.numpy as jnp
 
-  from rankjax.config import TrainConfig, TransformerConfig
+  from rankjax.config import KernelConfig, TrainConfig, TransformerConfig
   from rankjax.train import tasks
   lm = TransformerConfig(vocab_size=512, num_layers=2, d_model=256, num_heads=4, d_ff=768,
                          max_seq_len=64, ffn=ffn, tie_embeddings=tie, norm_position="pre",
-                         attention_impl="xla", scan_unroll=2)
+                         kernels=KernelConfig(attention_impl="xla", scan_unroll=2))
   cfg = TrainConfig(model=lm, seq_len=64, batch_size=2)
   task = tasks.make_task(cfg)
   params = jax.jit(task.init)(jax.random.key(0))       # one compile, not eager ops

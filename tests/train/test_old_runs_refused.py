@@ -67,7 +67,7 @@ def test_a_format_1_run_is_refused_in_one_line_until_converted(mlp_run, tmp_path
   assert len(err) == 1 and "before config format 2" in err[0] and "convert-config" in err[0]
 
   assert cli.main(["convert-config", str(workdir)]) == 0
-  assert "rewritten in config format 2" in capsys.readouterr().out
+  assert "rewritten in config format 3" in capsys.readouterr().out
   assert (workdir / "config.json.format1").is_file()
   run = load_run(workdir)
   assert run.config == cfg and run.step == 4
@@ -122,3 +122,31 @@ def test_a_run_with_old_parameter_names_is_refused_on_resume(compile_cache, tmp_
   assert len(err) == 1 and "checkpoint step 4 in" in err[0]
   assert "saved only: layers/norm_ffn_in/scale, layers/norm_out/scale" in err[0]
   assert (old / "checkpoints" / "4").is_dir()              # nothing moved
+
+
+@pytest.mark.slow   # a tiny LM trained, then resumed (~10 s)
+def test_a_format_2_run_folder_loads_and_resumes(compile_cache, tmp_path, capsys):
+  """A run written in config format 2 (the model's RoPE settings and kernel knobs flat in
+  its config.json) is read converted: load_run gives the format 3 config, and the same
+  run given in format 3 resumes it to the end."""
+  from rankjax.train import loop
+  from rankjax.train.run_reader import load_run
+  lm = dataclasses.replace(tiny_lm().model, pos_embedding="rope",
+                           rope=config_lib.RopeConfig(base=500.0),
+                           kernels=config_lib.KernelConfig(loss_chunk=16, remat="dots"))
+  cfg = tiny_lm(model=lm, diag_every=0, eval_every=0, total_steps=8, checkpoint_every=4,
+                stop_at=4)
+  workdir = tmp_path / "run"
+  loop.train(cfg, workdir, progress_bar=False)
+  data = json.loads((workdir / "config.json").read_text())
+  model = data["model"]
+  model.update({f"rope_{k}": v for k, v in model.pop("rope").items()})
+  model.update(model.pop("kernels"))
+  (workdir / "config.json").write_text(json.dumps({**data, "format": 2}, indent=2))
+  run = load_run(workdir)
+  assert run.config == cfg and run.step == 4
+  given = tmp_path / "given.json"
+  dataclasses.replace(cfg, stop_at=0).to_json(given)
+  capsys.readouterr()
+  assert cli.main(["train", "--config", str(given), "--workdir", str(workdir)]) == 0
+  assert load_run(workdir).step == 8

@@ -13,6 +13,7 @@ from rankjax.train import mfu as mfu_lib
 from rankjax.train import plan as plan_lib
 from rankjax.train import mfu, plan_memory
 from tests.train.conftest import tiny_lm
+from tests.conftest import with_kernels
 
 
 def _parts(scale: float) -> dict:
@@ -33,13 +34,14 @@ def test_extrapolate_is_the_per_layer_line():
 
 def test_depths_shrink_only_an_unrolled_layer_scan():
   cfg = tiny_lm()
-  deep = lambda **kw: dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **kw))
-  assert plan_memory.depths(deep(num_layers=48)) is None            # rolled: full depth
-  assert plan_memory.depths(deep(num_layers=48, scan_unroll=48)) == (4, 8)
-  assert plan_memory.depths(deep(num_layers=8, scan_unroll=8)) is None   # no deeper
+  deep = lambda n, unroll=1: dataclasses.replace(cfg, model=dataclasses.replace(
+      with_kernels(cfg.model, scan_unroll=unroll), num_layers=n))
+  assert plan_memory.depths(deep(48)) is None            # rolled: full depth
+  assert plan_memory.depths(deep(48, 48)) == (4, 8)
+  assert plan_memory.depths(deep(8, 8)) is None   # no deeper
   assert "at depths 4 and 8, the per-layer difference scaled to 48 layers" in \
-      plan_memory.how(deep(num_layers=48, scan_unroll=48), 8)
-  assert "at its full depth 48" in plan_memory.how(deep(num_layers=48), 64)
+      plan_memory.how(deep(48, 48), 8)
+  assert "at its full depth 48" in plan_memory.how(deep(48), 64)
   assert "512 > 256 host devices are not compiled" in plan_memory.how(cfg, 512)
 
 
@@ -115,7 +117,7 @@ def test_the_target_plan_compiles_once_refuses_against_its_memory_and_says_so(
   monkeypatch.setattr(plan_memory, "_CACHE", {})
   monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: None)
   monkeypatch.delenv(plan_lib.PLAN_MEMORY_ENV, raising=False)
-  lm = dataclasses.replace(tiny_lm().model, remat="dots", dropout_rate=0.0)
+  lm = dataclasses.replace(with_kernels(tiny_lm().model, remat="dots"), dropout_rate=0.0)
   cfg = tiny_lm(model=lm, batch_size=16, grad_accum=2)
   big = mfu.Target(mfu.HARDWARE["h200"], 8)
   before = plan_memory.COMPILES[0]
@@ -142,7 +144,7 @@ def test_the_target_plan_compiles_once_refuses_against_its_memory_and_says_so(
   assert lines[0] == (f"r0: XLA:CPU's compiled (uncorrected) {plan_lib._gb(peak)} GB per "
                       f"device exceeds 90% of the {plan_lib._gb(peak)} GB of a NVIDIA H200 "
                       "(8 devices): --set mesh_fsdp=8 (parameters and optimizer state "
-                      "sharded over 8 devices), --set model.remat=full or a larger grad_accum")
+                      "sharded over 8 devices), --set model.kernels.remat=full or a larger grad_accum")
 
 
 @pytest.mark.slow   # four compiles of a 12-layer unrolled step on 8 host devices (~90 s)
@@ -159,7 +161,7 @@ def test_the_shrunk_depth_scaled_per_layer_is_a_direct_compile_within_5_percent(
   monkeypatch.setattr(plan_memory, "_CACHE", {})
   cfg = shrunk_paper_config("postnorm_48l_d512_c4.json")
   cfg = dataclasses.replace(cfg, mesh_fsdp=8, model=dataclasses.replace(
-      cfg.model, num_layers=12, scan_unroll=12, remat="dots"))
+      with_kernels(cfg.model, scan_unroll=12, remat="dots"), num_layers=12))
   assert plan_memory.depths(cfg) == (4, 8)
   scaled = plan_memory.compiled_memory(cfg, 8)
   direct = plan_memory._worker(8).ask(cfg)
@@ -181,7 +183,7 @@ def test_a_compile_that_fails_leaves_the_estimate_labelled_with_why(monkeypatch)
   monkeypatch.setattr(plan_memory, "_worker", lambda devices: Broken())
   monkeypatch.setattr(mfu_lib, "measured_mfu", lambda kind: None)
   monkeypatch.delenv(plan_lib.PLAN_MEMORY_ENV, raising=False)
-  cfg = tiny_lm(model=dataclasses.replace(tiny_lm().model, remat="auto"))  # estimate chooses
+  cfg = tiny_lm(model=with_kernels(tiny_lm().model, remat="auto"))  # estimate chooses
   with plan_lib.planning_for(mfu.Target(mfu.HARDWARE["h200"], 8)):
     p = plan_lib.plan({"/o/runs/a": cfg})
     (row,) = p["rows"]
