@@ -3,9 +3,9 @@
 Every model is configured by one of these. Bad input raises ``ValueError`` naming the
 field and, where the field takes one of a set of values, the allowed values. Split by
 concern: ``models`` (the model configs and the registry of kinds), ``training``
-(``TrainConfig``), ``io`` (dicts, JSON, ``--set``, diffs, the JSON format) and
-``validation`` (``check``, the one validation helper), ``fields`` (``run_field``: the
-run-control metadata of a field, per-run scalars of one program among them).
+(``TrainConfig``), ``io`` (dicts, JSON, ``--set``, diffs, the JSON format),
+``validation`` (``check``, the one validation helper) and ``fields`` (``run_field``: a
+field's run-control metadata, the per-run scalars of one program among them).
 """
 
 from rankjax.config.io import (FORMAT, FormatError, JsonConfig, convert_file, diff,
