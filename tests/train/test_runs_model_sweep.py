@@ -6,7 +6,9 @@ single runs (``loop.train``) of the same configs, which read the values as Pytho
 floats: a run of the program follows its single run up to the order of float32
 reductions (``jax.vmap``), the tolerance of ``tests/train/test_runs.py`` (relative 1e-5
 on every logged loss); its parameters at init are its single run's bit for bit (each
-run is initialized from its own concrete config).
+run is initialized from its own concrete config). The LM and CLI tests are slow-marked
+(CI's slow stage); the default suite keeps the parsing, grouping, the MLP equivalence
+and the refusals.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import pytest
 
 from rankjax import config as config_lib
+from rankjax import load_run
 from rankjax.errors import UserError
 from rankjax.models import blocks
 from rankjax.train import loop as loop_lib
@@ -125,3 +128,26 @@ def test_a_swept_scalar_the_model_branches_on_is_refused_in_one_line(tmp_path, m
   with pytest.raises(UserError, match=r"^--sweep model.beta: the model branches") as e:
     runs.train_runs(cfgs)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_cli_sweeps_a_model_scalar_in_one_program(tmp_path, capsys):
+  """``rankjax train --sweep model.beta=0.5,2``: one program, a folder per point, each
+  run's config holding its value; a field the model branches on is refused in one line
+  (exit 2, nothing written)."""
+  from rankjax import cli
+  config = tmp_path / "c.json"
+  tiny_mlp(**{**QUIET, "total_steps": 2, "checkpoint_every": 2}).to_json(config)
+  argv = ["train", "--config", str(config), "--workdir", str(tmp_path / "w")]
+  assert cli.main(argv + ["--sweep", "model.beta=0.5,2"]) == 0
+  assert "2 runs as one program" in capsys.readouterr().out
+  assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["model.beta_0.5",
+                                                                "model.beta_2"]
+  assert [load_run(tmp_path / "w" / f"model.beta_{b}").config.model.beta
+          for b in ("0.5", "2")] == [0.5, 2.0]
+  bad = ["train", "--config", str(config), "--workdir", str(tmp_path / "x"),
+         "--sweep", "model.width=8,16"]
+  assert cli.main(bad) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "--sweep model.width" in err
+  assert not (tmp_path / "x").exists()
