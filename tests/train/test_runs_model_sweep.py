@@ -151,3 +151,17 @@ def test_the_cli_sweeps_a_model_scalar_in_one_program(tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "--sweep model.width" in err
   assert not (tmp_path / "x").exists()
+
+
+def test_a_traced_beta_keeps_the_branch_dtype_as_a_python_float_does():
+  """Under a 16-bit compute dtype a Python float beta is weakly typed (the sum stays
+  bf16); a per-run beta (a float32 array) is cast to the branch's dtype, so the
+  sublayer's outputs have the single run's dtype and, here, its bits."""
+  import jax.numpy as jnp
+  h = jnp.linspace(-2.0, 2.0, 16, dtype=jnp.bfloat16).reshape(2, 8)
+  branch, norm = (lambda x: x * 3.1), (lambda loc, x: x)
+  want = blocks.residual_sublayer(h, branch, norm, 0.3)
+  got = jax.jit(lambda b: blocks.residual_sublayer(h, branch, norm, b))(np.float32(0.3))
+  for w, g in zip(want, got):
+    assert g.dtype == w.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
