@@ -68,7 +68,7 @@ from rankjax.train import hooks as hooks_lib
 from rankjax.train.checkpoint import check_workdir_config
 from rankjax.train.hooks import RunStatus
 from rankjax.train.state import make_init, make_optimizer, make_step
-from rankjax.train.tasks import Task, make_task
+from rankjax.train.tasks import Task
 
 # the fields that may differ between the runs of one program are ``per_run_paths(cfg)``
 # (per-run arrays in the step: ``run_field(per_run=True)``); any other difference is
@@ -186,8 +186,9 @@ def _with_values(cfg: Any, values: Mapping[str, Any]) -> Any:
 
 
 def _run_task(task: Task, model_values: Mapping[str, Any]) -> Task:
-  """``task`` whose model reads one run's traced model scalars (``model_values``,
-  paths under ``model.``); its parameters' axes are the concrete task's."""
+  """``task`` whose model reads one run's model scalars (``model_values``, paths under
+  ``model.``: traced in the step, numbers at init); its parameters' axes are the
+  concrete task's."""
   if not model_values:
     return task
   model = task.model.clone(cfg=_with_values(task.model.cfg, model_values))
@@ -258,7 +259,7 @@ def build_program(cfgs: Sequence[TrainConfig], c: loop_lib.Compiled,
     inner_mesh, grad_shardings = mesh, c.state_shardings.params
   tx = make_optimizer(cfg, task.stacked_roots)
 
-  init = _init_fn(cfgs, task, tx)
+  init = _init_fn(cfgs, task, tx, model_swept)
 
   def one(values, state, batch, diags_):
     model_values = {k[len(_MODEL):]: v for k, v in values.items() if k.startswith(_MODEL)}
@@ -271,8 +272,9 @@ def build_program(cfgs: Sequence[TrainConfig], c: loop_lib.Compiled,
       if not model_values:
         raise
       raise UserError(f"--sweep {', '.join(_MODEL + f for f in model_values)}: the model "
-                      "branches on a swept value (its field should not be per_run); train "
-                      "the values as runs of their own") from None
+                      "branches on a swept value or needs it as a fixed number (its field "
+                      "should not be per_run); train the values as runs of their own"
+                      ) from None
 
   def jit_step(diags_):
     def step(values, state, batch, active):
@@ -294,16 +296,19 @@ def build_program(cfgs: Sequence[TrainConfig], c: loop_lib.Compiled,
                  take=take, put=put)
 
 
-def _init_fn(cfgs: Sequence[TrainConfig], task: Task, tx) -> Callable:
-  """seeds (R,) -> the R runs' initial states: each run's from its own concrete config
-  (the runs of one model config vmapped over their seeds), so that a swept init scalar
-  (``model.alpha``) gives each run exactly its single run's init."""
-  by_model: dict[Any, list[int]] = {}
+def _init_fn(cfgs: Sequence[TrainConfig], task: Task, tx,
+             model_swept: Sequence[str]) -> Callable:
+  """seeds (R,) -> the R runs' initial states: each run's from its own concrete values
+  (``task`` with the run's swept model scalars as numbers; the runs of one point vmapped
+  over their seeds), so that a swept init scalar (``model.alpha``) gives each run
+  exactly its single run's init."""
+  by_point: dict[Any, list[int]] = {}
   for i, x in enumerate(cfgs):
-    by_model.setdefault(x.model, []).append(i)
-  if len(by_model) == 1:
+    by_point.setdefault(tuple(getattr(x.model, f) for f in model_swept), []).append(i)
+  if len(by_point) == 1:
     return lambda seeds_r: jax.vmap(lambda s: make_init(task, tx, s)())(seeds_r)
-  parts = [(make_task(cfgs[idx[0]]), np.asarray(idx)) for idx in by_model.values()]
+  parts = [(_run_task(task, dict(zip(model_swept, point))), np.asarray(idx))
+           for point, idx in by_point.items()]
   order = np.argsort(np.concatenate([idx for _, idx in parts]))
 
   def init(seeds_r):

@@ -125,7 +125,7 @@ def test_a_swept_scalar_the_model_branches_on_is_refused_in_one_line(tmp_path, m
   monkeypatch.setattr(blocks, "residual_sublayer", branching)
   base = tiny_mlp(**QUIET)
   cfgs = {str(tmp_path / "a"): base, str(tmp_path / "b"): _model(base, beta=0.5)}
-  with pytest.raises(UserError, match=r"^--sweep model.beta: the model branches") as e:
+  with pytest.raises(UserError, match=r"^--sweep model.beta: the model branches on a swept value") as e:
     runs.train_runs(cfgs)
   assert "\n" not in str(e.value)
 
