@@ -1,7 +1,8 @@
 """Several runs of one shape as one program (``rankjax.train.runs``) against the same runs
 one after another (``rankjax.train.loop.train`` each, the code of ``rankjax train``).
 
-For each config and each run count R (4 and 8 seeds), in one process, alternating:
+For each config and each run count R (4 and 8 seeds; a sweep config: its R points, seed
+0), in one process, alternating:
 
 * ``one after another``: R single runs, each in a fresh workdir; JAX's persistent
   compilation cache on, as ``rankjax reproduce`` trains a study's runs (runs that
@@ -20,10 +21,17 @@ time is the time of one step of all R runs). Configs:
   dropout, diagnostics every 10), 60 updates;
 * ``tr_mlp``: a residual MLP of the Transforming Rank trainability grid (width 16,
   depth 8, Pre-RMSNorm, Adam, batch 32), 200 updates.
+* ``tr_grid_alpha`` / ``tr_grid_beta``: a cell of Fig 6's quick grid
+  (``transforming_rank/fig6_trainability.py``: width 16, two d x d ReLU matrices, depth 12,
+  Pre-RMSNorm with eps 1e-6, Adam at 1e-3, batch 32, 200 updates) at 4 points of
+  ``model.alpha`` (the grid's 0.5, 1, 2, 4: init only, so the single runs' steps are one
+  HLO, loaded from the persistent cache) or of ``model.beta`` (0.25, 0.5, 1, 2: each
+  single run's step is another program): ``--sweep model.alpha=...`` against 4 runs.
 
 Writes the section ``## Runs as one program`` of ``experiments/benchmarks/RESULTS.md``.
 
-Run:  python experiments/benchmarks/runs_as_one_program.py [--counts 4,8] [--no-write]
+Run:  python experiments/benchmarks/runs_as_one_program.py [--counts 4,8] [--only NAMES]
+      [--no-write]
 """
 from __future__ import annotations
 
@@ -67,7 +75,24 @@ def configs() -> dict[str, TrainConfig]:
                    lr_schedule="constant", warmup_steps=0, learning_rate=1e-3,
                    batch_size=32, total_steps=200, log_every=50, checkpoint_every=200,
                    max_to_keep=1, diag_every=0, async_checkpointing=False)
-  return {"postnorm_quick": post, "softmax_quick": soft, "tr_mlp": tr}
+  grid = dataclasses.replace(tr, model=dataclasses.replace(
+      mlp, depth=12, norm_eps=1e-6))
+  return {"postnorm_quick": post, "softmax_quick": soft, "tr_mlp": tr,
+          "tr_grid_alpha": grid, "tr_grid_beta": grid}
+
+
+# configs whose runs are points of a model scalar (seed 0) rather than seeds
+SWEEPS = {"tr_grid_alpha": ("model.alpha", ("0.5", "1", "2", "4")),
+          "tr_grid_beta": ("model.beta", ("0.25", "0.5", "1", "2"))}
+
+
+def variants(cfg: TrainConfig, runs: int, sweep: tuple[str, tuple[str, ...]] | None
+             ) -> list[TrainConfig]:
+  """The R runs: seeds 0..R-1, or the first R points of ``sweep`` at seed 0."""
+  if sweep is None:
+    return [dataclasses.replace(cfg, seed=s) for s in range(runs)]
+  field, values = sweep
+  return [config_lib.override(cfg, [f"{field}={v}"]) for v in values[:runs]]
 
 
 def step_times(workdir: pathlib.Path) -> list[float]:
@@ -75,21 +100,21 @@ def step_times(workdir: pathlib.Path) -> list[float]:
   return [r["step_time_s"] for r in rows if "step_time_s" in r and not r.get("compile_step")]
 
 
-def measure(cfg: TrainConfig, runs: int, root: pathlib.Path) -> dict[str, float]:
-  seeds = {str(root / "many" / f"seed_{s}"): dataclasses.replace(cfg, seed=s)
-           for s in range(runs)}
+def measure(cfg: TrainConfig, runs: int, root: pathlib.Path,
+            sweep: tuple[str, tuple[str, ...]] | None = None) -> dict[str, float]:
+  cfgs = variants(cfg, runs, sweep)
+  many_runs = {str(root / "many" / f"run_{i}"): c for i, c in enumerate(cfgs)}
   sink = open(os.devnull, "w")
   t0 = time.perf_counter()
-  runs_lib.train_runs(seeds, stream=sink, progress_bar=False)
+  runs_lib.train_runs(many_runs, stream=sink, progress_bar=False)
   many = time.perf_counter() - t0
-  many_step = statistics.median(step_times(root / "many" / "seed_0"))
+  many_step = statistics.median(step_times(root / "many" / "run_0"))
   t0 = time.perf_counter()
-  for s in range(runs):
-    loop_lib.train(dataclasses.replace(cfg, seed=s), root / "one" / f"seed_{s}",
-                   stream=sink, progress_bar=False)
+  for i, c in enumerate(cfgs):
+    loop_lib.train(c, root / "one" / f"run_{i}", stream=sink, progress_bar=False)
   single = time.perf_counter() - t0
-  single_step = statistics.median(t for s in range(runs)
-                                  for t in step_times(root / "one" / f"seed_{s}"))
+  single_step = statistics.median(t for i in range(len(cfgs))
+                                  for t in step_times(root / "one" / f"run_{i}"))
   shutil.rmtree(root)
   return {"many_s": many, "single_s": single, "many_step_s": many_step,
           "single_step_s": single_step}
@@ -100,16 +125,29 @@ def main() -> None:
   ap.add_argument("--counts", default="4,8")
   ap.add_argument("--only", default="")
   ap.add_argument("--no-write", action="store_true")
+  ap.add_argument("--warmup", action="store_true",
+                  help="first an untimed 2-update run of the first config measured (seed "
+                       "99), so that the first row's program does not pay the process's "
+                       "start-up (data, backend)")
   args = ap.parse_args()
   cache = tempfile.mkdtemp(prefix="rankjax_bench_cache_")
   loop_lib.enable_compilation_cache(cache)
+  chosen = [n for n in configs() if not args.only or n in args.only.split(",")]
+  if args.warmup and chosen:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="rankjax_bench_warmup_"))
+    loop_lib.train(dataclasses.replace(configs()[chosen[0]], seed=99, total_steps=2),
+                   root, stream=open(os.devnull, "w"), progress_bar=False)
+    shutil.rmtree(root)
   load0 = common.load_average()
   rows = []
   for name, cfg in configs().items():
     if args.only and name not in args.only.split(","):
       continue
+    sweep = SWEEPS.get(name)
     for r in map(int, args.counts.split(",")):
-      m = measure(cfg, r, pathlib.Path(tempfile.mkdtemp(prefix="rankjax_bench_")))
+      if sweep is not None and r > len(sweep[1]):
+        continue
+      m = measure(cfg, r, pathlib.Path(tempfile.mkdtemp(prefix="rankjax_bench_")), sweep)
       rows.append((name, r, m))
       print(f"{name} R={r}: one program {m['many_s']:.1f} s (step {m['many_step_s'] * 1e3:.0f} "
             f"ms for all R), one after another {m['single_s']:.1f} s (step "

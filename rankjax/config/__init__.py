@@ -3,8 +3,9 @@
 Every model is configured by one of these. Bad input raises ``ValueError`` naming the
 field and, where the field takes one of a set of values, the allowed values. Split by
 concern: ``models`` (the model configs and the registry of kinds), ``training``
-(``TrainConfig``), ``io`` (dicts, JSON, ``--set``, diffs, the JSON format) and
-``validation`` (``check``, the one validation helper).
+(``TrainConfig``), ``io`` (dicts, JSON, ``--set``, diffs, the JSON format),
+``validation`` (``check``, the one validation helper) and ``fields`` (``run_field``: a
+field's run-control metadata, the per-run scalars of one program among them).
 """
 
 from rankjax.config.io import (FORMAT, FormatError, JsonConfig, convert_file, diff,
@@ -18,8 +19,9 @@ from rankjax.config.models import (MLP_ACTIVATIONS, MODEL_CONFIGS, NORM_LOCATION
                                    NormPosition, PosEmbedding, PRNGImpl, RematPolicy,
                                    RopeConfig, RopeScaling, TransformerConfig, norm_ops_of,
                                    norm_position_of, register_model_config)
-from rankjax.config.training import (ComputeDType, LRSchedule, Optimizer, TrainConfig,
-                                     fields_with, run_field, step_shape)
+from rankjax.config.fields import (fields_with, get_path, per_run_paths, run_field,
+                                   step_shape)
+from rankjax.config.training import ComputeDType, LRSchedule, Optimizer, TrainConfig
 from rankjax.config.validation import check
 
 __all__ = [
@@ -32,5 +34,5 @@ __all__ = [
     "ModelConfig", "NormOp", "NormPosition", "PosEmbedding", "PRNGImpl", "RematPolicy",
     "RopeConfig", "RopeScaling", "TransformerConfig", "norm_ops_of", "norm_position_of",
     "register_model_config", "ComputeDType", "LRSchedule", "Optimizer", "TrainConfig",
-    "fields_with", "run_field", "step_shape", "check",
+    "fields_with", "get_path", "per_run_paths", "run_field", "step_shape", "check",
 ]

@@ -6,6 +6,10 @@ kind: ``transformer`` (``TransformerConfig``, the decoder LM) and ``mlp``
 (``register_model_config(kind, cls)``) beside its task
 (``rankjax.train.tasks.register_task(kind, factory)``). The JSON form is tagged with
 the kind: ``{"kind": "transformer", "d_model": 512, ...}`` (``rankjax.config.io``).
+
+Fields marked ``run_field(per_run=True)`` (MLP alpha, beta; transformer beta, tau)
+change no shape and are read only arithmetically (alpha only at init): runs differing
+in them train as one program (``rankjax.train.runs``, ``--sweep model.beta=...``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import dataclasses
 import typing
 from typing import ClassVar, Literal, Sequence
 
+from rankjax.config.fields import run_field
 from rankjax.config.io import Tagged
 from rankjax.config.validation import check, literal_choices
 from rankjax.errors import UserError
@@ -150,8 +155,8 @@ class MLPConfig(ModelConfig):
   r_norm: NormOp | None = None
   norm_gain: bool = False
   norm_eps: float = 0.0
-  alpha: float = 1.0
-  beta: float = 1.0
+  alpha: float = run_field(1.0, per_run=True)     # init only
+  beta: float = run_field(1.0, per_run=True)      # blocks.residual_sublayer
   skip_every: int = 1
   input_dim: int | None = None
   num_classes: int | None = None
@@ -412,8 +417,8 @@ class TransformerConfig(ModelConfig):
   embed_norm: bool | None = None
   final_norm: bool | None = None
   ffn: LMFFN = "swiglu"
-  beta: float = 1.0
-  tau: float = 1.0
+  beta: float = run_field(1.0, per_run=True)      # blocks.residual_sublayer
+  tau: float = run_field(1.0, per_run=True)       # the attention logits' scale
   pos_embedding: PosEmbedding = "none"
   rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
   init: LMInit = "paper_collapse"

@@ -1,15 +1,15 @@
 """The training config: what to train (``model``, one model config) and how.
 
-``run_field`` marks the fields a resumed run may change and those the compiled build
-does not read (``fields_with``: ``rankjax.train.checkpoint.RESUMABLE_FIELDS``,
-``rankjax.train.loop._NOT_BUILT``).
+``run_field`` (``rankjax.config.fields``) marks the fields a resumed run may change,
+those the compiled build does not read and the per-run scalars of one program.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
+from rankjax.config.fields import run_field
 from rankjax.config.io import FORMAT, JsonConfig
 from rankjax.config.models import ModelConfig, TransformerConfig
 from rankjax.config.validation import check, literal_choices
@@ -18,38 +18,6 @@ from rankjax.errors import UserError
 Optimizer = Literal["adamw", "adam"]
 LRSchedule = Literal["cosine", "constant"]
 ComputeDType = Literal["float32", "bfloat16"]
-
-
-def run_field(default: Any, *, resumable: bool = False, build: bool = True,
-              per_run: bool = False) -> Any:
-  """A config field with its run-control metadata (read by ``fields_with``):
-
-  resumable: the field may change when a run resumes (it does not change the
-    trajectory; ``rankjax.train.checkpoint.check_workdir_config``).
-  build: ``rankjax.train.loop.build`` reads it (runs differing only in fields with
-    ``build=False`` share one compiled build).
-  per_run: a scalar that may differ between the runs of one program
-    (``rankjax.train.runs``: the seed and the optimizer's hyperparameters, per-run
-    arrays of the vmapped step); it changes no shape (:func:`step_shape`).
-  """
-  return dataclasses.field(default=default, metadata={"resumable": resumable, "build": build,
-                                                      "per_run": per_run})
-
-
-def fields_with(cls: type, key: str, value: bool) -> tuple[str, ...]:
-  """Names of ``cls``'s fields whose metadata ``key`` (``run_field``) is ``value``;
-  fields without metadata count as ``resumable=False, build=True, per_run=False``."""
-  default = {"resumable": False, "build": True, "per_run": False}[key]
-  return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(key, default) == value)
-
-
-def step_shape(cfg: Any) -> tuple[tuple[str, Any], ...]:
-  """``cfg``'s fields but the ``per_run`` ones: configs with equal step shapes compile to
-  the same programs (their steps, their memory) and train as one program
-  (``rankjax.train.runs``)."""
-  per_run = set(fields_with(type(cfg), "per_run", True))
-  return tuple((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-               if f.name not in per_run)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -164,7 +164,9 @@ class Kernel:
   """One kernel and what it supports: ``probabilities`` (it forms P: capture),
   ``dropout`` (the masks it drops with), ``float64`` (float64 logits and softmax),
   ``grouped_kv`` (takes K/V with fewer heads), ``prefix`` ("probabilities", "output" or
-  None: refused), ``dtypes`` (None: any), ``shapes(t, d_head)`` (why not, or None)."""
+  None: refused), ``dtypes`` (None: any), ``shapes(t, d_head)`` (why not, or None),
+  ``traced_scale`` (takes the logits' scale as a traced value: a temperature swept per
+  run, ``rankjax.train.runs``; the custom calls and Pallas kernels bake in a float)."""
   name: str
   fn: Callable[..., jax.Array]
   probabilities: bool = False
@@ -174,6 +176,7 @@ class Kernel:
   prefix: str | None = "output"
   dtypes: tuple[Any, ...] | None = None
   shapes: Callable[[int, int], str | None] = lambda t, d_head: None
+  traced_scale: bool = True
 
   def refusal(self, need: Need) -> str | None:
     """Why this kernel cannot serve ``need`` (one phrase), or None."""
@@ -463,10 +466,10 @@ KERNELS = {k.name: k for k in (
     Kernel("einsum", einsum_attention, probabilities=True, dropout=("threefry", "hash"),
            float64=True, prefix="probabilities"),
     Kernel("xla", _dot_product("xla"), grouped_kv=True),
-    Kernel("cudnn", _dot_product("cudnn"), grouped_kv=True, dtypes=CUDNN_DTYPES,
+    Kernel("cudnn", _dot_product("cudnn"), grouped_kv=True, traced_scale=False, dtypes=CUDNN_DTYPES,
            shapes=_cudnn_shapes),
-    Kernel("splash", _splash, shapes=_splash_shapes),
-    Kernel("flash", _flash, dropout=("hash",), prefix=None, dtypes=flash_dropout.DTYPES,
+    Kernel("splash", _splash, shapes=_splash_shapes, traced_scale=False),
+    Kernel("flash", _flash, dropout=("hash",), prefix=None, traced_scale=False, dtypes=flash_dropout.DTYPES,
            shapes=_flash_shapes),
     Kernel("blocks", _blocks, dropout=("threefry",), float64=True, prefix="probabilities"),
     Kernel("hash_blocks", _hash_blocks, dropout=("hash",), float64=True,

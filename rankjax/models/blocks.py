@@ -112,6 +112,7 @@ def residual_sublayer(h: jax.Array, branch: Callable[[jax.Array], jax.Array],
   Returns ``(x, y, h_new)``: the branch input ``x = P(h)``, the residual sum before
   the R norm ``y = h_skip + beta * B(f(x))`` and the block output ``h_new = R(y)``
   (the postnorm paper's X_k, Y_k and the next sublayer's stream, its Eq. 1).
+  ``beta`` is a Python float, or a scalar array (a per-run value of one program).
   ``tap(name, value)``, when given, sees ``x`` ("x") and ``y`` ("y") as they are made
   and returns what the computation continues with (capture / perturbation hooks).
   """
@@ -119,6 +120,8 @@ def residual_sublayer(h: jax.Array, branch: Callable[[jax.Array], jax.Array],
   x = tap("x", norm("p", h))
   u = norm("b", branch(x))
   skip = h if h_skip is None else h_skip
+  if isinstance(beta, jax.Array):   # one run's traced value (rankjax.train.runs): in the
+    beta = beta.astype(u.dtype)     # branch's dtype, as a Python float's weak type is
   if has_skip is True:
     y = skip + beta * u
   else:

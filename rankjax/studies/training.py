@@ -209,8 +209,9 @@ def train_all(runs: Mapping[str, Any], cache_dir: str | pathlib.Path | None = No
   experiments that read them fail, the others still run.
 
   Unless ``RANKJAX_ONE_PROGRAM=0`` (``rankjax.train.runs.one_program_pays``), runs of
-  one step shape (``rankjax.train.runs.group``: configs that differ
-  only in the seed and the optimizer's scalar hyperparameters) train as one program
+  one step shape (``rankjax.train.runs.group``: configs that differ only in per-run
+  fields, ``config.per_run_paths``: the seed, the optimizer's scalar hyperparameters and
+  the model's per-run scalars such as ``model.beta``) train as one program
   (``rankjax.train.runs.train_runs``): the group is formed over ``groups_of`` (the
   study's every run at this scale; default ``runs``), so a run's program, hence its
   floats, is the same whichever experiments a command selects, and a group trains when

@@ -43,13 +43,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
   parser.add_argument("--seeds", metavar="SEEDS",
                       help="train these seeds (0-7, 0,3,5) as one program, each a run of "
                            "its own in WORKDIR/seed_<s>")
-  from rankjax.config import TrainConfig, fields_with
-  swept = [f for f in fields_with(TrainConfig, "per_run", True) if f != "seed"]
+  from rankjax.config import MLPConfig, TrainConfig, per_run_paths
+  swept = [f for f in dict.fromkeys(per_run_paths(TrainConfig())
+                                    + per_run_paths(TrainConfig(model=MLPConfig())))
+           if f != "seed"]
   parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2",
-                      help="also train these values of an optimizer hyperparameter "
-                           f"({', '.join(swept)}) in the same program, each in "
-                           "WORKDIR/<field>_<value>[/seed_<s>]; repeatable (every "
-                           "combination)")
+                      help="also train these values of a per-run scalar "
+                           f"({', '.join(swept)}; model.alpha: mlp only) in the same "
+                           "program, each in WORKDIR/<field>_<value>[/seed_<s>]; "
+                           "repeatable (every combination)")
   parser.set_defaults(func=run)
   convert = subparsers.add_parser(
       "convert-config", help="rewrite a config.json of config format 1 or 2 in format 3",
@@ -123,7 +125,7 @@ def _run_many(cfg, args: argparse.Namespace) -> int:
   from rankjax.train import runs
   from rankjax.train.hooks import RunStatus
   cfgs = runs.expand(cfg, args.workdir, runs.parse_seeds(args.seeds) if args.seeds else None,
-                     runs.parse_sweep(args.sweep))
+                     runs.parse_sweep(args.sweep, cfg))
   results = runs.train_runs(cfgs)
   failed = {w: r.error for w, r in results.items() if r.status == RunStatus.FAILED}
   for workdir, error in failed.items():

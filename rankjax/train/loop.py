@@ -155,8 +155,8 @@ def compiled_memory(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None
   sharded train state and the batch), ``outputs``, ``temporaries``, ``aliased`` (outputs
   written into the donated state) and ``peak`` = arguments + outputs + temporaries -
   aliased. None where the backend gives no analysis. Nothing is allocated. Compiled once
-  per step shape (``config.step_shape``: configs that differ in a seed or a learning
-  rate share their memory) and devices when ``mesh`` is None."""
+  per step shape (``config.step_shape``: configs that differ in a seed, a learning
+  rate or a per-run model scalar share their memory) and devices when ``mesh`` is None."""
   if mesh is not None:
     return _compiled_memory(cfg, mesh)
   key = (config_lib.step_shape(cfg), tuple(jax.devices()))

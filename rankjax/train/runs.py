@@ -1,16 +1,22 @@
 """Several runs of one step shape trained as one program (``rankjax train --seeds``,
 ``--sweep``; ``rankjax reproduce`` groups a study's runs so).
 
-Runs whose configs differ only in ``SWEPT`` fields (the seed and the optimizer's scalar
-hyperparameters) have the same step shape. ``train_runs`` trains them together: the
-train state carries a leading run axis (each run's initialization, data order and
-dropout keys from its own seed), the step is ``jax.vmap`` of the one-run step
-(``state.make_step``) over that axis with the differing hyperparameters as per-run
-arrays, and one compile serves every run. Each run keeps its own workdir, written
-exactly as ``rankjax train`` writes one (config.json, metrics.jsonl, diagnostics,
-TensorBoard, its own Orbax checkpoints), which ``load_run``, ``report`` and ``analyze``
-read like any other run; everything of a run before its first update is
-``loop.open_run``'s, everything after an update ``loop._Loop``'s and the hooks'
+Runs whose configs differ only in per-run fields (``config.per_run_paths``: the seed,
+the optimizer's scalar hyperparameters and the model scalars marked
+``run_field(per_run=True)``: ``model.alpha``, ``model.beta``, ``model.tau``) have the
+same step shape. ``train_runs`` trains them together: the train state carries a leading
+run axis (each run's initialization, data order and dropout keys from its own seed),
+the step is ``jax.vmap`` of the one-run step (``state.make_step``) over that axis with
+the differing hyperparameters as per-run arrays, and one compile serves every run. A
+swept model scalar reaches the run's model as a traced scalar: the step builds each
+run's task from a copy of the model config whose swept fields are the run's values (no
+``__post_init__``: the concrete configs were checked); each run is initialized from its
+own concrete config (the runs of one model config vmapped over their seeds), so that
+its parameters at init are its single run's, bit for bit. Each run keeps its own
+workdir, written exactly as ``rankjax train`` writes one (config.json, metrics.jsonl,
+diagnostics, TensorBoard, its own Orbax checkpoints), which ``load_run``, ``report``
+and ``analyze`` read like any other run; everything of a run before its first update
+is ``loop.open_run``'s, everything after an update ``loop._Loop``'s and the hooks'
 (``rankjax.train.hooks``, in their order, per run), the code of a single run.
 
 Per run: a resumed run continues from its own newest checkpoint (runs that stopped at
@@ -35,6 +41,7 @@ replicated.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import io
@@ -52,8 +59,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rankjax import preemption as preemption_lib
 from rankjax import storage
-from rankjax.config import TrainConfig, fields_with, step_shape
+from rankjax.config import TrainConfig, get_path, per_run_paths, step_shape
 from rankjax.errors import UserError
+from rankjax.models import attention
 from rankjax.train import diagnostics as diag_lib
 from rankjax.train import loop as loop_lib
 from rankjax.train import sharding as shard_lib
@@ -61,12 +69,13 @@ from rankjax.train import hooks as hooks_lib
 from rankjax.train.checkpoint import check_workdir_config
 from rankjax.train.hooks import RunStatus
 from rankjax.train.state import make_init, make_optimizer, make_step
+from rankjax.train.tasks import Task
 
-# fields that may differ between the runs of one program (per-run arrays in the step:
-# ``run_field(per_run=True)``); any other difference is another step shape, hence
-# another program (``config.step_shape``)
-SWEPT = fields_with(TrainConfig, "per_run", True)
+# the fields that may differ between the runs of one program are ``per_run_paths(cfg)``
+# (per-run arrays in the step: ``run_field(per_run=True)``); any other difference is
+# another step shape, hence another program (``config.step_shape``)
 _INTS = ("seed", "warmup_steps")
+_MODEL = "model."
 ONE_PROGRAM = "RANKJAX_ONE_PROGRAM"   # env: 0 trains a study's runs one after another
 
 
@@ -105,17 +114,25 @@ def parse_seeds(text: str) -> list[int]:
   return seeds
 
 
-def parse_sweep(items: Sequence[str]) -> dict[str, list[str]]:
-  """``["learning_rate=4e-4,8e-4"]`` -> ``{"learning_rate": ["4e-4", "8e-4"]}``."""
+def sweepable(cfg: TrainConfig) -> tuple[str, ...]:
+  """What ``--sweep`` takes for ``cfg``: its per-run fields but the seed (``--seeds``),
+  the model's (``model.beta``) included."""
+  return tuple(p for p in per_run_paths(cfg) if p != "seed")
+
+
+def parse_sweep(items: Sequence[str], cfg: TrainConfig | None = None) -> dict[str, list[str]]:
+  """``["learning_rate=4e-4,8e-4"]`` -> ``{"learning_rate": ["4e-4", "8e-4"]}``; the
+  fields ``sweepable(cfg)`` (``cfg`` None: a default ``TrainConfig``'s)."""
+  allowed = sweepable(cfg if cfg is not None else TrainConfig())
   out: dict[str, list[str]] = {}
   for item in items:
     key, sep, values = item.partition("=")
     if not sep or not values or key in out:
       raise UserError(f"--sweep {item!r}: expected FIELD=V1,V2,... once per field")
-    if key not in SWEPT or key == "seed":
-      raise UserError(f"--sweep {key}: one program sweeps only "
-                      f"{', '.join(f for f in SWEPT if f != 'seed')} (use --seeds for "
-                      "seeds; a field that changes a shape needs runs of their own)")
+    if key not in allowed:
+      raise UserError(f"--sweep {key}: one program sweeps only {', '.join(allowed)} (use "
+                      "--seeds for seeds; a field that changes a shape, or that the model "
+                      "branches on, needs runs of their own)")
     out[key] = [v.strip() for v in values.split(",")]
   return out
 
@@ -138,13 +155,69 @@ def expand(cfg: TrainConfig, workdir: str, seeds: Sequence[int] | None,
 
 
 class _RunView:
-  """``cfg`` with some fields replaced by one run's traced values (inside the vmap)."""
+  """``cfg`` with some fields replaced by one run's traced values (inside the vmap);
+  ``model``: the run's model config (``_with_values``)."""
 
-  def __init__(self, cfg: TrainConfig, values: Mapping[str, Any]):
-    self._cfg, self._values = cfg, values
+  def __init__(self, cfg: TrainConfig, values: Mapping[str, Any], model: Any):
+    self._cfg, self._values, self._model = cfg, values, model
 
   def __getattr__(self, name: str) -> Any:
+    if name == "model":
+      return self._model
     return self._values[name] if name in self._values else getattr(self._cfg, name)
+
+
+def _with_values(cfg: Any, values: Mapping[str, Any]) -> Any:
+  """A copy of the config ``cfg`` with the fields at the dotted paths of ``values`` set
+  to them (traced scalars), without ``__post_init__``: its checks ran on the concrete
+  configs, and a tracer cannot be compared."""
+  if not values:
+    return cfg
+  out = copy.copy(cfg)
+  nested: dict[str, dict[str, Any]] = {}
+  for path, value in values.items():
+    head, _, rest = path.partition(".")
+    if rest:
+      nested.setdefault(head, {})[rest] = value
+    else:
+      object.__setattr__(out, head, value)
+  for head, inner in nested.items():
+    object.__setattr__(out, head, _with_values(getattr(cfg, head), inner))
+  return out
+
+
+def _run_task(task: Task, model_values: Mapping[str, Any]) -> Task:
+  """``task`` whose model reads one run's model scalars (``model_values``, paths under
+  ``model.``: traced in the step, numbers at init); its parameters' axes are the
+  concrete task's."""
+  if not model_values:
+    return task
+  model = task.model.clone(cfg=_with_values(task.model.cfg, model_values))
+  out = dataclasses.replace(task, model=model)
+  object.__setattr__(out, "_param_axes", task.param_axes())
+  return out
+
+
+def _check_model_sweep(cfg: TrainConfig, task: Task, model_swept: Sequence[str]) -> None:
+  """Refuses a swept model scalar the model cannot take traced: a task whose model
+  carries no ``cfg``, or ``tau`` under an attention kernel that takes a fixed scale."""
+  if not model_swept:
+    return
+  if not dataclasses.is_dataclass(getattr(task.model, "cfg", None)):
+    raise UserError(f"--sweep {_MODEL}{model_swept[0]}: the {cfg.model.kind!r} task's model "
+                    "has no config attribute cfg to give each run its value; train the "
+                    "values as runs of their own")
+  m = cfg.model
+  if "tau" in model_swept:
+    dtype = jnp.dtype(m.compute_dtype)
+    fixed = sorted({k.name for dropout in {False, bool(m.attn_dropout_rate)}
+                    if not (k := attention.kernel_for(m, dtype, cfg.seq_len,
+                                                      dropout=dropout)).traced_scale})
+    if fixed:
+      raise UserError(f"--sweep model.tau: the {'/'.join(fixed)} attention kernel takes a "
+                      "fixed scale; set model.kernels.attention_impl=xla (and "
+                      "kernels.attn_dropout_kernel=blocks with hash masks) to sweep the "
+                      "temperature in one program")
 
 
 @dataclasses.dataclass
@@ -168,9 +241,11 @@ def build_program(cfgs: Sequence[TrainConfig], c: loop_lib.Compiled,
   """The program of ``cfgs`` (one shape) around ``c``, the single run's build."""
   cfg = cfgs[0]
   runs, mesh, task = len(cfgs), c.mesh, c.task
-  swept = {f: np.asarray([getattr(x, f) for x in cfgs],
+  swept = {f: np.asarray([get_path(x, f) for x in cfgs],
                          np.int32 if f in _INTS else np.float32)
-           for f in SWEPT if f != "seed" and len({getattr(x, f) for x in cfgs}) > 1}
+           for f in sweepable(cfg) if len({get_path(x, f) for x in cfgs}) > 1}
+  model_swept = [f[len(_MODEL):] for f in swept if f.startswith(_MODEL)]
+  _check_model_sweep(cfg, task, model_swept)
   seeds = np.asarray([x.seed for x in cfgs], np.int32)
   by_run = (jax.process_count() == 1 and mesh.size > 1 and mesh.shape["fsdp"] == 1
             and runs % mesh.shape["data"] == 0)
@@ -186,14 +261,22 @@ def build_program(cfgs: Sequence[TrainConfig], c: loop_lib.Compiled,
     inner_mesh, grad_shardings = mesh, c.state_shardings.params
   tx = make_optimizer(cfg, task.stacked_roots)
 
-  def init(seeds_r):
-    return jax.vmap(lambda s: make_init(task, tx, s)())(seeds_r)
+  init = _init_fn(cfgs, task, tx, model_swept)
 
   def one(values, state, batch, diags_):
-    run = _RunView(cfg, values)
+    model_values = {k[len(_MODEL):]: v for k, v in values.items() if k.startswith(_MODEL)}
+    run = _RunView(cfg, values, _with_values(cfg.model, model_values))
     run_tx = make_optimizer(run, task.stacked_roots)
-    return make_step(task, run, run_tx, diags_, grad_shardings=grad_shardings,
-                     mesh=inner_mesh)(state, batch)
+    try:
+      return make_step(_run_task(task, model_values), run, run_tx, diags_,
+                       grad_shardings=grad_shardings, mesh=inner_mesh)(state, batch)
+    except jax.errors.ConcretizationTypeError:
+      if not model_values:
+        raise
+      raise UserError(f"--sweep {', '.join(_MODEL + f for f in model_values)}: the model "
+                      "branches on a swept value or needs it as a fixed number (its field "
+                      "should not be per_run); train the values as runs of their own"
+                      ) from None
 
   def jit_step(diags_):
     def step(values, state, batch, active):
@@ -213,6 +296,28 @@ def build_program(cfgs: Sequence[TrainConfig], c: loop_lib.Compiled,
                  vector_sharding=vector_sh, init=lambda: init_fn(seeds),
                  step=jit_step(()), diag_step=jit_step(diags) if diags else None,
                  take=take, put=put)
+
+
+def _init_fn(cfgs: Sequence[TrainConfig], task: Task, tx,
+             model_swept: Sequence[str]) -> Callable:
+  """seeds (R,) -> the R runs' initial states: each run's from its own concrete values
+  (``task`` with the run's swept model scalars as numbers; the runs of one point vmapped
+  over their seeds), so that a swept init scalar (``model.alpha``) gives each run
+  exactly its single run's init."""
+  by_point: dict[Any, list[int]] = {}
+  for i, x in enumerate(cfgs):
+    by_point.setdefault(tuple(getattr(x.model, f) for f in model_swept), []).append(i)
+  if len(by_point) == 1:
+    return lambda seeds_r: jax.vmap(lambda s: make_init(task, tx, s)())(seeds_r)
+  parts = [(_run_task(task, dict(zip(model_swept, point))), np.asarray(idx))
+           for point, idx in by_point.items()]
+  order = np.argsort(np.concatenate([idx for _, idx in parts]))
+
+  def init(seeds_r):
+    states = [jax.vmap(lambda s, t=t: make_init(t, tx, s)())(seeds_r[idx]) for t, idx in parts]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs)[order], *states)
+
+  return init
 
 
 def train_runs(cfgs: Mapping[str, TrainConfig], *, on_step: Callable[[int], None] | None = None,
@@ -235,7 +340,8 @@ def train_runs(cfgs: Mapping[str, TrainConfig], *, on_step: Callable[[int], None
     if shape != first:
       diff = [k for (k, v), (_, w) in zip(shape, first) if v != w]
       raise UserError(f"{name} and {names[0]} differ in {', '.join(diff)}: one program "
-                      f"trains runs that differ only in {', '.join(SWEPT)}")
+                      "trains runs that differ only in "
+                      f"{', '.join(per_run_paths(cfgs[names[0]]))}")
   if len(set(map(str, names))) != len(names):
     raise UserError("two runs of one program share a workdir")
   if len(names) == 1:          # a group of one is the single run, bit for bit
