@@ -19,6 +19,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugins" / "my_pieces.py"
 
 
+@pytest.fixture(autouse=True)
+def _plugin_registrations_end_with_the_test():
+  """The example plug-in registers a model kind, a task and a diagnostic when imported;
+  each test here imports it afresh and leaves the registries as it found them (tests
+  elsewhere in the same process list the kinds: tests/test_config.py)."""
+  from rankjax.train import diagnostics, tasks
+  registries = (config_lib.MODEL_CONFIGS, tasks.TASKS, diagnostics._REGISTRY)
+  saved = [dict(r) for r in registries]
+  yield
+  for registry, before in zip(registries, saved):
+    registry.clear()
+    registry.update(before)
+  module = sys.modules.get(EXAMPLE.stem)
+  if module is not None and getattr(module, "__file__", None) == str(EXAMPLE.resolve()):
+    del sys.modules[EXAMPLE.stem]
+
+
 def test_config_json_classmethods_round_trip(tmp_path):
   cfg = TrainConfig(model=MLPConfig(depth=3, input_dim=64, num_classes=10),
                     optimizer="adam", weight_decay=0.0, warmup_steps=0)
