@@ -259,8 +259,9 @@ class KernelConfig:
       flash attention on GPU when it applies, Pallas splash attention on TPU when the
       sequence length is a multiple of 128, XLA otherwise), xla, cudnn (GPU only),
       splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum
-      (the explicit probability matrix; always used for captured probabilities and
-      float64). Attention-probability dropout in training takes a query-block path
+      (the explicit probability matrix; always used for captured probabilities, and
+      for float64 under auto: an explicit fused kernel refuses float64 in one line;
+      ``rankjax.models.attention_kernels``). Attention-probability dropout in training takes a query-block path
       instead (``attn_dropout_mask``), or with hash masks on a GPU the fused Pallas
       kernel of ``rankjax.models.flash_dropout`` (``attn_dropout_kernel``).
     attn_dropout_kernel: the kernel of hash-mask dropout in training (no prefix

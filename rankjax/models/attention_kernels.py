@@ -26,8 +26,9 @@ in one line (``UserError``); ``auto`` takes the choices the library always took.
 
 (xla: ``jax.nn.dot_product_attention``'s softmax is float32 whatever the inputs, so no
 float64; cudnn: 16-bit, d_head a multiple of 8 up to 128; splash: T a multiple of 128;
-flash: ``flash_dropout.supported``.) Only the first three take ``dropout = 0`` calls;
-the last three are the training paths with attention dropout, which ``attention_impl``
+flash: ``flash_dropout.supported``; cudnn, splash and flash bake the logits' scale in as
+a number, the others take it traced: ``traced_scale``.) The first four serve calls
+without dropout (einsum with dropout too); the last three are the training paths with attention dropout, which ``attention_impl``
 does not choose (``attn_dropout_mask`` and ``attn_dropout_kernel`` do).
 
 The correction is exact in two forms: on the probabilities (:func:`remove_prefix`, where
