@@ -29,7 +29,8 @@ float64; cudnn: 16-bit, d_head a multiple of 8 up to 128; splash: T a multiple o
 flash: ``flash_dropout.supported``; cudnn, splash and flash bake the logits' scale in as
 a number, the others take it traced: ``traced_scale``.) The first four serve calls
 without dropout (einsum with dropout too); the last three are the training paths
-with attention dropout, which ``attention_impl`` does not choose (``attn_dropout_mask`` and ``attn_dropout_kernel`` do).
+with attention dropout, which ``attention_impl`` does not choose
+(``attn_dropout_mask`` and ``attn_dropout_kernel`` do).
 
 The correction is exact in two forms: on the probabilities (:func:`remove_prefix`, where
 dropout follows it: ``D o (P - alpha C_n)`` is not ``D o P - alpha C_n``), and on the
