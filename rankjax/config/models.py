@@ -7,8 +7,9 @@ kind: ``transformer`` (``TransformerConfig``, the decoder LM) and ``mlp``
 (``rankjax.train.tasks.register_task(kind, factory)``). The JSON form is tagged with
 the kind: ``{"kind": "transformer", "d_model": 512, ...}`` (``rankjax.config.io``).
 
-Fields marked ``run_field(per_run=True)`` (MLP alpha, beta; transformer beta, tau)
-change no shape and are read only arithmetically (alpha only at init): runs differing
+Fields marked ``run_field(per_run=True)`` (MLP alpha, beta; transformer beta, tau,
+init_scale) change no shape and are read only arithmetically (alpha and init_scale
+only at init): runs differing
 in them train as one program (``rankjax.train.runs``, ``--sweep model.beta=...``).
 """
 
@@ -423,7 +424,7 @@ class TransformerConfig(ModelConfig):
   pos_embedding: PosEmbedding = "none"
   rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
   init: LMInit = "paper_collapse"
-  init_scale: float = 1.0
+  init_scale: float = run_field(1.0, per_run=True)   # init only (attention.matrix_init)
   init_scale_to: InitScaleTo = "all"
   embed_std: float | None = None
   tie_embeddings: bool = False

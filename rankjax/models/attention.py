@@ -61,16 +61,25 @@ def matrix_init(cfg: TransformerConfig, name: str, fan_in: int):
   matrix and 1/(3 d_ff) for W_2. gpt2: N(0, 0.02^2), output projections (W_O and the
   FFN's down projection, :data:`OUTPUT_PROJECTIONS`) N(0, (0.02/sqrt(2N))^2) with N the
   number of layers.
+
+  The standard deviation is a Python float (``math.sqrt``) from a concrete config, the
+  init of every run. In a program sweeping ``init_scale`` (``rankjax.train.runs``) a
+  run's step holds a traced value, and flax traces each initializer at apply to check
+  the parameter's shape: there the same formula runs on the tracer (``jnp.sqrt``), its
+  value unused.
   """
-  scale = (cfg.init_scale if cfg.init_scale_to == "all"
-           or name in INIT_SCALE_MATRICES[cfg.init_scale_to] else 1.0)
-  if cfg.init == "paper_collapse":
-    std = math.sqrt(scale / (3.0 * fan_in))
-  else:
-    std = 0.02 * math.sqrt(scale)
-    if name in OUTPUT_PROJECTIONS:
-      std /= math.sqrt(2.0 * cfg.num_layers)
-  return nn.initializers.normal(stddev=std)
+  def init(key, shape, dtype=jnp.float32):
+    scale = (cfg.init_scale if cfg.init_scale_to == "all"
+             or name in INIT_SCALE_MATRICES[cfg.init_scale_to] else 1.0)
+    sqrt = jnp.sqrt if isinstance(scale, jax.core.Tracer) else math.sqrt
+    if cfg.init == "paper_collapse":
+      std = sqrt(scale / (3.0 * fan_in))
+    else:
+      std = 0.02 * sqrt(scale)
+      if name in OUTPUT_PROJECTIONS:
+        std /= math.sqrt(2.0 * cfg.num_layers)
+    return nn.initializers.normal(stddev=std)(key, shape, dtype)
+  return init
 
 
 def rope_frequencies(d_head: int, cfg: RopeConfig, dtype=jnp.float32) -> jax.Array:

@@ -3,7 +3,8 @@
 
 Runs whose configs differ only in per-run fields (``config.per_run_paths``: the seed,
 the optimizer's scalar hyperparameters and the model scalars marked
-``run_field(per_run=True)``: ``model.alpha``, ``model.beta``, ``model.tau``) have the
+``run_field(per_run=True)``: ``model.alpha``, ``model.beta``, ``model.tau``,
+``model.init_scale``) have the
 same step shape. ``train_runs`` trains them together: the train state carries a leading
 run axis (each run's initialization, data order and dropout keys from its own seed),
 the step is ``jax.vmap`` of the one-run step (``state.make_step``) over that axis with

@@ -41,11 +41,12 @@ def test_model_scalars_parse_expand_and_group():
   assert runs.parse_sweep(["model.alpha=0.5,2", "model.beta=1,2"], mlp) == {
       "model.alpha": ["0.5", "2"], "model.beta": ["1", "2"]}
   assert {"model.beta", "model.tau"} <= set(runs.sweepable(lm))
+  assert "model.init_scale" in runs.sweepable(lm)     # init only
   # a field that changes a shape, or that the model branches on (prefix_avg_removal,
-  # the dropout rates) or reads as a static number (init_scale: math.sqrt at apply), is
-  # not per-run; alpha is the MLP's, not the LM's
+  # the dropout rates) or reads as a static number (norm_eps, rope), is not per-run;
+  # alpha is the MLP's, not the LM's
   for cfg, bad in ((lm, "model.alpha=1,2"), (lm, "model.prefix_avg_removal=0,0.1"),
-                   (lm, "model.init_scale=1,2"),
+                   (lm, "model.norm_eps=1e-6,1e-5"),
                    (lm, "model.dropout_rate=0,0.1"), (lm, "model.num_layers=1,2"),
                    (mlp, "model.width=8,16"), (mlp, "model.skip_every=0,1")):
     with pytest.raises(UserError, match="--sweep model"):
@@ -87,13 +88,31 @@ def test_swept_alpha_and_beta_follow_their_single_runs(tmp_path):
   assert not np.allclose(a, b)
 
 
+def test_swept_init_scale_gives_each_run_its_single_runs_init():
+  """An LM program sweeping init_scale (x1, x4; postnorm Fig 1's variance scales) and
+  init_scale_to's matrices: each run's parameters at init are its single run's, bit for
+  bit (the step, which rebuilds the initializers with the traced value: the slow LM
+  test below)."""
+  base = tiny_lm(**QUIET)
+  for to in ("all", "value_ffn"):
+    one = _model(base, init_scale_to=to)
+    cfgs = [one, _model(one, init_scale=4.0)]
+    program = runs.build_program(cfgs, loop_lib.build_for_run(one), ())
+    assert sorted(program.swept) == ["model.init_scale"]
+    state = program.init()
+    for i, cfg in enumerate(cfgs):
+      single = jax.device_get(loop_lib.build_for_run(cfg).init().params)
+      jax.tree.map(np.testing.assert_array_equal,
+                   jax.device_get(program.take(state, i).params), single)
+
+
 @pytest.mark.slow
 def test_swept_beta_and_tau_of_an_lm_follow_their_single_runs(tmp_path):
-  """Two LM runs (beta 1 / 0.5, tau 1 / 2; dropout on) in one program follow their
-  single runs."""
+  """Two LM runs (beta 1 / 0.5, tau 1 / 2, init_scale 1 / 2; dropout on) in one program
+  follow their single runs."""
   base = tiny_lm(**QUIET)
   cfgs = {str(tmp_path / "a"): base,
-          str(tmp_path / "b"): _model(base, beta=0.5, tau=2.0)}
+          str(tmp_path / "b"): _model(base, beta=0.5, tau=2.0, init_scale=2.0)}
   results = runs.train_runs(cfgs)
   assert [(r.status, r.step) for r in results.values()] == [("completed", 3)] * 2
   for i, (workdir, cfg) in enumerate(cfgs.items()):
