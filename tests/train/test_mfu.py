@@ -77,8 +77,6 @@ def test_lm_flops_equal_a_count_of_every_matmul(ffn, tie, pos):
   FFN (3 or 2 d d_ff), the head (d V); per sequence and layer the scores Q K^T and the
   values P V (T^2 d each, full; T(T+1)/2 d causal, ~half); x2 for multiply-add, x3 for
   forward + backward."""
-  import jax
-
   from rankjax.config import TrainConfig, TransformerConfig
   from rankjax.train import tasks
   lm = TransformerConfig(vocab_size=50, num_layers=3, d_model=16, num_heads=2, d_ff=40,
