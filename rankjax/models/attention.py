@@ -71,7 +71,7 @@ def matrix_init(cfg: TransformerConfig, name: str, fan_in: int):
   def init(key, shape, dtype=jnp.float32):
     scale = (cfg.init_scale if cfg.init_scale_to == "all"
              or name in INIT_SCALE_MATRICES[cfg.init_scale_to] else 1.0)
-    sqrt = jnp.sqrt if isinstance(scale, jax.core.Tracer) else math.sqrt
+    sqrt = math.sqrt if isinstance(scale, (int, float)) else jnp.sqrt
     if cfg.init == "paper_collapse":
       std = sqrt(scale / (3.0 * fan_in))
     else:
