@@ -262,9 +262,10 @@ class KernelConfig:
       splash (``rankjax.models.splash_attention``; interpreted off TPU), or einsum
       (the explicit probability matrix; always used for captured probabilities, and
       for float64 under auto: an explicit fused kernel refuses float64 in one line;
-      ``rankjax.models.attention_kernels``). Attention-probability dropout in training takes a query-block path
-      instead (``attn_dropout_mask``), or with hash masks on a GPU the fused Pallas
-      kernel of ``rankjax.models.flash_dropout`` (``attn_dropout_kernel``).
+      ``rankjax.models.attention_kernels``). Attention-probability dropout in training
+      takes a query-block path instead (``attn_dropout_mask``), or with hash masks on
+      a GPU the fused Pallas kernel of ``rankjax.models.flash_dropout``
+      (``attn_dropout_kernel``).
     attn_dropout_kernel: the kernel of hash-mask dropout in training (no prefix
       removal): auto (the fused Pallas flash kernel ``rankjax.models.flash_dropout`` on
       a GPU backend when it takes the dtype (16-bit), d_head and T; the query blocks of

@@ -193,10 +193,7 @@ def _run_task(task: Task, model_values: Mapping[str, Any]) -> Task:
   concrete task's."""
   if not model_values:
     return task
-  model = task.model.clone(cfg=_with_values(task.model.cfg, model_values))
-  out = dataclasses.replace(task, model=model)
-  object.__setattr__(out, "_param_axes", task.param_axes())
-  return out
+  return task.with_model(task.model.clone(cfg=_with_values(task.model.cfg, model_values)))
 
 
 def _check_model_sweep(cfg: TrainConfig, task: Task, model_swept: Sequence[str]) -> None:

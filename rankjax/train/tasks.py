@@ -111,6 +111,14 @@ class Task:
       object.__setattr__(self, "_param_axes", cached)
     return cached
 
+  def with_model(self, model: Any) -> "Task":
+    """This task around ``model``, a module with the same parameters (one run's model
+    in a program of several: ``rankjax.train.runs``); the parameter axes carried over,
+    not read again from an abstract init of ``model``."""
+    out = dataclasses.replace(self, model=model)
+    object.__setattr__(out, "_param_axes", self.param_axes())
+    return out
+
   def _fallback(self) -> bool:
     if self.unannotated_params not in ("error", "fallback"):
       raise UserError(f"unannotated_params={self.unannotated_params!r}: "
