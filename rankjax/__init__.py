@@ -1,75 +1,59 @@
 """rankjax: rank collapse in deep residual networks and Transformers, in JAX/Flax.
 
-Re-exports only; the code lives in the modules below (map: docs/architecture.md).
-The public API is ``__all__`` here and in the sub-packages (``measure``, ``models``,
-``train``, ``data``, ``studies``): the names and modules they list; what a study
-imports comes from there (tests/studies/test_study_imports.py).
-"""
+The public API is this package and its packages' faces, each a short documented list
+(``__all__``): ``rankjax.config``, ``rankjax.data``, ``rankjax.models``,
+``rankjax.measure``, ``rankjax.train``, ``rankjax.studies`` (map: docs/architecture.md,
+"The public face"). Everything else is ``rankjax._src``: private, free to change. A
+study imports only the faces (tests/studies/test_study_imports.py).
 
-from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
-from rankjax.measure.engine import BlockJacobianMethod, JacobianBlock
-from rankjax.measure.jacobians import JacobianStudy, StudyOptions, mlp_jacobian_study
-from rankjax.measure.losses import cross_entropy, frequency_loss
-from rankjax.measure.paths import PathSums, path_sums
-from rankjax.measure.sensitivity import (
-    attention_statistics,
-    gradient_spikes,
-    softmax_jacobian_inf_to_one,
-    theta_bracket,
-    theta_certificate,
-    theta_exact,
-)
-from rankjax.measure.similarity import prefix_average_matrix, token_similarity
-from rankjax.measure.spectra import effective_rank, stable_rank
-from rankjax.models.mlp import ResidualMLP
-from rankjax.models.transformer import DecoderLM
+Here, the names of the README's first look (the same objects as the faces'):
+``MLPConfig``, ``TransformerConfig``, ``ResidualMLP``, ``DecoderLM``,
+``mlp_jacobian_study``, ``token_similarity``, ``theta_exact``, ``frequency_loss``,
+``load_run``.
+"""
+import importlib
+
+from rankjax._src.config import MLPConfig, TransformerConfig
+from rankjax._src.measure.jacobians import mlp_jacobian_study
+from rankjax._src.measure.losses import frequency_loss
+from rankjax._src.measure.sensitivity import theta_exact
+from rankjax._src.measure.similarity import token_similarity
+from rankjax._src.models.mlp import ResidualMLP
+from rankjax._src.models.transformer import DecoderLM
 
 __version__ = "0.1.0"
 
+FACES = ("config", "data", "measure", "models", "studies", "train")
+
 
 def __getattr__(name: str):
-  """``load_run`` on first use: it brings Orbax and grain, which ``import rankjax`` does
-  not load."""
+  """The faces on first use (``rankjax.train`` brings Orbax and grain, which
+  ``import rankjax`` does not load), and ``load_run``."""
+  if name in FACES:
+    return importlib.import_module(f"rankjax.{name}")
   if name == "load_run":
-    from rankjax.train.run_reader import load_run
+    from rankjax._src.train.run_reader import load_run
     return load_run
   raise AttributeError(f"module 'rankjax' has no attribute {name!r}")
 
+
 __all__ = [
-    # public modules and sub-packages (imported by name, not loaded here)
+    # the faces (imported on first use)
     "config",
     "data",
-    "fast_paths",
     "measure",
     "models",
-    "plotting",
     "studies",
     "train",
-    # names
-    "BlockJacobianMethod",
+    # the README's first look
     "DecoderLM",
-    "JacobianStudy",
     "MLPConfig",
-    "PathSums",
-    "JacobianBlock",
     "ResidualMLP",
-    "StudyOptions",
-    "TrainConfig",
     "TransformerConfig",
     "__version__",
-    "attention_statistics",
-    "cross_entropy",
-    "effective_rank",
     "frequency_loss",
-    "gradient_spikes",
     "load_run",
     "mlp_jacobian_study",
-    "path_sums",
-    "prefix_average_matrix",
-    "softmax_jacobian_inf_to_one",
-    "stable_rank",
-    "theta_bracket",
-    "theta_certificate",
     "theta_exact",
     "token_similarity",
 ]

@@ -44,7 +44,7 @@ def single_blas_thread():
   """Host LAPACK (SVD, eigh) single-threaded for a module (``pytestmark =
   pytest.mark.usefixtures("single_blas_thread")``): OpenBLAS worker threads thrash on a
   loaded 2-core machine (SVD/eigh 20x slower). No-op without threadpoolctl."""
-  from rankjax import fast_paths
+  from rankjax._src import fast_paths
   with fast_paths.single_blas_thread():
     yield
 

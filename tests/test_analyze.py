@@ -8,8 +8,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from rankjax import cli
-from rankjax.measure import similarity
+from rankjax._src import cli
+from rankjax._src.measure import similarity
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 
@@ -64,7 +64,7 @@ def test_gpt2_analysis_matches_transformers_streams(tmp_path, capsys):
   ce = np.mean(lse - logits[np.arange(11), expected["token_ids"][1:]])
   np.testing.assert_allclose(r["loss"], ce, rtol=1e-5)
   # Y_2 of layer l is its output: its sqrt(d)/||y|| factor from transformers' hidden states
-  from rankjax.measure import gradients as gr
+  from rankjax._src.measure import gradients as gr
   mean, _ = gr.rms_factor_stats(expected["hidden_states"][1:-1, None, :11], 1e-5)
   np.testing.assert_allclose(layers[0]["gradients"]["rms_factor_mean_2"], float(mean[0]),
                              rtol=1e-4)
@@ -136,7 +136,7 @@ def test_fewer_tokens_than_asked_are_analyzed_as_given(tmp_path, capsys):
 
 
 def test_a_sliding_window_is_named_as_such(tmp_path, capsys):
-  from rankjax.models import hf
+  from rankjax._src.models import hf
   folder = hf.write_random_checkpoint(
       tmp_path / "mistral", hidden_size=16, num_layers=1, intermediate_size=24, num_heads=2,
       num_kv_heads=1, vocab_size=40, model_type="mistral", max_position_embeddings=128)
@@ -179,7 +179,7 @@ def test_several_checkpoints_make_a_trajectory(tmp_path):
 
 
 def test_the_trajectory_has_a_column_per_layer_erank_over_d_and_the_embeddings_apart():
-  from rankjax.analyze import trajectory
+  from rankjax._src.analyze import trajectory
 
   def result(erank, embeddings):
     return {"model": {"d_model": 4}, "through_depth": {"3": {}}, "loss": 1.0,
@@ -214,7 +214,7 @@ def test_unsupported_or_missing_checkpoints(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_rankjax_run_is_analyzed_at_its_newest_checkpoint(tmp_path):
-  from rankjax.train.loop import train
+  from rankjax._src.train.loop import train
   from tests.train.conftest import tiny_lm
   cfg = tiny_lm(total_steps=4, checkpoint_every=2, max_to_keep=2, eval_every=0, diag_every=0)
   workdir = tmp_path / "run"

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax import cli
-from rankjax.analyze import checkpoints, passes
-from rankjax.config import TransformerConfig
-from rankjax.measure import gradients as gr
-from rankjax.measure import losses
-from rankjax.models import hf, transformer
-from rankjax.train import diagnostics_postnorm
+from rankjax._src import cli
+from rankjax._src.analyze import checkpoints, passes
+from rankjax._src.config import TransformerConfig
+from rankjax._src.measure import gradients as gr
+from rankjax._src.measure import losses
+from rankjax._src.models import hf, transformer
+from rankjax._src.train import diagnostics_postnorm
 
 from tests.test_analyze import FIXTURES, _ids_file
 
@@ -163,9 +163,9 @@ def test_bfloat16_compute_is_within_bf16_tolerance(tmp_path, name):
 _SHARDED = textwrap.dedent("""
     import json, sys
     import jax
-    from rankjax import cli
-    from rankjax.analyze import checkpoints
-    from rankjax.train import sharding
+    from rankjax._src import cli
+    from rankjax._src.analyze import checkpoints
+    from rankjax._src.train import sharding
     assert len(jax.devices()) == 8
     folder, ids, out1, out8 = sys.argv[1:]
     args = ["--token-ids", ids, "--tokens", "12", "--sequences", "2"]
@@ -215,7 +215,7 @@ def test_a_jacobian_too_large_for_memory_is_refused_before_any_work(tmp_path, ca
   expected = np.load(FIXTURES / "llama_gqa" / "expected.npz")
   ids = _ids_file(tmp_path, expected["token_ids"])
   model = checkpoints.open_checkpoint(str(FIXTURES / "llama_gqa"))
-  from rankjax.analyze import cli as analyze_cli
+  from rankjax._src.analyze import cli as analyze_cli
   need = analyze_cli.jacobian_bytes(model, 12)
   assert need == 4 * 32 * (4 * 12 * 12 + 8 * 12 * 32)
   monkeypatch.setattr(checkpoints, "available_bytes",

@@ -4,7 +4,7 @@ changed or output written (README: "Every command fails with one line on stderr"
 
 ``PASSING`` are the cases that held when the set was written; ``FOUND`` are the defects
 it found, fixed since (each case names what it was). Everything runs in-process through
-``rankjax.cli.main`` but the two ``slow`` cases, which need a trained run or the
+``rankjax._src.cli.main`` but the two ``slow`` cases, which need a trained run or the
 process's exit.
 """
 import hashlib
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from rankjax import cli
+from rankjax._src import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LM_CONFIG = ROOT / "experiments" / "configs" / "lm_tiny_shakespeare.json"
@@ -331,7 +331,7 @@ def test_all_corrupt_checkpoints_stay_one_line_to_the_process_exit(tmp_path):
   for f in (work / "checkpoints").rglob("*"):
     if f.is_file() and f.parent.name == "d":
       f.write_bytes(os.urandom(200))
-  exe = [sys.executable, "-c", "from rankjax.cli import run; run()"]
+  exe = [sys.executable, "-c", "from rankjax._src.cli import run; run()"]
   commands = [["report", str(work)],
               ["analyze", str(work), "--dataset", "shakespeare", "--out", str(tmp_path / "a")]]
   failures = []
@@ -367,12 +367,12 @@ def test_a_bug_inside_a_command_shows_its_traceback(inputs, capsys, monkeypatch)
   """A ValueError that is not bad input (a bug planted in ``train``'s config reading)
   was told as one line with exit 2, like a typo; it is a traceback on stderr and in the
   log, and exit 1. Bad input (``UserError``) stays one line: the cases above."""
-  import rankjax.config
+  import rankjax._src.config
 
   def planted(*_):
     raise ValueError("planted bug")
 
-  monkeypatch.setattr(rankjax.config, "override", planted)
+  monkeypatch.setattr(rankjax._src.config, "override", planted)
   assert _call(TRAIN) == 1
   err = capsys.readouterr().err
   assert "Traceback (most recent call last)" in err and "in planted" in err
@@ -386,7 +386,7 @@ def test_a_bug_inside_a_command_shows_its_traceback(inputs, capsys, monkeypatch)
 def test_an_unknown_experiment_lists_the_experiments_with_their_cost(inputs, capsys):
   """``reproduce --only`` with an unknown name listed the names alone; the wall time of
   each experiment's committed results (per scale) helps choose one."""
-  from rankjax.studies import listing
+  from rankjax._src.studies import listing
   committed = ROOT / "experiments" / "softmax_sensitivity" / "results"
   wall = {scale: json.loads((committed / scale / "theorem_check.json").read_text())
           ["provenance"]["wall_s"] for scale in ("paper", "quick")}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rankjax import cli
+from rankjax._src import cli
 
 
 def test_help_lists_subcommands(capsys):
@@ -27,7 +27,7 @@ def test_version(capsys):
 
 
 def test_console_script_entry_point():
-  proc = subprocess.run([sys.executable, "-m", "rankjax.cli", "version"],
+  proc = subprocess.run([sys.executable, "-m", "rankjax._src.cli", "version"],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert "rankjax" in proc.stdout
@@ -88,7 +88,7 @@ def test_unknown_study_is_one_line(capsys):
 ])
 def test_output_path_that_is_a_file_is_one_line_before_any_work(argv, message, capsys,
                                                                 tmp_path, monkeypatch):
-  """Every command checks where it writes (rankjax.storage.check_output) first."""
+  """Every command checks where it writes (rankjax._src.storage.check_output) first."""
   monkeypatch.chdir(tmp_path)
   (tmp_path / "F").write_text("keep me")
   (tmp_path / "D" / "x.json").mkdir(parents=True)
@@ -128,7 +128,7 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 def test_earlier_results_are_refused_unless_overwrite(command, existing, capsys, tmp_path,
                                                       monkeypatch):
   """measure / analyze --out: an output already there is one line and exit 2, nothing
-  changed; --overwrite replaces it (rankjax.storage.check_new_outputs)."""
+  changed; --overwrite replaces it (rankjax._src.storage.check_new_outputs)."""
   monkeypatch.chdir(tmp_path)
   (tmp_path / "ids.txt").write_text(" ".join(str(i) for i in range(3, 20)))
   for name in existing:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rankjax import config
-from rankjax.config import KernelConfig, MLPConfig, TrainConfig, TransformerConfig
+from rankjax._src import config
+from rankjax._src.config import KernelConfig, MLPConfig, TrainConfig, TransformerConfig
 
 MLP_BAD = [
     ("depth", 0), ("depth", -3), ("depth", 2.5),
@@ -203,7 +203,7 @@ def test_configs_are_frozen():
 
 
 def test_gpt2_fields_are_checked_and_default_off():
-  from rankjax.config import TransformerConfig
+  from rankjax._src.config import TransformerConfig
   cfg = TransformerConfig()
   assert (cfg.attn_out_bias, cfg.ffn_bias) == (False, False)      # old configs unchanged
   assert TransformerConfig(ffn="gelu_tanh", ffn_bias=True, attn_out_bias=True).ffn == "gelu_tanh"

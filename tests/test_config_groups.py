@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from rankjax import config
-from rankjax.config import KernelConfig, RopeConfig, TrainConfig, TransformerConfig
+from rankjax._src import config
+from rankjax._src.config import KernelConfig, RopeConfig, TrainConfig, TransformerConfig
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def test_format_2_is_converted_on_read_and_equals_the_new_config(tmp_path):
   path.write_text(json.dumps(old))
   assert config.from_json(TrainConfig, path) == CFG
   # a run folder written in format 2: the resume check and the finished check read it
-  from rankjax.train import checkpoint, run_reader
+  from rankjax._src.train import checkpoint, run_reader
   assert checkpoint.check_workdir_config(tmp_path, CFG)
   with pytest.raises(ValueError, match=r"model\.kernels\.remat: 'dots' \(saved\) vs 'full'"):
     checkpoint.check_workdir_config(tmp_path, config.override(CFG, ["model.kernels.remat=full"]))
@@ -184,7 +184,7 @@ def test_rope_frequencies_read_the_sub_config():
   """``attention.rope_frequencies(d_head, RopeConfig)`` against the formulas in float64
   numpy: RoFormer Eq. 34's ``base^(-2i/d)``, linear interpolation's ``/ factor``, and the
   Llama 3.1 rule at its three bands."""
-  from rankjax.models import attention
+  from rankjax._src.models import attention
   d = 16
   theta = 500.0 ** (-np.arange(0, d, 2, dtype=np.float64) / d)
   np.testing.assert_allclose(attention.rope_frequencies(d, RopeConfig(base=500.0)), theta,

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from rankjax import cli
+from rankjax._src import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "BUILD.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -91,8 +91,8 @@ def test_the_python_blocks_of_the_docs_run(tmp_path):
   """Each Python block of docs/*.md, in a folder where ``runs/tour/lm_post`` is the
   smoke tour's Post-Norm run (what the reading example opens); what a page's prose
   tells to ``help(...)`` resolves after its blocks ran."""
-  from rankjax.tour_runs import lm_configs
-  from rankjax.train.loop import train
+  from rankjax._src.tour_runs import lm_configs
+  from rankjax._src.train.loop import train
   train(lm_configs(smoke=True)["lm_post"], str(tmp_path / "runs" / "tour" / "lm_post"),
         progress_bar=False)
   ran, helped = 0, 0
@@ -125,12 +125,12 @@ def test_the_docstring_examples_compile_and_the_diagnostic_one_runs(monkeypatch)
   """Copied as they are, the module docstrings' examples parse (the diagnostic example
   had an unindented line: an IndentationError); the diagnostic example registers its
   diagnostic."""
-  from rankjax.train import diagnostics
+  from rankjax._src.train import diagnostics
   examples = _docstring_examples()
   assert len(examples) >= 4
   for where, code in examples:
     compile(code, where, "exec")
-  (code,) = [c for w, c in examples if w == "rankjax/train/diagnostics.py"]
+  (code,) = [c for w, c in examples if w == "rankjax/_src/train/diagnostics.py"]
   monkeypatch.setattr(diagnostics, "_REGISTRY", {})
   exec(compile(code, "<diagnostics example>", "exec"), {})  # noqa: S102
   assert list(diagnostics._REGISTRY) == ["x1_rms"]
@@ -141,8 +141,8 @@ def test_the_pages_state_what_the_code_does():
   diagnostics step" while image_every draws fewer; attention dropout was said to train
   on the explicit (B, H, T, T) probabilities; the smoke tour "runs in about a minute"
   (170 s on a loaded 2-core machine)."""
-  from rankjax.config import TrainConfig
-  from rankjax.models import attention
+  from rankjax._src.config import TrainConfig
+  from rankjax._src.models import attention
   training = (ROOT / "docs" / "training.md").read_text()
   assert "one image per diagnostics step" not in training
   assert f"`image_every` updates (default {TrainConfig().image_every}" in training

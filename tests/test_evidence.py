@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from rankjax.studies import evidence, expected, finder, results
-from rankjax.studies.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
+from rankjax._src.studies import evidence, expected, finder, results
+from rankjax._src.studies.evidence import Abs, Bound, Claim, OneMinus, Qualitative, Rel
 
 
 def test_band_rules_write_the_declared_band_into_the_row():
@@ -147,7 +147,7 @@ def test_compare_names_what_moved_by_its_own_tolerance_never_the_paper_band():
 def _committed(scale: str):
   """``(path, results file, its Experiment)`` of every committed results file at
   ``scale`` (a glob)."""
-  from rankjax import reproduce
+  from rankjax._src import reproduce
   for name, folder in sorted(finder.find().items()):
     for path in sorted(folder.glob(f"results/{scale}/*.json")):
       if path.name != "summary.json":
@@ -220,7 +220,7 @@ def test_expected_blocks_render_from_results_files(tmp_path):
 
 def test_the_committed_expected_files_are_what_their_results_render():
   """EXPECTED.md's results tables are rendered, never typed (python -m
-  rankjax.studies.expected rewrites them)."""
+  rankjax._src.studies.expected rewrites them)."""
   for study in expected.studies():
     assert expected.render(study) == expected.path_of(study).read_text(), study
   path, text = expected.readme()
@@ -254,7 +254,7 @@ def test_every_committed_row_rechecks_and_is_one_number():
 
 def test_negative_zero_prints_as_zero_in_summary_md_and_the_report():
   """A paper value -0.000 (TR Fig 14) is stored as -0.0: printed "0", never "-0"."""
-  from rankjax.report import rows_to_html
+  from rankjax._src.report import rows_to_html
   row = {"experiment": "fig7", "item": "Fig 14", "paper": -0.0, "ours": -0.0,
          "per_seed": [-0.0, 0.25], "status": "match"}
   assert [results._cell(x) for x in (-0.0, 0.0, -1e-9, -0.5)] == ["0", "0", "-1e-09", "-0.5"]
@@ -267,7 +267,7 @@ def test_committed_rows_away_from_the_papers_setting_are_proxies():
   """A committed row is a proxy exactly when its experiment declares its scale another
   setting than the paper's and the row is not one of its scale-free items; its note
   names that setting."""
-  from rankjax.studies import runner
+  from rankjax._src.studies import runner
   proxies = 0
   for path, doc, exp in _committed("*"):
     setting = exp.setting[doc["scale"]]
@@ -283,7 +283,7 @@ def test_committed_rows_away_from_the_papers_setting_are_proxies():
 
 def _committed_rows_and_claims():
   """``(path, row, its experiment's claims)`` of every committed row, every scale."""
-  from rankjax import reproduce
+  from rankjax._src import reproduce
   for name, folder in sorted(finder.find().items()):
     study = reproduce.study(name)
     for path in sorted(folder.glob("results/*/*.json")):
@@ -407,7 +407,7 @@ def test_every_committed_claim_fails_on_a_planted_counterexample():
 def test_a_planted_counterexample_of_every_declared_claim_fails():
   """Every claim any study declares, given three seeds past its band or limit, is a
   mismatch (and three on the paper's value, a match), whether or not it was measured."""
-  from rankjax import reproduce
+  from rankjax._src import reproduce
   seen = 0
   for name in sorted(finder.find()):
     study = reproduce.study(name)

@@ -1,4 +1,4 @@
-"""The CPU fast paths (rankjax.fast_paths) against their plain references.
+"""The CPU fast paths (rankjax._src.fast_paths) against their plain references.
 
 Tolerances: threefry is bit for bit (the same cipher, integer arithmetic). The SVD and
 eigh fast paths run the same LAPACK algorithm family in another order (gesdd per
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from rankjax import fast_paths
+from rankjax._src import fast_paths
 
 RTOL = 1e-5
 CPU_KIND = ("callback", "xla_python")   # what a host callback leaves in the lowered text
@@ -103,7 +103,7 @@ def test_env_switch_read_at_import():
   import os
   import subprocess
   import sys
-  probe = ("from rankjax import fast_paths; import jax.numpy as jnp, jax\n"
+  probe = ("from rankjax._src import fast_paths; import jax.numpy as jnp, jax\n"
            "fast_paths.MIN_THREADED_WORK = 0\n"
            "a = jnp.ones((2, 4, 4))\n"
            "assert not fast_paths.enabled()\n"
@@ -140,4 +140,4 @@ def test_fast_paths_imports_neither_measure_nor_models_at_module_level():
   top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
   names = {a.name for n in top for a in n.names} | {
       n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
-  assert not {n for n in names if n.startswith(("rankjax.measure", "rankjax.models"))}
+  assert not {n for n in names if n.startswith(("rankjax._src.measure", "rankjax._src.models"))}

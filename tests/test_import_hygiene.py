@@ -8,8 +8,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _PROBE = """
 import sys
-import rankjax, rankjax.cli, rankjax.report, rankjax.measure.summary, rankjax.fast_paths
-from rankjax import _host_lapack
+import rankjax, rankjax._src.cli, rankjax._src.report, rankjax._src.measure.summary, rankjax._src.fast_paths
+from rankjax._src import _host_lapack
 assert "matplotlib" not in sys.modules, "matplotlib imported"
 assert _host_lapack._gesdd == {}, "ctypes LAPACK functions created at import"
 assert _host_lapack._one_thread_fn is None, "OpenBLAS library opened at import"
@@ -54,7 +54,7 @@ def test_import_rankjax_loads_no_orbax_grain_or_tensorboard_and_installs_nothing
 
 def test_first_figure_keeps_a_backend_the_user_chose():
   probe = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot\n"
-           "from rankjax import plotting\n"
+           "from rankjax._src import plotting\n"
            "assert plotting.pyplot().get_backend().lower() == 'svg'\nprint('ok')")
   env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
   out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -75,7 +75,7 @@ def _rankjax_imports(path: pathlib.Path) -> set[str]:
 
 def test_models_never_import_measure():
   offenders = {str(p.relative_to(ROOT)): sorted(n for n in _rankjax_imports(p)
-                                                if n.startswith("rankjax.measure"))
+                                                if n.startswith("rankjax._src.measure"))
                for p in sorted((ROOT / "rankjax" / "models").glob("*.py"))}
   assert {k: v for k, v in offenders.items() if v} == {}
 
@@ -156,11 +156,11 @@ def test_the_import_graph_has_no_circle_and_no_upward_edge():
   assert len(graph) > 140           # the finder saw the packages (149 modules)
   assert _circles(graph) == []
   up = sorted((a, b) for a, targets in graph.items() for b in targets
-              if (a.startswith("rankjax.config") and not b.startswith("rankjax.config")
-                  and b not in ("rankjax.storage", "rankjax.errors"))
-              or (a.startswith("rankjax.measure") and b.startswith("rankjax.train"))
-              or (a.startswith("rankjax.report") and b == "rankjax.tour")
-              or (a == "rankjax.train.checkpoint" and b.startswith("rankjax.data")))
+              if (a.startswith("rankjax._src.config") and not b.startswith("rankjax._src.config")
+                  and b not in ("rankjax._src.storage", "rankjax._src.errors"))
+              or (a.startswith("rankjax._src.measure") and b.startswith("rankjax._src.train"))
+              or (a.startswith("rankjax._src.report") and b == "rankjax._src.tour")
+              or (a == "rankjax._src.train.checkpoint" and b.startswith("rankjax._src.data")))
   assert up == []
 
 

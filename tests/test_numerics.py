@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from rankjax import numerics
-from rankjax.config import MLPConfig, TransformerConfig
-from rankjax.models import annotated, blocks
-from rankjax.models.mlp import ResidualMLP
-from rankjax.models.transformer import DecoderLM
+from rankjax._src import numerics
+from rankjax._src.config import MLPConfig, TransformerConfig
+from rankjax._src.models import annotated, blocks
+from rankjax._src.models.mlp import ResidualMLP
+from rankjax._src.models.transformer import DecoderLM
 
 
 def _dtypes(tree):

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from rankjax import config as config_lib
-from rankjax import plugins
-from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
+from rankjax._src import config as config_lib
+from rankjax._src import plugins
+from rankjax._src.config import MLPConfig, TrainConfig, TransformerConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugins" / "my_pieces.py"
@@ -24,7 +24,7 @@ def _plugin_registrations_end_with_the_test():
   """The example plug-in registers a model kind, a task and a diagnostic when imported;
   each test here imports it afresh and leaves the registries as it found them (tests
   elsewhere in the same process list the kinds: tests/test_config.py)."""
-  from rankjax.train import diagnostics, tasks
+  from rankjax._src.train import diagnostics, tasks
   registries = (config_lib.MODEL_CONFIGS, tasks.TASKS, diagnostics._REGISTRY)
   saved = [dict(r) for r in registries]
   yield
@@ -50,7 +50,7 @@ def test_config_json_classmethods_round_trip(tmp_path):
 def test_run_control_field_lists_come_from_field_metadata():
   """The lists the loop and the checkpointer use are the fields marked in TrainConfig
   (they equal the hand-written lists they replaced)."""
-  from rankjax.train import checkpoint, loop
+  from rankjax._src.train import checkpoint, loop
   assert set(loop._NOT_BUILT) == {
       "log_every", "checkpoint_every", "max_to_keep", "async_checkpointing", "eval_every",
       "eval_batches", "eval_split", "dataset", "data_dir", "tokenizer", "compilation_cache_dir",
@@ -65,12 +65,12 @@ def test_run_control_field_lists_come_from_field_metadata():
 def test_builtin_diagnostics_are_a_table_not_import_side_effects():
   """A fresh process: importing the diagnostics module registers nothing; naming a
   built-in diagnostic imports its module from the table."""
-  code = ("from rankjax.train import diagnostics as d; import sys; "
+  code = ("from rankjax._src.train import diagnostics as d; import sys; "
           "assert not d._REGISTRY, d._REGISTRY; "
-          "assert 'rankjax.train.diagnostics_attention' not in sys.modules; "
+          "assert 'rankjax._src.train.diagnostics_attention' not in sys.modules; "
           "r = d.resolve(['basic', 'attention']); "
           "assert [x.needs_capture for x in r] == [True, False]; "
-          "assert 'rankjax.train.diagnostics_attention' in sys.modules; print('ok')")
+          "assert 'rankjax._src.train.diagnostics_attention' in sys.modules; print('ok')")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         timeout=120, cwd=ROOT)
   assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
@@ -87,8 +87,8 @@ def test_a_model_kind_without_a_task_names_the_registry(tmp_path, monkeypatch):
   """A registered model config of any kind builds; training it (or reading its run)
   needs a task registered for the kind."""
   import dataclasses
-  from rankjax.config import ModelConfig
-  from rankjax.train import loop, tasks
+  from rankjax._src.config import ModelConfig
+  from rankjax._src.train import loop, tasks
 
   @dataclasses.dataclass(frozen=True)
   class NopeConfig(ModelConfig):
@@ -122,24 +122,24 @@ def _rankjax_imports(module: str) -> set[str]:
     if isinstance(node, ast.Import):
       out |= {a.name for a in node.names if a.name.startswith("rankjax")}
     elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rankjax"):
-      for a in node.names:   # `from rankjax.train import loop` imports a module
+      for a in node.names:   # `from rankjax._src.train import loop` imports a module
         sub = f"{node.module}.{a.name}"
         out.add(sub if _source(sub).exists() else node.module)
   return out
 
 
 def test_config_imports_nothing_above_it():
-  """rankjax.config (a package) imports, transitively, only its own modules and the
-  leaves rankjax.storage (etils) and rankjax.errors: no model, task or training module
+  """rankjax._src.config (a package) imports, transitively, only its own modules and the
+  leaves rankjax._src.storage (etils) and rankjax._src.errors: no model, task or training module
   (they import config; no cycle)."""
-  seen, todo = set(), ["rankjax.config"]
+  seen, todo = set(), ["rankjax._src.config"]
   while todo:
     for m in _rankjax_imports(todo.pop()) - seen:
       seen.add(m)
       todo.append(m)
-  own = {f"rankjax.config.{p.stem}" for p in (ROOT / "rankjax" / "config").glob("*.py")
+  own = {f"rankjax._src.config.{p.stem}" for p in (ROOT / "rankjax" / "config").glob("*.py")
          if p.stem != "__init__"}
-  assert seen == own | {"rankjax.storage", "rankjax.errors"}, seen
+  assert seen == own | {"rankjax._src.storage", "rankjax._src.errors"}, seen
 
 
 @pytest.mark.slow
@@ -147,8 +147,8 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
   """``rankjax train --import examples/plugins/my_pieces.py``: the user's model trains,
   its diagnostic is in the checkpoint (load_run) and in TensorBoard."""
   pytest.importorskip("sklearn")
-  from rankjax.train import tensorboard as tb
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train import tensorboard as tb
+  from rankjax._src.train.run_reader import load_run
   workdir = tmp_path / "run"
   config = ROOT / "experiments" / "configs" / "mlp_classifier.json"
   argv = ["train", "--import", str(EXAMPLE), "--config", str(config), "--workdir",
@@ -158,7 +158,7 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
           "--set", "total_steps=4", "--set", "batch_size=32", "--set", "diag_every=2",
           "--set", "diag_examples=8", "--set", 'diagnostics=["logit_margin"]',
           "--set", "checkpoint_every=4", "--set", "eval_every=4", "--set", "log_every=1"]
-  code = f"import sys; from rankjax import cli; sys.exit(cli.main({argv!r}))"
+  code = f"import sys; from rankjax._src import cli; sys.exit(cli.main({argv!r}))"
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         timeout=300, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -183,8 +183,8 @@ def test_train_imports_a_user_task_and_diagnostic(tmp_path):
 
 def test_report_imports_the_module_of_a_plugin_model(tmp_path, capsys):
   """``rankjax report --import MODULE WORKDIR``: a run of a user's model is reported."""
-  from rankjax import cli
-  from rankjax.train.loop import train
+  from rankjax._src import cli
+  from rankjax._src.train.loop import train
   plugins.import_module(str(EXAMPLE))
   cfg = config_lib.override(
       TrainConfig.from_json(ROOT / "experiments" / "configs" / "mlp_classifier.json"),

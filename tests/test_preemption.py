@@ -1,4 +1,4 @@
-"""rankjax.preemption: one way to take SIGTERM in every command."""
+"""rankjax._src.preemption: one way to take SIGTERM in every command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from rankjax import preemption
+from rankjax._src import preemption
 
 
 def test_outside_training_sigterm_raises_stopped_and_the_handler_is_restored():
@@ -33,7 +33,7 @@ def test_during_training_takes_over_and_gives_back():
 
 
 def test_reproduce_stopped_outside_a_run_exits_75(monkeypatch, tmp_path, capsys):
-  from rankjax import cli, reproduce
+  from rankjax._src import cli, reproduce
 
   def stop(*args, **kwargs):
     raise preemption.Stopped("SIGTERM")

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from rankjax import cli, plotting, reproduce  # noqa: E402
-from rankjax.report import rows_to_html  # noqa: E402
+from rankjax._src import cli, plotting, reproduce  # noqa: E402
+from rankjax._src.report import rows_to_html  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_near_constant_series_are_drawn_without_offset_axes(tmp_path):
   """A series constant to 1e-9 was labelled "1e-9+4.23603e-2" (matplotlib's offset);
   every figure rankjax saves (save_figure, the run report's, TensorBoard's images)
   labels the values themselves, on both axes, and leaves a log axis alone."""
-  from rankjax.train import tensorboard
+  from rankjax._src.train import tensorboard
   fig, axes = plt.subplots(1, 2)
   axes[0].plot([1000, 1000.001], [0.0423603, 0.0423603 + 1e-9])
   axes[1].plot([1, 2], [1e-3, 1e3])

@@ -5,10 +5,10 @@ import re
 
 import numpy as np
 
-from rankjax import report, report_figures, report_story as story, tour
-from rankjax.config import TrainConfig, TransformerConfig
-from rankjax.train import diagnostics_postnorm
-from rankjax.train.run_reader import Run
+from rankjax._src import report, report_figures, report_story as story, tour
+from rankjax._src.config import TrainConfig, TransformerConfig
+from rankjax._src.train import diagnostics_postnorm
+from rankjax._src.train.run_reader import Run
 
 STEPS = np.array([1, 10, 20, 30, 40])
 
@@ -129,7 +129,7 @@ def _run(tmp_path, name, position, diagnostics):
 
 
 def _page(tmp_path, monkeypatch, runs):
-  from rankjax.train import run_reader
+  from rankjax._src.train import run_reader
   monkeypatch.setattr(run_reader, "load_run", lambda path: runs[path.name])
   page = report.build_report(tmp_path).read_text()
   return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)
@@ -200,9 +200,9 @@ def _register_resmlp(monkeypatch, name, norm_position):
   import flax.linen as nn
   import jax.numpy as jnp
 
-  from rankjax import config as config_lib
-  from rankjax.config import MLPConfig
-  from rankjax.train import tasks
+  from rankjax._src import config as config_lib
+  from rankjax._src.config import MLPConfig
+  from rankjax._src.train import tasks
 
   monkeypatch.setitem(config_lib.MODEL_CONFIGS, name, type(f"{name}_config", (MLPConfig,), {}))
 
@@ -230,7 +230,7 @@ def _register_resmlp(monkeypatch, name, norm_position):
 
 
 def _plugin_run(tmp_path, name, history):
-  from rankjax import config as config_lib
+  from rankjax._src import config as config_lib
   model = config_lib.MODEL_CONFIGS[name](depth=3, width=8, input_dim=8, num_classes=3)
   cfg = TrainConfig(model=model, diag_every=10, diagnostics=("basic", "logit_margin"))
   assert cfg.model.norm_position == "pre"            # the field the plug-in ignores
@@ -304,8 +304,8 @@ def test_a_plugin_lms_table_shows_the_numbers_its_sentences_quote(tmp_path, monk
   frequency-loss and token-similarity cells beside sentences quoting both."""
   import dataclasses
 
-  from rankjax import config as config_lib
-  from rankjax.train import tasks
+  from rankjax._src import config as config_lib
+  from rankjax._src.train import tasks
   cls = type("my_lm_config", (TransformerConfig,), {})
   monkeypatch.setitem(config_lib.MODEL_CONFIGS, "my_lm", cls)
   monkeypatch.setitem(tasks.TASKS, "my_lm",

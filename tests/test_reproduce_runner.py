@@ -7,14 +7,14 @@ import textwrap
 
 import pytest
 
-from rankjax.studies import evidence, finder, runner
-from rankjax import cli, reproduce
+from rankjax._src.studies import evidence, finder, runner
+from rankjax._src import cli, reproduce
 
 
 PAPER = {"quick": runner.PAPER_SETTING, "paper": runner.PAPER_SETTING}
 
 _CLAIMS = """
-from rankjax.studies import Abs, Claim, Qualitative, claims, measured
+from rankjax._src.studies import Abs, Claim, Qualitative, claims, measured
 CLAIMS = claims([Claim("Fig 1: value", "v", 0.5, Abs(0.01)),
                  Claim("Fig 1: look", "v", None, Qualitative("a figure's look"))])
 """
@@ -42,7 +42,7 @@ def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5, dataset=None):
   (pkg / "bad.py").write_text(_CLAIMS + "SCALES = {'quick': {}, 'paper': {}}\n"
                               "def run(out_dir, scale):\n  raise RuntimeError('boom')\n")
   (pkg / "reproduce.py").write_text(textwrap.dedent("""
-      from rankjax.studies import PAPER_SETTING, Experiment, Study
+      from rankjax._src.studies import PAPER_SETTING, Experiment, Study
       PAPER = {"quick": PAPER_SETTING, "paper": PAPER_SETTING}
       STUDY = Study(
           name="fake", title="Fake: paper vs ours",
@@ -112,7 +112,7 @@ def test_an_experiment_module_without_claims_is_refused(tmp_path, monkeypatch):
 
 
 def test_record_then_check_fails_when_a_number_moves(tmp_path, monkeypatch, capsys):
-  from rankjax.studies import expected
+  from rankjax._src.studies import expected
   study = _fake_study(tmp_path, monkeypatch)
   (study.folder / "EXPECTED.md").write_text(
       "prose\n<!-- results quick/good fields=item,ours,status -->\n<!-- end results -->\n")
@@ -194,7 +194,7 @@ def test_studies_import_without_experiments_on_sys_path(tmp_path):
   root = pathlib.Path(reproduce.__file__).resolve().parents[1]
   code = ("import sys; sys.path = [p for p in sys.path if p not in ('', %r)]\n"
           "import importlib.util; assert importlib.util.find_spec('experiments') is None\n"
-          "from rankjax import reproduce\n"
+          "from rankjax._src import reproduce\n"
           "s = reproduce.study('softmax_sensitivity')\n"
           "print(s.name, s.package, s.folder, sys.modules['experiments'].__file__)"
           % str(root))
@@ -230,8 +230,8 @@ def test_checkpoint_reaches_fig12(tmp_path):
   GPT-2 weights."""
   import json
 
-  from rankjax import cli
-  from rankjax.models import hf
+  from rankjax._src import cli
+  from rankjax._src.models import hf
   folder = hf.write_random_gpt2(tmp_path / "gpt2", num_layers=2, d_model=64, num_heads=1,
                                 vocab_size=50257, n_positions=64)
   out = tmp_path / "out"
@@ -246,7 +246,7 @@ def test_checkpoint_reaches_fig12(tmp_path):
 def test_checkpoint_is_refused_where_nothing_takes_it(tmp_path, capsys):
   """A study without an experiment that takes --checkpoint, or --record with it: one
   line, exit 2, before anything runs."""
-  from rankjax import cli
+  from rankjax._src import cli
   (tmp_path / "weights").write_bytes(b"")       # exists: the refusals come after that check
   for argv, message in [(["--only", "fig3"], "no requested experiment takes 'checkpoints'"),
                         (["--only", "fig12", "--record"], "no --record or --check")]:

@@ -11,9 +11,9 @@ import signal
 import numpy as np
 import pytest
 
-from rankjax import cli, tour
-from rankjax.train import loop
-from rankjax.train.run_reader import load_run
+from rankjax._src import cli, tour
+from rankjax._src.train import loop
+from rankjax._src.train.run_reader import load_run
 
 # "diagnostics": the recorded series without a figure of their own (basic/batch_similarity_stream)
 FIGURES = ("loss", "token_similarity", "grad_profile", "contraction", "attention", "jacobian",
@@ -66,7 +66,7 @@ def test_tour_smoke_writes_report_and_report_rebuilds(reference):
 
 
 def test_readme_block_renders_the_summary_sentences(tmp_path):
-  from rankjax import report_story
+  from rankjax._src import report_story
   runs = {"lm_post": report_story.numbers_to_dict(report_story.RunNumbers(
       name="lm_post", model="transformer", placement="post", layers=3, updates=20, final_loss=3.25,
       steps=np.array([10, 20]), tsim=np.array([[0.5, 0.99, 0.9995], [0.5, 0.9991, 1.0]]),

@@ -7,7 +7,7 @@ the library (tested by ``tests/test_plugins.py``)::
       --set model.num_classes=10 --set 'diagnostics=["logit_margin"]' --set diag_every=10
 
 ``--import`` takes a module name on the import path or a ``.py`` path
-(``rankjax.plugins``). The model kind ``plain_mlp`` is a non-residual ReLU MLP
+(``rankjax train --help``). The model kind ``plain_mlp`` is a non-residual ReLU MLP
 classifier of ``model.depth`` hidden layers of ``model.width`` units, configured by
 ``PlainMLPConfig`` (``--set model.kind=plain_mlp`` starts from its defaults; its JSON
 form is ``"model": {"kind": "plain_mlp", ...}``); the diagnostic
@@ -30,8 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rankjax import config
-from rankjax.train import diagnostics, tasks
+from rankjax import config, train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +65,7 @@ class PlainMLP(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class PlainMLPTask(tasks.ClassifierTask):
+class PlainMLPTask(train.ClassifierTask):
   """The library's classifier loss and accuracy on a model of one's own."""
 
   input_dim: int = 0
@@ -93,7 +92,7 @@ def plain_mlp_task(cfg):
                       input_dim=m.input_dim)
 
 
-def logit_margin(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:
+def logit_margin(d: train.DiagInputs) -> dict[str, jax.Array]:
   """Mean over the diagnostic examples of (largest - second largest logit)."""
   logits = d.model.apply({"params": d.params}, d.batch["inputs"])
   top2 = jax.lax.top_k(logits, 2)[0]
@@ -101,5 +100,5 @@ def logit_margin(d: diagnostics.DiagInputs) -> dict[str, jax.Array]:
 
 
 config.register_model_config("plain_mlp", PlainMLPConfig)
-tasks.register_task("plain_mlp", plain_mlp_task)
-diagnostics.register("logit_margin", logit_margin)
+train.register_task("plain_mlp", plain_mlp_task)
+train.register_diagnostic("logit_margin", logit_margin)

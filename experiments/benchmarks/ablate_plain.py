@@ -18,8 +18,8 @@ import optax
 
 import plain_flax
 from train_throughput import step_pair
-from rankjax import config as config_lib
-from rankjax.train.loop import build
+from rankjax._src import config as config_lib
+from rankjax._src.train.loop import build
 
 SHAPES = ((128, 4, 8, 512, 128, 16), (256, 4, 4, 1024, 256, 8))
 

@@ -40,7 +40,7 @@ FLOOR = dict(hidden_size=64, num_layers=1, intermediate_size=96, num_heads=4, nu
 # parent's peak across fork + exec)
 _CHILD = textwrap.dedent("""
     import json, re, sys
-    from rankjax import cli
+    from rankjax._src import cli
     rc = cli.main(sys.argv[1:])
     status = open("/proc/self/status").read()
     peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1)) * 1024
@@ -81,7 +81,7 @@ def measure(folder: pathlib.Path, tokens: int = 64, sequences: int = 2) -> dict:
     common_args = ["--token-ids", str(ids), "--sequences", str(sequences),
                    "--measures", "stream,attention,gradients"]
     out = {}
-    from rankjax.models import hf
+    from rankjax._src.models import hf
     tiny = hf.write_random_checkpoint(tmp / "tiny", **FLOOR)
     out["floor"] = peak_rss(["analyze", str(tiny), "--out", str(tmp / "floor"), "--tokens",
                              str(tokens), *common_args])
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
   p.add_argument("--smoke", action="store_true", help="a 4-layer d=256 model (no RESULTS.md)")
   p.add_argument("--keep", help="write (or reuse) the checkpoint here")
   args = p.parse_args(argv)
-  from rankjax.models import hf
+  from rankjax._src.models import hf
   shape = SMOKE if args.smoke else TINYLLAMA
   n = sizes(shape)
   with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,7 @@ against this tree, in the same run on the same machine.
 
 * **Training step**: the compiled plain step and diagnostics step (the built-in
   ``basic`` diagnostic: X_k / Y_k and their gradients) of
-  ``experiments/configs/lm_tiny_shakespeare.json`` (``rankjax.train.loop.build``, each
+  ``experiments/configs/lm_tiny_shakespeare.json`` (``rankjax._src.train.loop.build``, each
   side reading its own tree's config), on one synthetic token batch; median seconds
   per call over ``--steps`` calls after two warm-up calls. The first plain step's loss
   and the first diagnostics step's values are compared bit for bit.
@@ -33,10 +33,10 @@ TRAIN_CHILD = r"""
 import dataclasses, hashlib, json, os, statistics, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax, numpy as np
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig
-from rankjax.train import sharding as shard_lib
-from rankjax.train.loop import build
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig
+from rankjax._src.train import sharding as shard_lib
+from rankjax._src.train.loop import build
 steps = int(sys.argv[1])
 cfg = config_lib.from_json(TrainConfig, "experiments/configs/lm_tiny_shakespeare.json")
 cfg = dataclasses.replace(cfg, diag_every=1, diagnostics=("basic",))

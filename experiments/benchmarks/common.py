@@ -14,7 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from rankjax.provenance import cpu_name  # noqa: F401 (the benchmarks' machine line)
+from rankjax._src.provenance import cpu_name  # noqa: F401 (the benchmarks' machine line)
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 

@@ -12,16 +12,16 @@ the script writes the section ``## Device check`` of RESULTS.md itself.
    ``jax.nn.dot_product_attention`` with the backend's fused implementation (cuDNN on
    GPU) against the einsum softmax path the model keeps for captured probabilities;
    and the softmax study's dropout attention at the 774M shape, the fused Pallas kernel
-   (``rankjax.models.flash_dropout``, Triton on a GPU) against the query blocks with the
+   (``rankjax._src.models.flash_dropout``, Triton on a GPU) against the query blocks with the
    same hash masks: max relative difference of outputs and gradients, and the time of
    each.
 3. **Paper training steps**: the 48-layer d=512 Post-Norm config and the 774M config
    (experiments/configs/, as they are, with one micro-batch per update and synthetic
    tokens), and the 774M step as the softmax study runs it (attention-probability
    dropout 0.1 with hash masks: on a GPU the fused Pallas kernel
-   ``rankjax.models.flash_dropout``, a failed check if the step takes another path;
-   elsewhere the query blocks of ``rankjax.models.attention.causal_dropout_attention``):
-   step time, tokens/s, MFU against the device's spec peak (``rankjax.train.mfu``) and
+   ``rankjax._src.models.flash_dropout``, a failed check if the step takes another path;
+   elsewhere the query blocks of ``rankjax._src.models.attention.causal_dropout_attention``):
+   step time, tokens/s, MFU against the device's spec peak (``rankjax._src.train.mfu``) and
    the step's own peak memory (XLA's ``memory_analysis`` of its compiled program); a
    config with dropout (774M) again with ``unsafe_rbg`` dropout keys, the cost of
    threefry's bits. With ``--out`` each step leaves a 3-step ``jax.profiler`` trace.
@@ -74,13 +74,13 @@ import numpy as np
 
 import common
 import rankjax
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig
-from rankjax.models import attention, flash_dropout
-from rankjax.train import mfu as mfu_lib
-from rankjax.train import sharding as shard_lib
-from rankjax.train.loop import build
-from rankjax.train.tasks import count_params
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig
+from rankjax._src.models import attention, flash_dropout
+from rankjax._src.train import mfu as mfu_lib
+from rankjax._src.train import sharding as shard_lib
+from rankjax._src.train.loop import build
+from rankjax._src.train.tasks import count_params
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 SECTION = "## Device check"
@@ -210,7 +210,7 @@ def check_attention(smoke: bool) -> list[dict]:
         fused_ms=1e3 * timed(lambda: fused(q, k, v), 5),
         einsum_ms=1e3 * timed(lambda: ref(q, k, v), 5)))
   # the softmax study's dropout attention at the 774M shape: the fused Pallas kernel
-  # (rankjax.models.flash_dropout; Triton on a GPU) against the query blocks, the same
+  # (rankjax._src.models.flash_dropout; Triton on a GPU) against the query blocks, the same
   # hash masks (dropout 0.1, one key)
   b, t, h, dh = (2, 64, 2, 16) if smoke else (16, 1024, 20, 64)
   keys = jax.random.split(jax.random.key(3), 4)
@@ -334,8 +334,8 @@ def check_jacobian(smoke: bool) -> dict:
 
 def check_analyze(smoke: bool) -> dict:
   import tempfile
-  from rankjax import cli
-  from rankjax.models import hf
+  from rankjax._src import cli
+  from rankjax._src.models import hf
   shape = (dict(hidden_size=64, num_layers=2, intermediate_size=96, num_heads=4,
                 num_kv_heads=4, vocab_size=300) if smoke else
            dict(hidden_size=4096, num_layers=4, intermediate_size=11008, num_heads=32,
@@ -516,7 +516,7 @@ def write_measured_mfu(device_kind: str, steps: list[dict],
                        path: pathlib.Path | None = None) -> pathlib.Path:
   """``device_check.json``'s ``train_mfu[device_kind]``: the lower MFU of the two paper
   steps (a conservative figure for ``rankjax reproduce``'s device-hours:
-  ``rankjax.train.mfu.measured_mfu``)."""
+  ``rankjax._src.train.mfu.measured_mfu``)."""
   path = path or pathlib.Path(__file__).with_name("device_check.json")
   data = json.loads(path.read_text()) if path.is_file() else {}
   values = [s["mfu_spec"] for s in steps if s.get("mfu_spec") and not s.get("variant")]

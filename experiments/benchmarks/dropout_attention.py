@@ -3,7 +3,7 @@
 skipped (``attn_dropout_mask="hash"``: ``attention.causal_dropout_attention``), and
 without attention dropout (the fused kernel: XLA's on a CPU, cuDNN's on a GPU).
 
-Two LMs, the training system's compiled step (``rankjax.train.loop.build``) on synthetic
+Two LMs, the training system's compiled step (``rankjax._src.train.loop.build``) on synthetic
 tokens: ``quick``, the softmax study's quick config as it trains
 (``experiments/softmax_sensitivity/configs/quick.json``: 6 layers, d=64, T=64, batch 16
 in 2 micro-batches, float32; T=64 is one query block, so only the masks differ), and
@@ -30,11 +30,11 @@ import jax
 import numpy as np
 
 import common
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig
-from rankjax.models import flash_dropout
-from rankjax.train import sharding as shard_lib
-from rankjax.train.loop import build
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig
+from rankjax._src.models import flash_dropout
+from rankjax._src.train import sharding as shard_lib
+from rankjax._src.train.loop import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICK = ROOT / "experiments" / "softmax_sensitivity" / "configs" / "quick.json"
@@ -73,7 +73,7 @@ def best_of(fn, reps: int) -> float:
 
 
 # --- the H200 estimate (FLOP / byte accounting; no device measured it) ----------------
-# H200 spec: bf16 dense peak (rankjax.train.mfu) and HBM3e bandwidth; the share of each a
+# H200 spec: bf16 dense peak (rankjax._src.train.mfu) and HBM3e bandwidth; the share of each a
 # materialized attention block reaches (its dots contract over d_head = 64 only, its
 # softmax and mask fusions stream from HBM); INT32 throughput (64 INT32 lanes per SM
 # against 128 FP32: half of the 67 TFLOP/s float32 peak).
@@ -93,7 +93,7 @@ BYTES_PER_ENTRY = (42, 70)
 # conversion and compare (~60); the hash (dropout_mask: ~21). Drawn twice (the backward
 # recomputes).
 MASK_OPS = {"threefry": 60, "hash": 21}
-# The fused kernel (``rankjax.models.flash_dropout``, GPU default for hash masks): no block
+# The fused kernel (``rankjax._src.models.flash_dropout``, GPU default for hash masks): no block
 # of logits or probabilities in HBM (flash attention's traffic: q, k, v, O, dO and the row
 # statistics, as in the no-dropout step, so none is added); 9 block products over the
 # visible key blocks of FLASH_BLOCK (forward QK^T, PV; the backward of JAX's fused Triton
@@ -115,7 +115,7 @@ def h200_estimate() -> list[str]:
   (``TRITON_EFF``, ``FUSED_PRODUCTS``: its products and hashes, no HBM traffic beyond
   flash attention's)."""
   from experiments.softmax_sensitivity import prepost_training as pt
-  from rankjax.train import tasks
+  from rankjax._src.train import tasks
   cfg = config_lib.override(config_lib.from_json(TrainConfig, pt.CONFIGS["paper"]),
                             pt.SCALE_SETS["paper"])
   lm, b = cfg.model, cfg.batch_size // cfg.grad_accum

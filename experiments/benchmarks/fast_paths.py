@@ -1,4 +1,4 @@
-"""Each CPU fast path of ``rankjax.fast_paths`` against its plain reference, same run.
+"""Each CPU fast path of ``rankjax._src.fast_paths`` against its plain reference, same run.
 
 Interleaved rounds (fast, reference, fast, ...; each the best of a few calls), so load
 changes hit both sides alike; reported as the median of the per-round ratios
@@ -30,8 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 from experiments.benchmarks import common  # noqa: E402
-from rankjax import _host_lapack, fast_paths  # noqa: E402
-from rankjax.models import activations, norms  # noqa: E402
+from rankjax._src import _host_lapack, fast_paths  # noqa: E402
+from rankjax._src.models import activations, norms  # noqa: E402
 
 
 def _best(fn, args, reps):

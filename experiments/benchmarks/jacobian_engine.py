@@ -1,4 +1,4 @@
-"""Benchmark of the Jacobian engine (rankjax.measure.jacobians / paths).
+"""Benchmark of the Jacobian engine (rankjax._src.measure.jacobians / paths).
 
 For L=48, d=256, 4x expansion, 8 seeds, float32 (``--small``: L=16, d=64, 2 seeds):
 
@@ -49,10 +49,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import common  # noqa: E402
-from rankjax.config import MLPConfig  # noqa: E402
-from rankjax import fast_paths  # noqa: E402
-from rankjax.measure import jacobians, paths  # noqa: E402
-from rankjax.models import blocks as blocks_lib  # noqa: E402
+from rankjax._src.config import MLPConfig  # noqa: E402
+from rankjax._src import fast_paths  # noqa: E402
+from rankjax._src.measure import jacobians, paths  # noqa: E402
+from rankjax._src.models import blocks as blocks_lib  # noqa: E402
 
 
 
@@ -237,7 +237,7 @@ def why(r: dict) -> str:
       f"Study minus DP: {extra:.2f} s. The {r['L'] * r['seeds']} singular-value "
       f"decompositions of dh_l/dh_0 take {r['svd_time']:.2f} s ({per_svd_ms:.1f} ms each "
       f"in wall time) as the study runs them: LAPACK gesdd (values only) in a thread per "
-      f"core (`rankjax.fast_paths.singular_values`); XLA:CPU's batched `jnp.linalg.svd` of each "
+      f"core (`rankjax._src.fast_paths.singular_values`); XLA:CPU's batched `jnp.linalg.svd` of each "
       f"seed's {r['L']} matrices (the same LAPACK calls): {r['svd_xla_time']:.2f} s. The block "
       f"Jacobians take {r['block_time']:.2f} s: one (d x m)(m x d) product per block "
       "(8 d^3 FLOPs, 17% of the DP's at L=48), computed as J_f^T = (W_up diag(sigma')) "
@@ -451,7 +451,7 @@ def run_matrix_free(small: bool = False, reps: int = 1) -> dict:
   matrix-free estimates of dh_L/dh_0, time and error; plus the matrix-free estimate
   alone at a width where L dense d x d matrices are not formed."""
   import numpy as np
-  from rankjax.measure import matrix_free
+  from rankjax._src.measure import matrix_free
   out = {"rows": []}
   sizes = [(8, 64)] if small else [(48, 256), (48, 512)]
   for L, d in sizes:
@@ -517,7 +517,7 @@ def run_precision(small: bool = False) -> dict:
   float64 engine: dh_L/dh_0 and erank over depth."""
   import dataclasses
   import numpy as np
-  from rankjax.measure import precision as precision_lib, spectra
+  from rankjax._src.measure import precision as precision_lib, spectra
   L, d = (8, 32) if small else (48, 256)
   cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
   blocks, h0 = jacobians.seed_samples(cfg, jax.random.PRNGKey(0), 1)
@@ -544,7 +544,7 @@ def markdown_precision(r: dict) -> str:
   return f"""## Jacobian engine: precision
 
 `python experiments/benchmarks/jacobian_engine.py --precision`: every dot of the forward pass,
-block Jacobians and running product emulated on CPU (`rankjax.measure.precision.emulate`),
+block Jacobians and running product emulated on CPU (`rankjax._src.measure.precision.emulate`),
 L={r['L']}, d={r['d']}, Pre-Norm ReLU, one seed, against the float64 engine. 'highest' is f32 on
 every backend; 'high' is bf16_3x on TPU and TF32 on GPU; 'default' is bf16 on TPU, TF32 on GPU.
 
@@ -560,7 +560,7 @@ def run_device_check(small: bool = False, reps: int = 2) -> dict:
   precision, the reconstruction error, and erank's deviation from 'highest' (the real
   hardware's rounding, to compare with the emulated table of --precision)."""
   import numpy as np
-  from rankjax.measure import precision as precision_lib, seed_devices
+  from rankjax._src.measure import precision as precision_lib, seed_devices
   L, d, seeds = (8, 32, 2) if small else (48, 256, 8)
   cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre")
   key = jax.random.PRNGKey(0)
@@ -606,8 +606,8 @@ STUDY_CHILD = r"""
 import hashlib, json, os, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax, numpy as np
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians
 L, d, seeds, reps = (int(x) for x in sys.argv[1:5])
 cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre", alpha=1.0, beta=1.0)
 fn = jacobians.make_study_fn(cfg, 1, seeds)

@@ -1,5 +1,5 @@
-"""Several runs of one shape as one program (``rankjax.train.runs``) against the same runs
-one after another (``rankjax.train.loop.train`` each, the code of ``rankjax train``).
+"""Several runs of one shape as one program (``rankjax._src.train.runs``) against the same runs
+one after another (``rankjax._src.train.loop.train`` each, the code of ``rankjax train``).
 
 For each config and each run count R (4 and 8 seeds; a sweep config: its R points, seed
 0), in one process, alternating:
@@ -48,11 +48,11 @@ import time
 import jax
 
 import common
-from rankjax import config as config_lib
-from rankjax.config import MLPConfig, TrainConfig
-from rankjax.train import loop as loop_lib
-from rankjax.train import runs as runs_lib
-import rankjax.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm")
+from rankjax._src import config as config_lib
+from rankjax._src.config import MLPConfig, TrainConfig
+from rankjax._src.train import loop as loop_lib
+from rankjax._src.train import runs as runs_lib
+import rankjax._src.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm")
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXPERIMENTS = HERE.parent
@@ -67,7 +67,7 @@ def configs() -> dict[str, TrainConfig]:
                'diagnostics=["basic","postnorm","postnorm_sublayer_norms"]'])
   soft = load("softmax_sensitivity/configs/quick.json",
               ["total_steps=60", "warmup_steps=15", "checkpoint_every=60"])
-  from rankjax.data import dataset_info
+  from rankjax._src.data import dataset_info
   info = dataset_info("images")
   mlp = MLPConfig(depth=8, width=16, expansion=1.0, input_dim=info.input_dim,
                   num_classes=info.num_classes, norm_position="pre")

@@ -1,4 +1,4 @@
-"""Speed of the softmax-sensitivity measurements (rankjax.measure.sensitivity).
+"""Speed of the softmax-sensitivity measurements (rankjax._src.measure.sensitivity).
 
 * ``theta_exact`` at L = 32 for 1000 rows (meet in the middle, numpy host code, a
   thread per available CPU; target < 10 s on a 2-core CPU), and per row at L = 40;
@@ -10,7 +10,7 @@
 * ``attention_statistics`` on a (1, 8, 1024, 1024) causal attention tensor;
 * one training step of the softmax-sensitivity quick model
   (``experiments/softmax_sensitivity/configs/quick.json``, Pre-LN, no diagnostics),
-  the training system's compiled step (``rankjax.train.loop.build``) on a batch of the
+  the training system's compiled step (``rankjax._src.train.loop.build``) on a batch of the
   offline corpus, and the ratio certificates(512 x 1024) / step (target < 1%). The
   certificates and the step are timed in ``ROUNDS`` interleaved rounds, each keeping
   its round with the lowest median, so that load changes hit both alike.
@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import common
-from rankjax.measure import sensitivity as sens
-from rankjax.measure import sensitivity_certificates as certs
-from rankjax.measure import sensitivity_exact
+from rankjax._src.measure import sensitivity as sens
+from rankjax._src.measure import sensitivity_certificates as certs
+from rankjax._src.measure import sensitivity_exact
 
 SECTION = "## softmax sensitivity"
 QUICK_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -69,10 +69,10 @@ def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, float]:
 
 def quick_train_step() -> Callable[[], Any]:
   """One update of the quick model, training step only, as a function to time."""
-  from rankjax import config as config_lib
-  from rankjax.config import TrainConfig
-  from rankjax.train import loop
-  from rankjax.train import sharding as shard_lib
+  from rankjax._src import config as config_lib
+  from rankjax._src.config import TrainConfig
+  from rankjax._src.train import loop
+  from rankjax._src.train import sharding as shard_lib
   cfg = config_lib.from_json(TrainConfig, QUICK_CONFIG)
   cfg = config_lib.override(cfg, ["diag_every=0"])
   c = loop.build(cfg)
@@ -185,7 +185,7 @@ def markdown(res: dict[str, Any]) -> str:
       f"{first_med('attention_statistics_512_rows')} |",
       f"| one training step, quick model (`softmax_sensitivity/configs/quick.json`: "
       f"6 layers, d = 64, batch 16 x 64 tokens, 2 micro-batches, AdamW; "
-      f"`rankjax.train.loop.build(cfg).step`) | {first_med('quick_train_step')} |",
+      f"`rankjax._src.train.loop.build(cfg).step`) | {first_med('quick_train_step')} |",
       f"| certificates (512 x 1024) / quick training step, greedy prefix; repair; "
       f"balance (target < 1%) | wall {pct(res['ratio_greedy_prefix'])}; "
       f"{pct(res['ratio_repair'])}; {pct(res['ratio_balance'])} (CPU "

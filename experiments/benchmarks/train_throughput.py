@@ -1,6 +1,6 @@
 """Training throughput: tokens/s, step time and MFU, with and without diagnostics.
 
-For two LMs, the training system's compiled steps (``rankjax.train.loop.build``):
+For two LMs, the training system's compiled steps (``rankjax._src.train.loop.build``):
 
 * ``small``: the model of ``experiments/configs/lm_tiny_shakespeare.json``;
 * ``postnorm48``: the paper's 48-layer d=512 Post-Norm model
@@ -48,12 +48,12 @@ import numpy as np
 import common
 import plain_flax
 from common import matmul_peak
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig, TransformerConfig
-from rankjax.train import mfu as mfu_lib
-from rankjax.train import sharding as shard_lib
-from rankjax.train.loop import build
-from rankjax.train.tasks import count_params
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig, TransformerConfig
+from rankjax._src.train import mfu as mfu_lib
+from rankjax._src.train import sharding as shard_lib
+from rankjax._src.train.loop import build
+from rankjax._src.train.tasks import count_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(os.path.dirname(HERE), "configs")

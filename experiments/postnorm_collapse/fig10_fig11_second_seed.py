@@ -39,7 +39,7 @@ from . import common
 from . import fig3_fig5_transition as f35
 from . import paper_runs
 from . import seed_lr_runs as sl
-from rankjax.studies import claims
+from rankjax._src.studies import claims
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
@@ -134,7 +134,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 10-11: Figs 3-5's analysis of the paper's collapsing run (Post-Norm 8e-4,
   ``paper_runs``) at its other seeds (seed 0 is Figs 3-5's); ``ours[run name]``."""
-  from rankjax.studies import training
+  from rankjax._src.studies import training
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []

@@ -40,8 +40,8 @@ from typing import Any
 from . import collapse_study, common, paper_runs
 from . import fig3_fig5_transition as f35
 from . import seed_lr_runs as sl
-from rankjax import plotting
-from rankjax.studies import Bound, Claim, claims, measured
+from rankjax._src import plotting
+from rankjax._src.studies import Bound, Claim, claims, measured
 
 FIG_NAMES: dict[float, tuple[str, str, str]] = {
     lr: (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")
@@ -168,7 +168,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 12-20 of the paper's ablation runs (Post-Norm at 1.2e-3, 1.5e-3, 1.8e-3 with the
   paper's warmup, ``paper_runs``), masked as App F.4, beside the main 8e-4 run."""
-  from rankjax.studies import training
+  from rankjax._src.studies import training
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []

@@ -32,12 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax import plotting
-from rankjax.studies import Abs, Bound, Claim, Qualitative, claims, measured
-from rankjax.config import TransformerConfig
-from rankjax.measure import theory as th
-from rankjax.measure.similarity import token_similarity
-from rankjax.models.transformer import DecoderLM
+from rankjax._src import plotting
+from rankjax._src.studies import Abs, Bound, Claim, Qualitative, claims, measured
+from rankjax._src.config import TransformerConfig
+from rankjax._src.measure import theory as th
+from rankjax._src.measure.similarity import token_similarity
+from rankjax._src.models.transformer import DecoderLM
 
 SCALES: dict[str, dict[str, Any]] = {
     # the paper's depth and heads; narrow and short so it runs on a CPU in ~1 minute

@@ -21,11 +21,11 @@ import numpy as np
 
 from . import common
 from . import fig1_one_step as fig1
-from rankjax import plotting
-from rankjax.measure import theory as th
-from rankjax.measure.similarity import token_similarity
-from rankjax.models.transformer import DecoderLM
-from rankjax.studies import Bound, Claim, claims, measured
+from rankjax._src import plotting
+from rankjax._src.measure import theory as th
+from rankjax._src.measure.similarity import token_similarity
+from rankjax._src.models.transformer import DecoderLM
+from rankjax._src.studies import Bound, Claim, claims, measured
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SCALES: dict[str, dict[str, Any]] = {

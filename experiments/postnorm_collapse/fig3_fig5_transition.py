@@ -1,14 +1,14 @@
 """Figures 3-5 (and 10-21 at quick scale) of the Post-Norm collapse paper: the
 backward diagnostics across the transition window of a collapsing Post-Norm run.
 
-From the ``postnorm`` diagnostics of a run (``rankjax.train.diagnostics_postnorm``):
+From the ``postnorm`` diagnostics of a run (``rankjax._src.train.diagnostics_postnorm``):
 
   Fig 3: (a) training loss, (b) last-layer token similarity, (c) alpha_1^l and
          (d) alpha_2^l (Def 3.5) over the whole run;
   Fig 4: sqrt(d)/||y_k^l|| and c(y_k^l, alpha_k^l) (Thm 3.6) in the transition window;
   Fig 5: per-layer parameter-gradient norms at the logged steps of the window.
 
-The transition step is ``rankjax.measure.gradients.detect_transition`` on the
+The transition step is ``rankjax._src.measure.gradients.detect_transition`` on the
 logged (last-layer similarity, loss) series. ``run`` analyses, by default, the run
 that first learns and then collapses, as the paper's (``HEADLINE_RUN`` =
 ``seed_lr_runs.HEADLINE_RUN``: ``configs/collapse_post_quick.json`` at LR 1.5e-2 after
@@ -22,7 +22,7 @@ training whatever is missing.
 non-collapsed control ``post_stable`` (Figs 21-22: ``<out>/collapse/runs/post_stable``) or
 the Fig 6 warmup run ``post_warmup_lr0.015``; ``tag`` names its outputs,
 ``mask_threshold=1e-10`` applies App F.4's masking (needs the ``postnorm_sublayer_norms``
-diagnostic, ``rankjax.train.diagnostics_postnorm``) and ``grad_window=(4, 6)`` plots the
+diagnostic, ``rankjax._src.train.diagnostics_postnorm``) and ``grad_window=(4, 6)`` plots the
 per-layer gradient norms over the 11 updates [t-4, t+6] around the transition t (the
 paper's Fig 5 window 2640-2650 around 2644) instead of the +-30-update window.
 
@@ -42,15 +42,15 @@ from typing import Any
 
 import numpy as np
 
-from rankjax.studies import training
+from rankjax._src.studies import training
 from . import common
 from . import collapse_study
 from . import seed_lr_runs
 from . import paper_runs
 from .common import ALPHA_PAPER_MAX, GRAD_COLLAPSE_RATIO, ONSET_SIM
-from rankjax import plotting
-from rankjax.measure import gradients as gr
-from rankjax.studies import Bound, Claim, claims, measured
+from rankjax._src import plotting
+from rankjax._src.measure import gradients as gr
+from rankjax._src.studies import Bound, Claim, claims, measured
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
 MASK_THRESHOLD = 1e-10   # App F.4: alpha and c masked below this gradient norm
@@ -196,7 +196,7 @@ def _layers_to_show(num_layers: int) -> list[int]:
 def load_diagnostics(workdir: str
                      ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], Any]:
   """(steps, postnorm series, sublayer-norm series or {}, run) of a run directory."""
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train.run_reader import load_run
   r = load_run(workdir)
   d = {k.split("/", 1)[1]: np.asarray(v) for k, v in r.diagnostics.items()
        if k.startswith("postnorm/")}
@@ -676,7 +676,7 @@ def _paper_measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   pre = res["ours"]["preregistered"]
   seeds = [int(s) for s in pre]
   note = (f"seeds {seeds}; {res['scale']} scale: the paper's schedule (2000 warmup, cosine "
-          "to 40000) shrunk by rankjax.studies.training.tiny at tiny; diagnostics every update")
+          "to 40000) shrunk by rankjax._src.studies.training.tiny at tiny; diagnostics every update")
   rows = transition_measured(F35_PAPER, pre, note)
   fns = (lambda a: common.num(a["final_grad_first_over_last"]),
          lambda a: common.log10(a.get("grad_window_onset_layer1_drop")),

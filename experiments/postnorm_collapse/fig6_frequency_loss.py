@@ -15,7 +15,7 @@ set ``seed_lr_runs.ORIGINAL_FIG6_LRS`` beside them. Every scope and every warmup
 measured at seeds 0, 1, 2 (``collapse_study.seeds``, ``seed_lr_runs.ablation_seeds``;
 0-7 at ``--scale quick_seeds8``, ``fig6_quick_seeds8.json``); the figure shows seed 0.
 
-The one-batch / one-sequence runs use the training step of ``rankjax.train.state``
+The one-batch / one-sequence runs use the training step of ``rankjax._src.train.state``
 (``make_step``) on a fixed batch, the same update as ``rankjax train``. At paper / tiny
 scale the runs are the paper's (``paper_runs``, :func:`run_paper`).
 
@@ -37,8 +37,8 @@ from . import common
 from . import collapse_study
 from . import paper_runs
 from . import seed_lr_runs as sl
-from rankjax import plotting
-from rankjax.studies import Abs, Claim, Qualitative, claims, measured
+from rankjax._src import plotting
+from rankjax._src.studies import Abs, Claim, Qualitative, claims, measured
 
 FIXED_STEPS = 150
 WARMUP_STEPS = sl.WARMUP_STEPS
@@ -111,10 +111,10 @@ def original_run_name(lr: float, seed: int = 0) -> str:
 def fixed_batch_run(cfg, batch_size: int, steps: int, seed: int = 0) -> dict[str, Any]:
   """Trains ``cfg`` at ``seed`` (init and the batch drawn) on one fixed batch of
   ``batch_size`` sequences; loss per step."""
-  from rankjax import config as config_lib
-  from rankjax.measure.losses import frequency_loss
-  from rankjax.train import loop, tasks
-  from rankjax.train.state import make_init, make_optimizer, make_step
+  from rankjax._src import config as config_lib
+  from rankjax._src.measure.losses import frequency_loss
+  from rankjax._src.train import loop, tasks
+  from rankjax._src.train.state import make_init, make_optimizer, make_step
   cfg = config_lib.override(cfg, [f"batch_size={batch_size}", f"total_steps={steps}",
                                   "diag_every=0", f"seed={seed}",
                                   f"grad_accum={min(cfg.grad_accum, batch_size)}"])
@@ -208,7 +208,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
     return run_paper(out_dir, scale)
   if scale not in SCALES:
     raise ValueError(f"fig6 has the scales {list(SCALES)}, not {scale!r}")
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train.run_reader import load_run
   start = time.time()
   seeds, warmup_seeds = collapse_study.seeds(scale), sl.ablation_seeds(scale)
   tag = "" if scale == "quick" else f"_{scale}"
@@ -266,8 +266,8 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   sequence, at every seed, each against the frequency loss of its labels (Sec 4.3: 500M
   tokens of the stream at paper scale); right, the ablation runs at 1.2e-3, 1.5e-3,
   1.8e-3 against the stream's frequency loss."""
-  from rankjax.studies import training
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.studies import training
+  from rankjax._src.train.run_reader import load_run
   start = time.time()
   seeds = paper_runs.seeds(scale)
   cfg = paper_runs.config(paper_runs.post_nowarmup(seeds[0]), scale)

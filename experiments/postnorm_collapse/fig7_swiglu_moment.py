@@ -7,7 +7,7 @@ increasing on [0, 1], ``rho m(rho)`` is increasing, ``m(0) ~ 0.006``,
 ``m(1) ~ 0.100``; hence ``Delta_FFN < 0`` and ``|Delta_FFN| <= xi m(1) ~ 0.011``
 (Thm 3.4 remark).
 
-We compute m by Gauss-Hermite quadrature (``rankjax.measure.theory.swiglu_moment``),
+We compute m by Gauss-Hermite quadrature (``rankjax._src.measure.theory.swiglu_moment``),
 check it against Monte Carlo, and plot
 
   (a) m(rho) with Monte Carlo points,   (b) rho m(rho)   [the paper's Figure 7]
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax import plotting
-from rankjax.measure import theory as th
-from rankjax.studies import Abs, Bound, Claim, Qualitative, Rel, claims, measured
+from rankjax._src import plotting
+from rankjax._src.measure import theory as th
+from rankjax._src.studies import Abs, Bound, Claim, Qualitative, Rel, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # grid points on [0, 1], quadrature nodes per axis, Monte Carlo rho values and

@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax import plotting
-from rankjax.config import TransformerConfig
-from rankjax.measure.similarity import prefix_average_matrix, token_similarity
-from rankjax.models.transformer import DecoderLM
-from rankjax.studies import Abs, Bound, Claim, claims, measured
+from rankjax._src import plotting
+from rankjax._src.config import TransformerConfig
+from rankjax._src.measure.similarity import prefix_average_matrix, token_similarity
+from rankjax._src.models.transformer import DecoderLM
+from rankjax._src.studies import Abs, Bound, Claim, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # The paper's depth and head count with a narrow, short stack that runs on a

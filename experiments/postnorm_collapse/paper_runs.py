@@ -1,5 +1,5 @@
 """The Post-Norm collapse paper's own training runs (Sec 4, App F.3, F.5): ``--scale paper``
-and its laptop-size twin ``--scale tiny`` (``rankjax.studies.training.tiny`` of the same
+and its laptop-size twin ``--scale tiny`` (``rankjax._src.studies.training.tiny`` of the same
 configs).
 
 The model and optimizer are ``experiments/configs/postnorm_48l_d512_c4.json`` (Sec 4: 48
@@ -37,7 +37,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from rankjax.studies import training
+from rankjax._src.studies import training
 
 CONFIG = "experiments/configs/postnorm_48l_d512_c4.json"   # from the checkout's root
 _CHECKOUT = pathlib.Path(__file__).resolve().parents[2]

@@ -54,10 +54,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import collapse_study, common, paper_runs
-from rankjax.measure.losses import cross_entropy
-from rankjax.measure.similarity import batch_mean_token_similarity
-from rankjax.models.transformer import DecoderLM, intermediate_grads
-from rankjax.studies import Bound, Claim, claims, measured
+from rankjax._src.measure.losses import cross_entropy
+from rankjax._src.measure.similarity import batch_mean_token_similarity
+from rankjax._src.models.transformer import DecoderLM, intermediate_grads
+from rankjax._src.studies import Bound, Claim, claims, measured
 
 # sublayer k -> (module, output matrix, residual sum)
 SITES = {1: ("attn", "w_o", "y1"), 2: ("ffn", "w_2", "y2")}
@@ -208,8 +208,8 @@ def trained(out_dir: str, workdir: str | None = None, sequences: int | None = No
             ) -> dict[str, Any]:
   """The collapsed run's final parameters on its first training batch (its first
   ``sequences``; quick: the no-warmup collapse run unless ``workdir``)."""
-  from rankjax.train import loop, tasks
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train import loop, tasks
+  from rankjax._src.train.run_reader import load_run
   r = load_run(workdir or collapse_study.train_run("post_collapse", out_dir))
   cfg = r.config
   batch = {k: np.asarray(v)[:sequences]

@@ -1,4 +1,4 @@
-"""The Post-Norm collapse study: ``STUDY``, its experiments, for ``rankjax.studies.runner``.
+"""The Post-Norm collapse study: ``STUDY``, its experiments, for ``rankjax._src.studies.runner``.
 
 Each experiment is a module of this folder (``SCRIPTS``) that declares its ``CLAIMS`` and
 ``SCALES`` and whose ``run(out_dir/<folder>, scale)`` (the training experiments share
@@ -23,7 +23,7 @@ Run:  rankjax reproduce postnorm_collapse --out runs [--scale quick|paper|tiny]
 """
 from __future__ import annotations
 
-from rankjax.studies import items, runner
+from rankjax._src.studies import items, runner
 from . import paper_runs
 
 # name -> (module, output sub-folder); training scripts share "collapse".

@@ -29,10 +29,10 @@ import numpy as np
 from . import common
 from . import collapse_study
 from . import paper_runs
-from rankjax.measure import gradients as gr
-from rankjax.measure.losses import cross_entropy, frequency_logits, frequency_loss
-from rankjax.models.transformer import DecoderLM
-from rankjax.studies import Bound, Claim, claims, measured
+from rankjax._src.measure import gradients as gr
+from rankjax._src.measure.losses import cross_entropy, frequency_logits, frequency_loss
+from rankjax._src.models.transformer import DecoderLM
+from rankjax._src.studies import Bound, Claim, claims, measured
 
 
 def pre_head_hidden(model, params, tokens) -> jax.Array:
@@ -120,8 +120,8 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Writes ``thm38.json``. Quick: the no-warmup collapsed run at every seed, each on its
   own first batch; paper / tiny: the paper's collapsing run (Post-Norm 8e-4,
   ``paper_runs``) at each seed after its last update, on ``PAPER_SEQUENCES`` sequences."""
-  from rankjax.train import loop, tasks
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train import loop, tasks
+  from rankjax._src.train.run_reader import load_run
   start = time.time()
   if scale in ("paper", "tiny"):
     runs = {}

@@ -27,9 +27,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from rankjax.studies import Claim, Qualitative, claims, measured, runner
-from rankjax import plotting
-from rankjax.measure import sensitivity as sens
+from rankjax._src.studies import Claim, Qualitative, claims, measured, runner
+from rankjax._src import plotting
+from rankjax._src.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
     # seeds: the draws whose greedy-certificate medians give Fig 2's spread (seed 0 is

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax.studies import Bound, Claim, claims, measured, runner
+from rankjax._src.studies import Bound, Claim, claims, measured, runner
 from .policy import fmt
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -176,7 +176,7 @@ LN_EPS = 1e-5    # GPT-2's layer_norm_epsilon
 
 def _ln(x, gamma, beta):
   """LayerNorm with gain and bias: ``normalize(x, "layer", eps) * gamma + beta``."""
-  from rankjax.models import norms
+  from rankjax._src.models import norms
   return norms.normalize(x, "layer", LN_EPS) * gamma + beta
 
 
@@ -206,7 +206,7 @@ def lemma_2_4(rng, draws: int) -> float:
 
 def remark_3_3(rng, draws: int) -> float:
   """max |x^T M x - 4 p(S)(1 - p(S))| over sign vectors, and |max_x x^T M x - theta|."""
-  from rankjax.measure import sensitivity as sens
+  from rankjax._src.measure import sensitivity as sens
   signs = np.array(list(itertools.product((-1.0, 1.0), repeat=L_CUT)))
   worst = 0.0
   for _ in range(draws):

@@ -2,8 +2,8 @@
 
 Paper: "Exact Attention Sensitivity and the Geometry of Transformer Stability".
 Three seeds (42, 123, 456) of a GPT-2-style LM per normalization placement, trained
-with ``rankjax.train`` and the ``basic`` + ``attention`` diagnostics
-(``rankjax.train.diagnostics_attention``): per-update loss and pre-clip gradient norm
+with ``rankjax._src.train`` and the ``basic`` + ``attention`` diagnostics
+(``rankjax._src.train.diagnostics_attention``): per-update loss and pre-clip gradient norm
 (metrics.jsonl), per-block parameter-gradient norms (``basic/grad_norm``) and the
 attention statistics at layers {0, N/2, N-1} (``attention/*``, greedy-prefix
 certificate as in the paper, plus our balance certificate on the same rows).
@@ -15,14 +15,14 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
          ``SCALE_SETS["paper"]`` (attention-probability dropout 0.1 and no Post-LN
          embedding LayerNorm, as App D.1; the dropout masks by hash,
          ``model.attn_dropout_mask=hash``: on a GPU the fused Pallas kernel
-         (rankjax.models.flash_dropout), elsewhere the query blocks with the hidden key
+         (rankjax._src.models.flash_dropout), elsewhere the query blocks with the hidden key
          blocks skipped):
          d=1280, 36 layers, 20 heads, d_ff=5120, T=1024, 2000 updates, warmup 500,
          batch 64, lr 3e-4, bfloat16, GPT-2 BPE, diagnostics every 10 updates, on the
          paper's FineWeb: a directory of text or ArrayRecord files named by the env
          var ``RANKJAX_FINEWEB`` (without it the runner refuses before anything runs).
          Needs accelerators; the runner trains the six runs (``Experiment.runs``).
-  tiny   the six paper runs through ``rankjax.studies.training.tiny``: 4 layers, d=32,
+  tiny   the six paper runs through ``rankjax._src.studies.training.tiny``: 4 layers, d=32,
          2 heads, T=32, byte tokenizer, offline Shakespeare, 24 updates (warmup 6,
          diagnostics every update), batch 8 = 2 x 4; every other setting of the paper
          config kept. The code path of paper, 45-130 s wall a run on the shared 2-core
@@ -52,7 +52,7 @@ seeds; entropy and p_max curves = mean over layers of the per-layer row mean, av
 over seeds; final loss = mean over the last 50 updates; spikes = ``gradient_spikes``
 (window 50, first 10 excluded); +- = sample std over seeds (ddof 1).
 
-Runs live in ``out_dir/runs/<arch>_s<seed>`` (``rankjax.studies.training.workdir``) at every
+Runs live in ``out_dir/runs/<arch>_s<seed>`` (``rankjax._src.studies.training.workdir``) at every
 scale; a finished run is reused, a half-done one resumed.
 
 Its claims (``CLAIMS``: Table 1, Fig 1(d), Fig 3, Fig 4 and Sec 5's worded claims) are
@@ -73,8 +73,8 @@ from typing import Any
 
 import numpy as np
 
-from rankjax.studies import Abs, Bound, Claim, claims, measured, runner, training
-from rankjax import plotting
+from rankjax._src.studies import Abs, Bound, Claim, claims, measured, runner, training
+from rankjax._src import plotting
 from .policy import COUNT_TOL, NEAR_ONE, P_MAX_FLOOR, REL, fmt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,7 +93,7 @@ CONFIGS = {"quick": os.path.join(HERE, "configs", "quick.json"),
 # placement rule would add one), and the log cadence of every update's loss / norm.
 DEEP_LAYERS = 36   # quick_deep's depth, fixed before its run (EXPECTED.md, quick_deep)
 # The paper step draws its dropout masks by hash (model.attn_dropout_mask,
-# rankjax.models.dropout_mask; the fused kernel on a GPU): other masks than threefry's,
+# rankjax._src.models.dropout_mask; the fused kernel on a GPU): other masks than threefry's,
 # of the same law; no recorded number of this study comes from a paper-scale run.
 SCALE_SETS = {"paper": ("model.attn_dropout_rate=0.1", "model.embed_norm=false", "log_every=10",
                         "model.attn_dropout_mask=hash"),
@@ -138,7 +138,7 @@ SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Sh
                               "count are over its 8 runs (the paper's over 3)",
               "quick_deep": f"quick_deep: the quick LM at {DEEP_LAYERS} layers (d=64, 200 updates "
                             "at 1e-3, 3 seeds), fixed before the run, not GPT-2 774M",
-              "tiny": "tiny: the 774M config shrunk by rankjax.studies.training.tiny (4 layers, "
+              "tiny": "tiny: the 774M config shrunk by rankjax._src.studies.training.tiny (4 layers, "
                       "d=32, 24 updates, byte-level Shakespeare): not judged"}
 LOSS_UNITS = ("the paper's loss is per GPT-2 BPE token of FineWeb, ours per byte of "
               "Shakespeare at quick scale: not the same unit")
@@ -330,8 +330,8 @@ def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | No
   """One run's config at ``scale``: the scale's JSON, ``SCALE_SETS``, the placement and
   seed, ``overrides``; at paper the data set is ``$RANKJAX_FINEWEB``; at tiny the paper
   config through ``training.at_scale``."""
-  from rankjax import config as config_lib
-  from rankjax.config import TrainConfig
+  from rankjax._src import config as config_lib
+  from rankjax._src.config import TrainConfig
   base = "paper" if scale == "tiny" else scale
   cfg = config_lib.from_json(TrainConfig, CONFIGS[base])
   cfg = config_lib.override(cfg, SCALE_SETS.get(base, ()))
@@ -392,7 +392,7 @@ def train_runs(out_dir: str, scale: str, seeds: tuple[int, ...] | None = None,
 
 
 def read_run(workdir: str) -> dict[str, np.ndarray]:
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train.run_reader import load_run
   run = load_run(workdir)
   rows = [r for r in run.history if r.get("kind", "train") == "train"]
   out = {"step": np.array([r["step"] for r in rows]),
@@ -447,7 +447,7 @@ def seed_spread(x) -> dict[str, float]:
 
 def analyze(runs: dict[str, dict[int, dict[str, np.ndarray]]], warmup: int) -> dict[str, Any]:
   """Table 1, Fig 1/3/4 numbers from the per-run series."""
-  from rankjax.measure.sensitivity import gradient_spikes
+  from rankjax._src.measure.sensitivity import gradient_spikes
   res: dict[str, Any] = {"table1": {}, "fig1": {}, "fig3": {}, "fig4": {}, "per_seed": {}}
   for arch, by_seed in runs.items():
     seeds = sorted(by_seed)
@@ -521,7 +521,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from rankjax.measure.sensitivity import gradient_spikes
+  from rankjax._src.measure.sensitivity import gradient_spikes
   colors = {"pre": "tab:blue", "post": "tab:red"}
   warm = res["warmup"]
   fig, ax = plt.subplots(1, 4, figsize=(20, 4.2))
@@ -732,7 +732,7 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] | None = None
   """Trains (or reuses) every run under ``out_dir/runs``, writes JSON + PNGs; returns
   the results with their ``measured`` values (:func:`measurements`). ``seeds``: the
   scale's (``SCALES``) when None."""
-  from rankjax import config as config_lib
+  from rankjax._src import config as config_lib
   seeds = tuple(seeds or scale_seeds(scale))
   os.makedirs(out_dir, exist_ok=True)
   use_compile_cache(os.path.join(out_dir, "jax_cache"))

@@ -1,4 +1,4 @@
-"""Every experiment of the softmax-sensitivity paper: ``STUDY`` for ``rankjax.studies.runner``.
+"""Every experiment of the softmax-sensitivity paper: ``STUDY`` for ``rankjax._src.studies.runner``.
 
 Experiments (each a module declaring ``CLAIMS`` and ``SCALES`` and defining ``run(out_dir,
 scale) -> dict``, output in ``out_dir/<name>/``):
@@ -21,7 +21,7 @@ scale) -> dict``, output in ``out_dir/<name>/``):
 
 At ``--scale paper`` and ``tiny`` the runner trains the six runs of both training
 experiments (``prepost_training.runs``: 2 placements x seeds 42, 123, 456 of
-``experiments/configs/gpt2_774m.json``, through ``rankjax.studies.training.tiny`` at tiny)
+``experiments/configs/gpt2_774m.json``, through ``rankjax._src.studies.training.tiny`` at tiny)
 into ``prepost_training/runs/`` before any experiment runs; the two experiments share
 that folder, so ``trained_bounds`` reads the same runs. Paper scale reads the paper's
 FineWeb from the directory named by the env var ``RANKJAX_FINEWEB`` (text or
@@ -40,7 +40,7 @@ Run:  rankjax reproduce softmax_sensitivity --out runs/softmax --scale quick
 """
 from __future__ import annotations
 
-from rankjax.studies import items, runner
+from rankjax._src.studies import items, runner
 from . import lemma_checks, prepost_training, theorem_check
 
 
@@ -97,7 +97,7 @@ SCALE_FREE = {
 assert set(SCALE_FREE["theorem_check"]) <= set(theorem_check.CLAIMS)
 
 # Every figure, table and quantitative statement of the paper, with the rows' ``where``
-# or why no row tests it (rankjax.studies.items).
+# or why no row tests it (rankjax._src.studies.items).
 REGISTER = items.register([
     items.PaperItem("Sec 2: norm transfer", "||dX||_F / sqrt(Ld) <= ||dX||_inf,rms <= "
                     "||dX||_F / sqrt(d): a bound moves between geometries at a factor up to "
@@ -204,5 +204,5 @@ STUDY = runner.Study(
            "quick_deep": f"quick_deep: the quick setting at {prepost_training.DEEP_LAYERS} "
                          "layers (3 seeds), fixed before its run (issue 53).",
            "tiny": "tiny: every experiment's paper path shrunk to a laptop CPU (the six "
-                   "774M runs through rankjax.studies.training.tiny, fewer draws elsewhere); "
+                   "774M runs through rankjax._src.studies.training.tiny, fewer draws elsewhere); "
                    "measured, not judged against the paper."})

@@ -27,10 +27,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from rankjax.studies import Abs, Bound, Claim, claims, measured, runner
-from rankjax.studies.evidence import Draw
-from rankjax import plotting
-from rankjax.measure import sensitivity as sens
+from rankjax._src.studies import Abs, Bound, Claim, claims, measured, runner
+from rankjax._src.studies.evidence import Draw
+from rankjax._src import plotting
+from rankjax._src.measure import sensitivity as sens
 
 SCALES: dict[str, dict[str, Any]] = {
     # logit vectors per length (the paper uses 500); spread_seeds: how many seeds

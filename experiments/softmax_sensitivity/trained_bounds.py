@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax.studies import Bound, Claim, claims, measured, runner
+from rankjax._src.studies import Bound, Claim, claims, measured, runner
 from . import prepost_training as pt
 from .policy import fmt
 
@@ -90,7 +90,7 @@ def split_heads(w_attn: dict[str, Any], heads: int):
 
 def split_mha(u_TxD, wq, wk, wv, wo):
   """Causal MHA from per-head weights (Sec 4.1), tau = 1: ``[A_h U W_h^V]_h W^O``."""
-  from rankjax.measure.sensitivity_bounds import mha_attention_probs
+  from rankjax._src.measure.sensitivity_bounds import mha_attention_probs
   probs = mha_attention_probs(u_TxD, wq, wk, 1.0, causal=True)
   out = jnp.einsum("hts,sd,hdk->thk", probs, u_TxD, wv)
   return out.reshape(u_TxD.shape[0], -1) @ wo
@@ -105,8 +105,8 @@ def _captures(model, params, tokens):
 
 def layer_bounds(mcfg, params, x1_LxBxTxD) -> list[dict[str, Any]]:
   """Thm 4.1 / Cor 4.2 against the measured Jacobian norm, per layer and sequence."""
-  from rankjax.measure import sensitivity_bounds as sb
-  from rankjax.models.attention import CausalSelfAttention
+  from rankjax._src.measure import sensitivity_bounds as sb
+  from rankjax._src.models.attention import CausalSelfAttention
   attn = CausalSelfAttention(mcfg)
   out = []
   for layer in range(mcfg.num_layers):
@@ -134,7 +134,7 @@ def layer_bounds(mcfg, params, x1_LxBxTxD) -> list[dict[str, Any]]:
 
 def cor_a3(mcfg, params, y1_LxBxTxD, y2_LxBxTxD) -> dict[str, Any]:
   """Cor A.3 on the Post-LN in-block LayerNorms, every token of the batch."""
-  from rankjax.measure.sensitivity_bounds import layernorm_only_product
+  from rankjax._src.measure.sensitivity_bounds import layernorm_only_product
   L, B, Tn, d = y1_LxBxTxD.shape
   y = jnp.stack([y1_LxBxTxD, y2_LxBxTxD], 1).reshape(2 * L, B * Tn, d)
   g = jnp.stack([params["layers"]["norm_attn_r"]["scale"],
@@ -153,7 +153,7 @@ def cor_a3(mcfg, params, y1_LxBxTxD, y2_LxBxTxD) -> dict[str, Any]:
 def row_records(probs_LxBxHxTxT, key) -> list[dict[str, Any]]:
   """Per layer: sampled causal rows with (greedy certificate, p_max, entropy) as in
   Sec 5 and our balance certificate of the same rows."""
-  from rankjax.measure import sensitivity as sens
+  from rankjax._src.measure import sensitivity as sens
   recs = []
   for layer in range(probs_LxBxHxTxT.shape[0]):
     p = probs_LxBxHxTxT[layer]
@@ -170,9 +170,9 @@ def row_records(probs_LxBxHxTxT, key) -> list[dict[str, Any]]:
 
 
 def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  from rankjax.models.transformer import DecoderLM
-  from rankjax.train import loop, tasks
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.models.transformer import DecoderLM
+  from rankjax._src.train import loop, tasks
+  from rankjax._src.train.run_reader import load_run
   r = load_run(workdir)
   cfg = r.config
   params = jax.tree.map(jnp.asarray, r.params)

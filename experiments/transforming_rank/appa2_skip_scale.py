@@ -22,7 +22,7 @@ seed shared by every (lambda, beta):
 * ``||dh_L/dh_0||_F / sqrt(d)``, rms(h_L) and erank(dh_L/dh_0)/d.
 
 Block Jacobians, their running product and the path sums come from
-``rankjax.measure.residual_networks.network_study`` with ``skip = lambda h``.
+``rankjax._src.measure.residual_networks.network_study`` with ``skip = lambda h``.
 
   rankjax reproduce transforming_rank --only appa2
 """
@@ -35,10 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, residual_networks
-from rankjax.models import blocks as blocks_lib
+from rankjax._src.studies import measured
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, residual_networks
+from rankjax._src.models import blocks as blocks_lib
 
 NAME = "appa2_skip_scale"
 SCALES = {

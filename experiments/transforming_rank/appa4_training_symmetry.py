@@ -46,9 +46,9 @@ import numpy as np
 import optax
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import MLPConfig
-from rankjax.models.mlp import ResidualMLP
+from rankjax._src.studies import measured
+from rankjax._src.config import MLPConfig
+from rankjax._src.models.mlp import ResidualMLP
 
 NAME = "appa4_training_symmetry"
 SCALES = {

@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, representations, spectra
-from rankjax.models import blocks as blocks_lib
+from rankjax._src.studies import measured
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, representations, spectra
+from rankjax._src.models import blocks as blocks_lib
 
 NAME = "appc_backward"
 SCALES = {

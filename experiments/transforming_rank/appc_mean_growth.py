@@ -22,9 +22,9 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import MLPConfig
-from rankjax.measure import representations
+from rankjax._src.studies import measured
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import representations
 
 NAME = "appc_mean_growth"
 SCALES = {

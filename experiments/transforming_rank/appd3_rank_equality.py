@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.measure import jacobians, representations
+from rankjax._src.studies import measured
+from rankjax._src.measure import jacobians, representations
 
 NAME = "appd3_rank_equality"
 SCALES = {

@@ -3,8 +3,8 @@
 Every experiment module declares ``CLAIMS`` and ``SCALES`` at import and exposes
 ``run(out_dir, scale="quick"|"paper"|"tiny", **overrides) -> dict``, which writes
 ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
-``measured`` list (``rankjax.studies.measured``: the value(s) measured for one of the
-claims the module declares, ``CLAIMS``); ``rankjax.studies.runner`` judges each by its
+``measured`` list (``rankjax._src.studies.measured``: the value(s) measured for one of the
+claims the module declares, ``CLAIMS``); ``rankjax._src.studies.runner`` judges each by its
 claim and collects the rows into ``summary.json`` and ``summary.md``
 (``rankjax reproduce transforming_rank``). Settings come from the module's ``SCALES``
 table; any keyword argument overrides one setting.
@@ -32,11 +32,11 @@ import matplotlib.pyplot as plt  # noqa: E402,F401
 
 import jax  # noqa: E402
 
-from rankjax.studies import evidence, runner  # noqa: E402
-from rankjax import plotting  # noqa: E402
-from rankjax.config import MLPConfig  # noqa: E402
-from rankjax.measure import jacobians  # noqa: E402
-from rankjax.fast_paths import single_blas_thread  # noqa: E402,F401
+from rankjax._src.studies import evidence, runner  # noqa: E402
+from rankjax._src import plotting  # noqa: E402
+from rankjax._src.config import MLPConfig  # noqa: E402
+from rankjax._src.measure import jacobians  # noqa: E402
+from rankjax._src.fast_paths import single_blas_thread  # noqa: E402,F401
 
 
 SCALE_NAMES = ("quick", "paper", "tiny")   # the keys of every experiment's SCALES table
@@ -81,7 +81,7 @@ def rule(paper: float, fraction: bool = False) -> evidence.Rule:
   (|paper| < 0.1) and for a fraction printed as exactly 1 (half a unit of "1.00");
   ``OneMinus(0.25)`` for a fraction (erank/d, a share in [0, 1]) near 1 (0.9 <= paper
   < 1); ``Rel(0.05)`` elsewhere (a ratio of 1 is "elsewhere"); several seeds are judged
-  on their mean's 95% interval (``rankjax.studies.evidence``), the band never widened."""
+  on their mean's 95% interval (``rankjax._src.studies.evidence``), the band never widened."""
   if abs(paper) < NEAR_ZERO or (fraction and paper == 1.0):
     return evidence.Abs(ABS_FLOOR)
   if fraction and NEAR_ONE <= paper < 1.0:

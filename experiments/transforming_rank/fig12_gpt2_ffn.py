@@ -2,8 +2,8 @@
 coherence, at GPT-2 initialization and, given checkpoints, with pretrained weights.
 
 Fig 12: the FFN branch Jacobians ``J_l = dFFN(LN_2(h_l))/dh_l`` (closed form,
-``rankjax.measure.decoder_jacobians.ffn_jacobian``; GPT-2 is a ``DecoderLM``
-configuration, ``rankjax.models.hf.gpt2_config``) along the residual stream of a fixed
+``rankjax._src.measure.decoder_jacobians.ffn_jacobian``; GPT-2 is a ``DecoderLM``
+configuration, ``rankjax._src.models.hf.gpt2_config``) along the residual stream of a fixed
 prompt, at one probe token; GPT-2 Small (L=12, d=768) and Medium (L=24, d=1024):
 (a) pairwise block cosines <J_i, J_j>/(|J_i| |J_j|) (random baseline ~1/d; paper:
     off-diagonal mean 0.18 / 0.15 pretrained);
@@ -23,7 +23,7 @@ the 4x FFN and scales the width down (Small d=192, Medium d=256, heads of 64); p
 scale uses the real sizes; tiny scale GPT-2-shaped models of L=4, d=64 and L=8, d=128.
 Pretrained weights are read from Hugging Face folders (``config.json`` and
 ``model.safetensors``; the file stands for its folder) given with ``--checkpoint``
-(repeatable; ``rankjax.models.hf``); each is measured together with a GPT-2
+(repeatable; ``rankjax._src.models.hf``); each is measured together with a GPT-2
 initialization of the same shape. Nothing is downloaded.
 
   rankjax reproduce transforming_rank --only fig12
@@ -41,10 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import TransformerConfig
-from rankjax.measure import decoder_jacobians, paths, spectra
-from rankjax.models import hf
+from rankjax._src.studies import measured
+from rankjax._src.config import TransformerConfig
+from rankjax._src.measure import decoder_jacobians, paths, spectra
+from rankjax._src.models import hf
 
 NAME = "fig12_gpt2_ffn"
 # The GPT-2 BPE ids of "The quick brown fox jumps over the lazy dog." (hard-coded: no

@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import MLPConfig
+from rankjax._src.studies import measured
+from rankjax._src.config import MLPConfig
 
 NAME = "fig1_skip_spacing"
 SCALES = {

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import MLPConfig
+from rankjax._src.studies import measured
+from rankjax._src.config import MLPConfig
 
 NAME = "fig2_branch_scale"
 # alpha = 2^(i/2), beta = 2^j: beta * alpha^2 = 2^(i + j), so many points coincide.

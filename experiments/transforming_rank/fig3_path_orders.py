@@ -17,8 +17,8 @@ import numpy as np
 from scipy.special import logsumexp
 
 from . import common
-from rankjax.studies import measured
-from rankjax.config import MLPConfig
+from rankjax._src.studies import measured
+from rankjax._src.config import MLPConfig
 
 NAME = "fig3_path_orders"
 SCALES = {

@@ -33,11 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax import plotting
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, spectra
-from rankjax.models import blocks as blocks_lib
+from rankjax._src.studies import measured
+from rankjax._src import plotting
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, spectra
+from rankjax._src.models import blocks as blocks_lib
 
 NAME = "fig5_depth_law"
 # alpha grids: 2^(i/4) (so 0.5, 1 and 2 are on them).

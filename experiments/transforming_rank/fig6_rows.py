@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
+from rankjax._src.studies import measured
 
 STABLE_ACCURACY = 0.4                                # App B.4's "still trains"
 # Paper values (App B.4 Table 5, Fig 6, Fig 13, App C Fig 16).
@@ -140,7 +140,7 @@ def spearman_bootstrap(x: Sequence[float], y: Sequence[float], draws: int = 2000
 
 def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | None = None
                     ) -> list[dict]:
-  """The claims' measured values (``rankjax.studies.measured``); on a set other than
+  """The claims' measured values (``rankjax._src.studies.measured``); on a set other than
   CIFAR-10 the note says so (the trained claims are then judged on that set by the same
   predicates)."""
   alphas, depths = list(s["alphas"]), list(s["depths"])

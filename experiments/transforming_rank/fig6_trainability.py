@@ -20,7 +20,7 @@ per learning rate (Sec 4):
 Data: paper scale reads CIFAR-10 through tfds and never falls back (``rankjax
 reproduce --scale paper`` stops before running when it is not prepared). Quick scale
 takes CIFAR-10 when prepared, else the offline set that
-``rankjax.data.images.resolve_image_set`` picks (Fashion-MNIST, then sklearn digits,
+``rankjax._src.data.images.resolve_image_set`` picks (Fashion-MNIST, then sklearn digits,
 with a warning); tiny scale trains on sklearn digits (always available). The set used
 is in the result (``dataset``), every summary row and the figure titles.
 
@@ -50,12 +50,12 @@ import optax
 from . import common
 from .fig6_rows import (  # noqa: F401 (the study's claims)
     CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, max_stable_lr, measured_values)
-from rankjax.config import MLPConfig
-from rankjax.data import images
-from rankjax.measure import jacobians
-from rankjax.studies import training
-from rankjax.models import blocks as blocks_lib
-from rankjax.models.mlp import ResidualMLP
+from rankjax._src.config import MLPConfig
+from rankjax._src.data import images
+from rankjax._src.measure import jacobians
+from rankjax._src.studies import training
+from rankjax._src.models import blocks as blocks_lib
+from rankjax._src.models.mlp import ResidualMLP
 
 NAME = "fig6_trainability"
 PAPER_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)   # App B.4 / App C: six values

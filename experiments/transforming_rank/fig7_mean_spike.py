@@ -20,10 +20,10 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax import plotting
-from rankjax.config import MLPConfig
-from rankjax.measure import representations, spectra
+from rankjax._src.studies import measured
+from rankjax._src import plotting
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import representations, spectra
 
 NAME = "fig7_mean_spike"
 # Probe sizes per panel (App C, "Probe sizes in Figure 7"): the mean-magnitude panel

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.measure import representations, spectra
+from rankjax._src.studies import measured
+from rankjax._src.measure import representations, spectra
 
 NAME = "fig8_width_expansion"
 ACTS = ("relu", "gelu", "silu", "abs")

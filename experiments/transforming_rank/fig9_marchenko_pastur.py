@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.measure import jacobians, representations, spectra
+from rankjax._src.studies import measured
+from rankjax._src.measure import jacobians, representations, spectra
 
 NAME = "fig9_marchenko_pastur"
 MIXTURE = "Fig 9/17 sensitivity, per-seed MP mixture"

@@ -2,7 +2,7 @@
 
   rankjax reproduce transforming_rank [--scale quick] [--only fig3] [--out runs/reproduce]
 
-``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``rankjax.studies.runner``).
+``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``rankjax._src.studies.runner``).
 Quick scale keeps the paper's depths, ratios and sweeps with the width scaled down
 (mostly d=256 -> 64) and fewer seeds; paper scale uses the paper's settings. The
 trainability experiments (Fig 6, 13, 16, Table 5: ``fig6_trainability``) train on
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from rankjax.studies import items, runner
+from rankjax._src.studies import items, runner
 
 EXPERIMENTS = {
     "fig1": "fig1_skip_spacing",
@@ -103,7 +103,7 @@ SCALE_FREE = {
 }
 
 # Every figure, table and quantitative statement of the paper, with why where no row
-# tests it (rankjax.studies.items; EXPECTED.md's register block renders it).
+# tests it (rankjax._src.studies.items; EXPECTED.md's register block renders it).
 def _P(where: str, what: str, untested: str = "") -> items.PaperItem:
   """A register entry; the paper's printed numbers in ``what`` as code (EXPECTED.md's
   prose types no number by hand: these are the paper's, not ours)."""
@@ -206,8 +206,8 @@ def _needs_cifar10(scale: str) -> str | None:
   (in ``--set data_dir=DIR`` where given)."""
   if scale != "paper":
     return None
-  from rankjax.data import images
-  from rankjax.studies import training
+  from rankjax._src.data import images
+  from rankjax._src.studies import training
   return images.missing_image_set_line("cifar10", training.user_setting("data_dir"))
 
 

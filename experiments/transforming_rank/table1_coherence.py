@@ -1,6 +1,6 @@
 """Table 1 (Sec 5): coherence constants c = E[sigma]^2/E[sigma^2] and the spike bound 1/c.
 
-c by half-range Gauss-Hermite quadrature (``rankjax.measure.spectra``), and the
+c by half-range Gauss-Hermite quadrature (``rankjax._src.measure.spectra``), and the
 measured post-activation stable rank st(sigma(W h)) at initialization: n probe inputs
 h ~ N(0, I_d) normalized to unit rms (the Pre-Norm branch input), W ~ N(0, 1/d),
 d = 256, 10 seeds (the n sweep: 3). The paper does not state n for Table 1 ("d=256, mean
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.measure import representations, spectra
+from rankjax._src.studies import measured
+from rankjax._src.measure import representations, spectra
 
 NAME = "table1_coherence"
 SCALES = {

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax.studies import measured
-from rankjax.measure import spectra
+from rankjax._src.studies import measured
+from rankjax._src.measure import spectra
 
 NAME = "table3_projections"
 SCALES = {

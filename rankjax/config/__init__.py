@@ -1,38 +1,38 @@
-"""Frozen dataclass configs with validation, JSON round trips and ``key=value`` overrides.
+"""Configs: what a model and a training run are, as frozen dataclasses read from JSON.
 
-Every model is configured by one of these. Bad input raises ``ValueError`` naming the
-field and, where the field takes one of a set of values, the allowed values. Split by
-concern: ``models`` (the model configs and the registry of kinds), ``training``
-(``TrainConfig``), ``io`` (dicts, JSON, ``--set``, diffs, the JSON format),
-``validation`` (``check``, the one validation helper) and ``fields`` (``run_field``: a
-field's run-control metadata, the per-run scalars of one program among them).
+The public face of ``rankjax.config`` (the implementation is ``rankjax._src.config``,
+private and free to change). A bad field raises ``ValueError`` naming the field and
+its allowed values.
+
+- ``TransformerConfig``, ``MLPConfig``: the two model families (``ModelConfig`` is the
+  base a plug-in subclasses, ``register_model_config`` adds a ``model.kind``);
+- ``TrainConfig``: a training run (its model, optimizer, data, diagnostics);
+- ``from_json`` / ``to_json`` / ``to_dict``: the JSON form (format 3; older run folders
+  are converted on read); ``override``: ``--set path=value`` applied to a config;
+- ``check``: the one validation helper a plug-in's ``__post_init__`` calls.
 """
-
-from rankjax.config.io import (FORMAT, FormatError, JsonConfig, convert_file, diff,
-                               from_dict, from_json, override, to_dict, to_json)
-from rankjax.config.models import (MLP_ACTIVATIONS, MODEL_CONFIGS, NORM_LOCATIONS,
-                                   NORM_OPS, NORM_POSITIONS, AttentionImpl, AttnDropoutMask,
-                                   AttnDropoutKernel, BranchMatrices,
-                                   DType, GradReduceDType, InitScaleTo, KernelConfig,
-                                   LMFFN, LMInit,
-                                   MLPActivation, MLPConfig, ModelConfig, NormOp,
-                                   NormPosition, PosEmbedding, PRNGImpl, RematPolicy,
-                                   RopeConfig, RopeScaling, TransformerConfig, norm_ops_of,
-                                   norm_position_of, register_model_config)
-from rankjax.config.fields import (fields_with, get_path, per_run_paths, run_field,
-                                   step_shape)
-from rankjax.config.training import ComputeDType, LRSchedule, Optimizer, TrainConfig
-from rankjax.config.validation import check
+from rankjax._src.config import (
+    MLPConfig,
+    ModelConfig,
+    TrainConfig,
+    TransformerConfig,
+    check,
+    from_json,
+    override,
+    register_model_config,
+    to_dict,
+    to_json,
+)
 
 __all__ = [
-    "FORMAT", "FormatError", "JsonConfig", "convert_file", "diff", "from_dict", "from_json",
-    "override", "to_dict", "to_json", "MLP_ACTIVATIONS", "MODEL_CONFIGS", "NORM_LOCATIONS",
-    "NORM_OPS", "NORM_POSITIONS", "AttentionImpl", "AttnDropoutMask", "AttnDropoutKernel",
-    "BranchMatrices", "DType",
-    "GradReduceDType", "InitScaleTo", "KernelConfig", "LMFFN", "LMInit", "MLPActivation",
     "MLPConfig",
-    "ModelConfig", "NormOp", "NormPosition", "PosEmbedding", "PRNGImpl", "RematPolicy",
-    "RopeConfig", "RopeScaling", "TransformerConfig", "norm_ops_of", "norm_position_of",
-    "register_model_config", "ComputeDType", "LRSchedule", "Optimizer", "TrainConfig",
-    "fields_with", "get_path", "per_run_paths", "run_field", "step_shape", "check",
+    "ModelConfig",
+    "TrainConfig",
+    "TransformerConfig",
+    "check",
+    "from_json",
+    "override",
+    "register_model_config",
+    "to_dict",
+    "to_json",
 ]

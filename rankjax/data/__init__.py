@@ -1,20 +1,13 @@
-"""Data pipelines: packed text for the LMs, flattened images for the MLPs.
+"""Data: the image sets of the residual-MLP studies.
 
-The training loop needs only ``make_iterator`` and ``dataset_info`` (see
-``rankjax.data.pipeline`` for how to checkpoint the iterator with Orbax).
+The public face of ``rankjax.data`` (the implementation, text streams, tokenizers and
+the grain pipeline included, is ``rankjax._src.data``). A training run reads its data
+through its ``TrainConfig`` (``dataset``, ``data_dir``), not through this package.
+
+- ``image_source``: an installed image set (CIFAR-10, Fashion-MNIST, digits) as arrays;
+- ``missing_image_set_line``: why an image set is not available here, in one line
+  (None when it is).
 """
+from rankjax._src.data.images import image_source, missing_image_set_line
 
-from rankjax.data.common import DataUnavailableError
-from rankjax.data.pipeline import DataInfo, check_model_fits, dataset_info, make_iterator
-from rankjax.data.tokenizer import Tokenizer, make_tokenizer
-
-__all__ = [
-    "images",
-    "DataInfo",
-    "DataUnavailableError",
-    "Tokenizer",
-    "check_model_fits",
-    "dataset_info",
-    "make_iterator",
-    "make_tokenizer",
-]
+__all__ = ["image_source", "missing_image_set_line"]

@@ -4,7 +4,7 @@ VmHWM); resident weights show up in full."""
 import pytest
 
 from experiments.benchmarks import analyze_memory
-from rankjax.models import hf
+from rankjax._src.models import hf
 
 SHAPE = dict(hidden_size=1024, num_layers=16, intermediate_size=2816, num_heads=8,
              num_kv_heads=2, vocab_size=2000)

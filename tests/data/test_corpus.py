@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from rankjax import data
-from rankjax.data import corpus
+from rankjax._src import data
+from rankjax._src.data import corpus
 from tests.data.util import chunks_of, collect
 
 

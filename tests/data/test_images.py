@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from rankjax import data
-from rankjax.data import images as images_lib
+from rankjax._src import data
+from rankjax._src.data import images as images_lib
 from tests.data.util import collect
 
 

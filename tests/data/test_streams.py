@@ -1,4 +1,4 @@
-"""The global streamed order (``rankjax.data.streams``): one packing stream per global
+"""The global streamed order (``rankjax._src.data.streams``): one packing stream per global
 batch row over an ArrayRecord set, the same global batches for any number of hosts,
 and a checkpoint written by one host count resumed exactly by another."""
 
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from etils import epath
 
-from rankjax import data
-from rankjax.data import streams
-from rankjax.data import text as text_lib
-from rankjax.data.tokenizer import ByteTokenizer
-from rankjax.train import checkpoint
+from rankjax._src import data
+from rankjax._src.data import streams
+from rankjax._src.data import text as text_lib
+from rankjax._src.data.tokenizer import ByteTokenizer
+from rankjax._src.train import checkpoint
 from tests.data.util import collect
 
 GLOBAL = 8      # rows of a global batch

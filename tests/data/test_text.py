@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from rankjax import data
-from rankjax.data import text as text_lib
-from rankjax.data.tokenizer import ByteTokenizer
+from rankjax._src import data
+from rankjax._src.data import text as text_lib
+from rankjax._src.data.tokenizer import ByteTokenizer
 from tests.data.util import chunks_of, collect
 
 EOD = ByteTokenizer.eod_id

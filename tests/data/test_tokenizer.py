@@ -5,8 +5,8 @@ import base64
 import numpy as np
 import pytest
 
-from rankjax import data
-from rankjax.data import tokenizer as tokenizer_lib
+from rankjax._src import data
+from rankjax._src.data import tokenizer as tokenizer_lib
 
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind"
 

@@ -7,7 +7,7 @@ Each committed ``experiments/<study>/results/<scale>/<name>.json`` of every scal
 short ones of a study and scale a few to a process: ``SHARED_BELOW_S``), under the XLA
 flags its provenance records (not the test suite's compile flags), and the test fails
 naming every row whose status changed or whose number moved beyond the row's tolerance
-(``rankjax.studies.results.compare``), or a rerun that read another data set.
+(``rankjax._src.studies.results.compare``), or a rerun that read another data set.
 
 Marked ``slow`` and ``committed``: CI runs them in its slow stage, before the other
 slow tests (``.ci/run``; ``tests/conftest.py`` orders them first).
@@ -27,9 +27,9 @@ import sys
 
 import pytest
 
-from rankjax.studies import results
-from rankjax import reproduce
-from rankjax.data import images
+from rankjax._src.studies import results
+from rankjax._src import reproduce
+from rankjax._src.data import images
 
 PAPER = "paper"           # the one committed scale CI does not rerun (accelerator-sized)
 # one rerun's limit: the Post-Norm trained group, the longest, took 1418 s on the 2-core
@@ -211,7 +211,7 @@ def test_committed_quick_result_reproduces(study, scale, name, tmp_path):
     if data.get("dataset") in images.IMAGE_SETS and (
         why := images.missing_image_set_line(data["dataset"], None)):
       pytest.skip(f"committed on {data['dataset']}: {why}")
-  cmd = [sys.executable, "-m", "rankjax.cli", "reproduce", study, "--scale", scale,
+  cmd = [sys.executable, "-m", "rankjax._src.cli", "reproduce", study, "--scale", scale,
          "--check", "--only", ",".join(names(study, scale, name)), "--out", str(tmp_path)]
   proc = subprocess.run(cmd, env=_environment(docs[name.split("+")[0]]["provenance"]), cwd=tmp_path,
                         capture_output=True, text=True, timeout=TIMEOUT_S)

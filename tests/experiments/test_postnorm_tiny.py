@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from rankjax import reproduce
-from rankjax.studies import runner, training
+from rankjax._src import reproduce
+from rankjax._src.studies import runner, training
 from experiments.postnorm_collapse import paper_runs
 
 STUDY = reproduce.study("postnorm_collapse")
@@ -93,7 +93,7 @@ def test_two_processes_train_together_and_process_0_alone_analyses(tmp_path):
                JAX_PROCESS_ID=str(i), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
                XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     procs.append(subprocess.Popen(
-        [sys.executable, "-c", "import sys; from rankjax import cli; sys.exit(cli.main())",
+        [sys.executable, "-c", "import sys; from rankjax._src import cli; sys.exit(cli.main())",
          "reproduce", "postnorm_collapse", "--scale", "tiny",
          "--only", "fig3", "--out", str(out)], env=env, cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE))
@@ -125,7 +125,7 @@ def test_the_analyses_run_on_partial_runs_and_name_them(tmp_path, monkeypatch):
   give every row of Figs 3-5 and the LR ablation (App F.4): the analyses read what was
   saved, and each row's note names the partial runs. (A run to ``stop_at`` is named the
   same way: ``test_training_runs.test_rows_of_partial_runs_are_proxies_named_partial``.)"""
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   monkeypatch.setattr(loop, "COLLAPSED_SIM", 0.0)
   why = "of 24 (stop_on_collapse)"
   with training.user_sets(["stop_on_collapse=2"]):

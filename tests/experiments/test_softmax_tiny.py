@@ -2,18 +2,18 @@
 
 Paper (Sec 5, App D.1): Pre-LN and Post-LN GPT-2 774M models, seeds 42, 123, 456, 2000
 updates, warmup 500, batch 64 of T = 1024 tokens, on FineWeb (``RANKJAX_FINEWEB``);
-tiny: the same six runs through ``rankjax.studies.training.tiny``.
+tiny: the same six runs through ``rankjax._src.studies.training.tiny``.
 """
 import json
 import os
 
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.studies import runner, training
-from rankjax.train import run_reader
+from rankjax._src import config as config_lib
+from rankjax._src.studies import runner, training
+from rankjax._src.train import run_reader
 from experiments.softmax_sensitivity import prepost_training as pt
-from rankjax import reproduce
+from rankjax._src import reproduce
 
 STUDY = reproduce.study("softmax_sensitivity")
 NAMES = {f"{a}_s{s}" for a in ("pre", "post") for s in (42, 123, 456)}

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from rankjax import reproduce as cli
-from rankjax.studies import run_study
+from rankjax._src import reproduce as cli
+from rankjax._src.studies import run_study
 from experiments.transforming_rank import common, reproduce
 
-STUDY = cli.study("transforming_rank")   # loaded by rankjax.studies.finder (package set)
+STUDY = cli.study("transforming_rank")   # loaded by rankjax._src.studies.finder (package set)
 
 
 def _module(name):

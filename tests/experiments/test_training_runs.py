@@ -1,4 +1,4 @@
-"""rankjax.studies.training (tiny configs) and rankjax.train.plan (the plan, the refusals),
+"""rankjax._src.studies.training (tiny configs) and rankjax._src.train.plan (the plan, the refusals),
 and the runner's use of
 them (the plan printed and a one-line refusal before anything trains)."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from rankjax.studies import evidence, finder, runner, training
-from rankjax.train import mfu as mfu_lib
-from rankjax.train import plan as plan_lib
-from rankjax.train import run_reader
-from rankjax import cli
+from rankjax._src.studies import evidence, finder, runner, training
+from rankjax._src.train import mfu as mfu_lib
+from rankjax._src.train import plan as plan_lib
+from rankjax._src.train import run_reader
+from rankjax._src import cli
 
 PAPER_LM = "experiments/configs/postnorm_48l_d512_c4.json"
 
@@ -113,7 +113,7 @@ def test_paper_scale_prints_the_plan_then_refuses_in_one_line(tmp_path, capsys):
 
 
 def test_finished_ignores_resumable_fields_and_needs_the_last_checkpoint(tmp_path):
-  from rankjax import config as config_lib
+  from rankjax._src import config as config_lib
   cfg = training.tiny(training.load(PAPER_LM))
   path = tmp_path / "run"
   (path / "checkpoints" / str(cfg.total_steps - 1)).mkdir(parents=True)
@@ -166,8 +166,8 @@ def test_the_device_checks_measured_mfu_feeds_the_plan(tmp_path, monkeypatch):
 def test_a_preempted_run_stops_reproduce_with_exit_75(tmp_path, monkeypatch, capsys):
   """SIGTERM during a run (the loop saved and returned "preempted"): nothing after it
   runs (no analysis of an unfinished run), and the command exits 75 as rankjax train."""
-  from rankjax.train import loop
-  from rankjax.train import runs as runs_lib
+  from rankjax._src.train import loop
+  from rankjax._src.train import runs as runs_lib
   seen = []
 
   def preempted(cfg, workdir, **kw):
@@ -193,7 +193,7 @@ def test_a_preempted_run_stops_reproduce_with_exit_75(tmp_path, monkeypatch, cap
 def test_a_failed_run_fails_the_experiments_that_read_it_only(tmp_path, monkeypatch):
   """A run that raises (here: a NaN loss) is one failed row for each experiment reading
   it; an experiment that does not read it still runs."""
-  from rankjax import reproduce
+  from rankjax._src import reproduce
   STUDY = reproduce.study("postnorm_collapse")
   monkeypatch.setattr(training, "train_all", lambda runs, cache_dir=None, groups_of=None: {
       p: "training x: NonFiniteLossError: loss is nan at update 3"
@@ -206,7 +206,7 @@ def test_a_failed_run_fails_the_experiments_that_read_it_only(tmp_path, monkeypa
 
 
 def test_train_all_records_a_failure_and_goes_on_but_stops_on_preemption(monkeypatch):
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   done = []
 
   def train(path, cfg):
@@ -215,7 +215,7 @@ def test_train_all_records_a_failure_and_goes_on_but_stops_on_preemption(monkeyp
     if path == "d":
       raise training.Preempted("d: saved at update 2 and stopped")
     done.append(path)
-  from rankjax.config import TrainConfig
+  from rankjax._src.config import TrainConfig
   monkeypatch.setattr(training, "train", train)
   monkeypatch.setattr(run_reader, "finished", lambda path, cfg: False)
   # runs of different step shapes (total_steps), so each trains alone
@@ -232,8 +232,8 @@ def test_train_all_trains_a_group_of_one_shape_as_one_program(monkeypatch):
   """Runs differing only in seed or learning rate are one program, formed over the
   study's every run (``groups_of``): a selected run brings its whole group; a group
   whose selected runs are finished does not train."""
-  from rankjax.config import TrainConfig
-  from rankjax.train import runs as runs_lib
+  from rankjax._src.config import TrainConfig
+  from rankjax._src.train import runs as runs_lib
   calls = []
   monkeypatch.setattr(training, "train", lambda path, cfg: calls.append([path]))
   monkeypatch.setattr(runs_lib, "train_runs", lambda cfgs: calls.append(list(cfgs)) or {})
@@ -392,14 +392,14 @@ def test_rows_of_partial_runs_are_proxies_named_partial(tmp_path):
   (r,) = plan_lib.plan({str(tmp_path / "runs" / "a"): part})["rows"]
   assert r["updates"] == 4000 and r["tokens"] == 256 * 2048 * 4000
   # a run that stopped itself on collapse is partial too, and finished for the runner
-  from rankjax.train import checkpoint
+  from rankjax._src.train import checkpoint
   watched = dataclasses.replace(cfg, stop_on_collapse=500, diag_every=1)
   (tmp_path / "runs" / "c").mkdir(parents=True)
   assert runner.partial_setting({str(tmp_path / "runs" / "c"): watched}) is None
   checkpoint.write_stopped(tmp_path / "runs" / "c", 3100, "collapsed: ...")
   assert runner.partial_setting({str(tmp_path / "runs" / "c"): watched}) == (
       "partial: c stopped itself at update 3100 of 40000 (stop_on_collapse)")
-  from rankjax import config as config_lib
+  from rankjax._src import config as config_lib
   config_lib.to_json(watched, tmp_path / "runs" / "c" / "config.json")
   assert run_reader.finished(str(tmp_path / "runs" / "c"), watched)
 
@@ -453,7 +453,7 @@ def test_plan_for_a_target_uses_its_devices_memory_and_peak(tmp_path, capsys, mo
   assert "MFU 0.32: estimate for 48L d512 on v5e: the low end" in out_v
   assert hours_v / hours_h == pytest.approx(989 * 0.38 / (197 * 0.32), rel=1e-2)
   for out in (out_h, out_v):
-    assert "runs: estimated (rankjax.train.memory: RANKJAX_PLAN_MEMORY=estimate)" in out
+    assert "runs: estimated (rankjax._src.train.memory: RANKJAX_PLAN_MEMORY=estimate)" in out
   wall = float(out_h.split(" hours on 8 devices)")[0].rsplit("(", 1)[1])
   assert wall == pytest.approx(hours_h / 8, rel=2e-3)          # both printed to 3 digits
   assert list((tmp_path / "out").rglob("config.json")) == []
@@ -469,7 +469,7 @@ def test_a_missing_data_set_is_a_refusal_inside_the_plan(tmp_path, capsys, monke
                        "--out", str(tmp_path / "out"))
   assert "has no rankjax train runs to plan" in out
   assert "- the paper's FineWeb is not given: set RANKJAX_FINEWEB=" in out
-  from rankjax.train import mfu
+  from rankjax._src.train import mfu
   cfg = training.load(GPT2_774M, ["tokenizer=byte", "dataset=shakespeare"])  # 774M
   with plan_lib.planning_for(mfu.parse_target("v5e:1")):
     assert plan_lib.device_memory() == ("TPU v5 lite", 1, 16e9)
@@ -500,8 +500,8 @@ def test_a_plan_without_a_spec_peak_says_why_it_has_no_device_hours(monkeypatch)
 def test_a_program_holds_the_runs_that_fit_the_device_memory(monkeypatch):
   """On an accelerator a group is cut into programs of as many runs as fit a device at
   one run's planned peak; a CPU (no device limit) holds the whole group."""
-  from rankjax.config import TrainConfig
-  from rankjax.train import memory
+  from rankjax._src.config import TrainConfig
+  from rankjax._src.train import memory
   cfg = TrainConfig(total_steps=10, warmup_steps=1)
   monkeypatch.setattr(memory, "device_limit", lambda: None)
   assert plan_lib.program_size(cfg) >= 1 << 20

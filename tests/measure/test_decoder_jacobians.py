@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import TransformerConfig
-from rankjax.measure import decoder_jacobians as dj
-from rankjax.models import transformer
+from rankjax._src.config import TransformerConfig
+from rankjax._src.measure import decoder_jacobians as dj
+from rankjax._src.models import transformer
 
 TINY = dict(vocab_size=37, num_layers=2, d_model=8, num_heads=2, d_ff=12, max_seq_len=8,
             param_dtype="float64", compute_dtype="float64", norm_eps=1e-6)

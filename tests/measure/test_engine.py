@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import TransformerConfig
-from rankjax.measure import decoder_jacobians, engine, matrix_free, spectra
-from rankjax.models import hf, norms, transformer
+from rankjax._src.config import TransformerConfig
+from rankjax._src.measure import decoder_jacobians, engine, matrix_free, spectra
+from rankjax._src.models import hf, norms, transformer
 
 L, D = 4, 6
 TOL = 1e-10

@@ -1,4 +1,4 @@
-"""The module-doc recipe of rankjax.measure.flax_capture on the nanodo-style model of
+"""The module-doc recipe of rankjax._src.measure.flax_capture on the nanodo-style model of
 experiments/benchmarks/plain_flax.py (unchanged), checked against an independent
 block-by-block forward, autodiff of the loss w.r.t. each stream, and probabilities
 recomputed from the parameters."""
@@ -15,9 +15,9 @@ import flax.linen as nn
 import pytest
 
 from experiments.benchmarks.plain_flax import Block, PlainLM
-from rankjax.measure import flax_capture as fc
-from rankjax.measure import gradients as gr
-from rankjax.measure.similarity import token_similarity
+from rankjax._src.measure import flax_capture as fc
+from rankjax._src.measure import gradients as gr
+from rankjax._src.measure.similarity import token_similarity
 
 L, D, H, T, V, B = 3, 16, 2, 20, 32, 2
 

@@ -1,4 +1,4 @@
-"""Tests of rankjax.measure.gradients (Post-Norm collapse paper, Def 3.5, Thm 3.6, 3.8)."""
+"""Tests of rankjax._src.measure.gradients (Post-Norm collapse paper, Def 3.5, Thm 3.6, 3.8)."""
 from __future__ import annotations
 
 import jax
@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import TransformerConfig
-from rankjax.measure import gradients as gr
-from rankjax.measure.losses import cross_entropy, frequency_logits, frequency_loss
-from rankjax.models.attention import CausalSelfAttention
-from rankjax.models.norms import Norm
-from rankjax.models.transformer import DecoderLM, FeedForward, intermediate_grads
+from rankjax._src.config import TransformerConfig
+from rankjax._src.measure import gradients as gr
+from rankjax._src.measure.losses import cross_entropy, frequency_logits, frequency_loss
+from rankjax._src.models.attention import CausalSelfAttention
+from rankjax._src.models.norms import Norm
+from rankjax._src.models.transformer import DecoderLM, FeedForward, intermediate_grads
 
 
 def _cfg(**kw) -> TransformerConfig:
@@ -237,7 +237,7 @@ def test_theorem_3_8_zero_grads_at_frequency_output(x64):
   targets = jnp.array([[0, 1, 2, 3, 4, 0, 0, 2]])
   model, tokens, params = _collapsed_setup(cfg, targets)
   sites, _ = _forward_sites(cfg, params, tokens)
-  from rankjax.measure.similarity import token_similarity
+  from rankjax._src.measure.similarity import token_similarity
   np.testing.assert_allclose(token_similarity(sites["x1"]), 1.0, atol=1e-12)
 
   def loss(p):

@@ -1,11 +1,11 @@
-"""Threaded host singular values (rankjax._host_lapack, fast_paths.singular_values)
+"""Threaded host singular values (rankjax._src._host_lapack, fast_paths.singular_values)
 against numpy's SVD."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax import _host_lapack, fast_paths
+from rankjax._src import _host_lapack, fast_paths
 
 
 def _ref(a):

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, paths, representations, spectra
-from rankjax.models import blocks as blocks_lib
-from rankjax.models.mlp import ResidualMLP
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, paths, representations, spectra
+from rankjax._src.models import blocks as blocks_lib
+from rankjax._src.models.mlp import ResidualMLP
 
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
@@ -276,9 +276,9 @@ SHARDED_CHILD = textwrap.dedent("""
     jax.config.update("jax_num_cpu_devices", 8)
     import json
     import numpy as np
-    from rankjax.config import MLPConfig
-    from rankjax import fast_paths
-    from rankjax.measure import jacobians
+    from rankjax._src.config import MLPConfig
+    from rankjax._src import fast_paths
+    from rankjax._src.measure import jacobians
     fast_paths.MIN_THREADED_WORK = 0   # the threaded host SVDs run on every device's shard
     assert len(jax.devices()) == 8, jax.devices()
     cfg = MLPConfig(depth=6, width=8, expansion=2.0, norm_position="post")
@@ -308,7 +308,7 @@ def test_study_sharded_over_8_host_devices_equals_single_device():
 
 def test_study_options_refuse_what_they_would_ignore():
   """Every StudyOptions field is used or refused (none silently ignored)."""
-  from rankjax.measure.jacobians import StudyOptions
+  from rankjax._src.measure.jacobians import StudyOptions
   grouped = MLPConfig(depth=4, width=8, skip_every=2)
   with pytest.raises(ValueError, match="skip_every"):
     jacobians.mlp_jacobian_study(grouped, jax.random.key(0), path_sums=True)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.measure import losses
+from rankjax._src.measure import losses
 
 
 def _entropy_np(labels: np.ndarray) -> float:
@@ -111,7 +111,7 @@ def test_the_one_token_nll_equals_optax(x64):
   tasks' losses) against a peer library's per-token cross-entropy, in float64."""
   import optax
 
-  from rankjax.models.lm_head import token_nll
+  from rankjax._src.models.lm_head import token_nll
   rng = np.random.default_rng(3)
   z, y = jnp.asarray(rng.normal(size=(4, 5, 11)) * 7.0), jnp.asarray(rng.integers(0, 11, (4, 5)))
   np.testing.assert_allclose(np.asarray(token_nll(z, y)),

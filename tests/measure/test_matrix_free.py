@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, matrix_free, spectra
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, matrix_free, spectra
 
 
 # XLA:CPU's default backend optimization, for one compile under the suite's lowered flags

@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from rankjax import cli
-from rankjax.config import MLPConfig
-from rankjax.measure import summary
-from rankjax.measure.jacobians import mlp_jacobian_study
+from rankjax._src import cli
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import summary
+from rankjax._src.measure.jacobians import mlp_jacobian_study
 
 
 def test_defaults_are_several_seeds_and_inputs_and_shown_in_help(capsys):
@@ -75,7 +75,7 @@ def test_sweep_writes_one_table_and_one_figure(tmp_path):
 def test_sweep_columns_name_their_aggregate():
   """The study's reconstruction_error is the max over samples: its column says max,
   beside the mean / sd / min / max columns of the other quantities."""
-  from rankjax.measure import summary
+  from rankjax._src.measure import summary
   spread = lambda v: {"sd": v, "min": v, "max": v, "sd_seed_means": v}
   result = {"erank": [0.5, 0.4], "stable_rank": [0.3, 0.2], "mean_order": 2.0,
             "stream_rms": [1.0, 1.5], "reconstruction_error": 3e-7, "dtype": "float32",
@@ -104,7 +104,7 @@ def test_float64_is_computed_in_float64(tmp_path):
   """In a fresh process (x64 is global): the path-sum reconstruction error is at
   float64 round-off, not float32's ~1e-7, and the JSON says float64."""
   out = tmp_path / "r64.json"
-  code = ("import sys; from rankjax import cli; sys.exit(cli.main(['measure', 'mlp', '--set', "
+  code = ("import sys; from rankjax._src import cli; sys.exit(cli.main(['measure', 'mlp', '--set', "
           "'depth=4', '--set', 'width=8', '--set', 'param_dtype=float64', '--seeds', '2', "
           f"'--inputs', '1', '--out', {str(out)!r}]))")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -116,7 +116,7 @@ def test_float64_is_computed_in_float64(tmp_path):
 
 def test_alpha_sweep_is_one_compiled_program(tmp_path):
   """alpha is a traced argument of the study: three values, one study build (_study_fn)."""
-  from rankjax.measure import jacobians
+  from rankjax._src.measure import jacobians
   before = jacobians._study_fn.cache_info()
   out = tmp_path / "alpha.json"
   assert cli.main(["measure", "mlp", "--set", "depth=3", "--set", "width=8", "--seeds", "2",

@@ -3,7 +3,7 @@ import jax
 import numpy as np
 import pytest
 
-from rankjax.measure.sensitivity_bounds import mha_attention_probs
+from rankjax._src.measure.sensitivity_bounds import mha_attention_probs
 
 
 def _numpy_probs(u, w_q, w_k, tau, causal):

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from rankjax import reproduce
-from rankjax.studies import evidence, results, runner
+from rankjax._src import reproduce
+from rankjax._src.studies import evidence, results, runner
 from experiments.postnorm_collapse import collapse_study
 from experiments.postnorm_collapse import fig1_one_step as fig1
 from experiments.postnorm_collapse import fig3_fig5_transition as f35
@@ -53,7 +53,7 @@ def _trained(monkeypatch, tmp_path, runs: list[tuple[str, int, str]]) -> list[tu
   """(config, workdir) that ``collapse_study.train_run`` hands the training loop for each
   (run, seed, scale) of ``runs``, in order (nothing trains: the loop is replaced)."""
   trained = []
-  monkeypatch.setattr("rankjax.train.loop.train",
+  monkeypatch.setattr("rankjax._src.train.loop.train",
                       lambda cfg, wd, **kw: trained.append((cfg, wd)))
   for name, seed, scale in runs:
     collapse_study.train_run(collapse_study.seeded_name(name, seed), str(tmp_path), scale=scale)

@@ -11,9 +11,9 @@ import pytest
 
 from experiments.postnorm_collapse import fig3_fig5_transition as f35
 from experiments.postnorm_collapse import reproduce
-from rankjax import reproduce as rankjax_reproduce
-from rankjax.studies import runner
-from rankjax.train import diagnostics
+from rankjax._src import reproduce as rankjax_reproduce
+from rankjax._src.studies import runner
+from rankjax._src.train import diagnostics
 
 
 def test_mask_vanishing_both_and_either():

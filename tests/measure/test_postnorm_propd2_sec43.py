@@ -59,7 +59,7 @@ def test_sec43_compare_picks_the_reference_the_loss_meets(monkeypatch):
   per = agg - 0.4
   loss = np.array([5.0, 4.0, *agg[2:]])       # sits on the batch aggregate from update 3
   run = _fake_run(loss, [0.2, 0.995, 0.999], [1, 3, 5])       # onset at update 3
-  import rankjax.train.run_reader as rr
+  import rankjax._src.train.run_reader as rr
   monkeypatch.setattr(rr, "load_run", lambda wd: run)
   monkeypatch.setattr(s43, "batch_references", lambda cfg, n: {
       "aggregate_batch": agg[:n], "per_sequence_batch": per[:n]})

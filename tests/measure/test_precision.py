@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from jax import export
 
-from rankjax.config import MLPConfig
-from rankjax.measure import decoder_jacobians, jacobians, paths, representations
-from rankjax.measure import precision as precision_lib
-from rankjax.models import hf, transformer
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import decoder_jacobians, jacobians, paths, representations
+from rankjax._src.measure import precision as precision_lib
+from rankjax._src.models import hf, transformer
 
 CFG = MLPConfig(depth=3, width=8, expansion=2.0, norm_position="pre")
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.measure import matrix_free, residual_networks as rn, spectra
+from rankjax._src.measure import matrix_free, residual_networks as rn, spectra
 
 L, D = 5, 12
 

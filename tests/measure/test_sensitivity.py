@@ -1,4 +1,4 @@
-"""Tests for rankjax.measure.sensitivity and sensitivity_bounds.
+"""Tests for rankjax._src.measure.sensitivity and sensitivity_bounds.
 
 Paper: "Exact Attention Sensitivity and the Geometry of Transformer Stability".
 Each check is independent of the code under test where it can be: the operator
@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.measure import sensitivity as sens
-from rankjax.measure import sensitivity_certificates as certs
-from rankjax.measure import sensitivity_bounds as bounds
+from rankjax._src.measure import sensitivity as sens
+from rankjax._src.measure import sensitivity_certificates as certs
+from rankjax._src.measure import sensitivity_bounds as bounds
 
 
 def _rows(rng, n, L, scale=1.0):

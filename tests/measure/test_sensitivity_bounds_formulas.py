@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.measure import sensitivity_bounds as bounds
+from rankjax._src.measure import sensitivity_bounds as bounds
 
 RTOL = 1e-10
 

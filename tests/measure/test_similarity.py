@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.measure import similarity as sim
+from rankjax._src.measure import similarity as sim
 
 
 def _numpy_tsim(x_NxD: np.ndarray) -> float:

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from experiments.softmax_sensitivity import theorem_check
-from rankjax import reproduce
-from rankjax.studies import runner
+from rankjax._src import reproduce
+from rankjax._src.studies import runner
 
 STUDY = reproduce.study("softmax_sensitivity")
 
@@ -176,7 +176,7 @@ def test_every_experiment_declares_claims_and_committed_results_cover_them():
   """Each experiment names its claims; the committed quick results cover every
   experiment with a quick path, and every row there is one of the declared claims."""
   import json
-  from rankjax.studies import results
+  from rankjax._src.studies import results
   committed = results.load(results.committed_dir("softmax_sensitivity", "quick"))
   rows = []
   for name in STUDY.experiments:

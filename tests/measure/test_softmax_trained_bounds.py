@@ -10,8 +10,8 @@ import pytest
 
 from experiments.softmax_sensitivity import prepost_training as pt
 from experiments.softmax_sensitivity import trained_bounds as tb
-from rankjax.measure import sensitivity_bounds as sb
-from rankjax.models.transformer import DecoderLM
+from rankjax._src.measure import sensitivity_bounds as sb
+from rankjax._src.models.transformer import DecoderLM
 
 
 def test_inf_rms_norm_bracket_closed_forms():
@@ -76,8 +76,8 @@ def test_split_heads_reproduces_the_model_attention_and_bounds_order(monkeypatch
 
 
 def test_trained_bounds_rows_are_predicates_per_seed():
-  from rankjax import reproduce
-  from rankjax.studies import runner
+  from rankjax._src import reproduce
+  from rankjax._src.studies import runner
   study = reproduce.study("softmax_sensitivity")
   claims = study.claims("trained_bounds")
 

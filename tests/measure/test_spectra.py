@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import integrate, special
 
-from rankjax.measure import spectra
+from rankjax._src.measure import spectra
 
 
 pytestmark = pytest.mark.usefixtures("single_blas_thread")
@@ -140,7 +140,7 @@ def test_smooth_moments_match_paper_and_adaptive_quadrature():
 
 
 def test_gelu_numpy_matches_model_activation():
-  from rankjax.models.blocks import ACTIVATIONS
+  from rankjax._src.models.blocks import ACTIVATIONS
   z = np.linspace(-5, 5, 101)
   for name in ("relu", "abs", "gelu", "silu", "tanh"):
     np.testing.assert_allclose(spectra.NUMPY_ACTIVATIONS[name][0](z),

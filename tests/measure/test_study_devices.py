@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, seed_devices
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, seed_devices
 
 CFG = MLPConfig(depth=48, width=256, expansion=4.0, norm_position="pre")
 
@@ -66,8 +66,8 @@ PROCESS = textwrap.dedent("""
     if pid >= 0:
       jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
     import numpy as np
-    from rankjax.config import MLPConfig
-    from rankjax.measure import jacobians
+    from rankjax._src.config import MLPConfig
+    from rankjax._src.measure import jacobians
     cfg = MLPConfig(depth=4, width=8, expansion=2.0, norm_position="pre")
     study = jacobians.mlp_jacobian_study(cfg, jax.random.PRNGKey(seeds), num_seeds=seeds,
                                          num_chunks=1)
@@ -123,9 +123,9 @@ SPLIT = textwrap.dedent("""
       jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
     import numpy as np
     from jax.experimental import multihost_utils
-    from rankjax import cli
-    from rankjax.config import MLPConfig
-    from rankjax.measure import jacobians
+    from rankjax._src import cli
+    from rankjax._src.config import MLPConfig
+    from rankjax._src.measure import jacobians
     name = "alone" if pid < 0 else f"p{pid}"
     sent = []                  # what this process hands the gather: the seeds it computed
     gather = multihost_utils.process_allgather

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import integrate, special
 
-from rankjax.measure import gradients as gr
-from rankjax.measure import similarity as sim
-from rankjax.measure import theory as th
+from rankjax._src.measure import gradients as gr
+from rankjax._src.measure import similarity as sim
+from rankjax._src.measure import theory as th
 
 N, D, D_FF = 64, 256, 768
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from experiments.transforming_rank import reproduce
-from rankjax import reproduce as cli
+from rankjax._src import reproduce as cli
 
-STUDY = cli.study("transforming_rank")   # loaded by rankjax.studies.finder (package set)
+STUDY = cli.study("transforming_rank")   # loaded by rankjax._src.studies.finder (package set)
 
 
 @pytest.mark.parametrize("name", sorted(reproduce.EXPERIMENTS))
@@ -33,7 +33,7 @@ def test_resolve_aliases():
 def test_every_experiment_declares_its_claims():
   """Every experiment passes the claims it declares at import to the runner; the rules
   are the study's one policy (common.rule) or a predicate."""
-  from rankjax.studies import evidence
+  from rankjax._src.studies import evidence
   from experiments.transforming_rank import common
   for name in STUDY.experiments:
     claims = STUDY.claims(name)
@@ -50,7 +50,7 @@ def test_every_experiment_declares_its_claims():
 
 
 def _committed_rows() -> list[dict]:
-  from rankjax.studies import results
+  from rankjax._src.studies import results
   folder = results.committed_dir("transforming_rank", "quick")
   return [r for doc in results.load(folder).values() for r in doc["rows"]]
 
@@ -58,7 +58,7 @@ def _committed_rows() -> list[dict]:
 def test_committed_quick_results_cover_every_experiment():
   """Every experiment with a quick path has a committed results file whose rows are
   its declared claims."""
-  from rankjax.studies import evidence, results
+  from rankjax._src.studies import evidence, results
   docs = results.load(results.committed_dir("transforming_rank", "quick"))
   quick = {n for n in STUDY.experiments if "quick" in STUDY.scales_of(n)}
   assert quick <= set(docs), sorted(quick - set(docs))
@@ -77,7 +77,7 @@ def test_committed_quick_results_cover_every_experiment():
 def test_small_runs_make_claim_rows(tmp_path):
   """Table 3, Table 1 and Fig 2 end to end at a small size: every row one number judged
   by its declared claim; the closed forms at any size; Fig 2's exact symmetry."""
-  from rankjax.studies import runner
+  from rankjax._src.studies import runner
   from experiments.transforming_rank import fig2_branch_scale, table1_coherence, table3_projections
   res = table3_projections.run(str(tmp_path), width=16, depths=(8, 48), seeds=3, eps=(0.6,))
   assert (tmp_path / "table3_projections.png").is_file()
@@ -190,7 +190,7 @@ def test_appa2_skip_path_is_lambda_to_the_L(tmp_path):
   """App A.2 (Eq. 13): the order-0 path of prod (lambda I + beta J_l) is lambda^L I for
   every draw and beta; at beta = 1/L and lambda > 1 the skip path carries nearly all
   of the Jacobian; lambda = 1 keeps the skip path at 1."""
-  from rankjax.studies import runner
+  from rankjax._src.studies import runner
   from experiments.transforming_rank import appa2_skip_scale as a2
   res = a2.run(str(tmp_path), width=16, depth=12, seeds=2, lambdas=(0.8, 1.0, 1.25),
                betas=("1", "1/L"))
@@ -232,8 +232,8 @@ def test_appa4_rescaled_rates_keep_the_trajectory():
   import jax
   import jax.numpy as jnp
   from experiments.transforming_rank import appa4_training_symmetry as a4
-  from rankjax.config import MLPConfig
-  from rankjax.models.mlp import ResidualMLP
+  from rankjax._src.config import MLPConfig
+  from rankjax._src.models.mlp import ResidualMLP
   s = dict(examples=64, input_dim=4, classes=3, probe=8)
   with jax.enable_x64(True):
     cfg = MLPConfig(depth=2, width=4, expansion=1.0, input_dim=4, num_classes=3,

@@ -11,10 +11,10 @@ import pytest
 
 from experiments.transforming_rank import fig6_trainability as f6
 from experiments.transforming_rank import reproduce
-from rankjax.config import MLPConfig
-from rankjax.data import images
-from rankjax.measure import jacobians
-from rankjax.models.mlp import ResidualMLP
+from rankjax._src.config import MLPConfig
+from rankjax._src.data import images
+from rankjax._src.measure import jacobians
+from rankjax._src.models.mlp import ResidualMLP
 
 
 def _toy_data(n: int, m: int, dim: int, classes: int, dtype) -> f6.ImageArrays:

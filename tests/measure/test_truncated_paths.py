@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, paths
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, paths
 from tests.measure.test_jacobians import _brute_force_orders  # sum over all 2^L paths
 
 

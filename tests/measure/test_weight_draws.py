@@ -1,4 +1,4 @@
-"""Bit generators of the measurement weights (rankjax.measure.weight_draws)."""
+"""Bit generators of the measurement weights (rankjax._src.measure.weight_draws)."""
 import dataclasses
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import MLPConfig
-from rankjax.measure import jacobians, paths, weight_draws
+from rankjax._src.config import MLPConfig
+from rankjax._src.measure import jacobians, paths, weight_draws
 
 N = 1 << 18
 # The integer bits are exact everywhere. Their float transform (uniform, erf_inv) is the

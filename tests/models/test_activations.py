@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax._src.ad_checkpoint import saved_residuals
 
-from rankjax.models import activations, blocks
+from rankjax._src.models import activations, blocks
 
 Z = np.concatenate([np.linspace(-9.0, 9.0, 721), [0.0, -1e-3, 1e-3, 30.0, -30.0]])
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from jax import export
 
-from rankjax.config import KernelConfig, TransformerConfig
-from rankjax.errors import UserError
-from rankjax.models import attention, attention_kernels
-from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
+from rankjax._src.config import KernelConfig, TransformerConfig
+from rankjax._src.errors import UserError
+from rankjax._src.models import attention, attention_kernels
+from rankjax._src.models.attention import CausalSelfAttention, prefix_average_matrix
 from tests.conftest import with_kernels
 
 CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24,
@@ -100,8 +100,8 @@ B, T = 2, 128
 
 def _step_text(cfg, platform="cpu", t=T):
   """StableHLO of the LM training loss and its gradient (the plain step's compute)."""
-  from rankjax.train import tasks
-  from rankjax.config import TrainConfig
+  from rankjax._src.train import tasks
+  from rankjax._src.config import TrainConfig
   task = tasks.make_task(TrainConfig(model=cfg, seq_len=t, batch_size=B, warmup_steps=1,
                                      total_steps=2, compute_dtype=cfg.compute_dtype))
   batch = {k: jax.ShapeDtypeStruct((B, t), jnp.int32) for k in ("inputs", "targets")}
@@ -255,8 +255,8 @@ def test_softmax_paper_config_with_attention_dropout_has_no_t_by_t_buffer_on_gpu
   128 x at most T, the threefry path 128 x T); the same model on the einsum path does
   (the check can fail)."""
   import optax
-  from rankjax.models.transformer import DecoderLM
-  from rankjax import config as config_lib
+  from rankjax._src.models.transformer import DecoderLM
+  from rankjax._src import config as config_lib
   from experiments.softmax_sensitivity import prepost_training as pt
   paper = config_lib.override(
       config_lib.from_json(config_lib.TrainConfig, "experiments/configs/gpt2_774m.json"),

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from jax import export
 
-from rankjax.errors import UserError
-from rankjax.models import attention_kernels as ak
+from rankjax._src.errors import UserError
+from rankjax._src.models import attention_kernels as ak
 
 BF16, F32, F64 = jnp.bfloat16, jnp.float32, jnp.float64
 
@@ -114,8 +114,8 @@ def test_capture_takes_einsum_whatever_kernel_the_config_names():
   gets the probabilities from einsum; the output is the fused kernel's function."""
   for impl in ("xla", "splash", "cudnn"):
     assert _pick(impl=impl, capture=True) == "einsum"
-  from rankjax.config import KernelConfig, TransformerConfig
-  from rankjax.models.attention import CausalSelfAttention
+  from rankjax._src.config import KernelConfig, TransformerConfig
+  from rankjax._src.models.attention import CausalSelfAttention
   cfg = TransformerConfig(vocab_size=37, num_layers=1, d_model=16, num_heads=2, d_ff=24,
                           max_seq_len=8, kernels=KernelConfig(attention_impl="xla"))
   x = jax.random.normal(jax.random.key(1), (1, 8, 16))
@@ -241,7 +241,7 @@ def test_prefix_removal_on_the_output_equals_it_on_the_probabilities(x64):
 
 
 def test_prefix_rows_are_prefix_average_matrix():
-  from rankjax.models.attention import prefix_average_matrix
+  from rankjax._src.models.attention import prefix_average_matrix
   for dtype in (F32, BF16):
     np.testing.assert_array_equal(ak.prefix_rows(jnp.arange(11), 11, dtype),
                                   prefix_average_matrix(11, dtype))

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import TransformerConfig
-from rankjax.models import attention, dropout_mask
-from rankjax.models.attention import prefix_average_matrix
+from rankjax._src import config as config_lib
+from rankjax._src.config import TransformerConfig
+from rankjax._src.models import attention, dropout_mask
+from rankjax._src.models.attention import prefix_average_matrix
 from tests.conftest import with_kernels
 
 
@@ -143,7 +143,7 @@ def test_model_query_block_and_einsum_paths_draw_the_same_hash_masks():
   and the einsum path (the explicit probabilities, the same masks over the whole
   square) give the same logits and gradients from the same dropout key; threefry masks
   give other logits (the knob selects)."""
-  from rankjax.models.transformer import DecoderLM
+  from rankjax._src.models.transformer import DecoderLM
   tokens = jax.random.randint(jax.random.key(3), (2, 11), 0, 37)
 
   params = jax.jit(DecoderLM(CFG).init)(jax.random.key(0), tokens)

@@ -1,4 +1,4 @@
-"""The fused flash attention with hash dropout (``rankjax.models.flash_dropout``), in
+"""The fused flash attention with hash dropout (``rankjax._src.models.flash_dropout``), in
 Pallas' interpreter on this CPU: the function and gradients of the query-block path
 ``attention.causal_dropout_attention`` (the same masks), plain causal attention at rate
 0, the model's dispatch (``attn_dropout_kernel``), and the CUDA lowering."""
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from unittest import mock
 
-from rankjax.config import KernelConfig, TransformerConfig
-from rankjax.errors import UserError
-from rankjax.models import attention, flash_dropout
+from rankjax._src.config import KernelConfig, TransformerConfig
+from rankjax._src.errors import UserError
+from rankjax._src.models import attention, flash_dropout
 from tests.conftest import with_kernels
 
 
@@ -93,7 +93,7 @@ CFG = TransformerConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=2, d_
 
 
 def _uses_pallas(cfg, tokens, params):
-  from rankjax.models.transformer import DecoderLM
+  from rankjax._src.models.transformer import DecoderLM
   jaxpr = jax.make_jaxpr(lambda p: DecoderLM(cfg).apply(
       p, tokens, deterministic=False, rngs={"dropout": jax.random.key(9)}))(params)
   return "pallas_call" in str(jaxpr)
@@ -103,7 +103,7 @@ def test_model_dispatch_takes_the_flash_kernel_where_it_applies():
   """``kernels.attn_dropout_kernel``: pallas takes the kernel (here in the interpreter), blocks
   and auto on this CPU do not; prefix removal, threefry masks and evaluation never take
   it (the traced programs)."""
-  from rankjax.models.transformer import DecoderLM
+  from rankjax._src.models.transformer import DecoderLM
   tokens = jax.random.randint(jax.random.key(3), (2, 20), 0, 37)
   params = jax.jit(DecoderLM(CFG).init)(jax.random.key(0), tokens)
   assert _uses_pallas(CFG, tokens, params)
@@ -123,7 +123,7 @@ def test_model_dispatch_takes_the_flash_kernel_where_it_applies():
 def test_model_flash_and_query_block_paths_agree():
   """DecoderLM in training, the same dropout key: the flash kernel and the query blocks
   give the same logits and parameter gradients (T = 20: padded to 32)."""
-  from rankjax.models.transformer import DecoderLM
+  from rankjax._src.models.transformer import DecoderLM
   tokens = jax.random.randint(jax.random.key(3), (2, 20), 0, 37)
   params = jax.jit(DecoderLM(CFG).init)(jax.random.key(0), tokens)
 
@@ -168,7 +168,7 @@ def test_model_remat_dots_runs_the_flash_forward_once(remat, forwards):
   the gradient's program, lowered for CUDA, runs the forward kernel once per layer scan
   as without remat; "full" saves nothing and runs it twice (the count tells them apart)."""
   from jax import export
-  from rankjax.models.transformer import DecoderLM
+  from rankjax._src.models.transformer import DecoderLM
   cfg = dataclasses.replace(with_kernels(CFG, remat=remat, attn_dropout_kernel="auto"),
                             compute_dtype="bfloat16")
   tokens = jnp.zeros((2, 20), jnp.int32)
@@ -206,8 +206,8 @@ SHARDED = textwrap.dedent("""
     import numpy as np
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from rankjax import partitioning
-    from rankjax.models import attention, flash_dropout
+    from rankjax._src import partitioning
+    from rankjax._src.models import attention, flash_dropout
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "fsdp"))
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(kk, (4, 32, 2, 16)) for kk in keys)
@@ -258,13 +258,13 @@ def test_under_the_training_mesh_each_device_runs_its_own_sequences_and_masks():
 @pytest.mark.slow
 def test_training_step_lowered_for_cuda_runs_the_kernel_without_a_t_by_t_buffer():
   """The softmax study's step as the device check builds it (774M config, hash dropout
-  0.1, bf16), shrunk to 2 layers of d=128 at T = 64, through ``rankjax.train.loop.build``
+  0.1, bf16), shrunk to 2 layers of d=128 at T = 64, through ``rankjax._src.train.loop.build``
   and lowered for CUDA with a GPU backend's dispatch: one forward and one backward
   Triton kernel (remat dots), no (T, T) tensor."""
   import sys
   from jax import export
-  from rankjax.train import sharding as shard_lib
-  from rankjax.train.loop import build
+  from rankjax._src.train import sharding as shard_lib
+  from rankjax._src.train.loop import build
   sys.path.insert(0, "experiments/benchmarks")
   try:
     import device_check

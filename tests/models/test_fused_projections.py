@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import NORM_POSITIONS, KernelConfig, TrainConfig, TransformerConfig
-from rankjax.measure import decoder_jacobians
-from rankjax.models.transformer import DecoderLM, intermediate_grads, layer_forward
-from rankjax.train import tasks
+from rankjax._src import config as config_lib
+from rankjax._src.config import NORM_POSITIONS, KernelConfig, TrainConfig, TransformerConfig
+from rankjax._src.measure import decoder_jacobians
+from rankjax._src.models.transformer import DecoderLM, intermediate_grads, layer_forward
+from rankjax._src.train import tasks
 from tests.train.conftest import ROOT
 from tests.conftest import with_kernels
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from rankjax.measure import decoder_jacobians
-from rankjax.models import hf, norms, transformer
+from rankjax._src.measure import decoder_jacobians
+from rankjax._src.models import hf, norms, transformer
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
 L, D, V, P = 2, 16, 50, 32

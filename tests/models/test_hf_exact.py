@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from rankjax.models import hf, transformer
+from rankjax._src.models import hf, transformer
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
 ROOT = pathlib.Path(__file__).parents[2]

@@ -3,9 +3,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rankjax.config import TransformerConfig
-from rankjax.models.attention import matrix_init
-from rankjax.models.transformer import DecoderLM
+from rankjax._src.config import TransformerConfig
+from rankjax._src.models.attention import matrix_init
+from rankjax._src.models.transformer import DecoderLM
 
 NAMES = ("w_q", "w_k", "w_v", "w_o", "w_1", "w_2", "w_3", "lm_head")
 SCALED = ("w_v", "w_o", "w_2", "w_3")

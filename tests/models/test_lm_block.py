@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import KernelConfig, TransformerConfig
-from rankjax.models import norms
-from rankjax.models.lm_head import head_cross_entropy, head_logits
-from rankjax.models.transformer import (DecoderLM, first_layer_input, intermediate_grads,
+from rankjax._src import config as config_lib
+from rankjax._src.config import KernelConfig, TransformerConfig
+from rankjax._src.models import norms
+from rankjax._src.models.lm_head import head_cross_entropy, head_logits
+from rankjax._src.models.transformer import (DecoderLM, first_layer_input, intermediate_grads,
                                         norm_names)
-from rankjax.train import tasks
+from rankjax._src.train import tasks
 from tests.conftest import with_kernels
 
 TINY = dict(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_seq_len=12,
@@ -384,7 +384,7 @@ def test_remat_dots_saves_the_attention_output(impl, monkeypatch):
   import contextlib
   import io
 
-  from rankjax.models import transformer
+  from rankjax._src.models import transformer
   cfg = TransformerConfig(**{**TINY, "num_layers": 2},
                           kernels=KernelConfig(remat="dots", attention_impl=impl))
   tokens = _tokens()

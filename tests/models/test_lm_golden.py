@@ -52,8 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import KernelConfig, TransformerConfig
-from rankjax.models.transformer import DecoderLM, intermediate_grads
+from rankjax._src.config import KernelConfig, TransformerConfig
+from rankjax._src.models.transformer import DecoderLM, intermediate_grads
 
 GOLDEN = pathlib.Path(__file__).with_name("lm_golden.json")
 RTOL, RTOL_BF16 = 1e-5, 3e-2    # of each value's error scale; justified in the docstring

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax.models import matmul
+from rankjax._src.models import matmul
 
 
 def _rel(a, b):
@@ -67,7 +67,7 @@ def test_shard_copies_read_as_the_table_and_sum_its_gradients():
   DecoderLM with tied_shards): the loss and the table's gradient of the table itself,
   the two uses' gradients summed (float32 within summation order; a bfloat16 table's
   copies are float32, its gradient rounded once)."""
-  from rankjax.models import lm_head
+  from rankjax._src.models import lm_head
   k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
   table = jax.random.normal(k1, (40, 8), jnp.float32)
   ids = jax.random.randint(k2, (4, 6), 0, 37)

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import MLP_ACTIVATIONS, NORM_OPS, NORM_POSITIONS, MLPConfig
-from rankjax.models import blocks, norms
-from rankjax.models.mlp import ResidualMLP
+from rankjax._src.config import MLP_ACTIVATIONS, NORM_OPS, NORM_POSITIONS, MLPConfig
+from rankjax._src.models import blocks, norms
+from rankjax._src.models.mlp import ResidualMLP
 
 SMALL = dict(depth=3, width=8, expansion=2.0)
 

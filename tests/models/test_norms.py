@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.models import norms
+from rankjax._src.models import norms
 
 D = 12
 
@@ -75,8 +75,8 @@ def test_rescale_rule_equals_autodiff_of_the_formula(op, eps, x64):
 def test_lm_gradient_with_the_rule_equals_plain_autodiff(position, op, x64, monkeypatch):
   """The whole DecoderLM's float64 loss gradient is the same with norms.rescale's rule
   as with autodiff of the formula: the rule changes float32 rounding only."""
-  from rankjax.config import TransformerConfig
-  from rankjax.models.transformer import DecoderLM
+  from rankjax._src.config import TransformerConfig
+  from rankjax._src.models.transformer import DecoderLM
   cfg = TransformerConfig(vocab_size=23, num_layers=3, d_model=16, num_heads=2, d_ff=24,
                           max_seq_len=8, norm_position=position, norm_op=op,
                           norm_eps=1e-5, compute_dtype="float64", param_dtype="float64")

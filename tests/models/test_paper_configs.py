@@ -5,9 +5,9 @@ import json
 import jax
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig
-from rankjax.train.tasks import count_params, make_task
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig
+from rankjax._src.train.tasks import count_params, make_task
 from tests.train.conftest import ROOT
 
 CONFIGS = ROOT / "experiments" / "configs"

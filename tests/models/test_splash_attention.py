@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from rankjax.models import splash_attention
+from rankjax._src.models import splash_attention
 
 
 def _qkv(b, t, h, d, dtype=jnp.float32, seed=0):
@@ -74,8 +74,8 @@ SHARDED = textwrap.dedent("""
     import numpy as np
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from rankjax import partitioning
-    from rankjax.models import splash_attention
+    from rankjax._src import partitioning
+    from rankjax._src.models import splash_attention
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "fsdp"))
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(kk, (4, 128, 2, 64)) for kk in keys)

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import KernelConfig, TransformerConfig
-from rankjax.models import norms
-from rankjax.models.attention import CausalSelfAttention, prefix_average_matrix
-from rankjax.models.transformer import DecoderLM, intermediate_grads
+from rankjax._src.config import KernelConfig, TransformerConfig
+from rankjax._src.models import norms
+from rankjax._src.models.attention import CausalSelfAttention, prefix_average_matrix
+from rankjax._src.models.transformer import DecoderLM, intermediate_grads
 
 TINY = dict(vocab_size=37, num_layers=2, d_model=16, num_heads=2, d_ff=24, max_seq_len=12)
 

@@ -2,7 +2,7 @@
 
 Each declared claim carries the paper's words (``quote``), the item it tests (``where``)
 and its ``kind``; each ``where`` is an item of the study's register
-(``rankjax.studies.items``), and every registered item is tested by a committed row or
+(``rankjax._src.studies.items``), and every registered item is tested by a committed row or
 says why not. The paper's words are checked against the paper's text: a quote's
 pieces between ellipses each occur in shared/papers/<study>.txt (whitespace and case
 folded), where the checkout has the papers.
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from rankjax.studies import evidence, expected, finder, items
+from rankjax._src.studies import evidence, expected, finder, items
 
 STUDIES = sorted(finder.find().items())
 PAPERS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "papers"
@@ -80,7 +80,7 @@ def test_committed_rows_carry_the_declared_words(name, folder):
         continue
       if (r.get("where"), r.get("kind"), r.get("quote")) != (c.where, c.kind, c.quote):
         stale.append(f"{scale}/{r['experiment']}/{r['item']}")
-  assert not stale, (f"{len(stale)} rows not re-judged (python -m rankjax.studies.rejudge): "
+  assert not stale, (f"{len(stale)} rows not re-judged (python -m rankjax._src.studies.rejudge): "
                      + "; ".join(stale[:10]))
   assert all(r.get("kind") in evidence.KINDS for rows in expected.committed_rows(study).values()
              for r in rows if r["status"] not in ("missing", "failed"))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rankjax.provenance import same_bits
-from rankjax.studies import evidence, expected, items, rejudge, results, runner
-from rankjax.studies.evidence import Abs, Bound, Claim, Draw
+from rankjax._src.provenance import same_bits
+from rankjax._src.studies import evidence, expected, items, rejudge, results, runner
+from rankjax._src.studies.evidence import Abs, Bound, Claim, Draw
 
 
 def _row(where, status, kind="experiment", reading="", experiment="e"):
@@ -138,18 +138,18 @@ def _study(tmp_path, claims_src: str, register_src: str = "()"):
   (pkg / "results" / "quick").mkdir(parents=True, exist_ok=True)
   (pkg / "__init__.py").write_text("")
   (pkg / "m.py").write_text(
-      "from rankjax.studies.evidence import Claim, Abs, Bound, Draw\n"
-      "from rankjax.studies import evidence\n"
+      "from rankjax._src.studies.evidence import Claim, Abs, Bound, Draw\n"
+      "from rankjax._src.studies import evidence\n"
       f"CLAIMS = evidence.claims([{claims_src}])\nSCALES = {{'quick': {{}}}}\n"
       "def run(out_dir, scale='quick'):\n  return {}\n")
   (pkg / "reproduce.py").write_text(
-      "from rankjax.studies import Study, Experiment, items\n"
+      "from rankjax._src.studies import Study, Experiment, items\n"
       "STUDY = Study('mystudy_items', 'T', {'m': Experiment('m', setting={'quick': 'paper'})},"
       f" register={register_src})\n")
   for name in [n for n in sys.modules if n.startswith("mystudy_items")]:
     del sys.modules[name]
   importlib.invalidate_caches()
-  from rankjax.studies import finder
+  from rankjax._src.studies import finder
   return finder.load(pkg), pkg
 
 

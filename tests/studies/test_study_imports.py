@@ -1,9 +1,11 @@
-"""A study imports only rankjax's public API and ``rankjax.studies``.
+"""A study imports only rankjax's public face: ``rankjax`` and its faces.
 
-Public: the names and modules listed in ``__all__`` of ``rankjax`` and of its
-sub-packages; a public module's names that do not start with ``_``. Inside a study,
-relative imports only (no ``experiments.`` import: no study reads another's code), and
-no ``_private`` name is imported or read from a rankjax module or another module.
+Public: ``rankjax`` and ``rankjax.<face>`` (``rankjax.FACES``: config, data, measure,
+models, studies, train) and the names their ``__all__`` lists; never
+``rankjax.<face>.<module>`` nor ``rankjax._src``. Inside a study, relative imports only
+(no ``experiments.`` import: no study reads another's code), and no ``_private`` name
+is imported or read from a rankjax module or another module. The plug-in example
+(examples/plugins/) is held to the same rule.
 """
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import pathlib
 
 import pytest
 
-from rankjax.studies import finder
+import rankjax
+from rankjax._src.studies import finder
 
 STUDIES = sorted(finder.find().items())
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _public(module: str, name: str | None = None) -> str | None:
@@ -23,18 +27,12 @@ def _public(module: str, name: str | None = None) -> str | None:
   parts = module.split(".")
   if parts[0] != "rankjax":
     return None
-  if parts[:2] == ["rankjax", "studies"]:
-    return None if name is None or not name.startswith("_") else f"{module}.{name} is private"
-  for i in range(1, len(parts)):
-    parent = importlib.import_module(".".join(parts[:i]))
-    if parts[i] not in getattr(parent, "__all__", ()):
-      return f"{'.'.join(parts[:i + 1])} is not in {parent.__name__}.__all__"
+  if len(parts) > 2 or (len(parts) == 2 and parts[1] not in rankjax.FACES):
+    return f"{module} is not rankjax or one of its faces {list(rankjax.FACES)}"
   if name is None:
     return None
   target = importlib.import_module(module)
-  if name.startswith("_"):
-    return f"{module}.{name} is private"
-  if hasattr(target, "__path__") and name not in getattr(target, "__all__", ()):
+  if name not in getattr(target, "__all__", ()):
     return f"{module}.{name} is not in {module}.__all__"
   return None
 
@@ -79,17 +77,40 @@ def test_the_rule_catches_what_it_forbids(tmp_path):
   """The checker itself fails on each kind of violation (a check that cannot fail is
   not one)."""
   src = tmp_path / "m.py"
-  src.write_text("from rankjax.measure import engine\n"          # not in __all__
-                 "from rankjax.measure.spectra import _private\n"
-                 "from rankjax.measure import spectra\n"
-                 "x = spectra._hidden\n"
+  src.write_text("from rankjax._src.measure import engine\n"
+                 "from rankjax.measure import _private\n"
+                 "from rankjax.measure import effective_rank\n"
+                 "from rankjax import measure\n"
+                 "x = measure._hidden\n"
                  "from experiments.transforming_rank import common\n"
                  "import rankjax.train.checkpoint\n"
-                 "from rankjax import effective_rank, plotting\n"
+                 "from rankjax.measure import engine\n"
+                 "from rankjax import effective_rank, studies\n"
                  "from rankjax.studies import Claim, measured\n"
                  "from . import common\n")
   found = _violations(src)
   assert [f.split(": ", 1)[1].split(":")[0] for f in found] == [
-      "from rankjax.measure import engine", "from rankjax.measure.spectra import _private",
+      "from rankjax._src.measure import engine", "from rankjax.measure import _private",
       "from experiments.transforming_rank", "import rankjax.train.checkpoint",
-      "spectra._hidden (line 4)"]
+      "from rankjax.measure import engine", "from rankjax import effective_rank",
+      "measure._hidden (line 5)"]
+
+
+def test_the_plugin_example_imports_only_the_public_face():
+  bad = [v for p in sorted((ROOT / "examples").rglob("*.py")) for v in _violations(p)]
+  assert not bad, "\n".join(bad)
+
+
+def test_every_public_name_has_a_docstring():
+  """Each face's names are documented: a function or class has its own docstring (a
+  constant is named in its face's docstring)."""
+  missing = []
+  for face in rankjax.FACES:
+    module = importlib.import_module(f"rankjax.{face}")
+    for name in module.__all__:
+      obj = getattr(module, name)
+      if callable(obj) and not (getattr(obj, "__doc__", None) or "").strip():
+        missing.append(f"rankjax.{face}.{name}")
+      elif not callable(obj) and name not in module.__doc__:
+        missing.append(f"rankjax.{face}.{name} (not named in the face's docstring)")
+  assert not missing, missing

@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import MLPConfig, TrainConfig, TransformerConfig
+from rankjax._src import config as config_lib
+from rankjax._src.config import MLPConfig, TrainConfig, TransformerConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).with_name("train_worker.py")
@@ -53,7 +53,7 @@ def tiny_lm(**overrides) -> TrainConfig:
 
 def tiny_mlp(**overrides) -> TrainConfig:
   """A depth-2 residual MLP classifier on the offline image set (fashion-mnist/digits)."""
-  from rankjax.data import dataset_info
+  from rankjax._src.data import dataset_info
   info = dataset_info("images")
   mlp = MLPConfig(depth=2, width=16, expansion=2.0, input_dim=info.input_dim,
                   num_classes=info.num_classes)
@@ -116,9 +116,9 @@ def worker(worker_env, tmp_path_factory) -> Worker:
 
 @contextlib.contextmanager
 def logs_warning(caplog, pattern: str):
-  """Like ``pytest.warns`` for the warnings ``rankjax.train`` logs (a skipped step)."""
+  """Like ``pytest.warns`` for the warnings ``rankjax._src.train`` logs (a skipped step)."""
   caplog.clear()
-  with caplog.at_level(logging.WARNING, "rankjax.train"):
+  with caplog.at_level(logging.WARNING, "rankjax._src.train"):
     yield
   assert re.search(pattern, caplog.text), caplog.text
 
@@ -139,8 +139,8 @@ def shrunk_paper_config(name: str, **knobs):
   ``kernels`` (``KernelConfig``) fields."""
   import dataclasses
 
-  from rankjax import config as config_lib
-  from rankjax.config import TrainConfig
+  from rankjax._src import config as config_lib
+  from rankjax._src.config import TrainConfig
   cfg = config_lib.from_json(TrainConfig, (ROOT / "experiments" / "configs" / name).read_text())
   lm = dataclasses.replace(cfg.model, num_layers=2, d_model=64, num_heads=2, d_ff=128,
                            vocab_size=1000, max_seq_len=40)

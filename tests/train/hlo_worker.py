@@ -30,8 +30,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import dataclasses  # noqa: E402
 
-from rankjax.train import sharding as shard_lib  # noqa: E402
-from rankjax.train.loop import build  # noqa: E402
+from rankjax._src.train import sharding as shard_lib  # noqa: E402
+from rankjax._src.train.loop import build  # noqa: E402
 from tests.train.conftest import shrunk_paper_config, tiny_lm  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -138,8 +138,8 @@ def memory() -> None:
   count and the bytes of one global batch."""
   import numpy as np
 
-  from rankjax.train import loop, tasks
-  from rankjax.train import memory as memory_lib
+  from rankjax._src.train import loop, tasks
+  from rankjax._src.train import memory as memory_lib
   out = {}
   for name in PAPER_CONFIGS:
     cfg = dataclasses.replace(shrunk_paper_config(name), diag_every=0)

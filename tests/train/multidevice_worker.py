@@ -17,8 +17,8 @@ import dataclasses  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from rankjax.train import sharding as shard_lib  # noqa: E402
-from rankjax.train.loop import build  # noqa: E402
+from rankjax._src.train import sharding as shard_lib  # noqa: E402
+from rankjax._src.train.loop import build  # noqa: E402
 from tests.train.conftest import tiny_lm  # noqa: E402
 
 

@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-import rankjax.cli
-from rankjax import config as config_lib
-from rankjax.train.loop import train
+import rankjax._src.cli
+from rankjax._src import config as config_lib
+from rankjax._src.train.loop import train
 from tests.train.conftest import tiny_lm
 
 
 @pytest.fixture
 def cli(monkeypatch):
-  monkeypatch.setattr(rankjax.cli, "SUBCOMMAND_MODULES", ("rankjax.train.cli",))
-  return rankjax.cli.main
+  monkeypatch.setattr(rankjax._src.cli, "SUBCOMMAND_MODULES", ("rankjax._src.train.cli",))
+  return rankjax._src.cli.main
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_missing_data_set_names_data_dir(tmp_path):
 
 
 def test_mlp_needs_input_and_class_counts(tmp_path):
-  from rankjax.config import MLPConfig, TrainConfig
+  from rankjax._src.config import MLPConfig, TrainConfig
   cfg = TrainConfig(model=MLPConfig(depth=2, width=8), optimizer="adam",
                     weight_decay=0.0, batch_size=4, warmup_steps=0)
   with pytest.raises(ValueError, match="set model.input_dim and model.num_classes"):
@@ -109,7 +109,7 @@ def test_gs_workdir_without_gcsfs_and_unreadable_checkpoints_are_one_line(
                  "(pip install gcsfs)"], err
   monkeypatch.undo()
 
-  from rankjax.train import checkpoint as ckpt_lib
+  from rankjax._src.train import checkpoint as ckpt_lib
 
   def refuse(*a, **k):
     raise ckpt_lib.RestoreError("no checkpoint in X could be read (step 8: bad); nothing was moved")
@@ -139,8 +139,8 @@ def test_sigterm_exit_status_is_75_then_resume_exits_0(cli, config_file, tmp_pat
   import functools
   import os
   import signal
-  from rankjax.train import loop
-  from rankjax.train.cli import EXIT_PREEMPTED
+  from rankjax._src.train import loop
+  from rankjax._src.train.cli import EXIT_PREEMPTED
 
   def term_at_3(step):
     if step == 3:
@@ -160,7 +160,7 @@ def test_sigterm_before_training_started_exits_75(cli, config_file, tmp_path, ca
   """In the first instant (here: where jax.distributed would start) as later: 75."""
   import os
   import signal
-  from rankjax import distributed
+  from rankjax._src import distributed
   monkeypatch.setattr(distributed, "maybe_initialize_distributed",
                       lambda: os.kill(os.getpid(), signal.SIGTERM))
   workdir = tmp_path / "run"
@@ -176,7 +176,7 @@ def test_sigterm_while_the_run_is_set_up_exits_75_before_the_first_update(
     cli, tmp_path, capsys, monkeypatch, compile_cache):
   import os
   import signal
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   from tests.train.conftest import tiny_mlp
   real = loop.check_workdir_config
 
@@ -242,7 +242,7 @@ def test_stop_on_collapse_saves_says_why_and_stays_stopped(tmp_path, compile_cac
   why; the same command again trains nothing; without stop_on_collapse it trains on and
   the stop is forgotten. At the real threshold the tiny LM never stops."""
   from rankjax import load_run
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   from tests.train.conftest import losses
   whole = tmp_path / "whole"
   assert train(tiny_lm(stop_on_collapse=2), whole, progress_bar=False).status == "completed"
@@ -267,7 +267,7 @@ def test_a_collapse_found_at_a_checkpoint_step_saves_it_once(tmp_path, compile_c
                                                                monkeypatch):
   """checkpoint_every=3: the collapse of the test above is found while update 3 is
   checked for its save; that save is the collapse's, not a second one of step 3."""
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   monkeypatch.setattr(loop, "COLLAPSED_SIM", 0.0)
   run = tmp_path / "run"
   result = train(tiny_lm(stop_on_collapse=2, checkpoint_every=3), run, progress_bar=False)

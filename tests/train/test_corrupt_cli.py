@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from rankjax import cli_quiet
-from rankjax.train.loop import train
+from rankjax._src import cli_quiet
+from rankjax._src.train.loop import train
 from tests.train.conftest import ROOT, tiny_lm
 
 METADATA = ("_METADATA", "_CHECKPOINT_METADATA", "_sharding", "process_0", "metrics")
@@ -67,7 +67,7 @@ def test_all_corrupt_run_is_one_line_and_exit_3(reference, tmp_path, worker_env,
   shutil.copytree(reference, workdir)
   corrupt(workdir, metadata)
   before = _hashes(workdir)
-  proc = subprocess.run([sys.executable, "-m", "rankjax.cli",
+  proc = subprocess.run([sys.executable, "-m", "rankjax._src.cli",
                          *COMMANDS[command](workdir, tmp_path / "out")],
                         env=worker_env, capture_output=True, text=True, timeout=300, cwd=ROOT)
   err = [line for line in proc.stderr.splitlines() if line.strip()]

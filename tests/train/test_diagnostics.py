@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.train import diagnostics as diag_lib
-from rankjax.train import state as state_lib
-from rankjax.train.tasks import make_task
+from rankjax._src.train import diagnostics as diag_lib
+from rankjax._src.train import state as state_lib
+from rankjax._src.train.tasks import make_task
 from tests.train.conftest import tiny_mlp
 
 

@@ -7,14 +7,14 @@ import jax
 import numpy as np
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig, TransformerConfig
-from rankjax.measure import sensitivity as sens
-from rankjax.models.transformer import DecoderLM
-from rankjax.train import diagnostics as diag_lib
-from rankjax.train import diagnostics_attention as da
-from rankjax.train import tasks as task_lib
-from rankjax.train.state import make_optimizer, make_step, make_init
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig, TransformerConfig
+from rankjax._src.measure import sensitivity as sens
+from rankjax._src.models.transformer import DecoderLM
+from rankjax._src.train import diagnostics as diag_lib
+from rankjax._src.train import diagnostics_attention as da
+from rankjax._src.train import tasks as task_lib
+from rankjax._src.train.state import make_optimizer, make_step, make_init
 
 NUM_ROWS = 24
 
@@ -111,7 +111,7 @@ def test_experiment_configs_build(scale):
   (App D.1): LayerNorm with gain and bias, Post-LN without an embedding LayerNorm,
   attention-probability dropout 0.1; paper scale is the project's one 774M config."""
   from experiments.softmax_sensitivity import prepost_training as pt
-  from rankjax.train.tasks import count_params
+  from rankjax._src.train.tasks import count_params
   cfg = pt.make_config(scale, "post", 42)
   assert cfg.model.norm_bias and not cfg.model.uses_embed_norm and not cfg.model.uses_final_norm
   assert cfg.model.attn_dropout_rate == 0.1 and cfg.model.dropout_rate == 0.1

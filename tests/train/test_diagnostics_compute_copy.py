@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax import numerics
-from rankjax.models.lm_head import head_cross_entropy
-from rankjax.train import diagnostics as diag_lib, loop, sharding as shard_lib, tasks
+from rankjax._src import numerics
+from rankjax._src.models.lm_head import head_cross_entropy
+from rankjax._src.train import diagnostics as diag_lib, loop, sharding as shard_lib, tasks
 from tests.train.conftest import tiny_lm
 
 FAMILIES = {   # the Post-Norm paper's model (RMSNorm, SwiGLU, RoPE) and the GPT-2 one

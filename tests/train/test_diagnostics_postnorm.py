@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rankjax.config import TrainConfig, TransformerConfig
-from rankjax.measure import gradients as gr
-from rankjax.train import diagnostics
-from rankjax.train import diagnostics_postnorm
-from rankjax.train.state import make_optimizer, make_init, make_step
-from rankjax.train.tasks import make_task
+from rankjax._src.config import TrainConfig, TransformerConfig
+from rankjax._src.measure import gradients as gr
+from rankjax._src.train import diagnostics
+from rankjax._src.train import diagnostics_postnorm
+from rankjax._src.train.state import make_optimizer, make_init, make_step
+from rankjax._src.train.tasks import make_task
 
 from tests.measure.test_gradients import _forward_sites, _from
 
@@ -68,7 +68,7 @@ def test_postnorm_diagnostic_step_matches_direct_grads():
                                rtol=1e-4)
   assert out["grad_norm"].shape == (2,)
   assert out["grad_norm_attn"].shape == (2,) and out["grad_norm_embed"].shape == ()
-  from rankjax.measure.losses import frequency_loss
+  from rankjax._src.measure.losses import frequency_loss
   np.testing.assert_allclose(out["freq_loss"], frequency_loss(targets), rtol=1e-6)
   y_last = np.asarray(sites["y2"][-1], np.float64)            # (B, T, d), float64
   tsim = np.mean([y_last.shape[1] * np.sum(yb.mean(0) ** 2) / np.sum(yb ** 2) for yb in y_last])
@@ -96,8 +96,8 @@ def test_postnorm_collapse_configs_build():
   """experiments/postnorm_collapse/configs parse, build (shapes only) and name
   diagnostics that resolve."""
   import pathlib
-  from rankjax import config as config_lib
-  from rankjax.train import state as state_lib
+  from rankjax._src import config as config_lib
+  from rankjax._src.train import state as state_lib
   root = pathlib.Path(__file__).resolve().parents[2]
   paths = sorted((root / "experiments" / "postnorm_collapse" / "configs").glob("*.json"))
   assert {p.stem for p in paths} >= {"collapse_post_quick", "stable_post_quick"}

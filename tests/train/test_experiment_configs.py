@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig
-from rankjax.train import state as state_lib
-from rankjax.train.tasks import count_params, make_task
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig
+from rankjax._src.train import state as state_lib
+from rankjax._src.train.tasks import count_params, make_task
 from tests.train.conftest import ROOT
 
 CONFIGS = sorted((ROOT / "experiments" / "configs").glob("*.json"))

@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from rankjax.train.loop import train
+from rankjax._src.train.loop import train
 from tests.train.conftest import Worker, logs_warning, losses, tiny_mlp
 
 needs_emulator = pytest.mark.skipif(
@@ -81,8 +81,8 @@ def gcs_env(gcs, monkeypatch):
 def test_gs_workdir_train_kill_resume_report(gcs_env, worker_env, tmp_path, compile_cache,
                                             caplog):
   from etils import epath
-  from rankjax.report import build_report
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.report import build_report
+  from rankjax._src.train.run_reader import load_run
 
   cfg = tiny_mlp()
   reference = train(cfg, tmp_path / "local", progress_bar=False)
@@ -175,8 +175,8 @@ def test_gs_paths_move_atomic_write_and_metrics_truncation(gcs_env):
   """What the corrupt-step handling and a resume do to a gs:// workdir."""
   import json
 
-  from rankjax import storage
-  from rankjax.train.logging import MetricsWriter
+  from rankjax._src import storage
+  from rankjax._src.train.logging import MetricsWriter
   root = storage.as_path(f"gs://{BUCKET}/paths_test")
   step = root / "checkpoints" / "8"
   (step / "state").mkdir(parents=True, exist_ok=True)
@@ -199,8 +199,8 @@ def test_gs_paths_move_atomic_write_and_metrics_truncation(gcs_env):
 @needs_emulator
 @pytest.mark.slow
 def test_output_on_a_missing_bucket_is_one_line_before_any_work(gcs_env, capsys):
-  from rankjax import cli
-  from rankjax import storage
+  from rankjax._src import cli
+  from rankjax._src import storage
   assert storage.check_output(f"gs://{BUCKET}/new_run", "workdir").name == "new_run"
   with pytest.raises(ValueError, match=r"^workdir gs://no-such-bucket/run: the bucket "
                                        r"gs://no-such-bucket does not exist$"):
@@ -217,8 +217,8 @@ def test_a_text_dataset_on_gs_reads_as_the_local_folder(gcs_env, tmp_path):
   of the same folder on disk; a gs:// folder that is not there is one line, never a tfds
   lookup; a study's data check (training.missing_directory) accepts the URL."""
   from etils import epath
-  from rankjax.data import common, text
-  from rankjax.studies import training
+  from rankjax._src.data import common, text
+  from rankjax._src.studies import training
   local = tmp_path / "fineweb"
   local.mkdir()
   remote = epath.Path(f"gs://{BUCKET}/fineweb")
@@ -235,7 +235,7 @@ def test_a_text_dataset_on_gs_reads_as_the_local_folder(gcs_env, tmp_path):
     seen += len(ours.docs)
   assert seen == 12
   # the training batches, packed in memory and streamed, are the local folder's
-  from rankjax.data import pipeline
+  from rankjax._src.data import pipeline
 
   def batches(dataset):
     it = pipeline.make_iterator("text", dataset=dataset, batch_size=2, seq_len=8,

@@ -1,4 +1,4 @@
-"""Each hook of ``rankjax.train.hooks`` alone, on a stand-in run (no model, no device
+"""Each hook of ``rankjax._src.train.hooks`` alone, on a stand-in run (no model, no device
 work): what it records, saves, writes and returns, and the order they run in.
 ``test_cli.py``, ``test_resume.py`` and ``test_runs.py`` train real runs through them."""
 
@@ -10,10 +10,10 @@ import types
 
 import numpy as np
 
-from rankjax import preemption
-from rankjax.train import hooks
-from rankjax.train.checkpoint import read_stopped
-from rankjax.train.hooks import RunStatus
+from rankjax._src import preemption
+from rankjax._src.train import hooks
+from rankjax._src.train.checkpoint import read_stopped
+from rankjax._src.train.hooks import RunStatus
 
 
 class _Ckpt:

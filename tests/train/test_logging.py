@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from rankjax.train.logging import MetricsWriter
-from rankjax.train.run_reader import read_metrics_jsonl
+from rankjax._src.train.logging import MetricsWriter
+from rankjax._src.train.run_reader import read_metrics_jsonl
 
 
 class _Tty(io.StringIO):
@@ -86,7 +86,7 @@ def test_tensorboard_log_every_diagnostics_and_resume_purge(tmp_path):
   resumed at step 4 after a killed one wrote steps 1-6 leaves each step once."""
   pytest.importorskip("tensorboardX")
   import numpy as np
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   w = MetricsWriter(tmp_path, total_steps=8, log_every=2, stream=io.StringIO())
   for step in range(1, 7):
     w.write(step, {"loss": float(step)})
@@ -119,7 +119,7 @@ def test_a_diagnostics_steps_scalars_are_one_event_and_its_histograms_another(tm
   made the loop wait on tensorboardX's queue), every tag still its own series."""
   pytest.importorskip("tensorboardX")
   import numpy as np
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   w = MetricsWriter(tmp_path, total_steps=4, log_every=1, stream=io.StringIO(), image_every=100)
   for step in (2, 3):
     w.write_diagnostics(step, {"basic": {"tsim_x1": np.arange(40.0) * step, "loss": 1.0 * step},
@@ -146,7 +146,7 @@ def test_tensorboard_run_started_over_at_step_0_drops_the_killed_runs_steps(tmp_
   """A run killed before its first checkpoint wrote steps 1-6; the rerun starts at
   step 0 and writes 1-4: each step is in the files once, with the rerun's values."""
   pytest.importorskip("tensorboardX")
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
   for step in range(1, 7):
     w.write(step, {"loss": float(step)})
@@ -169,8 +169,8 @@ def test_resume_backfills_events_a_kill_lost(tmp_path):
   1-2 (tensorboardX's queue died with the process): the resumed writer adds 3-4 once."""
   pytest.importorskip("tensorboardX")
   import numpy as np
-  from rankjax.train import tensorboard as tb
-  from rankjax.train.diagnostics import DiagnosticsHistory
+  from rankjax._src.train import tensorboard as tb
+  from rankjax._src.train.diagnostics import DiagnosticsHistory
   w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
   for step in (1, 2):
     w.write(step, {"loss": float(step)})
@@ -200,8 +200,8 @@ def test_backfill_draws_only_the_images_a_kill_lost(tmp_path):
   of tensorboardX's queue): the resumed writer draws that image alone."""
   pytest.importorskip("tensorboardX")
   import numpy as np
-  from rankjax.train import tensorboard as tb
-  from rankjax.train.diagnostics import DiagnosticsHistory
+  from rankjax._src.train import tensorboard as tb
+  from rankjax._src.train.diagnostics import DiagnosticsHistory
   diag = {"basic": {"tsim_x1": np.array([0.1, 0.2, 0.4])}}
   w = MetricsWriter(tmp_path, total_steps=8, log_every=1, stream=io.StringIO())
   w.write_diagnostics(2, diag)
@@ -227,7 +227,7 @@ def test_per_layer_profiles_pick_the_layer_arrays():
   """Images get the (L,) profiles with a finite value; scalars, one-layer and 2-D
   arrays, and all-NaN profiles are left to the scalars and histograms."""
   import numpy as np
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   diag = {"basic": {"tsim": np.array([0.5, 0.9]), "loss": np.float32(1.0),
                     "one": np.array([1.0]), "grid": np.ones((2, 3)),
                     "nan": np.full(3, np.nan), "grad": np.array([1e-4, np.nan, 1.0])},
@@ -256,7 +256,7 @@ def test_matplotlib_is_imported_only_to_draw_an_image(tmp_path):
   code = f"""
 import io, sys
 import numpy as np
-from rankjax.train.logging import MetricsWriter
+from rankjax._src.train.logging import MetricsWriter
 w = MetricsWriter({str(tmp_path)!r}, total_steps=2, log_every=1, stream=io.StringIO())
 w.write(1, {{"loss": 1.0}})
 print("matplotlib" in sys.modules)
@@ -275,7 +275,7 @@ def test_profile_images_at_most_once_per_image_every_updates(tmp_path):
   every 4 updates; scalars at every step."""
   pytest.importorskip("tensorboardX")
   import numpy as np
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   w = MetricsWriter(tmp_path, total_steps=10, log_every=1, stream=io.StringIO(),
                     image_every=4, diag_every=1)
   for step in range(1, 11):
@@ -293,7 +293,7 @@ def test_profile_images_at_most_once_per_image_every_updates(tmp_path):
 def test_throughput_excludes_the_steps_that_compiled():
   """A resumed run's first update holds the compile (5 s against 0.1 s steady): the
   window's mean leaves it out; a window of compile steps alone has no mean."""
-  from rankjax.train.loop import throughput
+  from rankjax._src.train.loop import throughput
   times, compiled = [5.0, 0.1, 0.1, 0.1], [True, False, False, False]
   assert throughput(100, times, compiled) == pytest.approx(1000.0)
   assert throughput(100, times, [False] * 4) == pytest.approx(400 / 5.3)   # what it was
@@ -304,7 +304,7 @@ def test_a_step_variants_first_call_and_any_recompile_count_as_compile_steps():
   import jax
   import jax.numpy as jnp
 
-  from rankjax.train.loop import _Loop
+  from rankjax._src.train.loop import _Loop
   loop = object.__new__(_Loop)
   loop.state, loop._called, loop._compiling = jnp.ones(3), set(), False
   fn = jax.jit(lambda state, batch: state + batch)
@@ -331,7 +331,7 @@ def test_a_diagnostic_of_sampled_layers_is_tagged_and_drawn_at_those_layers():
   layer's attention read as layer 2's), its images drew them at 0, 1, 2 and a
   ``layers/layer_01`` scalar held the value 2."""
   import numpy as np
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   diag = {"attention": {"theta_cert_p50": np.array([0.9, 0.8, 0.7]),
                         "p_max_uniform_mean": np.float32(0.1),
                         "layers": np.array([0, 2, 3], np.int32)},
@@ -360,11 +360,11 @@ def test_a_4_layer_lms_attention_is_tagged_by_the_layers_it_measures(tmp_path):
   """End to end: the run's TensorBoard scalars, ``load_run`` and the report agree
   that the attention diagnostic measured layers 0, 2 and 3."""
   import numpy as np
-  from rankjax import report
-  from rankjax.config import TransformerConfig
-  from rankjax.train import tensorboard as tb
-  from rankjax.train.loop import train
-  from rankjax.train.run_reader import load_run
+  from rankjax._src import report
+  from rankjax._src.config import TransformerConfig
+  from rankjax._src.train import tensorboard as tb
+  from rankjax._src.train.loop import train
+  from rankjax._src.train.run_reader import load_run
   from tests.train.conftest import tiny_lm
   lm = TransformerConfig(vocab_size=257, num_layers=4, d_model=16, num_heads=2, d_ff=32,
                          max_seq_len=32, norm_position="pre")

@@ -1,4 +1,4 @@
-"""rankjax.train.memory: the peak-memory estimate against its formula by hand, and
+"""rankjax._src.train.memory: the peak-memory estimate against its formula by hand, and
 model.kernels.remat="auto" chosen by it at build (device memory faked), printed at start-up, the
 same on resume, and the plan's note."""
 
@@ -13,7 +13,7 @@ import signal
 import jax
 import pytest
 
-from rankjax.train import loop, memory
+from rankjax._src.train import loop, memory
 from tests.train.conftest import tiny_lm
 from tests.conftest import with_kernels
 
@@ -155,8 +155,8 @@ def test_auto_run_prints_its_choice_keeps_auto_saved_and_resumes_the_same(tmp_pa
 
 
 def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
-  from rankjax.train import mfu as mfu_lib
-  from rankjax.train import plan as plan_lib
+  from rankjax._src.train import mfu as mfu_lib
+  from rankjax._src.train import plan as plan_lib
   cfg = _cfg()
   limit = _limits(cfg)["none"]
   monkeypatch.setattr(memory, "device_limit", lambda: limit)
@@ -181,14 +181,14 @@ def test_the_plan_says_the_choice_and_estimates_its_policy(monkeypatch):
   assert not row["peak_compiled"]
   assert row["peak_gb_per_device"] == memory.estimate(
       memory.with_remat(cfg, row["remat"]), n + 7, params)["total"] / 1e9
-  assert "GB/dev of 1 run: estimated (rankjax.train.memory;" in plan_lib.plan_text(p)
+  assert "GB/dev of 1 run: estimated (rankjax._src.train.memory;" in plan_lib.plan_text(p)
 
 
 def test_a_model_built_from_an_auto_config_alone_uses_the_fallback():
   """DecoderLM(remat="auto") outside a build (load_run, analyses): the fallback's
   program exactly, and not the program without remat."""
   import jax.numpy as jnp
-  from rankjax.models.transformer import DecoderLM
+  from rankjax._src.models.transformer import DecoderLM
   tokens = jnp.zeros((2, 8), jnp.int32)
 
   def program(remat):
@@ -229,7 +229,7 @@ def test_compiled_state_per_device_is_the_plans_share_on_8_and_4_devices():
 
 
 def _paper(name):
-  from rankjax.studies import training
+  from rankjax._src.studies import training
   return training.load(f"experiments/configs/{name}")
 
 

@@ -1,9 +1,9 @@
-"""The spec-peak table and MFU arithmetic (rankjax.train.mfu)."""
+"""The spec-peak table and MFU arithmetic (rankjax._src.train.mfu)."""
 
 import jax.numpy as jnp
 import pytest
 
-from rankjax.train import mfu
+from rankjax._src.train import mfu
 
 
 @pytest.mark.parametrize("kind, dtype, peak", [
@@ -45,7 +45,7 @@ def test_training_logs_mfu_against_the_spec_peak(tmp_path, monkeypatch):
 
   import jax
 
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   from tests.train.conftest import tiny_lm
 
   cfg = tiny_lm(log_every=2, total_steps=4, diag_every=0, eval_every=0)
@@ -77,8 +77,8 @@ def test_lm_flops_equal_a_count_of_every_matmul(ffn, tie, pos):
   FFN (3 or 2 d d_ff), the head (d V); per sequence and layer the scores Q K^T and the
   values P V (T^2 d each, full; T(T+1)/2 d causal, ~half); x2 for multiply-add, x3 for
   forward + backward."""
-  from rankjax.config import TrainConfig, TransformerConfig
-  from rankjax.train import tasks
+  from rankjax._src.config import TrainConfig, TransformerConfig
+  from rankjax._src.train import tasks
   lm = TransformerConfig(vocab_size=50, num_layers=3, d_model=16, num_heads=2, d_ff=40,
                          max_seq_len=12, ffn=ffn, tie_embeddings=tie, pos_embedding=pos,
                          norm_position="pre")
@@ -95,8 +95,8 @@ def test_lm_flops_equal_a_count_of_every_matmul(ffn, tie, pos):
 def test_mlp_flops_count_the_matmuls_not_the_gains():
   """6 per matmul weight: input layer, each block's up and down matrices, output layer;
   the learned norm gains (``norm_gain``) multiply elementwise and do not count."""
-  from rankjax.config import MLPConfig, TrainConfig
-  from rankjax.train import tasks
+  from rankjax._src.config import MLPConfig, TrainConfig
+  from rankjax._src.train import tasks
   mlp = MLPConfig(depth=3, width=8, expansion=2.0, input_dim=5, num_classes=4,
                   norm_position="peri", norm_gain=True)
   task = tasks.make_task(TrainConfig(model=mlp))
@@ -113,8 +113,8 @@ def test_lm_flops_equal_xla_count_of_the_compiled_gradient(ffn, tie):
   import jax
   import jax.numpy as jnp
 
-  from rankjax.config import KernelConfig, TrainConfig, TransformerConfig
-  from rankjax.train import tasks
+  from rankjax._src.config import KernelConfig, TrainConfig, TransformerConfig
+  from rankjax._src.train import tasks
   lm = TransformerConfig(vocab_size=512, num_layers=2, d_model=256, num_heads=4, d_ff=768,
                          max_seq_len=64, ffn=ffn, tie_embeddings=tie, norm_position="pre",
                          kernels=KernelConfig(attention_impl="xla", scan_unroll=2))

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from rankjax import config as config_lib
+from rankjax._src import config as config_lib
 from tests.train.conftest import ROOT, WORKER, losses, tiny_lm
 
 pytestmark = pytest.mark.slow
@@ -181,9 +181,9 @@ def test_streamed_set_uneven_eval_hosts_and_resume_with_one_process(worker_env, 
   """A streamed set (ArrayRecord). Its validation pass is sharded by document: the
   hosts' shards give different batch counts, evaluation asks for more than either has,
   and every host stops together (no hang). Its training order is one global order
-  (``rankjax.data.streams``): a checkpoint of 2 processes resumes with 1 process x 4
+  (``rankjax._src.data.streams``): a checkpoint of 2 processes resumes with 1 process x 4
   devices (iterator re-sharded) to the losses of the uninterrupted 2-process run."""
-  from rankjax import data
+  from rankjax._src import data
   root = _records(tmp_path, docs=40, seed=1)
   cfg = tiny_lm(dataset=str(root), batch_size=8, grad_accum=2, eval_every=4, eval_batches=10**6,
                 diag_every=0, total_steps=8)
@@ -224,7 +224,7 @@ def _cli_pod(env, cfg_path, workdir, *, processes: int, devices: int,
              JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
              JAX_PROCESS_ID=str(i))
     procs.append(subprocess.Popen(
-        [sys.executable, "-c", "from rankjax.cli import run; run()", "train", "--config",
+        [sys.executable, "-c", "from rankjax._src.cli import run; run()", "train", "--config",
          str(cfg_path), "--workdir", str(workdir)], env=e, cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   deadline = time.time() + TIMEOUT
@@ -259,7 +259,7 @@ def test_a_simulated_pod_trains_the_tiny_paper_config_stops_together_and_resumes
   processes reduce in another order: not bitwise)."""
   import dataclasses
 
-  from rankjax.studies import training
+  from rankjax._src.studies import training
   root = _records(tmp_path, docs=60, seed=2)
   STEPS = 24        # noqa: N806 (the tiny scale's run length)
   tiny = training.tiny(training.load("experiments/configs/postnorm_48l_d512_c4.json"))
@@ -306,7 +306,7 @@ def test_seeds_as_one_program_on_two_processes_match_one_process(worker_env, tmp
         e.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n),
                  JAX_PROCESS_ID=str(i))
       procs.append(subprocess.Popen(
-          [sys.executable, "-m", "rankjax.cli", "train", "--config", str(path), "--workdir",
+          [sys.executable, "-m", "rankjax._src.cli", "train", "--config", str(path), "--workdir",
            str(tmp_path / name), "--seeds", "0-1"], env=e, cwd=ROOT,
           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:

@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
-from rankjax import cli
-from rankjax import config as config_lib
-from rankjax.models import transformer
-from rankjax.train import checkpoint as ckpt_lib
+from rankjax._src import cli
+from rankjax._src import config as config_lib
+from rankjax._src.models import transformer
+from rankjax._src.train import checkpoint as ckpt_lib
 from tests.train.conftest import tiny_lm, tiny_mlp
 
 
@@ -42,7 +42,7 @@ def test_check_param_names_refuses_other_names_in_one_line():
 
 @pytest.fixture(scope="module")
 def mlp_run(tmp_path_factory):
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   cfg = tiny_mlp(total_steps=4, async_checkpointing=False)
   workdir = tmp_path_factory.mktemp("mlp") / "run"
   loop.train(cfg, workdir, progress_bar=False)
@@ -50,7 +50,7 @@ def mlp_run(tmp_path_factory):
 
 
 def test_a_format_1_run_is_refused_in_one_line_until_converted(mlp_run, tmp_path, capsys):
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train.run_reader import load_run
   cfg, written = mlp_run
   workdir = tmp_path / "run"
   shutil.copytree(written, workdir)
@@ -75,7 +75,7 @@ def test_a_format_1_run_is_refused_in_one_line_until_converted(mlp_run, tmp_path
 
 
 def test_a_checkpoint_of_other_parameter_names_is_refused_by_load_run(mlp_run, tmp_path):
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train.run_reader import load_run
   cfg, written = mlp_run
   workdir = tmp_path / "run"
   shutil.copytree(written, workdir)
@@ -103,7 +103,7 @@ def _old_norm_names(cfg):
 @pytest.mark.slow   # a tiny LM training written under the old names (~10 s)
 def test_a_run_with_old_parameter_names_is_refused_on_resume(compile_cache, tmp_path,
                                                              monkeypatch, capsys):
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   cfg = tiny_lm(diag_every=0, eval_every=0, total_steps=8, checkpoint_every=4, max_to_keep=2,
                 stop_at=4)
   cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm_position="post"))
@@ -129,8 +129,8 @@ def test_a_format_2_run_folder_loads_and_resumes(compile_cache, tmp_path, capsys
   """A run written in config format 2 (the model's RoPE settings and kernel knobs flat in
   its config.json) is read converted: load_run gives the format 3 config, and the same
   run given in format 3 resumes it to the end."""
-  from rankjax.train import loop
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train import loop
+  from rankjax._src.train.run_reader import load_run
   lm = dataclasses.replace(tiny_lm().model, pos_embedding="rope",
                            rope=config_lib.RopeConfig(base=500.0),
                            kernels=config_lib.KernelConfig(loss_chunk=16, remat="dots"))

@@ -1,5 +1,5 @@
 """Parameters declare their logical axes where they are created
-(``rankjax.models.annotated``): the shardings they give equal the name table they
+(``rankjax._src.models.annotated``): the shardings they give equal the name table they
 replaced, an unannotated parameter is refused in one line, and a plug-in's opt-in
 fallback shards it by its largest dimension."""
 
@@ -13,16 +13,16 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from rankjax import config as config_lib
-from rankjax import numerics
-from rankjax.config import TrainConfig
-from rankjax.errors import UserError
-from rankjax.train import sharding as shard_lib
-from rankjax.train import tasks
-from rankjax.train.state import make_init, make_optimizer
+from rankjax._src import config as config_lib
+from rankjax._src import numerics
+from rankjax._src.config import TrainConfig
+from rankjax._src.errors import UserError
+from rankjax._src.train import sharding as shard_lib
+from rankjax._src.train import tasks
+from rankjax._src.train.state import make_init, make_optimizer
 from tests.train.conftest import ROOT, tiny_lm, tiny_mlp
 
-# The name table the annotations replaced (rankjax.train.sharding.PARAM_RULES at 0e90c80),
+# The name table the annotations replaced (rankjax._src.train.sharding.PARAM_RULES at 0e90c80),
 # kept here as the reference the annotations must reproduce.
 OLD_RULES = {
     "embedding": ("vocab", "embed"), "pos_embed": ("length", "embed"),

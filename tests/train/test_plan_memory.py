@@ -1,4 +1,4 @@
-"""rankjax.train.plan_memory and the plan's MFU table: the step compiled for a target's
+"""rankjax._src.train.plan_memory and the plan's MFU table: the step compiled for a target's
 device count in a worker process (``--xla_force_host_platform_device_count``), depth
 shrunk and scaled per layer, refusals against the target's memory, the labels."""
 
@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from rankjax.studies import training
-from rankjax.train import mfu as mfu_lib
-from rankjax.train import plan as plan_lib
-from rankjax.train import mfu, plan_memory
+from rankjax._src.studies import training
+from rankjax._src.train import mfu as mfu_lib
+from rankjax._src.train import plan as plan_lib
+from rankjax._src.train import mfu, plan_memory
 from tests.train.conftest import tiny_lm
 from tests.conftest import with_kernels
 
@@ -60,7 +60,7 @@ def test_runs_of_one_program_share_a_compile_key():
 
 
 def test_the_mfu_table_per_family_and_kind():
-  """One table (rankjax.train.mfu.MFU_ESTIMATES): a GPU kind takes the middle of issue
+  """One table (rankjax._src.train.mfu.MFU_ESTIMATES): a GPU kind takes the middle of issue
   54's H200 range, a TPU kind its low end, a config of no family 0.35; each labelled an
   estimate; the kinds as jax spells them map to the --target names."""
   load = training.load
@@ -190,6 +190,6 @@ def test_a_compile_that_fails_leaves_the_estimate_labelled_with_why(monkeypatch)
     assert not row["peak_compiled"] and row["remat_note"].startswith(
         "remat auto -> none (estimated peak GB")
     assert row["peak_gb_per_device"] == plan_lib.memory_estimate(cfg, 8)["total"] / 1e9
-  assert row["peak_source"] == ("estimated (rankjax.train.memory: the plan's compile "
+  assert row["peak_source"] == ("estimated (rankjax._src.train.memory: the plan's compile "
                                 "worker on 8 host devices stopped: Killed)")
   assert "CPU to target" not in plan_lib.plan_text(p)

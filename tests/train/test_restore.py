@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from rankjax.train import checkpoint as ckpt_lib
-from rankjax.train.loop import train
-from rankjax.train.run_reader import load_run
+from rankjax._src.train import checkpoint as ckpt_lib
+from rankjax._src.train.loop import train
+from rankjax._src.train.run_reader import load_run
 from tests.train.conftest import logs_warning, losses, tiny_mlp
 
 
@@ -90,7 +90,7 @@ def test_every_step_unreadable_refuses_and_moves_nothing(reference, tmp_path, ca
                                                   r"step is corrupt \(step 8: .*; step 4: "
                                                   r".*nothing was moved"):
     train(tiny_mlp(), workdir, progress_bar=False)
-  assert "rankjax.train" not in {r.name for r in caplog.records}   # the error says it all
+  assert "rankjax._src.train" not in {r.name for r in caplog.records}   # the error says it all
   assert _listing(workdir) == before
   assert (workdir / "metrics.jsonl").read_text() == metrics_before
 
@@ -119,7 +119,7 @@ def test_corrupt_step_is_one_warning_naming_the_storage_error(reference, tmp_pat
 
 def test_report_on_a_run_whose_checkpoints_are_all_corrupt_says_corrupt(reference, tmp_path,
                                                                         capsys):
-  from rankjax import cli
+  from rankjax._src import cli
   workdir = _copy(reference, tmp_path)
   for step in ("4", "8"):
     (workdir / "checkpoints" / step / "state" / "_METADATA").write_text("{ half")
@@ -153,7 +153,7 @@ def test_checkpoint_of_another_process_count_restores_and_reshards(reference, tm
 
 def test_unreshardable_iterator_is_refused_naming_both_counts(reference, tmp_path):
   """A per-host state (a finite pass's document shard, or the streamed order before
-  ``rankjax.data.streams``) cannot be re-sharded: one line, nothing moved."""
+  ``rankjax._src.data.streams``) cannot be re-sharded: one line, nothing moved."""
   workdir = _copy(reference, tmp_path)
   _as_if_written_by(workdir, 8, 2, state={"parent": {"next_index": 3}, "buffer": []})
   before = _listing(workdir)
@@ -227,7 +227,7 @@ def test_bad_input_touches_nothing(reference, tmp_path, monkeypatch):
 
 def test_only_orbax_abandoned_reads_are_kept_out_of_the_log(caplog):
   import logging
-  from rankjax.train import checkpoint as ckpt
+  from rankjax._src.train import checkpoint as ckpt
   log = logging.getLogger("asyncio")
   ckpt.quiet_abandoned_reads()
   ckpt.quiet_abandoned_reads()           # once

@@ -20,8 +20,8 @@ import signal
 import numpy as np
 import pytest
 
-from rankjax.train.loop import train
-from rankjax.train.run_reader import load_run
+from rankjax._src.train.loop import train
+from rankjax._src.train.run_reader import load_run
 from tests.train.conftest import logs_warning, losses, tiny_lm, tiny_mlp
 
 CONFIGS = {"lm": tiny_lm, "mlp": tiny_mlp}
@@ -161,7 +161,7 @@ def test_tensorboard_holds_each_step_once_after_kill_and_resume(runs):
   """The killed run wrote steps 1-6 (its TB flushes lag), the resume rewrote 5-8:
   every tag has each step once, the same steps and values as the uninterrupted run,
   and the diagnostics reach TensorBoard per layer at the diagnostics steps."""
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   pytest.importorskip("tensorboardX")
   full_dir, killed_dir, _ = runs["lm"]
   full = tb.read_scalars(str(full_dir / "tensorboard"))
@@ -188,7 +188,7 @@ def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, 
   """MLP, diagnostics at 1, 2, 4, 6, 8: SIGKILL after update 6 (checkpoint 4), resume.
   The per-layer profile image (``image_every=1``: at every diagnostics step) is in the
   event files once at each diagnostics step, as in the uninterrupted run."""
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   pytest.importorskip("tensorboardX")
   cfg = tiny_mlp(diag_every=2, diag_examples=4, image_every=1)
   full = train(cfg, tmp_path / "full", progress_bar=False)
@@ -208,7 +208,7 @@ def test_profile_images_once_per_diagnostics_step_after_kill_and_resume(worker, 
 def test_sigkill_before_the_first_checkpoint_then_rerun_holds_each_step_once(worker, tmp_path):
   """No checkpoint yet (checkpoint_every=100) when update 10 is SIGKILLed: the rerun
   starts over at step 0, and the event files and metrics.jsonl hold each step once."""
-  from rankjax.train import tensorboard as tb
+  from rankjax._src.train import tensorboard as tb
   pytest.importorskip("tensorboardX")
   cfg = tiny_lm(total_steps=12, checkpoint_every=100, eval_every=0)
   workdir, logdir = tmp_path / "killed", str(tmp_path / "killed" / "tensorboard")
@@ -246,7 +246,7 @@ def test_error_after_training_started_saves_the_latest_step(reference, tmp_path)
 def test_nonfinite_state_is_not_saved_on_the_way_out(tmp_path):
   """Update 2 diverges (lr 1e30): the error saves nothing, checkpoint 1 stays newest."""
   cfg = tiny_mlp(learning_rate=1e30, total_steps=6, checkpoint_every=1)
-  from rankjax.train.loop import NonFiniteLossError
+  from rankjax._src.train.loop import NonFiniteLossError
   with pytest.raises(NonFiniteLossError, match="at step 2"):
     train(cfg, tmp_path, progress_bar=False)
   saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
@@ -257,7 +257,7 @@ def test_nonfinite_state_is_not_saved_on_the_way_out(tmp_path):
 def test_eval_split_smaller_than_a_batch_is_evaluated_whole(tmp_path):
   """digits' validation split has 179 images (every 10th of 1797): with a batch of
   256 evaluation uses one short batch of all 179, weighted by its size."""
-  from rankjax.config import MLPConfig
+  from rankjax._src.config import MLPConfig
   cfg = tiny_mlp(dataset="digits", model=MLPConfig(depth=2, width=16, expansion=2.0,
                                                    input_dim=64, num_classes=10),
                  batch_size=256, total_steps=2, eval_every=2, eval_batches=4)
@@ -293,7 +293,7 @@ def test_float64_parameters_without_x64_are_refused_and_dtype_is_recorded(refere
 def test_classifier_with_the_wrong_input_dim_is_refused_before_training(tmp_path):
   import dataclasses
 
-  from rankjax.train import loop
+  from rankjax._src.train import loop
   from tests.train.conftest import tiny_mlp
 
   cfg = tiny_mlp()

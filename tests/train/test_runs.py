@@ -1,4 +1,4 @@
-"""Several runs of one step shape as one program (``rankjax.train.runs``).
+"""Several runs of one step shape as one program (``rankjax._src.train.runs``).
 
 The references are single runs (``loop.train``, the code of ``rankjax train``) of the
 same configs: a run of the program must follow its single run up to the order of
@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from rankjax import load_run
-from rankjax.errors import UserError
-from rankjax.train import loop as loop_lib
-from rankjax.train import runs
+from rankjax._src.errors import UserError
+from rankjax._src.train import loop as loop_lib
+from rankjax._src.train import runs
 from tests.train.conftest import ROOT, tiny_lm, tiny_mlp
 
 RTOL = 1e-5
@@ -158,7 +158,7 @@ def test_the_cli_trains_seeds_as_one_program(tmp_path):
   cfg = tmp_path / "c.json"
   _lm(total_steps=2, checkpoint_every=2, diag_every=0).to_json(cfg)
   env = dict(os.environ, PYTHONPATH=str(ROOT))
-  base = [sys.executable, "-m", "rankjax.cli", "train", "--config", str(cfg), "--workdir",
+  base = [sys.executable, "-m", "rankjax._src.cli", "train", "--config", str(cfg), "--workdir",
           str(tmp_path / "w")]
   proc = subprocess.run(base + ["--seeds", "0-1"], capture_output=True, text=True, env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -173,7 +173,7 @@ WORKER = r"""
 import jax, json, sys
 jax.config.update("jax_num_cpu_devices", 8)
 import dataclasses
-from rankjax.train import runs
+from rankjax._src.train import runs
 from tests.train.conftest import tiny_lm
 root = sys.argv[1]
 cfg = tiny_lm(total_steps=4, checkpoint_every=4, diag_every=2, eval_every=0, log_every=1,
@@ -184,7 +184,7 @@ for name, n in (("by_run", 8), ("replicated", 3)):
   cfgs = {f"{root}/{name}/s{s}": dataclasses.replace(cfg, seed=s) for s in range(n)}
   runs.train_runs(cfgs)
   prog = runs.build_program(list(cfgs.values()),
-                            __import__("rankjax.train.loop", fromlist=["x"]).build_for_run(cfg),
+                            __import__("rankjax._src.train.loop", fromlist=["x"]).build_for_run(cfg),
                             ())
   out[name] = str(prog.batch_sharding.spec)
 print(json.dumps(out))

@@ -1,4 +1,4 @@
-"""Model scalars swept in one program (``rankjax.train.runs``; ``--sweep model.beta=...``).
+"""Model scalars swept in one program (``rankjax._src.train.runs``; ``--sweep model.beta=...``).
 
 The model fields marked ``run_field(per_run=True)`` (MLP alpha and beta; transformer
 beta and tau) may differ between the runs of one program. References are
@@ -19,13 +19,13 @@ import jax
 import numpy as np
 import pytest
 
-from rankjax import config as config_lib
+from rankjax._src import config as config_lib
 from rankjax import load_run
-from rankjax.errors import UserError
-from rankjax.models import blocks
-from rankjax.train import loop as loop_lib
-from rankjax.train import runs
-from rankjax.train.tasks import make_task
+from rankjax._src.errors import UserError
+from rankjax._src.models import blocks
+from rankjax._src.train import loop as loop_lib
+from rankjax._src.train import runs
+from rankjax._src.train.tasks import make_task
 from tests.train.conftest import tiny_lm, tiny_mlp
 from tests.train.test_runs import RTOL, losses
 
@@ -160,7 +160,7 @@ def test_the_cli_sweeps_a_model_scalar_in_one_program(tmp_path, capsys):
   """``rankjax train --sweep model.beta=0.5,2``: one program, a folder per point, each
   run's config holding its value; a field the model branches on is refused in one line
   (exit 2, nothing written)."""
-  from rankjax import cli
+  from rankjax._src import cli
   config = tmp_path / "c.json"
   tiny_mlp(**{**QUIET, "total_steps": 2, "checkpoint_every": 2}).to_json(config)
   argv = ["train", "--config", str(config), "--workdir", str(tmp_path / "w")]

@@ -8,8 +8,8 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from rankjax import distributed
-from rankjax.train import sharding as shard_lib
+from rankjax._src import distributed
+from rankjax._src.train import sharding as shard_lib
 from tests.train.conftest import run_json_worker
 
 
@@ -212,7 +212,7 @@ def test_tied_embedding_gradient_is_reduced_once_per_micro_batch():
 
 
 def test_every_parameter_is_annotated_and_shards_d_model():
-  from rankjax.train import tasks
+  from rankjax._src.train import tasks
   from tests.train.conftest import tiny_lm, tiny_mlp
   mesh = {"data": 2, "fsdp": 4}
   for cfg in (tiny_lm(), tiny_mlp()):

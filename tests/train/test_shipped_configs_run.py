@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import pytest
 
-from rankjax import config as config_lib
-from rankjax.config import TrainConfig
-from rankjax.data import images as images_lib
-from rankjax.train.loop import train
-from rankjax.train.run_reader import load_run
+from rankjax._src import config as config_lib
+from rankjax._src.config import TrainConfig
+from rankjax._src.data import images as images_lib
+from rankjax._src.train.loop import train
+from rankjax._src.train.run_reader import load_run
 from tests.train.conftest import ROOT
 
 CONFIGS_DIR = ROOT / "experiments" / "configs"
@@ -88,7 +88,7 @@ def test_shipped_config_runs_at_tiny_size(path, tmp_path, compile_cache):
 def test_mlp_classifier_config_reads_a_set_every_install_has():
   """The shipped MLP config names the digits (no Debian package, no test extra) and
   its input layer fits them; the Fashion-MNIST variant keeps the paper-sized input."""
-  from rankjax import data
+  from rankjax._src import data
   shipped = config_lib.from_json(TrainConfig, CONFIGS_DIR / "mlp_classifier.json")
   fashion = config_lib.from_json(TrainConfig, CONFIGS_DIR / "mlp_classifier_fashion_mnist.json")
   assert (shipped.dataset, shipped.model.input_dim) == ("digits", 64)

@@ -10,9 +10,9 @@ import numpy as np
 import optax
 import pytest
 
-from rankjax.config import TrainConfig
-from rankjax.train import state as state_lib
-from rankjax.train.tasks import make_task
+from rankjax._src.config import TrainConfig
+from rankjax._src.train import state as state_lib
+from rankjax._src.train.tasks import make_task
 from tests.train.conftest import losses, tiny_lm, tiny_mlp
 
 
@@ -143,8 +143,8 @@ def test_bfloat16_compute_keeps_float32_params_and_grads():
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   """lr=1e30: update 1 is finite, update 2's loss is not; checkpoint 1 stays the newest."""
-  from rankjax.train.loop import NonFiniteLossError, train
-  from rankjax.train.run_reader import load_run
+  from rankjax._src.train.loop import NonFiniteLossError, train
+  from rankjax._src.train.run_reader import load_run
   from tests.train.conftest import tiny_mlp
   cfg = tiny_mlp(learning_rate=1e30, checkpoint_every=1, total_steps=4)
   with pytest.raises(NonFiniteLossError, match=r"at step 2 is not finite: training stopped; "
@@ -160,8 +160,8 @@ def test_label_frequency_metrics_are_the_updates_label_entropies():
   """label_frequency=true: the step's label_freq_aggregate / label_freq_per_sequence are
   the entropies (nats) of the update's labels, pooled over all grad_accum x micro
   sequences and per sequence then averaged: against numpy float64 counts."""
-  from rankjax.train import sharding as shard_lib
-  from rankjax.train.loop import build
+  from rankjax._src.train import sharding as shard_lib
+  from rankjax._src.train.loop import build
   cfg = tiny_lm(label_frequency=True, diag_every=0, batch_size=8, grad_accum=2)
   c = build(cfg)
   rng = np.random.default_rng(3)

@@ -12,8 +12,8 @@ import grain
 import numpy as np
 import pytest
 
-from rankjax.data import streams
-from rankjax.train import checkpoint as ckpt_lib
+from rankjax._src.data import streams
+from rankjax._src.train import checkpoint as ckpt_lib
 from tests.train.conftest import tiny_lm
 
 
@@ -75,7 +75,7 @@ def test_a_slow_run_saves_between_checkpoint_every_steps(tmp_path, compile_cache
   (0.6 s) update 1 is saved (no checkpoint yet) and a save comes at each of 3 and 6,
   beside checkpoint_every's 4 and 8, and none at update 2 (0.6 s have not passed since
   update 1's save); without it only 4 and 8 are saved."""
-  from rankjax.train.loop import train
+  from rankjax._src.train.loop import train
   sleepy = lambda step: time.sleep(0.7) if step in (3, 6) else None
   base = dict(max_to_keep=10, diag_every=0, eval_every=0, async_checkpointing=False)
   plain = tmp_path / "plain"

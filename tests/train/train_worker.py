@@ -1,4 +1,4 @@
-"""Runs ``rankjax.train.loop.train`` in its own process for the resume/signal tests.
+"""Runs ``rankjax._src.train.loop.train`` in its own process for the resume/signal tests.
 
   python tests/train/train_worker.py CONFIG.json WORKDIR [--kill-at S] [--term-at S]
       [--wait-checkpoint N]
@@ -30,11 +30,11 @@ def main() -> None:
   parser.add_argument("--term-at", type=int)
   parser.add_argument("--wait-checkpoint", type=int)
   args = parser.parse_args()
-  from rankjax import distributed
+  from rankjax._src import distributed
   distributed.maybe_initialize_distributed()   # JAX_COORDINATOR_ADDRESS etc.: several processes
-  from rankjax import config as config_lib
-  from rankjax.config import TrainConfig
-  from rankjax.train.loop import train
+  from rankjax._src import config as config_lib
+  from rankjax._src.config import TrainConfig
+  from rankjax._src.train.loop import train
 
   cfg = config_lib.from_json(TrainConfig, args.config)
 
@@ -44,7 +44,7 @@ def main() -> None:
         from etils import epath
         done = epath.Path(args.workdir) / "checkpoints" / str(args.wait_checkpoint)
         deadline = time.time() + 120
-        from rankjax import storage
+        from rankjax._src import storage
         while not (done / "commit_success.txt").exists():
           if time.time() > deadline:     # say so (exit 3) rather than kill as if saved
             print(f"checkpoint {args.wait_checkpoint} not committed in 120 s", file=sys.stderr)

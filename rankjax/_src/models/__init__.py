@@ -1,0 +1,16 @@
+"""The models: the decoder (``transformer``), its blocks, attention and norms, the
+residual MLP, the Hugging Face converter (GPT-2 and the Llama family as the decoder).
+
+The public modules are listed in ``__all__``; the others are internals.
+"""
+
+__all__ = [
+    "activations",
+    "attention",
+    "blocks",
+    "hf",
+    "mlp",
+    "norms",
+    "sites",
+    "transformer",
+]
