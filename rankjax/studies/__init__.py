@@ -19,7 +19,8 @@ results files, summary.json / summary.md and EXPECTED.md's tables.
 - the runs an experiment trains: ``train_run`` (one ``rankjax train`` run in a study's
   folder), ``train_all`` (runs of one step shape as one program), ``workdir``,
   ``load_config`` (a shipped config with ``--set`` overrides), ``at_scale`` (a config at
-  a study scale: ``tiny`` is ``TINY_STEPS`` updates), ``user_setting`` (a
+  a study scale), ``tiny`` (a paper config shrunk to a laptop run of ``TINY_STEPS``
+  updates), ``user_setting`` (a
   ``rankjax reproduce --set`` value), ``missing_directory`` (why a data folder is not
   usable, in one line).
 """
@@ -50,6 +51,7 @@ from rankjax._src.studies.training import (
     TINY_STEPS,
     at_scale,
     missing_directory,
+    tiny,
     train_all,
     user_setting,
     workdir,
@@ -80,6 +82,7 @@ __all__ = [
     "register",
     "run_study",
     "save_figure",
+    "tiny",
     "to_jsonable",
     "train_all",
     "train_run",
