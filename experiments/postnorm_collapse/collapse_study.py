@@ -1,6 +1,6 @@
 """The quick-scale collapse study: Post-Norm collapses, Pre-Norm at the same LR trains.
 
-Trains (through ``rankjax._src.train.loop.train``, the same code as ``rankjax train``)
+Trains (through ``rankjax.train.train``, the same code as ``rankjax train``)
 three runs from ``configs/``:
 
   post_collapse   configs/collapse_post_quick.json   Post-Norm, no warmup, high LR
@@ -8,10 +8,10 @@ three runs from ``configs/``:
   post_stable     configs/stable_post_quick.json     Post-Norm, lower LR + warmup
 
 each with the ``basic`` and ``postnorm`` diagnostics
-(``rankjax._src.train.diagnostics_postnorm``), and summarises each run: final loss vs the
+(registered by ``rankjax.train``), and summarises each run: final loss vs the
 frequency loss of the training stream (Def 3.7, aggregated labels), last-layer token
 similarity, the first/last per-layer gradient-norm ratio, the transition step
-(``rankjax._src.measure.gradients.detect_transition``) and the first collapse-alarm step.
+(``rankjax.measure.detect_transition``) and the first collapse-alarm step.
 
 ``CLAIMS``: Post-Norm at the high LR collapses (loss near L_freq, last layer collapsed,
 early-layer gradients vanished), Pre-Norm at the same LR and Post-Norm at the lower LR
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import common, paper_runs
-from rankjax._src.studies import Abs, Bound, Claim, Qualitative, claims, measured
+from rankjax.studies import Abs, Bound, Claim, Qualitative, claims, measured
 
 RUNS: dict[str, tuple[str, list[str]]] = {
     "post_collapse": ("collapse_post_quick", []),
@@ -170,17 +170,15 @@ def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
               config: str | None = None, scale: str = "quick") -> str:
   """Trains run ``name`` (resumes/skips when its workdir already finished); returns
   the workdir. ``scale`` quick_deep: at its ``num_layers``, in ``runs/<name><suffix>``."""
-  import rankjax._src.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm", "postnorm_sublayer_norms")
-  from rankjax._src.train.loop import train
+  from rankjax.train import train   # (registers "postnorm", "postnorm_sublayer_norms")
   cfg_name, extra = {**RUNS, **SEED_RUNS, **WINDOW_RUNS}.get(name, (config, []))
   cfg = common.load_config(cfg_name, extra + list(overrides or []) + deep_overrides(scale))
   workdir = os.path.join(out_dir, "runs", name + SCALES.get(scale, {}).get("suffix", ""))
   done = os.path.join(workdir, "checkpoints", str(cfg.total_steps))
   saved = os.path.join(workdir, "config.json")
   if os.path.isdir(done) and os.path.isfile(saved):
-    from rankjax._src import config as config_lib
-    from rankjax._src.config import TrainConfig
-    if config_lib.from_json(TrainConfig, saved) == cfg:
+    from rankjax.config import TrainConfig, from_json
+    if from_json(TrainConfig, saved) == cfg:
       return workdir    # finished with this config: skip building and compiling the step
   train(cfg, workdir, progress_bar=False)
   return workdir
@@ -189,10 +187,10 @@ def train_run(name: str, out_dir: str, overrides: list[str] | None = None,
 def stream_frequency_loss(cfg, num_batches: int = STREAM_FREQ_BATCHES) -> float:
   """Frequency loss of the labels of ``num_batches`` training batches (Def 3.7,
   aggregated; Sec 4.3's "full training" reference at quick scale)."""
-  from rankjax._src.measure.losses import frequency_loss
-  from rankjax._src.train import loop, tasks
-  task = tasks.make_task(cfg)
-  it = loop.make_data_iterator(cfg, task)
+  from rankjax.measure import frequency_loss
+  from rankjax.train import make_data_iterator, make_task
+  task = make_task(cfg)
+  it = make_data_iterator(cfg, task)
   labels = np.concatenate([np.asarray(next(it)["targets"]).reshape(-1)
                            for _ in range(num_batches)])
   return float(frequency_loss(labels, vocab_size=cfg.model.vocab_size))
@@ -223,8 +221,7 @@ def scale_stream_frequency(cfg, scale: str, out_dir: str) -> tuple[float, int]:
 
 
 def summarize(workdir: str, stream_freq: float) -> dict[str, Any]:
-  from rankjax._src.train.diagnostics_postnorm import summarize_run
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run, summarize_run
   r = load_run(workdir)
   s = summarize_run(r.diagnostics, r.diagnostic_steps, stream_freq_loss=stream_freq)
   losses = np.array([h["loss"] for h in r.history if "loss" in h and h.get("kind", "train") == "train"])

@@ -15,7 +15,7 @@ not from our outcomes); each experiment's ``CLAIMS`` use them:
 - "approximately linear": R^2 of the linear fit >= 0.99 (``LINEAR_R2``);
 - "most": a share above one half; "positive"/"negative"/"increasing": the sign;
 - "stays near the frequency loss": (loss - L_freq) / L_freq within 5% of 0 (``NEAR``,
-  the 5% of the collapse alarm in ``rankjax._src.train.diagnostics_postnorm``);
+  the 5% of the ``postnorm`` diagnostic's collapse alarm, ``rankjax.train.summarize_run``);
 - "collapsed" last layer: t_sim >= 0.99 (``ONSET_SIM``);
 - "early-layer gradients vanish" / "orders of magnitude smaller": ||g_1|| / ||g_L|| <
   1e-2 (``GRAD_COLLAPSE_RATIO``); a drop "by orders of magnitude": a factor >= 100
@@ -30,7 +30,7 @@ not from our outcomes); each experiment's ``CLAIMS`` use them:
   30 updates after the transition > 1/2 (c the bound of Thm 3.6 / Prop D.1);
 - an exact identity or a zero gradient in float64: below 1e-10 (``FLOAT64_ZERO``).
 
-Several seeds are judged on their mean's 95% interval (``rankjax._src.studies.evidence``).
+Several seeds are judged on their mean's 95% interval (the judge of ``rankjax.studies``).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax._src.studies import runner
+from rankjax import studies
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
@@ -89,7 +89,7 @@ def pyplot():
   return plt
 
 
-write_json = runner.write_json
+write_json = studies.write_json
 
 
 def init_sites(model, params, tokens_BxT) -> dict[str, jax.Array]:
@@ -110,10 +110,9 @@ def init_sites(model, params, tokens_BxT) -> dict[str, jax.Array]:
 
 def load_config(name: str, overrides: list[str] | None = None):
   """A TrainConfig from ``configs/<name>.json`` with ``key=value`` overrides."""
-  from rankjax._src import config as config_lib
-  from rankjax._src.config import TrainConfig
-  cfg = config_lib.from_json(TrainConfig, CONFIGS / f"{name}.json")
-  return config_lib.override(cfg, overrides or [])
+  from rankjax import config
+  cfg = config.from_json(config.TrainConfig, CONFIGS / f"{name}.json")
+  return config.override(cfg, overrides or [])
 
 
 def mean_np(x) -> np.ndarray:
@@ -123,7 +122,7 @@ def mean_np(x) -> np.ndarray:
 # ------------------------------------------------------------------ the paper's words
 # Every claim names the paper item it tests (``where``), quotes the paper's words
 # (``quote``, verbatim from the paper's text, ellipses between pieces) and its ``kind``
-# (rankjax._src.studies.evidence). The modules declare their claims as before and pass them
+# (rankjax.studies.Claim). The modules declare their claims as before and pass them
 # through :func:`words`, which fills these fields from a table of (pattern on the item,
 # fields) and stops at import time on a claim no pattern covers.
 QUOTES = {
@@ -192,7 +191,7 @@ def ours_limit(c):
   worded claims whose number the paper does not print ("most": 1/2, "collapsed": t_sim
   >= 0.99, "orders of magnitude": 100, ...)."""
   import dataclasses
-  from rankjax._src.studies import Bound
+  from rankjax.studies import Bound
   r = c.rule
   if not isinstance(r, Bound) or r.limit is not None:
     return c

@@ -39,7 +39,8 @@ from . import common
 from . import fig3_fig5_transition as f35
 from . import paper_runs
 from . import seed_lr_runs as sl
-from rankjax._src.studies import claims
+from rankjax import studies
+from rankjax.studies import claims
 
 WARMUP_SEED0 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 0)
 WARMUP_SEED1 = sl.warmup_run_name(sl.MAIN_WARMUP_LR, 1)
@@ -134,14 +135,13 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 10-11: Figs 3-5's analysis of the paper's collapsing run (Post-Norm 8e-4,
   ``paper_runs``) at its other seeds (seed 0 is Figs 3-5's); ``ours[run name]``."""
-  from rankjax._src.studies import training
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []
   for seed in paper_runs.seeds(scale)[1:]:
     name = paper_runs.post_collapse(seed)
     paper_runs.train(out_dir, name, scale)
-    a = f35.analyze(training.workdir(out_dir, name), grad_window=f35.GRAD_WINDOW)
+    a = f35.analyze(studies.workdir(out_dir, name), grad_window=f35.GRAD_WINDOW)
     files += f35.plot(a, out_dir, name, ("fig10", "fig11", "fig11grad"), f35.GRAD_WINDOW)
     a.pop("_series")
     ours[name] = a

@@ -40,8 +40,8 @@ from typing import Any
 from . import collapse_study, common, paper_runs
 from . import fig3_fig5_transition as f35
 from . import seed_lr_runs as sl
-from rankjax._src import plotting
-from rankjax._src.studies import Bound, Claim, claims, measured
+from rankjax import studies
+from rankjax.studies import Bound, Claim, claims, measured
 
 FIG_NAMES: dict[float, tuple[str, str, str]] = {
     lr: (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")
@@ -116,7 +116,7 @@ def _overview(out_dir: str, workdirs: dict[str, str]) -> str:
   fig.suptitle("Figs 12-20 overview: Post-Norm with warmup, seed 0", fontsize=9)
   fig.tight_layout()
   path = os.path.join(out_dir, "fig12_fig20_overview.png")
-  plotting.save_figure(fig, path, dpi=110)
+  studies.save_figure(fig, path, dpi=110)
   plt.close(fig)
   return path
 
@@ -168,7 +168,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
 def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   """Figs 12-20 of the paper's ablation runs (Post-Norm at 1.2e-3, 1.5e-3, 1.8e-3 with the
   paper's warmup, ``paper_runs``), masked as App F.4, beside the main 8e-4 run."""
-  from rankjax._src.studies import training
   start = time.time()
   ours: dict[str, Any] = {}
   files: list[str] = []
@@ -179,7 +178,7 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   for i, (label, key, name) in enumerate(names):
     wd = paper_runs.train(out_dir, name, scale)
     workdirs[label] = wd
-    a = f35.analyze(training.workdir(out_dir, name), mask_threshold=f35.MASK_THRESHOLD,
+    a = f35.analyze(studies.workdir(out_dir, name), mask_threshold=f35.MASK_THRESHOLD,
                     grad_window=f35.GRAD_WINDOW)
     if i < len(paper_runs.ABLATION_LRS):
       figs = (f"fig{12 + 3 * i}", f"fig{13 + 3 * i}", f"fig{14 + 3 * i}")

@@ -32,12 +32,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src import plotting
-from rankjax._src.studies import Abs, Bound, Claim, Qualitative, claims, measured
-from rankjax._src.config import TransformerConfig
-from rankjax._src.measure import theory as th
-from rankjax._src.measure.similarity import token_similarity
-from rankjax._src.models.transformer import DecoderLM
+from rankjax import studies
+from rankjax.config import TransformerConfig
+from rankjax.measure import (
+    amount_of_attention,
+    delta_attn,
+    delta_ffn,
+    folded_attention_variance,
+    swiglu_xi,
+    token_similarity,
+)
+from rankjax.models import DecoderLM
+from rankjax.studies import Abs, Bound, Claim, Qualitative, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # the paper's depth and heads; narrow and short so it runs on a CPU in ~1 minute
@@ -217,8 +223,8 @@ def measure(cfg: dict[str, Any], mcfg: TransformerConfig, seed: int = 0
   model = DecoderLM(mcfg)
   n, d = cfg["seq_len"], cfg["d_model"]
   scale = mcfg.init_scale
-  sigma_w2 = th.folded_attention_variance(d) * scale ** 2
-  xi = th.swiglu_xi(d, cfg["d_ff"]) * scale ** 2
+  sigma_w2 = folded_attention_variance(d) * scale ** 2
+  xi = swiglu_xi(d, cfg["d_ff"]) * scale ** 2
   # sigma_W^2 (W_V, W_O) and xi (W_2, W_3) scale under every reading; the gate's
   # pre-activation variance only where W_1 is scaled
   var_u = (scale if mcfg.init_scale_to in GATE_SCALED else 1.0) / 3.0
@@ -232,10 +238,10 @@ def measure(cfg: dict[str, Any], mcfg: TransformerConfig, seed: int = 0
     z = s["x2"] if mcfg.norm_position == "post" else s["y1"]
     t_h, t_y1 = token_similarity(s["h"]), token_similarity(s["y1"])
     t_z, t_y2 = token_similarity(z), token_similarity(s["y2"])
-    amount = th.amount_of_attention(s["h"], sigma_w2)                 # (L, B)
+    amount = amount_of_attention(s["h"], sigma_w2)                    # (L, B)
     xi_l = xi * n * d / jnp.sum(z * z, axis=(-2, -1))
-    pred_attn = th.delta_attn(amount, t_h, n)
-    pred_ffn = th.delta_ffn(xi_l, t_z, n, var_u)
+    pred_attn = delta_attn(amount, t_h, n)
+    pred_ffn = delta_ffn(xi_l, t_z, n, var_u)
     return dict(attn=t_y1 - t_h, ffn=t_y2 - t_z, pred_attn=pred_attn, pred_ffn=pred_ffn,
                 t_h=t_h, t_z=t_z, amount=amount, tsim_x1=token_similarity(s["x1"]))
 
@@ -344,7 +350,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                f"{cfg['num_inits']}x{cfg['batch']} sequences)", fontsize=9)
   fig.tight_layout()
   os.makedirs(out_dir, exist_ok=True)
-  plotting.save_figure(fig, os.path.join(out_dir, "fig1.png"), dpi=120)
+  studies.save_figure(fig, os.path.join(out_dir, "fig1.png"), dpi=120)
   plt.close(fig)
   result["seconds"] = time.time() - start
   common.write_json(out_dir, "fig1.json", result)

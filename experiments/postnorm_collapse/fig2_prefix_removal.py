@@ -21,11 +21,15 @@ import numpy as np
 
 from . import common
 from . import fig1_one_step as fig1
-from rankjax._src import plotting
-from rankjax._src.measure import theory as th
-from rankjax._src.measure.similarity import token_similarity
-from rankjax._src.models.transformer import DecoderLM
-from rankjax._src.studies import Bound, Claim, claims, measured
+from rankjax import studies
+from rankjax.measure import (
+    amount_of_attention_postnorm,
+    delta_de,
+    folded_attention_variance,
+    token_similarity,
+)
+from rankjax.models import DecoderLM
+from rankjax.studies import Bound, Claim, claims, measured
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SCALES: dict[str, dict[str, Any]] = {
@@ -58,7 +62,7 @@ def measure(cfg: dict[str, Any], alpha: float, seed: int = 0) -> dict[str, np.nd
   mcfg = fig1.model_config(cfg, "post", 1.0, prefix_avg_removal=alpha)
   model = DecoderLM(mcfg)
   n, d = cfg["seq_len"], cfg["d_model"]
-  s_post = th.amount_of_attention_postnorm(d, th.folded_attention_variance(d))
+  s_post = amount_of_attention_postnorm(d, folded_attention_variance(d))
 
   @jax.jit
   def one(key):
@@ -68,7 +72,7 @@ def measure(cfg: dict[str, Any], alpha: float, seed: int = 0) -> dict[str, np.nd
     s = common.init_sites(model, params, tokens)
     t1, ty = token_similarity(s["x1"]), token_similarity(s["y1"])
     return dict(tsim_x1=t1, tsim_y2=token_similarity(s["y2"]), attn=ty - t1,
-                pred=th.delta_de(s_post, t1, n, alpha))
+                pred=delta_de(s_post, t1, n, alpha))
 
   keys = jax.random.split(jax.random.PRNGKey(seed), cfg["num_inits"])
   outs = [jax.device_get(one(k)) for k in keys]
@@ -97,7 +101,7 @@ def plot(per_layer: dict[str, dict[str, Any]], cfg: dict[str, Any], scale: str,
                f"n={cfg['seq_len']}", fontsize=9)
   fig.tight_layout()
   os.makedirs(out_dir, exist_ok=True)
-  plotting.save_figure(fig, os.path.join(out_dir, "fig2.png"), dpi=120)
+  studies.save_figure(fig, os.path.join(out_dir, "fig2.png"), dpi=120)
   plt.close(fig)
 
 

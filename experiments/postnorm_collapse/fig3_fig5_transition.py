@@ -1,14 +1,14 @@
 """Figures 3-5 (and 10-21 at quick scale) of the Post-Norm collapse paper: the
 backward diagnostics across the transition window of a collapsing Post-Norm run.
 
-From the ``postnorm`` diagnostics of a run (``rankjax._src.train.diagnostics_postnorm``):
+From the ``postnorm`` diagnostics of a run (read back by ``rankjax.train.load_run``):
 
   Fig 3: (a) training loss, (b) last-layer token similarity, (c) alpha_1^l and
          (d) alpha_2^l (Def 3.5) over the whole run;
   Fig 4: sqrt(d)/||y_k^l|| and c(y_k^l, alpha_k^l) (Thm 3.6) in the transition window;
   Fig 5: per-layer parameter-gradient norms at the logged steps of the window.
 
-The transition step is ``rankjax._src.measure.gradients.detect_transition`` on the
+The transition step is ``rankjax.measure.detect_transition`` on the
 logged (last-layer similarity, loss) series. ``run`` analyses, by default, the run
 that first learns and then collapses, as the paper's (``HEADLINE_RUN`` =
 ``seed_lr_runs.HEADLINE_RUN``: ``configs/collapse_post_quick.json`` at LR 1.5e-2 after
@@ -22,7 +22,7 @@ training whatever is missing.
 non-collapsed control ``post_stable`` (Figs 21-22: ``<out>/collapse/runs/post_stable``) or
 the Fig 6 warmup run ``post_warmup_lr0.015``; ``tag`` names its outputs,
 ``mask_threshold=1e-10`` applies App F.4's masking (needs the ``postnorm_sublayer_norms``
-diagnostic, ``rankjax._src.train.diagnostics_postnorm``) and ``grad_window=(4, 6)`` plots the
+diagnostic of ``rankjax train``) and ``grad_window=(4, 6)`` plots the
 per-layer gradient norms over the 11 updates [t-4, t+6] around the transition t (the
 paper's Fig 5 window 2640-2650 around 2644) instead of the +-30-update window.
 
@@ -42,15 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from rankjax._src.studies import training
 from . import common
 from . import collapse_study
 from . import seed_lr_runs
 from . import paper_runs
 from .common import ALPHA_PAPER_MAX, GRAD_COLLAPSE_RATIO, ONSET_SIM
-from rankjax._src import plotting
-from rankjax._src.measure import gradients as gr
-from rankjax._src.studies import Bound, Claim, claims, measured
+from rankjax import measure, studies
+from rankjax.studies import Bound, Claim, claims, measured
 
 WINDOW = 30   # steps on each side of the transition for Figs 4-5
 MASK_THRESHOLD = 1e-10   # App F.4: alpha and c masked below this gradient norm
@@ -196,7 +194,7 @@ def _layers_to_show(num_layers: int) -> list[int]:
 def load_diagnostics(workdir: str
                      ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], Any]:
   """(steps, postnorm series, sublayer-norm series or {}, run) of a run directory."""
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run
   r = load_run(workdir)
   d = {k.split("/", 1)[1]: np.asarray(v) for k, v in r.diagnostics.items()
        if k.startswith("postnorm/")}
@@ -246,7 +244,7 @@ def analyze(workdir: str, mask_threshold: float | None = None,
       per-layer gradient-norm window (``gradient_window``); None: +-``WINDOW``.
   """
   steps, d, norms, r = load_diagnostics(workdir)
-  tr = gr.detect_transition(steps, d["last_tsim"], d["loss"])
+  tr = measure.detect_transition(steps, d["last_tsim"], d["loss"])
   L = d["alpha_1"].shape[1]
   out: dict[str, Any] = {"workdir": workdir, "num_layers": L, "steps_logged": len(steps),
                          "log_interval": int(np.median(np.diff(steps))) if len(steps) > 1
@@ -280,7 +278,7 @@ def analyze(workdir: str, mask_threshold: float | None = None,
   if not tr.found and onset is not None and onset > 0:
     # no loss rise (the run collapsed while the loss was still falling from ln V):
     # centre the window on the collapse onset instead, and say so
-    tr = gr.Transition(True, int(steps[onset]), int(onset), 0.0, 0.0)
+    tr = measure.Transition(True, int(steps[onset]), int(onset), 0.0, 0.0)
     out["window_centre"] = ("onset (first logged step from which last-layer t_sim stays "
                             ">= 0.99)")
   else:
@@ -326,7 +324,7 @@ def analyze(workdir: str, mask_threshold: float | None = None,
     out["alpha_max_excluding_vanished"] = _finite_max(np.concatenate(vals, axis=1))
   # the transition detector's thresholds: found or not on a 3 x 3 grid around the default
   out["transition_sensitivity"] = {
-      f"sim_rise={a:g},loss_rise={b:g}": gr.detect_transition(
+      f"sim_rise={a:g},loss_rise={b:g}": measure.detect_transition(
           steps, d["last_tsim"], d["loss"], sim_rise=a, loss_rise=b).found
       for a in SENSITIVITY_SIM_RISE for b in SENSITIVITY_LOSS_RISE}
   if tr.found:
@@ -406,7 +404,7 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   fig.suptitle(f"{names[0]} ({tag}){mask_note}", fontsize=9)
   fig.tight_layout()
   files.append(os.path.join(out_dir, f"{names[0]}_{tag}.png"))
-  plotting.save_figure(fig, files[-1], dpi=110)
+  studies.save_figure(fig, files[-1], dpi=110)
   plt.close(fig)
 
   if tr.found:
@@ -433,7 +431,7 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   fig.suptitle(f"{names[1]} ({tag}): transition window{mask_note}", fontsize=9)
   fig.tight_layout()
   files.append(os.path.join(out_dir, f"{names[1]}_{tag}.png"))
-  plotting.save_figure(fig, files[-1], dpi=110)
+  studies.save_figure(fig, files[-1], dpi=110)
   plt.close(fig)
 
   if grad_window is not None and tr.found:
@@ -453,7 +451,7 @@ def plot(a: dict[str, Any], out_dir: str, tag: str,
   ax.legend(fontsize=7)
   fig.tight_layout()
   files.append(os.path.join(out_dir, f"{names[2]}_{tag}.png"))
-  plotting.save_figure(fig, files[-1], dpi=110)
+  studies.save_figure(fig, files[-1], dpi=110)
   plt.close(fig)
   return files
 
@@ -676,7 +674,7 @@ def _paper_measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   pre = res["ours"]["preregistered"]
   seeds = [int(s) for s in pre]
   note = (f"seeds {seeds}; {res['scale']} scale: the paper's schedule (2000 warmup, cosine "
-          "to 40000) shrunk by rankjax._src.studies.training.tiny at tiny; diagnostics every update")
+          "to 40000) shrunk by rankjax.studies.tiny at tiny; diagnostics every update")
   rows = transition_measured(F35_PAPER, pre, note)
   fns = (lambda a: common.num(a["final_grad_first_over_last"]),
          lambda a: common.log10(a.get("grad_window_onset_layer1_drop")),
@@ -779,7 +777,7 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   for seed in paper_runs.seeds(scale):
     name = paper_runs.post_collapse(seed)
     paper_runs.train(out_dir, name, scale)
-    a = analyze(training.workdir(out_dir, name), grad_window=GRAD_WINDOW)
+    a = analyze(studies.workdir(out_dir, name), grad_window=GRAD_WINDOW)
     files += plot(a, out_dir, name, grad_window=GRAD_WINDOW)
     a["transition_table"] = transition_table(a)
     a["onset_table"] = transition_table(a, "onset_step")

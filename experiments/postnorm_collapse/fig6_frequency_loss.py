@@ -15,9 +15,9 @@ set ``seed_lr_runs.ORIGINAL_FIG6_LRS`` beside them. Every scope and every warmup
 measured at seeds 0, 1, 2 (``collapse_study.seeds``, ``seed_lr_runs.ablation_seeds``;
 0-7 at ``--scale quick_seeds8``, ``fig6_quick_seeds8.json``); the figure shows seed 0.
 
-The one-batch / one-sequence runs use the training step of ``rankjax._src.train.state``
-(``make_step``) on a fixed batch, the same update as ``rankjax train``. At paper / tiny
-scale the runs are the paper's (``paper_runs``, :func:`run_paper`).
+The one-batch / one-sequence runs use the training step ``rankjax.train.make_step`` on
+a fixed batch, the same update as ``rankjax train``. At paper / tiny scale the runs are
+the paper's (``paper_runs``, :func:`run_paper`).
 
 ``CLAIMS``: each scope's loss, and each warmup run's, stays near the frequency loss of
 its labels (``common.NEAR``).
@@ -37,8 +37,8 @@ from . import common
 from . import collapse_study
 from . import paper_runs
 from . import seed_lr_runs as sl
-from rankjax._src import plotting
-from rankjax._src.studies import Abs, Claim, Qualitative, claims, measured
+from rankjax import studies
+from rankjax.studies import Abs, Claim, Qualitative, claims, measured
 
 FIXED_STEPS = 150
 WARMUP_STEPS = sl.WARMUP_STEPS
@@ -111,15 +111,20 @@ def original_run_name(lr: float, seed: int = 0) -> str:
 def fixed_batch_run(cfg, batch_size: int, steps: int, seed: int = 0) -> dict[str, Any]:
   """Trains ``cfg`` at ``seed`` (init and the batch drawn) on one fixed batch of
   ``batch_size`` sequences; loss per step."""
-  from rankjax._src import config as config_lib
-  from rankjax._src.measure.losses import frequency_loss
-  from rankjax._src.train import loop, tasks
-  from rankjax._src.train.state import make_init, make_optimizer, make_step
-  cfg = config_lib.override(cfg, [f"batch_size={batch_size}", f"total_steps={steps}",
-                                  "diag_every=0", f"seed={seed}",
-                                  f"grad_accum={min(cfg.grad_accum, batch_size)}"])
-  task = tasks.make_task(cfg)
-  batch = next(loop.make_data_iterator(cfg, task))
+  from rankjax.config import override
+  from rankjax.measure import frequency_loss
+  from rankjax.train import (
+      make_data_iterator,
+      make_init,
+      make_optimizer,
+      make_step,
+      make_task,
+  )
+  cfg = override(cfg, [f"batch_size={batch_size}", f"total_steps={steps}",
+                       "diag_every=0", f"seed={seed}",
+                       f"grad_accum={min(cfg.grad_accum, batch_size)}"])
+  task = make_task(cfg)
+  batch = next(make_data_iterator(cfg, task))
   batch = jax.tree.map(lambda x: np.asarray(x).reshape(cfg.grad_accum, -1, *x.shape[1:]),
                        batch)                                     # (accum, B / accum, T)
   tx = make_optimizer(cfg, task.stacked_roots)
@@ -192,7 +197,7 @@ def figure(left: dict, right: dict, stream_freq: float, path: str, scale: str,
   fig.suptitle(f"Fig 6 ({scale})", fontsize=9)
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  plotting.save_figure(fig, path, dpi=110)
+  studies.save_figure(fig, path, dpi=110)
   plt.close(fig)
 
 
@@ -208,7 +213,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
     return run_paper(out_dir, scale)
   if scale not in SCALES:
     raise ValueError(f"fig6 has the scales {list(SCALES)}, not {scale!r}")
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run
   start = time.time()
   seeds, warmup_seeds = collapse_study.seeds(scale), sl.ablation_seeds(scale)
   tag = "" if scale == "quick" else f"_{scale}"
@@ -266,13 +271,12 @@ def run_paper(out_dir: str, scale: str) -> dict[str, Any]:
   sequence, at every seed, each against the frequency loss of its labels (Sec 4.3: 500M
   tokens of the stream at paper scale); right, the ablation runs at 1.2e-3, 1.5e-3,
   1.8e-3 against the stream's frequency loss."""
-  from rankjax._src.studies import training
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run
   start = time.time()
   seeds = paper_runs.seeds(scale)
   cfg = paper_runs.config(paper_runs.post_nowarmup(seeds[0]), scale)
   stream_freq, batches = collapse_study.scale_stream_frequency(cfg, scale, out_dir)
-  steps = PAPER_FIXED_STEPS if scale == "paper" else training.TINY_STEPS
+  steps = PAPER_FIXED_STEPS if scale == "paper" else studies.TINY_STEPS
   by_seed: dict[str, dict[int, Any]] = {"full_stream": {}, "one_batch": {}, "one_sequence": {}}
   for seed in seeds:
     name = paper_runs.post_nowarmup(seed)

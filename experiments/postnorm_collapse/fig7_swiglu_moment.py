@@ -7,7 +7,7 @@ increasing on [0, 1], ``rho m(rho)`` is increasing, ``m(0) ~ 0.006``,
 ``m(1) ~ 0.100``; hence ``Delta_FFN < 0`` and ``|Delta_FFN| <= xi m(1) ~ 0.011``
 (Thm 3.4 remark).
 
-We compute m by Gauss-Hermite quadrature (``rankjax._src.measure.theory.swiglu_moment``),
+We compute m by Gauss-Hermite quadrature (``rankjax.measure.swiglu_moment``),
 check it against Monte Carlo, and plot
 
   (a) m(rho) with Monte Carlo points,   (b) rho m(rho)   [the paper's Figure 7]
@@ -27,9 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src import plotting
-from rankjax._src.measure import theory as th
-from rankjax._src.studies import Abs, Bound, Claim, Qualitative, Rel, claims, measured
+from rankjax import measure, studies
+from rankjax.studies import Abs, Bound, Claim, Qualitative, Rel, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # grid points on [0, 1], quadrature nodes per axis, Monte Carlo rho values and
@@ -133,28 +132,28 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   cfg = SCALES[scale]
   os.makedirs(out_dir, exist_ok=True)
   start = time.time()
-  var_u = th.STANDARD_SWIGLU_VAR_U
+  var_u = measure.STANDARD_SWIGLU_VAR_U
   with jax.enable_x64(True):
     rho = np.linspace(0.0, 1.0, cfg["grid"])
-    m = np.asarray(th.swiglu_moment(rho, var_u, num_nodes=cfg["num_nodes"]))
-    m_ref = np.asarray(th.swiglu_moment(rho, var_u, num_nodes=2 * cfg["num_nodes"]))
+    m = np.asarray(measure.swiglu_moment(rho, var_u, num_nodes=cfg["num_nodes"]))
+    m_ref = np.asarray(measure.swiglu_moment(rho, var_u, num_nodes=2 * cfg["num_nodes"]))
     m0, m1 = float(m[0]), float(m[-1])
     chord = m0 + (m1 - m0) * rho
     slope, intercept = np.polyfit(rho, m, 1)
     resid = m - (slope * rho + intercept)
     r2 = 1.0 - np.sum(resid**2) / np.sum((m - m.mean()) ** 2)
     n = cfg["n"]
-    xi = float(th.swiglu_xi(512, 1536))
-    s = float(th.amount_of_attention_postnorm(512, th.folded_attention_variance(512)))
+    xi = float(measure.swiglu_xi(512, 1536))
+    s = float(measure.amount_of_attention_postnorm(512, measure.folded_attention_variance(512)))
     t = np.linspace(1.0 / n, 1.0, 400)
-    d_attn = np.asarray(th.delta_attn(s, t, n))
-    d_ffn = np.asarray(th.delta_ffn(xi, t, n, var_u, num_nodes=cfg["num_nodes"]))
+    d_attn = np.asarray(measure.delta_attn(s, t, n))
+    d_ffn = np.asarray(measure.delta_ffn(xi, t, n, var_u, num_nodes=cfg["num_nodes"]))
     worst = worst_cases(n, var_u, cfg["num_nodes"])
 
   mc_rho = np.linspace(0.0, 1.0, cfg["mc_rhos"])
   mc_mean, mc_se = _monte_carlo(mc_rho, cfg["mc_samples"], var_u)
   with jax.enable_x64(True):
-    gh_at_mc = np.asarray(th.swiglu_moment(mc_rho, var_u, num_nodes=cfg["num_nodes"]))
+    gh_at_mc = np.asarray(measure.swiglu_moment(mc_rho, var_u, num_nodes=cfg["num_nodes"]))
   z = (mc_mean - gh_at_mc) / mc_se
 
   result: dict[str, Any] = {
@@ -211,7 +210,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
             title=f"(c) n={n} [extra, not in paper Fig 7]")
   ax[2].legend(fontsize=8)
   fig.tight_layout()
-  plotting.save_figure(fig, os.path.join(out_dir, "fig7.png"), dpi=130)
+  studies.save_figure(fig, os.path.join(out_dir, "fig7.png"), dpi=130)
   plt.close(fig)
 
   result["seconds"] = time.time() - start
@@ -233,12 +232,12 @@ def worst_cases(n: int, var_u: float, num_nodes: int) -> dict[str, float]:
                                 np.linspace(1.0 / n, 1.0, 1001)]))
   t = t[(t >= 1.0 / n) & (t < 1.0)]
   with jax.enable_x64(True):
-    d_attn = np.asarray(th.delta_attn(WORST_S[:, None], t[None, :], n))
+    d_attn = np.asarray(measure.delta_attn(WORST_S[:, None], t[None, :], n))
     tt = np.linspace(1.0 / n, 1.0, 200_001)
-    f1 = np.asarray(th.f1(tt, n))
-    m_one = float(th.swiglu_moment(1.0, var_u, num_nodes))
+    f1 = np.asarray(measure.f1(tt, n))
+    m_one = float(measure.swiglu_moment(1.0, var_u, num_nodes))
     inner = t[t > 1.0 / n]
-    d_ffn = np.stack([np.asarray(th.delta_ffn(x, inner, n, var_u, num_nodes))
+    d_ffn = np.stack([np.asarray(measure.delta_ffn(x, inner, n, var_u, num_nodes))
                       for x in WORST_XI])
   bound = np.max(np.abs(d_ffn) / (WORST_XI[:, None] * m_one))
   return {"min_delta_attn": float(d_attn.min()),

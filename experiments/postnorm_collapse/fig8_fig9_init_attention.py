@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src import plotting
-from rankjax._src.config import TransformerConfig
-from rankjax._src.measure.similarity import prefix_average_matrix, token_similarity
-from rankjax._src.models.transformer import DecoderLM
-from rankjax._src.studies import Abs, Bound, Claim, claims, measured
+from rankjax import studies
+from rankjax.config import TransformerConfig
+from rankjax.measure import prefix_average_matrix, token_similarity
+from rankjax.models import DecoderLM
+from rankjax.studies import Abs, Bound, Claim, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # The paper's depth and head count with a narrow, short stack that runs on a
@@ -185,7 +185,7 @@ def plot(errs: dict[str, Any], cfg: dict[str, Any], scale: str, out_dir: str) ->
   fig.suptitle(f"{scale}: d={cfg['d_model']}, n={cfg['seq_len']}, "
                f"{cfg['num_inits']} inits", fontsize=9)
   fig.tight_layout()
-  plotting.save_figure(fig, os.path.join(out_dir, "fig8.png"), dpi=130)
+  studies.save_figure(fig, os.path.join(out_dir, "fig8.png"), dpi=130)
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -204,7 +204,7 @@ def plot(errs: dict[str, Any], cfg: dict[str, Any], scale: str, out_dir: str) ->
   ax.set_ylim(bottom=0)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  plotting.save_figure(fig, os.path.join(out_dir, "fig9.png"), dpi=130)
+  studies.save_figure(fig, os.path.join(out_dir, "fig9.png"), dpi=130)
   plt.close(fig)
 
 

@@ -1,5 +1,5 @@
 """The Post-Norm collapse paper's own training runs (Sec 4, App F.3, F.5): ``--scale paper``
-and its laptop-size twin ``--scale tiny`` (``rankjax._src.studies.training.tiny`` of the same
+and its laptop-size twin ``--scale tiny`` (``rankjax.studies.tiny`` of the same
 configs).
 
 The model and optimizer are ``experiments/configs/postnorm_48l_d512_c4.json`` (Sec 4: 48
@@ -37,7 +37,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from rankjax._src.studies import training
+from rankjax import studies
 
 CONFIG = "experiments/configs/postnorm_48l_d512_c4.json"   # from the checkout's root
 _CHECKOUT = pathlib.Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def config(name: str, scale: str):
   """Run ``name``'s TrainConfig at ``scale`` (paper: as the paper; tiny: shrunk)."""
   if scale not in ("paper", "tiny"):
     raise ValueError(f"paper_runs has the paper and tiny scales, not {scale!r}")
-  return training.at_scale(training.load(_CHECKOUT / CONFIG, RUNS[name]), scale)
+  return studies.at_scale(studies.load_config(_CHECKOUT / CONFIG, RUNS[name]), scale)
 
 
 def seeds(scale: str) -> tuple[int, ...]:
@@ -114,4 +114,4 @@ def runs_of(*roles, names: tuple[str, ...] = ()):
 
 def train(out_dir: str, name: str, scale: str) -> str:
   """The workdir of run ``name`` under ``out_dir`` (trained unless finished)."""
-  return training.train(training.workdir(out_dir, name), config(name, scale))
+  return studies.train_run(studies.workdir(out_dir, name), config(name, scale))

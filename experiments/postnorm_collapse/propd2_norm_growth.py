@@ -54,10 +54,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import collapse_study, common, paper_runs
-from rankjax._src.measure.losses import cross_entropy
-from rankjax._src.measure.similarity import batch_mean_token_similarity
-from rankjax._src.models.transformer import DecoderLM, intermediate_grads
-from rankjax._src.studies import Bound, Claim, claims, measured
+from rankjax.measure import batch_mean_token_similarity, cross_entropy
+from rankjax.models import DecoderLM, intermediate_grads
+from rankjax.studies import Bound, Claim, claims, measured
 
 # sublayer k -> (module, output matrix, residual sum)
 SITES = {1: ("attn", "w_o", "y1"), 2: ("ffn", "w_2", "y2")}
@@ -208,12 +207,11 @@ def trained(out_dir: str, workdir: str | None = None, sequences: int | None = No
             ) -> dict[str, Any]:
   """The collapsed run's final parameters on its first training batch (its first
   ``sequences``; quick: the no-warmup collapse run unless ``workdir``)."""
-  from rankjax._src.train import loop, tasks
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run, make_data_iterator, make_task
   r = load_run(workdir or collapse_study.train_run("post_collapse", out_dir))
   cfg = r.config
   batch = {k: np.asarray(v)[:sequences]
-           for k, v in next(loop.make_data_iterator(cfg, tasks.make_task(cfg))).items()}
+           for k, v in next(make_data_iterator(cfg, make_task(cfg))).items()}
   params = jax.tree.map(jnp.asarray, r.params)
   res = norm_growth(cfg.model, params, jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"]),
                     lr=cfg.learning_rate)

@@ -1,4 +1,4 @@
-"""The Post-Norm collapse study: ``STUDY``, its experiments, for ``rankjax._src.studies.runner``.
+"""The Post-Norm collapse study: ``STUDY``, its experiments, for ``rankjax.studies``.
 
 Each experiment is a module of this folder (``SCRIPTS``) that declares its ``CLAIMS`` and
 ``SCALES`` and whose ``run(out_dir/<folder>, scale)`` (the training experiments share
@@ -23,7 +23,7 @@ Run:  rankjax reproduce postnorm_collapse --out runs [--scale quick|paper|tiny]
 """
 from __future__ import annotations
 
-from rankjax._src.studies import items, runner
+from rankjax import studies
 from . import paper_runs
 
 # name -> (module, output sub-folder); training scripts share "collapse".
@@ -75,7 +75,7 @@ _QUICK_TRAINED = ("a 12-layer d=64 byte-level LM trained 60-150 updates at LR 1e
                   "(paper: 48 layers, d=512, C4, 40000 steps at LR 8e-4 to 1.8e-3)")
 QUICK_SETTING = {**{n: _QUICK_INIT for n in INIT},
                  **{n: _QUICK_TRAINED for n in TRAINED},
-                 "fig7": runner.PAPER_SETTING}
+                 "fig7": studies.PAPER_SETTING}
 # quick_deep (issue 53 item 4): the collapse study's quick runs at the paper's depth, its
 # only experiment (collapse_study.SCALES["quick_deep"]); the others are missing there
 QUICK_DEEP_SETTING = {"collapse": (
@@ -125,24 +125,24 @@ FIGURES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _experiment(name: str) -> runner.Experiment:
+def _experiment(name: str) -> studies.Experiment:
   module, folder = SCRIPTS[name]
-  return runner.Experiment(module, folder=folder, runs=PAPER_TRAINING.get(name),
-                           # Fig 1 is one optimizer step: its shares of layers with a
-                           # sign flip when a rounding change moves a layer near zero
-                           trained=name in TRAINED or name == "fig1",
-                           setting={"paper": runner.PAPER_SETTING,
-                                    "quick": QUICK_SETTING[name],
-                                    **({"quick_deep": QUICK_DEEP_SETTING[name]}
-                                       if name in QUICK_DEEP_SETTING else {}),
-                                    **({"quick_seeds8": QUICK_SEEDS8_SETTING[name]}
-                                       if name in QUICK_SEEDS8_SETTING else {})},
-                           why_missing=(_INIT_MISSING if name in INIT else _SEEDS8_MISSING
-                                        if name in QUICK_SEEDS8_SETTING else
-                                        _SEEDLESS_MISSING),
-                           scale_free=frozenset(SCALE_FREE.get(name, ())),
-                           figures=FIGURES.get(name, ()),
-                           **RECHECK.get(name, {}))
+  return studies.Experiment(module, folder=folder, runs=PAPER_TRAINING.get(name),
+                            # Fig 1 is one optimizer step: its shares of layers with a
+                            # sign flip when a rounding change moves a layer near zero
+                            trained=name in TRAINED or name == "fig1",
+                            setting={"paper": studies.PAPER_SETTING,
+                                     "quick": QUICK_SETTING[name],
+                                     **({"quick_deep": QUICK_DEEP_SETTING[name]}
+                                        if name in QUICK_DEEP_SETTING else {}),
+                                     **({"quick_seeds8": QUICK_SEEDS8_SETTING[name]}
+                                        if name in QUICK_SEEDS8_SETTING else {})},
+                            why_missing=(_INIT_MISSING if name in INIT else _SEEDS8_MISSING
+                                         if name in QUICK_SEEDS8_SETTING else
+                                         _SEEDLESS_MISSING),
+                            scale_free=frozenset(SCALE_FREE.get(name, ())),
+                            figures=FIGURES.get(name, ()),
+                            **RECHECK.get(name, {}))
 
 
 _TRAINING = ("the paper's 48-layer C4 runs (40000 steps) need an accelerator; the quick "
@@ -150,96 +150,96 @@ _TRAINING = ("the paper's 48-layer C4 runs (40000 steps) need an accelerator; th
 _PROOF = "a step of a proof (Appendices C-E), not a claim the experiments test"
 # every figure and quantitative statement of the paper (it has no tables), with the rows
 # that test it (their ``where``) or why none does
-REGISTER = items.register([
-    items.PaperItem("Sec 3.1: Pre-Norm s^l of order 1/l", "the Pre-Norm amount of attention "
-                    "is O(d sigma_W^2 / l)"),
-    items.PaperItem("Sec 3.1: Pre-Norm s^l decreases", "the Pre-Norm amount of attention "
-                    "decreases as l increases"),
-    items.PaperItem("Thm 3.2", "Delta_attn(s, t) in closed form; positive for t in [1/n, 1), "
-                    "f_1 largest at t = (n-1)/(2n); Fig 1 compares it with the measured "
-                    "increment (qualitative)"),
-    items.PaperItem("Cor 3.3", "with P - alpha C_n the increase is scaled by (1 - alpha)^2 "
-                    "and vanishes at alpha = 1", untested=(
-                        "a closed form; Fig 2's rows test the prediction it makes (growth "
-                        "suppressed as alpha rises, alpha = 1 removes most of it)")),
-    items.PaperItem("Thm 3.4", "Delta_FFN(xi, t) in closed form; negative, |Delta_FFN| <= "
-                    "xi m(1); Fig 1 (SwiGLU) compares it with the measured change "
-                    "(qualitative), Fig 7 evaluates its m(rho)"),
-    items.PaperItem("Thm 3.6", "under exact collapse ||dL/dX_k|| <= c(y_k, alpha_k) "
-                    "||dL/dX_{k+1}||, c = alpha sqrt(d)/||y||", untested=(
-                        "the bound follows from the chain rule for any network (alpha is "
-                        "measured from the same gradients); a unit test checks it on logged "
-                        "runs; Figs 4, 10-11, 12-20 test what it is used for (c < 1)")),
-    items.PaperItem("Thm 3.8 (i)", "near collapse L_CE >= L_freq - (2/sqrt(n)) ||W_lm|| eps",
-                    untested="holds for any parameters; a unit test checks its slack on "
-                    "collapsed runs (issue 25), no row"),
-    items.PaperItem("Thm 3.8 (ii)", "at p_freq the gradients of collapsed layers are zero"),
-    items.PaperItem("Prop D.1", "the near-collapse version of Thm 3.6's contraction",
-                    untested="holds by the chain rule for any network; the results keep the "
-                    "share of entries above it and a unit test checks it, no row"),
-    items.PaperItem("Prop D.2", "at exact collapse a step on W_O / W_2 grows the residual "
-                    "norm: ||Y(eta)||^2 = ||Y||^2 + eta^2 ||U||^2"),
-    items.PaperItem("Lemmas C.4-C.12, Thm C.6, Lemmas E.1-E.4, Thm E.3", "the proofs' "
-                    "intermediate statements", untested=_PROOF),
-    items.PaperItem("Sec 4 setup: about 180M parameters", "the model's size", untested=(
+REGISTER = studies.register([
+    studies.PaperItem("Sec 3.1: Pre-Norm s^l of order 1/l", "the Pre-Norm amount of attention "
+                      "is O(d sigma_W^2 / l)"),
+    studies.PaperItem("Sec 3.1: Pre-Norm s^l decreases", "the Pre-Norm amount of attention "
+                      "decreases as l increases"),
+    studies.PaperItem("Thm 3.2", "Delta_attn(s, t) in closed form; positive for t in [1/n, 1), "
+                      "f_1 largest at t = (n-1)/(2n); Fig 1 compares it with the measured "
+                      "increment (qualitative)"),
+    studies.PaperItem("Cor 3.3", "with P - alpha C_n the increase is scaled by (1 - alpha)^2 "
+                      "and vanishes at alpha = 1", untested=(
+                          "a closed form; Fig 2's rows test the prediction it makes (growth "
+                          "suppressed as alpha rises, alpha = 1 removes most of it)")),
+    studies.PaperItem("Thm 3.4", "Delta_FFN(xi, t) in closed form; negative, |Delta_FFN| <= "
+                      "xi m(1); Fig 1 (SwiGLU) compares it with the measured change "
+                      "(qualitative), Fig 7 evaluates its m(rho)"),
+    studies.PaperItem("Thm 3.6", "under exact collapse ||dL/dX_k|| <= c(y_k, alpha_k) "
+                      "||dL/dX_{k+1}||, c = alpha sqrt(d)/||y||", untested=(
+                          "the bound follows from the chain rule for any network (alpha is "
+                          "measured from the same gradients); a unit test checks it on logged "
+                          "runs; Figs 4, 10-11, 12-20 test what it is used for (c < 1)")),
+    studies.PaperItem("Thm 3.8 (i)", "near collapse L_CE >= L_freq - (2/sqrt(n)) ||W_lm|| eps",
+                      untested="holds for any parameters; a unit test checks its slack on "
+                      "collapsed runs (issue 25), no row"),
+    studies.PaperItem("Thm 3.8 (ii)", "at p_freq the gradients of collapsed layers are zero"),
+    studies.PaperItem("Prop D.1", "the near-collapse version of Thm 3.6's contraction",
+                      untested="holds by the chain rule for any network; the results keep the "
+                      "share of entries above it and a unit test checks it, no row"),
+    studies.PaperItem("Prop D.2", "at exact collapse a step on W_O / W_2 grows the residual "
+                      "norm: ||Y(eta)||^2 = ||Y||^2 + eta^2 ||U||^2"),
+    studies.PaperItem("Lemmas C.4-C.12, Thm C.6, Lemmas E.1-E.4, Thm E.3", "the proofs' "
+                      "intermediate statements", untested=_PROOF),
+    studies.PaperItem("Sec 4 setup: about 180M parameters", "the model's size", untested=(
         "the setup, not a finding; the paper-scale config has its sizes")),
-    items.PaperItem("Fig 1 (attention)", "the attention branch's one-step increment is "
-                    "positive, tracked well by Thm 3.2"),
-    items.PaperItem("Fig 1 (SwiGLU)", "the SwiGLU branch contributes a smaller negative "
-                    "correction, tracked by Thm 3.4"),
-    items.PaperItem("Sec 4.1: SwiGLU much smaller", "SwiGLU's damping is much smaller than "
-                    "the attention contribution"),
-    items.PaperItem("Sec 4.1: Post-Norm saturates faster", "Post-Norm saturates more quickly "
-                    "than Pre-Norm"),
-    items.PaperItem("Fig 2", "removing alpha C_n suppresses the growth uniformly; alpha = 1 "
-                    "removes most of it"),
-    items.PaperItem("Sec 4.2: the LR decides collapse", "LR 6e-4 trains 40000 steps without "
-                    "collapse, 8e-4 collapses within a few thousand"),
-    items.PaperItem("Sec 4.2: transition steps", "transition at ~2644 (Figs 3-5), ~1979 "
-                    "(Figs 10-11); windows 3123-3133, 1699-1709, 1754-1764 (Figs 14, 17, 20)",
-                    untested=_TRAINING + "; the quick runs have 60-150 updates, so the steps "
-                    "are not compared as numbers"),
-    items.PaperItem("Sec 1: Pre-Norm less prone to collapse", "Post-Norm networks are more "
-                    "prone to collapse than Pre-Norm"),
-    items.PaperItem("Fig 3", "alpha_k^l over training: a transition; alpha stays below 2.5"),
-    items.PaperItem("Fig 4", "sqrt(d)/||y|| drops sharply; most c curves cross below 1; "
-                    "attention layer 1 the exception"),
-    items.PaperItem("Fig 5", "early-layer gradients fall by orders of magnitude, later "
-                    "layers change much less; little gradient left"),
-    items.PaperItem("Fig 6 left", "real training, one batch, one sequence each approach "
-                    "their frequency loss"),
-    items.PaperItem("Fig 6 right", "warmup runs at three LRs collapse and stay near the "
-                    "stream's frequency loss"),
-    items.PaperItem("Sec 4.3", "the aggregate frequency loss matches the post-collapse loss "
-                    "more closely than the per-sequence mean"),
-    items.PaperItem("Abstract: collapsed runs stay near L_freq", "collapsed runs stay near "
-                    "the predicted frequency loss"),
-    items.PaperItem("Fig 7", "m(rho) approximately linear and increasing; m(0) ~ 0.006, "
-                    "m(1) ~ 0.100, xi m(1) ~ 0.011"),
-    items.PaperItem("Fig 8", "the product proxy's errors delta_attn, delta_proj are small "
-                    "throughout the stack"),
-    items.PaperItem("Fig 9", "||E[P^l] - C_n|| / ||C_n||: about 2.7% at layer 1, 1.2% at "
-                    "layer 48, mean ~2.1%"),
-    items.PaperItem("Figs 10-11", "the transition pattern repeats on another seed"),
-    items.PaperItem("Figs 12-20", "the same diagnostics at LR 1.2e-3, 1.5e-3, 1.8e-3"),
-    items.PaperItem("Figs 21-22 (App F.5)", "the non-collapsed control: t_sim stays away "
-                    "from one, loss falls smoothly, backward quantities stable"),
+    studies.PaperItem("Fig 1 (attention)", "the attention branch's one-step increment is "
+                      "positive, tracked well by Thm 3.2"),
+    studies.PaperItem("Fig 1 (SwiGLU)", "the SwiGLU branch contributes a smaller negative "
+                      "correction, tracked by Thm 3.4"),
+    studies.PaperItem("Sec 4.1: SwiGLU much smaller", "SwiGLU's damping is much smaller than "
+                      "the attention contribution"),
+    studies.PaperItem("Sec 4.1: Post-Norm saturates faster", "Post-Norm saturates more quickly "
+                      "than Pre-Norm"),
+    studies.PaperItem("Fig 2", "removing alpha C_n suppresses the growth uniformly; alpha = 1 "
+                      "removes most of it"),
+    studies.PaperItem("Sec 4.2: the LR decides collapse", "LR 6e-4 trains 40000 steps without "
+                      "collapse, 8e-4 collapses within a few thousand"),
+    studies.PaperItem("Sec 4.2: transition steps", "transition at ~2644 (Figs 3-5), ~1979 "
+                      "(Figs 10-11); windows 3123-3133, 1699-1709, 1754-1764 (Figs 14, 17, 20)",
+                      untested=_TRAINING + "; the quick runs have 60-150 updates, so the steps "
+                      "are not compared as numbers"),
+    studies.PaperItem("Sec 1: Pre-Norm less prone to collapse", "Post-Norm networks are more "
+                      "prone to collapse than Pre-Norm"),
+    studies.PaperItem("Fig 3", "alpha_k^l over training: a transition; alpha stays below 2.5"),
+    studies.PaperItem("Fig 4", "sqrt(d)/||y|| drops sharply; most c curves cross below 1; "
+                      "attention layer 1 the exception"),
+    studies.PaperItem("Fig 5", "early-layer gradients fall by orders of magnitude, later "
+                      "layers change much less; little gradient left"),
+    studies.PaperItem("Fig 6 left", "real training, one batch, one sequence each approach "
+                      "their frequency loss"),
+    studies.PaperItem("Fig 6 right", "warmup runs at three LRs collapse and stay near the "
+                      "stream's frequency loss"),
+    studies.PaperItem("Sec 4.3", "the aggregate frequency loss matches the post-collapse loss "
+                      "more closely than the per-sequence mean"),
+    studies.PaperItem("Abstract: collapsed runs stay near L_freq", "collapsed runs stay near "
+                      "the predicted frequency loss"),
+    studies.PaperItem("Fig 7", "m(rho) approximately linear and increasing; m(0) ~ 0.006, "
+                      "m(1) ~ 0.100, xi m(1) ~ 0.011"),
+    studies.PaperItem("Fig 8", "the product proxy's errors delta_attn, delta_proj are small "
+                      "throughout the stack"),
+    studies.PaperItem("Fig 9", "||E[P^l] - C_n|| / ||C_n||: about 2.7% at layer 1, 1.2% at "
+                      "layer 48, mean ~2.1%"),
+    studies.PaperItem("Figs 10-11", "the transition pattern repeats on another seed"),
+    studies.PaperItem("Figs 12-20", "the same diagnostics at LR 1.2e-3, 1.5e-3, 1.8e-3"),
+    studies.PaperItem("Figs 21-22 (App F.5)", "the non-collapsed control: t_sim stays away "
+                      "from one, loss falls smoothly, backward quantities stable"),
 ])
 
-STUDY = runner.Study(
+STUDY = studies.Study(
     name="postnorm_collapse", title="Post-Norm collapse: paper vs ours",
     experiments={n: _experiment(n) for n in SCRIPTS}, aliases=ALIASES, register=REGISTER,
     scales=("quick", "quick_seeds8", "quick_deep", "paper", "tiny"),
     notes={"quick_deep": "quick_deep: the collapse study's three quick runs (Post-Norm LR "
-                         "1e-2, Pre-Norm LR 1e-2, Post-Norm LR 5e-3; seeds 0, 1, 2; 150 "
-                         "updates, d=64) at the paper's depth, 48 layers, fixed before its "
-                         "runs (issue 53 item 4); every row a proxy; the other experiments "
-                         "have no path at this scale (EXPECTED.md).",
+                          "1e-2, Pre-Norm LR 1e-2, Post-Norm LR 5e-3; seeds 0, 1, 2; 150 "
+                          "updates, d=64) at the paper's depth, 48 layers, fixed before its "
+                          "runs (issue 53 item 4); every row a proxy; the other experiments "
+                          "have no path at this scale (EXPECTED.md).",
            "quick_seeds8": "quick_seeds8: quick's trained runs at seeds 0-7 wherever quick "
-                           "has seeds 0-2 (the collapse study's three runs; the warmup "
-                           "runs of Figs 3-5 and 10-11; the LR ablation of Figs 12-20; "
-                           "Fig 6's scopes and warmup runs; Sec 4.3), fixed before its runs "
-                           "(issue 53 item 4); seeds 0-2 are quick's runs; the single-seed "
-                           "runs stay quick's; every row a proxy; the init-time "
-                           "experiments, thm38 and propd2 have no path at this scale "
-                           "(EXPECTED.md)."})
+                            "has seeds 0-2 (the collapse study's three runs; the warmup "
+                            "runs of Figs 3-5 and 10-11; the LR ablation of Figs 12-20; "
+                            "Fig 6's scopes and warmup runs; Sec 4.3), fixed before its runs "
+                            "(issue 53 item 4); seeds 0-2 are quick's runs; the single-seed "
+                            "runs stay quick's; every row a proxy; the init-time "
+                            "experiments, thm38 and propd2 have no path at this scale "
+                            "(EXPECTED.md)."})

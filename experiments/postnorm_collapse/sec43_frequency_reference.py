@@ -42,7 +42,7 @@ import numpy as np
 
 from . import collapse_study, common, fig3_fig5_transition, paper_runs
 from . import seed_lr_runs as sl
-from rankjax._src.studies import Bound, Claim, claims, measured
+from rankjax.studies import Bound, Claim, claims, measured
 
 REFERENCES = ("aggregate_stream", "aggregate_batch", "per_sequence_batch")
 
@@ -50,9 +50,9 @@ REFERENCES = ("aggregate_stream", "aggregate_batch", "per_sequence_batch")
 def batch_references(cfg, num_updates: int) -> dict[str, np.ndarray]:
   """Per update ``t = 1..num_updates``: aggregate and per-sequence frequency loss of
   the batch the run trained on at ``t`` (the data iterator replayed from the start)."""
-  from rankjax._src.measure.losses import frequency_loss
-  from rankjax._src.train import loop, tasks
-  it = loop.make_data_iterator(cfg, tasks.make_task(cfg))
+  from rankjax.measure import frequency_loss
+  from rankjax.train import make_data_iterator, make_task
+  it = make_data_iterator(cfg, make_task(cfg))
   agg, per = [], []
   for _ in range(num_updates):
     y = np.asarray(next(it)["targets"])
@@ -69,7 +69,7 @@ def compare(workdir: str, stream_freq: float) -> dict[str, Any]:
   """Training loss after the collapse onset against the three references; the
   per-batch ones from the run's metrics when it logged them (``label_frequency``), else
   from its data iterator replayed."""
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run
   r = load_run(workdir)
   hist = [h for h in r.history if h.get("kind", "train") == "train" and "loss" in h]
   steps = np.asarray([h["step"] for h in hist])

@@ -29,10 +29,16 @@ import numpy as np
 from . import common
 from . import collapse_study
 from . import paper_runs
-from rankjax._src.measure import gradients as gr
-from rankjax._src.measure.losses import cross_entropy, frequency_logits, frequency_loss
-from rankjax._src.models.transformer import DecoderLM
-from rankjax._src.studies import Bound, Claim, claims, measured
+from rankjax.measure import (
+    block_grad_norms,
+    collapse_distance,
+    collapsed_loss_lower_bound,
+    cross_entropy,
+    frequency_logits,
+    frequency_loss,
+)
+from rankjax.models import DecoderLM
+from rankjax.studies import Bound, Claim, claims, measured
 
 
 def pre_head_hidden(model, params, tokens) -> jax.Array:
@@ -71,7 +77,7 @@ def gradient_vanishing(mcfg) -> dict[str, Any]:
                                                                 params["lm_head"].shape,
                                                                 jnp.float64)))):
       value, g = jax.value_and_grad(loss)(p)
-      blocks = {k: float(np.max(v)) for k, v in gr.block_grad_norms(g).items()}
+      blocks = {k: float(np.max(v)) for k, v in block_grad_norms(g).items()}
       out[name] = {"loss": float(value), "max_grad_norm_per_block": blocks}
     out["freq_loss"] = float(frequency_loss(targets))
   return out
@@ -82,9 +88,9 @@ def lower_bound(mcfg, params, tokens, targets) -> dict[str, Any]:
   xh = pre_head_hidden(model, params, tokens)
   logits = model.apply({"params": params}, tokens)
   ce = jax.vmap(cross_entropy)(logits, targets)
-  eps = gr.collapse_distance(xh)
+  eps = collapse_distance(xh)
   head = params["lm_head"][:, :mcfg.vocab_size]     # the real head, without padded rows
-  bound = jax.vmap(gr.collapsed_loss_lower_bound, in_axes=(0, None, 0))(targets, head, eps)
+  bound = jax.vmap(collapsed_loss_lower_bound, in_axes=(0, None, 0))(targets, head, eps)
   lf = jax.vmap(frequency_loss)(targets)
   ce, bound, lf, eps = (np.asarray(v, np.float64) for v in (ce, bound, lf, eps))
   return {"holds_all": bool(np.all(ce >= bound - 1e-5)),
@@ -120,8 +126,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   """Writes ``thm38.json``. Quick: the no-warmup collapsed run at every seed, each on its
   own first batch; paper / tiny: the paper's collapsing run (Post-Norm 8e-4,
   ``paper_runs``) at each seed after its last update, on ``PAPER_SEQUENCES`` sequences."""
-  from rankjax._src.train import loop, tasks
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run, make_data_iterator, make_task
   start = time.time()
   if scale in ("paper", "tiny"):
     runs = {}
@@ -145,11 +150,11 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   batches = {}
   for seed, (seed_cfg, wd) in runs.items():
     batches[seed] = {k: np.asarray(v)[:take] for k, v in
-                     next(loop.make_data_iterator(seed_cfg, tasks.make_task(seed_cfg))).items()}
+                     next(make_data_iterator(seed_cfg, make_task(seed_cfg))).items()}
     params = jax.tree.map(jnp.asarray, load_run(wd).params)
     res["lower_bound_trained"][str(seed)] = lower_bound(
         cfg.model, params, batches[seed]["inputs"], batches[seed]["targets"])
-  init = tasks.make_task(cfg).init(jax.random.PRNGKey(0))
+  init = make_task(cfg).init(jax.random.PRNGKey(0))
   first = batches[min(batches)]
   res["lower_bound_init"] = lower_bound(cfg.model, init, first["inputs"], first["targets"])
   res["paper"] = {"ii": "zero parameter gradients in collapsed layers at p_freq output",
