@@ -27,9 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from rankjax._src.studies import Claim, Qualitative, claims, measured, runner
-from rankjax._src import plotting
-from rankjax._src.measure import sensitivity as sens
+from rankjax import measure, studies
+from rankjax.studies import Claim, Qualitative, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # seeds: the draws whose greedy-certificate medians give Fig 2's spread (seed 0 is
@@ -68,7 +67,7 @@ def greedy_medians(seed: int, num: int) -> dict[str, float]:
   with jax.enable_x64(True):
     for L in LENGTHS:
       p = np.asarray(jax.nn.softmax(rng.standard_normal((num, L)), axis=-1), np.float64)
-      out[str(L)] = float(np.median(np.asarray(sens.theta_certificate(p, "greedy_prefix"))))
+      out[str(L)] = float(np.median(np.asarray(measure.theta_certificate(p, "greedy_prefix"))))
   return out
 
 
@@ -98,10 +97,10 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
       for L in LENGTHS:
         u = s * rng.standard_normal((cfg["num"], L))
         p = np.asarray(jax.nn.softmax(u, axis=-1), np.float64)
-        greedy = np.asarray(sens.theta_certificate(p, "greedy_prefix"))
-        repair = np.asarray(sens.theta_certificate(p, "repair"))
-        balance = np.asarray(sens.theta_certificate(p, "balance"))
-        lower, upper = (np.asarray(x) for x in sens.theta_bracket(p))
+        greedy = np.asarray(measure.theta_certificate(p, "greedy_prefix"))
+        repair = np.asarray(measure.theta_certificate(p, "repair"))
+        balance = np.asarray(measure.theta_certificate(p, "balance"))
+        lower, upper = (np.asarray(x) for x in measure.theta_bracket(p))
         p_max = p.max(-1)
         row: dict[str, Any] = dict(
             greedy_prefix=_summary(greedy), repair=_summary(repair), balance=_summary(balance),
@@ -112,7 +111,7 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
             dominant_fraction=float(np.mean(p_max >= 0.5)))
         if L <= EXACT_MAX_L:
           t0 = time.time()
-          exact = sens.theta_mitm(p)
+          exact = measure.theta_mitm(p)
           row["exact"] = _summary(exact)
           row["exact_seconds"] = time.time() - t0
           for name, cert in (("greedy_prefix", greedy), ("repair", repair),
@@ -128,7 +127,7 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
   results["settings"] = dict(num=cfg["num"], seeds=list(cfg["seeds"]), sweep_seed=seed,
                              lengths=list(LENGTHS), logit_scales=list(LOGIT_SCALES))
   results["seconds"] = time.time() - start
-  runner.write_json(out_dir, "certificates_large_L.json", results)
+  studies.write_json(out_dir, "certificates_large_L.json", results)
   _plot(results, os.path.join(out_dir, "certificates_large_L.png"))
   results["measured"] = measurements(results)
   return results
@@ -160,6 +159,6 @@ def _plot(results: dict[str, Any], path: str) -> None:
     ax.set_xticks(Ls, [str(L) for L in Ls])
     ax.legend(fontsize=7)
   fig.tight_layout()
-  plotting.save_figure(fig, path, dpi=120)
+  studies.save_figure(fig, path, dpi=120)
   plt.close(fig)
 

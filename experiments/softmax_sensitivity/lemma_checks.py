@@ -10,12 +10,12 @@ below the stated truncation limit, in every seed:
   Gaussian logits at scales 0.1 .. 10, so from near-uniform to near one-hot);
   violation = max ratio - 1.
 * Lemma 2.4: ||LN(x)||_rms <= ||gamma||_inf + ||beta||_inf, LN with gain and bias
-  (``norms.normalize(x, "layer", eps) * gamma + beta``, GPT-2's eps), x at scales 1e-3 .. 1e3; violation = max of
-  the left side minus the right side.
+  (``rankjax.models.normalize(x, "layer", eps) * gamma + beta``, GPT-2's eps), x at
+  scales 1e-3 .. 1e3; violation = max of the left side minus the right side.
 * Remark 3.3: at a sign vector x with positive set S, x^T (Diag(p) - p p^T) x =
   4 p(S) (1 - p(S)), and theta(p) is the maximum of that quadratic over all sign
   vectors (a max-cut value); violation = max absolute difference (L = 10, all 2^10
-  sign vectors; theta by ``sensitivity.theta_exact``).
+  sign vectors; theta by ``rankjax.measure.theta_exact``).
 * Remark B.1: TV(p_eps, p) = |eps| / 2 ||J x||_1 + o(|eps|), p_eps = softmax((u + eps
   x) / tau), J the autodiff Jacobian; violation = max relative difference at eps =
   1e-6, which must be below ``FIRST_ORDER_LIMIT`` (o(eps): the relative error is
@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax._src.studies import Bound, Claim, claims, measured, runner
+from rankjax import studies
+from rankjax.studies import Bound, Claim, claims, measured
 from .policy import fmt
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -176,8 +177,8 @@ LN_EPS = 1e-5    # GPT-2's layer_norm_epsilon
 
 def _ln(x, gamma, beta):
   """LayerNorm with gain and bias: ``normalize(x, "layer", eps) * gamma + beta``."""
-  from rankjax._src.models import norms
-  return norms.normalize(x, "layer", LN_EPS) * gamma + beta
+  from rankjax.models import normalize
+  return normalize(x, "layer", LN_EPS) * gamma + beta
 
 
 def lemma_2_3(rng, draws: int) -> float:
@@ -206,7 +207,7 @@ def lemma_2_4(rng, draws: int) -> float:
 
 def remark_3_3(rng, draws: int) -> float:
   """max |x^T M x - 4 p(S)(1 - p(S))| over sign vectors, and |max_x x^T M x - theta|."""
-  from rankjax._src.measure import sensitivity as sens
+  from rankjax.measure import theta_exact
   signs = np.array(list(itertools.product((-1.0, 1.0), repeat=L_CUT)))
   worst = 0.0
   for _ in range(draws):
@@ -215,7 +216,7 @@ def remark_3_3(rng, draws: int) -> float:
     quad = np.einsum("si,ij,sj->s", signs, m, signs)
     ps = (signs > 0) @ p
     worst = max(worst, np.abs(quad - 4 * ps * (1 - ps)).max(),
-                abs(quad.max() - float(sens.theta_exact(p[None])[0])))
+                abs(quad.max() - float(theta_exact(p[None])[0])))
   return float(worst)
 
 
@@ -520,7 +521,7 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
                           l_cut=L_CUT),
          "seconds": time.time() - start}
   os.makedirs(out_dir, exist_ok=True)
-  runner.write_json(out_dir, "lemma_checks.json", res)
+  studies.write_json(out_dir, "lemma_checks.json", res)
   res["measured"] = measurements(res)
   return res
 

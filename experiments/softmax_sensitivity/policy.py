@@ -3,13 +3,13 @@
 EXPECTED.md, "How rows are judged": the rules are fixed before any run from the
 paper's printed precision and the kind of quantity, never from our outcomes. Each
 experiment module declares its claims (``CLAIMS``) with these constants; several
-seeds are judged on their mean's 95% interval (``rankjax._src.studies.evidence``); worded
+seeds are judged on their mean's 95% interval (``rankjax.studies.Claim``); worded
 claims are ``Bound`` predicates on the measured values; identities are
 ``Bound("<", the paper's limit)``, or ``Bound(op, limit=...)`` where the limit is ours.
 """
 from __future__ import annotations
 
-from rankjax._src.studies import Abs, OneMinus, Rel
+from rankjax.studies import Abs, OneMinus, Rel
 
 REL = Rel(0.05)            # a printed number away from 0 and 1: 5% relative
 NEAR_ONE = OneMinus(0.25)  # a quantity bounded by 1 printed >= 0.9: 25% relative on 1 - x

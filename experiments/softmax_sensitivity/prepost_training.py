@@ -2,10 +2,10 @@
 
 Paper: "Exact Attention Sensitivity and the Geometry of Transformer Stability".
 Three seeds (42, 123, 456) of a GPT-2-style LM per normalization placement, trained
-with ``rankjax._src.train`` and the ``basic`` + ``attention`` diagnostics
-(``rankjax._src.train.diagnostics_attention``): per-update loss and pre-clip gradient norm
-(metrics.jsonl), per-block parameter-gradient norms (``basic/grad_norm``) and the
-attention statistics at layers {0, N/2, N-1} (``attention/*``, greedy-prefix
+with ``rankjax.train`` and the ``basic`` + ``attention`` diagnostics (the latter
+``rankjax.measure.attention_statistics`` on sampled rows): per-update loss and pre-clip
+gradient norm (metrics.jsonl), per-block parameter-gradient norms (``basic/grad_norm``)
+and the attention statistics at layers {0, N/2, N-1} (``attention/*``, greedy-prefix
 certificate as in the paper, plus our balance certificate on the same rows).
 
 Scales (configs in ``configs/``; the model is the paper's at every scale: GELU,
@@ -22,7 +22,7 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
          paper's FineWeb: a directory of text or ArrayRecord files named by the env
          var ``RANKJAX_FINEWEB`` (without it the runner refuses before anything runs).
          Needs accelerators; the runner trains the six runs (``Experiment.runs``).
-  tiny   the six paper runs through ``rankjax._src.studies.training.tiny``: 4 layers, d=32,
+  tiny   the six paper runs through ``rankjax.studies.tiny``: 4 layers, d=32,
          2 heads, T=32, byte tokenizer, offline Shakespeare, 24 updates (warmup 6,
          diagnostics every update), batch 8 = 2 x 4; every other setting of the paper
          config kept. The code path of paper, 45-130 s wall a run on the shared 2-core
@@ -52,7 +52,7 @@ seeds; entropy and p_max curves = mean over layers of the per-layer row mean, av
 over seeds; final loss = mean over the last 50 updates; spikes = ``gradient_spikes``
 (window 50, first 10 excluded); +- = sample std over seeds (ddof 1).
 
-Runs live in ``out_dir/runs/<arch>_s<seed>`` (``rankjax._src.studies.training.workdir``) at every
+Runs live in ``out_dir/runs/<arch>_s<seed>`` (``rankjax.studies.workdir``) at every
 scale; a finished run is reused, a half-done one resumed.
 
 Its claims (``CLAIMS``: Table 1, Fig 1(d), Fig 3, Fig 4 and Sec 5's worded claims) are
@@ -73,8 +73,8 @@ from typing import Any
 
 import numpy as np
 
-from rankjax._src.studies import Abs, Bound, Claim, claims, measured, runner, training
-from rankjax._src import plotting
+from rankjax import studies
+from rankjax.studies import Abs, Bound, Claim, claims, measured
 from .policy import COUNT_TOL, NEAR_ONE, P_MAX_FLOOR, REL, fmt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -138,7 +138,7 @@ SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Sh
                               "count are over its 8 runs (the paper's over 3)",
               "quick_deep": f"quick_deep: the quick LM at {DEEP_LAYERS} layers (d=64, 200 updates "
                             "at 1e-3, 3 seeds), fixed before the run, not GPT-2 774M",
-              "tiny": "tiny: the 774M config shrunk by rankjax._src.studies.training.tiny (4 layers, "
+              "tiny": "tiny: the 774M config shrunk by rankjax.studies.tiny (4 layers, "
                       "d=32, 24 updates, byte-level Shakespeare): not judged"}
 LOSS_UNITS = ("the paper's loss is per GPT-2 BPE token of FineWeb, ours per byte of "
               "Shakespeare at quick scale: not the same unit")
@@ -322,16 +322,16 @@ def needs(scale: str) -> str | None:
   if not path:
     return (f"the paper's FineWeb is not given: set {FINEWEB}=/path/to/fineweb (a directory "
             "of text or ArrayRecord files)")
-  line = training.missing_directory(path, FINEWEB)     # local or gs://
+  line = studies.missing_directory(path, FINEWEB)     # local or gs://
   return line + " (the paper's FineWeb: text or ArrayRecord files)" if line else None
 
 
 def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | None = None):
   """One run's config at ``scale``: the scale's JSON, ``SCALE_SETS``, the placement and
   seed, ``overrides``; at paper the data set is ``$RANKJAX_FINEWEB``; at tiny the paper
-  config through ``training.at_scale``."""
-  from rankjax._src import config as config_lib
-  from rankjax._src.config import TrainConfig
+  config through ``studies.at_scale``."""
+  from rankjax import config as config_lib
+  from rankjax.config import TrainConfig
   base = "paper" if scale == "tiny" else scale
   cfg = config_lib.from_json(TrainConfig, CONFIGS[base])
   cfg = config_lib.override(cfg, SCALE_SETS.get(base, ()))
@@ -340,7 +340,7 @@ def make_config(scale: str, arch: str, seed: int, overrides: dict[str, Any] | No
   cfg = dataclasses.replace(cfg, seed=seed,
                             model=dataclasses.replace(cfg.model, norm_position=arch),
                             **(overrides or {}))
-  return training.at_scale(cfg, scale)
+  return studies.at_scale(cfg, scale)
 
 
 def scale_seeds(scale: str) -> tuple[int, ...]:
@@ -377,22 +377,22 @@ def train_runs(out_dir: str, scale: str, seeds: tuple[int, ...] | None = None,
                overrides: dict[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
   """Trains (or resumes / reuses) every run of ``scale`` in ``out_dir/runs`` (``seeds``:
   the scale's own when None), the seeds of each placement as one program
-  (``training.train_all``: one step shape, one compile); ``{name: (config, workdir)}``.
+  (``studies.train_all``: one step shape, one compile); ``{name: (config, workdir)}``.
   Raises the one line of :func:`needs` when the data set is not given, and a run's
   failure (a NaN loss) as one line."""
   line = needs(scale)
   if line:
     raise ValueError(line)
   cfgs = run_configs(scale, seeds, overrides)
-  paths = {name: training.workdir(out_dir, name) for name in cfgs}
-  failed = training.train_all({paths[n]: cfg for n, cfg in cfgs.items()})
+  paths = {name: studies.workdir(out_dir, name) for name in cfgs}
+  failed = studies.train_all({paths[n]: cfg for n, cfg in cfgs.items()})
   if failed:
     raise RuntimeError(next(iter(failed.values())))
   return {name: (cfgs[name], paths[name]) for name in cfgs}
 
 
 def read_run(workdir: str) -> dict[str, np.ndarray]:
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.train import load_run
   run = load_run(workdir)
   rows = [r for r in run.history if r.get("kind", "train") == "train"]
   out = {"step": np.array([r["step"] for r in rows]),
@@ -447,7 +447,7 @@ def seed_spread(x) -> dict[str, float]:
 
 def analyze(runs: dict[str, dict[int, dict[str, np.ndarray]]], warmup: int) -> dict[str, Any]:
   """Table 1, Fig 1/3/4 numbers from the per-run series."""
-  from rankjax._src.measure.sensitivity import gradient_spikes
+  from rankjax.measure import gradient_spikes
   res: dict[str, Any] = {"table1": {}, "fig1": {}, "fig3": {}, "fig4": {}, "per_seed": {}}
   for arch, by_seed in runs.items():
     seeds = sorted(by_seed)
@@ -521,7 +521,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  from rankjax._src.measure.sensitivity import gradient_spikes
+  from rankjax.measure import gradient_spikes
   colors = {"pre": "tab:blue", "post": "tab:red"}
   warm = res["warmup"]
   fig, ax = plt.subplots(1, 4, figsize=(20, 4.2))
@@ -555,7 +555,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   ax[3].set_xlabel("layer")
   paths = [os.path.join(out_dir, "fig1_prepost.png")]
   fig.tight_layout()
-  plotting.save_figure(fig, paths[-1], dpi=110)
+  studies.save_figure(fig, paths[-1], dpi=110)
   plt.close(fig)
 
   fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -586,7 +586,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   ax[1].set_title("Fig 3: theta_cert median and envelope", fontsize=9)
   paths.append(os.path.join(out_dir, "fig3_sharpening.png"))
   fig.tight_layout()
-  plotting.save_figure(fig, paths[-1], dpi=110)
+  studies.save_figure(fig, paths[-1], dpi=110)
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -607,7 +607,7 @@ def _plot(runs, res: dict[str, Any], out_dir: str) -> list[str]:
   ax.legend(fontsize=8)
   paths.append(os.path.join(out_dir, "fig4_layers.png"))
   fig.tight_layout()
-  plotting.save_figure(fig, paths[-1], dpi=110)
+  studies.save_figure(fig, paths[-1], dpi=110)
   plt.close(fig)
   return paths
 
@@ -732,7 +732,7 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] | None = None
   """Trains (or reuses) every run under ``out_dir/runs``, writes JSON + PNGs; returns
   the results with their ``measured`` values (:func:`measurements`). ``seeds``: the
   scale's (``SCALES``) when None."""
-  from rankjax._src import config as config_lib
+  from rankjax import config as config_lib
   seeds = tuple(seeds or scale_seeds(scale))
   os.makedirs(out_dir, exist_ok=True)
   use_compile_cache(os.path.join(out_dir, "jax_cache"))
@@ -750,7 +750,7 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] | None = None
   res["settings"] = dict(seeds=list(seeds), archs=list(ARCHS), fig_seed=FIG_SEED,
                          config=config_lib.to_dict(first))
   res["figures"] = _plot(runs, res, out_dir)
-  runner.write_json(out_dir, "prepost_training.json", res)
+  studies.write_json(out_dir, "prepost_training.json", res)
   res["measured"] = measurements(res)
   return res
 

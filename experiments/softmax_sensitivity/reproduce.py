@@ -1,4 +1,4 @@
-"""Every experiment of the softmax-sensitivity paper: ``STUDY`` for ``rankjax._src.studies.runner``.
+"""Every experiment of the softmax-sensitivity paper: ``STUDY`` for ``rankjax.studies.run_study``.
 
 Experiments (each a module declaring ``CLAIMS`` and ``SCALES`` and defining ``run(out_dir,
 scale) -> dict``, output in ``out_dir/<name>/``):
@@ -21,14 +21,14 @@ scale) -> dict``, output in ``out_dir/<name>/``):
 
 At ``--scale paper`` and ``tiny`` the runner trains the six runs of both training
 experiments (``prepost_training.runs``: 2 placements x seeds 42, 123, 456 of
-``experiments/configs/gpt2_774m.json``, through ``rankjax._src.studies.training.tiny`` at tiny)
+``experiments/configs/gpt2_774m.json``, through ``rankjax.studies.tiny`` at tiny)
 into ``prepost_training/runs/`` before any experiment runs; the two experiments share
 that folder, so ``trained_bounds`` reads the same runs. Paper scale reads the paper's
 FineWeb from the directory named by the env var ``RANKJAX_FINEWEB`` (text or
 ArrayRecord files) and refuses before anything runs without it. ``tiny``: every
 experiment's paper path shrunk (rows of status tiny).
 
-Each experiment's claims (``evidence.Claim``: item, quantity, the paper's number, the
+Each experiment's claims (``rankjax.studies.Claim``: item, quantity, the paper's number, the
 rule) are declared in its module (``CLAIMS``) at import, before anything runs; its
 ``run`` only measures (``measured``), and the runner judges. The rules follow one
 policy (``policy``: its constants and EXPECTED.md, "How rows are judged").
@@ -40,7 +40,7 @@ Run:  rankjax reproduce softmax_sensitivity --out runs/softmax --scale quick
 """
 from __future__ import annotations
 
-from rankjax._src.studies import items, runner
+from rankjax import studies
 from . import lemma_checks, prepost_training, theorem_check
 
 
@@ -97,76 +97,76 @@ SCALE_FREE = {
 assert set(SCALE_FREE["theorem_check"]) <= set(theorem_check.CLAIMS)
 
 # Every figure, table and quantitative statement of the paper, with the rows' ``where``
-# or why no row tests it (rankjax._src.studies.items).
-REGISTER = items.register([
-    items.PaperItem("Sec 2: norm transfer", "||dX||_F / sqrt(Ld) <= ||dX||_inf,rms <= "
-                    "||dX||_F / sqrt(d): a bound moves between geometries at a factor up to "
-                    "sqrt(L)", untested="a norm equivalence of the definitions (no experiment "
-                    "in the paper); no row here"),
-    items.PaperItem("Lemma 2.3", "row-stochastic mixing is nonexpansive in ||.||_inf,rms"),
-    items.PaperItem("Lemma 2.4", "||LN(x)||_rms <= ||gamma||_inf + ||beta||_inf"),
-    items.PaperItem("Thm 3.2", "||J_tau(u)||_inf->1 = theta(p) / tau", untested=(
+# or why no row tests it (rankjax.studies.PaperItem, rankjax.studies.register).
+REGISTER = studies.register([
+    studies.PaperItem("Sec 2: norm transfer", "||dX||_F / sqrt(Ld) <= ||dX||_inf,rms <= "
+                      "||dX||_F / sqrt(d): a bound moves between geometries at a factor up to "
+                      "sqrt(L)", untested="a norm equivalence of the definitions (no experiment "
+                      "in the paper); no row here"),
+    studies.PaperItem("Lemma 2.3", "row-stochastic mixing is nonexpansive in ||.||_inf,rms"),
+    studies.PaperItem("Lemma 2.4", "||LN(x)||_rms <= ||gamma||_inf + ||beta||_inf"),
+    studies.PaperItem("Thm 3.2", "||J_tau(u)||_inf->1 = theta(p) / tau", untested=(
         "its numerical check is App D.2's exhaustive comparison, item 'App D.2: exhaustive "
         "check' (the unit tests also check it at L in {4, 8, 12}, tau in {0.5, 1, 2})")),
-    items.PaperItem("Remark 3.3", "theta(p) is 4 x the max cut of the p_i p_j graph"),
-    items.PaperItem("Cor 3.4", "theta in five regimes: uniform, one-hot, dominant atom, "
-                    "top-k uniform, and the bound theta >= 1 - p_max^2 (5); the rows test the "
-                    "bound (5), regimes (1)-(4) are closed forms with no row"),
-    items.PaperItem("Thm 4.1", "MHA local Jacobian bound with theta-tilde per head"),
-    items.PaperItem("Cor 4.2", "MHA Lipschitz bound on a bounded input set", untested=(
+    studies.PaperItem("Remark 3.3", "theta(p) is 4 x the max cut of the p_i p_j graph"),
+    studies.PaperItem("Cor 3.4", "theta in five regimes: uniform, one-hot, dominant atom, "
+                      "top-k uniform, and the bound theta >= 1 - p_max^2 (5); the rows test the "
+                      "bound (5), regimes (1)-(4) are closed forms with no row"),
+    studies.PaperItem("Thm 4.1", "MHA local Jacobian bound with theta-tilde per head"),
+    studies.PaperItem("Cor 4.2", "MHA Lipschitz bound on a bounded input set", untested=(
         ">= Thm 4.1's bound by construction (theta <= 1 in the same formula): recorded in "
         "trained_bounds' data, no row")),
-    items.PaperItem("Thm 4.3", "Pre-LN per-layer bound", untested=(
+    studies.PaperItem("Thm 4.3", "Pre-LN per-layer bound", untested=(
         "composed from Cor 4.2 and Lemma A.1; the paper states no experiment; no row here")),
-    items.PaperItem("Thm 4.4", "Post-LN bound on the normalized-state domain", untested=(
+    studies.PaperItem("Thm 4.4", "Post-LN bound on the normalized-state domain", untested=(
         "composed from Cor 4.2 and Lemma A.1; the paper states no experiment; no row here")),
-    items.PaperItem("Thm 4.5", "Pre-LN: identity gradient path; the alternating chain's "
-                    "Jacobian decays as (1 - a^2)^((m - l) / 2)"),
-    items.PaperItem("Thm 4.6", "Post-LN: no identity gradient path", untested=(
+    studies.PaperItem("Thm 4.5", "Pre-LN: identity gradient path; the alternating chain's "
+                      "Jacobian decays as (1 - a^2)^((m - l) / 2)"),
+    studies.PaperItem("Thm 4.6", "Post-LN: no identity gradient path", untested=(
         "a structural decomposition with no numerical statement; no row")),
-    items.PaperItem("Lemma A.1", "Lip(LN) <= ||gamma||_inf / sqrt(eps)"),
-    items.PaperItem("Lemma A.2", "LN Jacobian: J 1 = 0; ||J v|| <= ||gamma||_inf / sigma ||v|| "
-                    "on centered v; extra factor rho(y) along y_hat"),
-    items.PaperItem("Cor A.3", "||prod_k J_LN,k||_2 <= max_i prod_k a_k,i (Lemma A.2(iv) "
-                    "tokenwise)"),
-    items.PaperItem("Remark B.1", "TV(p_eps, p) = |eps| / 2 ||J x||_1 + o(|eps|)"),
-    items.PaperItem("App D.2: exhaustive check", "Thm 3.2 below 1e-13 relative error over "
-                    "500 logit vectors at L = 8, 16 (also Fig 2's caption)"),
-    items.PaperItem("App D.2: greedy certificate", "the greedy certificate equals the exact "
-                    "theta on a share of 500 vectors per length; its worst gap"),
-    items.PaperItem("Fig 2", "the greedy certificate over 500 random distributions per "
-                    "length, L = 32 .. 1024"),
-    items.PaperItem("Fig 1", "(a) loss, (b) pre-clip gradient norm, (c) certificate, "
-                    "(d) per-block gradient norms (seed 123)"),
-    items.PaperItem("Table 1", "loss, spike updates and last-checkpoint certificate, "
-                    "Pre-LN vs Post-LN, three seeds"),
-    items.PaperItem("Sec 5: optimization outcomes", "Pre-LN has lower final-window loss "
-                    "for each matched seed; Post-LN seeds split"),
-    items.PaperItem("Sec 5: gradient spikes", "Post-LN registers more spike updates and "
-                    "a larger largest pre-clip norm than Pre-LN"),
-    items.PaperItem("Sec 5: layerwise gradient profiles", "plateaued Post-LN blocks four "
-                    "orders below the last; Pre-LN smoother across depth"),
-    items.PaperItem("Sec 5: attention concentration", "the median certificate stays at a floor "
-                    "at every sampled layer and checkpoint; the middle layer's p5 falls; two "
-                    "Post-LN seeds near uniform"),
-    items.PaperItem("Fig 3", "entropy falls, p_max rises; the certificate "
-                    "median and its envelope at the last checkpoint"),
-    items.PaperItem("Fig 4", "per-layer certificates at layers 0, 18, 35 (seed 123): medians "
-                    "near one, widened lower whisker at the middle layer"),
+    studies.PaperItem("Lemma A.1", "Lip(LN) <= ||gamma||_inf / sqrt(eps)"),
+    studies.PaperItem("Lemma A.2", "LN Jacobian: J 1 = 0; ||J v|| <= ||gamma||_inf / sigma ||v|| "
+                      "on centered v; extra factor rho(y) along y_hat"),
+    studies.PaperItem("Cor A.3", "||prod_k J_LN,k||_2 <= max_i prod_k a_k,i (Lemma A.2(iv) "
+                      "tokenwise)"),
+    studies.PaperItem("Remark B.1", "TV(p_eps, p) = |eps| / 2 ||J x||_1 + o(|eps|)"),
+    studies.PaperItem("App D.2: exhaustive check", "Thm 3.2 below 1e-13 relative error over "
+                      "500 logit vectors at L = 8, 16 (also Fig 2's caption)"),
+    studies.PaperItem("App D.2: greedy certificate", "the greedy certificate equals the exact "
+                      "theta on a share of 500 vectors per length; its worst gap"),
+    studies.PaperItem("Fig 2", "the greedy certificate over 500 random distributions per "
+                      "length, L = 32 .. 1024"),
+    studies.PaperItem("Fig 1", "(a) loss, (b) pre-clip gradient norm, (c) certificate, "
+                      "(d) per-block gradient norms (seed 123)"),
+    studies.PaperItem("Table 1", "loss, spike updates and last-checkpoint certificate, "
+                      "Pre-LN vs Post-LN, three seeds"),
+    studies.PaperItem("Sec 5: optimization outcomes", "Pre-LN has lower final-window loss "
+                      "for each matched seed; Post-LN seeds split"),
+    studies.PaperItem("Sec 5: gradient spikes", "Post-LN registers more spike updates and "
+                      "a larger largest pre-clip norm than Pre-LN"),
+    studies.PaperItem("Sec 5: layerwise gradient profiles", "plateaued Post-LN blocks four "
+                      "orders below the last; Pre-LN smoother across depth"),
+    studies.PaperItem("Sec 5: attention concentration", "the median certificate stays at a floor "
+                      "at every sampled layer and checkpoint; the middle layer's p5 falls; two "
+                      "Post-LN seeds near uniform"),
+    studies.PaperItem("Fig 3", "entropy falls, p_max rises; the certificate "
+                      "median and its envelope at the last checkpoint"),
+    studies.PaperItem("Fig 4", "per-layer certificates at layers 0, 18, 35 (seed 123): medians "
+                      "near one, widened lower whisker at the middle layer"),
 ])
 
 
-def _experiment(name: str, **kw) -> runner.Experiment:
-  """``runner.Experiment`` of module ``name`` with its settings and scale-free rows (its
+def _experiment(name: str, **kw) -> studies.Experiment:
+  """``studies.Experiment`` of module ``name`` with its settings and scale-free rows (its
   claims and scales: the module's ``CLAIMS`` and ``SCALES``)."""
-  return runner.Experiment(name, setting={"paper": runner.PAPER_SETTING,
-                                          **QUICK_SETTING[name]},
-                           scale_free=frozenset(SCALE_FREE.get(name, ())), **kw)
+  return studies.Experiment(name, setting={"paper": studies.PAPER_SETTING,
+                                           **QUICK_SETTING[name]},
+                            scale_free=frozenset(SCALE_FREE.get(name, ())), **kw)
 
 
 _TRAINING_ONLY = ("quick_paper_lr, quick_sharpen, quick_seeds8 and quick_deep are "
                   "training-only scales")
-STUDY = runner.Study(
+STUDY = studies.Study(
     name="softmax_sensitivity", title="Softmax sensitivity: paper vs ours",
     experiments={"lemma_checks": _experiment(
                      "lemma_checks", folder="lemma_checks", why_missing=_TRAINING_ONLY),
@@ -204,5 +204,5 @@ STUDY = runner.Study(
            "quick_deep": f"quick_deep: the quick setting at {prepost_training.DEEP_LAYERS} "
                          "layers (3 seeds), fixed before its run (issue 53).",
            "tiny": "tiny: every experiment's paper path shrunk to a laptop CPU (the six "
-                   "774M runs through rankjax._src.studies.training.tiny, fewer draws elsewhere); "
+                   "774M runs through rankjax.studies.tiny, fewer draws elsewhere); "
                    "measured, not judged against the paper."})

@@ -27,10 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from rankjax._src.studies import Abs, Bound, Claim, claims, measured, runner
-from rankjax._src.studies.evidence import Draw
-from rankjax._src import plotting
-from rankjax._src.measure import sensitivity as sens
+from rankjax import measure, studies
+from rankjax.studies import Abs, Bound, Claim, Draw, claims, measured
 
 SCALES: dict[str, dict[str, Any]] = {
     # logit vectors per length (the paper uses 500); spread_seeds: how many seeds
@@ -113,8 +111,8 @@ def certificate_match_rates(seed: int, num: int) -> dict[str, dict[str, float]]:
     for L in LENGTHS:
       p = np.asarray(jax.nn.softmax(rng.standard_normal((num, L)) / PAPER_TAU, axis=-1),
                      np.float64)
-      theta = np.asarray(sens.theta_exact(p))
-      stats = {m: _certificate_stats(theta, np.asarray(sens.theta_certificate(p, m)))
+      theta = np.asarray(measure.theta_exact(p))
+      stats = {m: _certificate_stats(theta, np.asarray(measure.theta_certificate(p, m)))
                for m in ("greedy_prefix", "balance")}
       out[str(L)] = {m: st["match_fraction"] for m, st in stats.items()}
       out[str(L)]["greedy_worst_gap"] = stats["greedy_prefix"]["worst_gap"]
@@ -132,8 +130,8 @@ def identity_errors(seed: int, num: int) -> dict[str, float]:
     for L in LENGTHS:
       u = rng.standard_normal((num, L))
       p = np.asarray(jax.nn.softmax(u / PAPER_TAU, axis=-1), np.float64)
-      lhs = np.asarray(sens.softmax_jacobian_inf_to_one(u, PAPER_TAU))
-      rhs = np.asarray(sens.theta_exact(p)) / PAPER_TAU
+      lhs = np.asarray(measure.softmax_jacobian_inf_to_one(u, PAPER_TAU))
+      rhs = np.asarray(measure.theta_exact(p)) / PAPER_TAU
       out[str(L)] = float((np.abs(lhs - rhs) / rhs).max())
   return out
 
@@ -197,15 +195,15 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
       per_tau = {}
       for tau in (PAPER_TAU,) + EXTRA_TAUS:
         p = np.asarray(jax.nn.softmax(u / tau, axis=-1), np.float64)
-        lhs = np.asarray(sens.softmax_jacobian_inf_to_one(u, tau))
-        theta = np.asarray(sens.theta_exact(p))
+        lhs = np.asarray(measure.softmax_jacobian_inf_to_one(u, tau))
+        theta = np.asarray(measure.theta_exact(p))
         rhs = theta / tau
         rel = np.abs(lhs - rhs) / rhs
-        greedy = np.asarray(sens.theta_certificate(p, "greedy_prefix"))
-        balance = np.asarray(sens.theta_certificate(p, "balance"))
+        greedy = np.asarray(measure.theta_certificate(p, "greedy_prefix"))
+        balance = np.asarray(measure.theta_certificate(p, "balance"))
         per_tau[f"tau={tau:g}"] = dict(
             max_rel_error=float(rel.max()), median_rel_error=float(np.median(rel)),
-            mitm_vs_enumeration_max_abs=float(np.abs(sens.theta_mitm(p) - theta).max()),
+            mitm_vs_enumeration_max_abs=float(np.abs(measure.theta_mitm(p) - theta).max()),
             theta_min=float(theta.min()), theta_median=float(np.median(theta)),
             greedy_prefix=_certificate_stats(theta, greedy),
             balance=_certificate_stats(theta, balance))
@@ -225,7 +223,7 @@ def run(out_dir: str, scale: str = "quick", seed: int = 0) -> dict[str, Any]:
                                  range(cfg["spread_seeds"])), tau=PAPER_TAU,
                              match_rtol=MATCH_RTOL)
   results["seconds"] = time.time() - start
-  runner.write_json(out_dir, "theorem_check.json", results)
+  studies.write_json(out_dir, "theorem_check.json", results)
   _plot(plots, os.path.join(out_dir, "theorem_check.png"))
   results["measured"] = measurements(results)
   return results
@@ -255,6 +253,6 @@ def _plot(plots, path: str) -> None:
                  f"(paper's draw: {paper}%)", fontsize=9)
     ax.legend()
   fig.tight_layout()
-  plotting.save_figure(fig, path, dpi=120)
+  studies.save_figure(fig, path, dpi=120)
   plt.close(fig)
 

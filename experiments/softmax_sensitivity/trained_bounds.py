@@ -13,7 +13,7 @@ are those of the full sequence), per layer:
   (``w_q[:, h d_h:(h+1) d_h]``, the model's reshape order; ``W^O`` acts on the head
   concatenation), and the split MHA is checked against the model's attention module;
 * measured ``Lambda_MHA(U) = ||D MHA(U)||_{inf,rms -> inf,rms}`` from the autodiff
-  Jacobian, bracketed (``sensitivity_bounds.inf_rms_operator_norm_bracket``: feasible
+  Jacobian, bracketed (``rankjax.measure.inf_rms_operator_norm_bracket``: feasible
   inputs below, the block row-sum above);
 * Thm 4.1's local bound with exact ``theta`` on each causal row (``mha_local_bound``),
   and Cor 4.2's ``L_MHA^(B)`` at ``B = ||U||_{inf,rms}`` (Cor 4.2 holds on the whole
@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rankjax._src.studies import Bound, Claim, claims, measured, runner
+from rankjax import studies
+from rankjax.studies import Bound, Claim, claims, measured
 from . import prepost_training as pt
 from .policy import fmt
 
@@ -80,7 +81,7 @@ CLAIMS = claims([
 def split_heads(w_attn: dict[str, Any], heads: int):
   """The model's ``(d, d)`` projections as Sec 4.1's per-head ``(H, d, d_h)`` and
   ``W^O`` ``(H d_h, d)`` (columns ``h d_h .. (h+1) d_h - 1`` of ``w_q`` are head ``h``,
-  as ``reshape(b, t, heads, d_h)`` in ``models/attention.py``)."""
+  as ``reshape(b, t, heads, d_h)`` in ``rankjax.models.CausalSelfAttention``)."""
   def per_head(w):
     d = w.shape[0]
     return jnp.asarray(w).reshape(d, heads, d // heads).transpose(1, 0, 2)
@@ -90,7 +91,7 @@ def split_heads(w_attn: dict[str, Any], heads: int):
 
 def split_mha(u_TxD, wq, wk, wv, wo):
   """Causal MHA from per-head weights (Sec 4.1), tau = 1: ``[A_h U W_h^V]_h W^O``."""
-  from rankjax._src.measure.sensitivity_bounds import mha_attention_probs
+  from rankjax.measure import mha_attention_probs
   probs = mha_attention_probs(u_TxD, wq, wk, 1.0, causal=True)
   out = jnp.einsum("hts,sd,hdk->thk", probs, u_TxD, wv)
   return out.reshape(u_TxD.shape[0], -1) @ wo
@@ -105,8 +106,8 @@ def _captures(model, params, tokens):
 
 def layer_bounds(mcfg, params, x1_LxBxTxD) -> list[dict[str, Any]]:
   """Thm 4.1 / Cor 4.2 against the measured Jacobian norm, per layer and sequence."""
-  from rankjax._src.measure import sensitivity_bounds as sb
-  from rankjax._src.models.attention import CausalSelfAttention
+  from rankjax import measure
+  from rankjax.models import CausalSelfAttention
   attn = CausalSelfAttention(mcfg)
   out = []
   for layer in range(mcfg.num_layers):
@@ -118,10 +119,10 @@ def layer_bounds(mcfg, params, x1_LxBxTxD) -> list[dict[str, Any]]:
       split_err = float(jnp.max(jnp.abs(split_mha(u, wq, wk, wv, wo) - model_out))
                         / jnp.max(jnp.abs(model_out)))
       jac = jax.jacfwd(lambda x: split_mha(x, wq, wk, wv, wo))(u)
-      lower, upper = sb.inf_rms_operator_norm_bracket(jac)
-      loc = sb.mha_local_bound(u, wq, wk, wv, wo, causal=True, theta="exact")
-      B = float(sb.block_inf_rms_norm(u))
-      cor = float(sb.mha_lipschitz_bound(wq, wk, wv, wo, B))
+      lower, upper = measure.inf_rms_operator_norm_bracket(jac)
+      loc = measure.mha_local_bound(u, wq, wk, wv, wo, causal=True, theta="exact")
+      B = float(measure.block_inf_rms_norm(u))
+      cor = float(measure.mha_lipschitz_bound(wq, wk, wv, wo, B))
       out.append({"layer": layer, "seq": b, "measured_lower": lower, "measured_upper": upper,
                   "thm41_bound": float(loc["bound"]), "cor42_bound": cor,
                   "thm41_over_measured": float(loc["bound"]) / lower,
@@ -134,7 +135,7 @@ def layer_bounds(mcfg, params, x1_LxBxTxD) -> list[dict[str, Any]]:
 
 def cor_a3(mcfg, params, y1_LxBxTxD, y2_LxBxTxD) -> dict[str, Any]:
   """Cor A.3 on the Post-LN in-block LayerNorms, every token of the batch."""
-  from rankjax._src.measure.sensitivity_bounds import layernorm_only_product
+  from rankjax.measure import layernorm_only_product
   L, B, Tn, d = y1_LxBxTxD.shape
   y = jnp.stack([y1_LxBxTxD, y2_LxBxTxD], 1).reshape(2 * L, B * Tn, d)
   g = jnp.stack([params["layers"]["norm_attn_r"]["scale"],
@@ -153,15 +154,15 @@ def cor_a3(mcfg, params, y1_LxBxTxD, y2_LxBxTxD) -> dict[str, Any]:
 def row_records(probs_LxBxHxTxT, key) -> list[dict[str, Any]]:
   """Per layer: sampled causal rows with (greedy certificate, p_max, entropy) as in
   Sec 5 and our balance certificate of the same rows."""
-  from rankjax._src.measure import sensitivity as sens
+  from rankjax import measure
   recs = []
   for layer in range(probs_LxBxHxTxT.shape[0]):
     p = probs_LxBxHxTxT[layer]
-    st = sens.attention_statistics(p, jax.random.fold_in(key, layer), num_rows=ROWS)
+    st = measure.attention_statistics(p, jax.random.fold_in(key, layer), num_rows=ROWS)
     r = jax.device_get(st["rows"])
     rows = p[r["b"], r["h"], r["t"]]
     rows = jnp.where(jnp.arange(p.shape[-1])[None] <= r["t"][:, None], rows, 0.0)
-    bal = jax.device_get(sens.theta_certificate(rows / rows.sum(-1, keepdims=True), "balance"))
+    bal = jax.device_get(measure.theta_certificate(rows / rows.sum(-1, keepdims=True), "balance"))
     recs += [{"layer": layer, "b": int(r["b"][i]), "h": int(r["h"][i]), "t": int(r["t"][i]),
               "theta_cert_greedy": float(r["theta_cert"][i]), "p_max": float(r["p_max"][i]),
               "entropy_norm": float(r["entropy_norm"][i]),
@@ -170,13 +171,12 @@ def row_records(probs_LxBxHxTxT, key) -> list[dict[str, Any]]:
 
 
 def analyze_run(workdir: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  from rankjax._src.models.transformer import DecoderLM
-  from rankjax._src.train import loop, tasks
-  from rankjax._src.train.run_reader import load_run
+  from rankjax.models import DecoderLM
+  from rankjax.train import load_run, make_data_iterator, make_task
   r = load_run(workdir)
   cfg = r.config
   params = jax.tree.map(jnp.asarray, r.params)
-  batch = next(loop.make_data_iterator(cfg, tasks.make_task(cfg)))
+  batch = next(make_data_iterator(cfg, make_task(cfg)))
   tokens = jnp.asarray(batch["inputs"]).reshape(-1, cfg.seq_len)[:8]
   caps, probs = _captures(DecoderLM(cfg.model), params, tokens)
   lb = layer_bounds(cfg.model, params, caps["x1"])
@@ -248,14 +248,14 @@ def run(out_dir: str, scale: str = "quick", seeds: tuple[int, ...] | None = None
     per_seed[str(seed)] = {}
     for arch in pt.ARCHS:
       res, recs = analyze_run(trained[f"{arch}_s{seed}"][1])
-      runner.write_json(out_dir, f"rows_{arch}_s{seed}.json", {"rows": recs})
+      studies.write_json(out_dir, f"rows_{arch}_s{seed}.json", {"rows": recs})
       per_seed[str(seed)][arch] = res
   result = {"figure": "softmax_sensitivity Thm 4.1 / Cor 4.2 / Cor A.3 on trained checkpoints",
             "scale": scale, "seeds": list(seeds),
             "settings": {"seeds": list(seeds), "seqs": SEQS, "tokens": T,
                          "rows_per_layer": ROWS, "runs": os.path.join(out_dir, "runs")},
             "per_seed": per_seed, "seconds": time.time() - start}
-  runner.write_json(out_dir, "trained_bounds.json", result)
+  studies.write_json(out_dir, "trained_bounds.json", result)
   result["measured"] = measurements(result)
   return result
 
