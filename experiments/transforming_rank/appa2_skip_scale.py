@@ -22,7 +22,7 @@ seed shared by every (lambda, beta):
 * ``||dh_L/dh_0||_F / sqrt(d)``, rms(h_L) and erank(dh_L/dh_0)/d.
 
 Block Jacobians, their running product and the path sums come from
-``rankjax._src.measure.residual_networks.network_study`` with ``skip = lambda h``.
+``rankjax.measure.network_study`` with ``skip = lambda h``.
 
   rankjax reproduce transforming_rank --only appa2
 """
@@ -35,10 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import jacobians, residual_networks
-from rankjax._src.models import blocks as blocks_lib
+from rankjax import measure, models
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured
 
 NAME = "appa2_skip_scale"
 SCALES = {
@@ -52,7 +51,7 @@ SCALES = {
 KEY = jax.random.PRNGKey(12)
 _A2 = ("App A.2: any lambda != 1 makes the skip path lambda^L explode (lambda > 1) or "
        "vanish (lambda < 1) exponentially in depth, and beta cannot correct it")
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     common.bound("App A.2: lambda=1.1 explodes at every beta", "min over beta in {1, "
                  "1/sqrt(L), 1/L} of log10 ||dh_L/dh_0||_F/sqrt(d), L=48", ">", 0.0, _A2,
                  every_seed=True),
@@ -70,15 +69,15 @@ BETAS = {"1": lambda L: 1.0, "1/sqrt(L)": lambda L: 1.0 / math.sqrt(L), "1/L": l
 
 def scaled_skip_study(cfg: MLPConfig, key: jax.Array, lam, beta) -> dict:
   """One draw of ``h_l = lam h_{l-1} + beta B(f(P(h_{l-1})))`` (Eq. 13): the fields of
-  ``residual_networks.network_study`` (path sums with ``K_l = lam I``) plus
+  ``rankjax.measure.network_study`` (path sums with ``K_l = lam I``) plus
   ``jacobian_norm`` (L,) ``||dh_l/dh_0||_F / sqrt(d)`` and ``skip_signal_share``
   ``||lam^L h_0|| / ||h_L||``. ``lam`` and ``beta`` may be traced."""
-  blocks, x = jacobians.seed_samples(cfg, key, 1)
+  blocks, x = measure.seed_samples(cfg, key, 1)
   h0 = x[0]
   d = cfg.width
   eye = jnp.eye(d, dtype=h0.dtype)
-  out = residual_networks.network_study(
-      blocks, h0, lambda p, h: beta * blocks_lib.branch_out(p, h, cfg),
+  out = measure.network_study(
+      blocks, h0, lambda p, h: beta * models.branch_out(p, h, cfg),
       lambda p, h: lam * h, skip_jacobian=lambda p, h: lam * eye)
   ts = out.pop("input_output")
   h_L = out["stream_rms"][-1] * math.sqrt(d)   # ||h_L||

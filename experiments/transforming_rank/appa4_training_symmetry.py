@@ -46,9 +46,9 @@ import numpy as np
 import optax
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
-from rankjax._src.models.mlp import ResidualMLP
+from rankjax.config import MLPConfig
+from rankjax.models import ResidualMLP
+from rankjax.studies import claims, measured
 
 NAME = "appa4_training_symmetry"
 SCALES = {
@@ -71,7 +71,7 @@ RULES = ("symmetric", "adam_eps_kept", "unscaled", "sgd_linear")
 RULE_OPTIMIZER = {"symmetric": ("adam", "sgd"), "adam_eps_kept": ("adam",),
                   "unscaled": ("adam", "sgd"), "sgd_linear": ("sgd",)}
 _RATES = {"adam": "lambda eta, eps/lambda", "sgd": "lambda^2 eta"}
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(common.exact(f"App A.4: {pl}-norm, {kind}, rescaled rates keep the trajectory",
                    "max relative gap in loss, probe logits (over training) and branch matrices "
                    "(end), over lambda = 2 in every dtype and every lambda in float64",

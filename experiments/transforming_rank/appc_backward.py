@@ -23,10 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import jacobians, representations, spectra
-from rankjax._src.models import blocks as blocks_lib
+from rankjax import models
+from rankjax.config import MLPConfig
+from rankjax.measure import (backward_stream, cosine_matrix,
+                             effective_rank_from_singular_values, seed_samples)
+from rankjax.studies import Bound, Claim, claims, measured
 
 NAME = "appc_backward"
 SCALES = {
@@ -56,52 +57,52 @@ _COS_WORDS = ("In the three branch configurations (one matrix, two matrices, and
 _CE_WORDS = ("lies in the row space of the ten-class head, so the gradient matrix is "
              "effectively rank ten before any layer acts on it")
 _WHERE = "App C (backward)"
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(c for n in CONFIGS for c in (
-        common.evidence.Claim(
+        Claim(
             f"App C: {n}, backward cos mean", "off-diagonal mean of cos(n_l, n_l'), random "
             "delta_L", 0.00, common.rule(0.0), _BWD, where=_WHERE, quote=_COS_WORDS,
             family=3),
-        common.evidence.Claim(
+        Claim(
             f"App C: {n}, backward cos rms", "off-diagonal rms of cos(n_l, n_l'), random "
             "delta_L", 0.063, common.rule(0.063), _BWD + "; the random baseline 1/sqrt(d), "
             "d=256", where=_WHERE, quote=_COS_WORDS, family=3),
-        common.evidence.Claim(
+        Claim(
             f"App C: {n}, gradient rank kept", "min over layers l >= 1 of erank(delta_l)/d, "
-            "random delta_L", 0.72, common.evidence.Bound(">=", every_seed=True),
+            "random delta_L", 0.72, Bound(">=", every_seed=True),
             "App C: >= 0.72; " + _LAYERS, where=_WHERE, quote=_RANK_WORDS,
             post_hoc=_LAYERS_POST),
-        common.evidence.Claim(
+        Claim(
             f"App C: {n}, gradient rank kept, with delta_0", "min over layers l >= 0 of "
-            "erank(delta_l)/d, random delta_L", 0.72, common.evidence.Bound(
+            "erank(delta_l)/d, random delta_L", 0.72, Bound(
                 ">=", every_seed=True), "the former headline: its minimum includes "
             "delta_0, the gradient at the input, which the text's 'each layer's "
             "representation' leaves out", where=_WHERE, quote=_RANK_WORDS,
             kind="sensitivity"),
-        common.evidence.Claim(
+        Claim(
             f"App C: {n}, backward mean fraction", "max over layers of ||mean_x delta_l||^2 / "
             "mean_x ||delta_l||^2, random delta_L", 0.002, common.rule(0.002),
             "App C: ~0.002", where=_WHERE, quote="and grows no mean spike (mean fraction",
             family=3),
-        common.evidence.Claim(
+        Claim(
             f"App C: {n}, cross-entropy gradient rank at L", "erank(delta_L) at l = L, "
             "cross-entropy delta_L (directions)", 10.0, common.rule(10.0),
             "App C: 'effectively rank ten before any layer acts on it' is about delta_L "
             "itself; its exact rank is at most C - 1 = 9 by construction (the rows of "
             "softmax(z) - onehot(y) sum to zero over the ten classes)", where=_WHERE,
             quote=_CE_WORDS),
-        common.evidence.Claim(
+        Claim(
             f"App C: {n}, cross-entropy gradient rank", "min over layers l < L of "
             "erank(delta_l), cross-entropy delta_L (directions)", 10.0, common.rule(10.0),
             "not the text's layer: the paper's sentence is about delta_L, before any layer "
             "acts", where=_WHERE, quote=_CE_WORDS, kind="sensitivity",
             post_hoc="moved to the layers l < L on 2026-12-05, after the outcome at l = L "
             "was known"))),
-    common.evidence.Claim(
+    Claim(
         "App C: M=1 relu, gradient rank ~0.9", "min over layers l >= 1 of erank(delta_l)/d, "
         "random delta_L", 0.9, common.rule(0.9, fraction=True), "App C: ~0.9 for M=1 relu; "
         + _LAYERS, where=_WHERE, quote="for one-matrix ReLU", post_hoc=_LAYERS_POST),
-    common.evidence.Claim(
+    Claim(
         "App C: M=1 relu, forward cos(m_l, m_l')", "off-diagonal mean", 0.32,
         common.rule(0.32), "App C: c = 1/pi", where=_WHERE,
         quote="of the one-matrix ReLU branch align at"),
@@ -136,14 +137,14 @@ def measure(cfg: MLPConfig, key: jax.Array, kind: str, s: dict) -> dict:
   @jax.jit
   def one(k):
     k_w, k_delta = jax.random.split(k)
-    blocks, x = jacobians.seed_samples(cfg, k_w, s["inputs"])
-    h_L = jax.vmap(lambda r: blocks_lib.stack_forward(blocks, r, cfg)[0])(x)
+    blocks, x = seed_samples(cfg, k_w, s["inputs"])
+    h_L = jax.vmap(lambda r: models.stack_forward(blocks, r, cfg)[0])(x)
     delta = output_gradient(kind, k_delta, h_L, s["classes"])
-    out = representations.backward_stream(blocks, x, delta, cfg, layers)
+    out = backward_stream(blocks, x, delta, cfg, layers)
     return {
-        "backward_cos": representations.cosine_matrix(out["contribution_mean"]),
-        "forward_cos": representations.cosine_matrix(out["branch_mean"]),
-        "erank": spectra.effective_rank_from_singular_values(out["singular_values"]) / cfg.width,
+        "backward_cos": cosine_matrix(out["contribution_mean"]),
+        "forward_cos": cosine_matrix(out["branch_mean"]),
+        "erank": effective_rank_from_singular_values(out["singular_values"]) / cfg.width,
         "mean_fraction": out["mean_fraction"],
         "forward_mean_fraction": out["forward_mean_fraction"],
     }

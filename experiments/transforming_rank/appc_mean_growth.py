@@ -3,7 +3,7 @@ tanh's apparent mean is sampling noise.
 
 The norm of the across-input mean ``||mu_l|| = ||mean_n h_l||`` of the residual stream
 at initialization (Pre-RMSNorm, beta=1, L=512, as Fig 7) grows as ``l^q``; App C fits q
-over l in [50, 512] (``representations.growth_exponent``) and varies the probe size n
+over l in [50, 512] (``rankjax.measure.growth_exponent``) and varies the probe size n
 "to separate real means from noise": a real mean gives the same q at every n (M=1 ReLU
 q = 0.99, M=2 ReLU 0.56, and SwiGLU "likewise ... small but n-independent (q ~ 0.5): a
 gate decorrelates the mean into a random walk rather than removing it"), whereas a
@@ -22,9 +22,9 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import representations
+from rankjax import measure
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured
 
 NAME = "appc_mean_growth"
 SCALES = {
@@ -39,7 +39,7 @@ CONFIGS = {
     "M=1 tanh": dict(branch_matrices=1, activation="tanh"),
 }
 _NIND = "App C: a real mean grows with the same exponent at every probe size n"
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(common.qualitative(f"App C: {n}, q independent of n", "q(largest n) - q(smallest n), "
                          "q the growth exponent of ||mu_l|| over l in [50, 512]",
                          "the paper prints no tolerance for 'n-independent': shown, not "
@@ -63,7 +63,7 @@ CLAIMS = common.worded(CLAIMS, WORDS)
 
 def _spikes(cfg: MLPConfig, key: jax.Array, n: int, seeds: int) -> np.ndarray:
   """``||mu_l||``, l = 0..L, per seed (rows) with n probe inputs (one compile)."""
-  st = representations.mlp_representation_study(cfg, key, n, seeds, layers=(cfg.depth,))
+  st = measure.mlp_representation_study(cfg, key, n, seeds, layers=(cfg.depth,))
   return np.asarray(st.per_seed["mean_spike"])
 
 
@@ -78,7 +78,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       cfg = MLPConfig(depth=L, width=s["width"], norm_position="pre", **kw)
       spikes = {n: _spikes(cfg, key, n, s["seeds"]) for n in s["ns"]}
       res[name] = {
-          "q": {n: [representations.growth_exponent(m[1:], ls[1:], s["fit_from"], L)
+          "q": {n: [measure.growth_exponent(m[1:], ls[1:], s["fit_from"], L)
                     for m in v] for n, v in spikes.items()},
           "mean_spike_L": {n: [float(m[-1]) for m in v] for n, v in spikes.items()},
           "mean_spike": {n: np.mean(v, axis=0) for n, v in spikes.items()},

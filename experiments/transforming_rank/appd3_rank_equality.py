@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.measure import jacobians, representations
+from rankjax import measure
+from rankjax.studies import claims, measured
 
 NAME = "appd3_rank_equality"
 SCALES = {
@@ -42,7 +42,7 @@ KEY = jax.random.PRNGKey(93)
 # Pr[sigma'(z) != 0] for z ~ N(0, 1) (D.1): relu 1/2; abs and the smooth ones 1.
 SURVIVAL = {"relu": 0.5, "abs": 1.0, "gelu": 1.0, "silu": 1.0}
 _PRED = ("rank(J_f)/d minus D.1's prediction E[min(K, d)]/d, K ~ Binomial(m, p) survivors")
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     common.bound("App D.3: rank J_f = rank(D W_up)", "fraction of draws with equality (every "
                  "activation and m/d), per seed", ">=", 1.0, "App D.3: every draw; the "
                  "paper states an equality, 1.0 (every draw) is our encoding of it",
@@ -93,10 +93,10 @@ def rank_sample(key: jax.Array, d: int, m: int, activation: str) -> dict:
   w_down = jax.random.normal(kd, (d, m), jnp.float64) / jnp.sqrt(m)
   x = jax.random.normal(kx, (d,), jnp.float64)
   x = x / jnp.linalg.norm(x)
-  dw, _ = representations.masked_up_projection(w_up, x, activation)
+  dw, _ = measure.masked_up_projection(w_up, x, activation)
   # the library's one branch Jacobian takes the code's row layout (x @ W): transposes
-  _, jf = jacobians.branch_jacobian({"w_up": w_up.T, "w_down": w_down.T}, x, activation)
-  survivors = jnp.sum(representations.activation_derivative(activation, w_up @ x) != 0)
+  _, jf = measure.branch_jacobian({"w_up": w_up.T, "w_down": w_down.T}, x, activation)
+  survivors = jnp.sum(measure.activation_derivative(activation, w_up @ x) != 0)
   r_dw, m_dw = numerical_rank(jnp.linalg.svd(dw, compute_uv=False), (m, d))
   r_j, m_j = numerical_rank(jnp.linalg.svd(jf, compute_uv=False), (d, d))
   return {"survivors": survivors, "rank_masked": r_dw, "rank_jacobian": r_j,

@@ -3,8 +3,8 @@
 Every experiment module declares ``CLAIMS`` and ``SCALES`` at import and exposes
 ``run(out_dir, scale="quick"|"paper"|"tiny", **overrides) -> dict``, which writes
 ``<name>.json`` and ``<name>.png`` into ``out_dir``. The returned dict has a
-``measured`` list (``rankjax._src.studies.measured``: the value(s) measured for one of the
-claims the module declares, ``CLAIMS``); ``rankjax._src.studies.runner`` judges each by its
+``measured`` list (``rankjax.studies.measured``: the value(s) measured for one of the
+claims the module declares, ``CLAIMS``); ``rankjax.studies.run_study`` judges each by its
 claim and collects the rows into ``summary.json`` and ``summary.md``
 (``rankjax reproduce transforming_rank``). Settings come from the module's ``SCALES``
 table; any keyword argument overrides one setting.
@@ -32,11 +32,10 @@ import matplotlib.pyplot as plt  # noqa: E402,F401
 
 import jax  # noqa: E402
 
-from rankjax._src.studies import evidence, runner  # noqa: E402
-from rankjax._src import plotting  # noqa: E402
-from rankjax._src.config import MLPConfig  # noqa: E402
-from rankjax._src.measure import jacobians  # noqa: E402
-from rankjax._src.fast_paths import single_blas_thread  # noqa: E402,F401
+from rankjax import measure, studies  # noqa: E402
+from rankjax.config import MLPConfig  # noqa: E402
+from rankjax.measure import single_blas_thread  # noqa: E402,F401
+from rankjax.studies import Abs, Bound, Claim, OneMinus, Qualitative, Rel, Rule  # noqa: E402
 
 
 SCALE_NAMES = ("quick", "paper", "tiny")   # the keys of every experiment's SCALES table
@@ -54,15 +53,15 @@ def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> 
   return out
 
 
-to_jsonable = runner.to_jsonable
+to_jsonable = studies.to_jsonable
 
 
 def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dict:
   out = pathlib.Path(out_dir)
-  runner.write_json(out, name, result)
+  studies.write_json(out, name, result)
   if fig is not None:
     fig.tight_layout()
-    plotting.save_figure(fig, out / f"{name}.png", dpi=110)
+    studies.save_figure(fig, out / f"{name}.png", dpi=110)
     plt.close(fig)
   return result
 
@@ -76,52 +75,51 @@ FLOAT32_EXACT = 1e-5  # an identity exact in real arithmetic, checked in float32
 FLOAT64_EXACT = 1e-12  # ... in float64
 
 
-def rule(paper: float, fraction: bool = False) -> evidence.Rule:
+def rule(paper: float, fraction: bool = False) -> Rule:
   """The study's tolerance policy for a number the paper prints: ``Abs(0.005)`` near 0
   (|paper| < 0.1) and for a fraction printed as exactly 1 (half a unit of "1.00");
   ``OneMinus(0.25)`` for a fraction (erank/d, a share in [0, 1]) near 1 (0.9 <= paper
   < 1); ``Rel(0.05)`` elsewhere (a ratio of 1 is "elsewhere"); several seeds are judged
-  on their mean's 95% interval (``rankjax._src.studies.evidence``), the band never widened."""
+  on their mean's 95% interval (``rankjax.studies``), the band never widened."""
   if abs(paper) < NEAR_ZERO or (fraction and paper == 1.0):
-    return evidence.Abs(ABS_FLOOR)
+    return Abs(ABS_FLOOR)
   if fraction and NEAR_ONE <= paper < 1.0:
-    return evidence.OneMinus(ONE_MINUS_RTOL)
-  return evidence.Rel(RTOL)
+    return OneMinus(ONE_MINUS_RTOL)
+  return Rel(RTOL)
 
 
 def claim(item: str, quantity: str, paper: float, note: str = "",
-          fraction: bool = False) -> evidence.Claim:
+          fraction: bool = False) -> Claim:
   """A claim on a number the paper prints, judged by :func:`rule`."""
-  return evidence.Claim(item, quantity, paper, rule(paper, fraction), note)
+  return Claim(item, quantity, paper, rule(paper, fraction), note)
 
 
-def frac(item: str, quantity: str, paper: float, note: str = "") -> evidence.Claim:
+def frac(item: str, quantity: str, paper: float, note: str = "") -> Claim:
   """A claim on a fraction in [0, 1] (erank/d, a share), judged by :func:`rule`."""
   return claim(item, quantity, paper, note, fraction=True)
 
 
-def exact(item: str, quantity: str, dtype: str = "float32", note: str = "") -> evidence.Claim:
+def exact(item: str, quantity: str, dtype: str = "float32", note: str = "") -> Claim:
   """An identity exact in real arithmetic: ``ours < FLOAT32_EXACT`` (or float64's); the
   threshold is ours (rounding), so the row's ``limit``, never its ``paper``."""
   limit = FLOAT32_EXACT if dtype == "float32" else FLOAT64_EXACT
-  return evidence.Claim(item, quantity, None, evidence.Bound("<", limit=limit), note)
+  return Claim(item, quantity, None, Bound("<", limit=limit), note)
 
 
 def bound(item: str, quantity: str, op: str, limit: float, note: str = "",
-          every_seed: bool = False, ours: bool = False) -> evidence.Claim:
+          every_seed: bool = False, ours: bool = False) -> Claim:
   """A worded claim as the predicate ``ours <op> limit``: ``limit`` is the paper's
   number, or (``ours=True``) a threshold of ours (the row's ``limit``; ``paper`` empty)."""
   if ours:
-    return evidence.Claim(item, quantity, None, evidence.Bound(op, every_seed, limit=limit),
-                          note)
-  return evidence.Claim(item, quantity, limit, evidence.Bound(op, every_seed), note)
+    return Claim(item, quantity, None, Bound(op, every_seed, limit=limit), note)
+  return Claim(item, quantity, limit, Bound(op, every_seed), note)
 
 
-def qualitative(item: str, quantity: str, reason: str, note: str = "") -> evidence.Claim:
+def qualitative(item: str, quantity: str, reason: str, note: str = "") -> Claim:
   """A claim with no number the paper prints ("coincide", "indistinguishable"), shown
   with its measured value and figure, not judged: ``reason`` says why no band is
   derived."""
-  return evidence.Claim(item, quantity, None, evidence.Qualitative(reason), note)
+  return Claim(item, quantity, None, Qualitative(reason), note)
 
 
 def worded(claims: dict, words: list) -> dict:
@@ -167,9 +165,9 @@ def jacobian_samples(cfg: MLPConfig, key: jax.Array, alpha: float, beta: float, 
     base = dataclasses.replace(base, beta=1.0)
   else:
     base = dataclasses.replace(base, beta=beta)
-  fn = jacobians.make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums,
-                               num_chunks=num_chunks, reference=reference,
-                               spectra_layers=spectra_layers)
+  fn = measure.make_study_fn(base, num_inputs, num_seeds, path_sums=path_sums,
+                             num_chunks=num_chunks, reference=reference,
+                             spectra_layers=spectra_layers)
   with single_blas_thread():
     out = fn(key, alpha, beta)
     return {k: np.asarray(v) for k, v in out.items()}

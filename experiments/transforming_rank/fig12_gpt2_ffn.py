@@ -2,8 +2,8 @@
 coherence, at GPT-2 initialization and, given checkpoints, with pretrained weights.
 
 Fig 12: the FFN branch Jacobians ``J_l = dFFN(LN_2(h_l))/dh_l`` (closed form,
-``rankjax._src.measure.decoder_jacobians.ffn_jacobian``; GPT-2 is a ``DecoderLM``
-configuration, ``rankjax._src.models.hf.gpt2_config``) along the residual stream of a fixed
+``rankjax.measure.ffn_jacobians``; GPT-2 is a ``DecoderLM``
+configuration, ``rankjax.models.gpt2_config``) along the residual stream of a fixed
 prompt, at one probe token; GPT-2 Small (L=12, d=768) and Medium (L=24, d=1024):
 (a) pairwise block cosines <J_i, J_j>/(|J_i| |J_j|) (random baseline ~1/d; paper:
     off-diagonal mean 0.18 / 0.15 pretrained);
@@ -23,7 +23,7 @@ the 4x FFN and scales the width down (Small d=192, Medium d=256, heads of 64); p
 scale uses the real sizes; tiny scale GPT-2-shaped models of L=4, d=64 and L=8, d=128.
 Pretrained weights are read from Hugging Face folders (``config.json`` and
 ``model.safetensors``; the file stands for its folder) given with ``--checkpoint``
-(repeatable; ``rankjax._src.models.hf``); each is measured together with a GPT-2
+(repeatable; ``rankjax.models.load_hf``); each is measured together with a GPT-2
 initialization of the same shape. Nothing is downloaded.
 
   rankjax reproduce transforming_rank --only fig12
@@ -41,10 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import TransformerConfig
-from rankjax._src.measure import decoder_jacobians, paths, spectra
-from rankjax._src.models import hf
+from rankjax.config import TransformerConfig
+from rankjax.measure import (accumulated_branch, block_cosines, effective_rank, ffn_inputs,
+                             ffn_jacobians)
+from rankjax.models import gpt2_config, load_hf
+from rankjax.studies import claims, measured
 
 NAME = "fig12_gpt2_ffn"
 # The GPT-2 BPE ids of "The quick brown fox jumps over the lazy dog." (hard-coded: no
@@ -64,7 +65,7 @@ PAPER = {   # App B.3 / D.5 (pretrained); at init every check is exact.
     "medium": dict(offdiag=0.15, accumulated=2.23, coherent=4.59),
 }
 _INIT = "App B.3: at initialization every assumption holds exactly"
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(c for size in ("small", "medium") for c in (
         common.claim(f"Fig 12 init {size}: off-diagonal block cosine", "mean off-diagonal "
                      "<J_i, J_j>/(|J_i| |J_j|)", 0.0, _INIT + "; the random baseline ~1/d"),
@@ -161,10 +162,10 @@ def _gpt2_draws(key, num_layers: int, d: int, m: int, vocab_size: int, positions
 def gpt2_init(key, num_layers: int, d: int, m: int, vocab_size: int = 50257,
               positions: int = 1024) -> tuple[TransformerConfig, dict]:
   """``(cfg, params)``: a GPT-2 of L layers, width d (heads of 64), FFN width m as a
-  ``DecoderLM`` (``hf.gpt2_config``) with GPT-2's initialization (``_gpt2_draws``;
-  c_attn split into W_Q | W_K | W_V as ``models.hf`` splits a checkpoint's)."""
-  cfg = hf.gpt2_config({"n_embd": d, "n_layer": num_layers, "n_head": max(1, d // 64),
-                        "n_inner": m, "vocab_size": vocab_size, "n_positions": positions})
+  ``DecoderLM`` (``rankjax.models.gpt2_config``) with GPT-2's initialization (``_gpt2_draws``;
+  c_attn split into W_Q | W_K | W_V as ``rankjax.models.load_hf`` splits a checkpoint's)."""
+  cfg = gpt2_config({"n_embd": d, "n_layer": num_layers, "n_head": max(1, d // 64),
+                     "n_inner": m, "vocab_size": vocab_size, "n_positions": positions})
   t = jax.jit(_gpt2_draws, static_argnums=(1, 2, 3, 4, 5))(key, num_layers, d, m,
                                                            vocab_size, positions)
   q, k, v = jnp.split(t["attn_w"], 3, axis=-1)
@@ -183,14 +184,14 @@ def measure(cfg: TransformerConfig, params: dict, tokens_T: np.ndarray, probe: i
   """Every Fig 12 / Fig 8c quantity of one Pre-Norm ``DecoderLM`` (float32)."""
   ffn = params["layers"]["ffn"]
   d = cfg.d_model
-  h_LxTxD = decoder_jacobians.ffn_inputs(cfg, params, jnp.asarray(tokens_T))
+  h_LxTxD = ffn_inputs(cfg, params, jnp.asarray(tokens_T))
   h_LxD = h_LxTxD[:, probe]
-  jac_LxDxD = decoder_jacobians.ffn_jacobians(cfg, params["layers"], h_LxD)
+  jac_LxDxD = ffn_jacobians(cfg, params["layers"], h_LxD)
   norms = np.asarray(jnp.linalg.norm(jac_LxDxD, axis=(-2, -1)))
-  cos_LxL = np.asarray(paths.block_cosines(jac_LxDxD))
-  accumulated, uncorrelated = (np.asarray(a) for a in paths.accumulated_branch(jac_LxDxD[1:]))
+  cos_LxL = np.asarray(block_cosines(jac_LxDxD))
+  accumulated, uncorrelated = (np.asarray(a) for a in accumulated_branch(jac_LxDxD[1:]))
   coherent = np.cumsum(norms[1:]) / np.sqrt(d)
-  erank = np.asarray(spectra.effective_rank(jac_LxDxD)) / d
+  erank = np.asarray(effective_rank(jac_LxDxD)) / d
   coh = np.array([singular_vector_coherence(f, p, top_k)
                   for f, p in zip(np.asarray(ffn["w_1"]), np.asarray(ffn["w_2"]))])
   rms = np.asarray(jnp.sqrt(jnp.mean(jnp.square(h_LxD), axis=-1)))
@@ -293,7 +294,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   todo = []   # (label, (cfg, params) or shape, seed)
   if s["checkpoints"]:
     for i, path in enumerate(s["checkpoints"]):
-      cfg, params = hf.load_hf(path)
+      cfg, params = load_hf(path)
       L, d, m = cfg.num_layers, cfg.d_model, cfg.d_ff
       size = KNOWN.get((L, d), f"ckpt{i}")
       todo.append((f"{size}/pretrained", (cfg, params), None))

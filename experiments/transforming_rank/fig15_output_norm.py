@@ -13,9 +13,9 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import representations
+from rankjax import measure
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured
 
 NAME = "fig15_output_norm"
 SCALES = {
@@ -38,7 +38,7 @@ ITEMS = {"a/pre rms": "Fig 15a: Pre-RMSNorm", "a/pre layer": "Fig 15a: Pre-Layer
          "b/out rms": "Fig 15b: Pre-RMSNorm, branch-output RMSNorm",
          "b/out mean": "Fig 15b: Pre-RMSNorm, branch-output mean subtraction",
          "b/out layer": "Fig 15b: Pre-RMSNorm, branch-output LayerNorm"}
-CLAIMS = common.evidence.claims(
+CLAIMS = claims(
     common.frac(ITEMS[k], "erank(Z_512)/d, one-matrix ReLU branch", v) for k, v in PAPER.items())
 
 _A = ("Pre-LayerNorm, which centers the branch input, reaches ... by depth ... against ... for "
@@ -66,8 +66,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
         curves[name] = curves["a/pre rms"]
         continue
       cfg = MLPConfig(depth=L, width=s["width"], branch_matrices=1, norm_position="none", **kw)
-      st = representations.mlp_representation_study(cfg, jax.random.PRNGKey(10), s["inputs"],
-                                                    s["seeds"], layers)
+      st = measure.mlp_representation_study(cfg, jax.random.PRNGKey(10), s["inputs"],
+                                            s["seeds"], layers)
       curves[name] = np.asarray(st.erank)
       final[name] = np.asarray(st.per_seed["erank"])[:, -1].tolist()
   final["b/out none"] = final["a/pre rms"]

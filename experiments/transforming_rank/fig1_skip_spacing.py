@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured
 
 NAME = "fig1_skip_spacing"
 SCALES = {
@@ -27,7 +27,7 @@ SCALES = {
 }
 
 
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     common.bound("Fig 1 left: no skips collapses", "erank_L/d(skip every block) - "
                  "erank_L/d(no skips)", ">", 0.0, "Fig 1: without skips the rank collapses; "
                  "with a skip every block it decays smoothly", every_seed=True),

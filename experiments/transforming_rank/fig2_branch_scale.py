@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured
 
 NAME = "fig2_branch_scale"
 # alpha = 2^(i/2), beta = 2^j: beta * alpha^2 = 2^(i + j), so many points coincide.
@@ -28,7 +28,7 @@ SCALES = {
     "tiny": dict(depth=48, width=16, seeds=2, alpha_exponents=tuple(range(-8, 7, 2)),
                  beta_exponents=(-3, -2, -1, 0)),
 }
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(common.exact(f"Fig 2b/d: {pos}, equal beta*alpha^2 coincide",
                    "max spread of erank_L/d among (alpha, beta) with equal beta*alpha^2",
                    note="Sec 3 / App A.4: the rank depends on beta, alpha only through "

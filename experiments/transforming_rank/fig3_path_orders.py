@@ -17,8 +17,8 @@ import numpy as np
 from scipy.special import logsumexp
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
+from rankjax.config import MLPConfig
+from rankjax.studies import Abs, Bound, Claim, claims, measured
 
 NAME = "fig3_path_orders"
 SCALES = {
@@ -31,7 +31,7 @@ SCALES = {
                  panel_c_alphas=(0.5, 1.0, 2.0)),
 }
 
-INT = common.evidence.Abs(0.5)   # an integer (an order): equal as integers
+INT = Abs(0.5)   # an integer (an order): equal as integers
 _PEAK_WORDS = ("gives the profile in Figure 3, whose peak (the order of largest magnitude) "
                "sits at order three for ... and at the order-0 skip for")
 _FIG3_AVG = ("App A.1 fixes the statistic: 'Figure 3 reports the mu_k and their normalized "
@@ -41,37 +41,37 @@ _THREE_SE = ("max over the overlapping points of |<k> - <k>(beta=1 curve)| in un
              "standard error; the paper prints no tolerance: 3 s.e. is our limit on the "
              "largest of about 9 deviations (a family-wise threshold: a two-sided Sidak "
              "level for 9 normal deviations is 2.8 s.e.)")
-CLAIMS = common.evidence.claims([
-    *(common.evidence.Claim(f"Fig 3b: peak of the mean profile, beta={b}", "argmax_k of the "
-                            "seed-mean normalized profile mu_k / sum mu_k (what Fig 3b plots)",
-                            k, INT, _FIG3_AVG, where="Fig 3b", quote=_PEAK_WORDS,
-                            post_hoc="made the headline after a review reported that the "
-                            "mean profile's peak (computed, used by no row) equals the "
-                            "paper's 3; the text fixes this statistic")
+CLAIMS = claims([
+    *(Claim(f"Fig 3b: peak of the mean profile, beta={b}", "argmax_k of the "
+            "seed-mean normalized profile mu_k / sum mu_k (what Fig 3b plots)",
+            k, INT, _FIG3_AVG, where="Fig 3b", quote=_PEAK_WORDS,
+            post_hoc="made the headline after a review reported that the "
+            "mean profile's peak (computed, used by no row) equals the "
+            "paper's 3; the text fixes this statistic")
       for b, k in (("1", 3), ("1/sqrt(L)", 0), ("1/L", 0))),
-    *(common.evidence.Claim(f"Fig 3b: peak order, beta={b}", "argmax_k of the normalized "
-                            "profile mu_k / sum mu_k (per seed)", k, INT,
-                            "another statistic than the figure's: the per-seed argmax (the "
-                            "former headline)", where="Fig 3b", quote=_PEAK_WORDS,
-                            kind="sensitivity")
+    *(Claim(f"Fig 3b: peak order, beta={b}", "argmax_k of the normalized "
+            "profile mu_k / sum mu_k (per seed)", k, INT,
+            "another statistic than the figure's: the per-seed argmax (the "
+            "former headline)", where="Fig 3b", quote=_PEAK_WORDS,
+            kind="sensitivity")
       for b, k in (("1", 3), ("1/sqrt(L)", 0), ("1/L", 0))),
-    common.evidence.Claim(
+    Claim(
         "Fig 3d: <k> on one curve of beta*alpha^M", _THREE_SE + "; the beta=1 curve "
-        "interpolated linearly in log(beta*alpha^2)", None, common.evidence.Bound(
+        "interpolated linearly in log(beta*alpha^2)", None, Bound(
             "<", limit=3.0), "Fig 3d: points of equal beta*alpha^M fall on one curve; "
         "independent draws per point; the text does not say how the curve between the "
         "beta=1 points is read (the figure's axis scale is not in the text): two readings",
         where="Fig 3d", quote=_ONE_CURVE, reading="interpolation in log(beta*alpha^2)"),
-    common.evidence.Claim(
+    Claim(
         "Fig 3d: <k> on one curve of beta*alpha^M, linear interpolation", _THREE_SE + "; the "
-        "beta=1 curve interpolated linearly in beta*alpha^2", None, common.evidence.Bound(
+        "beta=1 curve interpolated linearly in beta*alpha^2", None, Bound(
             "<", limit=3.0), "Fig 3d: the same stored points as the log reading",
         where="Fig 3d", quote=_ONE_CURVE, reading="interpolation linear in beta*alpha^2",
         post_hoc="declared after a review reported 0.98 s.e. under it (3.43 under the log "
         "reading)"),
-    common.evidence.Claim(
+    Claim(
         "App A.1: reconstruction, float64", "max relative error of sum_k beta^k S_k vs "
-        "autodiff dh_L/dh_0", None, common.evidence.Bound("<", limit=common.FLOAT64_EXACT),
+        "autodiff dh_L/dh_0", None, Bound("<", limit=common.FLOAT64_EXACT),
         "App A.1: 'of order 1e-15'; our limit 1e-12 (float64 rounding)", where="App A.1",
         quote="confirm the two agree to a relative Frobenius error of order"),
 ])

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured
 
 NAME = "fig4_placement"
 SCALES = {
@@ -39,7 +39,7 @@ _L = "at L=384"
 _LOOK = ("the paper prints no number ('indistinguishable', 'coincide': a figure's look) and "
          "its figure is not in the text we have, so no band can be read off what it "
          "resolves: the spread is shown, not judged (the former abs 0.005 was our default)")
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     common.bound("Fig 4a: pre keeps a floor, post collapses", f"erank/d(pre) - erank/d(post) {_L}",
                  ">", 0.0, "Fig 4a", every_seed=True),
     common.bound("Fig 4a: output norm marginally below pre",

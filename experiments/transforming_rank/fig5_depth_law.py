@@ -33,11 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src import plotting
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import jacobians, spectra
-from rankjax._src.models import blocks as blocks_lib
+from rankjax import measure, models
+from rankjax.config import MLPConfig
+from rankjax.studies import Draw, claims, measured, save_figure
 
 NAME = "fig5_depth_law"
 # alpha grids: 2^(i/4) (so 0.5, 1 and 2 are on them).
@@ -72,7 +70,7 @@ _FIG5D_LOOK = ("the paper prints no number for 'fall onto one curve' (Fig 5c cal
                "'an approximate function' of beta*alpha^M*sqrt(L)) and its figure is not in "
                "the text we have, so no band can be read off what it resolves: the spread is "
                "shown with our figure, not judged (the former abs 0.005 was our default)")
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(common.claim(f"{_T4}, {pos} {e:g}x, r*={lvl}", "slope s of log(beta*alpha^M) vs log L "
                    "along erank/d = r*, fit per seed", v, "App B.3")
       for (pos, e), vals in PAPER_T4.items() for lvl, v in zip(LEVELS, vals)),
@@ -175,7 +173,7 @@ _ONE_DRAW = ("the paper's number is one draw (Sec 4: 'The rank measurements in t
              "our single draws, its tolerance the study's band for the printed number")
 _DRAWN = ("Table 4: iso-rank exponent", "Fig 5b: accumulated branch / skip")
 CLAIMS = {k: (common.dataclasses.replace(
-              c, rule=common.evidence.Draw(common.rule(c.paper).band(c.paper)),
+              c, rule=Draw(common.rule(c.paper).band(c.paper)),
               note="; ".join(x for x in (c.note, _ONE_DRAW) if x),
               post_hoc="the one-draw rule applied on 2026-12-06, after the rows' verdicts "
               "against the mean's interval were known (the text fixes it)")
@@ -271,7 +269,7 @@ def _fig11(out_dir: str, ms: dict, kappas: dict, kappa: float, L: int) -> None:
     ax.legend(fontsize=7)
   fig.tight_layout()
   pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-  plotting.save_figure(fig, pathlib.Path(out_dir) / "fig11_stream_growth.png", dpi=110)
+  save_figure(fig, pathlib.Path(out_dir) / "fig11_stream_growth.png", dpi=110)
   common.plt.close(fig)
 
 
@@ -288,8 +286,8 @@ def stream_mean_square(cfg: MLPConfig, alpha: float, seeds: int, inputs: int) ->
 
   @jax.jit
   def one(key):
-    blocks, x = jacobians.seed_samples(cfg, key, inputs, alpha)
-    _, hs = blocks_lib.stack_forward(blocks, x, cfg)
+    blocks, x = measure.seed_samples(cfg, key, inputs, alpha)
+    _, hs = models.stack_forward(blocks, x, cfg)
     return jnp.concatenate([jnp.mean(x * x)[None], jnp.mean(hs * hs, axis=(1, 2))])
 
   return np.stack([np.asarray(one(k)) for k in jax.random.split(KEY, seeds)])
@@ -300,7 +298,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   depths = np.array(s["depths"])
   L = int(depths.max())
   alphas = np.array(s["alphas"])
-  p = spectra.survival_rate("relu")
+  p = measure.survival_rate("relu")
   results = {}
   for e in s["expansions"]:
     for pos in ("pre", "post"):

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
+from rankjax.studies import Abs, Bound, Claim, claims, measured
 
 STABLE_ACCURACY = 0.4                                # App B.4's "still trains"
 # Paper values (App B.4 Table 5, Fig 6, Fig 13, App C Fig 16).
@@ -29,7 +29,7 @@ PAPER_DEPTHS = (12, 24, 48, 96, 192, 384)
 
 
 _TRAINS = f"trains: best test accuracy over the sweep >= {STABLE_ACCURACY} (App B.4)"
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     common.bound("Fig 6b: Pre-Norm trains across the grid", "min over (alpha, L) of the best "
                  "test accuracy over the lr sweep", ">=", STABLE_ACCURACY, _TRAINS),
     common.bound("Fig 13: Output-Norm trains across the grid", "min over (alpha, L) of the best "
@@ -53,17 +53,17 @@ CLAIMS = common.evidence.claims([
                  "interval of Spearman's rho between init erank/d and best accuracy over "
                  "every (placement, alpha, L) cell", ">", 0.0,
                  "abstract: the initialization rank predicts which networks train"),
-    *(common.evidence.Claim(f"Table 5: Post-Norm alpha={a:g}, L={L}", "log10 of the largest "
-                            "lr with accuracy >= 0.4", v, common.evidence.Abs(0.25),
-                            "App B.4; half a grid step (lrs half a decade apart)")
+    *(Claim(f"Table 5: Post-Norm alpha={a:g}, L={L}", "log10 of the largest "
+            "lr with accuracy >= 0.4", v, Abs(0.25),
+            "App B.4; half a grid step (lrs half a decade apart)")
       if v is not None else
       common.bound(f"Table 5: Post-Norm alpha={a:g}, L={L}", "best test accuracy over the "
                    "sweep (no lr reaches 0.4)", "<", STABLE_ACCURACY, "App B.4: '-'")
       for (pos, a), vals in PAPER_TABLE5.items() if pos == "post"
       for L, v in zip(PAPER_DEPTHS, vals)),
-    *(common.evidence.Claim(f"Table 5: Pre-Norm, L={L}", "log10 of the largest lr with "
-                            "accuracy >= 0.4, worst over alpha", v, common.evidence.Abs(0.25),
-                            "App B.4; half a grid step (lrs half a decade apart)")
+    *(Claim(f"Table 5: Pre-Norm, L={L}", "log10 of the largest lr with "
+            "accuracy >= 0.4, worst over alpha", v, Abs(0.25),
+            "App B.4; half a grid step (lrs half a decade apart)")
       for L, v in zip(PAPER_DEPTHS, PAPER_TABLE5[("pre", None)])),
     common.bound("Fig 16a: no norm, M=1 fails beyond L=50", "max over L > 50 of the best test "
                  "accuracy, M=1, alpha=1", "<", STABLE_ACCURACY, "App C: fails by about L=50"),
@@ -140,7 +140,7 @@ def spearman_bootstrap(x: Sequence[float], y: Sequence[float], draws: int = 2000
 
 def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | None = None
                     ) -> list[dict]:
-  """The claims' measured values (``rankjax._src.studies.measured``); on a set other than
+  """The claims' measured values (``rankjax.studies.measured``); on a set other than
   CIFAR-10 the note says so (the trained claims are then judged on that set by the same
   predicates)."""
   alphas, depths = list(s["alphas"]), list(s["depths"])
@@ -197,7 +197,7 @@ def measured_values(s: dict, ds: str, grid: dict, fig16: dict, spread: dict | No
         item = f"Table 5: Post-Norm alpha={a:g}, L={L}"
         if item not in CLAIMS:
           continue
-        if isinstance(CLAIMS[item].rule, common.evidence.Bound):
+        if isinstance(CLAIMS[item].rule, Bound):
           # a dash tests the placement only where the budget trains some network of the
           # same depth; else no lr could reach 0.4 whatever the init (the budget's dash)
           top = best_at_depth(j)

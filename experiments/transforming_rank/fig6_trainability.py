@@ -20,7 +20,7 @@ per learning rate (Sec 4):
 Data: paper scale reads CIFAR-10 through tfds and never falls back (``rankjax
 reproduce --scale paper`` stops before running when it is not prepared). Quick scale
 takes CIFAR-10 when prepared, else the offline set that
-``rankjax._src.data.images.resolve_image_set`` picks (Fashion-MNIST, then sklearn digits,
+``rankjax.data.image_source`` picks (Fashion-MNIST, then sklearn digits,
 with a warning); tiny scale trains on sklearn digits (always available). The set used
 is in the result (``dataset``), every summary row and the figure titles.
 
@@ -50,12 +50,11 @@ import optax
 from . import common
 from .fig6_rows import (  # noqa: F401 (the study's claims)
     CLAIMS, PAPER_DEPTHS, PAPER_TABLE5, STABLE_ACCURACY, max_stable_lr, measured_values)
-from rankjax._src.config import MLPConfig
-from rankjax._src.data import images
-from rankjax._src.measure import jacobians
-from rankjax._src.studies import training
-from rankjax._src.models import blocks as blocks_lib
-from rankjax._src.models.mlp import ResidualMLP
+from rankjax import measure, models
+from rankjax.config import MLPConfig
+from rankjax.data import image_source
+from rankjax.models import ResidualMLP
+from rankjax.studies import user_setting
 
 NAME = "fig6_trainability"
 PAPER_LRS = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)   # App B.4 / App C: six values
@@ -121,7 +120,7 @@ def load_arrays(dataset: str | None, data_dir: str | None, train_examples: int =
   out = {}
   name, classes = None, 10
   for split, limit in (("train", train_examples), ("test", test_examples)):
-    src = images.image_source(dataset, split, data_dir=data_dir)
+    src = image_source(dataset, split, data_dir=data_dir)
     name, classes = src.name, src.num_classes
     n = len(src.examples)
     index = np.sort(rng.permutation(n)[:limit]) if 0 < limit < n else np.arange(n)
@@ -150,8 +149,8 @@ def init_unit_params(cfg: MLPConfig, seed: int) -> dict:
     return (rng.standard_normal(shape, dtype=np.float32) / math.sqrt(shape[-2])).astype(dtype)
 
   stacked = {name: normal((cfg.depth, *shape))
-             for name, shape in sorted(blocks_lib.matrix_shapes(cfg).items())}
-  for name in blocks_lib.gain_names(cfg):
+             for name, shape in sorted(models.matrix_shapes(cfg).items())}
+  for name in models.gain_names(cfg):
     stacked[name] = np.ones((cfg.depth, cfg.width), dtype)
   params = {"blocks": stacked}
   if cfg.input_dim is not None:
@@ -287,14 +286,14 @@ def init_magnitude(cfg: MLPConfig, key: jax.Array, num_inputs: int) -> np.ndarra
   the unnormalized stream's log10 rms without overflow. With a norm the network is
   not homogeneous in h, and the stream (which then grows slowly) is measured as is.
   """
-  blocks, x = jacobians.seed_samples(cfg, key, num_inputs)
-  flags = blocks_lib.skip_flags(cfg)
+  blocks, x = measure.seed_samples(cfg, key, num_inputs)
+  flags = models.skip_flags(cfg)
   renormalize = all(op == "none" for op in cfg.norm_ops)
 
   def step(carry, xs):
     h, acc = carry
     params, closes = xs
-    h = blocks_lib.block_fn(params, h, h, closes, cfg)
+    h = models.block_fn(params, h, h, closes, cfg)
     log_rms = jnp.log10(jnp.sqrt(jnp.mean(h * h)))
     if renormalize:
       return (h / 10.0 ** log_rms, acc + log_rms), acc + log_rms
@@ -426,7 +425,7 @@ def figure(s: dict, ds: str, chance: float, grid: dict, fig16: dict):
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   s = common.settings(SCALES, scale, overrides)
   wall0, cpu0 = time.time(), time.process_time()
-  data = load_arrays(s["dataset"], s["data_dir"] or training.user_setting("data_dir"),
+  data = load_arrays(s["dataset"], s["data_dir"] or user_setting("data_dir"),
                      s["train_examples"],
                      s["test_examples"]).on_device()
   chance = 1.0 / data.num_classes

@@ -20,10 +20,9 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src import plotting
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import representations, spectra
+from rankjax import measure
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured, save_figure
 
 NAME = "fig7_mean_spike"
 # Probe sizes per panel (App C, "Probe sizes in Figure 7"): the mean-magnitude panel
@@ -50,7 +49,7 @@ CONFIGS = {
 # activation.
 FIG14_PANELS = ("M=1 relu", "M=2 relu", "M=1 tanh")
 NEAR, FAR = 64, 256   # layer separations compared for Fig 14's "no decay with separation"
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     common.claim("Fig 7a: consecutive cos, M=1 relu", "mean cos(m_l, m_l+1) over l >= 50",
                  0.318, "Fig 7a: 1/pi"),
     *(common.qualitative(f"Fig 7a: consecutive cos, {n}", "mean cos(m_l, m_l+1) over l >= 50",
@@ -145,7 +144,7 @@ def _fig14(out_dir: str, res: dict, layers, s: dict) -> None:
                f"n={s['inputs_align']}, {s['seeds']} seeds, every {s['layer_every']} layers)",
                fontsize=9)
   pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-  plotting.save_figure(fig, pathlib.Path(out_dir) / "fig14_pairwise_cosines.png", dpi=110)
+  save_figure(fig, pathlib.Path(out_dir) / "fig14_pairwise_cosines.png", dpi=110)
   common.plt.close(fig)
 
 
@@ -159,8 +158,8 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       cfg = MLPConfig(depth=L, width=s["width"], norm_position="pre", **kw)
       by_n = {}   # one study per distinct probe size, shared by the panels that use it
       for n in dict.fromkeys(s[k] for k in PANEL_INPUTS.values()):
-        st = representations.mlp_representation_study(cfg, jax.random.PRNGKey(7), n,
-                                                       s["seeds"], layers)
+        st = measure.mlp_representation_study(cfg, jax.random.PRNGKey(7), n,
+                                               s["seeds"], layers)
         by_n[n] = jax.tree.map(np.asarray, st)
       mean, align, rank = (by_n[s[PANEL_INPUTS[k]]] for k in ("mean", "align", "rank"))
       ls = np.arange(L + 1)
@@ -171,10 +170,10 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       pair_seed = [np.asarray(c)[np.ix_(idx, idx)] for c in pa["branch_cosine"]]
       res[name] = {
           "consecutive_cos_deep": float(np.mean(align.consecutive_cosine[deep])),
-          "pairwise_offdiag_mean": float(representations.off_diagonal_mean(sampled)),
+          "pairwise_offdiag_mean": float(measure.off_diagonal_mean(sampled)),
           "cos_ones_deep": float(np.mean(align.cosine_ones[deep])),
           "stream_cos_ones_L": float(align.stream_cosine_ones[-1]),
-          "growth_exponent": representations.growth_exponent(
+          "growth_exponent": measure.growth_exponent(
               mean.mean_spike[1:], ls[1:], s["fit_from"], L),
           "top_energy_L": float(rank.top_energy[-1]),
           "erank_L": float(rank.erank[-1]),
@@ -184,17 +183,17 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
           "pairwise_near_far": separation_means(sampled, layers),
           "per_seed": {
               "consecutive_cos_deep": np.mean(pa["consecutive_cosine"][:, deep], axis=1),
-              "pairwise_offdiag_mean": [float(representations.off_diagonal_mean(c))
+              "pairwise_offdiag_mean": [float(measure.off_diagonal_mean(c))
                                         for c in pair_seed],
               "near_minus_far": [np.subtract(*separation_means(c, layers)) for c in pair_seed],
               "cos_ones_deep": np.mean(pa["cosine_ones"][:, deep], axis=1),
               "stream_cos_ones_L": pa["stream_cosine_ones"][:, -1],
-              "growth_exponent": [representations.growth_exponent(m[1:], ls[1:],
-                                                                  s["fit_from"], L)
+              "growth_exponent": [measure.growth_exponent(m[1:], ls[1:],
+                                                          s["fit_from"], L)
                                   for m in pm["mean_spike"]],
               "top_energy_L": pr["top_energy"][:, -1], "erank_L": pr["erank"][:, -1]},
       }
-  c = {a: spectra.coherence_constant(a) for a in ("relu", "gelu")}
+  c = {a: measure.coherence_constant(a) for a in ("relu", "gelu")}
   seeds = list(range(s["seeds"]))   # mlp_representation_study(PRNGKey(7), ..., seeds)
   note = "" if L == 512 else f"at L={L}"
   ps = lambda n, k: np.asarray(res[n]["per_seed"][k], float).tolist()

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.measure import representations, spectra
+from rankjax import measure
+from rankjax.studies import claims, measured
 
 NAME = "fig8_width_expansion"
 ACTS = ("relu", "gelu", "silu", "abs")
@@ -32,7 +32,7 @@ SCALES = {
                  ratios=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0)),
 }
 
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(common.bound(f"Fig 8a: {a} above relu at m/d = 1", f"erank(J_f)/d({a}) - erank(J_f)/d(relu) "
                    "at m/d = 1", ">", 0.0, "Fig 8a: gelu, silu above relu at small m/d")
       for a in ("gelu", "silu")),
@@ -101,10 +101,10 @@ def _branch_erank(key: jax.Array, act_index: jax.Array, m: jax.Array, seeds: int
     x = x / jnp.sqrt(jnp.mean(x * x))
     pre = w_up @ x
     dsig = jax.lax.switch(act_index, [
-        lambda z, a=a: representations.activation_derivative(a, z) for a in ACTS], pre)
+        lambda z, a=a: measure.activation_derivative(a, z) for a in ACTS], pre)
     dsig = jnp.where(jnp.arange(m_pad) < m, dsig, 0.0)
     jf = w_down @ (dsig[:, None] * w_up)
-    return spectra.effective_rank(jf) / d
+    return measure.effective_rank(jf) / d
 
   return jax.vmap(one)(jax.random.split(key, seeds))
 
@@ -123,14 +123,15 @@ def _product_erank(key: jax.Array, n: jax.Array, seeds: int, n_pad: int, d: int)
     mask = (jnp.arange(n_pad) < n)[:, None]
     w_up = jnp.where(mask, jax.random.normal(k1, (n_pad, d)), 0.0)
     w_down = jax.random.normal(k2, (d, n_pad))
-    return spectra.effective_rank(w_down @ w_up) / d
+    return measure.effective_rank(w_down @ w_up) / d
 
   return jax.vmap(one)(jax.random.split(key, seeds))
 
 
 def product_erank(key: jax.Array, gamma: float, d: int, seeds: int) -> np.ndarray:
-  """The Gaussian-product curve (App D.8, as ``spectra.gaussian_product_effective_rank``)
-  with the hidden width padded to a power-of-two bucket to share compilations."""
+  """The Gaussian-product curve (App D.8, as the private engine's
+  ``gaussian_product_effective_rank``) with the hidden width padded to a power-of-two
+  bucket to share compilations."""
   n = max(1, int(round(gamma * d)))
   return np.asarray(_product_erank(key, jnp.int32(n), seeds, _bucket(n), d))
 
@@ -144,7 +145,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
     for a in ACTS:
       per[a] = [branch_erank(jax.random.fold_in(key, i), a, d, max(1, int(round(r * d))),
                              s["seeds"]) for i, r in enumerate(s["ratios"])]
-    p = {a: spectra.survival_rate(a) for a in ACTS}
+    p = {a: measure.survival_rate(a) for a in ACTS}
     gammas = sorted({round(p[a] * r, 4) for a in ("relu", "abs") for r in s["ratios"]
                      if p[a] * r <= 10} | {10.0})
     prod_per = {g: product_erank(jax.random.fold_in(key, 1000 + i), g, d, s["product_seeds"])

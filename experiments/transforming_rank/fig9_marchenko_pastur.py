@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.measure import jacobians, representations, spectra
+from rankjax import measure
+from rankjax.studies import Claim, Qualitative, claims, measured
 
 NAME = "fig9_marchenko_pastur"
 MIXTURE = "Fig 9/17 sensitivity, per-seed MP mixture"
@@ -40,7 +40,7 @@ _KS_LOOK = ("the paper's 'exact' is a figure's look (histograms against the MP d
             "to the asymptotic law is not zero, and what the paper's histograms resolve is "
             "not in its text: shown with our figure, not judged (the former abs 0.005 was our "
             "default)")
-CLAIMS = common.evidence.claims([
+CLAIMS = claims([
     *(common.qualitative(f"Fig 9/17: {a} follows MP", "max over m/d of the Kolmogorov "
                          "distance of the eigenvalue CDF (seeds pooled) to MP at the measured "
                          "gamma", _KS_LOOK, "Fig 9 / App D.3: exact for relu and abs")
@@ -50,10 +50,10 @@ CLAIMS = common.evidence.claims([
                          "MP law at its own gamma", _KS_LOOK, "another reference law (pooled "
                          "seeds against MP at the mean gamma, or against the seeds' mixture)")
       for a in ("relu", "abs")),
-    common.evidence.Claim("Fig 17: gelu, silu approximately MP", "Kolmogorov distance (data)",
-                          None, common.evidence.Qualitative(
-                              "the paper says only 'approximately' (a figure's look); the "
-                              "distances are in the results data")),
+    Claim("Fig 17: gelu, silu approximately MP", "Kolmogorov distance (data)",
+          None, Qualitative(
+              "the paper says only 'approximately' (a figure's look); the "
+              "distances are in the results data")),
     *(common.claim(f"App D.3: MP condition number at gamma = {g:g}", "sigma_max / sigma_min "
                    "= (1 + 1/sqrt(g)) / (1 - 1/sqrt(g)) (closed form)", v) for g, v in ((2.0, 5.8), (4.0, 3.0))),
     common.claim("App D.7: submatrix smallest Gram eig, gamma = 2", "smallest eigenvalue of "
@@ -89,16 +89,16 @@ def _gram(key, activation, d, m, seeds):
     k1, k2 = jax.random.split(k)
     w = jax.random.normal(k1, (m, d))
     x = jax.random.normal(k2, (d,))
-    return representations.masked_gram_eigenvalues(w, x / jnp.linalg.norm(x), activation)
+    return measure.masked_gram_eigenvalues(w, x / jnp.linalg.norm(x), activation)
   return jax.jit(jax.vmap(one))(jax.random.split(key, seeds))
 
 
 def mp_cdf(x: np.ndarray, gamma: float) -> np.ndarray:
-  lo, hi = (float(v) for v in spectra.marchenko_pastur_edges(gamma))
+  lo, hi = (float(v) for v in measure.marchenko_pastur_edges(gamma))
   grid = np.linspace(lo, hi, 20001)
-  dens = np.asarray(spectra.marchenko_pastur_density(jnp.asarray(grid), gamma))
+  dens = np.asarray(measure.marchenko_pastur_density(jnp.asarray(grid), gamma))
   cum = np.concatenate([[0.0], np.cumsum(0.5 * (dens[1:] + dens[:-1]) * np.diff(grid))])
-  atom = float(spectra.marchenko_pastur_atom(gamma))
+  atom = float(measure.marchenko_pastur_atom(gamma))
   return atom * (x >= 0) + np.interp(x, grid, cum, left=0.0, right=cum[-1])
 
 
@@ -123,12 +123,12 @@ def _d7(key, d, m, seeds):
     w = jax.random.normal(k1, (m, d))
     x = jax.random.normal(k2, (d,))
     x = x / jnp.linalg.norm(x)
-    eig, gamma = representations.masked_gram_eigenvalues(w, x, "relu")
+    eig, gamma = measure.masked_gram_eigenvalues(w, x, "relu")
     w_down = jax.random.normal(k3, (d, m)) / jnp.sqrt(m)
-    _, jf = jacobians.branch_jacobian({"w_up": (w / jnp.sqrt(d)).T, "w_down": w_down.T},
-                                      x * jnp.sqrt(d), "relu")
-    return (eig[0], gamma, representations.smallest_gram_eigenvalue(jf),
-            spectra.effective_rank(jf) / d)
+    _, jf = measure.branch_jacobian({"w_up": (w / jnp.sqrt(d)).T, "w_down": w_down.T},
+                                    x * jnp.sqrt(d), "relu")
+    return (eig[0], gamma, measure.smallest_gram_eigenvalue(jf),
+            measure.effective_rank(jf) / d)
   return [np.asarray(v) for v in jax.jit(jax.vmap(one))(jax.random.split(key, seeds))]
 
 
@@ -143,7 +143,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
         eig, gamma = (np.asarray(v) for v in _gram(jax.random.fold_in(key, 10 * i + j), a, d,
                                                    r * d, s["seeds"]))
         g = float(gamma.mean())
-        lo, hi = (float(v) for v in spectra.marchenko_pastur_edges(g))
+        lo, hi = (float(v) for v in measure.marchenko_pastur_edges(g))
         res[(a, r)] = {"gamma": g, "lambda_min": float(eig[:, 0].mean()),
                        "lambda_max": float(eig[:, -1].mean()), "edge_lo": lo, "edge_hi": hi,
                        "kolmogorov": kolmogorov(eig, g),
@@ -166,7 +166,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       max(ks["gelu"], ks["silu"]), note=f"max distance gelu {ks['gelu']:.3f}, silu {ks['silu']:.3f}"))
   for g in (2.0, 4.0):
     summary.append(measured(f"App D.3: MP condition number at gamma = {g:g}",
-        float(spectra.marchenko_pastur_condition_number(g))))
+        float(measure.marchenko_pastur_condition_number(g))))
   lo, hi = min(s["d7_ratios"]), max(s["d7_ratios"])
   if (lo, hi) == (4, 32):
     summary += [
@@ -186,7 +186,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
       info = res[(a, r)]
       ax.hist(hists[(a, r)], bins=60, density=True, alpha=0.5)
       xs = np.linspace(1e-4, info["edge_hi"] * 1.1, 400)
-      ax.plot(xs, np.asarray(spectra.marchenko_pastur_density(jnp.asarray(xs), info["gamma"])),
+      ax.plot(xs, np.asarray(measure.marchenko_pastur_density(jnp.asarray(xs), info["gamma"])),
               "-" if a in ("relu", "abs") else "--")
       ax.axvline(info["edge_lo"], ls=":", color="k")
       ax.axvline(info["edge_hi"], ls=":", color="k")

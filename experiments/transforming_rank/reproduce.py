@@ -2,7 +2,7 @@
 
   rankjax reproduce transforming_rank [--scale quick] [--only fig3] [--out runs/reproduce]
 
-``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``rankjax._src.studies.runner``).
+``STUDY`` is what ``rankjax reproduce transforming_rank`` runs (``rankjax.studies.run_study``).
 Quick scale keeps the paper's depths, ratios and sweeps with the width scaled down
 (mostly d=256 -> 64) and fewer seeds; paper scale uses the paper's settings. The
 trainability experiments (Fig 6, 13, 16, Table 5: ``fig6_trainability``) train on
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from rankjax._src.studies import items, runner
+from rankjax.studies import PAPER_SETTING, Experiment, PaperItem, Study, register
 
 EXPERIMENTS = {
     "fig1": "fig1_skip_spacing",
@@ -70,7 +70,7 @@ QUICK_SETTING = {
     "appa4": "a toy width-32, depth-8 network trained 300 steps (App A.4 is a derivation)",
     # Tables 1 and 3 run d=64 at quick scale (a proxy), so the paper scale's computation
     # at the paper's d=256 is not counted a second time there
-    "table6": runner.PAPER_SETTING}
+    "table6": PAPER_SETTING}
 # rows judged against the paper at any scale: exact identities (Eq. 16's positive
 # homogeneity, App A.4's rescaling symmetry, App D's general-position algebra), closed
 # forms, and Fig 6's initialization ranks, measured at the paper's width at every scale
@@ -103,13 +103,13 @@ SCALE_FREE = {
 }
 
 # Every figure, table and quantitative statement of the paper, with why where no row
-# tests it (rankjax._src.studies.items; EXPECTED.md's register block renders it).
-def _P(where: str, what: str, untested: str = "") -> items.PaperItem:
+# tests it (rankjax.studies.register; EXPECTED.md's register block renders it).
+def _P(where: str, what: str, untested: str = "") -> PaperItem:
   """A register entry; the paper's printed numbers in ``what`` as code (EXPECTED.md's
   prose types no number by hand: these are the paper's, not ours)."""
-  return items.PaperItem(where, re.sub(r"(?<![\w.`/-])([-+]?\d+\.\d{2,})", r"`\1`", what),
-                         untested)
-REGISTER = items.register([
+  return PaperItem(where, re.sub(r"(?<![\w.`/-])([-+]?\d+\.\d{2,})", r"`\1`", what),
+                   untested)
+REGISTER = register([
     _P("Fig 1", "skips restore the rank each block contracts; beta=1/sqrt(L) and wider "
        "expansion keep more"),
     _P("Fig 2", "the rank depends on alpha, beta only through beta*alpha^M; Post-Norm "
@@ -206,9 +206,9 @@ def _needs_cifar10(scale: str) -> str | None:
   (in ``--set data_dir=DIR`` where given)."""
   if scale != "paper":
     return None
-  from rankjax._src.data import images
-  from rankjax._src.studies import training
-  return images.missing_image_set_line("cifar10", training.user_setting("data_dir"))
+  from rankjax.data import missing_image_set_line
+  from rankjax.studies import user_setting
+  return missing_image_set_line("cifar10", user_setting("data_dir"))
 
 
 # their numbers come out of training runs (--check: at the distribution level)
@@ -232,22 +232,22 @@ SEEDS3 = "quick_seeds3"
 _SEEDS3_MISSING = (f"{SEEDS3} is a training-only scale of fig6 (three networks per cell; "
                    "CPU cost); this experiment has no path there")
 
-STUDY = runner.Study(
+STUDY = Study(
     name="transforming_rank",
     title="Transforming Rank: paper vs rankjax",
-    experiments={name: runner.Experiment(module,
-                                         needs=_needs_cifar10 if name == "fig6" else None,
-                                         trained=name in TRAINED,
-                                         setting={"paper": runner.PAPER_SETTING,
-                                                  "quick": QUICK_SETTING[name],
-                                                  **({SEEDS3: QUICK_SETTING[name] + "; three "
-                                                      "networks per (cell, lr) (paper: one)"}
-                                                     if name == "fig6" else {})},
-                                         why_missing=_SEEDS3_MISSING,
-                                         scale_free=frozenset(SCALE_FREE.get(name, ())),
-                                         **RECHECK.get(name, {}),
-                                         figures=(f"{module}.png",),
-                                         options=("checkpoints",) if name == "fig12" else ())
+    experiments={name: Experiment(module,
+                                  needs=_needs_cifar10 if name == "fig6" else None,
+                                  trained=name in TRAINED,
+                                  setting={"paper": PAPER_SETTING,
+                                           "quick": QUICK_SETTING[name],
+                                           **({SEEDS3: QUICK_SETTING[name] + "; three "
+                                               "networks per (cell, lr) (paper: one)"}
+                                              if name == "fig6" else {})},
+                                  why_missing=_SEEDS3_MISSING,
+                                  scale_free=frozenset(SCALE_FREE.get(name, ())),
+                                  **RECHECK.get(name, {}),
+                                  figures=(f"{module}.png",),
+                                  options=("checkpoints",) if name == "fig12" else ())
                  for name, module in EXPERIMENTS.items()},
     aliases=ALIASES,
     register=REGISTER,

@@ -1,6 +1,6 @@
 """Table 1 (Sec 5): coherence constants c = E[sigma]^2/E[sigma^2] and the spike bound 1/c.
 
-c by half-range Gauss-Hermite quadrature (``rankjax._src.measure.spectra``), and the
+c by half-range Gauss-Hermite quadrature (``rankjax.measure.coherence_constant``), and the
 measured post-activation stable rank st(sigma(W h)) at initialization: n probe inputs
 h ~ N(0, I_d) normalized to unit rms (the Pre-Norm branch input), W ~ N(0, 1/d),
 d = 256, 10 seeds (the n sweep: 3). The paper does not state n for Table 1 ("d=256, mean
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.measure import representations, spectra
+from rankjax import measure
+from rankjax.studies import Claim, claims, measured
 
 NAME = "table1_coherence"
 SCALES = {
@@ -47,28 +47,28 @@ _ST_WORDS = ("the measured post-activation stable rank ... at initialization ...
              "to within")
 _C_WORDS = ("(standard Gaussian pre-activation) determines the per-layer stable-rank bound")
 _CLOSED = "a closed form (quadrature), true by construction: shown, not counted"
-CLAIMS = common.evidence.claims(
-    [common.evidence.Claim(f"Table 1 {a}: c", "coherence E[sigma]^2/E[sigma^2] (quadrature)",
-                           c, common.rule(c), _CLOSED, where="Table 1", quote=_C_WORDS,
-                           kind="identity")
+CLAIMS = claims(
+    [Claim(f"Table 1 {a}: c", "coherence E[sigma]^2/E[sigma^2] (quadrature)",
+           c, common.rule(c), _CLOSED, where="Table 1", quote=_C_WORDS,
+           kind="identity")
      for a, (c, _, _) in PAPER.items()]
-    + [common.evidence.Claim(f"Table 1 {a}: 1/c", "spike bound 1/c (quadrature)", sb,
-                             common.rule(sb), _CLOSED, where="Table 1", quote=_C_WORDS,
-                             kind="identity")
+    + [Claim(f"Table 1 {a}: 1/c", "spike bound 1/c (quadrature)", sb,
+             common.rule(sb), _CLOSED, where="Table 1", quote=_C_WORDS,
+             kind="identity")
        for a, (_, sb, _) in PAPER.items() if sb != float("inf")]
-    + [common.evidence.Claim(f"Table 1 {a}: st", "measured st(sigma(W h)), n=1024", st,
-                             common.rule(st), _OPEN, where="Table 1", quote=_ST_WORDS,
-                             reading=_READ_1024)
+    + [Claim(f"Table 1 {a}: st", "measured st(sigma(W h)), n=1024", st,
+             common.rule(st), _OPEN, where="Table 1", quote=_ST_WORDS,
+             reading=_READ_1024)
        for a, (_, _, st) in PAPER.items()]
-    + [common.evidence.Claim(f"App D.4: p, {a}", "E[sigma'(z)^2], z ~ N(0,1) (quadrature)", p,
-                             common.rule(p), _CLOSED, where="App D.4",
-                             quote="so the effective survival rate is the mean squared "
-                             "derivative", kind="identity")
+    + [Claim(f"App D.4: p, {a}", "E[sigma'(z)^2], z ~ N(0,1) (quadrature)", p,
+             common.rule(p), _CLOSED, where="App D.4",
+             quote="so the effective survival rate is the mean squared "
+             "derivative", kind="identity")
        for a, p in SURVIVAL.items()]
-    + [common.evidence.Claim(f"{N512} {a}: st", "measured st(sigma(W h)), n=512", st,
-                             common.rule(st), _OPEN, where="Table 1", quote=_ST_WORDS,
-                             reading=_READ_512, post_hoc="declared after the n sweep's "
-                             "outcome was known (tanh: ~49 at n = 512, ~57 at n = 1024)")
+    + [Claim(f"{N512} {a}: st", "measured st(sigma(W h)), n=512", st,
+             common.rule(st), _OPEN, where="Table 1", quote=_ST_WORDS,
+             reading=_READ_512, post_hoc="declared after the n sweep's "
+             "outcome was known (tanh: ~49 at n = 512, ~57 at n = 1024)")
        for a, (_, _, st) in PAPER.items()])
 
 
@@ -77,7 +77,7 @@ def measured_stable_rank(key: jax.Array, activation: str, d: int, n: int) -> flo
   w = jax.random.normal(k_w, (d, d)) / jnp.sqrt(d)
   h = jax.random.normal(k_h, (n, d))
   h = h / jnp.sqrt(jnp.mean(h * h, axis=-1, keepdims=True))
-  return float(spectra.stable_rank(representations.post_activation(w, h, activation)))
+  return float(measure.stable_rank(measure.post_activation(w, h, activation)))
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
@@ -85,7 +85,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   table = {}
   with common.single_blas_thread():
     for act in PAPER:
-      mom = spectra.activation_moments(act)
+      mom = measure.activation_moments(act)
       st = [measured_stable_rank(k, act, s["width"], s["inputs"])
             for k in jax.random.split(jax.random.PRNGKey(8), s["seeds"])]
       # a centered activation's bound 1/c is infinite: null in the results file

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.measure import spectra
+from rankjax import measure
+from rankjax.studies import Claim, claims, measured
 
 NAME = "table3_projections"
 SCALES = {
@@ -50,8 +50,8 @@ def _item(step: str, e: float, L: int) -> str:
   return f"{'Table 3' if step == 'geodesic' else RENORMALIZED}: eps={e}, L={L}"
 
 
-CLAIMS = common.evidence.claims(
-    common.evidence.Claim(
+CLAIMS = claims(
+    Claim(
         _item(step, e, L), "erank(prod_l (I - x_l x_l^T))/d"
         + ("" if step == "geodesic" else ", x_{l+1} = (x_l + eps g / sqrt(d)) / ||.||"),
         v, common.rule(v, fraction=True), _OPEN, where="Table 3", quote=_WORDS,
@@ -82,7 +82,7 @@ def projection_walk_erank(key: jax.Array, eps: float, d: int, depth: int,
 
   _, prods = jax.lax.scan(step, (x0, jnp.eye(d)), noise)
   idx = np.asarray(report) - 1
-  return spectra.effective_rank(prods[idx]) / d
+  return measure.effective_rank(prods[idx]) / d
 
 
 def run(out_dir: str, scale: str = "quick", **overrides) -> dict:

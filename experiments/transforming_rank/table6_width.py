@@ -12,9 +12,9 @@ import jax
 import numpy as np
 
 from . import common
-from rankjax._src.studies import measured
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import representations
+from rankjax import measure
+from rankjax.config import MLPConfig
+from rankjax.studies import claims, measured
 
 NAME = "table6_width"
 SCALES = {
@@ -26,7 +26,7 @@ SCALES = {
 PAPER = {128: (0.216, 0.097, 0.044, 0.023, 0.015), 256: (0.229, 0.100, 0.040, 0.018, 0.010),
          512: (0.250, 0.109, 0.040, 0.015, 0.007), 1024: (0.296, 0.136, 0.047, 0.015, 0.006)}
 PAPER_LAYERS = (32, 64, 128, 256, 512)
-CLAIMS = common.evidence.claims(
+CLAIMS = claims(
     [common.frac(f"Table 6: d={d}, l={l}", f"erank(Z_l)/d, one-matrix ReLU branch, d={d}", v)
      for d, vals in PAPER.items() for l, v in zip(PAPER_LAYERS, vals)]
     + [common.frac("App C: top-direction energy at l=512", "energy share of the top (mean) "
@@ -47,7 +47,7 @@ def run(out_dir: str, scale: str = "quick", **overrides) -> dict:
   with common.single_blas_thread():
     for d in s["widths"]:
       cfg = MLPConfig(depth=max(s["layers"]), width=d, branch_matrices=1, norm_position="pre")
-      st = representations.mlp_representation_study(
+      st = measure.mlp_representation_study(
           cfg, jax.random.PRNGKey(9), max(s["min_inputs"], 2 * d), s["seeds"], s["layers"])
       table[d] = {"erank": np.asarray(st.erank), "top_energy": np.asarray(st.top_energy),
                   "per_seed_erank": np.asarray(st.per_seed["erank"]),
