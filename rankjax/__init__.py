@@ -21,7 +21,7 @@ from rankjax._src.measure.similarity import token_similarity
 from rankjax._src.models.mlp import ResidualMLP
 from rankjax._src.models.transformer import DecoderLM
 
-__version__ = "0.1.0"
+from rankjax._src import __version__  # noqa: E402  (one place: rankjax._src)
 
 FACES = ("config", "data", "measure", "models", "studies", "train")
 

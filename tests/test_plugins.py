@@ -137,7 +137,7 @@ def test_config_imports_nothing_above_it():
     for m in _rankjax_imports(todo.pop()) - seen:
       seen.add(m)
       todo.append(m)
-  own = {f"rankjax._src.config.{p.stem}" for p in (ROOT / "rankjax" / "config").glob("*.py")
+  own = {f"rankjax._src.config.{p.stem}" for p in (ROOT / "rankjax" / "_src" / "config").glob("*.py")
          if p.stem != "__init__"}
   assert seen == own | {"rankjax._src.storage", "rankjax._src.errors"}, seen
 

@@ -191,7 +191,7 @@ def test_studies_import_without_experiments_on_sys_path(tmp_path):
   import pathlib
   import subprocess
   import sys
-  root = pathlib.Path(reproduce.__file__).resolve().parents[1]
+  root = pathlib.Path(reproduce.__file__).resolve().parents[2]
   code = ("import sys; sys.path = [p for p in sys.path if p not in ('', %r)]\n"
           "import importlib.util; assert importlib.util.find_spec('experiments') is None\n"
           "from rankjax._src import reproduce\n"

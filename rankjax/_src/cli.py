@@ -36,7 +36,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 
 def _version(_: argparse.Namespace) -> int:
   import jax
-  from rankjax import __version__
+  from rankjax._src import __version__
   print(f"rankjax {__version__} (jax {jax.__version__}, backend {jax.default_backend()})")
   return 0
 

@@ -53,7 +53,7 @@ def _trained(monkeypatch, tmp_path, runs: list[tuple[str, int, str]]) -> list[tu
   """(config, workdir) that ``collapse_study.train_run`` hands the training loop for each
   (run, seed, scale) of ``runs``, in order (nothing trains: the loop is replaced)."""
   trained = []
-  monkeypatch.setattr("rankjax._src.train.loop.train",
+  monkeypatch.setattr("rankjax.train.train",          # what the study calls (the face)
                       lambda cfg, wd, **kw: trained.append((cfg, wd)))
   for name, seed, scale in runs:
     collapse_study.train_run(collapse_study.seeded_name(name, seed), str(tmp_path), scale=scale)

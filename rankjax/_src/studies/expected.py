@@ -132,7 +132,7 @@ def _register_block(study) -> str:
   if problems:
     lines += ["", "Register problems: " + "; ".join(problems) + "."]
   lines += ["", "Status per scale: the item's status from its experiment rows "
-            "(rankjax._src.studies.items); in brackets its rows by kind (exp: experiment; "
+            "(rankjax.studies.register); in brackets its rows by kind (exp: experiment; "
             "only experiment rows count, identity and sensitivity rows are shown)."]
   return "\n".join(lines) + "\n"
 

@@ -152,7 +152,7 @@ def summary_markdown(study, rows: list[dict], scale: str,
             "[paper - band, paper + band] is a match, wholly outside a mismatch, else "
             "inconclusive; a predicate row likewise; a one-draw row by the range of single "
             "draws. An item's status comes from its experiment rows "
-            "(rankjax._src.studies.items); machine-readable: summary.json (quotes included).",
+            "(rankjax.studies.register); machine-readable: summary.json (quotes included).",
             ""]
   lines += table(rows, SUMMARY_FIELDS)
   if provenance_by:
