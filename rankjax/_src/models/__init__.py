@@ -1,7 +1,7 @@
 """The models: the decoder (``transformer``), its blocks, attention and norms, the
 residual MLP, the Hugging Face converter (GPT-2 and the Llama family as the decoder).
 
-The public modules are listed in ``__all__``; the others are internals.
+The implementation (private); the public names are ``rankjax.models``.
 """
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Training: the jitted step (``state``), the loop, the tasks, the diagnostics recorded
 inside the step, and reading a finished run (``run_reader``).
 
-The public modules are listed in ``__all__``; the others are internals.
+The implementation (private); the public names are ``rankjax.train``.
 """
 
 __all__ = [
