@@ -21,7 +21,6 @@ Run:  python experiments/benchmarks/dropout_attention.py [--rounds 5] [--reps 3]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import pathlib
 import time

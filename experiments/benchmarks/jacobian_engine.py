@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import resource
 import sys
 import time

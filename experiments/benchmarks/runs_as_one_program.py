@@ -52,7 +52,6 @@ from rankjax._src import config as config_lib
 from rankjax._src.config import MLPConfig, TrainConfig
 from rankjax._src.train import loop as loop_lib
 from rankjax._src.train import runs as runs_lib
-import rankjax._src.train.diagnostics_postnorm  # noqa: F401  (registers "postnorm")
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXPERIMENTS = HERE.parent

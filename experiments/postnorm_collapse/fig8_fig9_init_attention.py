@@ -219,7 +219,6 @@ def run(out_dir: str, scale: str = "quick") -> dict[str, Any]:
   seeds = SEEDS[scale]
   per_seed = [layer_errors(init_statistics(cfg, seed=s), cfg["seq_len"]) for s in seeds]
   errs = per_seed[0]
-  layers = np.arange(1, cfg["num_layers"] + 1)
   pre = errs["prefix_rel_err"]
   by_seed = {
       "fig9_layer1": [float(e["prefix_rel_err"][0]) for e in per_seed],
