@@ -208,7 +208,10 @@ def test_expected_blocks_render_from_results_files(tmp_path):
   assert "(no results file s/results/quick/fig9.json yet)" in out
   assert expected.render(study, out) == out            # rendering is a fixed point
   assert expected.main([str(study), "--check"]) == 1
+  from rankjax._src import cli                  # the same through `rankjax expected`
+  assert cli.main(["expected", str(study), "--check"]) == 1
   assert expected.write(study) and expected.main([str(study), "--check"]) == 0
+  assert cli.main(["expected", str(study), "--check"]) == 0
   with pytest.raises(ValueError, match="unknown option"):
     expected.render(study, "<!-- results quick/fig1 colour=red -->\n<!-- end results -->")
   (folder / "summary.json").write_text(json.dumps(rows + [dict(rows[0], status="proxy")]))

@@ -31,6 +31,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "rankjax._src.reproduce",
     "rankjax._src.report",
     "rankjax._src.analyze.cli",
+    "rankjax._src.studies.expected",
+    "rankjax._src.studies.rejudge",
 )
 
 

@@ -15,7 +15,7 @@ Everything lives in WORKDIR (``lm_post/``, ``lm_pre/``, ``jacobians.json``,
 ``report/``, and ``tour_summary.json``: the numbers behind the summary's sentences with
 their provenance, wall time that of the invocation that finished the tour). The
 README's tour paragraph is rendered from a committed copy, ``docs/tour_summary.json``
-(``render_readme``; ``python -m rankjax._src.studies.expected`` rewrites it). Interrupt it (Ctrl-C or SIGTERM) and run the same command again: the
+(``render_readme``; ``rankjax expected`` rewrites it). Interrupt it (Ctrl-C or SIGTERM) and run the same command again: the
 training runs resume from their checkpoints and give the same final numbers.
 """
 

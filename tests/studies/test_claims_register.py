@@ -80,7 +80,7 @@ def test_committed_rows_carry_the_declared_words(name, folder):
         continue
       if (r.get("where"), r.get("kind"), r.get("quote")) != (c.where, c.kind, c.quote):
         stale.append(f"{scale}/{r['experiment']}/{r['item']}")
-  assert not stale, (f"{len(stale)} rows not re-judged (python -m rankjax._src.studies.rejudge): "
+  assert not stale, (f"{len(stale)} rows not re-judged (rankjax rejudge): "
                      + "; ".join(stale[:10]))
   assert all(r.get("kind") in evidence.KINDS for rows in expected.committed_rows(study).values()
              for r in rows if r["status"] not in ("missing", "failed"))

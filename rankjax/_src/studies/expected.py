@@ -8,9 +8,9 @@ each table of results in it is a block the renderer owns:
     <!-- end results -->
 
 ``<!-- results SCALE/counts -->`` renders the scale's counts by paper item (summary.json:
-at the paper's setting, the proxies apart; ``rankjax._src.studies.items``).
+at the paper's setting, the proxies apart; ``rankjax.studies.register``).
 ``<!-- register -->`` renders the claims register: every item of the study's
-``register`` (``rankjax._src.studies.items.PaperItem``) with the paper's words its rows quote,
+``register`` (``rankjax.studies.PaperItem``) with the paper's words its rows quote,
 its rows by kind and its status at each committed scale, or why no row tests it.
 ``<!-- figure SCALE/FILE.png -->`` shows a committed figure
 (``results/SCALE/figures/FILE.png``, copied there by ``--record``). Options after the name: ``items=REGEX`` keeps the rows whose item matches (search),
@@ -18,7 +18,7 @@ its rows by kind and its status at each committed scale, or why no row tests it.
 gives the provenance (commit, device, date, wall time). A block whose results file is
 missing renders as one line saying so.
 
-  python -m rankjax._src.studies.expected [--check] [STUDY or FOLDER ...]
+  rankjax expected [--check] [STUDY or FOLDER ...]
 
 writes every study's EXPECTED.md, and README.md's tour block (``<!-- tour
 docs/tour_summary.json -->``, ``rankjax._src.tour.render_readme``) when no study is named
@@ -214,13 +214,14 @@ def _copy_figures(study, name: str, out_dir: pathlib.Path, dst: pathlib.Path) ->
       (dst / pathlib.Path(fname).name).write_bytes(src.read_bytes())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description="render EXPECTED.md's results tables")
+def _arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("studies", nargs="*", help="names of the checkout's studies, or "
                       "study folders (default: every checkout study, and README.md)")
   parser.add_argument("--check", action="store_true",
                       help="exit 1 when a file differs from what it renders")
-  args = parser.parse_args(argv)
+
+
+def _run(args: argparse.Namespace) -> int:
   stale = []
   for study in [pathlib.Path(s) if pathlib.Path(s).is_dir() else s
                 for s in args.studies] or studies():
@@ -238,10 +239,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         path.write_text(text)
         print(f"rewrote {path.name}")
   if stale:
-    print("not what the results files render (run python -m rankjax._src.studies.expected): "
+    print("not what the results files render (run rankjax expected): "
           + ", ".join(stale), file=sys.stderr)
     return 1
   return 0
+
+
+def add_parser(sub) -> None:
+  """``rankjax expected [--check] [STUDY ...]``."""
+  p = sub.add_parser("expected", help="render EXPECTED.md's results tables (and README's "
+                                      "tour block) from the committed results files")
+  _arguments(p)
+  p.set_defaults(func=_run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description="render EXPECTED.md's results tables")
+  _arguments(parser)
+  return _run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

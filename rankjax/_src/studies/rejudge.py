@@ -5,7 +5,7 @@ change while what was measured does not: the committed rows keep every measured 
 (``ours``, ``per_seed``, ``seeds``). ``rejudge`` applies the experiment's current
 ``CLAIMS`` to those values and rewrites the results file, its summary and EXPECTED.md:
 
-  python -m rankjax._src.studies.rejudge STUDY --scale paper [--only fig1,table3]
+  rankjax rejudge STUDY --scale paper [--only fig1,table3]
 
 Nothing is measured again: the rows' values, settings, seeds, figure data and
 provenance stay as recorded, and the file gains ``"rejudged": {commit, date, claims}``
@@ -119,12 +119,13 @@ def rejudge(study, scale: str, only: Sequence[str] | None = None) -> list[str]:
   return list(docs)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("study")
   parser.add_argument("--scale", required=True)
   parser.add_argument("--only", default=None, help="comma-separated experiments")
-  args = parser.parse_args(argv)
+
+
+def _run(args: argparse.Namespace) -> int:
   study = finder.load(finder.folder_of(args.study))
   try:
     done = rejudge(study, args.scale, args.only.split(",") if args.only else None)
@@ -133,6 +134,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   print(f"rejudged {args.study} ({args.scale}): {', '.join(done) or 'nothing'}")
   return 0
+
+
+def add_parser(sub) -> None:
+  """``rankjax rejudge STUDY --scale SCALE [--only a,b]``."""
+  p = sub.add_parser("rejudge", help="judge committed results again by the claims as now "
+                                     "declared (nothing is measured again)")
+  _arguments(p)
+  p.set_defaults(func=_run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  _arguments(parser)
+  return _run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
