@@ -69,6 +69,7 @@ def test_seeds_sweeps_and_shapes_parse():
     runs.train_runs({"/tmp/x/a": cfg, "/tmp/x/c": deeper})
 
 
+@pytest.mark.slow   # the default suite's heaviest (6-15 s): CI runs it in the slow stage
 def test_seeds_and_a_learning_rate_sweep_follow_their_single_runs(tmp_path):
   """Three runs (two seeds at one LR, one at another) in one program: each follows its
   own single run (init, data order, dropout keys, the LR schedule), each folder is a

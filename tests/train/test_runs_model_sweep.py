@@ -88,6 +88,7 @@ def test_swept_alpha_and_beta_follow_their_single_runs(tmp_path):
   assert not np.allclose(a, b)
 
 
+@pytest.mark.slow   # the default suite's heaviest (6-15 s): CI runs it in the slow stage
 def test_swept_init_scale_gives_each_run_its_single_runs_init():
   """An LM program sweeping init_scale (x1, x4; postnorm Fig 1's variance scales) and
   init_scale_to's matrices: each run's parameters at init are its single run's, bit for
