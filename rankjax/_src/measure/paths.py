@@ -63,7 +63,8 @@ def default_num_chunks(num_blocks: int, d: int) -> int:
 
 
 class PathSums(NamedTuple):
-  """Per-order path sums: ``exp(log_norm[k]) * unit[k] == S_k`` (with beta^k folded in).
+  """Per-order path sums: ``exp(log_norm[k]) * unit[k] == S_k`` (with beta^k folded in;
+  Transforming Rank Eq. 5, 12).
 
   Attributes:
     log_norm: ``(..., L+1)`` log Frobenius norm of order k; ``-inf`` for an order

@@ -51,7 +51,8 @@ def cosine_with_ones(m_LxD: Array) -> Array:
 
 
 def off_diagonal_mean(c_LxL: Array) -> Array:
-  """Mean of the off-diagonal entries of ``(..., L, L)`` matrices."""
+  """Mean of the off-diagonal entries of ``(..., L, L)`` matrices (the pairwise
+  cosines of Transforming Rank, Fig 7)."""
   n = c_LxL.shape[-1]
   mask = 1.0 - jnp.eye(n, dtype=c_LxL.dtype)
   return jnp.sum(c_LxL * mask, axis=(-2, -1)) / (n * (n - 1))
@@ -70,14 +71,16 @@ def mean_noise_floor(z_NxD: Array) -> Array:
 
 def growth_exponent(values: np.ndarray, layers: np.ndarray, lo: float = 0.0,
                     hi: float = np.inf) -> float:
-  """Least-squares slope q of ``log values ~ q log layers`` over ``lo <= l <= hi``."""
+  """Least-squares slope q of ``log values ~ q log layers`` over ``lo <= l <= hi``
+  (the growth of the mean across depth: Transforming Rank, Fig 7b, App C)."""
   values, layers = np.asarray(values, float), np.asarray(layers, float)
   keep = (layers >= lo) & (layers <= hi) & (values > 0) & (layers > 0)
   return float(np.polyfit(np.log(layers[keep]), np.log(values[keep]), 1)[0])
 
 
 def activation_derivative(activation: str, z: Array) -> Array:
-  """``sigma'(z)`` elementwise for a pointwise activation of ``blocks.ACTIVATIONS``."""
+  """``sigma'(z)`` elementwise for a pointwise activation of ``blocks.ACTIVATIONS`` (the
+  diagonal D of the branch Jacobian ``J_f = W_down D W_up``, Transforming Rank Eq. 9)."""
   return blocks_lib.derivative(blocks_lib.ACTIVATIONS[activation], z)
 
 

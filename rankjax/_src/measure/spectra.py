@@ -123,7 +123,8 @@ def marchenko_pastur_atom(gamma: float | Array) -> Array:
 
 
 def marchenko_pastur_density(x: Array, gamma: float | Array) -> Array:
-  """Continuous part of the MP density of ``G = (1/n) X^T X``, ``gamma = n/d``.
+  """Continuous part of the MP density of ``G = (1/n) X^T X``, ``gamma = n/d`` (the
+  Marchenko-Pastur law of Transforming Rank, App D.3).
 
   ``rho(x) = gamma sqrt((lam_+ - x)(x - lam_-)) / (2 pi x)`` on ``[lam_-, lam_+]``;
   it integrates to ``min(1, gamma)``, the rest being the atom at zero.

@@ -49,7 +49,7 @@ def derivative(fn: Callable[[jax.Array], jax.Array], z: jax.Array) -> jax.Array:
 
 
 def matrix_shapes(cfg: MLPConfig) -> dict[str, tuple[int, int]]:
-  """Shapes (fan_in, fan_out) of one block's branch matrices."""
+  """Shapes (fan_in, fan_out) of one block's branch matrices (P, B of Eq. 17)."""
   d, m = cfg.width, cfg.hidden_width
   if cfg.branch_matrices == 2:
     shapes = {"w_up": (d, m), "w_down": (m, d)}
@@ -63,7 +63,8 @@ def matrix_shapes(cfg: MLPConfig) -> dict[str, tuple[int, int]]:
 
 
 def gain_names(cfg: MLPConfig) -> tuple[str, ...]:
-  """Names of the learned norm gains of one block (none unless ``norm_gain``)."""
+  """Names of the learned norm gains of one block (R, P, B of Eq. 17; none unless
+  ``norm_gain``)."""
   if not cfg.norm_gain:
     return ()
   return tuple(f"{loc}_scale" for loc, op in zip("pbr", cfg.norm_ops) if norms.has_gain(op))
@@ -148,7 +149,7 @@ def branch_fn(params: dict, x: jax.Array, cfg: MLPConfig) -> jax.Array:
 
 
 def branch_out(params: dict, x: jax.Array, cfg: MLPConfig) -> jax.Array:
-  """``B(f(P(x)))``."""
+  """``B(f(P(x)))``: the branch of Transforming Rank, Eq. 17."""
   return _norm(params, "b", cfg.norm_ops[1], branch_fn(params, x, cfg), cfg.norm_eps)
 
 
@@ -165,7 +166,8 @@ def block_fn(params: dict, h: jax.Array, h_skip: jax.Array, has_skip: jax.Array 
 
 
 def skip_flags(cfg: MLPConfig) -> jax.Array:
-  """(L,) booleans: block l (1-indexed) closes a skip group iff k > 0 and l % k == 0."""
+  """(L,) booleans: block l (1-indexed) closes a skip group iff k > 0 and l % k == 0
+  (the skip every k blocks of Transforming Rank, Fig 1)."""
   k = cfg.skip_every
   if k == 0:
     return jnp.zeros((cfg.depth,), bool)
@@ -173,7 +175,8 @@ def skip_flags(cfg: MLPConfig) -> jax.Array:
 
 
 def stack_forward(blocks: dict, h0: jax.Array, cfg: MLPConfig) -> tuple[jax.Array, jax.Array]:
-  """Runs all L blocks with ``lax.scan``; ``blocks`` holds arrays stacked on axis 0.
+  """Runs all L blocks of Eq. 17 with ``lax.scan``; ``blocks`` holds arrays stacked on
+  axis 0.
 
   Returns (h_L, hs) with hs of shape (L, ...) holding every block output h_1..h_L.
   """

@@ -22,7 +22,7 @@ from rankjax._src.numerics import NORM
 
 
 class ResidualMLP(PlainInit, nn.Module):
-  """``h_l = R(h_skip + beta * B(f(P(h_{l-1}))))`` for l = 1..L.
+  """``h_l = R(h_skip + beta * B(f(P(h_{l-1}))))`` for l = 1..L (Transforming Rank, Eq. 17).
 
   Call with ``x_BxD`` (or ``x_BxI`` with ``input_dim`` set). Returns h_L, or logits
   when ``num_classes`` is set. With ``capture=True`` every block output h_1..h_L is

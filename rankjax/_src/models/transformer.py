@@ -361,7 +361,8 @@ def first_layer_input(cfg: TransformerConfig, params, tokens_BxT: jax.Array) -> 
 
 
 def intermediate_grads(model: DecoderLM, params, tokens_BxT, loss_fn):
-  """Loss, parameter gradients and gradients w.r.t. the captured X_k^l / Y_k^l.
+  """Loss, parameter gradients and gradients w.r.t. the captured X_k^l / Y_k^l (the
+  postnorm paper's sublayer inputs and outputs, Eq. 1; its Fig 5 reads them).
 
   ``loss_fn(logits_BxTxV) -> scalar``. Returns (loss, param_grads, grads, acts), where
   ``grads`` and ``acts`` map x1, y1, x2, y2 to (L, B, T, d) arrays
