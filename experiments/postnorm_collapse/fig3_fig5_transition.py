@@ -674,7 +674,7 @@ def _paper_measurements(res: dict[str, Any]) -> list[dict[str, Any]]:
   pre = res["ours"]["preregistered"]
   seeds = [int(s) for s in pre]
   note = (f"seeds {seeds}; {res['scale']} scale: the paper's schedule (2000 warmup, cosine "
-          "to 40000) shrunk by rankjax.studies.tiny at tiny; diagnostics every update")
+          "to 40000) shrunk by rankjax.studies.at_scale at tiny; diagnostics every update")
   rows = transition_measured(F35_PAPER, pre, note)
   fns = (lambda a: common.num(a["final_grad_first_over_last"]),
          lambda a: common.log10(a.get("grad_window_onset_layer1_drop")),

@@ -1,5 +1,5 @@
 """The Post-Norm collapse paper's own training runs (Sec 4, App F.3, F.5): ``--scale paper``
-and its laptop-size twin ``--scale tiny`` (``rankjax.studies.tiny`` of the same
+and its laptop-size twin ``--scale tiny`` (``rankjax.studies.at_scale`` of the same
 configs).
 
 The model and optimizer are ``experiments/configs/postnorm_48l_d512_c4.json`` (Sec 4: 48

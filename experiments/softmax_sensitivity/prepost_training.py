@@ -22,7 +22,7 @@ LayerNorm, tied embeddings, GPT-2 init, learned positions):
          paper's FineWeb: a directory of text or ArrayRecord files named by the env
          var ``RANKJAX_FINEWEB`` (without it the runner refuses before anything runs).
          Needs accelerators; the runner trains the six runs (``Experiment.runs``).
-  tiny   the six paper runs through ``rankjax.studies.tiny``: 4 layers, d=32,
+  tiny   the six paper runs through ``rankjax.studies.at_scale``: 4 layers, d=32,
          2 heads, T=32, byte tokenizer, offline Shakespeare, 24 updates (warmup 6,
          diagnostics every update), batch 8 = 2 x 4; every other setting of the paper
          config kept. The code path of paper, 45-130 s wall a run on the shared 2-core
@@ -138,7 +138,7 @@ SCALE_NOTE = {"quick": "quick scale: 6-layer d=64 LM, 200 updates, byte-level Sh
                               "count are over its 8 runs (the paper's over 3)",
               "quick_deep": f"quick_deep: the quick LM at {DEEP_LAYERS} layers (d=64, 200 updates "
                             "at 1e-3, 3 seeds), fixed before the run, not GPT-2 774M",
-              "tiny": "tiny: the 774M config shrunk by rankjax.studies.tiny (4 layers, "
+              "tiny": "tiny: the 774M config shrunk by rankjax.studies.at_scale (4 layers, "
                       "d=32, 24 updates, byte-level Shakespeare): not judged"}
 LOSS_UNITS = ("the paper's loss is per GPT-2 BPE token of FineWeb, ours per byte of "
               "Shakespeare at quick scale: not the same unit")

@@ -21,7 +21,7 @@ scale) -> dict``, output in ``out_dir/<name>/``):
 
 At ``--scale paper`` and ``tiny`` the runner trains the six runs of both training
 experiments (``prepost_training.runs``: 2 placements x seeds 42, 123, 456 of
-``experiments/configs/gpt2_774m.json``, through ``rankjax.studies.tiny`` at tiny)
+``experiments/configs/gpt2_774m.json``, through ``rankjax.studies.at_scale`` at tiny)
 into ``prepost_training/runs/`` before any experiment runs; the two experiments share
 that folder, so ``trained_bounds`` reads the same runs. Paper scale reads the paper's
 FineWeb from the directory named by the env var ``RANKJAX_FINEWEB`` (text or
@@ -204,5 +204,5 @@ STUDY = studies.Study(
            "quick_deep": f"quick_deep: the quick setting at {prepost_training.DEEP_LAYERS} "
                          "layers (3 seeds), fixed before its run (issue 53).",
            "tiny": "tiny: every experiment's paper path shrunk to a laptop CPU (the six "
-                   "774M runs through rankjax.studies.tiny, fewer draws elsewhere); "
+                   "774M runs through rankjax.studies.at_scale, fewer draws elsewhere); "
                    "measured, not judged against the paper."})

@@ -18,9 +18,9 @@ results files, summary.json / summary.md and EXPECTED.md's tables.
   ``run_study``; results: ``write_json``, ``to_jsonable``; figures: ``save_figure``;
 - the runs an experiment trains: ``train_run`` (one ``rankjax train`` run in a study's
   folder), ``train_all`` (runs of one step shape as one program), ``workdir``,
-  ``load_config`` (a shipped config with ``--set`` overrides), ``at_scale`` (a config at
-  a study scale), ``tiny`` (a paper config shrunk to a laptop run of ``TINY_STEPS``
-  updates), ``user_setting`` (a
+  ``load_config`` (a shipped config with ``--set`` overrides), ``at_scale`` (a config as
+  a study scale trains it: at ``tiny``, a paper config shrunk to a laptop run of
+  ``TINY_STEPS`` updates), ``user_setting`` (a
   ``rankjax reproduce --set`` value), ``missing_directory`` (why a data folder is not
   usable, in one line).
 """
@@ -51,7 +51,6 @@ from rankjax._src.studies.training import (
     TINY_STEPS,
     at_scale,
     missing_directory,
-    tiny,
     train_all,
     user_setting,
     workdir,
@@ -82,7 +81,6 @@ __all__ = [
     "register",
     "run_study",
     "save_figure",
-    "tiny",
     "to_jsonable",
     "train_all",
     "train_run",

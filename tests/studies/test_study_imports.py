@@ -114,3 +114,12 @@ def test_every_public_name_has_a_docstring():
       elif not callable(obj) and name not in module.__doc__:
         missing.append(f"rankjax.{face}.{name} (not named in the face's docstring)")
   assert not missing, missing
+
+
+def test_the_architecture_map_lists_each_face_as_it_is():
+  """docs/architecture.md's "The public face" names each face's ``__all__``, no more."""
+  text = (ROOT / "docs" / "architecture.md").read_text()
+  for face in rankjax.FACES:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"- **`rankjax.{face}`**")]
+    listed = line.split(": ", 1)[1].replace("`", "").split(", ")
+    assert listed == list(importlib.import_module(f"rankjax.{face}").__all__), face
