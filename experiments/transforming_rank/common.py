@@ -53,8 +53,6 @@ def settings(scales: dict[str, dict], scale: str, overrides: dict[str, Any]) -> 
   return out
 
 
-to_jsonable = studies.to_jsonable
-
 
 def write(out_dir: str | pathlib.Path, name: str, result: dict, fig=None) -> dict:
   out = pathlib.Path(out_dir)

@@ -15,14 +15,14 @@ results files, summary.json / summary.md and EXPECTED.md's tables.
   ``OneMinus``, ``Bound``, ``Qualitative``, ``Rule`` (the base of a rule), ``Draw`` (a
   one-draw row); ``PaperItem`` / ``register``: the paper's every item, quoted;
 - the study: ``Study``, ``Experiment``, ``PAPER_SETTING``, ``NotPrepared``,
-  ``run_study``; results: ``write_json``, ``to_jsonable``; figures: ``save_figure``;
+  ``run_study``; results: ``write_json`` (arrays and numpy scalars as JSON); figures:
+  ``save_figure``;
 - the runs an experiment trains: ``train_run`` (one ``rankjax train`` run in a study's
   folder), ``train_all`` (runs of one step shape as one program), ``workdir``,
   ``load_config`` (a shipped config with ``--set`` overrides), ``at_scale`` (a config as
   a study scale trains it: at ``tiny``, a paper config shrunk to a laptop run of
-  ``TINY_STEPS`` updates), ``user_setting`` (a
-  ``rankjax reproduce --set`` value), ``missing_directory`` (why a data folder is not
-  usable, in one line).
+  ``TINY_STEPS`` updates), ``user_setting`` (a ``rankjax reproduce --set`` value),
+  ``missing_directory`` (why a data folder is not usable, in one line).
 """
 from rankjax._src.plotting import save_figure
 from rankjax._src.studies.evidence import (
@@ -44,7 +44,6 @@ from rankjax._src.studies.runner import (
     NotPrepared,
     Study,
     run_study,
-    to_jsonable,
     write_json,
 )
 from rankjax._src.studies.training import (
@@ -81,7 +80,6 @@ __all__ = [
     "register",
     "run_study",
     "save_figure",
-    "to_jsonable",
     "train_all",
     "train_run",
     "user_setting",
