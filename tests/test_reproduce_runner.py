@@ -14,7 +14,7 @@ from rankjax._src import cli, reproduce
 PAPER = {"quick": runner.PAPER_SETTING, "paper": runner.PAPER_SETTING}
 
 _CLAIMS = """
-from rankjax._src.studies import Abs, Claim, Qualitative, claims, measured
+from rankjax.studies import Abs, Claim, Qualitative, claims, measured
 CLAIMS = claims([Claim("Fig 1: value", "v", 0.5, Abs(0.01)),
                  Claim("Fig 1: look", "v", None, Qualitative("a figure's look"))])
 """
@@ -42,7 +42,7 @@ def _fake_study(tmp_path, monkeypatch, needs=None, value=0.5, dataset=None):
   (pkg / "bad.py").write_text(_CLAIMS + "SCALES = {'quick': {}, 'paper': {}}\n"
                               "def run(out_dir, scale):\n  raise RuntimeError('boom')\n")
   (pkg / "reproduce.py").write_text(textwrap.dedent("""
-      from rankjax._src.studies import PAPER_SETTING, Experiment, Study
+      from rankjax.studies import PAPER_SETTING, Experiment, Study
       PAPER = {"quick": PAPER_SETTING, "paper": PAPER_SETTING}
       STUDY = Study(
           name="fake", title="Fake: paper vs ours",

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from rankjax._src import reproduce as cli
-from rankjax._src.studies import run_study
+from rankjax.studies import run_study
 from experiments.transforming_rank import common, reproduce
 
 STUDY = cli.study("transforming_rank")   # loaded by rankjax._src.studies.finder (package set)

@@ -138,12 +138,12 @@ def _study(tmp_path, claims_src: str, register_src: str = "()"):
   (pkg / "results" / "quick").mkdir(parents=True, exist_ok=True)
   (pkg / "__init__.py").write_text("")
   (pkg / "m.py").write_text(
-      "from rankjax._src.studies.evidence import Claim, Abs, Bound, Draw\n"
-      "from rankjax._src.studies import evidence\n"
-      f"CLAIMS = evidence.claims([{claims_src}])\nSCALES = {{'quick': {{}}}}\n"
+      "from rankjax.studies import Claim, Abs, Bound, Draw, claims\n"      # the face
+      f"CLAIMS = claims([{claims_src}])\nSCALES = {{'quick': {{}}}}\n"
       "def run(out_dir, scale='quick'):\n  return {}\n")
   (pkg / "reproduce.py").write_text(
-      "from rankjax._src.studies import Study, Experiment, items\n"
+      "from rankjax import studies as items\n"        # register_src's items.PaperItem
+      "from rankjax.studies import Study, Experiment\n"
       "STUDY = Study('mystudy_items', 'T', {'m': Experiment('m', setting={'quick': 'paper'})},"
       f" register={register_src})\n")
   for name in [n for n in sys.modules if n.startswith("mystudy_items")]:

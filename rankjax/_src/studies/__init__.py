@@ -1,5 +1,7 @@
 """Studies: a paper's claims, the experiments that measure them, and the verdicts.
 
+The implementation (private); the public names are ``rankjax.studies``.
+
 A study is a package (``experiments/<study>/`` for the three papers, or your own,
 run with ``rankjax reproduce NAME --studies PATH``) whose ``reproduce.py`` defines
 ``STUDY = Study(...)``. Each experiment is a module of the package that declares its
@@ -14,53 +16,3 @@ of the paper (``items``); ``rejudge`` judges committed values again by the claim
 now declared. Modules: ``evidence``, ``items``, ``runner``, ``results``, ``expected``,
 ``rejudge``, ``training``, ``finder``.
 """
-from rankjax._src.studies.evidence import (
-    Abs,
-    Bound,
-    Claim,
-    Draw,
-    OneMinus,
-    Qualitative,
-    Rel,
-    claims,
-    measured,
-)
-from rankjax._src.studies.items import PaperItem, register
-from rankjax._src.studies.runner import (
-    PAPER_SETTING,
-    Experiment,
-    NotPrepared,
-    Study,
-    run_study,
-    to_jsonable,
-    write_json,
-)
-
-__all__ = [
-    "PAPER_SETTING",
-    "Abs",
-    "Bound",
-    "Claim",
-    "Draw",
-    "Experiment",
-    "NotPrepared",
-    "OneMinus",
-    "PaperItem",
-    "Qualitative",
-    "Rel",
-    "Study",
-    "claims",
-    "measured",
-    "register",
-    "run_study",
-    "to_jsonable",
-    "write_json",
-    "evidence",
-    "expected",
-    "finder",
-    "items",
-    "rejudge",
-    "results",
-    "runner",
-    "training",
-]
