@@ -65,7 +65,7 @@ case "$cmd" in
     # the compilation cache next to the run: a restarted slice loads the compiled step
     ssh_all "cd $remote_dir && ${settings}RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
       JAX_COMPILATION_CACHE_DIR=\${JAX_COMPILATION_CACHE_DIR:-$(printf '%q' "$workdir")/xla_cache} \
-      setsid nohup $py -m rankjax._src.cli train \
+      setsid nohup $py -m rankjax train \
       --config $(printf '%q' "$config") --workdir $(printf '%q' "$workdir")$extra \
       > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
       echo started on \$(hostname)"
@@ -77,7 +77,7 @@ case "$cmd" in
     extra=""
     for a in "$@"; do extra+=" $(printf '%q' "$a")"; done
     ssh_all "cd $remote_dir && ${settings}RANKJAX_DISTRIBUTED=1 LIBTPU_INIT_ARGS=$libtpu_args \
-      setsid nohup $py -m rankjax._src.cli reproduce$extra \
+      setsid nohup $py -m rankjax reproduce$extra \
       > ~/rankjax_train.log 2>&1 < /dev/null & echo \$! > ~/rankjax_train.pid; \
       echo started on \$(hostname)"
     ;;

@@ -27,7 +27,7 @@ def test_version(capsys):
 
 
 def test_console_script_entry_point():
-  proc = subprocess.run([sys.executable, "-m", "rankjax._src.cli", "version"],
+  proc = subprocess.run([sys.executable, "-m", "rankjax", "version"],
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert "rankjax" in proc.stdout

@@ -117,14 +117,14 @@ def test_slurm_sets_the_flags_before_yours_and_requeues_on_75(tmp_path):
   (srun,) = calls
   cmd, flags = srun.split(" | XLA_FLAGS=")
   assert cmd == ("srun --kill-on-bad-exit=1 --gpus-per-task=1 --gpu-bind=single:1 python -m "
-                 "rankjax._src.cli train --config cfg.json --workdir /shared/run --set seed=1")
+                 "rankjax train --config cfg.json --workdir /shared/run --set seed=1")
   assert flags == ours + " --xla_gpu_enable_latency_hiding_scheduler=false"   # yours last
 
   proc, calls = _slurm(tmp_path / "b", "reproduce", "postnorm_collapse", "--scale", "paper",
                        srun_exit=75, RANKJAX_XLA_FLAGS="0")
   assert proc.returncode == 75
   assert calls[0] == ("srun --kill-on-bad-exit=1 --gpus-per-task=1 --gpu-bind=single:1 python "
-                      "-m rankjax._src.cli reproduce postnorm_collapse --scale paper | XLA_FLAGS=")
+                      "-m rankjax reproduce postnorm_collapse --scale paper | XLA_FLAGS=")
   assert calls[1].startswith("scontrol requeue 42")
 
 
@@ -141,7 +141,7 @@ def test_tpu_pod_passes_libtpu_args_to_every_worker(tmp_path, command):
                         env=env, capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stderr
   (call,) = (bin_dir / "calls").read_text().splitlines()
-  assert "--worker=all" in call and f"rankjax._src.cli {command}" in call
+  assert "--worker=all" in call and f"-m rankjax {command}" in call
   # the remote shell's reading of the command (printf %q escaped the spaces)
   (value,) = [w.split("=", 1)[1] for w in shlex.split(call) if w.startswith("LIBTPU_INIT_ARGS=")]
   passed = value.split()
