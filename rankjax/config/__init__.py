@@ -9,7 +9,9 @@ its allowed values.
 - ``TrainConfig``: a training run (its model, optimizer, data, diagnostics);
 - ``from_json`` / ``to_json`` / ``to_dict``: the JSON form (format 3; older run folders
   are converted on read); ``override``: ``--set path=value`` applied to a config;
-- ``check``: the one validation helper a plug-in's ``__post_init__`` calls.
+- ``check``: the one validation helper a plug-in's ``__post_init__`` calls;
+  ``UserError`` (a ``ValueError``): the one class of bad input, which every command
+  reports in one line (a plug-in's diagnostic raises it to refuse a model).
 """
 from rankjax._src.config import (
     MLPConfig,
@@ -23,12 +25,14 @@ from rankjax._src.config import (
     to_dict,
     to_json,
 )
+from rankjax._src.errors import UserError
 
 __all__ = [
     "MLPConfig",
     "ModelConfig",
     "TrainConfig",
     "TransformerConfig",
+    "UserError",
     "check",
     "from_json",
     "override",

@@ -32,12 +32,28 @@ Softmax sensitivity: ``theta_exact``, ``theta_bracket``, ``theta_certificate``,
 ``mha_local_bound``, ``layernorm_only_product``, ``block_inf_rms_norm``,
 ``inf_rms_operator_norm_bracket``.
 
+Inside your own training loop (a plain flax model, unedited): ``capture`` its residual
+stream, loss gradients and attention at ``site``s (``module_named``,
+``nth_call_in_block``), then ``residual_statistics`` (postnorm Def 2.1, Def 3.5, Thm
+3.6), ``causal_probs`` and ``layer_attention_statistics`` (softmax-sensitivity Sec 5,
+per layer); the recipe: docs/extending.md, "rankjax's diagnostics in your own
+training loop".
+
 ``single_blas_thread``: a context for the CPU engines (one BLAS thread while JAX's own
 threads run the Jacobians).
 """
 from rankjax._src.fast_paths import single_blas_thread
 from rankjax._src.measure.decoder_jacobians import ffn_inputs, ffn_jacobians
 from rankjax._src.measure.engine import BlockJacobianMethod, JacobianBlock
+from rankjax._src.measure.flax_capture import attention_statistics as layer_attention_statistics
+from rankjax._src.measure.flax_capture import (
+    capture,
+    causal_probs,
+    module_named,
+    nth_call_in_block,
+    residual_statistics,
+    site,
+)
 from rankjax._src.measure.gradients import (
     Transition,
     block_grad_norms,
@@ -135,6 +151,8 @@ __all__ = [
     "block_grad_norms",
     "block_inf_rms_norm",
     "branch_jacobian",
+    "capture",
+    "causal_probs",
     "coherence_constant",
     "collapse_distance",
     "collapsed_loss_lower_bound",
@@ -155,6 +173,7 @@ __all__ = [
     "gradient_spikes",
     "growth_exponent",
     "inf_rms_operator_norm_bracket",
+    "layer_attention_statistics",
     "layernorm_only_product",
     "make_study_fn",
     "marchenko_pastur_atom",
@@ -168,13 +187,17 @@ __all__ = [
     "mha_local_bound",
     "mlp_jacobian_study",
     "mlp_representation_study",
+    "module_named",
     "network_study",
+    "nth_call_in_block",
     "off_diagonal_mean",
     "path_sums",
     "post_activation",
     "prefix_average_matrix",
+    "residual_statistics",
     "seed_samples",
     "single_blas_thread",
+    "site",
     "smallest_gram_eigenvalue",
     "softmax_jacobian_inf_to_one",
     "stable_rank",

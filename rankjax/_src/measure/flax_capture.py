@@ -14,7 +14,7 @@ stacked along a leading layer axis: ``(L, B, T, d)`` for a residual stream.
 Recipe for a nanodo-style Pre-LN decoder (``experiments/benchmarks/plain_flax.py``:
 ``Block`` = ``x + attn(LN(x))`` then ``+ mlp(LN(.))``; the model is not changed)::
 
-  from rankjax._src.measure import flax_capture as fc
+  from rankjax import measure as fc          # the public face of this module's names
   sites = {
       "x1": fc.site(fc.module_named("Block"), "input"),        # X_1^l, stream into layer l
       "f1": fc.site(fc.nth_call_in_block("DenseGeneral", 1, block="Block"), "output"),  # attn out
@@ -29,7 +29,7 @@ Recipe for a nanodo-style Pre-LN decoder (``experiments/benchmarks/plain_flax.py
                                  {"x1": grads["x1"], "y1": grads["f1"], "x2": grads["f1"],
                                   "y2": grads["y2"]})
   probs = fc.causal_probs(acts["qkv"][..., 0, :, :], acts["qkv"][..., 1, :, :])
-  att = fc.attention_statistics(probs, jax.random.key(0))
+  att = fc.layer_attention_statistics(probs, jax.random.key(0))   # attention_statistics here
 
 Sites match by module class and call order inside each ``Block`` call, so the
 blocks' submodules may have names of their own; a site matching calls in more than one
@@ -79,6 +79,8 @@ class Site:
 
 
 def site(select: Selector | NthCall, where: str = "output") -> Site:
+  """The calls ``select`` matches (``module_named``, ``nth_call_in_block``), captured at
+  their first input (``"input"``) or their output (``"output"``), one per layer."""
   if where not in ("input", "output"):
     raise ValueError(f"where={where!r}; choose 'input' or 'output'")
   return Site(select, where)
