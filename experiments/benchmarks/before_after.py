@@ -33,10 +33,15 @@ TRAIN_CHILD = r"""
 import dataclasses, hashlib, json, os, statistics, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax, numpy as np
-from rankjax._src import config as config_lib
-from rankjax._src.config import TrainConfig
-from rankjax._src.train import sharding as shard_lib
-from rankjax._src.train.loop import build
+import importlib
+try:      # the implementation's package: rankjax._src since the public face, rankjax before
+  P = importlib.import_module("rankjax._src").__name__
+except ImportError:
+  P = "rankjax"
+config_lib = importlib.import_module(P + ".config")
+TrainConfig = config_lib.TrainConfig
+shard_lib = importlib.import_module(P + ".train.sharding")
+build = importlib.import_module(P + ".train.loop").build
 steps = int(sys.argv[1])
 cfg = config_lib.from_json(TrainConfig, "experiments/configs/lm_tiny_shakespeare.json")
 cfg = dataclasses.replace(cfg, diag_every=1, diagnostics=("basic",))

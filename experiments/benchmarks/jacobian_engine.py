@@ -605,8 +605,13 @@ STUDY_CHILD = r"""
 import hashlib, json, os, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax, numpy as np
-from rankjax._src.config import MLPConfig
-from rankjax._src.measure import jacobians
+import importlib
+try:      # the implementation's package: rankjax._src since the public face, rankjax before
+  P = importlib.import_module("rankjax._src").__name__
+except ImportError:
+  P = "rankjax"
+MLPConfig = importlib.import_module(P + ".config").MLPConfig
+jacobians = importlib.import_module(P + ".measure.jacobians")
 L, d, seeds, reps = (int(x) for x in sys.argv[1:5])
 cfg = MLPConfig(depth=L, width=d, expansion=4.0, norm_position="pre", alpha=1.0, beta=1.0)
 fn = jacobians.make_study_fn(cfg, 1, seeds)
