@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import pathlib
 from typing import Any, Sequence
 
 from rankjax._src.studies import evidence, expected, finder, results, runner
