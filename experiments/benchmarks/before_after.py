@@ -33,11 +33,6 @@ TRAIN_CHILD = r"""
 import dataclasses, hashlib, json, os, statistics, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax, numpy as np
-import importlib
-try:      # the implementation's package: rankjax._src since the public face, rankjax before
-  P = importlib.import_module("rankjax._src").__name__
-except ImportError:
-  P = "rankjax"
 config_lib = importlib.import_module(P + ".config")
 TrainConfig = config_lib.TrainConfig
 shard_lib = importlib.import_module(P + ".train.sharding")

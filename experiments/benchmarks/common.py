@@ -70,13 +70,24 @@ def git_commit(ref: str) -> str:
                         capture_output=True, text=True).stdout.strip()
 
 
+# put before every child: ``P``, the package of the side's implementation (rankjax._src
+# since the public face, rankjax before it), so one child reads either layout
+IMPL_PRELUDE = '''import importlib
+try:
+  P = importlib.import_module("rankjax._src").__name__
+except ImportError:
+  P = "rankjax"
+'''
+
+
 def before_after(ref: str, child: str, argv: list[str], rounds: int) -> dict[str, list[dict]]:
   """Runs the Python source ``child`` (with ``argv``) at commit ``ref`` (a temporary git
   worktree) and in this tree, each run in its own process, the two sides alternating
   for ``rounds`` rounds (so a change of the machine's load hits both alike), which side
   goes first alternating too: the same code measured on both sides came out about 9%
   slower on the side always run second. The child
-  prints one JSON object on its last line; returns ``{"before": [...], "after": [...]}``,
+  prints one JSON object on its last line (it runs after :data:`IMPL_PRELUDE`, which
+  names the side's implementation package ``P``); returns ``{"before": [...], "after": [...]}``,
   one object per round."""
   with tempfile.TemporaryDirectory() as tmp:
     old = pathlib.Path(tmp) / "before"
@@ -89,7 +100,7 @@ def before_after(ref: str, child: str, argv: list[str], rounds: int) -> dict[str
         order = list(sides.items())
         for name, path in (order if r % 2 == 0 else order[::-1]):   # ABBA: no side always second
           env = {**os.environ, "PYTHONPATH": str(path)}
-          proc = subprocess.run([sys.executable, "-c", child, *argv], env=env,
+          proc = subprocess.run([sys.executable, "-c", IMPL_PRELUDE + child, *argv], env=env,
                                 capture_output=True, text=True, cwd=str(path))
           if proc.returncode:
             raise RuntimeError(f"the {name} side failed:\n{proc.stderr[-3000:]}")

@@ -605,11 +605,6 @@ STUDY_CHILD = r"""
 import hashlib, json, os, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax, numpy as np
-import importlib
-try:      # the implementation's package: rankjax._src since the public face, rankjax before
-  P = importlib.import_module("rankjax._src").__name__
-except ImportError:
-  P = "rankjax"
 MLPConfig = importlib.import_module(P + ".config").MLPConfig
 jacobians = importlib.import_module(P + ".measure.jacobians")
 L, d, seeds, reps = (int(x) for x in sys.argv[1:5])
