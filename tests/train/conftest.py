@@ -66,10 +66,12 @@ def tiny_mlp(**overrides) -> TrainConfig:
 
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory) -> str:
-  """A persistent compilation cache shared by this process and its workers."""
+  """A persistent compilation cache shared by this process and its workers: the one
+  configured already (CI's, ``JAX_COMPILATION_CACHE_DIR`` in ``.ci/run``, shared by every
+  process of the run), else a new one."""
   from jax.experimental.compilation_cache import compilation_cache
   import jax
-  path = str(tmp_path_factory.mktemp("jax_cache"))
+  path = jax.config.jax_compilation_cache_dir or str(tmp_path_factory.mktemp("jax_cache"))
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   compilation_cache.reset_cache()  # takes effect even after earlier compiles

@@ -100,17 +100,26 @@ def _cfg():
 
 
 @pytest.fixture(scope="module")
-def runs(worker_env, tmp_path_factory):
-  """Uninterrupted runs: 1 process x 4 devices and 2 processes x 2 devices."""
-  tmp = tmp_path_factory.mktemp("multiprocess")
-  out = {}
-  for name, n, d in (("1x4", 1, 4), ("2x2", 2, 2)):
-    workdir = tmp / name
-    results = launch(worker_env, _cfg(), workdir, tmp, processes=n, devices=d)
-    for code, result, err in results:
-      assert code == 0, err[-3000:]
-      assert (result["status"], result["step"]) == ("completed", 8)
-    out[name] = workdir
+def runs(worker_env, tmp_path_factory, worker_id):
+  """Uninterrupted runs: 1 process x 4 devices and 2 processes x 2 devices, trained
+  once per test session: the xdist workers share them (the first to ask trains them
+  under a file lock in the workers' common temporary folder, the others wait and read;
+  each worker trained its own copy before, 69-72 s of setup twice in a CI run)."""
+  import filelock
+  base = tmp_path_factory.getbasetemp()
+  tmp = (base if worker_id == "master" else base.parent) / "multiprocess_runs"
+  out = {name: tmp / name for name in ("1x4", "2x2")}
+  with filelock.FileLock(f"{tmp}.lock", timeout=2 * TIMEOUT):
+    if (tmp / "done").exists():
+      return out
+    shutil.rmtree(tmp, ignore_errors=True)      # a half-trained copy of a failed try
+    tmp.mkdir()
+    for name, n, d in (("1x4", 1, 4), ("2x2", 2, 2)):
+      results = launch(worker_env, _cfg(), out[name], tmp, processes=n, devices=d)
+      for code, result, err in results:
+        assert code == 0, err[-3000:]
+        assert (result["status"], result["step"]) == ("completed", 8)
+    (tmp / "done").touch()
   return out
 
 
