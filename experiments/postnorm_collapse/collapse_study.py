@@ -55,11 +55,9 @@ def seeded_name(name: str, seed: int) -> str:
 
 
 # quick_seeds8 (issue 53 item 4): the quick runs at seeds 0-7; its seeds 0-2 are quick's
-# (shareable because each run trains alone: as one program they could not be shared, a
-# vmapped run's floats depending on the run count: this config, 12 updates, `rankjax
-# train --seeds 0-2` against `--seeds 0-7`: seed 0's losses differ at 9 of 12 updates,
-# up to 2e-7 relative, while seeds 0-2 as one program equal their single runs at 8-9 of
-# 12; 2026-12-06)
+# (they can be shared because every run trains alone: a vmapped run's floats depend on
+# the run count; this config, 12 updates: seed 0 of `rankjax train --seeds 0-2` and of
+# `--seeds 0-7` differ at 9 of 12 losses, up to 2e-7 relative; 2026-12-06)
 SEEDS8 = tuple(range(8))
 SEED_RUNS: dict[str, tuple[str, list[str]]] = {
     seeded_name(n, s): (cfg, [*extra, f"seed={s}"]) for n, (cfg, extra) in RUNS.items()
